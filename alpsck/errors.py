@@ -1,0 +1,52 @@
+"""The alpsck exception hierarchy.
+
+Every error alpsck raises on purpose derives from :class:`AlpsckError`, so callers can catch
+one type. Engine (C++) errors are turned into these classes in exactly one place,
+:func:`alpsck._engine.raise_for`.
+"""
+
+from __future__ import annotations
+
+
+class AlpsckError(Exception):
+    """Base class of every error alpsck raises on purpose."""
+
+
+class ConfigError(AlpsckError, ValueError):
+    """A configuration value is missing, misspelt or of the wrong type; the message names the key."""
+
+
+class CheckpointError(AlpsckError):
+    """A checkpoint could not be written, committed or read."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """Writing or committing a checkpoint failed (I/O error); earlier checkpoints are untouched."""
+
+
+class DiskFullError(CheckpointWriteError):
+    """The file system ran out of space (ENOSPC/EDQUOT) while saving; earlier checkpoints are untouched."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint failed verification (size, footer, index or CRC mismatch, bad manifest)."""
+
+
+class UnsafeCheckpointError(CorruptCheckpointError):
+    """A checkpoint's tree holds something alpsck refuses to decode (unknown tag, class name, ...)."""
+
+
+class NoCheckpointError(CheckpointError):
+    """No valid checkpoint exists where one was required."""
+
+
+class StateMismatchError(CheckpointError, ValueError):
+    """A saved tensor does not fit the live object it is restored into (shape or dtype); names the tensor."""
+
+
+class RunDirLockedError(AlpsckError):
+    """Another live process (job id and host named in the message) holds the run directory."""
+
+
+class SlurmError(AlpsckError):
+    """A SLURM command failed or SLURM is not reachable."""
