@@ -20,7 +20,11 @@ class CheckpointError(AlpsckError):
     """A checkpoint could not be written, committed or read."""
 
 
-class CheckpointWriteError(CheckpointError, OSError):
+class CheckpointIOError(CheckpointError, OSError):
+    """A file-system call failed while reading or scanning checkpoints (``errno`` is set)."""
+
+
+class CheckpointWriteError(CheckpointIOError):
     """Writing or committing a checkpoint failed (I/O error); earlier checkpoints are untouched."""
 
 
@@ -46,6 +50,10 @@ class StateMismatchError(CheckpointError, ValueError):
 
 class RunDirLockedError(AlpsckError):
     """Another live process (job id and host named in the message) holds the run directory."""
+
+
+class UsageError(AlpsckError, ValueError):
+    """An API was called with arguments it cannot accept (bad names, sizes, options)."""
 
 
 class SlurmError(AlpsckError):

@@ -1,0 +1,97 @@
+#include "commit.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "crc32c.h"
+#include "file_io.h"
+#include "json.h"
+#include "platform.h"
+
+namespace alpsck {
+
+Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& idx, bool direct, uint64_t align,
+                 ShardRecord* record) {
+  const std::string index_json = EncodeIndex(idx);
+  uint64_t file_bytes = 0;
+  const std::string tail = BuildTail(index_json, idx.layout.data_padded, align, &file_bytes);
+  // O_DIRECT needs an aligned buffer; the tail is small, so one aligned copy is cheap.
+  const uint64_t mem_align = direct ? align : 64;
+  void* raw = nullptr;
+  if (posix_memalign(&raw, mem_align, tail.size()) != 0) return Status::FromErrno(ENOMEM, "allocate the index of " + path);
+  std::unique_ptr<void, decltype(&std::free)> buf(raw, &std::free);
+  std::memcpy(raw, tail.data(), tail.size());
+  ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, raw, tail.size(), idx.layout.data_padded, path));
+  int r = env->FTruncate(fd, file_bytes);  // a recycled file may have been longer
+  if (r < 0) return Status::FromErrno(-r, "truncate " + path);
+  r = env->FDataSync(fd);
+  if (r < 0) return Status::FromErrno(-r, "fdatasync " + path);
+  record->bytes = file_bytes;
+  record->index_crc = Crc32c(index_json.data(), index_json.size());
+  record->data_bytes = idx.layout.data_bytes;
+  record->extents = idx.layout.extents.size();
+  return Status::Ok();
+}
+
+std::string EncodeManifest(const CommitRequest& req, double created_unix) {
+  Json m = Json::Object();
+  m.set("format", Json::Str("alpsck-checkpoint/1"));
+  m.set("step", Json::UInt(req.step));
+  m.set("created", Json::Double(created_unix));
+  m.set("ranks", Json::UInt(req.shards.size()));
+  uint64_t total = 0, data = 0;
+  Json& files = m.set("files", Json::Array());
+  for (const ShardRecord& s : req.shards) {
+    Json& f = files.push(Json::Object());
+    f.set("name", Json::Str(s.name));
+    f.set("bytes", Json::UInt(s.bytes));
+    f.set("index_crc", Json::UInt(s.index_crc));
+    f.set("data_bytes", Json::UInt(s.data_bytes));
+    f.set("extents", Json::UInt(s.extents));
+    total += s.bytes;
+    data += s.data_bytes;
+  }
+  m.set("bytes", Json::UInt(total));
+  m.set("data_bytes", Json::UInt(data));
+  m.set("write_seconds", Json::Double(req.write_seconds));
+  m.set("direct_io", Json::Bool(req.direct_io));
+  return m.dump() + "\n";
+}
+
+// The commit protocol. Steps 1-4 ran per shard before this (SealShard):
+//   1. every data chunk written (pwrite, O_DIRECT where possible), each with its CRC32C;
+//   2. the tail (index JSON with the CRCs, then the footer) written after the data, and the
+//      file truncated to its exact size;
+//   3. fdatasync(shard): data, index and footer are durable;
+//   4. the shard file closed.
+// Then, here:
+//   5. MANIFEST.json written into step-N.tmp/ and fsync'ed (the directory is not visible as a
+//      checkpoint yet, so no temporary name is needed inside it);
+//   6. fsync(step-N.tmp/): the directory entries of the shards and the manifest are durable;
+//   7. rename(step-N.tmp, step-N): THE COMMIT POINT. Before it, recovery ignores the directory
+//      (".tmp" is never valid); after it, the directory holds a complete, durable checkpoint;
+//   8. fsync(RUN_DIR): the rename itself is durable. Only now is the save reported durable.
+// And after, in the engine:
+//   9. LATEST := N, only if N is newer than the step published so far ("newest wins"; a
+//      checkpoint that finishes after a newer one never becomes latest). LATEST is a hint.
+//  10. retention: expired checkpoints are renamed away (free-K/) for reuse, never the newest
+//      keep_last committed ones.
+// A crash at any point leaves the previous committed checkpoints untouched: nothing before
+// step 7 is visible, and step 7 is one atomic rename.
+Status CommitCheckpoint(Env* env, const CommitRequest& req) {
+  const double created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created)));
+  ALPSCK_RETURN_IF_ERROR(SyncDir(env, req.tmp_dir));
+  int r = env->Rename(req.tmp_dir, req.final_dir);
+  if (r < 0) return Status::FromErrno(-r, "rename " + req.tmp_dir + " -> " + req.final_dir);
+  return SyncDir(env, req.run_dir);
+}
+
+Status PublishLatest(Env* env, const std::string& run_dir, uint64_t step) {
+  return WriteFileAtomic(env, JoinPath(run_dir, kLatestName), std::to_string(step) + "\n");
+}
+
+}  // namespace alpsck

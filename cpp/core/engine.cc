@@ -1,0 +1,478 @@
+#include "engine.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+
+#include "commit.h"
+#include "crc32c.h"
+#include "file_io.h"
+#include "platform.h"
+
+namespace alpsck {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+constexpr uint64_t kDefaultChunkBytes = 8ull << 20;
+constexpr char kFreePrefix[] = "free-";
+}  // namespace
+
+// ---------------------------------------------------------------- SaveHandle
+
+bool SaveHandle::Done() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return done_;
+}
+
+bool SaveHandle::Wait(double timeout_s) const {
+  std::unique_lock<std::mutex> l(mu_);
+  if (timeout_s < 0) {
+    cv_.wait(l, [&] { return done_; });
+    return true;
+  }
+  return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return done_; });
+}
+
+Status SaveHandle::status() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return status_;
+}
+
+SaveResult SaveHandle::result() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return result_;
+}
+
+void SaveHandle::Complete(Status s, SaveResult r) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    status_ = std::move(s);
+    result_ = std::move(r);
+    done_ = true;
+  }
+  cv_.notify_all();
+}
+
+// ---------------------------------------------------------------- Job
+
+struct Engine::Job {
+  std::shared_ptr<SaveHandle> handle;
+  uint64_t step = 0;
+  std::string tmp_dir, final_dir, shard_path;
+  int fd = -1;
+  bool direct = false;
+  ShardIndex index;                  // layout + crcs + meta
+  std::vector<const char*> srcs;     // zero-copy sources, per extent
+  std::atomic<uint64_t> remaining{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  Status error;
+  Clock::time_point t0, t_snap;
+
+  void Fail(const Status& s) {
+    std::lock_guard<std::mutex> l(err_mu);
+    if (error.ok()) error = s;
+    failed.store(true, std::memory_order_release);
+  }
+};
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(const EngineOptions& opts) : opts_(opts), env_(opts.env ? opts.env : Env::Default()) {}
+
+Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
+  if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
+  if (opts.max_in_flight == 0) return Status::Invalid("max_in_flight must be at least 1");
+  if (opts.threads > 1024) return Status::Invalid("threads must be at most 1024");
+  std::unique_ptr<Engine> e(new Engine(opts));
+  ALPSCK_RETURN_IF_ERROR(e->Init());
+  *out = std::move(e);
+  return Status::Ok();
+}
+
+Status Engine::Init() {
+  const std::string& dir = opts_.run_dir;
+  int d = env_->IsDir(dir);
+  if (d == -ENOENT) {
+    int r = env_->Mkdir(dir);
+    if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create run directory " + dir);
+    d = env_->IsDir(dir);
+  }
+  if (d < 0) return Status::FromErrno(-d, "run directory " + dir);
+  if (d == 0) return Status::Invalid("run directory " + dir + " exists but is not a directory");
+
+  // Probe: can this file system do O_DIRECT, and with which alignment? Also proves the
+  // directory is writable before the first save.
+  const std::string probe = JoinPath(dir, ".alpsck-probe-" + std::to_string(::getpid()));
+  int fd = -1;
+  bool direct = false;
+  Status s = OpenMaybeDirect(env_, probe, O_WRONLY | O_CREAT | O_TRUNC, opts_.direct_io, &fd, &direct);
+  if (!s.ok()) return Status::Error(s.code(), "run directory " + dir + " is not writable: " + s.message(), s.err());
+  DirectIoInfo dio;
+  if (direct && env_->DirectIo(fd, &dio) == 0 && dio.offset_align == 0) dio.offset_align = 4096;
+  env_->Close(fd);
+  env_->Unlink(probe);
+  direct_io_ = direct;
+  align_ = std::max<uint64_t>({PageSize(), dio.mem_align, dio.offset_align, 512});
+  chunk_bytes_ = RoundUp(opts_.chunk_bytes ? opts_.chunk_bytes : kDefaultChunkBytes, align_);
+
+  // What is already there: committed steps (a manifest exists; recovery does the deep checks),
+  // abandoned step-N.tmp and expired free-K directories (both reused for new saves).
+  std::vector<std::string> names;
+  int r = env_->ListDir(dir, &names);
+  if (r < 0) return Status::FromErrno(-r, "list run directory " + dir);
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    const std::string p = JoinPath(dir, n);
+    uint64_t step = 0;
+    if (ParseStepDirName(n, &step)) {
+      if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
+      continue;
+    }
+    const bool tmp = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 &&
+                     ParseStepDirName(std::string_view(n).substr(0, n.size() - 4), &step);
+    const bool free_dir = n.rfind(kFreePrefix, 0) == 0;
+    if ((tmp || free_dir) && env_->IsDir(p) == 1) {
+      if (free_dirs_.size() < opts_.max_in_flight) {
+        std::string f = JoinPath(dir, kFreePrefix + std::to_string(free_seq_++) + "-" + std::to_string(::getpid()));
+        if (env_->Rename(p, f) == 0) free_dirs_.push_back(f);
+      } else {
+        RemoveDirFiles(env_, p);
+      }
+    }
+  }
+  std::string latest;
+  if (ReadSmallFile(env_, JoinPath(dir, kLatestName), 64, &latest).ok()) published_ = std::strtoll(latest.c_str(), nullptr, 10);
+  if (!committed_.empty()) published_ = std::max<int64_t>(published_, static_cast<int64_t>(*committed_.rbegin()));
+
+  if (opts_.staging_bytes) {
+    uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
+    ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots));
+  }
+
+  uint32_t t = opts_.threads;
+  if (t == 0) t = static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 2, 4));
+  for (uint32_t i = 0; i < t; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
+  return Status::Ok();
+}
+
+Engine::~Engine() { Close(); }
+
+void Engine::Close() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  WaitAll();
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    stopping_ = true;
+  }
+  q_cv_.notify_all();
+  for (auto& w : writers_) w.join();
+  writers_.clear();
+  pool_.Close();
+}
+
+void Engine::WaitAll() {
+  std::unique_lock<std::mutex> l(mu_);
+  admit_cv_.wait(l, [&] { return in_flight_ == 0; });
+}
+
+int64_t Engine::published_step() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return published_;
+}
+
+uint32_t Engine::in_flight() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return in_flight_;
+}
+
+Status Engine::PrepareDir(Job* j) {
+  const std::string& dir = opts_.run_dir;
+  j->tmp_dir = JoinPath(dir, StepDirName(j->step) + ".tmp");
+  j->final_dir = JoinPath(dir, StepDirName(j->step));
+  j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
+  std::string reuse;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!free_dirs_.empty()) {
+      reuse = free_dirs_.back();
+      free_dirs_.pop_back();
+    }
+  }
+  if (env_->IsDir(j->tmp_dir) == 1) RemoveDirFiles(env_, j->tmp_dir);  // left by a failed save
+  if (!reuse.empty() && env_->Rename(reuse, j->tmp_dir) == 0) {
+    // Keep only our shard file: its blocks are overwritten in place (no new allocation).
+    std::vector<std::string> names;
+    if (env_->ListDir(j->tmp_dir, &names) == 0)
+      for (const auto& n : names)
+        if (n != ShardFileName(opts_.rank)) env_->Unlink(JoinPath(j->tmp_dir, n));
+  } else {
+    if (!reuse.empty()) RemoveDirFiles(env_, reuse);
+    int r = env_->Mkdir(j->tmp_dir);
+    if (r < 0) return Status::FromErrno(-r, "create " + j->tmp_dir);
+  }
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
+  const uint64_t want = j->index.layout.data_padded + align_;
+  int r = env_->FAllocate(j->fd, want);
+  if (r == -ENOSPC || r == -EDQUOT)
+    return Status::FromErrno(-r, "preallocate " + std::to_string(want) + " bytes for " + j->shard_path);
+  return Status::Ok();  // other fallocate failures (EOPNOTSUPP) only cost the preallocation
+}
+
+Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, bool copy,
+                    std::shared_ptr<SaveHandle>* handle) {
+  const Clock::time_point t0 = Clock::now();
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->t0 = t0;
+  job->handle = std::make_shared<SaveHandle>(step);
+  std::vector<std::pair<std::string, uint64_t>> sizes;
+  sizes.reserve(extents.size());
+  for (const auto& e : extents) {
+    if (!e.data && e.size) return Status::Invalid("extent " + e.name + " has no memory");
+    sizes.emplace_back(e.name, e.size);
+  }
+  ALPSCK_RETURN_IF_ERROR(PlanLayout(sizes, align_, chunk_bytes_, kDefaultPackAlign, &job->index.layout));
+  job->index.meta = meta;
+  job->index.rank = opts_.rank;
+  const ShardLayout& layout = job->index.layout;
+  job->index.crcs.assign(layout.num_chunks(), 0);
+  // PlanLayout keeps the input order, so srcs[k] belongs to layout.extents[k].
+  for (const auto& e : extents) job->srcs.push_back(static_cast<const char*>(e.data));
+
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    if (closed_) return Status::Error(Code::kAborted, "engine is closed");
+    if (committed_.count(step)) {
+      SaveResult r;
+      r.step = step;
+      r.skipped = true;
+      r.path = JoinPath(opts_.run_dir, StepDirName(step));
+      job->handle->Complete(Status::Ok(), r);
+      *handle = job->handle;
+      return Status::Ok();
+    }
+    if (in_flight_steps_.count(step)) return Status::Invalid("step " + std::to_string(step) + " is already being saved");
+    admit_cv_.wait(l, [&] { return in_flight_ < opts_.max_in_flight; });
+    ++in_flight_;
+    in_flight_steps_.insert(step);
+  }
+  auto abandon = [&](const Status& s) {
+    if (job->fd >= 0) env_->Close(job->fd);
+    RemoveDirFiles(env_, job->tmp_dir);
+    std::lock_guard<std::mutex> l(mu_);
+    --in_flight_;
+    in_flight_steps_.erase(step);
+    admit_cv_.notify_all();
+    return s;
+  };
+  Status s = PrepareDir(job.get());
+  if (!s.ok()) return abandon(s);
+  if (copy) {
+    std::lock_guard<std::mutex> l(pool_init_mu_);
+    if (!pool_.initialized()) {
+      uint64_t slots = opts_.max_in_flight * layout.num_chunks() + writers_.size();
+      s = pool_.Init(chunk_bytes_, std::max<uint64_t>(slots, 1));
+      if (!s.ok()) return abandon(s);
+    }
+  }
+
+  // One extra count held by this thread until every chunk is queued, so the commit can never
+  // start early (and an empty state still commits, through a finalize task).
+  const uint64_t n = layout.num_chunks();
+  job->remaining.store(n + 1);
+  Job* j = job.release();
+  *handle = j->handle;
+  for (uint64_t i = 0; i < n; ++i) {
+    char* slot = nullptr;
+    if (copy && !j->failed.load(std::memory_order_acquire)) {
+      slot = pool_.Acquire();
+      if (slot) GatherChunk(layout, j->srcs, i, slot);
+      else j->Fail(Status::Error(Code::kAborted, "staging pool closed during save of step " + std::to_string(step)));
+    }
+    Push({j, i, slot});
+  }
+  j->t_snap = Clock::now();
+  if (copy) j->srcs.clear();  // the caller's memory is no longer referenced
+  ChunkDone(j);
+  return Status::Ok();
+}
+
+void Engine::Push(Task t) {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    queue_.push_back(t);
+  }
+  q_cv_.notify_one();
+}
+
+void Engine::ChunkDone(Job* j) {
+  if (j->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) Push({j, kFinalize, nullptr});
+}
+
+void Engine::WriterLoop(uint32_t index) {
+  if (!opts_.pin_cpus.empty()) PinCurrentThread(opts_.pin_cpus[index % opts_.pin_cpus.size()]);
+  PrefaultedMemory bounce;  // for zero-copy chunks that need gathering; allocated on first use
+  for (;;) {
+    Task t;
+    {
+      std::unique_lock<std::mutex> l(q_mu_);
+      q_cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      t = queue_.front();
+      queue_.pop_front();
+    }
+    if (t.chunk == kFinalize) {
+      Finish(t.job);
+      continue;
+    }
+    if (!t.slot && !bounce.data() && !bounce.Allocate(chunk_bytes_))
+      t.job->Fail(Status::FromErrno(errno, "allocate a writer buffer"));
+    WriteChunk(t.job, t.chunk, t.slot, bounce.data());
+    if (t.slot) pool_.Release(t.slot);
+    ChunkDone(t.job);
+  }
+}
+
+void Engine::WriteChunk(Job* j, uint64_t i, const char* slot, char* bounce) {
+  if (j->failed.load(std::memory_order_acquire)) return;
+  const ShardLayout& l = j->index.layout;
+  const char* buf = slot;
+  if (!buf) {
+    buf = DirectSource(l, j->srcs, i, j->direct ? align_ : 1);
+    if (!buf) {
+      GatherChunk(l, j->srcs, i, bounce);
+      buf = bounce;
+    }
+  }
+  const uint64_t len = l.chunk_len(i);
+  j->index.crcs[i] = Crc32c(buf, len);
+  Status s = WriteFull(env_, j->fd, buf, len, l.chunk_begin(i), j->shard_path);
+  if (!s.ok()) j->Fail(s);
+}
+
+void Engine::Finish(Job* j) {
+  std::unique_ptr<Job> owned(j);
+  SaveResult r;
+  r.step = j->step;
+  r.direct_io = j->direct;
+  r.snapshot_seconds = Seconds(j->t0, j->t_snap);
+  Status s;
+  if (j->failed.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> l(j->err_mu);
+    s = j->error;
+  } else {
+    CommitRequest req;
+    req.run_dir = opts_.run_dir;
+    req.tmp_dir = j->tmp_dir;
+    req.final_dir = j->final_dir;
+    req.step = j->step;
+    req.direct_io = j->direct;
+    ShardRecord rec;
+    rec.name = ShardFileName(opts_.rank);
+    s = SealShard(env_, j->fd, j->shard_path, j->index, j->direct, align_, &rec);
+    if (s.ok()) {
+      int c = env_->Close(j->fd);
+      j->fd = -1;
+      if (c < 0) s = Status::FromErrno(-c, "close " + j->shard_path);
+    }
+    if (s.ok()) {
+      req.shards.push_back(rec);
+      req.write_seconds = Seconds(j->t0, Clock::now());
+      s = CommitCheckpoint(env_, req);
+      r.bytes = rec.bytes;
+      r.path = j->final_dir;
+    }
+  }
+  if (j->fd >= 0) env_->Close(j->fd);
+  if (!s.ok()) {
+    // Nothing of a failed save is ever published: its directory never lost the .tmp suffix
+    // (or, if only the final fsync failed, it is removed again, best effort).
+    RemoveDirFiles(env_, env_->IsDir(j->tmp_dir) == 1 ? j->tmp_dir : j->final_dir);
+    r.path.clear();
+  }
+  bool publish = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (s.ok()) {
+      committed_.insert(j->step);
+      publish = static_cast<int64_t>(j->step) > published_;
+    }
+  }
+  if (publish) {
+    // Serialised so that two commits racing here cannot leave an older step in LATEST.
+    std::lock_guard<std::mutex> pl(publish_mu_);
+    bool still_newest;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      still_newest = static_cast<int64_t>(j->step) > published_;
+      if (still_newest) published_ = static_cast<int64_t>(j->step);
+    }
+    if (still_newest) {
+      Status p = PublishLatest(env_, opts_.run_dir, j->step);
+      if (!p.ok()) r.warning = "LATEST not updated: " + p.message();
+    }
+  }
+  if (s.ok()) ApplyRetention(&r.warning);
+  r.durable_seconds = Seconds(j->t0, Clock::now());
+  // Complete the handle before releasing the in-flight slot, so that WaitAll() returning
+  // implies every handle is done.
+  j->handle->Complete(s, r);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    --in_flight_;
+    in_flight_steps_.erase(j->step);
+  }
+  admit_cv_.notify_all();
+}
+
+void Engine::ApplyRetention(std::string* warning) {
+  if (opts_.keep_last == 0) return;
+  std::lock_guard<std::mutex> rl(retention_mu_);
+  std::vector<uint64_t> victims;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    while (committed_.size() > opts_.keep_last) {
+      victims.push_back(*committed_.begin());
+      committed_.erase(committed_.begin());
+    }
+  }
+  if (victims.empty()) return;
+  for (uint64_t v : victims) {
+    const std::string path = JoinPath(opts_.run_dir, StepDirName(v));
+    std::string free_path;
+    bool keep;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      keep = free_dirs_.size() < opts_.max_in_flight;
+      free_path = JoinPath(opts_.run_dir, kFreePrefix + std::to_string(free_seq_++) + "-" + std::to_string(::getpid()));
+    }
+    // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
+    int r = env_->Rename(path, free_path);
+    if (r < 0) {
+      if (warning->empty()) *warning = Status::FromErrno(-r, "retention: rename " + path).message();
+      continue;
+    }
+    env_->Unlink(JoinPath(free_path, kManifestName));
+    if (keep) {
+      std::lock_guard<std::mutex> l(mu_);
+      free_dirs_.push_back(free_path);
+    } else {
+      Status s = RemoveDirFiles(env_, free_path);
+      if (!s.ok() && warning->empty()) *warning = "retention: " + s.message();
+    }
+  }
+  Status s = SyncDir(env_, opts_.run_dir);
+  if (!s.ok() && warning->empty()) *warning = "retention: " + s.message();
+}
+
+}  // namespace alpsck

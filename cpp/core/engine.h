@@ -1,0 +1,165 @@
+// Engine: persistent concurrent checkpointing (PCcheck's idea, rebuilt).
+//
+// Save(step, extents) lays the extents out in one shard file, cuts the data into chunks and
+// puts them on ONE shared queue that T writer threads drain (no static split, so no
+// stragglers). Each writer computes a chunk's CRC32C and pwrite()s it at its aligned offset
+// (O_DIRECT where the file system allows). The writer that finishes a checkpoint's last chunk
+// runs the commit protocol (commit.h). Up to max_in_flight checkpoints persist at once; chunks
+// of different checkpoints share the queue in submission order, and a checkpoint that
+// finishes after a newer one never becomes the published latest.
+//
+// Two ways to hand over memory:
+//  - copy (snapshot): Save copies the bytes into pre-faulted staging slots and returns once the
+//    copy is complete; the caller may change its buffers right after. Writers return slots as
+//    soon as their chunk is written, so a pool smaller than the state pipelines.
+//  - zero-copy: Save returns at once; the caller keeps its buffers alive and unchanged until the
+//    handle is done. Chunks inside one suitably aligned buffer go to disk without any copy.
+//
+// Threading: Save, WaitAll and Close may be called from any thread; SaveHandle is thread-safe.
+// Close (or the destructor) waits for every in-flight save.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "env.h"
+#include "format.h"
+#include "staging_pool.h"
+#include "status.h"
+
+namespace alpsck {
+
+struct EngineOptions {
+  std::string run_dir;            // must exist or its parent must (created then)
+  uint32_t threads = 0;           // writer threads; 0: min(4, allowed CPUs) but at least 2
+  uint64_t chunk_bytes = 0;       // 0: 8 MiB; rounded up to the alignment
+  uint32_t max_in_flight = 2;     // checkpoints persisting at once
+  uint32_t keep_last = 3;         // committed checkpoints kept; 0 keeps all
+  uint64_t staging_bytes = 0;     // staging pool size; 0: sized at the first copy-mode save
+                                  // to max_in_flight x its data (+ one slot per writer)
+  std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
+  bool direct_io = true;          // try O_DIRECT (a buffered fallback is reported)
+  uint32_t rank = 0;
+  Env* env = nullptr;             // nullptr: Env::Default()
+};
+
+struct SaveExtent {
+  std::string name;
+  const void* data = nullptr;
+  uint64_t size = 0;
+};
+
+struct SaveResult {
+  uint64_t step = 0;
+  uint64_t bytes = 0;              // shard file size
+  double snapshot_seconds = 0;     // inside Save (the caller's stall)
+  double durable_seconds = 0;      // from the start of Save until the commit is durable
+  bool direct_io = false;
+  bool skipped = false;            // the step was already committed; nothing written
+  std::string path;                // the committed checkpoint directory
+  std::string warning;             // non-fatal trouble (retention), empty if none
+};
+
+class SaveHandle {
+ public:
+  explicit SaveHandle(uint64_t step) : step_(step) {}
+  uint64_t step() const { return step_; }
+  bool Done() const;
+  // Waits up to timeout_s seconds (negative: no limit); true once done.
+  bool Wait(double timeout_s) const;
+  // Valid once Done().
+  Status status() const;
+  SaveResult result() const;
+  void Complete(Status s, SaveResult r);
+
+ private:
+  const uint64_t step_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  SaveResult result_;
+};
+
+class Engine {
+ public:
+  static Status Open(const EngineOptions& opts, std::unique_ptr<Engine>* out);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Blocks while max_in_flight saves are in flight (nothing is dropped). Errors found before
+  // anything is queued (bad names, a directory that cannot be created, no space for the
+  // preallocation) are returned here; later ones through the handle. A step that is already
+  // committed is not written again (the handle completes with skipped = true).
+  Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, bool copy,
+              std::shared_ptr<SaveHandle>* handle);
+  void WaitAll();
+  void Close();
+
+  uint64_t align() const { return align_; }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  bool direct_io() const { return direct_io_; }
+  uint32_t threads() const { return static_cast<uint32_t>(writers_.size()); }
+  uint64_t staging_bytes() const { return pool_.size(); }
+  char* staging_base() const { return pool_.base(); }
+  // Newest step published as latest; -1 if none.
+  int64_t published_step() const;
+  uint32_t in_flight() const;
+  const std::string& run_dir() const { return opts_.run_dir; }
+
+ private:
+  struct Job;
+  struct Task {
+    Job* job;
+    uint64_t chunk;  // kFinalize: run the commit
+    char* slot;      // staging slot (copy mode) or nullptr
+  };
+  static constexpr uint64_t kFinalize = ~0ull;
+
+  explicit Engine(const EngineOptions& opts);
+  Status Init();
+  void WriterLoop(uint32_t index);
+  void WriteChunk(Job* j, uint64_t chunk, const char* slot, char* bounce);
+  void Push(Task t);
+  void ChunkDone(Job* j);
+  void Finish(Job* j);
+  Status PrepareDir(Job* j);
+  void ApplyRetention(std::string* warning);
+
+  EngineOptions opts_;
+  Env* env_;
+  uint64_t align_ = 4096;
+  uint64_t chunk_bytes_ = 0;
+  bool direct_io_ = true;
+  StagingPool pool_;
+  std::mutex pool_init_mu_;
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> writers_;
+
+  mutable std::mutex mu_;                 // guards the fields below
+  std::condition_variable admit_cv_;
+  uint32_t in_flight_ = 0;
+  std::set<uint64_t> in_flight_steps_;
+  std::set<uint64_t> committed_;          // steps whose directory holds a manifest
+  std::vector<std::string> free_dirs_;    // expired checkpoint dirs kept for reuse
+  uint64_t free_seq_ = 0;
+  int64_t published_ = -1;
+  bool closed_ = false;
+  std::mutex retention_mu_;
+  std::mutex publish_mu_;
+};
+
+}  // namespace alpsck

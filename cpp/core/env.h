@@ -1,0 +1,106 @@
+// Env: the one layer through which the core makes every file-system syscall.
+//
+// Each method is a thin wrapper of one syscall and returns its result or -errno (never throws,
+// never retries: retry policy for EINTR and short transfers lives in file_io.h). Because nothing
+// else in the core touches the file system directly, tests swap in a FaultEnv that injects
+// EIO, ENOSPC, short writes or EINTR at chosen calls, or a recording Env that replays the states
+// a power loss could leave.
+//
+// Thread-safety: implementations must be callable from many threads at once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace alpsck {
+
+struct DirectIoInfo {
+  uint64_t mem_align = 0;     // required buffer alignment (0: unknown)
+  uint64_t offset_align = 0;  // required file offset / length alignment (0: unknown)
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  virtual int Open(const std::string& path, int flags, mode_t mode) = 0;  // fd or -errno
+  virtual int Close(int fd) = 0;
+  virtual ssize_t PWrite(int fd, const void* buf, size_t n, uint64_t off) = 0;
+  virtual ssize_t PRead(int fd, void* buf, size_t n, uint64_t off) = 0;
+  virtual int FDataSync(int fd) = 0;
+  virtual int FSync(int fd) = 0;
+  virtual int FAllocate(int fd, uint64_t len) = 0;  // -EOPNOTSUPP where the FS cannot
+  virtual int FTruncate(int fd, uint64_t len) = 0;
+  virtual int FileSize(int fd, uint64_t* size) = 0;
+  virtual int DirectIo(int fd, DirectIoInfo* info) = 0;  // statx(STATX_DIOALIGN)
+  virtual int Rename(const std::string& from, const std::string& to) = 0;
+  virtual int Mkdir(const std::string& path) = 0;
+  virtual int Unlink(const std::string& path) = 0;
+  virtual int Rmdir(const std::string& path) = 0;
+  // Names in a directory, without "." and "..".
+  virtual int ListDir(const std::string& path, std::vector<std::string>* names) = 0;
+  // 1 if path is a directory, 0 if something else exists there, -errno otherwise.
+  virtual int IsDir(const std::string& path) = 0;
+
+  // The process-wide POSIX implementation.
+  static Env* Default();
+};
+
+// What a FaultEnv does to the matching call.
+struct FaultRule {
+  enum class Op { kAny, kOpen, kPWrite, kPRead, kFDataSync, kFSync, kFAllocate, kRename, kMkdir };
+  Op op = Op::kAny;
+  std::string path_contains;  // empty: any path (for fd-based ops, the path the fd was opened with)
+  uint64_t skip = 0;          // let this many matching calls through first
+  uint64_t count = 1;         // then fault this many (UINT64_MAX: forever)
+  int error = 5;              // errno to return (EIO); 0: no error (only the delay/short transfer)
+  bool short_transfer = false;
+  uint64_t delay_us = 0;      // sleep this long before the call (with error 0: slow, not failing)
+  uint64_t hits = 0;          // matching calls seen so far (updated by FaultEnv)
+};
+
+// Wraps another Env and injects faults by rule. Rules are checked in order; the first that
+// fires decides. Thread-safe (one mutex around rule bookkeeping; the syscalls run outside it).
+class FaultEnv : public Env {
+ public:
+  explicit FaultEnv(Env* base = Env::Default()) : base_(base) {}
+  void AddRule(const FaultRule& r);
+  void ClearRules();
+  uint64_t FaultsInjected() const;
+
+  int Open(const std::string& path, int flags, mode_t mode) override;
+  int Close(int fd) override;
+  ssize_t PWrite(int fd, const void* buf, size_t n, uint64_t off) override;
+  ssize_t PRead(int fd, void* buf, size_t n, uint64_t off) override;
+  int FDataSync(int fd) override;
+  int FSync(int fd) override;
+  int FAllocate(int fd, uint64_t len) override;
+  int FTruncate(int fd, uint64_t len) override { return base_->FTruncate(fd, len); }
+  int FileSize(int fd, uint64_t* size) override { return base_->FileSize(fd, size); }
+  int DirectIo(int fd, DirectIoInfo* info) override { return base_->DirectIo(fd, info); }
+  int Rename(const std::string& from, const std::string& to) override;
+  int Mkdir(const std::string& path) override;
+  int Unlink(const std::string& path) override { return base_->Unlink(path); }
+  int Rmdir(const std::string& path) override { return base_->Rmdir(path); }
+  int ListDir(const std::string& path, std::vector<std::string>* names) override {
+    return base_->ListDir(path, names);
+  }
+  int IsDir(const std::string& path) override { return base_->IsDir(path); }
+
+ private:
+  // 0: no fault; >0: errno to return; -1: short transfer.
+  int Check(FaultRule::Op op, const std::string& path);
+  std::string PathOf(int fd);
+
+  Env* base_;
+  mutable std::mutex mu_;
+  std::vector<FaultRule> rules_;
+  std::vector<std::pair<int, std::string>> fd_paths_;
+  uint64_t injected_ = 0;
+};
+
+}  // namespace alpsck

@@ -1,0 +1,126 @@
+#include "file_io.h"
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <vector>
+
+namespace alpsck {
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+std::string ParentDir(const std::string& path) {
+  size_t p = path.find_last_of('/');
+  if (p == std::string::npos) return ".";
+  if (p == 0) return "/";
+  return path.substr(0, p);
+}
+
+Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_direct, int* fd, bool* direct) {
+  if (want_direct) {
+    int r = env->Open(path, flags | O_DIRECT, 0644);
+    if (r >= 0) {
+      *fd = r;
+      *direct = true;
+      return Status::Ok();
+    }
+    if (r != -EINVAL) return Status::FromErrno(-r, "open " + path);
+  }
+  int r = env->Open(path, flags, 0644);
+  if (r < 0) return Status::FromErrno(-r, "open " + path);
+  *fd = r;
+  *direct = false;
+  return Status::Ok();
+}
+
+Status WriteFull(Env* env, int fd, const void* buf, uint64_t n, uint64_t off, const std::string& path) {
+  const char* p = static_cast<const char*>(buf);
+  uint64_t done = 0;
+  while (done < n) {
+    ssize_t r = env->PWrite(fd, p + done, static_cast<size_t>(n - done), off + done);
+    if (r == -EINTR || r == -EAGAIN) continue;
+    if (r < 0) return Status::FromErrno(static_cast<int>(-r), "write " + path + " at offset " + std::to_string(off + done));
+    if (r == 0) return Status::FromErrno(ENOSPC, "write " + path + " made no progress at offset " + std::to_string(off + done));
+    done += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status ReadFull(Env* env, int fd, void* buf, uint64_t n, uint64_t off, const std::string& path) {
+  char* p = static_cast<char*>(buf);
+  uint64_t done = 0;
+  while (done < n) {
+    ssize_t r = env->PRead(fd, p + done, static_cast<size_t>(n - done), off + done);
+    if (r == -EINTR || r == -EAGAIN) continue;
+    if (r < 0) return Status::FromErrno(static_cast<int>(-r), "read " + path + " at offset " + std::to_string(off + done));
+    if (r == 0)
+      return Status::Corrupt(path + ": truncated (file ends before offset " + std::to_string(off + n) + ")");
+    done += static_cast<uint64_t>(r);
+  }
+  return Status::Ok();
+}
+
+Status SyncDir(Env* env, const std::string& dir) {
+  int fd = env->Open(dir, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0) return Status::FromErrno(-fd, "open directory " + dir);
+  ScopedFd g(env, fd);
+  int r = env->FSync(fd);
+  if (r < 0) return Status::FromErrno(-r, "fsync directory " + dir);
+  return Status::Ok();
+}
+
+Status WriteFileSynced(Env* env, const std::string& path, const std::string& data) {
+  int fd = env->Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::FromErrno(-fd, "create " + path);
+  ScopedFd g(env, fd);
+  ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, data.data(), data.size(), 0, path));
+  int r = env->FSync(fd);
+  if (r < 0) return Status::FromErrno(-r, "fsync " + path);
+  r = env->Close(g.Release());
+  if (r < 0) return Status::FromErrno(-r, "close " + path);
+  return Status::Ok();
+}
+
+Status WriteFileAtomic(Env* env, const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, tmp, data));
+  int r = env->Rename(tmp, path);
+  if (r < 0) {
+    env->Unlink(tmp);
+    return Status::FromErrno(-r, "rename " + tmp + " -> " + path);
+  }
+  return SyncDir(env, ParentDir(path));
+}
+
+Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std::string* out) {
+  int fd = env->Open(path, O_RDONLY, 0);
+  if (fd < 0) return Status::FromErrno(-fd, "open " + path);
+  ScopedFd g(env, fd);
+  uint64_t size = 0;
+  int r = env->FileSize(fd, &size);
+  if (r < 0) return Status::FromErrno(-r, "stat " + path);
+  if (size > max_bytes)
+    return Status::Corrupt(path + ": " + std::to_string(size) + " bytes, more than the limit of " +
+                           std::to_string(max_bytes));
+  out->assign(static_cast<size_t>(size), '\0');
+  return ReadFull(env, fd, out->data(), size, 0, path);
+}
+
+Status RemoveDirFiles(Env* env, const std::string& dir) {
+  std::vector<std::string> names;
+  int r = env->ListDir(dir, &names);
+  if (r < 0) return Status::FromErrno(-r, "list " + dir);
+  for (const auto& n : names) {
+    int u = env->Unlink(JoinPath(dir, n));
+    if (u < 0 && u != -ENOENT) return Status::FromErrno(-u, "remove " + JoinPath(dir, n));
+  }
+  r = env->Rmdir(dir);
+  if (r < 0 && r != -ENOENT) return Status::FromErrno(-r, "remove directory " + dir);
+  return Status::Ok();
+}
+
+}  // namespace alpsck

@@ -1,0 +1,58 @@
+// File helpers built on Env: full transfers (retrying EINTR and short transfers), O_DIRECT with
+// a reported buffered fallback, directory fsync, and small durable files. Every error names the
+// path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "env.h"
+#include "status.h"
+
+namespace alpsck {
+
+// Closes the fd through its Env on destruction unless released.
+class ScopedFd {
+ public:
+  ScopedFd(Env* env, int fd) : env_(env), fd_(fd) {}
+  ~ScopedFd() { Reset(); }
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  int get() const { return fd_; }
+  int Release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void Reset() {
+    if (fd_ >= 0) env_->Close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  Env* env_;
+  int fd_;
+};
+
+std::string JoinPath(const std::string& dir, const std::string& name);
+std::string ParentDir(const std::string& path);
+
+// Opens path with flags; when want_direct, first with O_DIRECT and, if the file system refuses
+// it (EINVAL, as tmpfs does), again without. *direct says which one succeeded.
+Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_direct, int* fd, bool* direct);
+
+Status WriteFull(Env* env, int fd, const void* buf, uint64_t n, uint64_t off, const std::string& path);
+// Reads exactly n bytes; a file that ends early is kCorrupt ("truncated").
+Status ReadFull(Env* env, int fd, void* buf, uint64_t n, uint64_t off, const std::string& path);
+Status SyncDir(Env* env, const std::string& dir);
+// Creates (or truncates) path, writes data, fsyncs and closes it. No rename: for files inside a
+// directory that is not yet visible as committed.
+Status WriteFileSynced(Env* env, const std::string& path, const std::string& data);
+// tmp + fsync + rename + fsync(parent): the file is either old or new after a crash.
+Status WriteFileAtomic(Env* env, const std::string& path, const std::string& data);
+// Reads a whole file of at most max_bytes (larger is kCorrupt).
+Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std::string* out);
+// Removes a directory and the plain files in it (one level; checkpoints have no subdirectories).
+Status RemoveDirFiles(Env* env, const std::string& dir);
+
+}  // namespace alpsck

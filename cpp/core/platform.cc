@@ -1,0 +1,99 @@
+#include "platform.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+namespace alpsck {
+
+uint64_t PageSize() {
+  static const uint64_t ps = [] {
+    long v = sysconf(_SC_PAGESIZE);
+    return v > 0 ? static_cast<uint64_t>(v) : uint64_t{4096};
+  }();
+  return ps;
+}
+
+uint64_t CacheLineSize() {
+  static const uint64_t cl = [] {
+    long v = -1;
+#ifdef _SC_LEVEL1_DCACHE_LINESIZE
+    v = sysconf(_SC_LEVEL1_DCACHE_LINESIZE);
+#endif
+    if (v <= 0) {
+      if (FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index0/coherency_line_size", "r")) {
+        long x = 0;
+        if (std::fscanf(f, "%ld", &x) == 1) v = x;
+        std::fclose(f);
+      }
+    }
+    return v > 0 ? static_cast<uint64_t>(v) : uint64_t{64};
+  }();
+  return cl;
+}
+
+std::vector<int> AllowedCpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int i = 0; i < CPU_SETSIZE; ++i)
+      if (CPU_ISSET(i, &set)) cpus.push_back(i);
+  }
+  if (cpus.empty()) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long i = 0; i < (n > 0 ? n : 1); ++i) cpus.push_back(static_cast<int>(i));
+  }
+  return cpus;
+}
+
+bool PinCurrentThread(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE) return false;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+PrefaultedMemory::~PrefaultedMemory() { Release(); }
+
+PrefaultedMemory::PrefaultedMemory(PrefaultedMemory&& o) noexcept : data_(o.data_), size_(o.size_) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+PrefaultedMemory& PrefaultedMemory::operator=(PrefaultedMemory&& o) noexcept {
+  if (this != &o) {
+    Release();
+    data_ = o.data_;
+    size_ = o.size_;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+bool PrefaultedMemory::Allocate(uint64_t bytes) {
+  Release();
+  if (bytes == 0) return true;
+  uint64_t len = RoundUp(bytes, PageSize());
+  void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  data_ = static_cast<char*>(p);
+  size_ = len;
+  // MAP_POPULATE is advisory (and a no-op under some emulators): touch every page once.
+  const uint64_t ps = PageSize();
+  for (uint64_t off = 0; off < len; off += ps) data_[off] = 0;
+  return true;
+}
+
+void PrefaultedMemory::Release() {
+  if (data_) munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace alpsck

@@ -1,0 +1,43 @@
+// Facts about the machine read at run time (never hard-coded: GH200 kernels may use 64 KiB
+// pages) and the few things the core does with CPUs and memory: the process's cpuset, pinning
+// a thread, and pre-faulted aligned memory for staging.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace alpsck {
+
+uint64_t PageSize();
+uint64_t CacheLineSize();
+// CPUs this process may run on (sched_getaffinity): respects the SLURM job's cpuset.
+std::vector<int> AllowedCpus();
+// Pins the calling thread to one CPU; false if the kernel refuses (CPU not in the cpuset).
+bool PinCurrentThread(int cpu);
+
+inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// Page-aligned anonymous memory, pre-faulted (MAP_POPULATE, then one write per page) so that
+// first-touch page faults never land on the hot path. Move-only; unmaps on destruction.
+class PrefaultedMemory {
+ public:
+  PrefaultedMemory() = default;
+  ~PrefaultedMemory();
+  PrefaultedMemory(PrefaultedMemory&& o) noexcept;
+  PrefaultedMemory& operator=(PrefaultedMemory&& o) noexcept;
+  PrefaultedMemory(const PrefaultedMemory&) = delete;
+  PrefaultedMemory& operator=(const PrefaultedMemory&) = delete;
+
+  // Returns false (errno set) when the mapping fails.
+  bool Allocate(uint64_t bytes);
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  void Release();
+  char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace alpsck

@@ -1,0 +1,241 @@
+#include "recovery.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <thread>
+
+#include "commit.h"
+#include "crc32c.h"
+#include "file_io.h"
+#include "json.h"
+#include "platform.h"
+
+namespace alpsck {
+
+const char* CheckpointStateName(CheckpointState s) {
+  switch (s) {
+    case CheckpointState::kCommitted: return "committed";
+    case CheckpointState::kIncomplete: return "incomplete";
+    case CheckpointState::kCorrupt: return "corrupt";
+  }
+  return "unknown";
+}
+
+ShardReader::~ShardReader() {
+  if (fd_ >= 0) env_->Close(fd_);
+}
+
+Status ShardReader::Open(Env* env, const std::string& path, bool direct, std::unique_ptr<ShardReader>* out) {
+  std::unique_ptr<ShardReader> r(new ShardReader());
+  r->env_ = env;
+  r->path_ = path;
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_RDONLY, direct, &r->fd_, &r->direct_));
+  int e = env->FileSize(r->fd_, &r->file_bytes_);
+  if (e < 0) return Status::FromErrno(-e, "stat " + path);
+  if (r->file_bytes_ < kFooterBytes) return Status::Corrupt(path + ": truncated (" + std::to_string(r->file_bytes_) + " bytes, no footer)");
+  // The tail is read through a buffered descriptor: it is small and need not be aligned.
+  int bfd = env->Open(path, O_RDONLY, 0);
+  if (bfd < 0) return Status::FromErrno(-bfd, "open " + path);
+  ScopedFd g(env, bfd);
+  char fb[kFooterBytes];
+  ALPSCK_RETURN_IF_ERROR(ReadFull(env, bfd, fb, kFooterBytes, r->file_bytes_ - kFooterBytes, path));
+  Footer f;
+  ALPSCK_RETURN_IF_ERROR(DecodeFooter(fb, r->file_bytes_, path, &f));
+  std::string idx(static_cast<size_t>(f.index_bytes), '\0');
+  ALPSCK_RETURN_IF_ERROR(ReadFull(env, bfd, idx.data(), f.index_bytes, f.index_offset, path));
+  r->index_crc_ = Crc32c(idx.data(), idx.size());
+  if (r->index_crc_ != f.index_crc) return Status::Corrupt(path + ": index CRC mismatch");
+  Status s = DecodeIndex(idx, f.data_padded, &r->index_);
+  if (!s.ok()) return Status::Corrupt(path + ": " + s.message());
+  if (r->direct_ && (f.data_padded % r->index_.layout.align || r->index_.layout.align < PageSize())) {
+    // Written with a smaller alignment than this machine's O_DIRECT needs: read buffered.
+    env->Close(r->fd_);
+    r->fd_ = -1;
+    ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_RDONLY, false, &r->fd_, &r->direct_));
+  }
+  *out = std::move(r);
+  return Status::Ok();
+}
+
+Status ShardReader::ReadChunks(const std::vector<uint64_t>& chunks, const std::vector<char*>* dsts, uint32_t threads,
+                               const ProgressFn& progress) {
+  const ShardLayout& l = index_.layout;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  Status first;
+  uint64_t done_bytes = 0;
+  auto worker = [&] {
+    PrefaultedMemory buf;
+    if (!buf.Allocate(l.chunk_bytes)) {
+      std::lock_guard<std::mutex> g(mu);
+      if (first.ok()) first = Status::FromErrno(errno, "allocate a read buffer");
+      failed = true;
+      return;
+    }
+    for (;;) {
+      size_t k = next.fetch_add(1);
+      if (k >= chunks.size() || failed.load()) return;
+      const uint64_t i = chunks[k], len = l.chunk_len(i);
+      Status s = ReadFull(env_, fd_, buf.data(), len, l.chunk_begin(i), path_);
+      if (s.ok() && Crc32c(buf.data(), len) != index_.crcs[i]) {
+        std::string names;
+        for (const auto& e : l.extents)
+          if (e.offset < l.chunk_begin(i) + len && e.offset + e.size > l.chunk_begin(i) && names.size() < 200)
+            names += (names.empty() ? "" : ", ") + e.name;
+        s = Status::Corrupt(path_ + ": CRC mismatch in chunk " + std::to_string(i) + " (bytes " +
+                            std::to_string(l.chunk_begin(i)) + "-" + std::to_string(l.chunk_begin(i) + len) +
+                            (names.empty() ? std::string(")") : ", holding " + names + ")"));
+      }
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> g(mu);
+        if (first.ok()) first = s;
+        failed = true;
+        return;
+      }
+      if (dsts) ScatterChunk(l, *dsts, i, buf.data());
+      if (progress) {
+        std::lock_guard<std::mutex> g(mu);
+        done_bytes += len;
+        progress(done_bytes);
+      }
+    }
+  };
+  uint32_t t = std::max<uint32_t>(1, std::min<uint32_t>(threads ? threads : 4, static_cast<uint32_t>(chunks.size())));
+  std::vector<std::thread> pool;
+  for (uint32_t i = 1; i < t; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  return first;
+}
+
+Status ShardReader::Read(const std::vector<char*>& dsts, uint32_t threads, const ProgressFn& progress) {
+  const ShardLayout& l = index_.layout;
+  if (dsts.size() != l.extents.size()) return Status::Invalid("Read: one destination per extent expected");
+  std::vector<uint64_t> chunks;
+  for (size_t k = 0; k < l.extents.size(); ++k) {
+    const ExtentLayout& e = l.extents[k];
+    if (!dsts[k] || e.size == 0) continue;
+    uint64_t a = e.offset / l.chunk_bytes, b = (e.offset + e.size - 1) / l.chunk_bytes;
+    for (uint64_t i = a; i <= b; ++i)
+      if (chunks.empty() || chunks.back() < i) chunks.push_back(i);
+  }
+  return ReadChunks(chunks, &dsts, threads, progress);
+}
+
+Status ShardReader::Verify(uint32_t threads, const ProgressFn& progress) {
+  std::vector<uint64_t> chunks(index_.layout.num_chunks());
+  for (uint64_t i = 0; i < chunks.size(); ++i) chunks[i] = i;
+  return ReadChunks(chunks, nullptr, threads, progress);
+}
+
+namespace {
+
+bool IsShardName(const std::string& n) {
+  // rank-NNNNN.bin with 5+ digits; no '/', no "..": a manifest can never point outside its dir.
+  if (n.size() < 14 || n.rfind("rank-", 0) != 0 || n.compare(n.size() - 4, 4, ".bin") != 0) return false;
+  for (size_t i = 5; i + 4 < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return false;
+  return true;
+}
+
+}  // namespace
+
+void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verify, uint32_t threads,
+                     CheckpointInfo* info, const ProgressFn& progress) {
+  info->step = step;
+  info->path = dir;
+  auto corrupt = [&](const std::string& why) {
+    info->state = CheckpointState::kCorrupt;
+    info->error = why;
+  };
+  std::string text;
+  Status s = ReadSmallFile(env, JoinPath(dir, kManifestName), kMaxManifestBytes, &text);
+  if (!s.ok()) {
+    if (s.code() == Code::kNotFound) {
+      info->state = CheckpointState::kIncomplete;
+      info->error = "no MANIFEST.json (never committed)";
+    } else {
+      corrupt("MANIFEST.json: " + s.message());
+    }
+    return;
+  }
+  Json m;
+  s = ParseJson(text, &m);
+  if (!s.ok()) return corrupt("MANIFEST.json: " + s.message());
+  const Json* fmt = m.find("format");
+  if (!fmt || !fmt->get_string() || *fmt->get_string() != "alpsck-checkpoint/1") return corrupt("MANIFEST.json: unknown format");
+  uint64_t mstep = 0;
+  const Json* js = m.find("step");
+  if (!js || !js->get_u64(&mstep) || mstep != step)
+    return corrupt("MANIFEST.json: step does not match the directory name");
+  if (const Json* c = m.find("created")) c->get_double(&info->created);
+  if (const Json* w = m.find("write_seconds")) w->get_double(&info->write_seconds);
+  if (const Json* d = m.find("direct_io")) d->get_bool(&info->direct_io);
+  const Json* files = m.find("files");
+  const std::vector<Json>* fa = files ? files->get_array() : nullptr;
+  if (!fa || fa->empty()) return corrupt("MANIFEST.json: no shard files listed");
+  info->ranks = static_cast<uint32_t>(fa->size());
+  for (const Json& f : *fa) {
+    const Json* n = f.find("name");
+    const Json* b = f.find("bytes");
+    const Json* c = f.find("index_crc");
+    uint64_t bytes = 0, crc = 0;
+    if (!n || !n->get_string() || !IsShardName(*n->get_string()) || !b || !b->get_u64(&bytes) || !c || !c->get_u64(&crc))
+      return corrupt("MANIFEST.json: a file entry is malformed (name must be rank-NNNNN.bin)");
+    const std::string path = JoinPath(dir, *n->get_string());
+    std::unique_ptr<ShardReader> r;
+    s = ShardReader::Open(env, path, verify, &r);
+    if (!s.ok()) return corrupt(s.code() == Code::kNotFound ? path + ": missing" : s.message());
+    if (r->file_bytes() != bytes) return corrupt(path + ": size differs from the manifest");
+    if (r->index_crc() != crc) return corrupt(path + ": index differs from the one the manifest recorded");
+    info->bytes += bytes;
+    info->data_bytes += r->index().layout.data_bytes;
+    info->extents += r->index().layout.extents.size();
+    info->shards.push_back(*n->get_string());
+    if (verify) {
+      s = r->Verify(threads, progress);
+      if (!s.ok()) return corrupt(s.message());
+    }
+  }
+  info->state = CheckpointState::kCommitted;
+  info->verified = verify;
+}
+
+Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t threads,
+                  std::vector<CheckpointInfo>* out, const ProgressFn& progress) {
+  out->clear();
+  int d = env->IsDir(run_dir);
+  if (d < 0) return Status::FromErrno(-d, "run directory " + run_dir);
+  if (d == 0) return Status::Invalid(run_dir + " is not a directory");
+  std::vector<std::string> names;
+  int r = env->ListDir(run_dir, &names);
+  if (r < 0) return Status::FromErrno(-r, "list " + run_dir);
+  for (const std::string& n : names) {
+    uint64_t step = 0;
+    const std::string p = JoinPath(run_dir, n);
+    if (ParseStepDirName(n, &step)) {
+      if (env->IsDir(p) != 1) continue;
+      CheckpointInfo info;
+      CheckCheckpoint(env, p, step, verify, threads, &info, progress);
+      out->push_back(std::move(info));
+    } else if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 &&
+               ParseStepDirName(std::string_view(n).substr(0, n.size() - 4), &step) && env->IsDir(p) == 1) {
+      CheckpointInfo info;
+      info.step = step;
+      info.path = p;
+      info.state = CheckpointState::kIncomplete;
+      info.error = "in flight or abandoned (.tmp)";
+      out->push_back(std::move(info));
+    }
+  }
+  std::sort(out->begin(), out->end(), [](const CheckpointInfo& a, const CheckpointInfo& b) {
+    return a.step != b.step ? a.step < b.step : a.state < b.state;
+  });
+  return Status::Ok();
+}
+
+}  // namespace alpsck

@@ -1,0 +1,86 @@
+// Recovery: classify the checkpoints of a run directory and read a shard back, verified.
+//
+// A checkpoint directory step-N/ is COMMITTED iff its MANIFEST.json parses and every shard it
+// names exists with the recorded size, a valid footer and an index whose CRC matches (the quick
+// check, reading only tails); with verify, every chunk's CRC32C is checked as well. Directories
+// named step-N.tmp are INCOMPLETE (in flight or abandoned) and never read. Anything else that
+// fails is CORRUPT, with a message naming the file and what was wrong. Nothing on disk is trusted:
+// names in manifests must be plain rank-NNNNN.bin names (no paths), every size is bounds-checked.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "env.h"
+#include "format.h"
+#include "status.h"
+
+namespace alpsck {
+
+enum class CheckpointState { kCommitted, kIncomplete, kCorrupt };
+const char* CheckpointStateName(CheckpointState s);
+
+struct CheckpointInfo {
+  uint64_t step = 0;
+  std::string path;
+  CheckpointState state = CheckpointState::kIncomplete;
+  std::string error;          // why it is not committed
+  uint64_t bytes = 0;         // shard files, on disk
+  uint64_t data_bytes = 0;
+  double created = 0;         // unix seconds (manifest)
+  uint32_t ranks = 0;
+  uint64_t extents = 0;
+  double write_seconds = 0;   // from the manifest, 0 if unknown
+  bool direct_io = false;
+  bool verified = false;      // every chunk CRC checked
+  std::vector<std::string> shards;
+};
+
+// Progress callback: bytes verified so far (called from worker threads, serialised).
+using ProgressFn = std::function<void(uint64_t)>;
+
+// Reads one shard file. Open() reads the footer and index only.
+class ShardReader {
+ public:
+  static Status Open(Env* env, const std::string& path, bool direct, std::unique_ptr<ShardReader>* out);
+  ~ShardReader();
+  const ShardIndex& index() const { return index_; }
+  const std::string& path() const { return path_; }
+  uint64_t file_bytes() const { return file_bytes_; }
+  uint32_t index_crc() const { return index_crc_; }
+
+  // Reads the chunks that hold the extents with a non-null dsts[k] (k as in index().layout),
+  // checks each chunk's CRC and copies the extents' bytes into dsts. Chunks are spread over
+  // `threads` threads through a shared counter. A CRC mismatch is kCorrupt naming the chunk and
+  // the extents in it.
+  Status Read(const std::vector<char*>& dsts, uint32_t threads, const ProgressFn& progress = nullptr);
+  // Reads every chunk and checks every CRC.
+  Status Verify(uint32_t threads, const ProgressFn& progress = nullptr);
+
+ private:
+  ShardReader() = default;
+  Status ReadChunks(const std::vector<uint64_t>& chunks, const std::vector<char*>* dsts, uint32_t threads,
+                    const ProgressFn& progress);
+  Env* env_ = nullptr;
+  std::string path_;
+  int fd_ = -1;
+  bool direct_ = false;
+  uint64_t file_bytes_ = 0;
+  uint32_t index_crc_ = 0;
+  ShardIndex index_;
+};
+
+// Checks one step-N directory (quick; with verify also every chunk CRC).
+void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verify, uint32_t threads,
+                     CheckpointInfo* info, const ProgressFn& progress = nullptr);
+
+// Lists every step-N and step-N.tmp directory of run_dir, ascending by step. kNotFound if
+// run_dir does not exist.
+Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t threads,
+                  std::vector<CheckpointInfo>* out, const ProgressFn& progress = nullptr);
+
+}  // namespace alpsck

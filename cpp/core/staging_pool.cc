@@ -1,0 +1,51 @@
+#include "staging_pool.h"
+
+#include <cerrno>
+
+namespace alpsck {
+
+Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots) {
+  if (slot_bytes == 0 || slots == 0) return Status::Invalid("staging pool needs at least one slot of non-zero size");
+  if (slots > (1ull << 40) / slot_bytes) return Status::Invalid("staging pool larger than 1 TiB");
+  if (!mem_.Allocate(slot_bytes * slots))
+    return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes * slots) + " bytes of staging memory");
+  std::lock_guard<std::mutex> l(mu_);
+  slot_bytes_ = slot_bytes;
+  slots_ = slots;
+  free_.clear();
+  for (uint64_t i = slots; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes);
+  closed_ = false;
+  return Status::Ok();
+}
+
+char* StagingPool::Acquire() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return closed_ || !free_.empty(); });
+  if (closed_) return nullptr;
+  char* s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
+void StagingPool::Release(char* slot) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    free_.push_back(slot);
+  }
+  cv_.notify_one();
+}
+
+void StagingPool::Close() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+uint64_t StagingPool::free_slots() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return free_.size();
+}
+
+}  // namespace alpsck

@@ -1,0 +1,45 @@
+// StagingPool: a bounded set of equal, aligned, pre-faulted memory slots (one chunk each).
+//
+// A save copies its snapshot into slots; writer threads hand each slot back as soon as its chunk
+// is written, so a state larger than the pool still streams through (pipelining) and the memory
+// in use never exceeds the pool. The pool is one mapping, so callers may register it once with
+// a GPU runtime as pinned memory (base(), size()).
+//
+// Thread-safety: all methods may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "platform.h"
+#include "status.h"
+
+namespace alpsck {
+
+class StagingPool {
+ public:
+  Status Init(uint64_t slot_bytes, uint64_t slots);
+  bool initialized() const { return mem_.data() != nullptr; }
+  // Blocks until a slot is free; nullptr once the pool is closed.
+  char* Acquire();
+  void Release(char* slot);
+  void Close();
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t slots() const { return slots_; }
+  uint64_t free_slots() const;
+  char* base() const { return mem_.data(); }
+  uint64_t size() const { return mem_.size(); }
+
+ private:
+  PrefaultedMemory mem_;
+  uint64_t slot_bytes_ = 0;
+  uint64_t slots_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char*> free_;
+  bool closed_ = false;
+};
+
+}  // namespace alpsck

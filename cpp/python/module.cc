@@ -1,0 +1,364 @@
+// alpsck._core: the nanobind binding of the C++ core.
+//
+// This file only converts types and errors. Every core Status that is not OK becomes an
+// alpsck.errors exception in RaiseStatus (the one place that mapping lives). Long calls (the
+// snapshot copy, waits, reads, scans) release the GIL. Zero-copy saves keep the caller's arrays
+// alive in the Engine wrapper until the save is observed complete.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cerrno>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "crc32c.h"
+#include "engine.h"
+#include "env.h"
+#include "platform.h"
+#include "recovery.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace alpsck {
+namespace {
+
+using Bytes = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using MutBytes = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+// kIoError/kNoSpace during a save are write errors; elsewhere plain I/O errors.
+[[noreturn]] void RaiseStatus(const Status& s, bool writing) {
+  const char* name = "CheckpointError";
+  switch (s.code()) {
+    case Code::kNoSpace: name = "DiskFullError"; break;
+    case Code::kIoError: name = writing ? "CheckpointWriteError" : "CheckpointIOError"; break;
+    case Code::kNotFound: name = writing ? "CheckpointWriteError" : "CheckpointIOError"; break;
+    case Code::kCorrupt: name = "CorruptCheckpointError"; break;
+    case Code::kInvalidArgument: name = "UsageError"; break;
+    case Code::kBusy: name = "RunDirLockedError"; break;
+    case Code::kAborted:
+    case Code::kOk: name = "CheckpointError"; break;
+  }
+  nb::object cls = nb::module_::import_("alpsck.errors").attr(name);
+  nb::object exc = cls(s.message());
+  if (s.err()) {
+    exc.attr("errno") = s.err();
+    exc.attr("strerror") = std::string(std::strerror(s.err()));
+  }
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw nb::python_error();
+}
+
+nb::dict ResultDict(const SaveResult& r) {
+  nb::dict d;
+  d["step"] = r.step;
+  d["bytes"] = r.bytes;
+  d["snapshot_seconds"] = r.snapshot_seconds;
+  d["durable_seconds"] = r.durable_seconds;
+  d["direct_io"] = r.direct_io;
+  d["skipped"] = r.skipped;
+  d["path"] = r.path;
+  d["warning"] = r.warning;
+  return d;
+}
+
+FaultRule::Op ParseOp(const std::string& op) {
+  static const std::map<std::string, FaultRule::Op> ops = {
+      {"any", FaultRule::Op::kAny},       {"open", FaultRule::Op::kOpen},
+      {"pwrite", FaultRule::Op::kPWrite}, {"pread", FaultRule::Op::kPRead},
+      {"fdatasync", FaultRule::Op::kFDataSync}, {"fsync", FaultRule::Op::kFSync},
+      {"fallocate", FaultRule::Op::kFAllocate}, {"rename", FaultRule::Op::kRename},
+      {"mkdir", FaultRule::Op::kMkdir}};
+  auto it = ops.find(op);
+  if (it == ops.end()) throw nb::value_error(("unknown fault op: " + op).c_str());
+  return it->second;
+}
+
+class PyHandle {
+ public:
+  explicit PyHandle(std::shared_ptr<SaveHandle> h) : h_(std::move(h)) {}
+  uint64_t step() const { return h_->step(); }
+  bool done() const { return h_->Done(); }
+  // True when done (raising the save's error if it failed), False on timeout.
+  bool wait(std::optional<double> timeout) const {
+    bool ok;
+    {
+      nb::gil_scoped_release nogil;
+      ok = h_->Wait(timeout ? *timeout : -1.0);
+    }
+    if (ok && !h_->status().ok()) RaiseStatus(h_->status(), true);
+    return ok;
+  }
+  nb::object error_message() const {
+    if (!h_->Done() || h_->status().ok()) return nb::none();
+    return nb::str(h_->status().message().c_str());
+  }
+  nb::dict result() const { return ResultDict(h_->result()); }
+
+ private:
+  std::shared_ptr<SaveHandle> h_;
+};
+
+class PyEngine {
+ public:
+  PyEngine(const std::string& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
+           uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
+           std::vector<nb::dict> faults) {
+    EngineOptions o;
+    o.run_dir = run_dir;
+    o.threads = threads;
+    o.chunk_bytes = chunk_bytes;
+    o.max_in_flight = max_in_flight;
+    o.keep_last = keep_last;
+    o.staging_bytes = staging_bytes;
+    o.pin_cpus = std::move(pin_cpus);
+    o.direct_io = direct_io;
+    o.rank = rank;
+    if (!faults.empty()) {
+      fault_env_ = std::make_unique<FaultEnv>();
+      for (const nb::dict& f : faults) fault_env_->AddRule(ToRule(f));
+      o.env = fault_env_.get();
+    }
+    Status s;
+    {
+      nb::gil_scoped_release nogil;
+      s = Engine::Open(o, &engine_);
+    }
+    if (!s.ok()) RaiseStatus(s, true);
+  }
+
+  static FaultRule ToRule(const nb::dict& f) {
+    FaultRule r;
+    for (auto [k, v] : f) {
+      std::string key = nb::cast<std::string>(k);
+      if (key == "op") r.op = ParseOp(nb::cast<std::string>(v));
+      else if (key == "path_contains") r.path_contains = nb::cast<std::string>(v);
+      else if (key == "skip") r.skip = nb::cast<uint64_t>(v);
+      else if (key == "count") r.count = nb::cast<uint64_t>(v);
+      else if (key == "error") r.error = nb::cast<int>(v);
+      else if (key == "short") r.short_transfer = nb::cast<bool>(v);
+      else if (key == "delay_us") r.delay_us = nb::cast<uint64_t>(v);
+      else throw nb::value_error(("unknown fault key: " + key).c_str());
+    }
+    return r;
+  }
+
+  Engine& engine() {
+    if (!engine_) throw nb::value_error("engine is closed");
+    return *engine_;
+  }
+
+  PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
+                bool copy, nb::object keepalive) {
+    Reap();
+    std::vector<SaveExtent> ex;
+    ex.reserve(extents.size());
+    for (const auto& [name, arr] : extents) ex.push_back({name, arr.data(), static_cast<uint64_t>(arr.nbytes())});
+    std::shared_ptr<SaveHandle> h;
+    Status s;
+    Engine& e = engine();
+    {
+      nb::gil_scoped_release nogil;
+      s = e.Save(step, ex, meta, copy, &h);
+    }
+    if (!s.ok()) RaiseStatus(s, true);
+    if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
+    return PyHandle(h);
+  }
+
+  void wait_all() {
+    if (engine_) {
+      nb::gil_scoped_release nogil;
+      engine_->WaitAll();
+    }
+    Reap();
+  }
+
+  void close() {
+    if (engine_) {
+      nb::gil_scoped_release nogil;
+      engine_->Close();
+    }
+    engine_.reset();
+    pending_.clear();
+  }
+
+  // Drops keep-alive references of zero-copy saves that have finished.
+  void Reap() {
+    std::vector<std::pair<std::shared_ptr<SaveHandle>, nb::object>> still;
+    for (auto& p : pending_)
+      if (!p.first->Done()) still.push_back(std::move(p));
+    pending_.swap(still);
+  }
+
+  size_t pending_keepalive() const { return pending_.size(); }
+  uint64_t faults_injected() const { return fault_env_ ? fault_env_->FaultsInjected() : 0; }
+
+ private:
+  std::unique_ptr<FaultEnv> fault_env_;
+  std::unique_ptr<Engine> engine_;
+  std::vector<std::pair<std::shared_ptr<SaveHandle>, nb::object>> pending_;
+};
+
+class PyReader {
+ public:
+  PyReader(const std::string& path, bool direct) {
+    Status s;
+    {
+      nb::gil_scoped_release nogil;
+      s = ShardReader::Open(Env::Default(), path, direct, &r_);
+    }
+    if (!s.ok()) RaiseStatus(s, false);
+  }
+  std::string meta() const { return r_->index().meta; }
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> extents() const {
+    std::vector<std::tuple<std::string, uint64_t, uint64_t>> v;
+    for (const auto& e : r_->index().layout.extents) v.emplace_back(e.name, e.offset, e.size);
+    return v;
+  }
+  // dsts: (extent name, writable contiguous CPU array of exactly the extent's size)
+  void read_into(const std::vector<std::pair<std::string, MutBytes>>& dsts, uint32_t threads) {
+    const auto& ex = r_->index().layout.extents;
+    std::unordered_map<std::string, size_t> pos;
+    for (size_t k = 0; k < ex.size(); ++k) pos.emplace(ex[k].name, k);
+    std::vector<char*> ptrs(ex.size(), nullptr);
+    for (const auto& [name, arr] : dsts) {
+      auto it = pos.find(name);
+      if (it == pos.end()) RaiseStatus(Status::Corrupt(r_->path() + ": has no extent named " + name), false);
+      if (static_cast<uint64_t>(arr.nbytes()) != ex[it->second].size)
+        RaiseStatus(Status::Invalid(name + ": checkpoint holds " + std::to_string(ex[it->second].size) +
+                                    " bytes, destination has " + std::to_string(arr.nbytes())),
+                    false);
+      ptrs[it->second] = static_cast<char*>(arr.data());
+    }
+    Status s;
+    {
+      nb::gil_scoped_release nogil;
+      s = r_->Read(ptrs, threads);
+    }
+    if (!s.ok()) RaiseStatus(s, false);
+  }
+  void verify(uint32_t threads) {
+    Status s;
+    {
+      nb::gil_scoped_release nogil;
+      s = r_->Verify(threads);
+    }
+    if (!s.ok()) RaiseStatus(s, false);
+  }
+  uint64_t file_bytes() const { return r_->file_bytes(); }
+  uint64_t data_bytes() const { return r_->index().layout.data_bytes; }
+  uint64_t align() const { return r_->index().layout.align; }
+  uint64_t chunk_bytes() const { return r_->index().layout.chunk_bytes; }
+  uint32_t rank() const { return r_->index().rank; }
+
+ private:
+  std::unique_ptr<ShardReader> r_;
+};
+
+nb::dict InfoDict(const CheckpointInfo& i) {
+  nb::dict d;
+  d["step"] = i.step;
+  d["path"] = i.path;
+  d["status"] = CheckpointStateName(i.state);
+  d["error"] = i.error.empty() ? nb::none() : nb::object(nb::str(i.error.c_str()));
+  d["bytes"] = i.bytes;
+  d["data_bytes"] = i.data_bytes;
+  d["created"] = i.created;
+  d["ranks"] = i.ranks;
+  d["tensors"] = i.extents;
+  d["write_seconds"] = i.write_seconds;
+  d["direct_io"] = i.direct_io;
+  d["verified"] = i.verified;
+  d["shards"] = i.shards;
+  return d;
+}
+
+std::vector<nb::dict> Scan(const std::string& run_dir, bool verify, uint32_t threads, nb::object progress) {
+  std::vector<CheckpointInfo> infos;
+  Status s;
+  ProgressFn fn;
+  if (!progress.is_none()) {
+    fn = [progress](uint64_t done) {
+      nb::gil_scoped_acquire gil;
+      progress(done);
+    };
+  }
+  {
+    nb::gil_scoped_release nogil;
+    s = ScanRunDir(Env::Default(), run_dir, verify, threads, &infos, fn);
+  }
+  if (!s.ok()) RaiseStatus(s, false);
+  std::vector<nb::dict> out;
+  for (const auto& i : infos) out.push_back(InfoDict(i));
+  return out;
+}
+
+}  // namespace
+}  // namespace alpsck
+
+NB_MODULE(_core, m) {
+  using namespace alpsck;
+  m.doc() = "alpsck's C++ checkpoint core (persistent concurrent checkpointing).";
+
+  m.def("crc32c", [](Bytes data, uint32_t crc) {
+        return Crc32cExtend(crc, data.data(), data.nbytes()); }, "data"_a, "crc"_a = 0,
+        "CRC32C of a contiguous buffer, continuing from crc.");
+  m.def("crc32c_backend", &Crc32cBackendName, "The CRC32C implementation chosen for this CPU.");
+  m.def("page_size", &PageSize);
+  m.def("cache_line_size", &CacheLineSize);
+  m.def("allowed_cpus", &AllowedCpus, "CPUs this process may run on (its cpuset).");
+  m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = 4, "progress"_a = nb::none(),
+        "Classify every checkpoint directory of run_dir (ascending steps).");
+
+  nb::class_<PyHandle>(m, "SaveHandle")
+      .def_prop_ro("step", &PyHandle::step)
+      .def("done", &PyHandle::done)
+      .def("wait", &PyHandle::wait, "timeout"_a = nb::none(),
+           "Wait until durable; raises the save's error; False on timeout.")
+      .def("error_message", &PyHandle::error_message)
+      .def("result", &PyHandle::result);
+
+  nb::class_<PyEngine>(m, "Engine")
+      .def(nb::init<const std::string&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
+                    uint32_t, std::vector<nb::dict>>(),
+           "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
+           "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
+           "faults"_a = std::vector<nb::dict>{})
+      .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "copy"_a = true,
+           "keepalive"_a = nb::none())
+      .def("wait_all", &PyEngine::wait_all)
+      .def("close", &PyEngine::close)
+      .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })
+      .def_prop_ro("chunk_bytes", [](PyEngine& e) { return e.engine().chunk_bytes(); })
+      .def_prop_ro("direct_io", [](PyEngine& e) { return e.engine().direct_io(); })
+      .def_prop_ro("threads", [](PyEngine& e) { return e.engine().threads(); })
+      .def_prop_ro("staging_bytes", [](PyEngine& e) { return e.engine().staging_bytes(); })
+      .def_prop_ro("published_step", [](PyEngine& e) { return e.engine().published_step(); })
+      .def_prop_ro("in_flight", [](PyEngine& e) { return e.engine().in_flight(); })
+      .def_prop_ro("pending_keepalive", &PyEngine::pending_keepalive)
+      .def_prop_ro("faults_injected", &PyEngine::faults_injected);
+
+  nb::class_<PyReader>(m, "ShardReader")
+      .def(nb::init<const std::string&, bool>(), "path"_a, "direct"_a = true)
+      .def_prop_ro("meta", &PyReader::meta)
+      .def_prop_ro("extents", &PyReader::extents)
+      .def_prop_ro("file_bytes", &PyReader::file_bytes)
+      .def_prop_ro("data_bytes", &PyReader::data_bytes)
+      .def_prop_ro("align", &PyReader::align)
+      .def_prop_ro("chunk_bytes", &PyReader::chunk_bytes)
+      .def_prop_ro("rank", &PyReader::rank)
+      .def("read_into", &PyReader::read_into, "dsts"_a, "threads"_a = 4)
+      .def("verify", &PyReader::verify, "threads"_a = 4);
+}

@@ -1,0 +1,346 @@
+// The engine: concurrent saves, both memory modes, commit ordering ("newest wins"), retention
+// and recycling, back-pressure, and failures that never damage earlier checkpoints.
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commit.h"
+#include "engine.h"
+#include "file_io.h"
+#include "recovery.h"
+#include "testing.h"
+#include "test_util.h"
+
+using namespace alpsck;
+using alpsck_test::Exists;
+using alpsck_test::TempDir;
+
+namespace {
+
+std::vector<char> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(rng());
+  return v;
+}
+
+std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_t max_in_flight = 2,
+                             uint32_t keep_last = 3, uint64_t chunk = 64 << 10) {
+  EngineOptions o;
+  o.run_dir = dir;
+  o.chunk_bytes = chunk;
+  o.max_in_flight = max_in_flight;
+  o.keep_last = keep_last;
+  o.threads = 3;
+  o.env = env;
+  std::unique_ptr<Engine> e;
+  Status s = Engine::Open(o, &e);
+  if (!s.ok()) std::fprintf(stderr, "Engine::Open: %s\n", s.message().c_str());
+  return e;
+}
+
+std::string Latest(const std::string& dir) {
+  std::string s;
+  ReadSmallFile(Env::Default(), JoinPath(dir, kLatestName), 100, &s);
+  return s;
+}
+
+// Reads extent `name` of the checkpoint at step and compares it with want.
+bool Matches(const std::string& dir, uint64_t step, const std::string& name, const std::vector<char>& want) {
+  std::unique_ptr<ShardReader> r;
+  if (!ShardReader::Open(Env::Default(), JoinPath(JoinPath(dir, StepDirName(step)), ShardFileName(0)), true, &r).ok())
+    return false;
+  const auto& ex = r->index().layout.extents;
+  std::vector<char> got(want.size());
+  std::vector<char*> dsts(ex.size(), nullptr);
+  for (size_t k = 0; k < ex.size(); ++k)
+    if (ex[k].name == name && ex[k].size == want.size()) dsts[k] = got.data();
+  Status s = r->Read(dsts, 2);
+  return s.ok() && got == want;
+}
+
+}  // namespace
+
+TEST(save_copy_and_zero_copy_round_trip) {
+  TempDir d;
+  auto e = Open(d.path());
+  REQUIRE(e);
+  auto a = RandomBytes(300001, 1), b = RandomBytes(17, 2);
+  std::vector<char> empty;
+  for (bool copy : {true, false}) {
+    uint64_t step = copy ? 10 : 20;
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}, {"e", empty.data(), 0}}, "{}", copy, &h).ok());
+    REQUIRE(h->Wait(-1));
+    CHECK(h->status().ok());
+    CHECK_EQ(h->result().path, JoinPath(d.path(), StepDirName(step)));
+    CHECK(Matches(d.path(), step, "a", a));
+    CHECK(Matches(d.path(), step, "b", b));
+  }
+  CHECK_EQ(Latest(d.path()), std::string("20\n"));
+  CHECK_EQ(e->published_step(), int64_t{20});
+}
+
+TEST(copy_mode_snapshot_is_isolated_from_later_mutation) {
+  TempDir d;
+  auto e = Open(d.path());
+  REQUIRE(e);
+  auto a = RandomBytes(1 << 20, 3);
+  const auto orig = a;
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  std::memset(a.data(), 0, a.size());  // the training step mutates right after save returns
+  REQUIRE(h->Wait(-1));
+  CHECK(h->status().ok());
+  CHECK(Matches(d.path(), 1, "a", orig));
+}
+
+TEST(empty_state_commits) {
+  TempDir d;
+  auto e = Open(d.path());
+  REQUIRE(e);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(5, {}, "{\"only\":\"meta\"}", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->status().ok());
+  std::vector<CheckpointInfo> infos;
+  REQUIRE(ScanRunDir(Env::Default(), d.path(), true, 2, &infos).ok());
+  REQUIRE(infos.size() == 1);
+  CHECK(infos[0].state == CheckpointState::kCommitted);
+}
+
+TEST(out_of_order_completion_never_publishes_an_older_step) {
+  TempDir d;
+  FaultEnv env;
+  FaultRule slow;  // every chunk write of step 100 is slow, so step 200 commits first
+  slow.op = FaultRule::Op::kPWrite;
+  slow.path_contains = "step-000000100";
+  slow.error = 0;
+  slow.delay_us = 20000;
+  slow.count = UINT64_MAX;
+  env.AddRule(slow);
+  auto e = Open(d.path(), &env, 2, 0);
+  REQUIRE(e);
+  auto a = RandomBytes(256 << 10, 4), b = RandomBytes(1000, 5);
+  std::shared_ptr<SaveHandle> h100, h200;
+  REQUIRE(e->Save(100, {{"a", a.data(), a.size()}}, "", true, &h100).ok());
+  REQUIRE(e->Save(200, {{"b", b.data(), b.size()}}, "", true, &h200).ok());
+  REQUIRE(h200->Wait(-1));
+  CHECK(!h100->Done());  // really out of order
+  CHECK_EQ(Latest(d.path()), std::string("200\n"));
+  REQUIRE(h100->Wait(-1));
+  CHECK(h100->status().ok());
+  CHECK_EQ(Latest(d.path()), std::string("200\n"));  // the late, older commit did not win
+  CHECK(Exists(JoinPath(d.path(), StepDirName(100))));
+  CHECK(Matches(d.path(), 100, "a", a));
+}
+
+TEST(max_in_flight_applies_back_pressure) {
+  TempDir d;
+  FaultEnv env;
+  FaultRule slow;
+  slow.op = FaultRule::Op::kFDataSync;
+  slow.error = 0;
+  slow.delay_us = 100000;
+  slow.count = UINT64_MAX;
+  env.AddRule(slow);
+  auto e = Open(d.path(), &env, 2, 0);
+  REQUIRE(e);
+  auto a = RandomBytes(4096, 6);
+  std::vector<std::shared_ptr<SaveHandle>> hs(5);
+  for (uint64_t s = 0; s < 5; ++s) {
+    REQUIRE(e->Save(s + 1, {{"a", a.data(), a.size()}}, "", true, &hs[s]).ok());
+    CHECK(e->in_flight() <= 2);
+  }
+  e->WaitAll();
+  for (auto& h : hs) CHECK(h->Done() && h->status().ok());
+  CHECK_EQ(e->in_flight(), 0u);
+}
+
+TEST(retention_keeps_newest_and_recycles) {
+  TempDir d;
+  auto e = Open(d.path(), nullptr, 2, 2);
+  REQUIRE(e);
+  auto a = RandomBytes(200000, 7);
+  for (uint64_t s = 1; s <= 6; ++s) {
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(s * 10, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+    REQUIRE(h->Wait(-1));
+    CHECK(h->status().ok());
+    CHECK(h->result().warning.empty());
+  }
+  std::vector<CheckpointInfo> infos;
+  REQUIRE(ScanRunDir(Env::Default(), d.path(), true, 2, &infos).ok());
+  REQUIRE(infos.size() == 2);
+  CHECK_EQ(infos[0].step, uint64_t{50});
+  CHECK_EQ(infos[1].step, uint64_t{60});
+  CHECK(infos[1].state == CheckpointState::kCommitted);
+  std::vector<std::string> names;
+  Env::Default()->ListDir(d.path(), &names);
+  size_t free_dirs = 0;
+  for (auto& n : names) free_dirs += n.rfind("free-", 0) == 0;
+  CHECK(free_dirs >= 1 && free_dirs <= 2);
+}
+
+TEST(already_committed_step_is_skipped) {
+  TempDir d;
+  auto e = Open(d.path());
+  REQUIRE(e);
+  auto a = RandomBytes(1000, 8), b = RandomBytes(1000, 9);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  REQUIRE(e->Save(7, {{"a", b.data(), b.size()}}, "", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->result().skipped);
+  CHECK(Matches(d.path(), 7, "a", a));
+}
+
+TEST(reopen_sees_committed_and_reuses_abandoned_tmp) {
+  TempDir d;
+  auto a = RandomBytes(5000, 10);
+  {
+    auto e = Open(d.path());
+    REQUIRE(e);
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+    REQUIRE(h->Wait(-1));
+  }
+  REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), "step-000000009.tmp")) == 0);  // a crash left it
+  auto e = Open(d.path());
+  REQUIRE(e);
+  CHECK_EQ(e->published_step(), int64_t{3});
+  CHECK(!Exists(JoinPath(d.path(), "step-000000009.tmp")));
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->result().skipped);
+}
+
+TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
+  TempDir d;
+  FaultEnv env;
+  auto e = Open(d.path(), &env, 2, 3);
+  REQUIRE(e);
+  auto a = RandomBytes(300000, 11);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  REQUIRE(h->status().ok());
+  FaultRule full;
+  full.op = FaultRule::Op::kPWrite;
+  full.error = ENOSPC;
+  full.skip = 2;
+  full.count = UINT64_MAX;
+  env.AddRule(full);
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->status().code() == Code::kNoSpace);
+  CHECK(h->status().message().find("step-000000002") != std::string::npos);
+  CHECK(!Exists(JoinPath(d.path(), "step-000000002")));
+  CHECK(!Exists(JoinPath(d.path(), "step-000000002.tmp")));
+  CHECK_EQ(Latest(d.path()), std::string("1\n"));
+  CHECK(Matches(d.path(), 1, "a", a));
+  env.ClearRules();  // space comes back: saving works again
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->status().ok());
+  CHECK(Matches(d.path(), 2, "a", a));
+}
+
+TEST(fsync_and_rename_failures_never_publish) {
+  struct Case {
+    FaultRule::Op op;
+    const char* path;
+  };
+  for (Case c : {Case{FaultRule::Op::kFDataSync, "rank-"}, Case{FaultRule::Op::kFSync, "MANIFEST"},
+                 Case{FaultRule::Op::kRename, "step-000000002.tmp"}, Case{FaultRule::Op::kFAllocate, ""}}) {
+    TempDir d;
+    FaultEnv env;
+    auto e = Open(d.path(), &env, 2, 3);
+    REQUIRE(e);
+    auto a = RandomBytes(100000, 12);
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+    REQUIRE(h->Wait(-1));
+    FaultRule r;
+    r.op = c.op;
+    r.path_contains = c.path;
+    r.error = c.op == FaultRule::Op::kFAllocate ? ENOSPC : EIO;
+    env.AddRule(r);
+    Status s = e->Save(2, {{"a", a.data(), a.size()}}, "", true, &h);
+    if (s.ok()) {
+      REQUIRE(h->Wait(-1));
+      s = h->status();
+    }
+    CHECK(!s.ok());
+    CHECK(!Exists(JoinPath(d.path(), "step-000000002")));
+    CHECK_EQ(Latest(d.path()), std::string("1\n"));
+    std::vector<CheckpointInfo> infos;
+    REQUIRE(ScanRunDir(Env::Default(), d.path(), true, 2, &infos).ok());
+    REQUIRE(!infos.empty());
+    CHECK(infos.back().step == 1 && infos.back().state == CheckpointState::kCommitted);
+  }
+}
+
+TEST(bad_run_dirs_are_clear_errors) {
+  TempDir d;
+  REQUIRE(alpsck_test::WriteText(d.sub("file"), "x"));
+  std::unique_ptr<Engine> e;
+  EngineOptions o;
+  o.run_dir = d.sub("file");
+  Status s = Engine::Open(o, &e);
+  CHECK(!s.ok() && s.message().find("not a directory") != std::string::npos);
+  o.run_dir = d.sub("missing/parent/run");
+  s = Engine::Open(o, &e);
+  CHECK(!s.ok() && s.message().find("missing/parent/run") != std::string::npos);
+  o.run_dir = d.sub("file/sub");
+  s = Engine::Open(o, &e);
+  CHECK(!s.ok());
+  FaultEnv ro;
+  FaultRule deny;
+  deny.op = FaultRule::Op::kOpen;
+  deny.error = EROFS;
+  ro.AddRule(deny);
+  o.run_dir = d.path();
+  o.env = &ro;
+  s = Engine::Open(o, &e);
+  CHECK(!s.ok() && s.message().find("not writable") != std::string::npos);
+}
+
+TEST(many_concurrent_saves_from_two_threads_under_load) {
+  TempDir d;
+  auto e = Open(d.path(), nullptr, 3, 4, 4096 * 4);
+  REQUIRE(e);
+  auto a = RandomBytes(100000, 13), b = RandomBytes(70000, 14);
+  std::vector<std::shared_ptr<SaveHandle>> ha(20), hb(20);
+  std::thread t1([&] {
+    for (uint64_t i = 0; i < 20; ++i) {
+      Status s = e->Save(2 * i + 1, {{"a", a.data(), a.size()}}, "", true, &ha[i]);
+      if (!s.ok()) std::fprintf(stderr, "save: %s\n", s.message().c_str());
+    }
+  });
+  std::thread t2([&] {
+    for (uint64_t i = 0; i < 20; ++i) e->Save(2 * i + 2, {{"b", b.data(), b.size()}}, "", false, &hb[i]);
+  });
+  t1.join();
+  t2.join();
+  e->WaitAll();
+  for (auto& h : ha) {
+    CHECK(h && h->Done() && h->status().ok());
+    if (h && !h->status().ok()) std::fprintf(stderr, "%s\n", h->status().message().c_str());
+  }
+  for (auto& h : hb) {
+    CHECK(h && h->Done() && h->status().ok());
+    if (h && !h->status().ok()) std::fprintf(stderr, "%s\n", h->status().message().c_str());
+  }
+  CHECK_EQ(e->published_step(), int64_t{40});
+  CHECK(Matches(d.path(), 40, "b", b));
+  CHECK(Matches(d.path(), 39, "a", a));
+}
+
+ALPSCK_TEST_MAIN()

@@ -1,0 +1,76 @@
+// Platform facts are read at run time; staging memory is aligned, pre-faulted and bounded.
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "platform.h"
+#include "staging_pool.h"
+#include "testing.h"
+
+using namespace alpsck;
+
+TEST(page_size_is_the_systems) {
+  uint64_t ps = PageSize();
+  CHECK_EQ(ps, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+  CHECK(ps >= 4096 && (ps & (ps - 1)) == 0);
+  // Under qemu -p 65536 (the aarch64 ctest run) the expected size is passed in.
+  if (const char* want = std::getenv("ALPSCK_EXPECT_PAGE_SIZE")) CHECK_EQ(ps, std::strtoull(want, nullptr, 10));
+  std::fprintf(stderr, "page size %llu, cache line %llu\n", static_cast<unsigned long long>(ps),
+               static_cast<unsigned long long>(CacheLineSize()));
+}
+
+TEST(cache_line_is_sane) {
+  uint64_t cl = CacheLineSize();
+  CHECK(cl >= 16 && cl <= 1024 && (cl & (cl - 1)) == 0);
+}
+
+TEST(allowed_cpus_and_pinning) {
+  std::vector<int> cpus = AllowedCpus();
+  REQUIRE(!cpus.empty());
+  bool pinned = false;
+  std::thread t([&] { pinned = PinCurrentThread(cpus.back()); });
+  t.join();
+  CHECK(pinned);
+  CHECK(!PinCurrentThread(-1));
+}
+
+TEST(prefaulted_memory_is_page_aligned_and_writable) {
+  PrefaultedMemory m;
+  REQUIRE(m.Allocate(3 * PageSize() + 1));
+  CHECK_EQ(reinterpret_cast<uintptr_t>(m.data()) % PageSize(), uintptr_t{0});
+  CHECK_EQ(m.size(), 4 * PageSize());
+  for (uint64_t i = 0; i < m.size(); ++i) CHECK(m.data()[i] == 0);
+  m.data()[m.size() - 1] = 7;
+  PrefaultedMemory n = std::move(m);
+  CHECK(m.data() == nullptr);
+  CHECK_EQ(n.data()[n.size() - 1], 7);
+}
+
+TEST(staging_pool_bounds_and_blocks) {
+  StagingPool pool;
+  REQUIRE(pool.Init(PageSize(), 2).ok());
+  char* a = pool.Acquire();
+  char* b = pool.Acquire();
+  CHECK(a && b && a != b);
+  CHECK_EQ(pool.free_slots(), uint64_t{0});
+  std::atomic<bool> got{false};
+  std::thread t([&] {
+    char* c = pool.Acquire();  // blocks until a slot is released
+    got = c == a;
+    pool.Release(c);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(!got.load());
+  pool.Release(a);
+  t.join();
+  CHECK(got.load());
+  pool.Release(b);
+  CHECK_EQ(pool.free_slots(), uint64_t{2});
+  pool.Close();
+  CHECK(pool.Acquire() == nullptr);
+  CHECK(!pool.Init(0, 1).ok());
+}
+
+ALPSCK_TEST_MAIN()

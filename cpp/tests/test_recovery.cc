@@ -1,0 +1,168 @@
+// Recovery classifies committed / incomplete / corrupt checkpoints, never trusts what is on
+// disk, and names what is wrong.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commit.h"
+#include "engine.h"
+#include "file_io.h"
+#include "recovery.h"
+#include "testing.h"
+#include "test_util.h"
+
+using namespace alpsck;
+using alpsck_test::TempDir;
+
+namespace {
+
+std::vector<char> Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(rng());
+  return v;
+}
+
+// Writes checkpoints at the given steps (each 3 extents, ~600 KB) and returns the data.
+std::vector<char> MakeRun(const std::string& dir, std::vector<uint64_t> steps) {
+  EngineOptions o;
+  o.run_dir = dir;
+  o.chunk_bytes = 64 << 10;
+  o.keep_last = 0;
+  std::unique_ptr<Engine> e;
+  if (!Engine::Open(o, &e).ok()) return {};
+  auto a = Bytes(600000, 1);
+  for (uint64_t s : steps) {
+    std::shared_ptr<SaveHandle> h;
+    if (!e->Save(s, {{"w", a.data(), 300000}, {"x", a.data() + 300000, 299999}, {"y", a.data(), 1}}, "{}", true, &h).ok())
+      return {};
+    h->Wait(-1);
+  }
+  return a;
+}
+
+std::string Shard(const std::string& dir, uint64_t step) {
+  return JoinPath(JoinPath(dir, StepDirName(step)), ShardFileName(0));
+}
+
+std::vector<CheckpointInfo> Scan(const std::string& dir, bool verify) {
+  std::vector<CheckpointInfo> v;
+  Status s = ScanRunDir(Env::Default(), dir, verify, 3, &v);
+  if (!s.ok()) std::fprintf(stderr, "scan: %s\n", s.message().c_str());
+  return v;
+}
+
+}  // namespace
+
+TEST(classifies_good_incomplete_and_corrupt) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {10, 20, 30, 40, 50}).empty());
+  // 20: bit flip in the data (found only by verify); 30: truncated; 40: manifest removed
+  // (never committed); plus an abandoned .tmp directory.
+  REQUIRE(alpsck_test::FlipBit(Shard(d.path(), 20), 1000));
+  REQUIRE(alpsck_test::Truncate(Shard(d.path(), 30), 4096));
+  REQUIRE(::unlink(JoinPath(JoinPath(d.path(), StepDirName(40)), kManifestName).c_str()) == 0);
+  REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), "step-000000060.tmp")) == 0);
+
+  auto quick = Scan(d.path(), false);
+  REQUIRE(quick.size() == 6);
+  CHECK(quick[0].state == CheckpointState::kCommitted);
+  CHECK(quick[1].state == CheckpointState::kCommitted);  // data flip invisible without verify
+  CHECK(quick[2].state == CheckpointState::kCorrupt);
+  CHECK(quick[3].state == CheckpointState::kIncomplete);
+  CHECK(quick[4].state == CheckpointState::kCommitted);
+  CHECK(quick[5].state == CheckpointState::kIncomplete && quick[5].step == 60);
+  CHECK_EQ(quick[0].extents, uint64_t{3});
+  CHECK(quick[0].bytes > 600000);
+
+  auto deep = Scan(d.path(), true);
+  REQUIRE(deep.size() == 6);
+  CHECK(deep[1].state == CheckpointState::kCorrupt);
+  CHECK(deep[1].error.find("CRC mismatch in chunk 0") != std::string::npos);
+  CHECK(deep[1].error.find("w") != std::string::npos);
+  CHECK(deep[0].verified && deep[4].verified);
+  CHECK(deep[4].state == CheckpointState::kCommitted);
+}
+
+TEST(every_tail_corruption_is_found_by_the_quick_check) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {1}).empty());
+  const std::string p = Shard(d.path(), 1);
+  const long long size = alpsck_test::FileSizeOf(p);
+  // The index starts at data_padded; flip a byte in the index and in the footer.
+  std::unique_ptr<ShardReader> r;
+  REQUIRE(ShardReader::Open(Env::Default(), p, false, &r).ok());
+  const long long index_at = static_cast<long long>(r->index().layout.data_padded);
+  r.reset();
+  for (long long off : {index_at + 5, size - 1, size - 40, size - 64}) {
+    REQUIRE(alpsck_test::FlipBit(p, off));
+    auto v = Scan(d.path(), false);
+    REQUIRE(v.size() == 1);
+    CHECK(v[0].state == CheckpointState::kCorrupt);
+    REQUIRE(alpsck_test::FlipBit(p, off));  // flip back
+    v = Scan(d.path(), false);
+    CHECK(v[0].state == CheckpointState::kCommitted);
+  }
+}
+
+TEST(hostile_manifests_are_rejected) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {1}).empty());
+  const std::string m = JoinPath(JoinPath(d.path(), StepDirName(1)), kManifestName);
+  const char* bad[] = {
+      "not json",
+      "{\"format\":\"alpsck-checkpoint/1\",\"step\":2,\"files\":[]}",
+      "{\"format\":\"alpsck-checkpoint/1\",\"step\":1,\"files\":[{\"name\":\"../../etc/passwd\",\"bytes\":1,\"index_crc\":1}]}",
+      "{\"format\":\"alpsck-checkpoint/1\",\"step\":1,\"files\":[{\"name\":\"rank-00001.bin\",\"bytes\":1,\"index_crc\":1}]}",
+      "{\"format\":\"alpsck-checkpoint/1\",\"step\":1,\"files\":[{\"name\":\"rank-00000.bin\",\"bytes\":1,\"index_crc\":1}]}",
+      "{\"format\":\"alpsck-checkpoint/1\",\"step\":1,\"files\":[{\"name\":\"rank-00000.bin\",\"bytes\":-5,\"index_crc\":1}]}",
+  };
+  for (const char* b : bad) {
+    REQUIRE(alpsck_test::WriteText(m, b));
+    auto v = Scan(d.path(), false);
+    REQUIRE(v.size() == 1);
+    CHECK(v[0].state == CheckpointState::kCorrupt);
+    CHECK(!v[0].error.empty());
+  }
+  std::string deep(200000, '[');
+  REQUIRE(alpsck_test::WriteText(m, deep));
+  auto v = Scan(d.path(), false);
+  CHECK(v[0].state == CheckpointState::kCorrupt);
+}
+
+TEST(reader_reads_subsets_and_names_corrupt_extents) {
+  TempDir d;
+  auto a = MakeRun(d.path(), {5});
+  REQUIRE(!a.empty());
+  std::unique_ptr<ShardReader> r;
+  REQUIRE(ShardReader::Open(Env::Default(), Shard(d.path(), 5), true, &r).ok());
+  CHECK_EQ(r->index().meta, std::string("{}"));
+  std::vector<char> x(299999);
+  REQUIRE(r->index().layout.extents.size() == 3);
+  std::vector<char*> dsts{nullptr, x.data(), nullptr};
+  REQUIRE(r->Read(dsts, 4).ok());
+  CHECK(std::memcmp(x.data(), a.data() + 300000, x.size()) == 0);
+  uint64_t progress = 0;
+  CHECK(r->Verify(2, [&](uint64_t b) { progress = b; }).ok());
+  CHECK_EQ(progress, r->index().layout.data_padded);
+  r.reset();
+  REQUIRE(alpsck_test::FlipBit(Shard(d.path(), 5), 400000));
+  REQUIRE(ShardReader::Open(Env::Default(), Shard(d.path(), 5), true, &r).ok());
+  Status s = r->Read(dsts, 4);
+  CHECK(s.code() == Code::kCorrupt);
+  CHECK(s.message().find("x") != std::string::npos);
+}
+
+TEST(missing_run_dir_and_empty_run_dir) {
+  TempDir d;
+  std::vector<CheckpointInfo> v;
+  Status s = ScanRunDir(Env::Default(), d.sub("nope"), false, 1, &v);
+  CHECK(s.code() == Code::kNotFound);
+  CHECK(s.message().find("nope") != std::string::npos);
+  CHECK(ScanRunDir(Env::Default(), d.path(), false, 1, &v).ok());
+  CHECK(v.empty());
+}
+
+ALPSCK_TEST_MAIN()
