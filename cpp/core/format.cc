@@ -213,8 +213,8 @@ void GatherChunk(const ShardLayout& l, const std::vector<const char*>& srcs, uin
     const ExtentLayout& x = l.extents[k];
     uint64_t s = std::max(b, x.offset), t = std::min(e, x.offset + x.size);
     if (s > pos) std::memset(dst + (pos - b), 0, s - pos);
-    std::memcpy(dst + (s - b), srcs[k] + (s - x.offset), t - s);
-    pos = t;
+    if (t > s) std::memcpy(dst + (s - b), srcs[k] + (s - x.offset), t - s);  // empty extents may have no memory
+    pos = std::max(pos, t);
   }
   if (pos < e) std::memset(dst + (pos - b), 0, e - pos);
 }
@@ -225,7 +225,7 @@ void ScatterChunk(const ShardLayout& l, const std::vector<char*>& dsts, uint64_t
     const ExtentLayout& x = l.extents[k];
     if (!dsts[k]) continue;
     uint64_t s = std::max(b, x.offset), t = std::min(e, x.offset + x.size);
-    std::memcpy(dsts[k] + (s - x.offset), src + (s - b), t - s);
+    if (t > s) std::memcpy(dsts[k] + (s - x.offset), src + (s - b), t - s);
   }
 }
 

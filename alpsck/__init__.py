@@ -1,0 +1,24 @@
+"""alpsck: crash-safe persistent concurrent checkpointing and requeue for PyTorch on SLURM.
+
+Quick use::
+
+    import alpsck
+    with alpsck.Checkpointer("runs/exp1", max_in_flight=2) as ckpt:
+        state = {"model": model, "optim": opt, "sched": sched, "rng": alpsck.RNGState()}
+        start = (ckpt.restore(state) or 0) + 1
+        for step in range(start, steps + 1):
+            train_step()
+            if step % 50 == 0:
+                ckpt.save(step, state)       # returns after the snapshot; persists in background
+"""
+
+from __future__ import annotations
+
+from . import errors
+from .baseline import TorchSaveCheckpointer
+from .checkpointer import Checkpointer, restore_into
+from .rng import RNGState
+
+__version__ = "0.1.0"
+
+__all__ = ["Checkpointer", "RNGState", "TorchSaveCheckpointer", "errors", "restore_into", "__version__"]

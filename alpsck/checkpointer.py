@@ -1,0 +1,251 @@
+"""The concurrent checkpointer: whole training state through the C++ core.
+
+Call order: ``restore()`` (optional, before training), then ``save()`` as often as wanted,
+``wait()``, ``close()``; or use it as a context manager. ``save()`` returns once the snapshot
+is taken: every tensor's bytes are copied into the core's staging memory, so the training loop
+may change the state right away, while T writer threads make the checkpoint durable in the
+background. With ``max_in_flight`` checkpoints still persisting, ``save()`` waits for one to
+finish (back-pressure; nothing is dropped). Errors from the background surface on
+``handle.wait()`` and on the next ``save()``/``wait()``.
+
+Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
+from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
+(:mod:`alpsck.tree`), tensors are raw bytes checked against their CRC32C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import _core, tree
+from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+
+TREE_FORMAT = "alpsck-tree/1"
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of a contiguous CPU tensor's bytes (a CPU copy for other devices)."""
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
+class CoreSave:
+    """Handle of one checkpoint persisting in the background (see :class:`alpsck.handles.SaveHandle`)."""
+
+    def __init__(self, handle: _core.SaveHandle) -> None:
+        self._h = handle
+
+    @property
+    def step(self) -> int:
+        return int(self._h.step)
+
+    def done(self) -> bool:
+        """True once the checkpoint is durable (or its save failed)."""
+        return bool(self._h.done())
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
+        if not self._h.wait(timeout):
+            raise TimeoutError(f"checkpoint of step {self.step} not durable after {timeout} s")
+
+    def result(self) -> dict[str, Any]:
+        """Sizes and timings of the finished save (``snapshot_seconds``, ``durable_seconds``, ...)."""
+        return dict(self._h.result())
+
+
+class Checkpointer:
+    """Persistent concurrent checkpointing of a whole training state (see the module docstring).
+
+    Args:
+        run_dir: directory of this run's checkpoints (created if missing).
+        max_in_flight: checkpoints persisting at once before ``save()`` waits.
+        threads: writer threads (default: min(4, CPUs of this process), at least 2).
+        chunk_bytes: unit of writing, CRC and pipelining (default 8 MiB).
+        keep_last: committed checkpoints kept (0 keeps all).
+        staging_bytes: staging memory; default max_in_flight x the state size (at the first save).
+        direct_io: use O_DIRECT where the file system allows (a fallback is warned about).
+        pin_cpus: pin writer threads to these CPUs (e.g. the cores of the GPU's NUMA node).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        max_in_flight: int = 2,
+        threads: int | None = None,
+        chunk_bytes: int | None = None,
+        keep_last: int = 3,
+        staging_bytes: int | None = None,
+        direct_io: bool = True,
+        pin_cpus: Sequence[int] | None = None,
+        rank: int = 0,
+    ) -> None:
+        if max_in_flight < 1:
+            raise UsageError(f"max_in_flight must be at least 1, not {max_in_flight}")
+        if keep_last < 0:
+            raise UsageError(f"keep_last must be 0 (keep all) or more, not {keep_last}")
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._engine: _core.Engine | None = _core.Engine(
+            str(self.run_dir),
+            threads=threads or 0,
+            chunk_bytes=chunk_bytes or 0,
+            max_in_flight=max_in_flight,
+            keep_last=keep_last,
+            staging_bytes=staging_bytes or 0,
+            pin_cpus=list(pin_cpus or []),
+            direct_io=direct_io,
+            rank=rank,
+        )
+        if direct_io and not self._engine.direct_io:
+            warnings.warn(
+                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
+                "fdatasyncs instead (durable, but slower and through the page cache)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._pending: list[CoreSave] = []
+
+    # -- saving -------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> _core.Engine:
+        if self._engine is None:
+            raise UsageError("the checkpointer is closed")
+        return self._engine
+
+    def _reap(self) -> None:
+        """Drop finished saves; raise the first background error not yet seen by the caller."""
+        still: list[CoreSave] = []
+        failed: CoreSave | None = None
+        for h in self._pending:
+            if not h.done():
+                still.append(h)
+            elif failed is None and h._h.error_message() is not None:
+                failed = h
+        self._pending = still
+        if failed is not None:
+            failed.wait()  # raises the save's error
+
+    def save(self, step: int, state: Mapping[str, Any]) -> CoreSave:
+        """Snapshot ``state`` as checkpoint ``step`` and persist it in the background."""
+        if step < 0:
+            raise UsageError(f"step must be non-negative, not {step}")
+        self._reap()
+        cap = tree.capture(state)
+        extents = [(key, _flat_bytes(t)) for key, t in cap.tensors.items()]
+        meta = json.dumps({"format": TREE_FORMAT, "step": step, "tree": cap.tree}, allow_nan=False)
+        handle = CoreSave(self.engine.save(step, extents, meta, True))
+        self._pending.append(handle)
+        return handle
+
+    def wait(self) -> None:
+        """Block until every save so far is durable; raise the first error among them."""
+        if self._engine is not None:
+            self._engine.wait_all()
+        pending, self._pending = self._pending, []
+        for h in pending:
+            h.wait()
+
+    def close(self) -> None:
+        """Wait for in-flight saves, stop the writer threads and free staging memory."""
+        if self._engine is None:
+            return
+        try:
+            self.wait()
+        finally:
+            self._engine.close()
+            self._engine = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- restoring ----------------------------------------------------------------------------
+
+    def checkpoints(self, verify: bool = False) -> list[dict[str, Any]]:
+        """Every checkpoint directory of the run, ascending by step, with its status."""
+        return list(_core.scan(str(self.run_dir), verify=verify))
+
+    def latest_step(self) -> int | None:
+        """Step of the newest committed checkpoint (quick check), or None."""
+        good = [c["step"] for c in self.checkpoints() if c["status"] == "committed"]
+        return max(good) if good else None
+
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
+        """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
+
+        A checkpoint that fails verification is reported with a warning naming what was wrong
+        and skipped in favour of the previous one. Returns the step restored, or None if the
+        run has no valid checkpoint (with ``step`` given: NoCheckpointError).
+        """
+        if self._engine is not None:
+            self._engine.wait_all()
+        return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, rank=self.rank)
+
+
+def read_checkpoint(path: str | os.PathLike[str], rank: int = 0, threads: int = 4) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read one checkpoint directory: (meta document, tensors by key), every chunk CRC-checked."""
+    shard = Path(path) / f"rank-{rank:05d}.bin"
+    reader = _core.ShardReader(str(shard))
+    try:
+        meta = json.loads(reader.meta)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") != TREE_FORMAT or not isinstance(meta.get("tree"), dict):
+        raise CorruptCheckpointError(f"{shard}: the state tree is not an {TREE_FORMAT} document")
+    specs = tree.tensor_specs(meta["tree"])
+    sizes = {name: size for name, _, size in reader.extents}
+    tensors: dict[str, torch.Tensor] = {}
+    for key, spec in specs.items():
+        if sizes.get(key) != spec.nbytes:
+            raise CorruptCheckpointError(
+                f"{shard}: tensor {key!r} has {sizes.get(key)} bytes on disk, its spec needs {spec.nbytes}")
+        tensors[key] = torch.empty(spec.shape, dtype=spec.dtype)
+    reader.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
+    return meta, tensors
+
+
+def restore_into(
+    run_dir: str | os.PathLike[str],
+    state: MutableMapping[str, Any],
+    *,
+    step: int | None = None,
+    threads: int = 4,
+    rank: int = 0,
+) -> int | None:
+    """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore)."""
+    infos = list(_core.scan(str(run_dir)))
+    if step is not None:
+        infos = [i for i in infos if i["step"] == step]
+        if not infos:
+            raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    for info in reversed(infos):
+        if info["status"] != "committed":
+            if info["status"] == "corrupt":
+                warnings.warn(f"skipping corrupt checkpoint {info['path']}: {info['error']}", RuntimeWarning, stacklevel=3)
+            continue
+        try:
+            meta, tensors = read_checkpoint(info["path"], rank=rank, threads=threads)
+        except CorruptCheckpointError as e:
+            warnings.warn(f"skipping corrupt checkpoint {info['path']}: {e}", RuntimeWarning, stacklevel=3)
+            continue
+        tree.apply(state, meta["tree"], tensors)
+        return int(meta.get("step", info["step"]))
+    if step is not None:
+        raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid")
+    return None

@@ -1,0 +1,91 @@
+"""The ``alpsck`` command line (also ``python -m alpsck``).
+
+Subcommands:
+  inspect-checkpoints RUN_DIR [--verify] [--json]   classify every checkpoint of a run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _core
+from .errors import AlpsckError
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool) -> int:
+    path = Path(run_dir)
+    if not path.exists():
+        raise AlpsckError(f"{run_dir}: no such directory")
+    if not path.is_dir():
+        raise AlpsckError(f"{run_dir}: not a directory")
+    progress = None
+    if verify and sys.stderr.isatty() and not as_json:
+        def progress(done: int) -> None:
+            print(f"\rverified {_human(done)}", end="", file=sys.stderr, flush=True)
+    infos: list[dict[str, Any]] = list(_core.scan(str(path), verify=verify, progress=progress))
+    if progress is not None:
+        print(file=sys.stderr)
+    committed = [i["step"] for i in infos if i["status"] == "committed"]
+    latest = max(committed) if committed else None
+    if as_json:
+        doc = {
+            "latest_valid": latest,
+            "checkpoints": [
+                {k: i[k] for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error")}
+                for i in infos
+            ],
+        }
+        print(json.dumps(doc))
+    else:
+        if not infos:
+            print(f"{run_dir}: no checkpoints")
+        else:
+            print(f"{'':1} {'step':>10}  {'status':<10} {'size':>10}  {'created':<19}  {'tensors':>7}  {'GB/s':>6}  note")
+            for i in infos:
+                mark = "*" if i["step"] == latest and i["status"] == "committed" else ""
+                created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
+                rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
+                print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {_human(i['bytes']):>10}  {created:<19}  "
+                      f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
+            print("* = what restore would pick" if latest is not None else "no valid checkpoint: restore would start fresh")
+    corrupt = any(i["status"] == "corrupt" for i in infos)
+    return 1 if (verify and corrupt) else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="alpsck", description="Checkpoint-and-requeue toolkit for PyTorch on SLURM.")
+    sub = p.add_subparsers(dest="command", required=True)
+    ins = sub.add_parser("inspect-checkpoints", help="list the checkpoints of a run directory and their status")
+    ins.add_argument("run_dir")
+    ins.add_argument("--verify", action="store_true", help="re-read every byte and check every CRC (exit 1 on corruption)")
+    ins.add_argument("--json", action="store_true", help="print one JSON document")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "inspect-checkpoints":
+            return inspect_checkpoints(args.run_dir, args.verify, args.json)
+    except AlpsckError as e:
+        print(f"alpsck: error: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

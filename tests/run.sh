@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite — the README's test command and what CI runs:
+#   1. the core's C++ tests (ctest), built with -Wall -Wextra -Werror;
+#   2. the same tests under ASan+UBSan and under TSan;
+#   3. the same tests cross-built for aarch64 and run under qemu with 64 KiB pages;
+#   4. ruff, then pytest against the installed package.
+# Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static (CI installs them; a missing
+# tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+section() { printf '\n==== %s ====\n' "$*"; }
+require() { command -v "$1" >/dev/null || { echo "tests/run.sh: required tool '$1' is missing (install it; nothing is skipped)" >&2; exit 1; }; }
+
+if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
+  require cmake; require ninja; require g++; require aarch64-linux-gnu-g++; require qemu-aarch64-static
+  build() {  # build DIR [cmake args...]
+    local dir=$1; shift
+    cmake -S . -B "$dir" -G Ninja -DALPSCK_BUILD_TESTS=ON -DALPSCK_BUILD_PYTHON=OFF "$@" >/dev/null
+    cmake --build "$dir" -j "$jobs"
+  }
+  section "C++ core tests (native, -Werror)"
+  build build/ci-native -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  ctest --test-dir build/ci-native --output-on-failure -j 2
+
+  section "C++ core tests under ASan + UBSan"
+  build build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DALPSCK_SANITIZE=address,undefined
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build/ci-asan --output-on-failure
+
+  section "C++ core tests under TSan"
+  build build/ci-tsan -DCMAKE_BUILD_TYPE=Debug -DALPSCK_SANITIZE=thread
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build/ci-tsan --output-on-failure
+
+  section "C++ core tests cross-built for aarch64, run under qemu with 64 KiB pages"
+  build build/ci-arm64 -DCMAKE_TOOLCHAIN_FILE=cpp/cmake/aarch64-linux-gnu.cmake -DALPSCK_TUNE_GRACE=ON
+  ALPSCK_EXPECT_PAGE_SIZE=65536 ctest --test-dir build/ci-arm64 --output-on-failure
+fi
+
+section "ruff"
+python3 -m ruff check alpsck tests benchmarks
+
+section "pytest"
+# Run from outside the source tree so the installed package (with its compiled _core) is tested.
+root=$(pwd)
+cd "$(mktemp -d)"
+python3 -m pytest -q "$root/tests" -p no:cacheprovider "$@"
