@@ -45,6 +45,7 @@ class CoreSave:
 
     def __init__(self, handle: _core.SaveHandle) -> None:
         self._h = handle
+        self.reported = False  # its error already reached the caller (through wait())
 
     @property
     def step(self) -> int:
@@ -56,7 +57,12 @@ class CoreSave:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
-        if not self._h.wait(timeout):
+        try:
+            finished = self._h.wait(timeout)
+        except Exception:
+            self.reported = True
+            raise
+        if not finished:
             raise TimeoutError(f"checkpoint of step {self.step} not durable after {timeout} s")
 
     def result(self) -> dict[str, Any]:
@@ -90,12 +96,15 @@ class Checkpointer:
         direct_io: bool = True,
         pin_cpus: Sequence[int] | None = None,
         rank: int = 0,
+        _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
         if max_in_flight < 1:
             raise UsageError(f"max_in_flight must be at least 1, not {max_in_flight}")
         if keep_last < 0:
             raise UsageError(f"keep_last must be 0 (keep all) or more, not {keep_last}")
         self.run_dir = Path(run_dir)
+        if self.run_dir.exists() and not self.run_dir.is_dir():
+            raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self._engine: _core.Engine | None = _core.Engine(
@@ -108,6 +117,7 @@ class Checkpointer:
             pin_cpus=list(pin_cpus or []),
             direct_io=direct_io,
             rank=rank,
+            faults=[dict(f) for f in _faults],  # test hook: inject I/O errors (see cpp/core/env.h)
         )
         if direct_io and not self._engine.direct_io:
             warnings.warn(
@@ -133,7 +143,7 @@ class Checkpointer:
         for h in self._pending:
             if not h.done():
                 still.append(h)
-            elif failed is None and h._h.error_message() is not None:
+            elif failed is None and not h.reported and h._h.error_message() is not None:
                 failed = h
         self._pending = still
         if failed is not None:
@@ -157,7 +167,8 @@ class Checkpointer:
             self._engine.wait_all()
         pending, self._pending = self._pending, []
         for h in pending:
-            h.wait()
+            if not h.reported:
+                h.wait()
 
     def close(self) -> None:
         """Wait for in-flight saves, stop the writer threads and free staging memory."""
@@ -198,7 +209,9 @@ class Checkpointer:
         return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, rank=self.rank)
 
 
-def read_checkpoint(path: str | os.PathLike[str], rank: int = 0, threads: int = 4) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def read_checkpoint(
+    path: str | os.PathLike[str], rank: int = 0, threads: int = 4
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Read one checkpoint directory: (meta document, tensors by key), every chunk CRC-checked."""
     shard = Path(path) / f"rank-{rank:05d}.bin"
     reader = _core.ShardReader(str(shard))

@@ -51,11 +51,10 @@ using MutBytes = nb::ndarray<nb::c_contig, nb::device::cpu>;
     case Code::kOk: name = "CheckpointError"; break;
   }
   nb::object cls = nb::module_::import_("alpsck.errors").attr(name);
-  nb::object exc = cls(s.message());
-  if (s.err()) {
-    exc.attr("errno") = s.err();
-    exc.attr("strerror") = std::string(std::strerror(s.err()));
-  }
+  // OSError subclasses get (errno, message): .errno is set and str() reads "[Errno N] message"
+  // where the message names the file and the operation.
+  const bool os_error = PyObject_IsSubclass(cls.ptr(), PyExc_OSError) == 1;
+  nb::object exc = (s.err() && os_error) ? cls(s.err(), s.message()) : cls(s.message());
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw nb::python_error();
 }

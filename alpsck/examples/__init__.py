@@ -1,0 +1,1 @@
+"""Runnable examples built on alpsck (``python -m alpsck.examples.llama``)."""

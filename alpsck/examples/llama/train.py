@@ -1,0 +1,411 @@
+"""The reference training loop: a Llama-style model whose resumed runs reproduce losses bit for bit.
+
+``train(cfg)`` runs steps ``restored + 1 .. cfg.training_steps`` on the calling thread. Per step:
+poll ``stop_requested`` → (``fail_at_step``: ``os._exit(17)``, a simulated crash) → forward /
+backward / clip / ``optimizer.step`` / ``scheduler.step`` → append the loss → every
+``checkpoint_freq`` steps ``ckpt.save(step, state)`` with ``state = {"model", "optim", "sched",
+"rng", "data", "step"}``. At the end (or on a stop request) it saves the last step if not saved
+yet and waits until that checkpoint is durable.
+
+Distributed: under ``torchrun`` (``WORLD_SIZE > 1``) it joins the process group (gloo on CPU,
+NCCL on CUDA), wraps the model in DDP and draws each rank's batch from ``(seed, step, rank)``.
+Only rank 0 writes the loss file (its local loss) and saves checkpoints; every rank restores from
+the same directory. (The sharded multi-rank checkpoint path replaces this later.)
+
+Determinism: seeds python/numpy/torch, enables ``torch.use_deterministic_algorithms`` (warn-only
+on CUDA) and sets ``CUBLAS_WORKSPACE_CONFIG``; these are process-wide settings and stay set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.optim.lr_scheduler import (
+    CosineAnnealingLR,
+    LinearLR,
+    LRScheduler,
+    SequentialLR,
+)
+
+from alpsck.errors import ConfigError
+from alpsck.examples.llama.data import (
+    TEXT_VOCAB,
+    SyntheticBatches,
+    TextBatches,
+    read_corpus,
+)
+from alpsck.examples.llama.model import ModelArgs, Transformer
+from alpsck.handles import CheckpointerLike
+from alpsck.rng import RNGState
+
+log = logging.getLogger("alpsck.examples.llama")
+
+FAIL_EXIT_CODE = 17
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+CHECKPOINTERS = ("torch", "alpsck")
+LOSS_HEADER = "step,loss\n"
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of the reference training; field names match the CLI flags (``_`` ↔ ``-``)."""
+
+    seed: int = 0
+    training_steps: int = 100
+    checkpoint_freq: int = 50  # 0: no periodic checkpoints (the last step is still saved)
+    model_dtype: str = "fp32"
+    sequence_length: int = 64
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = 2
+    vocab_size: int = 256
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    rope_theta: float = 500000.0
+    batch_size: int = 8
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    schedule: str = "cosine"
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    checkpoint_dir: str = "checkpoints"
+    checkpointer: str = "torch"
+    load_checkpoint: bool = False
+    load_checkpoint_dir: str | None = None  # None: the newest valid checkpoint in checkpoint_dir
+    fail_at_step: int | None = None
+    loss_file: str | None = None
+    max_in_flight: int = 2
+    threads: int = 4
+    keep_last: int = 3
+    data_file: str | None = None
+    data_column: str = "text"
+    device: str | None = None  # None: cuda if available, else cpu
+    torch_threads: int | None = None
+    log_every: int = 10
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad field."""
+        positive = ("training_steps", "sequence_length", "dim", "n_layers", "n_heads", "vocab_size",
+                    "multiple_of", "batch_size", "max_in_flight", "threads", "keep_last")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("checkpoint_freq", "warmup_steps", "log_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.model_dtype not in DTYPES:
+            raise ConfigError(f"model_dtype must be one of {sorted(DTYPES)}, got {self.model_dtype!r}")
+        if self.checkpointer not in CHECKPOINTERS:
+            raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {self.checkpointer!r}")
+        if self.schedule not in ("cosine", "linear"):
+            raise ConfigError(f"schedule must be 'cosine' or 'linear', got {self.schedule!r}")
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"lr must be > 0 and min_lr_ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
+        if self.warmup_steps >= self.training_steps:
+            raise ConfigError(f"warmup_steps ({self.warmup_steps}) must be < training_steps ({self.training_steps})")
+        if self.data_file is not None and self.vocab_size < TEXT_VOCAB:
+            raise ConfigError(f"vocab_size must be >= {TEXT_VOCAB} with data_file, got {self.vocab_size}")
+        try:
+            self.model_args().validate()
+        except ValueError as e:
+            raise ConfigError(f"n_heads/n_kv_heads/dim: {e}") from None
+
+    def model_args(self) -> ModelArgs:
+        return ModelArgs(dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
+                         n_kv_heads=self.n_kv_heads, vocab_size=self.vocab_size,
+                         multiple_of=self.multiple_of, ffn_dim_multiplier=self.ffn_dim_multiplier,
+                         rope_theta=self.rope_theta)
+
+
+@dataclass
+class TrainResult:
+    final_step: int  # the last completed step
+    stopped: bool  # True when stop_requested ended the run early
+    restored_step: int | None  # the step resumed from, None for a fresh start
+    last_loss: float | None
+    saved_steps: list[int] = field(default_factory=list)  # steps this process saved
+
+
+def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
+                      keep_last: int) -> CheckpointerLike:
+    """``"torch"``: :class:`alpsck.baseline.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one."""
+    if kind == "torch":
+        from alpsck.baseline import TorchSaveCheckpointer
+
+        return TorchSaveCheckpointer(run_dir, keep_last=keep_last)
+    if kind == "alpsck":
+        # Imported lazily: the concurrent checkpointer is optional (and may not exist yet).
+        try:
+            from alpsck.checkpointer import Checkpointer
+        except ImportError as e:
+            raise ConfigError(f"checkpointer 'alpsck' is not available here ({e}); use 'torch'") from e
+
+        return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last)
+    raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {kind!r}")
+
+
+def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> LRScheduler:
+    """Linear warmup, then cosine or linear decay to ``lr * min_lr_ratio``; no lambdas, so it checkpoints."""
+    decay_steps = max(1, cfg.training_steps - cfg.warmup_steps)
+    main: LRScheduler
+    if cfg.schedule == "cosine":
+        main = CosineAnnealingLR(opt, T_max=decay_steps, eta_min=cfg.lr * cfg.min_lr_ratio)
+    else:
+        main = LinearLR(opt, start_factor=1.0, end_factor=max(cfg.min_lr_ratio, 1e-8), total_iters=decay_steps)
+    if cfg.warmup_steps == 0:
+        return main
+    warmup = LinearLR(opt, start_factor=1.0 / cfg.warmup_steps, end_factor=1.0, total_iters=cfg.warmup_steps)
+    return SequentialLR(opt, [warmup, main], milestones=[cfg.warmup_steps])
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not on norm weights)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _open_loss_file(path: str, restored_step: int | None) -> IO[str]:
+    """Keep the lines of steps <= restored_step (none on a fresh start), then open for appending."""
+    p = Path(path)
+    kept: list[str] = []
+    if restored_step is not None and p.exists():
+        for line in p.read_text().splitlines(keepends=True)[1:]:
+            head = line.split(",", 1)[0]
+            if head.isdigit() and int(head) <= restored_step and line.endswith("\n"):
+                kept.append(line)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(LOSS_HEADER + "".join(kept))
+    os.replace(tmp, p)
+    return open(p, "a", encoding="utf-8", newline="\n")  # closed by _train()
+
+
+def _setup_distributed(cfg: TrainConfig) -> tuple[int, int, torch.device, bool]:
+    """Returns (rank, world_size, device, whether this call initialised the process group)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank if world > 1 else torch.cuda.current_device())
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world <= 1:
+        return 0, 1, device, False
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size(), device, created
+
+
+def _seed_everything(seed: int, device: torch.device) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+
+
+def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None) -> TrainResult:
+    """Train per ``cfg``; see the module docstring for the step order.
+
+    ``stop_requested`` is polled on the training thread at every step boundary (make it cheap,
+    e.g. read a flag a signal handler sets). When it returns True (on any rank), the current step
+    is saved if it was not yet, the save is waited for, and the result has ``stopped=True``.
+    """
+    cfg.validate()
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    rank, world, device, created_group = _setup_distributed(cfg)
+    try:
+        return _train(cfg, rank, world, device, stop_requested)
+    finally:
+        if created_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
+           stop_requested: Callable[[], bool] | None) -> TrainResult:
+    _seed_everything(cfg.seed, device)
+    with torch.device(device):
+        model = Transformer(cfg.model_args())
+    model.to(dtype=DTYPES[cfg.model_dtype])
+    opt = make_optimizer(model, cfg)
+    sched = make_scheduler(opt, cfg)
+    data: SyntheticBatches | TextBatches
+    if cfg.data_file:
+        data = TextBatches(read_corpus(cfg.data_file, cfg.data_column), cfg.batch_size, cfg.sequence_length,
+                           cfg.seed, rank)
+    else:
+        data = SyntheticBatches(cfg.vocab_size, cfg.batch_size, cfg.sequence_length, cfg.seed, rank)
+    state: dict[str, Any] = {"model": model, "optim": opt, "sched": sched, "rng": RNGState(), "data": data,
+                             "step": 0}
+
+    ckpt_kwargs = {"max_in_flight": cfg.max_in_flight, "threads": cfg.threads, "keep_last": cfg.keep_last}
+    ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 else None
+    restored: int | None = None
+    if cfg.load_checkpoint:
+        src = Path(cfg.load_checkpoint_dir or cfg.checkpoint_dir)
+        if ckpt is not None and src.resolve() == Path(cfg.checkpoint_dir).resolve():
+            restored = ckpt.restore(state)
+        else:
+            reader = make_checkpointer(cfg.checkpointer, src, **ckpt_kwargs)
+            try:
+                restored = reader.restore(state)
+            finally:
+                reader.close()
+        if rank == 0 and restored is None:
+            log.info("no valid checkpoint in %s; starting fresh", src)
+        elif rank == 0:
+            log.info("resumed from step %d of %s", restored, src)
+    if world > 1:
+        dist.barrier()
+    step = restored if restored is not None else 0
+    state["step"] = step
+
+    net: nn.Module = model
+    if world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    loss_file = _open_loss_file(cfg.loss_file, restored) if cfg.loss_file and rank == 0 else None
+    result = TrainResult(final_step=step, stopped=False, restored_step=restored, last_loss=None)
+    last_saved = restored
+
+    def save(s: int) -> None:
+        nonlocal last_saved
+        state["step"] = s
+        if ckpt is not None:
+            ckpt.save(s, state)
+            result.saved_steps.append(s)
+        last_saved = s
+
+    try:
+        t0 = time.perf_counter()
+        for s in range(step + 1, cfg.training_steps + 1):
+            if _stop(stop_requested, world, device):
+                result.stopped = True
+                break
+            if cfg.fail_at_step is not None and s == cfg.fail_at_step:
+                if loss_file is not None:
+                    loss_file.flush()
+                os._exit(FAIL_EXIT_CODE)  # a simulated crash: in-flight checkpoints may be lost
+            inputs, targets = (t.to(device, non_blocking=True) for t in data.next())
+            logits = net(inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            value = float(loss.item())
+            result.final_step, result.last_loss = s, value
+            if loss_file is not None:
+                loss_file.write(f"{s},{value!r}\n")
+                loss_file.flush()
+            if rank == 0 and cfg.log_every and s % cfg.log_every == 0:
+                log.info("step %d loss %.4f lr %.3g (%.1f steps/s)", s, value, sched.get_last_lr()[0],
+                         (s - step) / max(time.perf_counter() - t0, 1e-9))
+            if cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0:
+                save(s)
+        if last_saved != result.final_step:
+            save(result.final_step)
+        if ckpt is not None:
+            ckpt.wait()
+        if world > 1:
+            dist.barrier()
+    finally:
+        if loss_file is not None:
+            loss_file.close()
+        if ckpt is not None:
+            ckpt.close()
+    return result
+
+
+def _stop(stop_requested: Callable[[], bool] | None, world: int, device: torch.device) -> bool:
+    """Poll ``stop_requested``; with several ranks, any rank asking stops all of them."""
+    if stop_requested is None:
+        return False
+    flag = bool(stop_requested())
+    if world > 1:
+        t = torch.tensor([int(flag)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        flag = bool(t.item())
+    return flag
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI of ``python -m alpsck.examples.llama``; one flag per :class:`TrainConfig` field."""
+    d = TrainConfig()
+    p = argparse.ArgumentParser(prog="python -m alpsck.examples.llama",
+                                description="Llama-style reference training with crash-consistent checkpoints.")
+    add = p.add_argument
+    add("--seed", type=int, default=d.seed)
+    add("--training-steps", type=int, default=d.training_steps)
+    add("--checkpoint-freq", type=int, default=d.checkpoint_freq, help="save every N steps (0: only the last)")
+    add("--model-dtype", choices=sorted(DTYPES), default=d.model_dtype)
+    add("--sequence-length", type=int, default=d.sequence_length)
+    add("--dim", type=int, default=d.dim)
+    add("--n-layers", type=int, default=d.n_layers)
+    add("--n-heads", type=int, default=d.n_heads)
+    add("--n-kv-heads", type=int, default=d.n_kv_heads)
+    add("--vocab-size", type=int, default=d.vocab_size)
+    add("--multiple-of", type=int, default=d.multiple_of)
+    add("--ffn-dim-multiplier", type=float, default=d.ffn_dim_multiplier)
+    add("--rope-theta", type=float, default=d.rope_theta)
+    add("--batch-size", type=int, default=d.batch_size)
+    add("--lr", type=float, default=d.lr)
+    add("--min-lr-ratio", type=float, default=d.min_lr_ratio)
+    add("--warmup-steps", type=int, default=d.warmup_steps)
+    add("--schedule", choices=("cosine", "linear"), default=d.schedule)
+    add("--weight-decay", type=float, default=d.weight_decay)
+    add("--grad-clip", type=float, default=d.grad_clip)
+    add("--checkpoint-dir", default=d.checkpoint_dir)
+    add("--checkpointer", choices=CHECKPOINTERS, default=d.checkpointer)
+    add("--load-checkpoint", nargs="?", const="", default=None, metavar="RUN_DIR",
+        help="resume from the newest valid checkpoint in RUN_DIR (default: --checkpoint-dir)")
+    add("--fail-at-step", type=int, default=None, help=f"simulate a crash: exit {FAIL_EXIT_CODE} on reaching step N")
+    add("--loss-file", default=None, help="CSV step,loss (rank 0)")
+    add("--max-in-flight", type=int, default=d.max_in_flight)
+    add("--threads", type=int, default=d.threads, help="checkpoint writer threads")
+    add("--keep-last", type=int, default=d.keep_last)
+    add("--data-file", default=None, help="local .txt or .parquet (byte-level tokens); default: synthetic")
+    add("--data-column", default=d.data_column)
+    add("--device", default=None)
+    add("--torch-threads", type=int, default=None, help="torch.set_num_threads")
+    add("--log-every", type=int, default=d.log_every)
+    return p
+
+
+def config_from_args(argv: list[str] | None = None) -> TrainConfig:
+    args = vars(build_parser().parse_args(argv))
+    load = args.pop("load_checkpoint")
+    return TrainConfig(**args, load_checkpoint=load is not None, load_checkpoint_dir=load or None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, train; returns the process exit code (2 for a configuration error)."""
+    cfg = config_from_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        train(cfg)
+    except ConfigError as e:
+        log.error("configuration error: %s", e)
+        return 2
+    return 0

@@ -1,0 +1,271 @@
+"""The C++ core through the Python layer: round trips, snapshot isolation, failures, corruption."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import alpsck
+from alpsck import _core
+from alpsck.checkpointer import read_checkpoint
+from alpsck.errors import (
+    CheckpointIOError,
+    CheckpointWriteError,
+    CorruptCheckpointError,
+    DiskFullError,
+    StateMismatchError,
+    UnsafeCheckpointError,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
+          torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
+
+
+def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
+
+
+def test_compiled_core_is_inside_the_installed_package() -> None:
+    assert Path(_core.__file__).parent == Path(alpsck.__file__).parent
+    assert _core.crc32c(b"123456789") == 0xE3069283
+    assert _core.crc32c_backend() in ("sse42", "armv8-crc", "portable")
+
+
+def test_no_ctypes_anywhere_in_the_package() -> None:
+    for f in Path(alpsck.__file__).parent.rglob("*.py"):
+        assert "ctypes" not in f.read_text(), f
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_round_trips_bit_exactly(tmp_path: Path, dtype: torch.dtype) -> None:
+    shapes = [(), (0,), (1,), (3, 5), (1000, 257)]
+    saved = {f"t{i}": _tensor(dtype, s, i) for i, s in enumerate(shapes)}
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=64 << 10) as ck:
+        ck.save(1, {k: v.clone() for k, v in saved.items()}).wait()
+        live = {k: torch.zeros_like(v) for k, v in saved.items()}
+        assert ck.restore(live) == 1
+    for k, v in saved.items():
+        assert live[k].dtype == v.dtype and live[k].shape == v.shape
+        # Compare raw bytes: bit-exact, and NaN payloads count too.
+        assert torch.equal(live[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8))
+
+
+def test_snapshot_is_isolated_from_mutation_after_save(tmp_path: Path) -> None:
+    w = torch.arange(1 << 20, dtype=torch.float32)
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=256 << 10) as ck:
+        h = ck.save(3, {"w": w})
+        w.mul_(-1)  # the next training step
+        h.wait()
+        back = {"w": torch.empty_like(w)}
+        ck.restore(back)
+    assert torch.equal(back["w"], torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_model_optimizer_scheduler_rng_and_values(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    for _ in range(3):
+        model(torch.randn(4, 8, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+        opt.step()
+        sched.step()
+    state = {"model": model, "optim": opt, "sched": sched, "rng": alpsck.RNGState(), "epoch": 7, "note": ("a", b"\x00")}
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(3, state).wait()
+        expect = torch.rand(3)
+        model2 = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to(torch.bfloat16)
+        opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
+        sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2)
+        state2 = {"model": model2, "optim": opt2, "sched": sched2, "rng": alpsck.RNGState(), "epoch": 0, "note": None}
+        assert ck.restore(state2) == 3
+    assert torch.equal(torch.rand(3), expect)  # RNG restored to the saved point
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert state2["epoch"] == 7 and state2["note"] == ("a", b"\x00")
+    assert sched2.state_dict() == sched.state_dict()
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert all(torch.equal(s1[i]["exp_avg_sq"], s2[i]["exp_avg_sq"]) for i in s1)
+
+
+def test_shape_or_dtype_mismatch_names_the_tensor(tmp_path: Path) -> None:
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, {"model": torch.nn.Linear(4, 3)}).wait()
+        with pytest.raises(StateMismatchError, match="weight"):
+            ck.restore({"model": torch.nn.Linear(5, 3)})
+        with pytest.raises(StateMismatchError, match="weight"):
+            ck.restore({"model": torch.nn.Linear(4, 3).to(torch.float64)})
+
+
+def test_disk_full_fails_loudly_keeps_earlier_and_recovers(tmp_path: Path) -> None:
+    w = torch.ones(300_000)
+    # Writes 2..4 of the second save fail with ENOSPC; later ones succeed (space came back).
+    faults = [{"op": "pwrite", "path_contains": "step-000000002", "error": errno.ENOSPC, "count": 100}]
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=64 << 10, _faults=faults) as ck:
+        ck.save(1, {"w": w}).wait()
+        h = ck.save(2, {"w": w * 2})
+        with pytest.raises(DiskFullError) as ei:
+            h.wait()
+        assert ei.value.errno == errno.ENOSPC and "step-000000002" in str(ei.value)
+        assert isinstance(ei.value, CheckpointWriteError) and isinstance(ei.value, OSError)
+        assert [c["step"] for c in ck.checkpoints()] == [1]
+        ck.save(3, {"w": w * 3}).wait()  # training goes on, checkpointing again works
+        back = {"w": torch.empty_like(w)}
+        assert ck.restore(back) == 3 and torch.equal(back["w"], w * 3)
+
+
+def test_background_error_surfaces_on_next_save(tmp_path: Path) -> None:
+    faults = [{"op": "fdatasync", "path_contains": "rank-", "error": errno.EIO, "count": 1}]
+    with alpsck.Checkpointer(tmp_path, _faults=faults) as ck:
+        h = ck.save(1, {"w": torch.ones(10)})
+        while not h.done():
+            pass
+        with pytest.raises(CheckpointWriteError, match="fdatasync"):
+            ck.save(2, {"w": torch.ones(10)})
+        ck.save(3, {"w": torch.ones(10)}).wait()
+        assert ck.latest_step() == 3
+
+
+def test_corrupt_newest_falls_back_with_a_warning(tmp_path: Path) -> None:
+    with alpsck.Checkpointer(tmp_path, keep_last=0) as ck:
+        for s in (10, 20):
+            ck.save(s, {"w": torch.full((50_000,), float(s))}).wait()
+    shard = tmp_path / "step-000000020" / "rank-00000.bin"
+    with open(shard, "r+b") as f:
+        f.seek(1234)
+        b = f.read(1)
+        f.seek(1234)
+        f.write(bytes([b[0] ^ 0xFF]))
+    back = {"w": torch.empty(50_000)}
+    with pytest.warns(RuntimeWarning, match=r"step-000000020.*CRC mismatch"):
+        assert alpsck.restore_into(tmp_path, back) == 10
+    assert torch.equal(back["w"], torch.full((50_000,), 10.0))
+
+
+def _write_raw(run_dir: Path, step: int, meta: dict) -> None:
+    eng = _core.Engine(str(run_dir))
+    eng.save(step, [], json.dumps(meta), True).wait()
+    eng.close()
+
+
+def test_crafted_tree_naming_a_class_executes_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    evil = {"__t": "class", "module": "os", "name": "system", "args": [f"touch {marker}"]}
+    tree = {"format": "alpsck.tree", "version": 1, "entries": {"x": {"kind": "value", "value": evil}}}
+    _write_raw(tmp_path, 1, {"format": "alpsck-tree/1", "step": 1, "tree": tree})
+    with pytest.raises(UnsafeCheckpointError):
+        read_checkpoint(tmp_path / "step-000000001")
+    with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint"):  # restore refuses it, starts fresh
+        assert alpsck.restore_into(tmp_path, {"x": 0}) is None
+    assert not marker.exists()
+
+
+def test_non_tree_meta_is_reported_corrupt(tmp_path: Path) -> None:
+    _write_raw(tmp_path, 1, {"format": "something-else"})
+    with pytest.raises(CorruptCheckpointError, match="alpsck-tree/1"):
+        read_checkpoint(tmp_path / "step-000000001")
+
+
+def test_unwritable_or_bad_run_dir_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(alpsck.errors.UsageError, match="not a directory"):
+        alpsck.Checkpointer(f)
+    with pytest.raises(CheckpointIOError, match="nope"):
+        _core.scan(str(tmp_path / "nope"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "alpsck", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_inspect_checkpoints_cli(tmp_path: Path) -> None:
+    with alpsck.Checkpointer(tmp_path, keep_last=0) as ck:
+        for s in (1, 2, 3):
+            ck.save(s, {"w": torch.full((100_000,), float(s))}).wait()
+    (tmp_path / "step-000000004.tmp").mkdir()
+    r = _cli("inspect-checkpoints", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["latest_valid"] == 3
+    assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
+        (1, "committed"), (2, "committed"), (3, "committed"), (4, "incomplete")]
+    with open(tmp_path / "step-000000003" / "rank-00000.bin", "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xff\xff")
+    assert json.loads(_cli("inspect-checkpoints", str(tmp_path), "--json").stdout)["latest_valid"] == 3  # quick: sizes only
+    r = _cli("inspect-checkpoints", str(tmp_path), "--verify", "--json")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["latest_valid"] == 2 and doc["checkpoints"][2]["status"] == "corrupt"
+    assert "CRC" in doc["checkpoints"][2]["error"]
+    table = _cli("inspect-checkpoints", str(tmp_path)).stdout
+    assert "committed" in table and "incomplete" in table
+    r = _cli("inspect-checkpoints", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "no such directory" in r.stderr
+
+
+KILLER = r"""
+import sys, torch, alpsck
+run_dir, start = sys.argv[1], int(sys.argv[2])
+w = torch.zeros(3_000_000)  # 12 MB per checkpoint, several chunks
+with alpsck.Checkpointer(run_dir, max_in_flight=2, keep_last=3, chunk_bytes=1 << 20) as ck:
+    pending = []
+    for step in range(start, start + 100000):
+        w.fill_(float(step))
+        pending.append(ck.save(step, {"w": w, "step": step}))
+        for h in [h for h in pending if h.done()]:
+            h.wait()
+            print(f"durable {h.step}", flush=True)
+            pending.remove(h)
+"""
+
+
+@pytest.mark.parametrize("kills", [pytest.param(12, id="12-kills"), pytest.param(200, id="200-kills", marks=pytest.mark.slow)])
+def test_sigkill_mid_checkpoint_never_loses_a_durable_checkpoint(tmp_path: Path, kills: int) -> None:
+    import random
+    import signal
+    import time
+
+    rng = random.Random(1234)
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    run_dir = tmp_path / "run"
+    start = 1
+    for _ in range(kills):
+        out = tmp_path / "out.txt"
+        with open(out, "w") as fh:
+            p = subprocess.Popen([sys.executable, str(script), str(run_dir), str(start)], stdout=fh)
+            time.sleep(rng.uniform(0.6, 2.5))  # lands anywhere: mid-write, mid-commit, mid-retention
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        durable = 0
+        for line in out.read_text().splitlines():
+            if line.startswith("durable "):
+                durable = max(durable, int(line.split()[1]))
+        infos = _core.scan(str(run_dir), verify=True)
+        good = [i["step"] for i in infos if i["status"] == "committed"]
+        assert not [i for i in infos if i["status"] == "corrupt"], infos
+        if durable:
+            assert good and max(good) >= durable, (durable, infos)
+        if good:
+            back = {"w": torch.empty(3_000_000), "step": 0}
+            restored = alpsck.restore_into(run_dir, back)
+            assert restored == max(good) and back["step"] == restored
+            assert torch.equal(back["w"], torch.full((3_000_000,), float(restored)))
+            start = restored + 1

@@ -1,0 +1,221 @@
+"""alpsck.tree: capture → JSON → apply round-trips every kind of state, and refuses unsafe trees."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from alpsck import tree
+from alpsck.errors import (
+    CorruptCheckpointError,
+    StateMismatchError,
+    UnsafeCheckpointError,
+)
+from alpsck.rng import RNGState
+
+
+def _train_state(seed: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+    warm = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=3)
+    cos = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [warm, cos], milestones=[3])
+    return {"model": model, "optim": opt, "sched": sched}
+
+
+def _steps(state: dict[str, Any], n: int) -> None:
+    model, opt, sched = state["model"], state["optim"], state["sched"]
+    for _ in range(n):
+        loss = model(torch.randn(16, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+
+
+def _roundtrip_json(captured: tree.Captured) -> dict[str, Any]:
+    return json.loads(json.dumps(captured.tree, allow_nan=False))
+
+
+def _cpu_copies(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: t.detach().cpu().clone() for k, t in tensors.items()}
+
+
+def test_training_state_roundtrip_continues_identically() -> None:
+    a = _train_state(0)
+    _steps(a, 4)
+    a["rng"] = RNGState()
+    a["step"] = 4
+    captured = tree.capture(a)
+    saved_tree, saved = _roundtrip_json(captured), _cpu_copies(captured.tensors)
+    assert "model/0.weight" in saved and "optim/state/0/exp_avg" in saved
+    assert saved["optim/state/0/step"].dim() == 0
+    specs = tree.tensor_specs(saved_tree)
+    assert set(specs) == set(saved)
+    assert all(specs[k] == (t.dtype, tuple(t.shape)) for k, t in saved.items())
+
+    _steps(a, 3)  # continues from the captured RNG state
+    a_out = a["model"](torch.ones(2, 4))
+
+    b = _train_state(1)  # different weights, optimizer state, schedule position and RNG
+    _steps(b, 1)
+    b["rng"], b["step"] = RNGState(), 0
+    tree.apply(b, saved_tree, saved)  # also rewinds the global RNG to the captured state
+    assert b["step"] == 4
+    _steps(b, 3)
+    b_out = b["model"](torch.ones(2, 4))
+    assert torch.equal(a_out, b_out)
+    assert a["sched"].get_last_lr() == b["sched"].get_last_lr()
+    assert a["sched"].last_epoch == b["sched"].last_epoch == 7
+
+
+def test_all_dtypes_and_nested_values_roundtrip() -> None:
+    tensors = {name: torch.arange(6).reshape(2, 3).to(dtype) for name, dtype in tree.TENSOR_DTYPES.items()}
+    value = {
+        "tuple": (1, (2, "x"), []),
+        "bytes": b"\x00\xffabc",
+        "floats": [math.inf, -math.inf, 1.5, -0.0, 1e308],
+        "big": [2**63, -(2**63) - 1, 2**200, 2**63 - 1],
+        "int_keys": {0: "a", 7: {"b": None}},
+        "tuple_keys": {(1, 2): True},
+        "reserved": {"__t": "os.system", "x": 1},
+        "dtype": torch.bfloat16,
+        "device": torch.device("cpu"),
+        "size": torch.Size([3, 4]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.zeros(0, 5),
+    }
+    live = {f"t_{k}": torch.zeros_like(v) for k, v in tensors.items()}
+    state: dict[str, Any] = {**live, "value": value, "nan": math.nan}
+    src = {**{f"t_{k}": v for k, v in tensors.items()}, "value": value, "nan": math.nan}
+    captured = tree.capture(src)
+    js = _roundtrip_json(captured)
+    tree.apply(state, js, _cpu_copies(captured.tensors))
+    for k, t in tensors.items():
+        assert state[f"t_{k}"] is live[f"t_{k}"]  # restored in place
+        assert torch.equal(live[f"t_{k}"].view(torch.uint8), t.view(torch.uint8)), k
+    got = state["value"]
+    assert got["tuple"] == (1, (2, "x"), []) and isinstance(got["tuple"][1], tuple)
+    assert got["bytes"] == b"\x00\xffabc"
+    assert got["floats"][:2] == [math.inf, -math.inf] and math.copysign(1, got["floats"][3]) == -1
+    assert got["big"] == value["big"]
+    assert got["int_keys"] == {0: "a", 7: {"b": None}}
+    assert got["tuple_keys"] == {(1, 2): True}
+    assert got["reserved"] == {"__t": "os.system", "x": 1}
+    assert got["dtype"] is torch.bfloat16 and got["device"] == torch.device("cpu")
+    assert got["size"] == (3, 4)
+    assert torch.equal(got["scalar"], torch.tensor(3.5)) and got["empty"].shape == (0, 5)
+    assert math.isnan(state["nan"])
+
+
+def test_noncontiguous_and_live_tensors() -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    captured = tree.capture({"t": base.t(), "live": base})
+    assert captured.tensors["t"].is_contiguous() and torch.equal(captured.tensors["t"], base.t())
+    assert captured.tensors["live"].data_ptr() == base.data_ptr()  # no copy
+
+
+def test_numpy_values_are_converted() -> None:
+    np = pytest.importorskip("numpy")
+    captured = tree.capture({"v": {"i": np.int64(3), "f": np.float32(0.5), "a": np.arange(3)}})
+    state: dict[str, Any] = {"v": None}
+    tree.apply(state, _roundtrip_json(captured), {})
+    assert state["v"] == {"i": 3, "f": 0.5, "a": [0, 1, 2]}
+
+
+def test_unsupported_value_names_path() -> None:
+    with pytest.raises(TypeError, match="cfg/x/0"):
+        tree.capture({"cfg": {"x": [object()]}})
+
+
+@pytest.mark.parametrize("evil", [
+    {"__t": "os.system", "v": "touch pwned"},
+    {"__t": "class", "module": "os", "name": "system"},
+    {"__t": "builtins.eval", "items": ["1"]},
+])
+def test_unknown_tags_are_refused(evil: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    calls: list[Any] = []
+    monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
+    bad = {"format": tree.TREE_FORMAT, "version": tree.TREE_VERSION,
+           "entries": {"cfg": {"kind": "value", "value": {"nested": [evil]}}}}
+    with pytest.raises(UnsafeCheckpointError, match="cfg/nested/0"):
+        tree.tensor_specs(bad)
+    state: dict[str, Any] = {"cfg": None}
+    with pytest.raises(UnsafeCheckpointError):
+        tree.apply(state, bad, {})
+    assert calls == [] and state == {"cfg": None}
+
+
+@pytest.mark.parametrize("node", [
+    {"__t": "tuple"},
+    {"__t": "tuple", "items": 3},
+    {"__t": "bytes", "b64": "!!"},
+    {"__t": "float", "v": "1e9999"},
+    {"__t": "bigint", "v": "12a"},
+    {"__t": "dtype", "v": "os"},
+    {"__t": "dict", "items": [[[1], 2]]},
+    {"__t": "tensor", "key": "k", "dtype": "float32", "shape": [-1]},
+    {"__t": "tensor", "key": "k", "dtype": "float32", "shape": [2**30, 2**30]},
+    {"__t": "tensor", "key": "k", "dtype": "float32", "shape": [True]},
+])
+def test_malformed_entries_are_corrupt(node: dict[str, Any]) -> None:
+    bad = {"format": tree.TREE_FORMAT, "version": tree.TREE_VERSION,
+           "entries": {"x": {"kind": "value", "value": node}}}
+    with pytest.raises(CorruptCheckpointError, match="x"):
+        tree.tensor_specs(bad)
+
+
+def test_tensor_dtype_outside_allow_list_is_unsafe() -> None:
+    bad = {"format": tree.TREE_FORMAT, "version": tree.TREE_VERSION,
+           "entries": {"x": {"kind": "value",
+                             "value": {"__t": "tensor", "key": "x", "dtype": "object", "shape": [1]}}}}
+    with pytest.raises(UnsafeCheckpointError, match="x"):
+        tree.tensor_specs(bad)
+
+
+def test_module_shape_mismatch_names_key_and_leaves_state_untouched() -> None:
+    captured = tree.capture({"model": nn.Linear(4, 3), "step": 5})
+    js, tensors = _roundtrip_json(captured), _cpu_copies(captured.tensors)
+    other = nn.Linear(4, 2)
+    before = other.weight.detach().clone()
+    state: dict[str, Any] = {"model": other, "step": 0}
+    with pytest.raises(StateMismatchError, match=r"model/weight.*\[3, 4\].*\[2, 4\]"):
+        tree.apply(state, js, tensors)
+    assert torch.equal(other.weight, before) and state["step"] == 0
+
+
+def test_dtype_mismatch_names_key() -> None:
+    captured = tree.capture({"model": nn.Linear(2, 2), "buf": torch.zeros(3)})
+    js, tensors = _roundtrip_json(captured), _cpu_copies(captured.tensors)
+    with pytest.raises(StateMismatchError, match=r"model/weight.*float32 \[2, 2\].*bfloat16 \[2, 2\]"):
+        tree.apply({"model": nn.Linear(2, 2).bfloat16(), "buf": torch.zeros(3)}, js, tensors)
+    with pytest.raises(StateMismatchError, match=r"buf.*float32 \[3\].*int64 \[3\]"):
+        tree.apply({"model": nn.Linear(2, 2), "buf": torch.zeros(3, dtype=torch.int64)}, js, tensors)
+
+
+def test_missing_and_unexpected_entries() -> None:
+    captured = tree.capture({"model": nn.Linear(2, 2)})
+    js, tensors = _roundtrip_json(captured), _cpu_copies(captured.tensors)
+    with pytest.raises(StateMismatchError, match="optim"):
+        tree.apply({"model": nn.Linear(2, 2), "optim": RNGState()}, js, tensors)
+    with pytest.raises(StateMismatchError, match=r"model.*0\.weight"):
+        tree.apply({"model": nn.Sequential(nn.Linear(2, 2))}, js, tensors)
+    del tensors["model/weight"]
+    with pytest.raises(CorruptCheckpointError, match="model/weight"):
+        tree.apply({"model": nn.Linear(2, 2)}, js, tensors)
+
+
+def test_path_collisions_get_unique_keys() -> None:
+    captured = tree.capture({"a": {"b/c": torch.zeros(1), "b": {"c": torch.ones(1)}}})
+    assert sorted(captured.tensors) == ["a/b/c", "a/b/c~2"]
+    state: dict[str, Any] = {"a": None}
+    tree.apply(state, _roundtrip_json(captured), captured.tensors)
+    assert state["a"]["b"]["c"].item() == 1.0 and state["a"]["b/c"].item() == 0.0
