@@ -84,7 +84,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     checkpoint_dir: str = "checkpoints"
-    checkpointer: str = "torch"
+    checkpointer: str = "alpsck"
     load_checkpoint: bool = False
     load_checkpoint_dir: str | None = None  # None: the newest valid checkpoint in checkpoint_dir
     fail_at_step: int | None = None
