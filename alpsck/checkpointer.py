@@ -82,6 +82,7 @@ class Checkpointer:
         staging_bytes: staging memory; default max_in_flight x the state size (at the first save).
         direct_io: use O_DIRECT where the file system allows (a fallback is warned about).
         pin_cpus: pin writer threads to these CPUs (e.g. the cores of the GPU's NUMA node).
+        copy_threads: threads taking the snapshot copy (default: min(4, CPUs of this process)).
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class Checkpointer:
         staging_bytes: int | None = None,
         direct_io: bool = True,
         pin_cpus: Sequence[int] | None = None,
+        copy_threads: int | None = None,
         rank: int = 0,
         _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
@@ -118,6 +120,7 @@ class Checkpointer:
             direct_io=direct_io,
             rank=rank,
             faults=[dict(f) for f in _faults],  # test hook: inject I/O errors (see cpp/core/env.h)
+            copy_threads=copy_threads or 0,
         )
         if direct_io and not self._engine.direct_io:
             warnings.warn(
@@ -210,9 +213,19 @@ class Checkpointer:
 
 
 def read_checkpoint(
-    path: str | os.PathLike[str], rank: int = 0, threads: int = 4
+    path: str | os.PathLike[str],
+    rank: int = 0,
+    threads: int = 4,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Read one checkpoint directory: (meta document, tensors by key), every chunk CRC-checked."""
+    """Read one checkpoint directory: (meta document, tensors by key), every chunk CRC-checked.
+
+    With ``into`` (key -> live tensor, as :func:`alpsck.tree.capture` gives), tensors are read
+    straight into the live CPU tensors — no allocation, no extra copy — but only when every
+    saved tensor that has a live counterpart matches it in shape and dtype; otherwise nothing
+    live is touched and fresh tensors are returned (the caller's mismatch check then fails
+    cleanly).
+    """
     shard = Path(path) / f"rank-{rank:05d}.bin"
     reader = _core.ShardReader(str(shard))
     try:
@@ -223,13 +236,23 @@ def read_checkpoint(
         raise CorruptCheckpointError(f"{shard}: the state tree is not an {TREE_FORMAT} document")
     specs = tree.tensor_specs(meta["tree"])
     sizes = {name: size for name, _, size in reader.extents}
-    tensors: dict[str, torch.Tensor] = {}
     for key, spec in specs.items():
         if sizes.get(key) != spec.nbytes:
             raise CorruptCheckpointError(
                 f"{shard}: tensor {key!r} has {sizes.get(key)} bytes on disk, its spec needs {spec.nbytes}")
-        tensors[key] = torch.empty(spec.shape, dtype=spec.dtype)
-    reader.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
+    live = dict(into or {})
+    if any(k in live and (live[k].dtype != s.dtype or tuple(live[k].shape) != s.shape) for k, s in specs.items()):
+        live = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for key, spec in specs.items():
+        t = live.get(key)
+        usable = t is not None and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+        tensors[key] = t if usable and t is not None else torch.empty(spec.shape, dtype=spec.dtype)
+    try:
+        reader.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
+    except CorruptCheckpointError as e:
+        e.live_touched = any(tensors[k] is live.get(k) for k in tensors)  # type: ignore[attr-defined]
+        raise
     return meta, tensors
 
 
@@ -241,24 +264,37 @@ def restore_into(
     threads: int = 4,
     rank: int = 0,
 ) -> int | None:
-    """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore)."""
+    """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore).
+
+    Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
+    chunk then fails its CRC, the previous checkpoint is tried (it overwrites the same tensors);
+    if none is left, CorruptCheckpointError says the live state is no longer pristine.
+    """
     infos = list(_core.scan(str(run_dir)))
     if step is not None:
         infos = [i for i in infos if i["step"] == step]
         if not infos:
             raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    live = tree.capture(state).tensors
+    touched: str | None = None
     for info in reversed(infos):
         if info["status"] != "committed":
             if info["status"] == "corrupt":
                 warnings.warn(f"skipping corrupt checkpoint {info['path']}: {info['error']}", RuntimeWarning, stacklevel=3)
             continue
         try:
-            meta, tensors = read_checkpoint(info["path"], rank=rank, threads=threads)
+            meta, tensors = read_checkpoint(info["path"], rank=rank, threads=threads, into=live)
         except CorruptCheckpointError as e:
             warnings.warn(f"skipping corrupt checkpoint {info['path']}: {e}", RuntimeWarning, stacklevel=3)
+            if getattr(e, "live_touched", False):
+                touched = touched or str(e)
             continue
         tree.apply(state, meta["tree"], tensors)
         return int(meta.get("step", info["step"]))
+    if touched is not None:
+        raise CorruptCheckpointError(
+            f"{run_dir}: no valid checkpoint left, and reading a corrupt one already overwrote live tensors "
+            f"({touched}); rebuild the state before training")
     if step is not None:
         raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid")
     return None

@@ -269,3 +269,28 @@ def test_sigkill_mid_checkpoint_never_loses_a_durable_checkpoint(tmp_path: Path,
             assert restored == max(good) and back["step"] == restored
             assert torch.equal(back["w"], torch.full((3_000_000,), float(restored)))
             start = restored + 1
+
+
+def test_mismatch_leaves_live_state_untouched(tmp_path: Path) -> None:
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, {"a": torch.ones(10), "b": torch.ones(4)}).wait()
+        live = {"a": torch.zeros(10), "b": torch.zeros(5)}  # b has another shape
+        with pytest.raises(StateMismatchError, match="b"):
+            ck.restore(live)
+    assert torch.equal(live["a"], torch.zeros(10))  # not overwritten by the read
+
+
+def test_restore_reads_into_live_tensors_and_refuses_to_hide_a_half_restore(tmp_path: Path) -> None:
+    w = torch.arange(300_000, dtype=torch.float32)
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=64 << 10, keep_last=0) as ck:
+        ck.save(1, {"w": w}).wait()
+        live = {"w": torch.zeros_like(w)}
+        ptr = live["w"].data_ptr()
+        ck.restore(live)
+        assert live["w"].data_ptr() == ptr and torch.equal(live["w"], w)  # in place, same memory
+    shard = tmp_path / "step-000000001" / "rank-00000.bin"
+    with open(shard, "r+b") as fh:  # corrupt the last data chunk: earlier chunks land in live first
+        fh.seek(1_100_000)
+        fh.write(b"\x01\x02\x03")
+    with pytest.warns(RuntimeWarning, match="CRC mismatch"), pytest.raises(CorruptCheckpointError, match="overwrote"):
+        alpsck.restore_into(tmp_path, {"w": torch.zeros_like(w)}, threads=1)

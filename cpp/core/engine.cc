@@ -155,6 +155,8 @@ Status Engine::Init() {
     ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots));
   }
 
+  copy_threads_ = opts_.copy_threads ? opts_.copy_threads
+                                     : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));
   uint32_t t = opts_.threads;
   if (t == 0) t = static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 2, 4));
   for (uint32_t i = 0; i < t; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
@@ -292,19 +294,40 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   job->remaining.store(n + 1);
   Job* j = job.release();
   *handle = j->handle;
-  for (uint64_t i = 0; i < n; ++i) {
-    char* slot = nullptr;
-    if (copy && !j->failed.load(std::memory_order_acquire)) {
-      slot = pool_.Acquire();
-      if (slot) GatherChunk(layout, j->srcs, i, slot);
-      else j->Fail(Status::Error(Code::kAborted, "staging pool closed during save of step " + std::to_string(step)));
-    }
-    Push({j, i, slot});
+  if (copy) {
+    SnapshotChunks(j);
+  } else {
+    for (uint64_t i = 0; i < n; ++i) Push({j, i, nullptr});
   }
   j->t_snap = Clock::now();
   if (copy) j->srcs.clear();  // the caller's memory is no longer referenced
   ChunkDone(j);
   return Status::Ok();
+}
+
+void Engine::SnapshotChunks(Job* j) {
+  const ShardLayout& layout = j->index.layout;
+  const uint64_t n = layout.num_chunks();
+  std::atomic<uint64_t> next{0};
+  // Chunks are claimed through a shared counter, so a slow copier never holds others up; each
+  // chunk is queued for the writers the moment its copy is done (copy and write overlap).
+  auto copier = [&] {
+    for (uint64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+      char* slot = nullptr;
+      if (!j->failed.load(std::memory_order_acquire)) {
+        slot = pool_.Acquire();
+        if (slot) GatherChunk(layout, j->srcs, i, slot);
+        else j->Fail(Status::Error(Code::kAborted, "staging pool closed during save of step " + std::to_string(j->step)));
+      }
+      Push({j, i, slot});
+    }
+  };
+  const uint64_t helpers = std::min<uint64_t>(copy_threads_, n) > 0 ? std::min<uint64_t>(copy_threads_, n) - 1 : 0;
+  std::vector<std::thread> pool;
+  pool.reserve(helpers);
+  for (uint64_t h = 0; h < helpers; ++h) pool.emplace_back(copier);
+  copier();
+  for (auto& t : pool) t.join();
 }
 
 void Engine::Push(Task t) {

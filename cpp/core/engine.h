@@ -45,6 +45,8 @@ struct EngineOptions {
   uint32_t keep_last = 3;         // committed checkpoints kept; 0 keeps all
   uint64_t staging_bytes = 0;     // staging pool size; 0: sized at the first copy-mode save
                                   // to max_in_flight x its data (+ one slot per writer)
+  uint32_t copy_threads = 0;      // threads copying a snapshot into staging (the caller is one
+                                  // of them); 0: min(4, allowed CPUs)
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
   bool direct_io = true;          // try O_DIRECT (a buffered fallback is reported)
   uint32_t rank = 0;
@@ -109,6 +111,7 @@ class Engine {
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   bool direct_io() const { return direct_io_; }
   uint32_t threads() const { return static_cast<uint32_t>(writers_.size()); }
+  uint32_t copy_threads() const { return copy_threads_; }
   uint64_t staging_bytes() const { return pool_.size(); }
   char* staging_base() const { return pool_.base(); }
   // Newest step published as latest; -1 if none.
@@ -133,6 +136,8 @@ class Engine {
   void ChunkDone(Job* j);
   void Finish(Job* j);
   Status PrepareDir(Job* j);
+  // Copies every chunk of j into staging slots and queues it, on copy_threads threads.
+  void SnapshotChunks(Job* j);
   void ApplyRetention(std::string* warning);
 
   EngineOptions opts_;
@@ -140,6 +145,7 @@ class Engine {
   uint64_t align_ = 4096;
   uint64_t chunk_bytes_ = 0;
   bool direct_io_ = true;
+  uint32_t copy_threads_ = 1;
   StagingPool pool_;
   std::mutex pool_init_mu_;
 

@@ -113,7 +113,7 @@ class PyEngine {
  public:
   PyEngine(const std::string& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
-           std::vector<nb::dict> faults) {
+           std::vector<nb::dict> faults, uint32_t copy_threads) {
     EngineOptions o;
     o.run_dir = run_dir;
     o.threads = threads;
@@ -124,6 +124,7 @@ class PyEngine {
     o.pin_cpus = std::move(pin_cpus);
     o.direct_io = direct_io;
     o.rank = rank;
+    o.copy_threads = copy_threads;
     if (!faults.empty()) {
       fault_env_ = std::make_unique<FaultEnv>();
       for (const nb::dict& f : faults) fault_env_->AddRule(ToRule(f));
@@ -331,10 +332,10 @@ NB_MODULE(_core, m) {
 
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const std::string&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
-                    uint32_t, std::vector<nb::dict>>(),
+                    uint32_t, std::vector<nb::dict>, uint32_t>(),
            "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
            "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
-           "faults"_a = std::vector<nb::dict>{})
+           "faults"_a = std::vector<nb::dict>{}, "copy_threads"_a = 0)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "copy"_a = true,
            "keepalive"_a = nb::none())
       .def("wait_all", &PyEngine::wait_all)
@@ -343,6 +344,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("chunk_bytes", [](PyEngine& e) { return e.engine().chunk_bytes(); })
       .def_prop_ro("direct_io", [](PyEngine& e) { return e.engine().direct_io(); })
       .def_prop_ro("threads", [](PyEngine& e) { return e.engine().threads(); })
+      .def_prop_ro("copy_threads", [](PyEngine& e) { return e.engine().copy_threads(); })
       .def_prop_ro("staging_bytes", [](PyEngine& e) { return e.engine().staging_bytes(); })
       .def_prop_ro("published_step", [](PyEngine& e) { return e.engine().published_step(); })
       .def_prop_ro("in_flight", [](PyEngine& e) { return e.engine().in_flight(); })

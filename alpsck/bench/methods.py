@@ -1,0 +1,184 @@
+"""Checkpointing methods measured by ``alpsck bench``, one class each, same protocol.
+
+``save(step)`` returns (stall, durable): the seconds the training loop is blocked, and the
+seconds until the checkpoint is on stable storage (fsync'ed). ``restore()`` reads the newest
+checkpoint back into the live tensors, with the page cache of the checkpoint's files dropped
+first, so every method reads from the device, not from RAM.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpointer import Checkpointer
+
+
+def drop_page_cache(directory: Path) -> None:
+    """Evict the (clean, fsynced) pages of every file below ``directory`` from the page cache."""
+    for root, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Method:
+    """Base: a named method writing below ``directory`` from the live ``state``."""
+
+    name = "method"
+
+    def __init__(self, directory: Path, state: dict[str, torch.Tensor]) -> None:
+        self.dir = directory
+        self.state = state
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def save(self, step: int) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def restore(self) -> float:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class AlpsckMethod(Method):
+    def __init__(self, directory: Path, state: dict[str, torch.Tensor], *, threads: int, chunk_mib: int,
+                 max_in_flight: int, copy_threads: int | None = None) -> None:
+        super().__init__(directory, state)
+        self.ck = Checkpointer(directory, threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=max_in_flight,
+                               keep_last=2, copy_threads=copy_threads)
+        self.name = f"alpsck t={threads} c={chunk_mib}M f={max_in_flight} cp={self.ck.engine.copy_threads}"
+
+    def save(self, step: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        h = self.ck.save(step, self.state)
+        t1 = time.perf_counter()
+        h.wait()
+        return t1 - t0, time.perf_counter() - t0
+
+    def restore(self) -> float:
+        drop_page_cache(self.dir)
+        t0 = time.perf_counter()
+        self.ck.restore(self.state)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.ck.close()
+        super().close()
+
+
+class TorchSaveMethod(Method):
+    name = "torch.save+fsync"
+
+    def save(self, step: int) -> tuple[float, float]:
+        path = self.dir / f"step-{step}.pt"
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(self.state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(self.dir)
+        d = time.perf_counter() - t0
+        self.last = path
+        return d, d
+
+    def restore(self) -> float:
+        drop_page_cache(self.dir)
+        t0 = time.perf_counter()
+        loaded = torch.load(self.last, weights_only=True)
+        for k, v in loaded.items():
+            self.state[k].copy_(v)
+        return time.perf_counter() - t0
+
+
+class SafetensorsMethod(Method):
+    name = "safetensors+fsync"
+
+    def save(self, step: int) -> tuple[float, float]:
+        from safetensors.torch import save_file
+
+        path = self.dir / f"step-{step}.safetensors"
+        t0 = time.perf_counter()
+        save_file(self.state, str(path))
+        _fsync_path(path)
+        _fsync_path(self.dir)
+        d = time.perf_counter() - t0
+        self.last = path
+        return d, d
+
+    def restore(self) -> float:
+        from safetensors.torch import load_file
+
+        drop_page_cache(self.dir)
+        t0 = time.perf_counter()
+        for k, v in load_file(str(self.last)).items():
+            self.state[k].copy_(v)
+        return time.perf_counter() - t0
+
+
+class DcpMethod(Method):
+    """torch.distributed.checkpoint: ``save`` or ``async_save`` (FileSystemWriter, fsync on)."""
+
+    def __init__(self, directory: Path, state: dict[str, torch.Tensor], *, asynchronous: bool) -> None:
+        super().__init__(directory, state)
+        self.asynchronous = asynchronous
+        self.name = "DCP async_save" if asynchronous else "DCP save"
+
+    def save(self, step: int) -> tuple[float, float]:
+        import torch.distributed.checkpoint as dcp
+
+        cid = str(self.dir / f"step-{step}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            if self.asynchronous:
+                fut: Any = dcp.async_save(self.state, checkpoint_id=cid)
+                t1 = time.perf_counter()
+                fut.result()
+            else:
+                dcp.save(self.state, checkpoint_id=cid)
+                t1 = time.perf_counter()
+            _fsync_path(self.dir)
+        self.last = cid
+        return t1 - t0, time.perf_counter() - t0
+
+    def restore(self) -> float:
+        import torch.distributed.checkpoint as dcp
+
+        drop_page_cache(self.dir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            dcp.load(self.state, checkpoint_id=self.last)
+            return time.perf_counter() - t0
+
+
+def peer_methods(base: Path, state: dict[str, torch.Tensor]) -> list[Method]:
+    """The peers every alpsck configuration is compared with (safetensors when installed)."""
+    peers: list[Method] = [TorchSaveMethod(base / "torch", state), DcpMethod(base / "dcp", state, asynchronous=False),
+                           DcpMethod(base / "dcp-async", state, asynchronous=True)]
+    try:
+        import safetensors.torch  # noqa: F401
+
+        peers.append(SafetensorsMethod(base / "safetensors", state))
+    except ImportError:
+        pass
+    return peers
