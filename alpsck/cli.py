@@ -86,8 +86,9 @@ def bench(args: argparse.Namespace) -> int:
     threads, chunks, flights = args.threads, args.chunk_mib, args.in_flight
     if args.full:
         threads, chunks, flights = threads or [2, 4, 8], chunks or [4, 16], flights or [1, 2]
-    result = run(Path(args.dir), int(args.size_gib * 2**30), threads=threads or [2, 4], chunks_mib=chunks or [8],
-                 in_flight=flights or [2], copy_threads=args.copy_threads, peers=not args.no_peers, repeats=args.repeats,
+    result = run(Path(args.dir), int(args.size_gib * 2**30), threads=threads or [4, 8], chunks_mib=chunks or [8],
+                 in_flight=flights or [2], copy_threads=args.copy_threads, urgent=[False, True],
+                 peers=not args.no_peers, repeats=args.repeats,
                  iter_seconds=args.iter_seconds, slowdown=args.slowdown, mtbf_hours=args.mtbf_hours)
     if args.json:
         print(json.dumps(result.to_json()))

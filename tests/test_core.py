@@ -65,10 +65,11 @@ def test_every_dtype_round_trips_bit_exactly(tmp_path: Path, dtype: torch.dtype)
         assert torch.equal(live[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8))
 
 
-def test_snapshot_is_isolated_from_mutation_after_save(tmp_path: Path) -> None:
+@pytest.mark.parametrize("urgent", [False, True], ids=["snapshot", "urgent"])
+def test_snapshot_is_isolated_from_mutation_after_save(tmp_path: Path, urgent: bool) -> None:
     w = torch.arange(1 << 20, dtype=torch.float32)
     with alpsck.Checkpointer(tmp_path, chunk_bytes=256 << 10) as ck:
-        h = ck.save(3, {"w": w})
+        h = ck.save(3, {"w": w}, urgent=urgent)
         w.mul_(-1)  # the next training step
         h.wait()
         back = {"w": torch.empty_like(w)}
@@ -159,7 +160,7 @@ def test_corrupt_newest_falls_back_with_a_warning(tmp_path: Path) -> None:
 
 def _write_raw(run_dir: Path, step: int, meta: dict) -> None:
     eng = _core.Engine(str(run_dir))
-    eng.save(step, [], json.dumps(meta), True).wait()
+    eng.save(step, [], json.dumps(meta)).wait()
     eng.close()
 
 

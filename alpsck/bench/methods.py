@@ -61,15 +61,17 @@ class Method:
 
 class AlpsckMethod(Method):
     def __init__(self, directory: Path, state: dict[str, torch.Tensor], *, threads: int, chunk_mib: int,
-                 max_in_flight: int, copy_threads: int | None = None) -> None:
+                 max_in_flight: int, copy_threads: int | None = None, urgent: bool = False) -> None:
         super().__init__(directory, state)
         self.ck = Checkpointer(directory, threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=max_in_flight,
                                keep_last=2, copy_threads=copy_threads)
-        self.name = f"alpsck t={threads} c={chunk_mib}M f={max_in_flight} cp={self.ck.engine.copy_threads}"
+        self.urgent = urgent
+        self.name = (f"alpsck t={threads} c={chunk_mib}M f={max_in_flight} cp={self.ck.engine.copy_threads}"
+                     + (" urgent" if urgent else ""))
 
     def save(self, step: int) -> tuple[float, float]:
         t0 = time.perf_counter()
-        h = self.ck.save(step, self.state)
+        h = self.ck.save(step, self.state, urgent=self.urgent)
         t1 = time.perf_counter()
         h.wait()
         return t1 - t0, time.perf_counter() - t0

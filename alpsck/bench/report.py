@@ -22,7 +22,7 @@ def table(r: BenchResult) -> str:
         mark = "*" if m.method == r.best else " "
         lines.append(f"{mark}{m.method:<27} {m.stall:8.3f} {m.durable:10.3f} {r.state_bytes / m.durable / 1e9:6.2f} "
                      f"{m.restore:10.3f} {m.first_stall:12.3f}")
-    lines += ["", "ratios (* = best alpsck setting):"]
+    lines += ["", "ratios (* = best alpsck setting: lowest stall; 'urgent' = copy and write overlapped):"]
     lines += [f"  {k:<40} {v:6.2f}" for k, v in r.ratios.items()]
     a = r.advice
     lines += [

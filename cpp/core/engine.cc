@@ -158,7 +158,7 @@ Status Engine::Init() {
   copy_threads_ = opts_.copy_threads ? opts_.copy_threads
                                      : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));
   uint32_t t = opts_.threads;
-  if (t == 0) t = static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 2, 4));
+  if (t == 0) t = 8;
   for (uint32_t i = 0; i < t; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
   return Status::Ok();
 }
@@ -230,8 +230,9 @@ Status Engine::PrepareDir(Job* j) {
   return Status::Ok();  // other fallocate failures (EOPNOTSUPP) only cost the preallocation
 }
 
-Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, bool copy,
+Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
                     std::shared_ptr<SaveHandle>* handle) {
+  const bool copy = mode != SaveMode::kZeroCopy;
   const Clock::time_point t0 = Clock::now();
   auto job = std::make_unique<Job>();
   job->step = step;
@@ -295,7 +296,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   Job* j = job.release();
   *handle = j->handle;
   if (copy) {
-    SnapshotChunks(j);
+    SnapshotChunks(j, mode == SaveMode::kSnapshotOverlap);
   } else {
     for (uint64_t i = 0; i < n; ++i) Push({j, i, nullptr});
   }
@@ -305,22 +306,43 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   return Status::Ok();
 }
 
-void Engine::SnapshotChunks(Job* j) {
+void Engine::SnapshotChunks(Job* j, bool overlap) {
   const ShardLayout& layout = j->index.layout;
   const uint64_t n = layout.num_chunks();
   std::atomic<uint64_t> next{0};
-  // Chunks are claimed through a shared counter, so a slow copier never holds others up; each
-  // chunk is queued for the writers the moment its copy is done (copy and write overlap).
+  std::mutex held_mu;
+  std::vector<Task> held;  // copied chunks not yet queued (without overlap)
+  auto release_held = [&] {
+    std::vector<Task> out;
+    {
+      std::lock_guard<std::mutex> l(held_mu);
+      out.swap(held);
+    }
+    for (const Task& t : out) Push(t);
+  };
+  // Chunks are claimed through a shared counter, so a slow copier never holds others up.
   auto copier = [&] {
     for (uint64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
       char* slot = nullptr;
       if (!j->failed.load(std::memory_order_acquire)) {
-        slot = pool_.Acquire();
+        slot = pool_.TryAcquire();
+        if (!slot) {
+          // Pool dry: queue what is held so writers can free slots, then wait. Invariant: a
+          // copier never blocks, nor exits, while chunks it could release are held.
+          release_held();
+          slot = pool_.Acquire();
+        }
         if (slot) GatherChunk(layout, j->srcs, i, slot);
         else j->Fail(Status::Error(Code::kAborted, "staging pool closed during save of step " + std::to_string(j->step)));
       }
-      Push({j, i, slot});
+      if (overlap || !slot) {
+        Push({j, i, slot});
+      } else {
+        std::lock_guard<std::mutex> l(held_mu);
+        held.push_back({j, i, slot});
+      }
     }
+    release_held();  // copiers finish within a chunk of each other, so this costs ~nothing
   };
   const uint64_t helpers = std::min<uint64_t>(copy_threads_, n) > 0 ? std::min<uint64_t>(copy_threads_, n) - 1 : 0;
   std::vector<std::thread> pool;
@@ -328,6 +350,7 @@ void Engine::SnapshotChunks(Job* j) {
   for (uint64_t h = 0; h < helpers; ++h) pool.emplace_back(copier);
   copier();
   for (auto& t : pool) t.join();
+  release_held();
 }
 
 void Engine::Push(Task t) {

@@ -8,12 +8,18 @@
 // of different checkpoints share the queue in submission order, and a checkpoint that
 // finishes after a newer one never becomes the published latest.
 //
-// Two ways to hand over memory:
-//  - copy (snapshot): Save copies the bytes into pre-faulted staging slots and returns once the
-//    copy is complete; the caller may change its buffers right after. Writers return slots as
-//    soon as their chunk is written, so a pool smaller than the state pipelines.
-//  - zero-copy: Save returns at once; the caller keeps its buffers alive and unchanged until the
+// Three ways to hand over memory (SaveMode):
+//  - kSnapshot (default): Save copies the bytes into pre-faulted staging slots on copy_threads
+//    threads and returns once the copy is complete; the caller may change its buffers right
+//    after. Chunks are queued for the writers when the whole snapshot is taken: on a small
+//    machine, writes running during the copy compete with it for memory bandwidth (measured:
+//    stall 1.48x a plain copy with overlap, 1.06x without; time to durable +0.1 s for 2 GiB).
+//  - kSnapshotOverlap: the same copy, but each chunk is queued as soon as it is copied: the
+//    fastest time to durable (for a final checkpoint before preemption), a longer stall.
+//  - kZeroCopy: Save returns at once; the caller keeps its buffers alive and unchanged until the
 //    handle is done. Chunks inside one suitably aligned buffer go to disk without any copy.
+// Writers return staging slots as soon as their chunk is written, so a pool smaller than the
+// state still streams (the snapshot modes then overlap by necessity).
 //
 // Threading: Save, WaitAll and Close may be called from any thread; SaveHandle is thread-safe.
 // Close (or the destructor) waits for every in-flight save.
@@ -39,7 +45,8 @@ namespace alpsck {
 
 struct EngineOptions {
   std::string run_dir;            // must exist or its parent must (created then)
-  uint32_t threads = 0;           // writer threads; 0: min(4, allowed CPUs) but at least 2
+  uint32_t threads = 0;           // writer threads; 0: 8 (I/O concurrency, not CPU count, is what
+                                  // the storage needs: fio here peaks at queue depth 16)
   uint64_t chunk_bytes = 0;       // 0: 8 MiB; rounded up to the alignment
   uint32_t max_in_flight = 2;     // checkpoints persisting at once
   uint32_t keep_last = 3;         // committed checkpoints kept; 0 keeps all
@@ -52,6 +59,8 @@ struct EngineOptions {
   uint32_t rank = 0;
   Env* env = nullptr;             // nullptr: Env::Default()
 };
+
+enum class SaveMode { kSnapshot, kSnapshotOverlap, kZeroCopy };
 
 struct SaveExtent {
   std::string name;
@@ -102,7 +111,7 @@ class Engine {
   // anything is queued (bad names, a directory that cannot be created, no space for the
   // preallocation) are returned here; later ones through the handle. A step that is already
   // committed is not written again (the handle completes with skipped = true).
-  Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, bool copy,
+  Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
               std::shared_ptr<SaveHandle>* handle);
   void WaitAll();
   void Close();
@@ -136,8 +145,9 @@ class Engine {
   void ChunkDone(Job* j);
   void Finish(Job* j);
   Status PrepareDir(Job* j);
-  // Copies every chunk of j into staging slots and queues it, on copy_threads threads.
-  void SnapshotChunks(Job* j);
+  // Copies every chunk of j into staging slots on copy_threads threads and queues them (each at
+  // once with overlap, else all after the copy — unless the pool runs dry, which forces it).
+  void SnapshotChunks(Job* j, bool overlap);
   void ApplyRetention(std::string* warning);
 
   EngineOptions opts_;

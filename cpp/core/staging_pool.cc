@@ -27,6 +27,14 @@ char* StagingPool::Acquire() {
   return s;
 }
 
+char* StagingPool::TryAcquire() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (closed_ || free_.empty()) return nullptr;
+  char* s = free_.back();
+  free_.pop_back();
+  return s;
+}
+
 void StagingPool::Release(char* slot) {
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -24,6 +24,8 @@ class StagingPool {
   bool initialized() const { return mem_.data() != nullptr; }
   // Blocks until a slot is free; nullptr once the pool is closed.
   char* Acquire();
+  // nullptr at once when no slot is free (or the pool is closed).
+  char* TryAcquire();
   void Release(char* slot);
   void Close();
   uint64_t slot_bytes() const { return slot_bytes_; }

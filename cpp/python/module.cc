@@ -159,8 +159,15 @@ class PyEngine {
     return *engine_;
   }
 
+  // mode: "snapshot" (copy, then write), "overlap" (copy and write at once), "zerocopy".
   PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
-                bool copy, nb::object keepalive) {
+                const std::string& mode_name, nb::object keepalive) {
+    SaveMode mode;
+    if (mode_name == "snapshot") mode = SaveMode::kSnapshot;
+    else if (mode_name == "overlap") mode = SaveMode::kSnapshotOverlap;
+    else if (mode_name == "zerocopy") mode = SaveMode::kZeroCopy;
+    else throw nb::value_error(("unknown save mode: " + mode_name + " (snapshot, overlap, zerocopy)").c_str());
+    const bool copy = mode != SaveMode::kZeroCopy;
     Reap();
     std::vector<SaveExtent> ex;
     ex.reserve(extents.size());
@@ -170,7 +177,7 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, copy, &h);
+      s = e.Save(step, ex, meta, mode, &h);
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
@@ -336,7 +343,7 @@ NB_MODULE(_core, m) {
            "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
            "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
            "faults"_a = std::vector<nb::dict>{}, "copy_threads"_a = 0)
-      .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "copy"_a = true,
+      .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none())
       .def("wait_all", &PyEngine::wait_all)
       .def("close", &PyEngine::close)

@@ -74,7 +74,8 @@ TEST(save_copy_and_zero_copy_round_trip) {
   for (bool copy : {true, false}) {
     uint64_t step = copy ? 10 : 20;
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}, {"e", empty.data(), 0}}, "{}", copy, &h).ok());
+    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}, {"e", empty.data(), 0}}, "{}",
+                    copy ? SaveMode::kSnapshot : SaveMode::kZeroCopy, &h).ok());
     REQUIRE(h->Wait(-1));
     CHECK(h->status().ok());
     CHECK_EQ(h->result().path, JoinPath(d.path(), StepDirName(step)));
@@ -92,7 +93,7 @@ TEST(copy_mode_snapshot_is_isolated_from_later_mutation) {
   auto a = RandomBytes(1 << 20, 3);
   const auto orig = a;
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   std::memset(a.data(), 0, a.size());  // the training step mutates right after save returns
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
@@ -104,7 +105,7 @@ TEST(empty_state_commits) {
   auto e = Open(d.path());
   REQUIRE(e);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(5, {}, "{\"only\":\"meta\"}", true, &h).ok());
+  REQUIRE(e->Save(5, {}, "{\"only\":\"meta\"}", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
   std::vector<CheckpointInfo> infos;
@@ -127,8 +128,8 @@ TEST(out_of_order_completion_never_publishes_an_older_step) {
   REQUIRE(e);
   auto a = RandomBytes(256 << 10, 4), b = RandomBytes(1000, 5);
   std::shared_ptr<SaveHandle> h100, h200;
-  REQUIRE(e->Save(100, {{"a", a.data(), a.size()}}, "", true, &h100).ok());
-  REQUIRE(e->Save(200, {{"b", b.data(), b.size()}}, "", true, &h200).ok());
+  REQUIRE(e->Save(100, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h100).ok());
+  REQUIRE(e->Save(200, {{"b", b.data(), b.size()}}, "", SaveMode::kSnapshot, &h200).ok());
   REQUIRE(h200->Wait(-1));
   CHECK(!h100->Done());  // really out of order
   CHECK_EQ(Latest(d.path()), std::string("200\n"));
@@ -153,7 +154,7 @@ TEST(max_in_flight_applies_back_pressure) {
   auto a = RandomBytes(4096, 6);
   std::vector<std::shared_ptr<SaveHandle>> hs(5);
   for (uint64_t s = 0; s < 5; ++s) {
-    REQUIRE(e->Save(s + 1, {{"a", a.data(), a.size()}}, "", true, &hs[s]).ok());
+    REQUIRE(e->Save(s + 1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &hs[s]).ok());
     CHECK(e->in_flight() <= 2);
   }
   e->WaitAll();
@@ -168,7 +169,7 @@ TEST(retention_keeps_newest_and_recycles) {
   auto a = RandomBytes(200000, 7);
   for (uint64_t s = 1; s <= 6; ++s) {
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(s * 10, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+    REQUIRE(e->Save(s * 10, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
     REQUIRE(h->Wait(-1));
     CHECK(h->status().ok());
     CHECK(h->result().warning.empty());
@@ -192,9 +193,9 @@ TEST(already_committed_step_is_skipped) {
   REQUIRE(e);
   auto a = RandomBytes(1000, 8), b = RandomBytes(1000, 9);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
-  REQUIRE(e->Save(7, {{"a", b.data(), b.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(7, {{"a", b.data(), b.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->result().skipped);
   CHECK(Matches(d.path(), 7, "a", a));
@@ -207,7 +208,7 @@ TEST(reopen_sees_committed_and_reuses_abandoned_tmp) {
     auto e = Open(d.path());
     REQUIRE(e);
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+    REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
     REQUIRE(h->Wait(-1));
   }
   REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), "step-000000009.tmp")) == 0);  // a crash left it
@@ -216,7 +217,7 @@ TEST(reopen_sees_committed_and_reuses_abandoned_tmp) {
   CHECK_EQ(e->published_step(), int64_t{3});
   CHECK(!Exists(JoinPath(d.path(), "step-000000009.tmp")));
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->result().skipped);
 }
@@ -228,7 +229,7 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   REQUIRE(e);
   auto a = RandomBytes(300000, 11);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
   REQUIRE(h->status().ok());
   FaultRule full;
@@ -237,7 +238,7 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   full.skip = 2;
   full.count = UINT64_MAX;
   env.AddRule(full);
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->status().code() == Code::kNoSpace);
   CHECK(h->status().message().find("step-000000002") != std::string::npos);
@@ -246,7 +247,7 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   CHECK_EQ(Latest(d.path()), std::string("1\n"));
   CHECK(Matches(d.path(), 1, "a", a));
   env.ClearRules();  // space comes back: saving works again
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
   CHECK(Matches(d.path(), 2, "a", a));
@@ -265,14 +266,14 @@ TEST(fsync_and_rename_failures_never_publish) {
     REQUIRE(e);
     auto a = RandomBytes(100000, 12);
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", true, &h).ok());
+    REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
     REQUIRE(h->Wait(-1));
     FaultRule r;
     r.op = c.op;
     r.path_contains = c.path;
     r.error = c.op == FaultRule::Op::kFAllocate ? ENOSPC : EIO;
     env.AddRule(r);
-    Status s = e->Save(2, {{"a", a.data(), a.size()}}, "", true, &h);
+    Status s = e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
     if (s.ok()) {
       REQUIRE(h->Wait(-1));
       s = h->status();
@@ -320,12 +321,12 @@ TEST(many_concurrent_saves_from_two_threads_under_load) {
   std::vector<std::shared_ptr<SaveHandle>> ha(20), hb(20);
   std::thread t1([&] {
     for (uint64_t i = 0; i < 20; ++i) {
-      Status s = e->Save(2 * i + 1, {{"a", a.data(), a.size()}}, "", true, &ha[i]);
+      Status s = e->Save(2 * i + 1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &ha[i]);
       if (!s.ok()) std::fprintf(stderr, "save: %s\n", s.message().c_str());
     }
   });
   std::thread t2([&] {
-    for (uint64_t i = 0; i < 20; ++i) e->Save(2 * i + 2, {{"b", b.data(), b.size()}}, "", false, &hb[i]);
+    for (uint64_t i = 0; i < 20; ++i) e->Save(2 * i + 2, {{"b", b.data(), b.size()}}, "", SaveMode::kZeroCopy, &hb[i]);
   });
   t1.join();
   t2.join();
@@ -341,6 +342,40 @@ TEST(many_concurrent_saves_from_two_threads_under_load) {
   CHECK_EQ(e->published_step(), int64_t{40});
   CHECK(Matches(d.path(), 40, "b", b));
   CHECK(Matches(d.path(), 39, "a", a));
+}
+
+TEST(tiny_staging_pool_streams_in_every_mode_without_deadlock) {
+  // One- and two-slot pools, two copy threads, two saving threads, many chunks: the copiers
+  // must hand held chunks to the writers before they block or leave.
+  for (uint64_t slots : {uint64_t{1}, uint64_t{2}}) {
+    for (SaveMode mode : {SaveMode::kSnapshot, SaveMode::kSnapshotOverlap}) {
+      TempDir d;
+      EngineOptions o;
+      o.run_dir = d.path();
+      o.chunk_bytes = 64 << 10;
+      o.staging_bytes = slots * (64 << 10);
+      o.copy_threads = 2;
+      o.threads = 2;
+      o.max_in_flight = 2;
+      o.keep_last = 0;
+      std::unique_ptr<Engine> e;
+      REQUIRE(Engine::Open(o, &e).ok());
+      auto a = RandomBytes(1 << 20, 15), b = RandomBytes(700000, 16);
+      std::vector<std::shared_ptr<SaveHandle>> ha(4), hb(4);
+      std::thread t1([&] {
+        for (uint64_t i = 0; i < 4; ++i) e->Save(2 * i + 1, {{"a", a.data(), a.size()}}, "", mode, &ha[i]);
+      });
+      std::thread t2([&] {
+        for (uint64_t i = 0; i < 4; ++i) e->Save(2 * i + 2, {{"b", b.data(), b.size()}}, "", mode, &hb[i]);
+      });
+      t1.join();
+      t2.join();
+      for (auto& h : ha) CHECK(h && h->Wait(60) && h->status().ok());
+      for (auto& h : hb) CHECK(h && h->Wait(60) && h->status().ok());
+      CHECK(Matches(d.path(), 7, "a", a));
+      CHECK(Matches(d.path(), 8, "b", b));
+    }
+  }
 }
 
 ALPSCK_TEST_MAIN()

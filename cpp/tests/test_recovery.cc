@@ -36,7 +36,7 @@ std::vector<char> MakeRun(const std::string& dir, std::vector<uint64_t> steps) {
   auto a = Bytes(600000, 1);
   for (uint64_t s : steps) {
     std::shared_ptr<SaveHandle> h;
-    if (!e->Save(s, {{"w", a.data(), 300000}, {"x", a.data() + 300000, 299999}, {"y", a.data(), 1}}, "{}", true, &h).ok())
+    if (!e->Save(s, {{"w", a.data(), 300000}, {"x", a.data() + 300000, 299999}, {"y", a.data(), 1}}, "{}", SaveMode::kSnapshot, &h).ok())
       return {};
     h->Wait(-1);
   }
