@@ -85,8 +85,9 @@ class TorchSaveCheckpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, state: Mapping[str, Any]) -> CompletedSave:
-        """Write the checkpoint of ``step`` and return once it is durable."""
+    def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False) -> CompletedSave:
+        """Write the checkpoint of ``step`` and return once it is durable (``urgent`` changes nothing:
+        this baseline is always synchronous)."""
         if self._closed:
             raise CheckpointError("save() on a closed checkpointer")
         if step < 0:

@@ -24,7 +24,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -223,7 +223,8 @@ def _seed_everything(seed: int, device: torch.device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
 
 
-def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None) -> TrainResult:
+def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
+          checkpoint_due: Callable[[int], bool] | None = None) -> TrainResult:
     """Train per ``cfg``; see the module docstring for the step order.
 
     ``stop_requested`` is polled on the training thread at every step boundary (make it cheap,
@@ -235,14 +236,14 @@ def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None)
         torch.set_num_threads(cfg.torch_threads)
     rank, world, device, created_group = _setup_distributed(cfg)
     try:
-        return _train(cfg, rank, world, device, stop_requested)
+        return _train(cfg, rank, world, device, stop_requested, checkpoint_due)
     finally:
         if created_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
-           stop_requested: Callable[[], bool] | None) -> TrainResult:
+           stop_requested: Callable[[], bool] | None, checkpoint_due: Callable[[int], bool] | None) -> TrainResult:
     _seed_everything(cfg.seed, device)
     with torch.device(device):
         model = Transformer(cfg.model_args())
@@ -288,11 +289,11 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     result = TrainResult(final_step=step, stopped=False, restored_step=restored, last_loss=None)
     last_saved = restored
 
-    def save(s: int) -> None:
+    def save(s: int, urgent: bool = False) -> None:
         nonlocal last_saved
         state["step"] = s
         if ckpt is not None:
-            ckpt.save(s, state)
+            ckpt.save(s, state, urgent=urgent)
             result.saved_steps.append(s)
         last_saved = s
 
@@ -322,10 +323,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
             if rank == 0 and cfg.log_every and s % cfg.log_every == 0:
                 log.info("step %d loss %.4f lr %.3g (%.1f steps/s)", s, value, sched.get_last_lr()[0],
                          (s - step) / max(time.perf_counter() - t0, 1e-9))
-            if cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0:
+            if checkpoint_due(s) if checkpoint_due is not None else (cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0):
                 save(s)
         if last_saved != result.final_step:
-            save(result.final_step)
+            save(result.final_step, urgent=result.stopped)  # a final checkpoint races a deadline
         if ckpt is not None:
             ckpt.wait()
         if world > 1:
@@ -409,3 +410,20 @@ def main(argv: list[str] | None = None) -> int:
         log.error("configuration error: %s", e)
         return 2
     return 0
+
+
+def slurm_entry(job: Any) -> TrainResult:
+    """Entry point for ``alpsck submit`` (``entry.function: alpsck.examples.llama.train:slurm_entry``).
+
+    ``entry.args`` are this module's CLI flags. The run dir, checkpoint settings and resume come
+    from the job config: checkpoints go to ``run_dir`` through the alpsck checkpointer, every
+    start resumes from the newest valid one, the loss trace goes to ``run_dir/loss.csv`` unless
+    ``--loss-file`` says otherwise, and a stop request (time limit, preemption, maintenance,
+    scancel) ends the loop at a step boundary with a final durable checkpoint.
+    """
+    cfg = config_from_args(job.argv)
+    ck = job.config.checkpoint
+    cfg = replace(cfg, checkpoint_dir=job.run_dir, checkpointer="alpsck", load_checkpoint=True, load_checkpoint_dir=None,
+                  max_in_flight=ck.max_in_flight, threads=ck.threads or cfg.threads, keep_last=ck.keep_last,
+                  loss_file=cfg.loss_file or os.path.join(job.run_dir, "loss.csv"))
+    return train(cfg, stop_requested=job.stop_requested, checkpoint_due=job.checkpoint_due)

@@ -1,0 +1,138 @@
+"""``alpsck bench``: the command line of the benchmark (see :mod:`alpsck.bench`).
+
+Without ``--overhead``: save/restore of a synthetic state against torch.save, DCP, safetensors
+and the raw disk (:mod:`.run`). With ``--overhead``: the throughput cost of checkpointing the
+reference Llama training every k iterations (:mod:`.overhead`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import AlpsckError
+
+if TYPE_CHECKING:  # imported lazily: it pulls in torch, and `alpsck --help` should stay quick
+    from .overhead import OverheadConfig
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _methods(text: str) -> list[str]:
+    from .overhead import METHODS
+
+    vals = [x for x in text.split(",") if x]
+    bad = [x for x in vals if x not in METHODS]
+    if not vals or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(METHODS)}, got {text!r}")
+    return vals
+
+
+def overhead(args: argparse.Namespace) -> int:
+    from .overhead import OverheadConfig, plot, run_overhead, table
+
+    if not Path(args.dir).is_dir():
+        raise AlpsckError(f"--dir {args.dir}: no such directory")
+    unused = [flag for flag, v in (("--full", args.full), ("--chunk-mib", args.chunk_mib), ("--no-peers", args.no_peers),
+                                   ("--copy-threads", args.copy_threads)) if v]
+    if unused:
+        raise AlpsckError(f"{', '.join(unused)}: not used by --overhead (it runs alpsck with its default settings)")
+    if args.threads and len(args.threads) > 1:
+        raise AlpsckError("--overhead takes one --threads value (writer threads of every alpsck run)")
+    d = OverheadConfig()
+    cfg = OverheadConfig(ks=args.ks or d.ks, iters=args.iters, warmup=args.warmup, methods=args.methods or d.methods,
+                         in_flight=args.in_flight or d.in_flight, threads=args.threads[0] if args.threads else None,
+                         dim=args.model_dim, n_layers=args.model_layers, n_heads=args.model_heads,
+                         n_kv_heads=args.model_kv_heads, vocab_size=args.vocab_size, sequence_length=args.seq_len,
+                         batch_size=args.batch_size, seed=args.seed)
+    result = run_overhead(Path(args.dir), cfg)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(table(result))
+    if args.plot:
+        if plot(result, Path(args.plot)):
+            print(f"plot written to {args.plot}", file=sys.stderr)
+        else:
+            print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from . import report
+    from .run import run
+
+    if args.overhead:
+        return overhead(args)
+    if not Path(args.dir).is_dir():
+        raise AlpsckError(f"--dir {args.dir}: no such directory")
+    threads, chunks, flights = args.threads, args.chunk_mib, args.in_flight
+    if args.full:
+        threads, chunks, flights = threads or [2, 4, 8], chunks or [4, 16], flights or [1, 2]
+    result = run(Path(args.dir), int(args.size_gib * 2**30), threads=threads or [4, 8], chunks_mib=chunks or [8],
+                 in_flight=flights or [2], copy_threads=args.copy_threads, urgent=[False, True],
+                 peers=not args.no_peers, repeats=args.repeats,
+                 iter_seconds=args.iter_seconds, slowdown=args.slowdown, mtbf_hours=args.mtbf_hours)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(report.table(result))
+    if args.plot:
+        if report.plot(result, Path(args.plot)):
+            print(f"plot written to {args.plot}", file=sys.stderr)
+        else:
+            print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    b = sub.add_parser("bench", help="measure alpsck against torch.save, DCP, safetensors and the raw disk")
+    b.add_argument("--dir", default=".", help="directory on the storage to measure (e.g. your Lustre scratch)")
+    b.add_argument("--size-gib", type=float, default=1.0, help="state size in GiB (default 1)")
+    b.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    b.add_argument("--plot", metavar="PNG", help="also write a PNG chart (needs matplotlib)")
+    b.add_argument("--full", action="store_true", help="sweep threads 2,4,8 x chunk 4,16 MiB x in-flight 1,2")
+    b.add_argument("--threads", type=_ints, help="writer threads to try, e.g. 2,4,8")
+    b.add_argument("--chunk-mib", type=_ints, help="chunk sizes in MiB to try, e.g. 4,16")
+    b.add_argument("--in-flight", type=_ints, help="max_in_flight values to try, e.g. 1,2")
+    b.add_argument("--copy-threads", type=_ints, help="snapshot copy threads to try, e.g. 1,2")
+    b.add_argument("--no-peers", action="store_true", help="skip torch.save, DCP and safetensors")
+    b.add_argument("--repeats", type=int, default=3, help="measured saves per method after one warm-up (median)")
+    b.add_argument("--iter-seconds", type=float, default=1.0, help="your iteration time, for the advice")
+    b.add_argument("--slowdown", type=float, default=0.03, help="tolerated training slowdown, for the advice")
+    b.add_argument("--mtbf-hours", type=float, default=24.0, help="mean time between failures, for Young/Daly")
+    o = b.add_argument_group("training overhead (--overhead)", "iterations/s of the reference Llama training with a "
+                             "checkpoint every k iterations, against none; --dir, --json, --plot (overhead % vs k), "
+                             "--in-flight (alpsck max_in_flight values) and --threads apply too")
+    d = _overhead_defaults()
+    o.add_argument("--overhead", action="store_true", help="run the training-overhead benchmark instead")
+    o.add_argument("--ks", type=_ints, help=f"checkpoint intervals in iterations (default {','.join(map(str, d.ks))})")
+    o.add_argument("--iters", type=int, default=d.iters, help=f"timed iterations per configuration (default {d.iters})")
+    o.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed iterations first (default {d.warmup})")
+    o.add_argument("--methods", type=_methods, help="alpsck,torch,dcp-async (default alpsck,torch)")
+    o.add_argument("--model-dim", type=int, default=d.dim, help=f"model width (default {d.dim})")
+    o.add_argument("--model-layers", type=int, default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")
+    o.add_argument("--model-heads", type=int, default=d.n_heads, help=f"attention heads (default {d.n_heads})")
+    o.add_argument("--model-kv-heads", type=int, default=d.n_kv_heads, help="key/value heads (default: = heads)")
+    o.add_argument("--vocab-size", type=int, default=d.vocab_size, help=f"vocabulary (default {d.vocab_size})")
+    o.add_argument("--seq-len", type=int, default=d.sequence_length, help=f"tokens per sequence (default {d.sequence_length})")
+    o.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per iteration (default {d.batch_size})")
+    o.add_argument("--seed", type=int, default=d.seed, help="model and data seed")
+    b.set_defaults(func=bench)
+
+
+def _overhead_defaults() -> OverheadConfig:
+    from .overhead import OverheadConfig
+
+    return OverheadConfig()

@@ -1,0 +1,11 @@
+"""The SLURM layer: ``alpsck submit``, stop signals, final checkpoint, requeue and resume.
+
+Modules: :mod:`.config` (YAML schema), :mod:`.submit` (submitit executors, sbatch script),
+:mod:`.runner` (what runs inside the job), :mod:`.stop` (signals, maintenance),
+:mod:`.context` (the JobContext an entry point receives), :mod:`.history` (history.jsonl).
+"""
+
+from .config import ConfigError, JobConfig, load_config, parse_config
+from .context import JobContext, current_job
+
+__all__ = ["ConfigError", "JobConfig", "JobContext", "current_job", "load_config", "parse_config"]

@@ -1,0 +1,75 @@
+"""``alpsck submit`` and ``alpsck status``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import time
+from pathlib import Path
+
+from ..errors import AlpsckError
+from . import history
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .submit import sbatch_script, slurm_available, submit
+
+    cfg = load_config(args.config)
+    if args.dry_run:
+        print(sbatch_script(cfg), end="")
+        return 0
+    local = True if args.local else None
+    if local is None and not slurm_available():
+        print("alpsck: no SLURM here (sbatch not found): running through submitit's local executor", flush=True)
+    job = submit(cfg, local=local)
+    if args.json:
+        print(json.dumps({"job_id": str(job.job_id), "run_dir": cfg.run_dir}), flush=True)
+    else:
+        print(f"submitted job {job.job_id}; run dir {cfg.run_dir}", flush=True)
+        print(f"follow it with: alpsck status {cfg.run_dir}", flush=True)
+    is_local = local or not slurm_available()
+    if args.wait or (is_local and not args.no_wait):
+        while not job.done():
+            time.sleep(2)
+        state = history.state_of(history.read(cfg.run_dir))
+        if not args.json:
+            print(f"job {job.job_id} ended: {state}")
+        return 0 if state == "finished" else 1
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise AlpsckError(f"{run_dir}: no such directory")
+    s = history.summary(run_dir)
+    if not s["events"] and not (run_dir / history.HISTORY).exists():
+        raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
+    if args.json:
+        print(json.dumps(s))
+        return 0
+    print(f"{run_dir}: {s['state']}  (jobs {', '.join(map(str, s['job_ids'])) or '-'}, {s['starts']} starts, "
+          f"{s['requeues']} requeues, last step {s['last_step']})")
+    for e in s["events"]:
+        when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+        extra = " ".join(f"{k}={e[k]}" for k in ("reason", "step", "seconds", "restart", "mechanism", "message")
+                         if e.get(k) is not None)
+        print(f"  {when}  {e['event']:<17} {extra}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    s = sub.add_parser("submit", help="submit a training job (SLURM, or locally when there is no cluster)")
+    s.add_argument("config", help="job config (YAML); see slurm/examples/")
+    s.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
+    s.add_argument("--local", action="store_true", help="run through submitit's local executor, even with SLURM")
+    s.add_argument("--json", action="store_true", help='print one line {"job_id": ..., "run_dir": ...}')
+    s.add_argument("--wait", action="store_true", help="wait until the job has finished (default for local runs)")
+    s.add_argument("--no-wait", action="store_true", help="return at once, also for local runs")
+    s.set_defaults(func=_submit)
+    st = sub.add_parser("status", help="the timeline of a submitted job (history.jsonl)")
+    st.add_argument("run_dir")
+    st.add_argument("--json", action="store_true", help="print one JSON document")
+    st.set_defaults(func=_status)

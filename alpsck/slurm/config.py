@@ -1,0 +1,324 @@
+"""The job config (YAML), validated before anything is submitted.
+
+Every error names the key and, where known, the file and line (``config.yaml:12: slurm.tme:
+unknown key (did you mean 'time'?)``). The YAML is read with ``yaml.safe_load`` semantics (the
+safe composer; no tags are constructed). ``$VAR`` and ``${VAR}`` in ``run_dir`` and in
+``environment`` paths expand from the environment where the config is loaded; an unset
+variable is an error naming it. Values that reach sbatch are checked against strict patterns, so no
+config value can inject a line or a shell word; ``environment.setup`` lines are the one place
+where you write shell yourself (they run verbatim in the batch script).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:=+@%/-]{1,256}$")  # partition, account, qos, constraint lists...
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_ENTRY_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_SIGNALS = ("USR1", "USR2")
+
+
+def parse_time_minutes(text: str) -> float:
+    """Minutes of a SLURM time string: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ValueError(f"bad time {text!r}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
+    days, a, b, c = m.group(1), m.group(2), m.group(3), m.group(4)
+    d = int(days or 0)
+    if days is not None:  # D-H[:M[:S]]
+        h, mi, s = int(a), int(b or 0), int(c or 0)
+    elif c is not None:  # H:M:S
+        h, mi, s = int(a), int(b), int(c)
+    elif b is not None:  # M:S
+        h, mi, s = 0, int(a), int(b)
+    else:  # M
+        h, mi, s = 0, int(a), 0
+    if (b is not None and mi >= 60) or (c is not None and s >= 60) or (days is not None and h >= 24):
+        raise ValueError(f"bad time {text!r}: a field is out of range")
+    total = d * 1440 + h * 60 + mi + s / 60
+    if total <= 0:
+        raise ValueError(f"bad time {text!r}: must be positive")
+    return total
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    time: str = "01:00:00"
+    constraint: str | None = None
+    mem: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def time_minutes(self) -> float:
+        return parse_time_minutes(self.time)
+
+
+@dataclass
+class EnvironmentConfig:
+    container: str | None = None  # Alps Container Engine EDF (srun/sbatch --environment)
+    uenv: str | None = None       # --uenv
+    venv: str | None = None       # a virtual environment to activate
+    setup: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EntryConfig:
+    function: str | None = None   # "module:function", called in-process with a JobContext
+    script: str | None = None     # a Python script, run in-process (runpy) with sys.argv = [script, *args]
+    args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int | None = 50
+    every_seconds: float | None = None
+    max_in_flight: int = 2
+    threads: int | None = None
+    keep_last: int = 3
+
+
+@dataclass
+class RequeueConfig:
+    max_restarts: int = 20
+    signal: str = "USR2"
+    signal_delay_s: int | None = None  # default: min(120 s, half the time limit)
+    on_maintenance: bool = True
+    maintenance_margin_s: int = 300
+    maintenance_poll_s: int = 60
+    on_failure: bool = True
+    give_up_after_no_progress: int = 3
+
+
+@dataclass
+class JobConfig:
+    name: str
+    run_dir: str
+    slurm: SlurmConfig
+    environment: EnvironmentConfig
+    entry: EntryConfig
+    checkpoint: CheckpointConfig
+    requeue: RequeueConfig
+    source: str = "<config>"
+
+
+# key -> (type, validator or None); nested sections handled below
+_SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "environment": EnvironmentConfig, "entry": EntryConfig,
+                              "checkpoint": CheckpointConfig, "requeue": RequeueConfig}
+
+
+class _Loc:
+    """Line numbers of keys in the YAML document (from the composed node tree)."""
+
+    def __init__(self, text: str, source: str) -> None:
+        self.source = source
+        self.lines: dict[str, int] = {}
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark is not None else source
+            raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+        if node is not None:
+            self._walk(node, "")
+
+    def _walk(self, node: yaml.Node, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                self.lines[key] = k.start_mark.line + 1
+                self._walk(v, key + ".")
+
+    def err(self, key: str, msg: str) -> ConfigError:
+        line = self.lines.get(key)
+        where = f"{self.source}:{line}" if line else self.source
+        return ConfigError(f"{where}: {key}: {msg}")
+
+
+def _expand(value: str, key: str, loc: _Loc) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        if name not in os.environ:
+            raise loc.err(key, f"environment variable ${name} is not set")
+        return os.environ[name]
+
+    return re.sub(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))", sub, value)
+
+
+def _check_type(key: str, value: Any, want: str, loc: _Loc) -> Any:
+    ok = {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "list[str]": isinstance(value, list) and all(isinstance(x, (str, int, float)) and not isinstance(x, bool)
+                                                     for x in value),
+        "dict": isinstance(value, dict),
+    }[want]
+    if not ok:
+        raise loc.err(key, f"expected {want}, got {type(value).__name__} {value!r}")
+    if want == "list[str]":
+        return [str(x) for x in value]
+    return value
+
+
+_TYPES: dict[str, dict[str, str]] = {
+    "slurm": {"partition": "str", "account": "str", "qos": "str", "reservation": "str", "nodes": "int",
+              "tasks_per_node": "int", "gpus_per_node": "int", "cpus_per_task": "int", "time": "str",
+              "constraint": "str", "mem": "str", "extra": "dict"},
+    "environment": {"container": "str", "uenv": "str", "venv": "str", "setup": "list[str]"},
+    "entry": {"function": "str", "script": "str", "args": "list[str]"},
+    "checkpoint": {"every_steps": "int", "every_seconds": "float", "max_in_flight": "int", "threads": "int",
+                   "keep_last": "int"},
+    "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
+                "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
+                "give_up_after_no_progress": "int"},
+}
+_TOP = ("name", "run_dir", *_SECTIONS)
+
+
+def _unknown(key: str, options: list[str] | tuple[str, ...], loc: _Loc) -> ConfigError:
+    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], options, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(options)})"
+    return loc.err(key, f"unknown key{hint}")
+
+
+def load_config(path: str | os.PathLike[str]) -> JobConfig:
+    """Read and validate a job config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config: {e.strerror}") from None
+    return parse_config(text, source=str(path), base_dir=p.resolve().parent)
+
+
+def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> JobConfig:
+    loc = _Loc(text, source)
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of keys (name, run_dir, slurm, entry, ...)")
+    for k in doc:
+        if k not in _TOP:
+            raise _unknown(str(k), _TOP, loc)
+    name = doc.get("name")
+    if name is None:
+        raise loc.err("name", "missing (a job name such as 'llama-8b')")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise loc.err("name", f"{name!r} is not a valid job name (letters, digits, _ . + -; at most 128)")
+    sections: dict[str, Any] = {}
+    for sec, cls in _SECTIONS.items():
+        raw = doc.get(sec) or {}
+        if not isinstance(raw, dict):
+            raise loc.err(sec, f"expected a mapping, got {type(raw).__name__}")
+        kwargs: dict[str, Any] = {}
+        for k, v in raw.items():
+            key = f"{sec}.{k}"
+            if k not in _TYPES[sec]:
+                raise _unknown(key, list(_TYPES[sec]), loc)
+            if v is None:
+                continue
+            kwargs[k] = _check_type(key, v, _TYPES[sec][k], loc)
+        sections[sec] = cls(**kwargs)
+    slurm: SlurmConfig = sections["slurm"]
+    env: EnvironmentConfig = sections["environment"]
+    entry: EntryConfig = sections["entry"]
+    ck: CheckpointConfig = sections["checkpoint"]
+    rq: RequeueConfig = sections["requeue"]
+
+    for k in ("partition", "account", "qos", "reservation", "constraint", "mem"):
+        v = getattr(slurm, k)
+        if v is not None and not _SLURM_WORD.match(v):
+            raise loc.err(f"slurm.{k}", f"{v!r} contains characters SLURM does not accept here")
+    try:
+        slurm.time_minutes  # noqa: B018 (validates)
+    except ValueError as e:
+        raise loc.err("slurm.time", str(e)) from None
+    for k in ("nodes", "tasks_per_node", "cpus_per_task"):
+        if getattr(slurm, k) < 1:
+            raise loc.err(f"slurm.{k}", "must be at least 1")
+    if slurm.gpus_per_node < 0:
+        raise loc.err("slurm.gpus_per_node", "must be 0 or more")
+    extra: dict[str, str] = {}
+    for k, v in slurm.extra.items():
+        key = f"slurm.extra.{k}"
+        if not isinstance(k, str) or not re.match(r"^[a-z][a-z0-9-]*$", k):
+            raise loc.err(key, "sbatch option names are lower-case words with dashes (e.g. 'exclusive')")
+        sval = "" if v is True else str(v)
+        if not isinstance(v, (str, int, float, bool)) or (sval and not _SLURM_WORD.match(sval)):
+            raise loc.err(key, f"{v!r} is not a plain sbatch option value")
+        extra[k] = sval
+    slurm.extra = extra
+
+    for k in ("container", "uenv", "venv"):
+        v = getattr(env, k)
+        if v is not None:
+            v = _expand(v, f"environment.{k}", loc)
+            if not re.match(r"^[^\s'\"`$;&|<>\\]{1,1024}$", v):
+                raise loc.err(f"environment.{k}", f"{v!r} must be a plain path or name (no spaces or shell characters)")
+            setattr(env, k, v)
+    for i, line in enumerate(env.setup):
+        if "\n" in line:
+            raise loc.err("environment.setup", f"line {i + 1} contains a newline; give one list item per line")
+
+    if (entry.function is None) == (entry.script is None):
+        raise loc.err("entry", "give exactly one of entry.function ('module:function') or entry.script (a .py file)")
+    if entry.function is not None and not _ENTRY_FN.match(entry.function):
+        raise loc.err("entry.function", f"{entry.function!r} is not 'package.module:function'")
+    if entry.script is not None:
+        sp = Path(_expand(entry.script, "entry.script", loc))
+        if not sp.is_absolute() and base_dir is not None:
+            sp = base_dir / sp
+        if not sp.is_file():
+            raise loc.err("entry.script", f"{sp} does not exist")
+        entry.script = str(sp)
+
+    if ck.every_steps is not None and ck.every_steps < 1:
+        raise loc.err("checkpoint.every_steps", "must be at least 1 (or omit it)")
+    if ck.every_seconds is not None and ck.every_seconds <= 0:
+        raise loc.err("checkpoint.every_seconds", "must be positive (or omit it)")
+    if ck.max_in_flight < 1:
+        raise loc.err("checkpoint.max_in_flight", "must be at least 1")
+    if ck.keep_last < 0:
+        raise loc.err("checkpoint.keep_last", "must be 0 (keep all) or more")
+    if ck.threads is not None and ck.threads < 1:
+        raise loc.err("checkpoint.threads", "must be at least 1")
+    if rq.signal not in _SIGNALS:
+        raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
+    if rq.signal_delay_s is None:
+        rq.signal_delay_s = int(min(120, slurm.time_minutes * 30))
+    if rq.signal_delay_s < 1 or rq.signal_delay_s >= slurm.time_minutes * 60:
+        raise loc.err("requeue.signal_delay_s", f"must be between 1 and the time limit ({slurm.time_minutes * 60:.0f} s)")
+    if rq.max_restarts < 0:
+        raise loc.err("requeue.max_restarts", "must be 0 or more")
+    if rq.give_up_after_no_progress < 1:
+        raise loc.err("requeue.give_up_after_no_progress", "must be at least 1")
+
+    raw_run_dir = doc.get("run_dir", f"runs/{name}")
+    if not isinstance(raw_run_dir, str):
+        raise loc.err("run_dir", f"expected a path, got {raw_run_dir!r}")
+    run_dir = Path(_expand(raw_run_dir, "run_dir", loc)).expanduser()
+    if not run_dir.is_absolute():  # relative to where `alpsck submit` runs, like sbatch's own paths
+        run_dir = Path.cwd() / run_dir
+    if any(c in str(run_dir) for c in "\n\r"):
+        raise loc.err("run_dir", "contains a newline")
+    return JobConfig(name=name, run_dir=str(run_dir), slurm=slurm, environment=env, entry=entry, checkpoint=ck,
+                     requeue=rq, source=source)

@@ -1,0 +1,86 @@
+"""JobContext: what a training entry point gets from the SLURM layer.
+
+An entry ``module:function`` is called as ``function(job)`` with a :class:`JobContext`. It
+trains, polls ``job.stop_requested()`` at every step boundary (or iterates ``job.steps(...)``),
+and when a stop is requested saves a final checkpoint, waits until it is durable, and returns.
+The runner does the rest (history, requeue). A script entry (``entry.script``) runs in the same
+process with ``sys.argv`` set; it reaches the same object through :func:`current_job`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import JobConfig
+from .stop import StopController
+
+_CURRENT: JobContext | None = None
+
+
+def current_job() -> JobContext | None:
+    """The JobContext of the running job, or None outside ``alpsck submit``."""
+    return _CURRENT
+
+
+def _set_current(ctx: JobContext | None) -> None:
+    global _CURRENT
+    _CURRENT = ctx
+
+
+@dataclass
+class JobContext:
+    config: JobConfig
+    job_id: str
+    restart: int           # 0 on the first start, then 1, 2, ... per requeue
+    rank: int
+    world_size: int
+    stop: StopController
+    resume_step: int | None = None   # newest committed checkpoint at start
+    _last_save: float = field(default_factory=time.monotonic)
+
+    @property
+    def run_dir(self) -> str:
+        return self.config.run_dir
+
+    @property
+    def argv(self) -> list[str]:
+        return list(self.config.entry.args)
+
+    def stop_requested(self) -> bool:
+        """Poll at step boundaries: True once a time-limit, preemption, cancel or maintenance
+        stop was requested. Then save a final checkpoint, wait for it, and return."""
+        return self.stop.requested()
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.stop.reason
+
+    def checkpoint_due(self, step: int) -> bool:
+        """True when ``checkpoint.every_steps`` or ``checkpoint.every_seconds`` says to save now."""
+        ck = self.config.checkpoint
+        due = bool(ck.every_steps and step % ck.every_steps == 0)
+        if ck.every_seconds and time.monotonic() - self._last_save >= ck.every_seconds:
+            due = True
+        if due:
+            self._last_save = time.monotonic()
+        return due
+
+    def steps(self, start: int, stop: int) -> Iterator[int]:
+        """Steps start..stop-1, ending early (before yielding) once a stop is requested."""
+        for s in range(start, stop):
+            if self.stop_requested():
+                return
+            yield s
+
+    def checkpointer(self, **overrides: Any) -> Any:
+        """An :class:`alpsck.Checkpointer` on the run dir with the config's settings."""
+        from ..checkpointer import Checkpointer
+
+        ck = self.config.checkpoint
+        kw: dict[str, Any] = {"max_in_flight": ck.max_in_flight, "threads": ck.threads, "keep_last": ck.keep_last,
+                              "rank": self.rank}
+        kw.update(overrides)
+        return Checkpointer(self.run_dir, **kw)

@@ -1,0 +1,92 @@
+"""RUN_DIR/history.jsonl: one JSON event per line, appended and fsync'ed; and the timeline view.
+
+Events (``event`` field): submitted, started, signal, final_checkpoint, requeued, resumed,
+finished, failed, cancelled, gave_up. Each carries ``time`` (unix seconds), ``job_id`` and,
+where it applies, ``reason`` (timeout, preemption, maintenance, cancel, failure), ``step``,
+``seconds``, ``restart``, ``host``, ``message``. Appends are single ``write`` calls of one line
+with O_APPEND, so concurrent writers (several ranks) never interleave within a line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+HISTORY = "history.jsonl"
+STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up")
+
+
+def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:
+    """Append one event (durably) and return it."""
+    rec: dict[str, Any] = {"time": round(time.time(), 3), "event": event}
+    rec.update({k: v for k, v in fields.items() if v is not None})
+    rec.setdefault("host", socket.gethostname())
+    line = (json.dumps(rec, sort_keys=False) + "\n").encode()
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(run_dir) / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return rec
+
+
+def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """All events; a torn or foreign last line (a crash mid-append) is skipped."""
+    path = Path(run_dir) / HISTORY
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+            events.append(rec)
+    return events
+
+
+def state_of(events: list[dict[str, Any]]) -> str:
+    """The job's state from its newest decisive event."""
+    for e in reversed(events):
+        ev = e["event"]
+        if ev == "finished":
+            return "finished"
+        if ev == "gave_up":
+            return "gave_up"
+        if ev == "cancelled":
+            return "cancelled"
+        if ev == "failed" and not e.get("will_requeue"):
+            return "failed"
+        if ev == "requeued":
+            return "requeued"
+        if ev in ("started", "resumed", "signal", "final_checkpoint"):
+            return "running"
+        if ev == "submitted":
+            return "pending"
+    return "pending"
+
+
+def summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    events = read(run_dir)
+    starts = [e for e in events if e["event"] == "started"]
+    steps = [e["step"] for e in events if isinstance(e.get("step"), int)]
+    job_ids = []
+    for e in events:
+        if e.get("job_id") and e["job_id"] not in job_ids:
+            job_ids.append(e["job_id"])
+    return {
+        "run_dir": str(run_dir),
+        "state": state_of(events),
+        "job_ids": job_ids,
+        "starts": len(starts),
+        "requeues": sum(1 for e in events if e["event"] == "requeued"),
+        "last_step": max(steps) if steps else None,
+        "events": events,
+    }

@@ -1,0 +1,124 @@
+"""Submitting a job config through submitit: to SLURM, or to submitit's local executor.
+
+``submit(cfg)`` validates nothing (``load_config`` did), records ``submitted`` in the run's
+history, and returns the job id. Without ``sbatch`` on the PATH (or with ``local=True``) the job
+runs through submitit's local executor, which sends the time-limit signal before its timeout and
+restarts a task that exits with code 144: the same checkpoint/requeue cycle, no cluster needed.
+
+The sbatch script is submitit's, with our settings:
+
+- ``--signal=USR2@<delay>`` and ``--open-mode=append`` (from submitit; a requeued job must not
+  truncate its own log);
+- ``--requeue``;
+- the container (``--environment``) and uenv options;
+- the venv activation and the user's setup lines;
+- an EXIT trap that requeues the job when the job asked for it through
+  ``RUN_DIR/.requeue-request`` (the fallback where ``scontrol`` is missing inside a container:
+  the batch script runs on the host).
+
+Every value in those lines is either validated by the config or quoted with ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from . import history
+from .config import JobConfig
+from .runner import REQUEST_FILE, JobRunner
+
+
+def requeue_trap_lines(run_dir: str) -> list[str]:
+    """Batch-script lines: on exit, requeue this job if it left a requeue request for it."""
+    req = shlex.quote(str(Path(run_dir) / REQUEST_FILE))
+    return [
+        "alpsck_requeue_on_request() {",
+        f'  if [ -f {req} ] && [ "$(cat {req})" = "$SLURM_JOB_ID" ]; then',
+        f"    rm -f {req}",
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "  fi",
+        "}",
+        "trap alpsck_requeue_on_request EXIT",
+    ]
+
+
+def setup_lines(cfg: JobConfig) -> list[str]:
+    lines = [f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir)]
+    if cfg.environment.venv:
+        lines.append(f"source {shlex.quote(str(Path(cfg.environment.venv) / 'bin' / 'activate'))}")
+    lines += cfg.environment.setup  # the user's own shell lines, verbatim
+    return lines
+
+
+def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
+    s = cfg.slurm
+    extra: dict[str, Any] = {"requeue": True}
+    for key in ("account", "qos", "reservation"):
+        if getattr(s, key):
+            extra[key] = getattr(s, key)
+    if cfg.environment.container:
+        extra["environment"] = cfg.environment.container
+    if cfg.environment.uenv:
+        extra["uenv"] = cfg.environment.uenv
+    extra.update({k: (True if v == "" else v) for k, v in s.extra.items()})
+    params: dict[str, Any] = {
+        "job_name": cfg.name,
+        "time": max(1, math.ceil(s.time_minutes)),
+        "nodes": s.nodes,
+        "ntasks_per_node": s.tasks_per_node,
+        "cpus_per_task": s.cpus_per_task,
+        "signal_delay_s": int(cfg.requeue.signal_delay_s or 60),
+        "setup": setup_lines(cfg),
+        "additional_parameters": extra,
+        "stderr_to_stdout": True,
+    }
+    if s.partition:
+        params["partition"] = s.partition
+    if s.gpus_per_node:
+        params["gpus_per_node"] = s.gpus_per_node
+    if s.mem:
+        params["mem"] = s.mem
+    if s.constraint:
+        params["constraint"] = s.constraint
+    return params
+
+
+def slurm_available() -> bool:
+    return shutil.which("sbatch") is not None
+
+
+def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
+    folder = Path(cfg.run_dir) / "submitit"
+    if local:
+        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts)
+        ex.update_parameters(timeout_min=max(1, math.ceil(cfg.slurm.time_minutes)),
+                             signal_delay_s=int(cfg.requeue.signal_delay_s or 60), tasks_per_node=cfg.slurm.tasks_per_node)
+        return ex
+    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=sys.executable)
+    ex.update_parameters(**slurm_parameters(cfg))
+    return ex
+
+
+def sbatch_script(cfg: JobConfig) -> str:
+    """The sbatch script ``submit`` would use (for --dry-run and golden tests)."""
+    ex = make_executor(cfg, local=False)
+    assert isinstance(ex, submitit.SlurmExecutor)
+    return ex._make_submission_file_text(ex._submitit_command_str, uid="DRYRUN")
+
+
+def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
+    """Submit the job; ``local=None`` picks SLURM when sbatch exists, else the local executor."""
+    use_local = (not slurm_available()) if local is None else local
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    ex = make_executor(cfg, local=use_local)
+    job = ex.submit(JobRunner(cfg))
+    history.append(cfg.run_dir, "submitted", job_id=str(job.job_id), backend="local" if use_local else "slurm",
+                   config=cfg.source, name=cfg.name)
+    return job

@@ -1,0 +1,117 @@
+"""Job config validation (errors name key and line) and the generated sbatch script (golden)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from alpsck.errors import ConfigError
+from alpsck.slurm.config import load_config, parse_config, parse_time_minutes
+from alpsck.slurm.submit import sbatch_script
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden" / "quickstart.sbatch"
+
+GOOD = """\
+name: t
+run_dir: /tmp/x
+slurm:
+  time: "00:02:00"
+entry:
+  function: alpsck.examples.llama.train:slurm_entry
+"""
+
+
+def test_good_config_and_defaults() -> None:
+    cfg = parse_config(GOOD)
+    assert cfg.slurm.time_minutes == 2 and cfg.requeue.signal == "USR2" and cfg.checkpoint.max_in_flight == 2
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("2", 2), ("2:30", 2.5), ("1:00:00", 60), ("1-0", 1440), ("1-2:03", 1440 + 123), ("0-0:0:30", 0.5)])
+def test_time_formats(text: str, want: float) -> None:
+    assert parse_time_minutes(text) == pytest.approx(want)
+
+
+@pytest.mark.parametrize(("patch", "match"), [
+    (("  time:", "  tme:"), r"<config>:4: slurm\.tme: unknown key \(did you mean 'time'\?\)"),
+    (('"00:02:00"', '"2 hours"'), r"<config>:4: slurm\.time: bad time '2 hours'"),
+    (('"00:02:00"', '"1:75:00"'), r"slurm\.time: bad time .*out of range"),
+    (("name: t\n", ""), r"name: missing"),
+    (("name: t", "name: 'a b'"), r"name: 'a b' is not a valid job name"),
+    (("entry:\n  function: alpsck.examples.llama.train:slurm_entry\n", "entry: {}\n"), r"entry: give exactly one"),
+    (("function: alpsck.examples.llama.train:slurm_entry", "function: 'os.system; rm'"), r"entry\.function"),
+    (("run_dir: /tmp/x", "run_dir: $ALPSCK_SURELY_UNSET/x"), r"run_dir: environment variable \$ALPSCK_SURELY_UNSET"),
+    (("slurm:\n", "slurm:\n  partition: \"debug\\nrm -rf /\"\n"), r"slurm\.partition: .*characters"),
+    (("slurm:\n", "slurm:\n  nodes: two\n"), r"slurm\.nodes: expected int, got str"),
+    (("name: t\n", "name: t\nrequeu: {}\n"), r"<config>:2: requeu: unknown key \(did you mean 'requeue'\?\)"),
+])
+def test_bad_configs_name_the_key_and_line(patch: tuple[str, str], match: str) -> None:
+    text = GOOD.replace(*patch)
+    with pytest.raises(ConfigError, match=match):
+        parse_config(text)
+
+
+def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:2: not valid YAML"):
+        parse_config("name: t\n  bad: [\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_signal_delay_must_fit_the_time_limit() -> None:
+    with pytest.raises(ConfigError, match=r"requeue\.signal_delay_s"):
+        parse_config(GOOD + "requeue:\n  signal_delay_s: 500\n")
+
+
+def test_env_vars_expand(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCRATCH", "/scratch/me")
+    cfg = parse_config(GOOD.replace("run_dir: /tmp/x", "run_dir: ${SCRATCH}/runs/$SCRATCH"))
+    assert cfg.run_dir == "/scratch/me/runs/scratch/me"  # Path normalises the //
+
+
+def test_examples_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCRATCH", "/scratch/me")
+    for p in sorted((ROOT / "slurm" / "examples").glob("*.yaml")):
+        cfg = load_config(p)
+        assert cfg.name and cfg.entry.function
+
+
+def _normalised_script(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(ROOT / "slurm" / "examples" / "quickstart.yaml")
+    text = sbatch_script(cfg)
+    return text.replace(str(tmp_path), "<CWD>").replace(sys.executable, "<PYTHON>")
+
+
+def test_sbatch_script_matches_golden(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    text = _normalised_script(monkeypatch, tmp_path)
+    if os.environ.get("ALPSCK_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "sbatch script changed; review, then ALPSCK_UPDATE_GOLDEN=1 pytest ..."
+    for must in ("#SBATCH --signal=USR2@60", "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --time=2",
+                 "trap alpsck_requeue_on_request EXIT"):
+        assert must in text
+
+
+def test_values_reaching_the_script_are_quoted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    odd = tmp_path / "dir with 'quote' and space"
+    cfg = parse_config(GOOD.replace("run_dir: /tmp/x", f'run_dir: "{odd}"'))
+    text = sbatch_script(cfg)
+    assert "mkdir -p '" in text and "'\"'\"'quote'\"'\"'" in text  # shlex.quote of the run dir
+
+
+def test_dry_run_cli(tmp_path: Path) -> None:
+    import subprocess
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(GOOD)
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--dry-run"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "#SBATCH --job-name=t" in r.stdout
+    cfg.write_text(GOOD.replace("  time:", "  tme:"))
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "slurm.tme: unknown key (did you mean 'time'?)" in r.stderr
