@@ -15,8 +15,10 @@ from any thread. Nothing read back is ever unpickled: non-tensor state is tagged
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import warnings
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 from . import _core, tree
-from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from .errors import CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
 
 TREE_FORMAT = "alpsck-tree/1"
 
@@ -38,6 +40,35 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         t = t.contiguous()
     return t.reshape(-1).view(torch.uint8)
+
+
+def lock_run_dir(run_dir: Path, rank: int) -> int:
+    """Take the run directory's writer lock (``.lock``; ``.lock-rank-NNNNN`` for rank > 0).
+
+    An exclusive ``flock`` on the file, which holds ``{"pid", "host", "job_id", "rank"}`` of the
+    owner. The kernel drops it when the owner dies, so a lock left by a dead process is taken
+    over at once (and its stale content replaced). A live owner makes this raise
+    RunDirLockedError naming its job and host. Returns the fd to keep open while writing.
+    """
+    path = run_dir / (".lock" if rank == 0 else f".lock-rank-{rank:05d}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            owner = {}
+        os.close(fd)
+        raise RunDirLockedError(
+            f"{run_dir} is being written by job {owner.get('job_id') or '?'} (pid {owner.get('pid', '?')}) on host "
+            f"{owner.get('host', '?')}; two writers in one run directory would corrupt each other's retention") from None
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
+          "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}
+    data = (json.dumps(me) + "\n").encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+    return fd
 
 
 class CoreSave:
@@ -109,19 +140,24 @@ class Checkpointer:
             raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self._engine: _core.Engine | None = _core.Engine(
-            str(self.run_dir),
-            threads=threads or 0,
-            chunk_bytes=chunk_bytes or 0,
-            max_in_flight=max_in_flight,
-            keep_last=keep_last,
-            staging_bytes=staging_bytes or 0,
-            pin_cpus=list(pin_cpus or []),
-            direct_io=direct_io,
-            rank=rank,
-            faults=[dict(f) for f in _faults],  # test hook: inject I/O errors (see cpp/core/env.h)
-            copy_threads=copy_threads or 0,
-        )
+        self._lock_fd: int | None = lock_run_dir(self.run_dir, rank)
+        try:
+            self._engine: _core.Engine | None = _core.Engine(
+                str(self.run_dir),
+                threads=threads or 0,
+                chunk_bytes=chunk_bytes or 0,
+                max_in_flight=max_in_flight,
+                keep_last=keep_last,
+                staging_bytes=staging_bytes or 0,
+                pin_cpus=list(pin_cpus or []),
+                direct_io=direct_io,
+                rank=rank,
+                faults=[dict(f) for f in _faults],  # test hook: inject I/O errors (see cpp/core/env.h)
+                copy_threads=copy_threads or 0,
+            )
+        except BaseException:
+            os.close(self._lock_fd)  # do not keep the run dir locked by a failed constructor
+            raise
         if direct_io and not self._engine.direct_io:
             warnings.warn(
                 f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
@@ -188,6 +224,9 @@ class Checkpointer:
         finally:
             self._engine.close()
             self._engine = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
 
     def __enter__(self) -> Checkpointer:
         return self

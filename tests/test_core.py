@@ -295,3 +295,32 @@ def test_restore_reads_into_live_tensors_and_refuses_to_hide_a_half_restore(tmp_
         fh.write(b"\x01\x02\x03")
     with pytest.warns(RuntimeWarning, match="CRC mismatch"), pytest.raises(CorruptCheckpointError, match="overwrote"):
         alpsck.restore_into(tmp_path, {"w": torch.zeros_like(w)}, threads=1)
+
+
+LOCK_HOLDER = r"""
+import sys, time, alpsck
+ck = alpsck.Checkpointer(sys.argv[1])
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_second_writer_is_refused_naming_the_holder_and_a_dead_ones_lock_is_taken_over(tmp_path: Path) -> None:
+    import signal
+    import socket
+
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={**__import__("os").environ, "SLURM_JOB_ID": "4242"})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(alpsck.errors.RunDirLockedError, match=f"job 4242 .* host {socket.gethostname()}"):
+            alpsck.Checkpointer(tmp_path)
+        restore_only = {"w": torch.zeros(3)}
+        assert alpsck.restore_into(tmp_path, restore_only) is None  # readers take no lock
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with alpsck.Checkpointer(tmp_path) as ck:  # the dead holder's lock is stale: taken over
+        ck.save(1, {"w": torch.ones(3)}).wait()
+    with alpsck.Checkpointer(tmp_path):  # released on close
+        pass

@@ -1,7 +1,8 @@
 """The limits alpsck is measured against, taken in the same run on the same directory.
 
 - Raw sequential O_DIRECT write and read bandwidth: fio when installed (libaio, 8 MiB blocks,
-  best of queue depths 4 and 16, end_fsync), else a Python O_DIRECT loop (reported as such).
+  best of 1 job at queue depth 4 and 16 and 4 jobs at depth 4, end_fsync), else a Python
+  O_DIRECT loop (reported as such).
 - A copy of the state into pre-faulted memory (torch ``copy_`` into touched tensors): the least
   a snapshot can cost.
 """
@@ -27,9 +28,14 @@ class RawBandwidth:
     tool: str  # "fio ..." or "python O_DIRECT"
 
 
-def _fio(path: Path, rw: str, size: int, iodepth: int) -> float:
-    cmd = ["fio", "--name=alpsck-limit", f"--filename={path}", f"--rw={rw}", "--bs=8M", f"--size={size}",
-           "--direct=1", "--ioengine=libaio", f"--iodepth={iodepth}", "--end_fsync=1", "--output-format=json"]
+FIO_CONFIGS = ((1, 4), (1, 16), (4, 4))  # (jobs, iodepth per job); the limit is the best of them
+
+
+def _fio(path: Path, rw: str, size: int, jobs: int, iodepth: int) -> float:
+    part = size // jobs // (8 << 20) * (8 << 20)
+    cmd = ["fio", "--name=alpsck-limit", f"--filename={path}", f"--rw={rw}", "--bs=8M", f"--size={part}",
+           f"--numjobs={jobs}", f"--offset_increment={part}", "--group_reporting", "--direct=1", "--ioengine=libaio",
+           f"--iodepth={iodepth}", "--end_fsync=1", "--output-format=json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     return float(job["write" if rw == "write" else "read"]["bw_bytes"])
@@ -60,9 +66,9 @@ def raw_bandwidth(directory: Path, size: int) -> RawBandwidth:
     path = directory / "alpsck-raw-limit.dat"
     try:
         if shutil.which("fio"):
-            w = max(_fio(path, "write", size, qd) for qd in (4, 16))
-            r = max(_fio(path, "read", size, qd) for qd in (4, 16))
-            return RawBandwidth(w, r, "fio libaio bs=8M best of iodepth 4/16")
+            w = max(_fio(path, "write", size, j, qd) for j, qd in FIO_CONFIGS)
+            r = max(_fio(path, "read", size, j, qd) for j, qd in FIO_CONFIGS)
+            return RawBandwidth(w, r, "fio libaio bs=8M, best of 1 job x QD4, 1 x QD16, 4 x QD4")
         w, r = _python_direct(path, size)
         return RawBandwidth(w, r, "python O_DIRECT bs=8M (fio not installed)")
     finally:

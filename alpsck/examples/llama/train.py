@@ -266,6 +266,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         src = Path(cfg.load_checkpoint_dir or cfg.checkpoint_dir)
         if ckpt is not None and src.resolve() == Path(cfg.checkpoint_dir).resolve():
             restored = ckpt.restore(state)
+        elif cfg.checkpointer == "alpsck":
+            from alpsck.checkpointer import restore_into  # read-only: takes no run-dir lock
+
+            restored = restore_into(src, state)
         else:
             reader = make_checkpointer(cfg.checkpointer, src, **ckpt_kwargs)
             try:

@@ -1,0 +1,552 @@
+"""``alpsck bench --overhead``: what checkpointing every k iterations costs a real training loop.
+
+In the spirit of PCcheck's evaluation: the reference Llama model (:mod:`alpsck.examples.llama`)
+trains for the same number of iterations in every configuration, from the same seed on the same
+synthetic data, once per (method, k) with a checkpoint every k iterations and twice without any
+checkpoint (first and last, so the spread of the two says how much of a difference is noise).
+Each configuration builds a fresh model, optimizer and data stream, runs ``warmup`` untimed
+iterations and one untimed checkpoint waited to durability (one-time costs such as allocating
+staging memory), then times ``iters`` iterations. Checkpoints are taken after timed iterations
+1, 1+k, 1+2k, ... so each one is followed by the iterations it overlaps with; the wait for the
+last in-flight checkpoints after the loop (``drain``) is reported but not counted in it/s.
+
+Per (method, k): iterations/s, the throughput cost against no checkpointing
+(``1 - it/s / it/s_none``), the mean and worst stall inside ``save()``, and ``T_w``, the time
+from ``save()`` to durable of checkpoints that did not wait for a free in-flight slot (their
+persist time, with training running beside them). Methods: ``alpsck`` (:class:`Checkpointer`
+with default settings and the given ``max_in_flight``), ``torch`` (the synchronous
+:class:`TorchSaveCheckpointer` baseline) and, on request, ``dcp-async``
+(``torch.distributed.checkpoint.async_save`` of the flattened tensors, one in flight).
+
+The issue's targets, checked per alpsck configuration: a checkpoint every 10 iterations costs at
+most 3 % of throughput; a checkpoint every iteration costs at most 10 % when an iteration takes
+longer than ``T_w / max_in_flight`` (the condition is reported with the numbers it rests on).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+METHODS = ("alpsck", "torch", "dcp-async")
+TARGET_K10_PCT = 3.0
+TARGET_K1_PCT = 10.0
+
+
+@dataclass
+class OverheadConfig:
+    """What to measure. Model defaults: ~14 M parameters, ~170 MB of state with AdamW moments."""
+
+    ks: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])
+    iters: int = 50
+    warmup: int = 3
+    methods: list[str] = field(default_factory=lambda: ["alpsck", "torch"])
+    in_flight: list[int] = field(default_factory=lambda: [2])
+    threads: int | None = None  # alpsck writer threads; None: the Checkpointer's default
+    dim: int = 512
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    vocab_size: int = 256
+    sequence_length: int = 64
+    batch_size: int = 8
+    seed: int = 0
+
+    def validate(self) -> None:
+        from ..errors import UsageError
+
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise UsageError(f"unknown overhead method(s) {bad}; choose from {list(METHODS)}")
+        if not self.ks or min(self.ks) < 1 or self.iters < 1 or self.warmup < 1 or min(self.in_flight) < 1:
+            raise UsageError("ks, iters, warmup and in-flight must be positive")
+        if max(self.ks) > self.iters:
+            raise UsageError(f"k {max(self.ks)} > --iters {self.iters}: every k needs at least one full interval")
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise UsageError(f"--model-dim {self.dim} must split into --model-heads {self.n_heads} heads of even size")
+
+
+@dataclass
+class RunStats:
+    """One timed configuration: ``method`` "none" (no checkpointing, ``k`` None) or a checkpointer."""
+
+    method: str
+    k: int | None
+    iterations: int
+    seconds: float
+    its: float
+    iter_seconds_median: float
+    overhead_pct: float | None = None  # 1 - its / its(no checkpointing), in %
+    checkpoints: int = 0
+    stall_mean: float = 0.0
+    stall_max: float = 0.0
+    persist_seconds: float | None = None  # median T_w of the saves that did not wait for a slot
+    persist_samples: int = 0
+    throttled_saves: int = 0  # saves that found max_in_flight checkpoints in flight
+    drain_seconds: float = 0.0
+    committed_before_drain: list[int] = field(default_factory=list)  # committed steps when the loop ended
+    committed_after_drain: list[int] = field(default_factory=list)
+    saved_steps: list[int] = field(default_factory=list)
+    other_cpu_cores: float | None = None  # CPU the rest of the machine used meanwhile (cores; None: unknown)
+
+
+@dataclass
+class OverheadResult:
+    directory: str
+    machine: dict[str, Any]
+    model: dict[str, Any]
+    iters: int
+    warmup: int
+    ks: list[int]
+    baseline_its: float
+    baseline_runs: list[float]
+    noise_pct: float  # spread of the no-checkpoint runs, % of their mean
+    runs: list[RunStats]
+    targets: list[dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# -- the training step ---------------------------------------------------------------------------
+
+
+class _Training:
+    """The reference model, optimizer, scheduler and data, built fresh from the seed."""
+
+    def __init__(self, cfg: OverheadConfig, total_steps: int) -> None:
+        from ..examples.llama.data import SyntheticBatches
+        from ..examples.llama.model import Transformer
+        from ..examples.llama.train import TrainConfig, make_optimizer, make_scheduler
+        from ..rng import RNGState
+
+        self.tc = TrainConfig(seed=cfg.seed, training_steps=total_steps, warmup_steps=min(10, total_steps - 1),
+                              sequence_length=cfg.sequence_length, dim=cfg.dim, n_layers=cfg.n_layers,
+                              n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, vocab_size=cfg.vocab_size,
+                              batch_size=cfg.batch_size)
+        torch.manual_seed(cfg.seed)
+        self.model = Transformer(self.tc.model_args())
+        self.opt = make_optimizer(self.model, self.tc)
+        self.sched = make_scheduler(self.opt, self.tc)
+        self.data = SyntheticBatches(cfg.vocab_size, cfg.batch_size, cfg.sequence_length, cfg.seed)
+        self.state: dict[str, Any] = {"model": self.model, "optim": self.opt, "sched": self.sched, "rng": RNGState(),
+                                      "data": self.data, "step": 0}
+
+    def step(self) -> float:
+        """One iteration exactly as the reference training does it; returns the loss."""
+        inputs, targets = self.data.next()
+        logits = self.model(inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.state["step"] += 1
+        return float(loss.item())
+
+    def flat_tensors(self) -> dict[str, torch.Tensor]:
+        """Weights and AdamW state as one flat dict of tensors (what DCP gets)."""
+        out = {f"model/{k}": v for k, v in self.model.state_dict().items()}
+        for i, p in enumerate(self.model.parameters()):
+            for k, v in self.opt.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor):
+                    out[f"optim/{i}/{k}"] = v
+        return out
+
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.flat_tensors().values())
+
+
+# -- checkpointing methods, one protocol -----------------------------------------------------------
+
+
+class _Saver:
+    name = "?"
+
+    def __init__(self, run_dir: Path, training: _Training) -> None:
+        self.dir, self.tr = run_dir, training
+        self.stalls: list[float] = []
+        self.persist: list[float] = []
+        self.throttled = 0
+        self.steps: list[int] = []
+
+    def save(self, step: int) -> float:
+        """Checkpoint the live state as ``step``; returns the stall (seconds inside the call)."""
+        raise NotImplementedError
+
+    def drain(self) -> None:
+        """Wait until every checkpoint so far is durable and collect their persist times."""
+
+    def committed(self) -> list[int]:
+        raise NotImplementedError
+
+    def reset_stats(self) -> None:
+        self.stalls, self.persist, self.throttled, self.steps = [], [], 0, []
+
+    def close(self) -> None:
+        pass
+
+
+class _AlpsckSaver(_Saver):
+    def __init__(self, run_dir: Path, training: _Training, max_in_flight: int, threads: int | None) -> None:
+        from ..checkpointer import Checkpointer
+
+        super().__init__(run_dir, training)
+        self.f = max_in_flight
+        self.name = f"alpsck f={max_in_flight}" + (f" t={threads}" if threads else "")
+        self.ck = Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads)
+        self.handles: list[tuple[Any, bool]] = []
+
+    def save(self, step: int) -> float:
+        busy = sum(1 for h, _ in self.handles if not h.done())
+        t0 = time.perf_counter()
+        h = self.ck.save(step, self.tr.state)
+        stall = time.perf_counter() - t0
+        self.handles.append((h, busy >= self.f))
+        self.throttled += busy >= self.f
+        self.stalls.append(stall)
+        self.steps.append(step)
+        return stall
+
+    def drain(self) -> None:
+        self.ck.wait()
+        for h, throttled in self.handles:
+            if not throttled:  # its durable_seconds includes no wait for a free slot: the persist time
+                self.persist.append(float(h.result()["durable_seconds"]))
+        self.handles = []
+
+    def committed(self) -> list[int]:
+        return [int(c["step"]) for c in self.ck.checkpoints() if c["status"] == "committed"]
+
+    def close(self) -> None:
+        self.ck.close()
+
+
+class _TorchSaver(_Saver):
+    name = "torch.save"
+
+    def __init__(self, run_dir: Path, training: _Training) -> None:
+        from ..baseline import TorchSaveCheckpointer
+
+        super().__init__(run_dir, training)
+        self.ck = TorchSaveCheckpointer(run_dir)
+
+    def save(self, step: int) -> float:
+        t0 = time.perf_counter()
+        self.ck.save(step, self.tr.state)
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        self.persist.append(stall)
+        self.steps.append(step)
+        return stall
+
+    def committed(self) -> list[int]:
+        return self.ck.steps()
+
+    def close(self) -> None:
+        self.ck.close()
+
+
+class _DcpAsyncSaver(_Saver):
+    """``dcp.async_save`` (FileSystemWriter, fsync on), at most one in flight, keep the last 3."""
+
+    name = "DCP async_save"
+
+    def __init__(self, run_dir: Path, training: _Training) -> None:
+        super().__init__(run_dir, training)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # Single-process DCP warns on every save, partly from its background thread.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        self.fut: Any = None
+        self.t0 = 0.0
+        self.t_done: list[float] = []
+
+    def _finish(self) -> None:
+        if self.fut is not None:
+            self.fut.result()
+            # The done-callback may run just after result() returns: then "now" is the time.
+            t = self.t_done[0] if self.t_done else time.perf_counter()
+            self.persist.append(t - self.t0)
+            self.fut = None
+
+    def save(self, step: int) -> float:
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        if self.fut is not None and not self.fut.done():
+            self.throttled += 1
+        self._finish()
+        self.t0, self.t_done = t0, []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.fut = dcp.async_save(self.tr.flat_tensors(), checkpoint_id=str(self.dir / f"step-{step:09d}"))
+        self.fut.add_done_callback(lambda _f, box=self.t_done: box.append(time.perf_counter()))
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        self.steps.append(step)
+        for s in self.committed()[:-3]:
+            shutil.rmtree(self.dir / f"step-{s:09d}", ignore_errors=True)
+        return stall
+
+    def drain(self) -> None:
+        self._finish()
+
+    def committed(self) -> list[int]:
+        return sorted(int(p.name[5:]) for p in self.dir.glob("step-*") if (p / ".metadata").exists())
+
+    def close(self) -> None:
+        self._finish()
+
+
+# -- the measurement -------------------------------------------------------------------------------
+
+
+def _machine() -> dict[str, Any]:
+    return {"cpus": len(os.sched_getaffinity(0)), "arch": os.uname().machine, "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads()}
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine incl. steal, CPU seconds of this process); None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    t = os.times()
+    return busy, t.user + t.system
+
+
+def _timed_run(cfg: OverheadConfig, base: Path, method: str, k: int | None, in_flight: int,
+               say: Callable[[str], None]) -> RunStats:
+    label = "no checkpointing" if k is None else f"{method} every {k}"
+    tr = _Training(cfg, cfg.warmup + cfg.iters + 1)
+    run_dir = base / f"{method.replace(' ', '_').replace('=', '')}-k{k}"
+    saver: _Saver | None = None
+    try:
+        if method.startswith("alpsck"):
+            saver = _AlpsckSaver(run_dir, tr, in_flight, cfg.threads)
+        elif method == "torch.save":
+            saver = _TorchSaver(run_dir, tr)
+        elif method == "DCP async_save":
+            saver = _DcpAsyncSaver(run_dir, tr)
+        say(f"{label}: {cfg.warmup} warm-up iterations" + (" and one warm-up checkpoint" if saver else ""))
+        for _ in range(cfg.warmup):
+            tr.step()
+        if saver is not None:
+            saver.save(tr.state["step"])
+            saver.drain()
+            saver.reset_stats()
+        say(f"{label}: {cfg.iters} timed iterations")
+        times: list[float] = []
+        cpu0 = _cpu_seconds()
+        start = time.perf_counter()
+        for i in range(1, cfg.iters + 1):
+            t0 = time.perf_counter()
+            tr.step()
+            if saver is not None and k is not None and (i - 1) % k == 0:
+                saver.save(tr.state["step"])
+            times.append(time.perf_counter() - t0)
+        seconds = time.perf_counter() - start
+        cpu1 = _cpu_seconds()
+        stats = RunStats(method="none" if saver is None else saver.name, k=k, iterations=cfg.iters, seconds=seconds,
+                         its=cfg.iters / seconds, iter_seconds_median=statistics.median(times))
+        if cpu0 is not None and cpu1 is not None:
+            stats.other_cpu_cores = max(0.0, (cpu1[0] - cpu0[0]) - (cpu1[1] - cpu0[1])) / seconds
+        if saver is not None:
+            stats.committed_before_drain = saver.committed()
+            t0 = time.perf_counter()
+            saver.drain()
+            stats.drain_seconds = time.perf_counter() - t0
+            stats.committed_after_drain = saver.committed()
+            stats.checkpoints = len(saver.stalls)
+            stats.saved_steps = list(saver.steps)
+            stats.stall_mean = statistics.fmean(saver.stalls) if saver.stalls else 0.0
+            stats.stall_max = max(saver.stalls, default=0.0)
+            stats.persist_samples = len(saver.persist)
+            stats.persist_seconds = statistics.median(saver.persist) if saver.persist else None
+            stats.throttled_saves = saver.throttled
+        other = "" if stats.other_cpu_cores is None else f"; other processes used {stats.other_cpu_cores:.2f} cores"
+        say(f"{label}: {stats.its:.3f} it/s" + (f", stall {stats.stall_mean:.3f} s/checkpoint" if saver else "") + other)
+        return stats
+    finally:
+        if saver is not None:
+            saver.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        del tr
+        gc.collect()
+
+
+def _targets(cfg: OverheadConfig, runs: list[RunStats], base_iter_s: float) -> list[dict[str, Any]]:
+    out = []
+    for name in dict.fromkeys(r.method for r in runs if r.method.startswith("alpsck")):
+        mine = {r.k: r for r in runs if r.method == name}
+        f = int(name.split("f=", 1)[1].split()[0])
+        samples = [r.persist_seconds for r in mine.values() if r.persist_seconds is not None]
+        t_w = statistics.median(samples) if samples else None
+        entry: dict[str, Any] = {"method": name, "max_in_flight": f, "persist_seconds": t_w}
+        r10 = mine.get(10)
+        entry["every_10"] = None if r10 is None else {
+            "overhead_pct": r10.overhead_pct, "target_pct": TARGET_K10_PCT,
+            "met": r10.overhead_pct is not None and r10.overhead_pct <= TARGET_K10_PCT}
+        r1 = mine.get(1)
+        if r1 is None or t_w is None:
+            entry["every_1"] = None
+        else:
+            held = base_iter_s > t_w / f
+            entry["every_1"] = {
+                "overhead_pct": r1.overhead_pct, "target_pct": TARGET_K1_PCT, "iteration_seconds": base_iter_s,
+                "threshold_seconds": t_w / f, "condition_held": held,
+                "met": r1.overhead_pct is not None and r1.overhead_pct <= TARGET_K1_PCT}
+        within = [k for k, r in sorted(mine.items()) if r.overhead_pct is not None and r.overhead_pct <= TARGET_K10_PCT]
+        entry["smallest_k_within_3pct"] = within[0] if within else None
+        # PCcheck's rule for the interval that keeps the cost under q: k >= T_w / (N * q * t).
+        entry["pccheck_min_k_3pct"] = None if t_w is None else max(1, math.ceil(t_w / (f * 0.03 * base_iter_s)))
+        out.append(entry)
+    return out
+
+
+def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str], None] | None = None) -> OverheadResult:
+    """Measure every configuration of ``cfg`` below ``directory`` (a scratch folder, removed after)."""
+    cfg.validate()
+    say = progress or (lambda msg: print(f"[overhead] {msg}", file=sys.stderr, flush=True))
+    base = directory / f"alpsck-overhead-{os.getpid()}"
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        probe = _Training(cfg, 2)
+        probe.step()  # creates the AdamW moments, so the size below is the checkpointed size
+        nparams = sum(p.numel() for p in probe.model.parameters())
+        model = {"dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+                 "vocab_size": cfg.vocab_size, "sequence_length": cfg.sequence_length, "batch_size": cfg.batch_size,
+                 "params": nparams, "state_bytes": probe.state_bytes()}
+        del probe
+        say(f"model: {nparams / 1e6:.1f} M parameters, checkpointed state {model['state_bytes'] / 1e6:.0f} MB")
+        methods: list[tuple[str, int]] = []
+        for m in cfg.methods:
+            if m == "alpsck":
+                methods += [(f"alpsck f={f}", f) for f in cfg.in_flight]
+            else:
+                methods.append(({"torch": "torch.save", "dcp-async": "DCP async_save"}[m], 1))
+        baselines = [_timed_run(cfg, base, "none", None, 1, say)]
+        runs: list[RunStats] = []
+        for k in cfg.ks:  # k outermost: drift of the machine spreads over every method alike
+            for name, f in methods:
+                runs.append(_timed_run(cfg, base, name, k, f, say))
+        baselines.append(_timed_run(cfg, base, "none", None, 1, say))
+        base_its = sum(b.iterations for b in baselines) / sum(b.seconds for b in baselines)
+        its = [b.its for b in baselines]
+        noise = (max(its) - min(its)) / statistics.fmean(its) * 100
+        for r in runs:
+            r.overhead_pct = (1 - r.its / base_its) * 100
+        for b in baselines:
+            b.overhead_pct = (1 - b.its / base_its) * 100
+        return OverheadResult(str(directory), _machine(), model, cfg.iters, cfg.warmup, list(cfg.ks), base_its, its,
+                              noise, baselines + runs, _targets(cfg, runs, 1 / base_its))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- reporting ---------------------------------------------------------------------------------------
+
+
+def table(r: OverheadResult) -> str:
+    m = r.model
+    lines = [
+        f"Llama dim {m['dim']} x {m['n_layers']} layers ({m['n_heads']} heads), batch {m['batch_size']} x "
+        f"{m['sequence_length']} tokens: {m['params'] / 1e6:.1f} M parameters, checkpointed state "
+        f"{m['state_bytes'] / 1e6:.0f} MB (fp32 weights + AdamW moments)",
+        f"{r.iters} timed iterations per configuration after {r.warmup} warm-up iterations and one warm-up checkpoint; "
+        f"run dirs on {r.directory}  ({r.machine['cpus']} CPUs, torch {r.machine['torch']}, "
+        f"{r.machine['torch_threads']} torch threads)",
+        f"no checkpointing: {r.baseline_its:.3f} it/s ({1 / r.baseline_its:.3f} s/iteration); first and last run "
+        + " / ".join(f"{x:.3f}" for x in r.baseline_runs) + f" it/s: noise {r.noise_pct:.1f} %",
+        "",
+        f"{'method':<16} {'k':>4} {'it/s':>7} {'overhead %':>10} {'ckpts':>5} {'stall/ckpt s':>12} {'max stall s':>11} "
+        f"{'T_w s':>7} {'throttled':>9} {'drain s':>7} {'other CPU':>9}",
+    ]
+    for s in r.runs:
+        if s.k is None:
+            continue
+        t_w = f"{s.persist_seconds:7.3f}" if s.persist_seconds is not None else "      -"
+        other = f"{s.other_cpu_cores:9.2f}" if s.other_cpu_cores is not None else "        -"
+        lines.append(f"{s.method:<16} {s.k:>4} {s.its:7.3f} {s.overhead_pct:10.1f} {s.checkpoints:>5} {s.stall_mean:12.3f} "
+                     f"{s.stall_max:11.3f} {t_w} {s.throttled_saves:>9} {s.drain_seconds:7.2f} {other}")
+    lines += ["", "overhead = 1 - it/s / it/s(no checkpointing); T_w = save() to durable (median, saves that found a free "
+              "slot); throttled = saves that waited for one of max_in_flight slots; other CPU = cores used by other "
+              "processes during the timed iterations", "", "targets:"]
+    for t in r.targets:
+        t_w = t["persist_seconds"]
+        lines.append(f"  {t['method']}: T_w {t_w:.3f} s" if t_w is not None else f"  {t['method']}: T_w not measured")
+        e10 = t["every_10"]
+        if e10 is None:
+            lines.append("    every 10 iterations: not measured (10 not in --ks)")
+        else:
+            lines.append(f"    every 10 iterations: {e10['overhead_pct']:.1f} % (target <= {e10['target_pct']:.0f} %): "
+                         + ("MET" if e10["met"] else "NOT MET"))
+        e1 = t["every_1"]
+        if e1 is None:
+            lines.append("    every iteration: not measured (1 not in --ks)")
+        else:
+            cond = (f"iteration {e1['iteration_seconds']:.3f} s {'>' if e1['condition_held'] else '<='} "
+                    f"T_w/max_in_flight {e1['threshold_seconds']:.3f} s")
+            verdict = ("MET" if e1["met"] else "NOT MET") if e1["condition_held"] else (
+                f"target does not apply ({'met' if e1['met'] else 'not met'} anyway)")
+            lines.append(f"    every iteration: {e1['overhead_pct']:.1f} % (target <= {e1['target_pct']:.0f} % when "
+                         f"iteration > T_w/max_in_flight; {cond}): {verdict}")
+        if t["smallest_k_within_3pct"] is not None or t["pccheck_min_k_3pct"] is not None:
+            lines.append(f"    smallest measured k within 3 %: {t['smallest_k_within_3pct']}; PCcheck's rule "
+                         f"k >= T_w/(N*0.03*t): {t['pccheck_min_k_3pct']}")
+    busy = max((s.other_cpu_cores or 0.0) for s in r.runs)
+    if busy > 0.2:
+        lines.append(f"note: other processes used up to {busy:.2f} cores during the timed runs: the machine was not "
+                     "quiet, so the overheads above mix in their load")
+    if r.noise_pct > TARGET_K10_PCT / 2:
+        lines.append(f"note: the two no-checkpoint runs differ by {r.noise_pct:.1f} %; differences of that size are noise "
+                     "(a shared or busy machine); use more --iters")
+    return "\n".join(lines)
+
+
+def plot(r: OverheadResult, path: Path) -> bool:
+    """Overhead % against k (log x), one line per method. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(s.method for s in r.runs if s.k is not None):
+        pts = sorted((s.k, s.overhead_pct) for s in r.runs if s.method == name and s.k is not None)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.axhspan(-r.noise_pct, r.noise_pct, color="grey", alpha=0.15, label=f"noise (±{r.noise_pct:.1f} %)")
+    ax.axhline(TARGET_K10_PCT, color="g", ls="--", lw=1, label=f"{TARGET_K10_PCT:.0f} % (target at k=10)")
+    ax.axhline(TARGET_K1_PCT, color="r", ls=":", lw=1, label=f"{TARGET_K1_PCT:.0f} % (target at k=1)")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_xticks(r.ks, [str(k) for k in r.ks])
+    ax.set_xlabel("checkpoint every k iterations")
+    ax.set_ylabel("throughput cost vs no checkpointing (%)")
+    ax.set_title(f"{r.model['params'] / 1e6:.0f} M-parameter Llama, {r.model['state_bytes'] / 1e6:.0f} MB state, "
+                 f"{1 / r.baseline_its:.2f} s/iteration")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

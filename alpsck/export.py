@@ -1,0 +1,349 @@
+"""``alpsck export``: one checkpoint's tensors as ONE standard file (safetensors or torch.save format).
+
+``alpsck export RUN_DIR OUT [--step N] [--format {safetensors,torch}] [--rank R]`` writes the
+tensors of the newest valid checkpoint (or of step N) under their tree keys
+(``"model/layers.0.attention.wq.weight"``, ``"optim/state/0/exp_avg"``, ...). Non-tensor state is
+not exported (use ``alpsck inspect-checkpoints --step N`` to see it).
+
+Both formats are *streamed*: the file's header is written from the state tree's tensor specs,
+then the tensors are read (every chunk CRC-checked, :meth:`_core.ShardReader.read_into`) in
+batches into ONE reusable buffer and appended to the file. Peak memory is about
+``max(largest tensor, 64 MiB)`` plus the reader's chunk buffers (``threads`` x chunk size),
+whatever the checkpoint's size.
+
+* safetensors: the header (``{"key": {"dtype", "shape", "data_offsets"}, "__metadata__": ...}``,
+  dtype codes F64/F32/F16/BF16/F8_E4M3/F8_E5M2/I64/I32/I16/I8/U8/BOOL/C64) is written by hand,
+  padded to 8 bytes. complex64 uses the ``C64`` code, which older safetensors readers reject.
+* torch: the same zip archive ``torch.save`` writes (``data.pkl`` + one ``data/<k>`` record per
+  tensor) through torch's own ``PyTorchFileWriter``; ``data.pkl`` is pickled from stand-in objects
+  that reduce exactly like tensors do (byte-identical to what ``torch.save`` pickles for a dict of
+  contiguous CPU tensors), so ``torch.load(OUT, weights_only=True)`` gives a ``dict[str, Tensor]``.
+
+The file is written to ``OUT.tmp``, fsync'ed, renamed to OUT and the directory fsync'ed: OUT is
+either the complete previous file or the complete new one. Without ``--step``, a checkpoint whose
+data fails its CRC during the export is skipped (with a warning) for the previous valid one, as
+``restore()`` does; with ``--step`` it is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import json
+import os
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from . import tree
+from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
+from .inspect import human, open_shard, pick_checkpoint, scan_run_dir
+
+#: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
+BATCH_BYTES = 64 << 20
+
+SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
+}
+
+FORMATS = ("safetensors", "torch")
+_SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
+
+
+class _Item:
+    """One tensor to export: tree key, spec, and byte size (checked against the shard's extent)."""
+
+    def __init__(self, key: str, spec: tree.TensorSpec) -> None:
+        self.key, self.spec, self.nbytes = key, spec, spec.nbytes
+
+
+def _plan(reader: Any, shard: Path) -> tuple[dict[str, Any], list[_Item]]:
+    """The shard's meta document and its tensors in on-disk order, sizes validated."""
+    try:
+        meta = json.loads(reader.meta)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
+    if not isinstance(meta, dict) or not isinstance(meta.get("tree"), dict):
+        raise CorruptCheckpointError(f"{shard}: the shard holds no alpsck state tree")
+    specs = tree.tensor_specs(meta["tree"])
+    extents = {name: (off, size) for name, off, size in reader.extents}
+    items = []
+    for key, spec in specs.items():
+        if key not in extents or extents[key][1] != spec.nbytes:
+            got = extents[key][1] if key in extents else None
+            raise CorruptCheckpointError(f"{shard}: tensor {key!r} has {got} bytes on disk, its spec needs {spec.nbytes}")
+        items.append(_Item(key, spec))
+    items.sort(key=lambda it: extents[it.key][0])
+    return meta, items
+
+
+def _stream(reader: Any, items: list[_Item], threads: int, batch_bytes: int) -> Iterator[tuple[_Item, torch.Tensor]]:
+    """Yield (item, uint8 view of its bytes) in order; each view is valid until the next one is asked for.
+
+    Tensors are read in batches of up to ``max(largest, batch_bytes)`` bytes into one buffer.
+    """
+    if not items:
+        return
+    largest = max(it.nbytes for it in items)
+    cap = max(largest, min(batch_bytes, sum(it.nbytes for it in items)), 1)
+    buf = torch.empty(cap, dtype=torch.uint8)
+    batch: list[tuple[_Item, int]] = []
+    used = 0
+
+    def flush() -> Iterator[tuple[_Item, torch.Tensor]]:
+        dsts = [(it.key, buf[off:off + it.nbytes]) for it, off in batch if it.nbytes]
+        if dsts:
+            reader.read_into(dsts, threads)
+        for it, off in batch:
+            yield it, buf[off:off + it.nbytes]
+
+    for it in items:
+        if batch and used + it.nbytes > cap:
+            yield from flush()
+            batch, used = [], 0
+        batch.append((it, used))
+        used += it.nbytes
+    yield from flush()
+
+
+def _write_all(fh: BinaryIO, view: torch.Tensor) -> None:
+    if view.numel():
+        fh.write(memoryview(view.numpy()))
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+
+def _safetensors_header(items: list[_Item], metadata: dict[str, str]) -> bytes:
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for it in items:
+        code = SAFETENSORS_DTYPES.get(it.spec.dtype)
+        if code is None:
+            raise UsageError(f"tensor {it.key!r}: dtype {tree.dtype_name(it.spec.dtype)} has no safetensors code; "
+                             "use --format torch")
+        if it.key == "__metadata__":
+            raise UsageError("a tensor is named '__metadata__', which safetensors reserves; use --format torch")
+        header[it.key] = {"dtype": code, "shape": list(it.spec.shape), "data_offsets": [offset, offset + it.nbytes]}
+        offset += it.nbytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned, as safetensors writes it
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def _write_safetensors(fh: BinaryIO, reader: Any, items: list[_Item], metadata: dict[str, str], threads: int,
+                       batch_bytes: int) -> None:
+    fh.write(_safetensors_header(items, metadata))
+    for _it, view in _stream(reader, items, threads, batch_bytes):
+        _write_all(fh, view)
+
+
+# ----------------------------------------------------------------------------- torch.save format
+
+
+class _StorageStub:
+    """Stands for a tensor's storage in data.pkl (persistent id; its bytes are written separately)."""
+
+    def __init__(self, key: str, dtype: torch.dtype, numel: int) -> None:
+        self.key, self.dtype, self.numel = key, dtype, numel
+
+
+class _TensorStub:
+    """Pickles exactly like a contiguous CPU tensor (``Tensor._reduce_ex_internal``) without holding data."""
+
+    def __init__(self, storage: _StorageStub, shape: tuple[int, ...]) -> None:
+        self.storage, self.shape = storage, shape
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        stride: list[int] = []
+        acc = 1
+        for d in reversed(self.shape):
+            stride.append(acc)
+            acc *= max(d, 1)
+        args = (self.storage, 0, tuple(list(self.shape)), tuple(reversed(stride)), False, collections.OrderedDict())
+        if self.storage.dtype in torch.storage._new_dtypes():
+            return (torch._utils._rebuild_tensor_v3, (*args, self.storage.dtype))
+        return (torch._utils._rebuild_tensor_v2, args)
+
+
+class _StubPickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:  # same tuples as torch.serialization._save
+        if not isinstance(obj, _StorageStub):
+            return None
+        if obj.dtype in torch.storage._new_dtypes():
+            return ("storage", torch.UntypedStorage, obj.key, "cpu", obj.numel * obj.dtype.itemsize)
+        name = torch.empty(0, dtype=obj.dtype)._typed_storage()._pickle_storage_type()
+        return ("storage", getattr(torch, name), obj.key, "cpu", obj.numel)
+
+
+def _torch_pickle(items: list[_Item]) -> bytes:
+    stubs = {it.key: _TensorStub(_StorageStub(str(k), it.spec.dtype, it.spec.numel), it.spec.shape)
+             for k, it in enumerate(items)}
+    out = io.BytesIO()
+    _StubPickler(out, protocol=2).dump(stubs)
+    return out.getvalue()
+
+
+def _write_torch(fh: BinaryIO, reader: Any, items: list[_Item], threads: int, batch_bytes: int) -> None:
+    from torch import serialization
+
+    get_crc = getattr(serialization, "get_crc32_options", lambda: True)
+    get_align = getattr(serialization, "_get_storage_alignment", lambda: 64)
+    writer = torch._C.PyTorchFileWriter(fh, get_crc(), get_align())
+    finished = False
+    try:
+        data = _torch_pickle(items)
+        writer.write_record("data.pkl", data, len(data))
+        writer.write_record(".format_version", "1", 1)
+        alignment = str(get_align())
+        writer.write_record(".storage_alignment", alignment, len(alignment))
+        writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+        for k, (_it, view) in enumerate(_stream(reader, items, threads, batch_bytes)):
+            n = view.numel()
+            if n:  # a storage aliasing exactly these bytes of the buffer (no copy)
+                storage = torch.frombuffer(memoryview(view.numpy()), dtype=torch.uint8).untyped_storage()
+                writer.write_record(f"data/{k}", storage, n)
+                del storage
+            else:
+                writer.write_record(f"data/{k}", b"", 0)
+        writer.write_end_of_file()
+        finished = True
+    finally:
+        if not finished:  # finalize while fh is open (the writer would otherwise do it in its destructor)
+            with contextlib.suppress(Exception):
+                writer.write_end_of_file()
+        del writer
+
+
+# ----------------------------------------------------------------------------- command
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _check_out(out: Path) -> None:
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{out}: directory {parent} does not exist" if not parent.exists()
+                         else f"{out}: {parent} is not a directory")
+    if out.is_dir():
+        raise UsageError(f"{out} is a directory; give a file name")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CheckpointError(f"{out}: permission denied (cannot write into {parent})")
+
+
+def format_for(out: Path, fmt: str | None) -> str:
+    if fmt is not None:
+        return fmt
+    guessed = _SUFFIXES.get(out.suffix.lower())
+    if guessed is None:
+        raise UsageError(f"{out}: cannot tell the format from the suffix; give --format {{{','.join(FORMATS)}}}")
+    return guessed
+
+
+def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str | None = None, rank: int = 0,
+                      threads: int = 4, batch_bytes: int | None = None) -> dict[str, Any]:
+    """Write one checkpoint's tensors to ``out`` (see the module docstring); returns what was written.
+
+    Returns ``{"path", "bytes", "step", "format", "tensors"}``.
+    """
+    out_path = Path(out)
+    _check_out(out_path)
+    fmt = format_for(out_path, fmt)
+    if fmt not in FORMATS:
+        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    infos = scan_run_dir(run_dir)
+    first = pick_checkpoint(infos, run_dir, step)
+    if first["status"] != "committed":
+        raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "
+                                     "not exporting it")
+    candidates = [first] if step is not None else [i for i in reversed(infos) if i["status"] == "committed"]
+    tmp = Path(f"{out_path}.tmp")
+    for info in candidates:
+        shard = Path(info["path"]) / f"rank-{rank:05d}.bin"
+        try:
+            reader = open_shard(shard)
+            meta, items = _plan(reader, shard)
+            metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
+            try:
+                with open(tmp, "wb") as fh:
+                    if fmt == "safetensors":
+                        _write_safetensors(fh, reader, items, metadata, threads, batch_bytes or BATCH_BYTES)
+                    else:
+                        _write_torch(fh, reader, items, threads, batch_bytes or BATCH_BYTES)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, out_path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        except CorruptCheckpointError as e:
+            if step is not None:
+                raise CorruptCheckpointError(f"checkpoint of step {info['step']} failed verification: {e}; "
+                                             "nothing was written") from None
+            print(f"alpsck: warning: skipping corrupt checkpoint {info['path']}: {e}", file=sys.stderr)
+            continue
+        except NoCheckpointError as e:
+            raise NoCheckpointError(f"checkpoint of step {info['step']} has no shard for rank {rank}: {e}") from None
+        except PermissionError as e:
+            raise CheckpointError(f"{e.filename or tmp}: permission denied") from None
+        except OSError as e:
+            if isinstance(e, AlpsckError):
+                raise
+            raise CheckpointError(f"{e.filename or tmp}: {e.strerror or e}; nothing was written") from None
+        _fsync_dir(out_path.parent if str(out_path.parent) else Path("."))
+        return {"path": str(out_path), "bytes": out_path.stat().st_size, "step": int(info["step"]), "format": fmt,
+                "tensors": len(items)}
+    raise NoCheckpointError(f"{run_dir}: no valid checkpoint left to export (every one failed verification)")
+
+
+def _export_cmd(a: argparse.Namespace) -> int:
+    r = export_checkpoint(a.run_dir, a.out, a.step, a.format, a.rank, a.threads)
+    print(f"exported step {r['step']} ({r['tensors']} tensors, {r['format']}) to {r['path']}: "
+          f"{human(r['bytes'])} ({r['bytes']} bytes)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ex = sub.add_parser(
+        "export", help="write a checkpoint's tensors as one safetensors or torch.save file",
+        description="Write the tensors of the newest valid checkpoint of RUN_DIR (or of --step N) to OUT, keyed by "
+                    "their tree keys (e.g. model/layers.0.attention.wq.weight). Streamed: peak memory is about "
+                    "max(largest tensor, 64 MiB), for both formats. Written to OUT.tmp, fsync'ed, renamed.")
+    ex.add_argument("run_dir")
+    ex.add_argument("out")
+    ex.add_argument("--step", type=int, help="export this checkpoint (default: the newest valid one)")
+    ex.add_argument("--format", choices=FORMATS,
+                    help="safetensors, or torch (loadable with torch.load(OUT, weights_only=True)); default from OUT's "
+                         "suffix (.safetensors; .pt/.pth/.bin)")
+    ex.add_argument("--rank", type=int, default=0, help="shard to export (default 0)")
+    ex.add_argument("--threads", type=int, default=4, help="reader threads (default 4)")
+    ex.set_defaults(func=_export_cmd)

@@ -1,0 +1,123 @@
+"""``alpsck bench``: the training-overhead benchmark end to end on a tiny model, and the save/restore
+benchmark's command line and JSON document. Small sizes throughout: the file runs in well under a
+minute on 2 cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alpsck.bench.overhead import OverheadConfig, plot, run_overhead, table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@pytest.fixture(scope="module")
+def overhead_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    d = tmp_path_factory.mktemp("overhead")
+    cfg = OverheadConfig(ks=[1, 5], iters=10, warmup=2, methods=["alpsck", "torch"], dim=64, n_layers=2, n_heads=4,
+                         batch_size=2, sequence_length=32)
+    messages: list[str] = []
+    return d, run_overhead(d, cfg, progress=messages.append), messages
+
+
+def test_overhead_runs_every_configuration(overhead_result) -> None:  # type: ignore[no-untyped-def]
+    d, r, messages = overhead_result
+    assert messages, "progress was reported"
+    assert [s.method for s in r.runs if s.k is None] == ["none", "none"]
+    timed = {(s.method, s.k): s for s in r.runs if s.k is not None}
+    assert set(timed) == {("alpsck f=2", 1), ("torch.save", 1), ("alpsck f=2", 5), ("torch.save", 5)}
+    for s in r.runs:
+        assert s.iterations == 10 and s.its > 0 and s.seconds > 0
+        assert s.its == pytest.approx(s.iterations / s.seconds)
+    assert r.model["state_bytes"] > 0 and r.model["params"] > 0
+    # Overhead is relative to the pooled no-checkpoint runs.
+    base = [s for s in r.runs if s.k is None]
+    base_its = sum(s.iterations for s in base) / sum(s.seconds for s in base)
+    assert r.baseline_its == pytest.approx(base_its)
+    for s in timed.values():
+        assert s.overhead_pct == pytest.approx((1 - s.its / base_its) * 100)
+    # Checkpoints after timed iterations 1, 1+k, ...: 10 with k=1, 2 with k=5.
+    for (_, k), s in timed.items():
+        assert s.checkpoints == len(s.saved_steps) == 10 // k
+        assert s.stall_mean > 0 and s.stall_max >= s.stall_mean
+        assert s.persist_seconds is not None and s.persist_seconds > 0
+    # Checkpoints really reached the disk: committed ones while the loop ran, the last one after the drain.
+    for (method, k), s in timed.items():
+        assert s.committed_before_drain, s
+        if method == "torch.save" or k == 1:  # synchronous, or 10 saves with at most 2 in flight
+            assert set(s.committed_before_drain) & set(s.saved_steps), s
+        assert s.committed_after_drain[-1] == s.saved_steps[-1]
+        assert set(s.committed_after_drain) <= set(s.saved_steps) | {s.saved_steps[0] - 1}
+    assert not list(d.iterdir()), "the scratch run dirs are removed"
+
+
+def test_overhead_targets_json_table_plot(overhead_result, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    _, r, _ = overhead_result
+    doc = json.loads(json.dumps(r.to_json()))
+    assert doc["runs"][0]["method"] == "none" and doc["baseline_its"] > 0
+    [t] = doc["targets"]
+    assert t["method"] == "alpsck f=2" and t["max_in_flight"] == 2 and t["persist_seconds"] > 0
+    assert t["every_10"] is None  # 10 not among ks
+    e1 = t["every_1"]
+    assert e1["threshold_seconds"] == pytest.approx(t["persist_seconds"] / 2)
+    assert e1["condition_held"] == (e1["iteration_seconds"] > e1["threshold_seconds"])
+    assert e1["met"] == (e1["overhead_pct"] <= 10.0)
+    text = table(r)
+    assert "alpsck f=2" in text and "torch.save" in text and "every iteration" in text
+    png = tmp_path / "overhead.png"
+    pytest.importorskip("matplotlib")
+    assert plot(r, png) and png.stat().st_size > 0
+
+
+def test_overhead_rejects_k_beyond_iters(tmp_path: Path) -> None:
+    from alpsck.errors import UsageError
+
+    with pytest.raises(UsageError):
+        run_overhead(tmp_path, OverheadConfig(ks=[20], iters=10))
+
+
+def test_save_restore_bench_cli_json(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "alpsck", "bench", "--size-gib", "0.02", "--threads", "2", "--chunk-mib", "1",
+           "--in-flight", "1", "--repeats", "1", "--json"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["raw_write_bps"] > 0 and doc["raw_read_bps"] > 0 and doc["state_bytes"] > 0
+    names = [m["method"] for m in doc["measurements"]]
+    assert "torch.save+fsync" in names and any(n.startswith("alpsck") for n in names)
+    for m in doc["measurements"]:
+        assert m["durable"] > 0 and m["restore"] > 0 and m["stall"] >= 0
+    assert doc["best"] in names and doc["best"].startswith("alpsck")
+    assert doc["ratios"]["durable_vs_raw_write"] > 0 and "torch.save+fsync: durable / alpsck" in doc["ratios"]
+    assert doc["advice"]["min_interval_iterations"] >= 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("alpsck-bench-")], "its scratch dir is removed"
+
+
+def test_overhead_cli_json(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "alpsck", "bench", "--overhead", "--dir", str(tmp_path), "--ks", "2", "--iters", "4",
+           "--warmup", "1", "--model-dim", "32", "--model-layers", "1", "--model-heads", "2", "--batch-size", "1",
+           "--seq-len", "16", "--methods", "alpsck", "--json"]
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [(r["method"], r["k"]) for r in doc["runs"]] == [("none", None), ("none", None), ("alpsck f=2", 2)]
+    assert doc["model"]["dim"] == 32 and doc["iters"] == 4
+    assert "[overhead]" in p.stderr  # progress goes to stderr
+
+
+def test_overhead_cli_rejects_save_bench_flags(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "alpsck", "bench", "--overhead", "--dir", str(tmp_path), "--chunk-mib", "4"],
+                       env=_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--chunk-mib" in p.stderr

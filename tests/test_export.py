@@ -1,0 +1,215 @@
+"""``alpsck export``: one checkpoint's tensors as a safetensors or torch.save file, streamed and atomic."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import alpsck
+from alpsck import _core, export
+from alpsck.errors import AlpsckError
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run a command the way ``alpsck.cli.main`` does (error -> one line, exit 2), in-process."""
+    p = argparse.ArgumentParser(prog="alpsck")
+    sub = p.add_subparsers(dest="command", required=True)
+    export.register(sub)
+    args = p.parse_args(list(argv))
+    capsys.readouterr()
+    try:
+        rc = int(args.func(args))
+    except AlpsckError as e:
+        print(f"alpsck: error: {e}", file=sys.stderr)
+        rc = 2
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(torch.uint8)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(_bits(a.contiguous()), _bits(b.contiguous()))
+
+
+def _state(step: int) -> dict[str, object]:
+    g = torch.Generator().manual_seed(step)
+    model = torch.nn.Module()
+    layer = torch.nn.Linear(16, 8)
+    model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.layers[0].attention = torch.nn.Module()
+    model.layers[0].attention.wq = layer
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(8, 16, generator=g))
+        layer.bias.fill_(float(step))
+    x = torch.randn(33, 7, generator=g) * 4
+    return {
+        "model": model,
+        "bf16": x.to(torch.bfloat16),
+        "fp16": x.to(torch.float16),
+        "fp64": x.to(torch.float64),
+        "e4m3": x.to(torch.float8_e4m3fn),
+        "e5m2": x.to(torch.float8_e5m2),
+        "i8": torch.randint(-100, 100, (5, 3), generator=g).to(torch.int8),
+        "i16": torch.randint(-100, 100, (5,), generator=g).to(torch.int16),
+        "i32": torch.randint(-100, 100, (2, 2, 2), generator=g).to(torch.int32),
+        "i64": torch.tensor(step),  # 0-dim
+        "u8": torch.randint(0, 255, (300_000,), generator=g).to(torch.uint8),  # spans several 64 KiB chunks
+        "bool": torch.rand(10, generator=g) > 0.5,
+        "empty": torch.zeros(0, 4),
+        "c64": torch.randn(4, 3, dtype=torch.complex64, generator=g),
+        "step": step,
+    }
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run")
+    with alpsck.Checkpointer(run_dir, keep_last=0, chunk_bytes=64 << 10) as ck:
+        for step in (1, 2, 3):
+            ck.save(step, _state(step)).wait()
+    return run_dir
+
+
+def _expected(step: int) -> dict[str, torch.Tensor]:
+    return alpsck.tree.capture(_state(step)).tensors
+
+
+def _flip_data_byte(shard: Path, extent: str) -> None:
+    offsets = {name: off for name, off, _ in _core.ShardReader(str(shard)).extents}
+    with open(shard, "r+b") as fh:
+        fh.seek(offsets[extent] + 1000)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 1]))
+
+
+def test_safetensors_round_trip(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "model.safetensors"
+    rc, stdout, err = _run(capsys, "export", str(run), str(out), "--format", "safetensors")
+    assert rc == 0, err
+    assert str(out) in stdout and f"{out.stat().st_size} bytes" in stdout
+    loaded = load_file(str(out))
+    want = _expected(3)  # the newest valid checkpoint by default
+    assert list(loaded) == list(want)
+    assert "model/layers.0.attention.wq.weight" in loaded
+    for k, v in want.items():
+        assert _same(loaded[k], v), k
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata()["alpsck.step"] == "3"
+    raw = out.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert (8 + n) % 8 == 0
+    header = json.loads(raw[8:8 + n])
+    assert header["bf16"]["dtype"] == "BF16" and header["bf16"]["shape"] == [33, 7]
+    assert header["e4m3"]["dtype"] == "F8_E4M3" and header["e5m2"]["dtype"] == "F8_E5M2"
+    assert header["bool"]["dtype"] == "BOOL" and header["c64"]["dtype"] == "C64"
+    assert not Path(f"{out}.tmp").exists()
+
+
+def test_torch_round_trip(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "model.pt"
+    rc, _, err = _run(capsys, "export", str(run), str(out), "--format", "torch")
+    assert rc == 0, err
+    loaded = torch.load(out, weights_only=True)
+    want = _expected(3)
+    assert type(loaded) is dict and list(loaded) == list(want)
+    for k, v in want.items():
+        assert _same(loaded[k], v), k
+    mapped = torch.load(out, weights_only=True, mmap=True)  # storages are aligned as torch.save aligns them
+    assert all(_same(mapped[k], v) for k, v in want.items())
+
+
+def test_torch_pickle_is_what_torch_save_writes(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model.pt"
+    export.export_checkpoint(str(run), str(out), step=2)
+    ours = zipfile.ZipFile(out)
+    buf = io.BytesIO()
+    torch.save(torch.load(out, weights_only=True), buf)
+    theirs = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+
+    def record(z: zipfile.ZipFile, name: str) -> bytes:
+        return z.read(next(n for n in z.namelist() if n.split("/", 1)[1] == name))
+
+    assert record(ours, "data.pkl") == record(theirs, "data.pkl")
+    assert sorted(n.split("/", 1)[1] for n in ours.namelist()) == sorted(n.split("/", 1)[1] for n in theirs.namelist())
+
+
+def test_step_picks_the_checkpoint(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt, name in (("safetensors", "a.safetensors"), ("torch", "a.pt")):
+        rc, stdout, err = _run(capsys, "export", str(run), str(tmp_path / name), "--step", "1", "--format", fmt)
+        assert rc == 0, err
+        assert "exported step 1" in stdout
+    want = _expected(1)
+    a, b = load_file(str(tmp_path / "a.safetensors")), torch.load(tmp_path / "a.pt", weights_only=True)
+    for k, v in want.items():
+        assert _same(a[k], v) and _same(b[k], v), k
+    assert a["model/layers.0.attention.wq.bias"][0].item() == 1.0
+
+
+def test_format_from_suffix_and_small_batches(run: Path, tmp_path: Path) -> None:
+    want = _expected(2)
+    for name in ("x.safetensors", "x.pth"):
+        r = export.export_checkpoint(str(run), str(tmp_path / name), step=2, batch_bytes=1)  # one tensor per read
+        assert r["format"] == ("safetensors" if name.endswith("safetensors") else "torch")
+        got = load_file(str(tmp_path / name)) if name.endswith("safetensors") else torch.load(tmp_path / name,
+                                                                                                 weights_only=True)
+        assert all(_same(got[k], v) for k, v in want.items())
+
+
+def test_corrupt_and_incomplete_checkpoints_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, keep_last=0, chunk_bytes=64 << 10) as ck:
+        for step in (1, 2, 3):
+            ck.save(step, _state(step)).wait()
+    _flip_data_byte(run / "step-000000003" / "rank-00000.bin", "u8")
+    shard2 = run / "step-000000002" / "rank-00000.bin"
+    os.truncate(shard2, shard2.stat().st_size - 1)
+    (run / "step-000000004.tmp").mkdir()
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"previous")
+    for fmt in ("safetensors", "torch"):
+        rc, _, err = _run(capsys, "export", str(run), str(out), "--step", "3", "--format", fmt)
+        assert rc == 2 and "step 3" in err and "CRC mismatch" in err and "u8" in err
+        assert out.read_bytes() == b"previous" and not Path(f"{out}.tmp").exists()
+    rc, _, err = _run(capsys, "export", str(run), str(out), "--step", "2")
+    assert rc == 2 and "step 2 is corrupt" in err
+    rc, _, err = _run(capsys, "export", str(run), str(out), "--step", "4")
+    assert rc == 2 and "step 4 is incomplete" in err
+    rc, _, err = _run(capsys, "export", str(run), str(out), "--step", "9")
+    assert rc == 2 and "no checkpoint of step 9" in err
+    # without --step: 3 fails its CRC while exporting, 2 is corrupt, so 1 is exported (with a warning)
+    rc, stdout, err = _run(capsys, "export", str(run), str(out))
+    assert rc == 0 and "exported step 1" in stdout and "skipping corrupt checkpoint" in err
+    assert all(_same(load_file(str(out))[k], v) for k, v in _expected(1).items())
+
+
+def test_bad_destinations(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no" / "such" / "dir" / "m.safetensors"
+    rc, _, err = _run(capsys, "export", str(run), str(missing))
+    assert rc == 2 and f"directory {missing.parent} does not exist" in err
+    rc, _, err = _run(capsys, "export", str(run), str(tmp_path))
+    assert rc == 2 and "is a directory" in err
+    rc, _, err = _run(capsys, "export", str(run), str(tmp_path / "m.out"))
+    assert rc == 2 and "--format" in err
+    rc, _, err = _run(capsys, "export", str(tmp_path / "nope"), str(tmp_path / "m.pt"))
+    assert rc == 2 and "no such directory" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "step-000000001.tmp").mkdir()
+    rc, _, err = _run(capsys, "export", str(tmp_path), str(tmp_path / "m.pt"))
+    assert rc == 2 and "no valid checkpoint" in err

@@ -1,0 +1,409 @@
+"""``alpsck inspect-checkpoints`` (classification, --verify, --step/--tensors, errors) and ``alpsck prune``."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import fcntl
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import alpsck
+from alpsck import _core, tree
+from alpsck import inspect as ins
+from alpsck.data import ResumableLoader
+from alpsck.errors import AlpsckError, CheckpointIOError
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run a command the way ``alpsck.cli.main`` does (error -> one line, exit 2), in-process."""
+    p = argparse.ArgumentParser(prog="alpsck")
+    sub = p.add_subparsers(dest="command", required=True)
+    ins.register(sub)
+    args = p.parse_args(list(argv))
+    capsys.readouterr()
+    try:
+        rc = int(args.func(args))
+    except AlpsckError as e:
+        print(f"alpsck: error: {e}", file=sys.stderr)
+        rc = 2
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _save(run_dir: Path, steps: list[int], n: int = 2000) -> None:
+    with alpsck.Checkpointer(run_dir, keep_last=0, chunk_bytes=64 << 10) as ck:
+        for s in steps:
+            ck.save(s, {"w": torch.full((n,), float(s)), "b": torch.arange(n, dtype=torch.int32), "step": s}).wait()
+
+
+def _shard(run_dir: Path, step: int) -> Path:
+    return run_dir / f"step-{step:09d}" / "rank-00000.bin"
+
+
+def _flip_data_byte(run_dir: Path, step: int, extent: str = "w", at: int = 100) -> None:
+    shard = _shard(run_dir, step)
+    offsets = {name: off for name, off, _ in _core.ShardReader(str(shard)).extents}
+    with open(shard, "r+b") as fh:
+        fh.seek(offsets[extent] + at)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 0x10]))
+
+
+def _truncate(run_dir: Path, step: int) -> None:
+    shard = _shard(run_dir, step)
+    os.truncate(shard, shard.stat().st_size - 100)
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Steps 1, 2 good; 3 bit-flipped in its data; 4 truncated; step-5.tmp; step-6 without MANIFEST.json."""
+    run = tmp_path_factory.mktemp("mixed")
+    _save(run, [1, 2, 3, 4])
+    _flip_data_byte(run, 3)
+    _truncate(run, 4)
+    (run / "step-000000005.tmp").mkdir()
+    (run / "step-000000006").mkdir()
+    (run / "step-000000006" / "rank-00000.bin").write_bytes(b"\0" * 10)
+    return run
+
+
+def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert set(doc) == {"latest_valid", "checkpoints"}
+    assert all(set(c) == {"step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error"}
+               for c in doc["checkpoints"])
+    assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
+        (1, "committed"), (2, "committed"), (3, "committed"),  # the quick check reads no data: 3 looks fine
+        (4, "corrupt"), (5, "incomplete"), (6, "incomplete")]
+    assert doc["latest_valid"] == 3
+    assert "footer" in doc["checkpoints"][3]["error"]
+    assert "MANIFEST" in doc["checkpoints"][5]["error"]
+
+
+def test_verify_finds_the_bit_flip_and_exits_1(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--verify", "--json")
+    assert rc == 1
+    doc = json.loads(out)
+    assert doc["latest_valid"] == 2
+    by_step = {c["step"]: c for c in doc["checkpoints"]}
+    assert by_step[3]["status"] == "corrupt" and "CRC" in by_step[3]["error"]
+    assert by_step[1]["verified"] and by_step[2]["verified"]
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--verify")
+    assert rc == 1 and "CRC mismatch" in out and "incomplete" in out
+
+
+def test_verify_of_a_clean_run_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2])
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path), "--verify", "--json")
+    assert rc == 0 and json.loads(out)["latest_valid"] == 2
+
+
+def test_verify_progress_bar(mixed_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2, 3], n=100_000)  # several 64 KiB chunks per shard
+    bar = io.StringIO()
+    assert ins.inspect_checkpoints(str(tmp_path), verify=True, as_json=False, progress_stream=bar) == 0
+    frames = bar.getvalue().split("\r")
+    assert frames[-1].startswith("verifying [" + "#" * 30 + "] 100.0%")
+    assert frames[-1].rstrip().endswith("/ " + ins.human(sum(ins._verify_sizes(ins.scan_run_dir(tmp_path)))))
+    bar = io.StringIO()
+    assert ins.inspect_checkpoints(str(mixed_run), verify=True, as_json=False, progress_stream=bar) == 1
+    assert "100.0%" not in bar.getvalue().split("\r")[-1]  # a corrupt shard was not read to the end
+
+
+def test_shard_progress_banks_each_shard() -> None:
+    out = io.StringIO()
+    bar = ins.ProgressBar(100, out)
+    track = ins.ShardProgress(bar)
+    for done in (10, 20, 40, 10, 30, 60):  # shard of 40, then shard of 60
+        track(done)
+    assert bar.done == 100
+    bar.close()
+    assert "100.0%" in out.getvalue().split("\r")[-1]
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq = nn.Linear(8, 8, bias=False)
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = _Attention()
+        self.norm = nn.LayerNorm(8)
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Layer(), _Layer()])
+        self.out = nn.Linear(8, 4).to(torch.bfloat16)
+
+
+def _training_state() -> dict[str, object]:
+    torch.manual_seed(0)
+    model = _Model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model.layers[0].attention.wq.weight.sum().backward()
+    opt.step()
+    sched.step()
+    loader = ResumableLoader(list(range(64)), batch_size=4, seed=3)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    return {"model": model, "optim": opt, "sched": sched, "rng": alpsck.RNGState(), "data": loader, "step": 7}
+
+
+@pytest.fixture(scope="module")
+def training_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    run = tmp_path_factory.mktemp("train")
+    state = _training_state()
+    with alpsck.Checkpointer(run, keep_last=0) as ck:
+        ck.save(7, state).wait()
+        state["step"] = 8
+        ck.save(8, state).wait()
+    state["step"] = 7
+    return run, state
+
+
+def test_step_tensors_json(training_run: tuple[Path, dict[str, object]], capsys: pytest.CaptureFixture[str]) -> None:
+    run, state = training_run
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7", "--tensors", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    live = tree.capture(state).tensors
+    assert doc["step"] == 7
+    assert [t["name"] for t in doc["tensors"]] == list(live)
+    for t in doc["tensors"]:
+        ref = live[t["name"]]
+        assert t["dtype"] == tree.dtype_name(ref.dtype) and t["shape"] == list(ref.shape)
+        assert t["bytes"] == ref.numel() * ref.element_size()
+    names = {t["name"]: t for t in doc["tensors"]}
+    assert names["model/layers.0.attention.wq.weight"]["shape"] == [8, 8]
+    assert names["model/out.weight"]["dtype"] == "bfloat16"
+    assert doc["tensor_bytes"] == sum(t["bytes"] for t in doc["tensors"])
+    s = doc["state"]
+    assert s["entries"] == {"model": "module", "optim": "stateful", "sched": "stateful", "rng": "stateful",
+                            "data": "stateful", "step": "value"}
+    assert s["values"] == {"step": 7}
+    lrs = {(lr["path"], lr["source"]): lr["lr"] for lr in s["learning_rates"]}
+    assert lrs == {("optim", "param_groups"): [pytest.approx(5e-4)], ("sched", "last_lr"): [pytest.approx(5e-4)]}
+    assert s["rng"] == {"rng": ["python", "numpy", "torch"]}
+    assert s["data"] == {"data": {"epoch": 0, "position": 12, "seed": 3}}
+
+
+def test_step_tensors_text(training_run: tuple[Path, dict[str, object]], capsys: pytest.CaptureFixture[str]) -> None:
+    run, _ = training_run
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "8", "--tensors")
+    assert rc == 0
+    assert "checkpoint step 8" in out
+    line = next(x for x in out.splitlines() if "model/out.weight" in x).split()
+    assert line[1:] == ["bfloat16", "[4,", "8]", "64"]
+    assert "learning rate: optim (param_groups) = 0.0005" in out
+    assert "learning rate: sched (last_lr) = 0.0005" in out
+    assert "rng streams (rng): python, numpy, torch" in out
+    assert "data position (data): epoch=0 position=12" in out
+    assert "step = 8" in out
+    # --tensors alone describes the newest valid checkpoint; --step alone gives the summary without the table
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--tensors", "--json")
+    assert rc == 0 and json.loads(out)["step"] == 8
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7")
+    assert rc == 0 and "learning rate" in out and "model/out.weight" not in out
+
+
+def test_step_verify(training_run: tuple[Path, dict[str, object]], capsys: pytest.CaptureFixture[str]) -> None:
+    run, _ = training_run
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7", "--verify", "--json")
+    assert rc == 0 and json.loads(out)["verified"] is True
+
+
+def test_missing_step_names_it_and_lists_available(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "42", "--tensors")
+    assert rc == 2
+    assert "no checkpoint of step 42" in err
+    assert "available: 1 (committed), 2 (committed), 3 (committed), 4 (corrupt), 5 (incomplete)" in err
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--tensors")
+    assert rc == 2 and "step 4 is corrupt" in err and "footer" in err
+
+
+def test_bad_run_directories(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "missing"))
+    assert rc == 2 and f"{tmp_path / 'missing'}: no such directory" in err
+    (tmp_path / "file").write_text("x")
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "file"))
+    assert rc == 2 and "not a directory" in err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "other"))
+    assert rc == 2 and "not an alpsck run directory" in err
+    rc, _, err = _run(capsys, "prune", str(tmp_path / "other"), "--keep-last", "1")
+    assert rc == 2 and "not an alpsck run directory" in err
+    (tmp_path / "other" / "LATEST").write_text("3")  # a run dir whose checkpoints are all gone
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path / "other"))
+    assert rc == 0 and "no checkpoints" in out
+
+
+def test_permission_denied_names_the_path(mixed_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    def denied_scan(path: str, **_: object) -> None:
+        raise CheckpointIOError(errno.EACCES, f"list {path}: Permission denied")
+
+    monkeypatch.setattr(ins._core, "scan", denied_scan)
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
+    assert rc == 2 and f"{mixed_run}: permission denied" in err
+    monkeypatch.undo()
+
+    def denied_listdir(path: object) -> list[str]:
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(ins.os, "listdir", denied_listdir)
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
+    assert rc == 2 and f"{mixed_run}: permission denied" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_permission_denied_for_real(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    _save(run, [1])
+    run.chmod(0)
+    try:
+        rc, _, err = _run(capsys, "inspect-checkpoints", str(run))
+    finally:
+        run.chmod(0o755)
+    assert rc == 2 and "permission denied" in err and str(run) in err
+
+
+def test_commands_are_registered_with_the_cli() -> None:
+    r = subprocess.run([sys.executable, "-m", "alpsck", "prune", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--keep-last" in r.stdout
+
+
+# ----------------------------------------------------------------------------- prune
+
+
+def _listing(run: Path) -> list[str]:
+    return sorted(os.listdir(run))
+
+
+def _prunable_run(run: Path) -> None:
+    """Committed 1, 2, 4, 5, 7; corrupt 3 (older than the newest valid) and 8 (newer); step-9.tmp; free-*; step-6 w/o manifest."""
+    _save(run, [1, 2, 3, 4, 5, 7, 8])
+    _truncate(run, 3)
+    _truncate(run, 8)
+    (run / "step-000000009.tmp").mkdir()
+    (run / "step-000000009.tmp" / "rank-00000.bin").write_bytes(b"x" * 1000)
+    (run / "step-000000006").mkdir()
+    (run / "free-2-1234").mkdir()
+    (run / "free-2-1234" / "rank-00000.bin").write_bytes(b"x" * 1000)
+
+
+def test_prune_keeps_the_newest_k(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _prunable_run(tmp_path)
+    latest = (tmp_path / "LATEST").read_text()
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "2")
+    assert rc == 0, err
+    assert _listing(tmp_path) == ["LATEST", "step-000000005", "step-000000007", "step-000000008"]
+    assert "step-000000008" in err and "warning" in err  # the newer corrupt one is kept, with a warning
+    for gone in ("step-000000001", "step-000000003", "step-000000009.tmp", "free-2-1234", "step-000000006"):
+        assert f"removed {tmp_path / gone}" in out
+    assert (tmp_path / "LATEST").read_text() == latest
+    infos = _core.scan(str(tmp_path), verify=True)
+    assert [(i["step"], i["status"]) for i in infos] == [(5, "committed"), (7, "committed"), (8, "corrupt")]
+    live = {"w": torch.zeros(2000), "b": torch.zeros(2000, dtype=torch.int32), "step": 0}
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        assert alpsck.checkpointer.restore_into(tmp_path, live) == 7
+    assert live["w"][0].item() == 7.0
+
+
+def test_prune_dry_run_removes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _prunable_run(tmp_path)
+    before = _listing(tmp_path)
+    rc, out, _ = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
+    assert rc == 0
+    assert _listing(tmp_path) == before
+    assert f"would remove {tmp_path / 'step-000000005'}" in out
+    assert f"would remove {tmp_path / 'free-2-1234'}" in out
+    assert "would remove" not in "".join(x for x in out.splitlines() if "step-000000007" in x)
+
+
+def test_prune_never_removes_the_last_valid_or_newer_corrupt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2])
+    _truncate(tmp_path, 1)
+    _truncate(tmp_path, 2)  # no valid checkpoint at all: keep the corrupt ones for inspection
+    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0 and "step-000000001" in err and "step-000000002" in err
+    assert _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002"]
+    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "0")
+    assert rc == 2 and "at least 1" in err
+
+
+def test_prune_verify_counts_data_corruption(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2, 3])
+    _flip_data_byte(tmp_path, 3)
+    rc, _, _ = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
+    assert rc == 0  # without --verify, 3 looks valid and 2 would go
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--verify")
+    assert rc == 0 and "CRC" in err
+    assert _listing(tmp_path) == ["LATEST", "step-000000002", "step-000000003"]
+
+
+def test_prune_finishes_an_interrupted_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2])
+    os.rename(tmp_path / "step-000000001", tmp_path / ".deleting-step-000000001")
+    rc, _, _ = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0 and _listing(tmp_path) == ["LATEST", "step-000000002"]
+
+
+@pytest.mark.parametrize("content", ["pid={pid}\nhost={host}\njob_id=77\n", '{{"pid": {pid}, "job_id": 77}}', "{pid}\n"])
+def test_prune_refuses_while_a_live_pid_holds_the_lock(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       content: str) -> None:
+    import socket
+
+    _prunable_run(tmp_path)
+    (tmp_path / ".lock").write_text(content.format(pid=os.getpid(), host=socket.gethostname()))
+    before = _listing(tmp_path)
+    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 2
+    assert f"pid {os.getpid()}" in err and str(tmp_path / ".lock") in err
+    assert _listing(tmp_path) == before
+
+
+def test_prune_lock_of_a_dead_pid_or_other_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": "no-such-node-x", "job_id": 5}))
+    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 2 and "no-such-node-x" in err  # another host's pid cannot be checked from here
+    (tmp_path / ".lock").write_text(f"pid={dead.pid}\n")
+    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0, err
+    assert _listing(tmp_path) == [".lock", "LATEST", "step-000000002"]
+
+
+def test_prune_refuses_while_the_lock_file_is_flocked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2])
+    lock = tmp_path / ".lock"
+    lock.write_text("")
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    finally:
+        os.close(fd)
+    assert rc == 2 and "lock" in err
+    assert "step-000000001" in _listing(tmp_path)

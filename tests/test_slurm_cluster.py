@@ -1,0 +1,154 @@
+"""The SLURM layer on a real one-node SLURM (slurm/local-cluster/start.sh; tests/run.sh starts it).
+
+In CI these must run: without a working cluster they fail; elsewhere they skip.
+Timings on the local cluster: a requeued job runs again ~13 s later; ``--time=2`` with
+``--signal=USR2@60`` signals 33-57 s after the start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
+
+TERMINAL = ("finished", "failed", "cancelled", "gave_up")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+        ok = out.returncode == 0 and out.stdout.strip() != ""
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        msg = "no SLURM cluster reachable: run slurm/local-cluster/start.sh (tests/run.sh does)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def submit(cfg: Path, env: dict[str, str] | None = None) -> str:
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--json"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(json.loads(r.stdout.strip().splitlines()[-1])["job_id"])
+
+
+def in_queue(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() not in ("", "COMPLETED", "FAILED", "CANCELLED")
+
+
+def wait_done(run_dir: Path, job_id: str, timeout: float) -> str:
+    def done() -> str | None:
+        st = final_state(run_dir)
+        return st if st in TERMINAL and not in_queue(job_id) else None
+
+    try:
+        return str(wait_for(done, timeout, f"job {job_id} to end", poll=2))
+    except AssertionError:
+        subprocess.run(["scancel", job_id], timeout=30)
+        log = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submitit").glob("*_log.out"))
+        raise AssertionError(f"job {job_id} did not end: {events(run_dir)}\n{log}") from None
+
+
+def running_with_checkpoint(run_dir: Path) -> bool:
+    return any(e["event"] == "started" for e in events(run_dir)) and (run_dir / "LATEST").exists()
+
+
+def test_time_limit_requeues_at_least_twice_and_is_bit_exact(cluster: None, tmp_path: Path) -> None:
+    steps = steps_for_seconds(120, tmp_path)  # > 2 x the 33-57 s a --time=2 start trains
+    run = tmp_path / "run"
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="2", delay=60, every=max(50, steps // 20)))
+    clean = clean_losses(tmp_path, steps)  # on the other CPU meanwhile
+    assert wait_done(run, job, 900) == "finished", events(run)
+    requeues = events(run, "requeued")
+    assert len(requeues) >= 2, events(run)
+    assert all(e["reason"] == "timeout" and e["mechanism"] == "scontrol" for e in requeues)
+    assert all(e["job_id"] == job for e in events(run))  # requeued, not resubmitted
+    finals = events(run, "final_checkpoint")
+    starts = events(run, "started")
+    assert [s["restart"] for s in starts] == list(range(len(starts)))  # SLURM_RESTART_COUNT honoured
+    assert [s.get("step") for s in starts[1:]] == [f["step"] for f in finals]
+    assert (run / "loss.csv").read_text() == clean
+    log = next((run / "submitit").glob(f"{job}_0_log.out")).read_text()
+    assert log.count("Starting with JobEnvironment") >= 3  # --open-mode=append kept every start's log
+
+
+def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script(cluster: None, tmp_path: Path) -> None:
+    steps = steps_for_seconds(50, tmp_path)
+    run = tmp_path / "run"
+    cfg = job_config(tmp_path / "job.yaml", run, steps=steps, time="10", delay=60, every=max(50, steps // 20))
+    # Hide scontrol from the job, as inside an Alps container: SIGTERM is then taken as preemption
+    # and the requeue goes through RUN_DIR/.requeue-request and the batch script's EXIT trap.
+    job = submit(cfg, env={"ALPSCK_NO_SCONTROL": "1"})
+    wait_for(lambda: running_with_checkpoint(run), 300, "the job to run and checkpoint")
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-o", str(tmp_path / "urgent.out"),
+                             "--wrap", "sleep 10"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    clean = clean_losses(tmp_path, steps)
+    try:
+        assert wait_done(run, job, 600) == "finished", events(run)
+    finally:
+        subprocess.run(["scancel", urgent], timeout=30)
+    req = events(run, "requeued")
+    assert len(req) == 1 and req[0]["reason"] == "preemption" and req[0]["mechanism"] == "batch-script", events(run)
+    final = events(run, "final_checkpoint")[0]
+    assert final["reason"] == "preemption" and final["seconds"] < 30  # inside GraceTime
+    assert not (run / ".requeue-request").exists()
+    assert (run / "loss.csv").read_text() == clean
+
+
+def test_maintenance_reservation_checkpoints_and_requeues_ahead(cluster: None, tmp_path: Path) -> None:
+    steps = steps_for_seconds(240, tmp_path)
+    run = tmp_path / "run"
+    cfg = job_config(tmp_path / "job.yaml", run, steps=steps, time="15", delay=60, every=max(50, steps // 20),
+                     requeue_extra="maintenance_margin_s: 60\nmaintenance_poll_s: 3")
+    job = submit(cfg)
+    wait_for(lambda: running_with_checkpoint(run), 300, "the job to run and checkpoint")
+    start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 90))
+    name = f"alpsck-maint-{os.getpid()}"
+    subprocess.run(["scontrol", "create", "reservation", f"reservationname={name}", f"starttime={start}",
+                    "duration=5", "nodes=ALL", "users=root", "flags=maint,ignore_jobs"], check=True, timeout=60)
+    try:
+        req = wait_for(lambda: events(run, "requeued"), 240, "a requeue before the reservation")
+        assert req[0]["reason"] == "maintenance", events(run)
+        assert req[0]["time"] < time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))  # ahead of it
+    finally:
+        subprocess.run(["scontrol", "delete", f"reservationname={name}"], timeout=60)
+        subprocess.run(["scancel", job], timeout=30)
+    assert events(run, "final_checkpoint")[0]["reason"] == "maintenance"
+
+
+def test_scancel_takes_a_final_checkpoint_and_does_not_requeue(cluster: None, tmp_path: Path) -> None:
+    steps = steps_for_seconds(300, tmp_path)
+    run = tmp_path / "run"
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="15", delay=60, every=10**9))
+    wait_for(lambda: any(e["event"] == "started" for e in events(run)), 300, "the job to start")
+    time.sleep(8)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    assert wait_done(run, job, 120) == "cancelled", events(run)
+    assert not events(run, "requeued")
+    final = events(run, "final_checkpoint")[0]
+    assert final["reason"] == "cancel" and isinstance(final["step"], int) and final["step"] > 0
+    ck = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run), "--verify", "--json"],
+                        capture_output=True, text=True, timeout=120)
+    assert json.loads(ck.stdout)["latest_valid"] == final["step"]
+
+
+def test_crash_at_every_start_stops_after_its_budget(cluster: None, tmp_path: Path) -> None:
+    (tmp_path / "crash_entry.py").write_text("def crash(job):\n    raise RuntimeError('boom')\n")
+    run = tmp_path / "run"
+    cfg = job_config(tmp_path / "job.yaml", run, steps=10, time="5", delay=60, entry="crash_entry:crash",
+                     max_restarts=2, no_progress=5)
+    job = submit(cfg, env={"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"})
+    assert wait_done(run, job, 300) == "failed", events(run)
+    fails = events(run, "failed")
+    assert len(fails) == 3 and [f["will_requeue"] for f in fails] == [True, True, False]
+    assert len(events(run, "requeued")) == 2
