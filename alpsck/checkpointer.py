@@ -225,6 +225,7 @@ class Checkpointer:
             self._engine.close()
             self._engine = None
             if self._lock_fd is not None:
+                os.ftruncate(self._lock_fd, 0)  # a clean close leaves no owner behind
                 os.close(self._lock_fd)  # releases the flock
                 self._lock_fd = None
 
@@ -257,6 +258,17 @@ class Checkpointer:
         return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, rank=self.rank)
 
 
+def read_meta(reader: _core.ShardReader, shard: Path) -> tuple[dict[str, Any], dict[str, tree.TensorSpec]]:
+    """A shard's meta document and its tensor specs, validated (JSON, format, tree, dtypes, shapes)."""
+    try:
+        meta = json.loads(reader.meta)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
+    if not isinstance(meta, dict) or meta.get("format") != TREE_FORMAT or not isinstance(meta.get("tree"), dict):
+        raise CorruptCheckpointError(f"{shard}: the state tree is not an {TREE_FORMAT} document")
+    return meta, tree.tensor_specs(meta["tree"])
+
+
 def read_checkpoint(
     path: str | os.PathLike[str],
     rank: int = 0,
@@ -273,13 +285,7 @@ def read_checkpoint(
     """
     shard = Path(path) / f"rank-{rank:05d}.bin"
     reader = _core.ShardReader(str(shard))
-    try:
-        meta = json.loads(reader.meta)
-    except (ValueError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
-    if not isinstance(meta, dict) or meta.get("format") != TREE_FORMAT or not isinstance(meta.get("tree"), dict):
-        raise CorruptCheckpointError(f"{shard}: the state tree is not an {TREE_FORMAT} document")
-    specs = tree.tensor_specs(meta["tree"])
+    meta, specs = read_meta(reader, shard)
     sizes = {name: size for name, _, size in reader.extents}
     for key, spec in specs.items():
         if sizes.get(key) != spec.nbytes:

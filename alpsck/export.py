@@ -42,6 +42,7 @@ from typing import Any, BinaryIO
 import torch
 
 from . import tree
+from .checkpointer import read_meta
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import human, open_shard, pick_checkpoint, scan_run_dir
 
@@ -77,13 +78,7 @@ class _Item:
 
 def _plan(reader: Any, shard: Path) -> tuple[dict[str, Any], list[_Item]]:
     """The shard's meta document and its tensors in on-disk order, sizes validated."""
-    try:
-        meta = json.loads(reader.meta)
-    except (ValueError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
-    if not isinstance(meta, dict) or not isinstance(meta.get("tree"), dict):
-        raise CorruptCheckpointError(f"{shard}: the shard holds no alpsck state tree")
-    specs = tree.tensor_specs(meta["tree"])
+    meta, specs = read_meta(reader, shard)
     extents = {name: (off, size) for name, off, size in reader.extents}
     items = []
     for key, spec in specs.items():

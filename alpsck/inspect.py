@@ -34,7 +34,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _core, tree
+from . import _core
+from .checkpointer import read_meta, tree
 from .errors import (
     AlpsckError,
     CheckpointError,
@@ -353,13 +354,7 @@ def describe_checkpoint(info: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     """Tensor inventory and state summary of one checkpoint (rank ``rank``'s shard), from its tree only."""
     shard = Path(info["path"]) / f"rank-{rank:05d}.bin"
     reader = open_shard(shard)
-    try:
-        meta = json.loads(reader.meta)
-    except (ValueError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
-    if not isinstance(meta, dict) or not isinstance(meta.get("tree"), dict):
-        raise CorruptCheckpointError(f"{shard}: the shard holds no alpsck state tree")
-    specs = tree.tensor_specs(meta["tree"])
+    meta, specs = read_meta(reader, shard)
     offsets = {name: off for name, off, _ in reader.extents}
     tensors = [
         {"name": key, "dtype": tree.dtype_name(spec.dtype), "shape": list(spec.shape), "bytes": spec.nbytes}
@@ -479,24 +474,6 @@ def _parse_lock(text: str) -> dict[str, str]:
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    except OSError:
-        return False
-    try:  # a zombie writes nothing
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat[stat.rindex(")") + 2:][:1] != "Z"
-    except (OSError, ValueError):
-        return True
-
-
 def _this_host(name: str) -> bool:
     here = socket.gethostname()
     return name in (here, here.split(".")[0], "localhost") or name.split(".")[0] == here.split(".")[0]
@@ -505,10 +482,11 @@ def _this_host(name: str) -> bool:
 def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
     """Why ``RUN_DIR/.lock`` says a writer may be active (a message naming it), or None.
 
-    The lock file format is not final, so this is tolerant: no ``.lock`` → None; the pid is read
-    from ``pid=<n>`` / ``<n>`` on the first line or JSON ``{"pid": n}``; a live pid on this host,
-    or a lock naming another host (which cannot be checked from here), is a holder. A file whose
-    pid cannot be read is ignored with a warning, unless another process holds an ``flock`` on it.
+    The Checkpointer holds an ``flock`` on ``.lock`` while it writes and keeps its owner there
+    (JSON ``{"pid", "host", "job_id"}``), emptying it on a clean close. So: no file or an empty
+    one → no writer; an flock held → a writer on this host; content naming another host, whose
+    flock may not be visible from here (Lustre without ``-o flock``), → refuse with advice;
+    content of a process on this host that holds no flock → a crashed writer, stale.
     """
     lock = Path(run_dir) / LOCK_NAME
     try:
@@ -522,19 +500,12 @@ def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
     fields = _parse_lock(text)
     host = fields.get("host") or fields.get("hostname") or fields.get("node")
     job = fields.get("job_id") or fields.get("jobid") or fields.get("job") or fields.get("slurm_job_id")
-    who = (f" (job {job})" if job else "")
-    pid_text = fields.get("pid", "")
-    if pid_text.isdigit():
-        pid = int(pid_text)
-        if host and not _this_host(host):
-            return (f"{lock} names pid {pid}{who} on host {host}, which cannot be checked from {socket.gethostname()}; "
-                    f"remove {lock} if that job is gone")
-        if _pid_alive(pid):
-            return f"{lock}: pid {pid}{who} on this host is alive and may be writing checkpoints"
-        return None
+    who = f"pid {fields.get('pid', '?')}" + (f", job {job}" if job else "")
     if _flock_held(lock):
-        return f"{lock}: another process holds a lock on it{who}"
-    print(f"alpsck: warning: {lock} holds no readable pid; assuming no writer", file=sys.stderr)
+        return f"{lock}: a writer holds it ({who}{f' on {host}' if host else ''})"
+    if host and not _this_host(host):
+        return (f"{lock} names a writer on host {host} ({who}), which cannot be checked from {socket.gethostname()}; "
+                f"remove {lock} if that job is gone")
     return None
 
 

@@ -3,7 +3,8 @@
 #   1. the core's C++ tests (ctest), built with -Wall -Wextra -Werror;
 #   2. the same tests under ASan+UBSan and under TSan;
 #   3. the same tests cross-built for aarch64 and run under qemu with 64 KiB pages;
-#   4. ruff, then pytest against the installed package.
+#   4. ruff, then pytest against the installed package, with a real one-node SLURM
+#      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing).
 # Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static (CI installs them; a missing
 # tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops).
 set -euo pipefail
@@ -38,7 +39,17 @@ if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
 fi
 
 section "ruff"
-python3 -m ruff check alpsck tests benchmarks
+python3 -m ruff check alpsck tests
+
+section "local SLURM cluster"
+if bash slurm/local-cluster/start.sh; then
+  trap 'bash slurm/local-cluster/stop.sh >/dev/null 2>&1 || true' EXIT
+elif [ -n "${CI:-}" ]; then
+  echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
+  exit 1
+else
+  echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
+fi
 
 section "pytest"
 # Run from outside the source tree so the installed package (with its compiled _core) is tested.

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
-import sys
 import zipfile
 from pathlib import Path
 
@@ -16,22 +14,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import alpsck
-from alpsck import _core, export
-from alpsck.errors import AlpsckError
+from alpsck import _core, cli, export
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run a command the way ``alpsck.cli.main`` does (error -> one line, exit 2), in-process."""
-    p = argparse.ArgumentParser(prog="alpsck")
-    sub = p.add_subparsers(dest="command", required=True)
-    export.register(sub)
-    args = p.parse_args(list(argv))
+    """Run the real ``alpsck`` command line in-process: (exit code, stdout, stderr)."""
     capsys.readouterr()
-    try:
-        rc = int(args.func(args))
-    except AlpsckError as e:
-        print(f"alpsck: error: {e}", file=sys.stderr)
-        rc = 2
+    rc = cli.main(list(argv))
     out = capsys.readouterr()
     return rc, out.out, out.err
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import errno
 import fcntl
 import io
@@ -17,24 +16,16 @@ import torch
 from torch import nn
 
 import alpsck
-from alpsck import _core, tree
+from alpsck import _core, cli, tree
 from alpsck import inspect as ins
 from alpsck.data import ResumableLoader
-from alpsck.errors import AlpsckError, CheckpointIOError
+from alpsck.errors import CheckpointIOError
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run a command the way ``alpsck.cli.main`` does (error -> one line, exit 2), in-process."""
-    p = argparse.ArgumentParser(prog="alpsck")
-    sub = p.add_subparsers(dest="command", required=True)
-    ins.register(sub)
-    args = p.parse_args(list(argv))
+    """Run the real ``alpsck`` command line in-process: (exit code, stdout, stderr)."""
     capsys.readouterr()
-    try:
-        rc = int(args.func(args))
-    except AlpsckError as e:
-        print(f"alpsck: error: {e}", file=sys.stderr)
-        rc = 2
+    rc = cli.main(list(argv))
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -296,7 +287,7 @@ def test_commands_are_registered_with_the_cli() -> None:
 
 
 def _listing(run: Path) -> list[str]:
-    return sorted(os.listdir(run))
+    return sorted(n for n in os.listdir(run) if n != ".lock")  # the writer lock stays (emptied) after close
 
 
 def _prunable_run(run: Path) -> None:
@@ -368,18 +359,24 @@ def test_prune_finishes_an_interrupted_prune(tmp_path: Path, capsys: pytest.Capt
     assert rc == 0 and _listing(tmp_path) == ["LATEST", "step-000000002"]
 
 
-@pytest.mark.parametrize("content", ["pid={pid}\nhost={host}\njob_id=77\n", '{{"pid": {pid}, "job_id": 77}}', "{pid}\n"])
-def test_prune_refuses_while_a_live_pid_holds_the_lock(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       content: str) -> None:
-    import socket
-
+def test_prune_refuses_while_a_live_checkpointer_holds_the_run_dir(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     _prunable_run(tmp_path)
-    (tmp_path / ".lock").write_text(content.format(pid=os.getpid(), host=socket.gethostname()))
-    before = _listing(tmp_path)
-    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, alpsck; c = alpsck.Checkpointer(sys.argv[1]); "
+                               "print('ok', flush=True); time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "SLURM_JOB_ID": "77"})
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
+        before = _listing(tmp_path)  # (opening a writer recycles abandoned .tmp dirs)
+        rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    finally:
+        holder.kill()
+        holder.wait()
     assert rc == 2
-    assert f"pid {os.getpid()}" in err and str(tmp_path / ".lock") in err
+    assert f"pid {holder.pid}, job 77" in err and str(tmp_path / ".lock") in err
     assert _listing(tmp_path) == before
+    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")  # the killed writer's lock is stale
+    assert rc == 0, err
 
 
 def test_prune_lock_of_a_dead_pid_or_other_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -392,7 +389,7 @@ def test_prune_lock_of_a_dead_pid_or_other_host(tmp_path: Path, capsys: pytest.C
     (tmp_path / ".lock").write_text(f"pid={dead.pid}\n")
     rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
     assert rc == 0, err
-    assert _listing(tmp_path) == [".lock", "LATEST", "step-000000002"]
+    assert _listing(tmp_path) == ["LATEST", "step-000000002"]
 
 
 def test_prune_refuses_while_the_lock_file_is_flocked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

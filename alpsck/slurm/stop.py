@@ -41,8 +41,8 @@ def scontrol_available() -> bool:
     return os.environ.get("ALPSCK_NO_SCONTROL") != "1" and shutil.which("scontrol") is not None
 
 
-def job_state(job_id: str, run: Runner = run_cmd) -> str | None:
-    """JobState of a job from scontrol, or None when scontrol is unavailable or fails."""
+def job_field(job_id: str, name: str, run: Runner = run_cmd) -> str | None:
+    """One ``Name=value`` field of ``scontrol show job``; None when scontrol is missing or fails."""
     if not scontrol_available():
         return None
     try:
@@ -50,9 +50,13 @@ def job_state(job_id: str, run: Runner = run_cmd) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     for field in out.split():
-        if field.startswith("JobState="):
+        if field.startswith(name + "="):
             return field.split("=", 1)[1]
     return None
+
+
+def job_state(job_id: str, run: Runner = run_cmd) -> str | None:
+    return job_field(job_id, "JobState", run)
 
 
 def _parse_time(text: str) -> float | None:
@@ -63,16 +67,8 @@ def _parse_time(text: str) -> float | None:
 
 
 def job_end_time(job_id: str, run: Runner = run_cmd) -> float | None:
-    if not scontrol_available():
-        return None
-    try:
-        out = run(["scontrol", "show", "job", "-o", job_id])
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for field in out.split():
-        if field.startswith("EndTime="):
-            return _parse_time(field.split("=", 1)[1])
-    return None
+    end = job_field(job_id, "EndTime", run)
+    return _parse_time(end) if end else None
 
 
 def maintenance_start(job_id: str, host: str, run: Runner = run_cmd) -> float | None:

@@ -17,16 +17,10 @@
 
 using namespace alpsck;
 using alpsck_test::Exists;
+using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
 
 namespace {
-
-std::vector<char> RandomBytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<char> v(n);
-  for (auto& c : v) c = static_cast<char>(rng());
-  return v;
-}
 
 std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_t max_in_flight = 2,
                              uint32_t keep_last = 3, uint64_t chunk = 64 << 10) {

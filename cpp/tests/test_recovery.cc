@@ -14,16 +14,10 @@
 #include "test_util.h"
 
 using namespace alpsck;
+using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
 
 namespace {
-
-std::vector<char> Bytes(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<char> v(n);
-  for (auto& c : v) c = static_cast<char>(rng());
-  return v;
-}
 
 // Writes checkpoints at the given steps (each 3 extents, ~600 KB) and returns the data.
 std::vector<char> MakeRun(const std::string& dir, std::vector<uint64_t> steps) {
@@ -33,7 +27,7 @@ std::vector<char> MakeRun(const std::string& dir, std::vector<uint64_t> steps) {
   o.keep_last = 0;
   std::unique_ptr<Engine> e;
   if (!Engine::Open(o, &e).ok()) return {};
-  auto a = Bytes(600000, 1);
+  auto a = RandomBytes(600000, 1);
   for (uint64_t s : steps) {
     std::shared_ptr<SaveHandle> h;
     if (!e->Save(s, {{"w", a.data(), 300000}, {"x", a.data() + 300000, 299999}, {"y", a.data(), 1}}, "{}", SaveMode::kSnapshot, &h).ok())

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,14 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// n pseudo-random bytes, reproducible from seed.
+inline std::vector<char> RandomBytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<char> v(n);
+  for (auto& c : v) c = static_cast<char>(rng());
+  return v;
+}
 
 inline bool Exists(const std::string& p) {
   struct stat st;
