@@ -55,4 +55,4 @@ section "pytest"
 # Run from outside the source tree so the installed package (with its compiled _core) is tested.
 root=$(pwd)
 cd "$(mktemp -d)"
-python3 -m pytest -q "$root/tests" -p no:cacheprovider "$@"
+python3 -m pytest -q "$root/tests" -p no:cacheprovider --durations=10 "$@"

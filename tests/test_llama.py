@@ -194,7 +194,6 @@ def test_torch_checkpointer_retention_and_corrupt_fallback(tmp_path: Path) -> No
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["OMP_NUM_THREADS"] = "1"
     return env
 

@@ -51,7 +51,8 @@ def overhead(args: argparse.Namespace) -> int:
     if args.threads and len(args.threads) > 1:
         raise AlpsckError("--overhead takes one --threads value (writer threads of every alpsck run)")
     d = OverheadConfig()
-    cfg = OverheadConfig(ks=args.ks or d.ks, iters=args.iters, warmup=args.warmup, methods=args.methods or d.methods,
+    cfg = OverheadConfig(ks=args.ks or d.ks, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
+                         methods=args.methods or d.methods,
                          in_flight=args.in_flight or d.in_flight, threads=args.threads[0] if args.threads else None,
                          dim=args.model_dim, n_layers=args.model_layers, n_heads=args.model_heads,
                          n_kv_heads=args.model_kv_heads, vocab_size=args.vocab_size, sequence_length=args.seq_len,
@@ -120,6 +121,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--ks", type=_ints, help=f"checkpoint intervals in iterations (default {','.join(map(str, d.ks))})")
     o.add_argument("--iters", type=int, default=d.iters, help=f"timed iterations per configuration (default {d.iters})")
     o.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed iterations first (default {d.warmup})")
+    o.add_argument("--rounds", type=int, default=d.rounds,
+                   help="repeat the sweep, interleaved; each configuration reports its median round (default 1)")
     o.add_argument("--methods", type=_methods, help="alpsck,torch,dcp-async (default alpsck,torch)")
     o.add_argument("--model-dim", type=int, default=d.dim, help=f"model width (default {d.dim})")
     o.add_argument("--model-layers", type=int, default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")

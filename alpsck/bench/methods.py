@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import _core
 from ..checkpointer import Checkpointer
 
 
@@ -84,6 +85,37 @@ class AlpsckMethod(Method):
 
     def close(self) -> None:
         self.ck.close()
+        super().close()
+
+
+class CoreZeroCopyMethod(Method):
+    """The C++ core alone writing the tensors' memory as it is (no snapshot copy): the number to
+    hold against fio, which also writes straight from memory. Not a safe way to checkpoint a
+    changing state — the caller must not touch the tensors until the save is durable."""
+
+    def __init__(self, directory: Path, state: dict[str, torch.Tensor], *, threads: int, chunk_mib: int) -> None:
+        super().__init__(directory, state)
+        self.name = f"core zero-copy t={threads} c={chunk_mib}M"
+        self.engine = _core.Engine(str(directory), threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=1,
+                                   keep_last=2)
+        self.extents = [(k, v.reshape(-1).view(torch.uint8)) for k, v in state.items()]
+
+    def save(self, step: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        h = self.engine.save(step, self.extents, "", "zerocopy")
+        t1 = time.perf_counter()
+        h.wait()
+        return t1 - t0, time.perf_counter() - t0
+
+    def restore(self) -> float:
+        drop_page_cache(self.dir)
+        t0 = time.perf_counter()
+        path = max((c for c in _core.scan(str(self.dir)) if c["status"] == "committed"), key=lambda c: c["step"])["path"]
+        _core.ShardReader(f"{path}/rank-00000.bin").read_into(self.extents, 8)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.engine.close()
         super().close()
 
 

@@ -9,6 +9,9 @@ iterations and one untimed checkpoint waited to durability (one-time costs such 
 staging memory), then times ``iters`` iterations. Checkpoints are taken after timed iterations
 1, 1+k, 1+2k, ... so each one is followed by the iterations it overlaps with; the wait for the
 last in-flight checkpoints after the loop (``drain``) is reported but not counted in it/s.
+With ``rounds`` > 1 the whole sweep repeats (a no-checkpoint run after each round) and every
+configuration reports its median round; the no-checkpoint it/s is the median of its runs. The
+CPU other processes used during each timed run is recorded, so a busy machine shows.
 
 Per (method, k): iterations/s, the throughput cost against no checkpointing
 (``1 - it/s / it/s_none``), the mean and worst stall inside ``save()``, and ``T_w``, the time
@@ -54,6 +57,7 @@ class OverheadConfig:
     ks: list[int] = field(default_factory=lambda: [1, 5, 10, 25, 50])
     iters: int = 50
     warmup: int = 3
+    rounds: int = 1  # the whole sweep this often, interleaved; each configuration reports its median round
     methods: list[str] = field(default_factory=lambda: ["alpsck", "torch"])
     in_flight: list[int] = field(default_factory=lambda: [2])
     threads: int | None = None  # alpsck writer threads; None: the Checkpointer's default
@@ -72,8 +76,9 @@ class OverheadConfig:
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise UsageError(f"unknown overhead method(s) {bad}; choose from {list(METHODS)}")
-        if not self.ks or min(self.ks) < 1 or self.iters < 1 or self.warmup < 1 or min(self.in_flight) < 1:
-            raise UsageError("ks, iters, warmup and in-flight must be positive")
+        if not self.ks or min(self.ks) < 1 or self.iters < 1 or self.warmup < 1 or min(self.in_flight) < 1 \
+                or self.rounds < 1:
+            raise UsageError("ks, iters, warmup, rounds and in-flight must be positive")
         if max(self.ks) > self.iters:
             raise UsageError(f"k {max(self.ks)} > --iters {self.iters}: every k needs at least one full interval")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
@@ -102,6 +107,7 @@ class RunStats:
     committed_after_drain: list[int] = field(default_factory=list)
     saved_steps: list[int] = field(default_factory=list)
     other_cpu_cores: float | None = None  # CPU the rest of the machine used meanwhile (cores; None: unknown)
+    its_rounds: list[float] = field(default_factory=list)  # it/s of every round (this run is the median one)
 
 
 @dataclass
@@ -117,6 +123,7 @@ class OverheadResult:
     noise_pct: float  # spread of the no-checkpoint runs, % of their mean
     runs: list[RunStats]
     targets: list[dict[str, Any]]
+    rounds: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -444,20 +451,29 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
             else:
                 methods.append(({"torch": "torch.save", "dcp-async": "DCP async_save"}[m], 1))
         baselines = [_timed_run(cfg, base, "none", None, 1, say)]
-        runs: list[RunStats] = []
-        for k in cfg.ks:  # k outermost: drift of the machine spreads over every method alike
-            for name, f in methods:
-                runs.append(_timed_run(cfg, base, name, k, f, say))
-        baselines.append(_timed_run(cfg, base, "none", None, 1, say))
-        base_its = sum(b.iterations for b in baselines) / sum(b.seconds for b in baselines)
+        rounds: dict[tuple[str, int], list[RunStats]] = {}
+        for rnd in range(cfg.rounds):
+            tag = f"round {rnd + 1}/{cfg.rounds}: " if cfg.rounds > 1 else ""
+
+            def tell(msg: str, tag: str = tag) -> None:
+                say(tag + msg)
+
+            for k in cfg.ks:  # k outermost: drift of the machine spreads over every method alike
+                for name, f in methods:
+                    rounds.setdefault((name, k), []).append(_timed_run(cfg, base, name, k, f, tell))
+            baselines.append(_timed_run(cfg, base, "none", None, 1, tell))
         its = [b.its for b in baselines]
-        noise = (max(its) - min(its)) / statistics.fmean(its) * 100
-        for r in runs:
+        base_its = statistics.median(its)
+        noise = (max(its) - min(its)) / base_its * 100
+        runs: list[RunStats] = []
+        for all_rounds in rounds.values():  # the round with the median it/s stands for the configuration
+            chosen = sorted(all_rounds, key=lambda r: r.its)[(len(all_rounds) - 1) // 2]
+            chosen.its_rounds = [r.its for r in all_rounds]
+            runs.append(chosen)
+        for r in baselines + runs:
             r.overhead_pct = (1 - r.its / base_its) * 100
-        for b in baselines:
-            b.overhead_pct = (1 - b.its / base_its) * 100
         return OverheadResult(str(directory), _machine(), model, cfg.iters, cfg.warmup, list(cfg.ks), base_its, its,
-                              noise, baselines + runs, _targets(cfg, runs, 1 / base_its))
+                              noise, baselines + runs, _targets(cfg, runs, 1 / base_its), cfg.rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -474,8 +490,9 @@ def table(r: OverheadResult) -> str:
         f"{r.iters} timed iterations per configuration after {r.warmup} warm-up iterations and one warm-up checkpoint; "
         f"run dirs on {r.directory}  ({r.machine['cpus']} CPUs, torch {r.machine['torch']}, "
         f"{r.machine['torch_threads']} torch threads)",
-        f"no checkpointing: {r.baseline_its:.3f} it/s ({1 / r.baseline_its:.3f} s/iteration); first and last run "
-        + " / ".join(f"{x:.3f}" for x in r.baseline_runs) + f" it/s: noise {r.noise_pct:.1f} %",
+        f"no checkpointing: {r.baseline_its:.3f} it/s ({1 / r.baseline_its:.3f} s/iteration), median of runs "
+        + " / ".join(f"{x:.3f}" for x in r.baseline_runs) + f" it/s (first, then after each round): noise "
+        f"{r.noise_pct:.1f} %" + (f"; {r.rounds} rounds, each configuration shows its median round" if r.rounds > 1 else ""),
         "",
         f"{'method':<16} {'k':>4} {'it/s':>7} {'overhead %':>10} {'ckpts':>5} {'stall/ckpt s':>12} {'max stall s':>11} "
         f"{'T_w s':>7} {'throttled':>9} {'drain s':>7} {'other CPU':>9}",
@@ -518,7 +535,7 @@ def table(r: OverheadResult) -> str:
                      "quiet, so the overheads above mix in their load")
     if r.noise_pct > TARGET_K10_PCT / 2:
         lines.append(f"note: the two no-checkpoint runs differ by {r.noise_pct:.1f} %; differences of that size are noise "
-                     "(a shared or busy machine); use more --iters")
+                     "(a shared or busy machine); use more --iters or --rounds")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .limits import prefaulted_copy_seconds, raw_bandwidth
-from .methods import AlpsckMethod, Method, peer_methods
+from .methods import AlpsckMethod, CoreZeroCopyMethod, Method, peer_methods
 from .state import state_bytes, transformer_state
 
 
@@ -124,6 +124,8 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
                             methods.append(lambda t=t, c=c, f=f, cp=cp, u=u: AlpsckMethod(
                                 directory / f"alpsck-{t}-{c}-{f}-{cp}-{int(u)}", state, threads=t, chunk_mib=c,
                                 max_in_flight=f, copy_threads=cp or None, urgent=u))
+        methods.append(lambda: CoreZeroCopyMethod(directory / "core-zerocopy", state, threads=max(threads),
+                                                  chunk_mib=chunks_mib[0]))
         if peers:
             methods.extend((lambda m=m: m) for m in peer_methods(directory, state))
         for make in methods:
@@ -132,6 +134,7 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
                 results.append(measure(m, repeats, say))
             finally:
                 m.close()
+        core = next(r for r in results if r.method.startswith("core zero-copy"))
         ours = [r for r in results if r.method.startswith("alpsck")]
         # Best = lowest stall among default-mode (non-urgent) saves: the training loop's cost.
         best = min([r for r in ours if not r.method.endswith("urgent")] or ours, key=lambda r: (r.stall, r.durable))
@@ -141,9 +144,11 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
             "stall_vs_prefaulted_copy": best.stall / copy_s,
             "restore_bw_vs_raw_read": (nbytes / best.restore) / raw.read_bps,
             "fastest durable (any mode) vs raw write": fastest.durable / (nbytes / raw.write_bps),
+            "core zero-copy durable vs raw write": core.durable / (nbytes / raw.write_bps),
+            "core zero-copy restore bw vs raw read": (nbytes / core.restore) / raw.read_bps,
         }
         for r in results:
-            if r.method.startswith("alpsck"):
+            if r.method.startswith(("alpsck", "core")):
                 continue
             ratios[f"{r.method}: durable / alpsck"] = r.durable / best.durable
             ratios[f"{r.method}: stall / alpsck"] = r.stall / best.stall
