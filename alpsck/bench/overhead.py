@@ -48,6 +48,11 @@ from torch import nn
 METHODS = ("alpsck", "torch", "dcp-async")
 TARGET_K10_PCT = 3.0
 TARGET_K1_PCT = 10.0
+BUSY_CORES = 0.2  # other processes using more CPU than this during a timed run make it unreliable
+
+
+def _busy(r: RunStats) -> bool:
+    return (r.other_cpu_cores or 0.0) > BUSY_CORES
 
 
 @dataclass
@@ -411,7 +416,8 @@ def _targets(cfg: OverheadConfig, runs: list[RunStats], base_iter_s: float) -> l
         r10 = mine.get(10)
         entry["every_10"] = None if r10 is None else {
             "overhead_pct": r10.overhead_pct, "target_pct": TARGET_K10_PCT,
-            "met": r10.overhead_pct is not None and r10.overhead_pct <= TARGET_K10_PCT}
+            "met": r10.overhead_pct is not None and r10.overhead_pct <= TARGET_K10_PCT, "reliable": not _busy(r10),
+            "other_cpu_cores": r10.other_cpu_cores}
         r1 = mine.get(1)
         if r1 is None or t_w is None:
             entry["every_1"] = None
@@ -420,7 +426,8 @@ def _targets(cfg: OverheadConfig, runs: list[RunStats], base_iter_s: float) -> l
             entry["every_1"] = {
                 "overhead_pct": r1.overhead_pct, "target_pct": TARGET_K1_PCT, "iteration_seconds": base_iter_s,
                 "threshold_seconds": t_w / f, "condition_held": held,
-                "met": r1.overhead_pct is not None and r1.overhead_pct <= TARGET_K1_PCT}
+                "met": r1.overhead_pct is not None and r1.overhead_pct <= TARGET_K1_PCT, "reliable": not _busy(r1),
+                "other_cpu_cores": r1.other_cpu_cores}
         within = [k for k, r in sorted(mine.items()) if r.overhead_pct is not None and r.overhead_pct <= TARGET_K10_PCT]
         entry["smallest_k_within_3pct"] = within[0] if within else None
         # PCcheck's rule for the interval that keeps the cost under q: k >= T_w / (N * q * t).
@@ -501,12 +508,12 @@ def table(r: OverheadResult) -> str:
         if s.k is None:
             continue
         t_w = f"{s.persist_seconds:7.3f}" if s.persist_seconds is not None else "      -"
-        other = f"{s.other_cpu_cores:9.2f}" if s.other_cpu_cores is not None else "        -"
+        other = f"{s.other_cpu_cores:8.2f}" + ("!" if _busy(s) else " ") if s.other_cpu_cores is not None else "        -"
         lines.append(f"{s.method:<16} {s.k:>4} {s.its:7.3f} {s.overhead_pct:10.1f} {s.checkpoints:>5} {s.stall_mean:12.3f} "
                      f"{s.stall_max:11.3f} {t_w} {s.throttled_saves:>9} {s.drain_seconds:7.2f} {other}")
     lines += ["", "overhead = 1 - it/s / it/s(no checkpointing); T_w = save() to durable (median, saves that found a free "
               "slot); throttled = saves that waited for one of max_in_flight slots; other CPU = cores used by other "
-              "processes during the timed iterations", "", "targets:"]
+              f"processes during the timed iterations (! = over {BUSY_CORES}: that row is unreliable)", "", "targets:"]
     for t in r.targets:
         t_w = t["persist_seconds"]
         lines.append(f"  {t['method']}: T_w {t_w:.3f} s" if t_w is not None else f"  {t['method']}: T_w not measured")
@@ -515,7 +522,7 @@ def table(r: OverheadResult) -> str:
             lines.append("    every 10 iterations: not measured (10 not in --ks)")
         else:
             lines.append(f"    every 10 iterations: {e10['overhead_pct']:.1f} % (target <= {e10['target_pct']:.0f} %): "
-                         + ("MET" if e10["met"] else "NOT MET"))
+                         + ("MET" if e10["met"] else "NOT MET") + _caveat(e10))
         e1 = t["every_1"]
         if e1 is None:
             lines.append("    every iteration: not measured (1 not in --ks)")
@@ -525,18 +532,22 @@ def table(r: OverheadResult) -> str:
             verdict = ("MET" if e1["met"] else "NOT MET") if e1["condition_held"] else (
                 f"target does not apply ({'met' if e1['met'] else 'not met'} anyway)")
             lines.append(f"    every iteration: {e1['overhead_pct']:.1f} % (target <= {e1['target_pct']:.0f} % when "
-                         f"iteration > T_w/max_in_flight; {cond}): {verdict}")
+                         f"iteration > T_w/max_in_flight; {cond}): {verdict}" + _caveat(e1))
         if t["smallest_k_within_3pct"] is not None or t["pccheck_min_k_3pct"] is not None:
             lines.append(f"    smallest measured k within 3 %: {t['smallest_k_within_3pct']}; PCcheck's rule "
                          f"k >= T_w/(N*0.03*t): {t['pccheck_min_k_3pct']}")
     busy = max((s.other_cpu_cores or 0.0) for s in r.runs)
-    if busy > 0.2:
+    if busy > BUSY_CORES:
         lines.append(f"note: other processes used up to {busy:.2f} cores during the timed runs: the machine was not "
                      "quiet, so the overheads above mix in their load")
     if r.noise_pct > TARGET_K10_PCT / 2:
-        lines.append(f"note: the two no-checkpoint runs differ by {r.noise_pct:.1f} %; differences of that size are noise "
+        lines.append(f"note: the no-checkpoint runs differ by {r.noise_pct:.1f} %; differences of that size are noise "
                      "(a shared or busy machine); use more --iters or --rounds")
     return "\n".join(lines)
+
+
+def _caveat(e: dict[str, Any]) -> str:
+    return "" if e["reliable"] else f" (unreliable: other processes used {e['other_cpu_cores']:.2f} cores meanwhile)"
 
 
 def plot(r: OverheadResult, path: Path) -> bool:

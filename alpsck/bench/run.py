@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .limits import prefaulted_copy_seconds, raw_bandwidth
+from .limits import RawBandwidth, prefaulted_copy_seconds, raw_bandwidth
 from .methods import AlpsckMethod, CoreZeroCopyMethod, Method, peer_methods
 from .state import state_bytes, transformer_state
 
@@ -109,8 +109,9 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
         say(f"building a transformer-like state of {size_bytes / 2**30:.2f} GiB")
         state = transformer_state(size_bytes)
         nbytes = state_bytes(state)
-        say("raw O_DIRECT write/read bandwidth")
-        raw = raw_bandwidth(directory, nbytes)
+        say("raw O_DIRECT write/read bandwidth (start of run)")
+        raw_start = raw_bandwidth(directory, nbytes)
+        raw = raw_start
         say(f"raw write {raw.write_bps / 1e9:.2f} GB/s, read {raw.read_bps / 1e9:.2f} GB/s ({raw.tool})")
         copy_s = prefaulted_copy_seconds(state)
         say(f"copy into pre-faulted memory: {copy_s:.3f} s")
@@ -134,6 +135,13 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
                 results.append(measure(m, repeats, say))
             finally:
                 m.close()
+        # Cloud disks drift (burst credits): measure again at the end and take ratios against the
+        # mean, reporting both ends so a drift is visible.
+        say("raw O_DIRECT write/read bandwidth (end of run)")
+        raw_end = raw_bandwidth(directory, nbytes)
+        raw = RawBandwidth((raw_start.write_bps + raw_end.write_bps) / 2, (raw_start.read_bps + raw_end.read_bps) / 2,
+                           f"{raw_start.tool}; mean of start {raw_start.write_bps / 1e9:.2f}/{raw_start.read_bps / 1e9:.2f}"
+                           f" and end {raw_end.write_bps / 1e9:.2f}/{raw_end.read_bps / 1e9:.2f} GB/s (write/read)")
         core = next(r for r in results if r.method.startswith("core zero-copy"))
         ours = [r for r in results if r.method.startswith("alpsck")]
         # Best = lowest stall among default-mode (non-urgent) saves: the training loop's cost.
