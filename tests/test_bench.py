@@ -73,6 +73,7 @@ def test_overhead_targets_json_table_plot(overhead_result, tmp_path: Path) -> No
     assert e1["threshold_seconds"] == pytest.approx(t["persist_seconds"] / 2)
     assert e1["condition_held"] == (e1["iteration_seconds"] > e1["threshold_seconds"])
     assert e1["met"] == (e1["overhead_pct"] <= 10.0)
+    assert e1["reliable"] == ((e1["other_cpu_cores"] or 0.0) <= 0.2)
     text = table(r)
     assert "alpsck f=2" in text and "torch.save" in text and "every iteration" in text
     png = tmp_path / "overhead.png"

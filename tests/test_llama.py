@@ -214,11 +214,7 @@ def _finish(proc: subprocess.Popen[str], expected_rc: int = 0) -> None:
 
 
 @pytest.mark.parametrize("checkpointer", [
-    "torch",
-    # The owner removes this skipif once alpsck/checkpointer.py exists.
-    pytest.param("alpsck", marks=pytest.mark.skipif(importlib.util.find_spec("alpsck.checkpointer") is None,
-                                                     reason="alpsck.checkpointer not written yet")),
-])
+"torch", "alpsck"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_crash_and_resume_reproduces_losses_byte_for_byte(tmp_path: Path, checkpointer: str, dtype: str) -> None:
     # A, B (clean) and C's first half (crash on reaching step 51) run side by side.
@@ -258,11 +254,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_ddp_gloo_crash_and_resume(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_ddp_gloo_crash_and_resume(tmp_path: Path) -> None:
     """Two gloo ranks, crash at step 8, resume: rank 0's loss file equals the clean run's (~15 s)."""
-    if "slow" not in (request.config.getoption("markexpr") or "") and os.environ.get("ALPSCK_SLOW_TESTS") != "1":
-        pytest.skip("slow: run with -m slow or ALPSCK_SLOW_TESTS=1")
     clean = _launch_ddp(tmp_path, "a", _free_port())
     crash = _launch_ddp(tmp_path, "c", _free_port(), "--fail-at-step", "8")
     for p in clean:
