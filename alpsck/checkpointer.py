@@ -8,6 +8,15 @@ background. With ``max_in_flight`` checkpoints still persisting, ``save()`` wait
 finish (back-pressure; nothing is dropped). Errors from the background surface on
 ``handle.wait()`` and on the next ``save()``/``wait()``.
 
+Several ranks (torch.distributed initialised, or ``world_size`` given): every rank constructs
+its Checkpointer at the same point and calls ``save()`` with the same steps. Each rank writes its
+own shard (its own tree: RNG streams and data position differ per rank) and the core commits the
+checkpoint once every rank's shard is durable, coordinating through the file system, so
+``save()`` never waits for the other ranks. Tensors under the top-level state keys named in
+``replicated`` are identical on every rank (a DDP model, its optimizer) and are written once,
+spread over the ranks by size. ``restore()`` is a collective: the ranks agree on the newest
+checkpoint that every one of them reads successfully.
+
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
 (:mod:`alpsck.tree`), tensors are raw bytes checked against their CRC32C.
@@ -27,9 +36,12 @@ from typing import Any
 import torch
 
 from . import _core, tree
-from .errors import CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
+from .errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
+from .ranks import Ranks, assign_owners
+from .shards import META_FORMAT, CheckpointShards, read_meta
 
-TREE_FORMAT = "alpsck-tree/1"
+TREE_FORMAT = META_FORMAT  # kept for callers of the first version
+__all__ = ["Checkpointer", "CoreSave", "read_checkpoint", "read_meta", "restore_into"]
 
 
 def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -114,6 +126,9 @@ class Checkpointer:
         direct_io: use O_DIRECT where the file system allows (a fallback is warned about).
         pin_cpus: pin writer threads to these CPUs (e.g. the cores of the GPU's NUMA node).
         copy_threads: threads taking the snapshot copy (default: min(4, CPUs of this process)).
+        rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
+        replicated: top-level state keys whose tensors are identical on every rank (written once).
+        commit_timeout_s: how long a multi-rank commit waits for the other ranks' shards.
     """
 
     def __init__(
@@ -128,21 +143,60 @@ class Checkpointer:
         direct_io: bool = True,
         pin_cpus: Sequence[int] | None = None,
         copy_threads: int | None = None,
-        rank: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        replicated: Sequence[str] = (),
+        commit_timeout_s: float = 600.0,
         _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
         if max_in_flight < 1:
             raise UsageError(f"max_in_flight must be at least 1, not {max_in_flight}")
         if keep_last < 0:
             raise UsageError(f"keep_last must be 0 (keep all) or more, not {keep_last}")
+        if isinstance(replicated, str):
+            raise UsageError("replicated must be a sequence of state keys, not one string")
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.rank = rank
-        self._lock_fd: int | None = lock_run_dir(self.run_dir, rank)
+        self.ranks = Ranks.detect(rank, world_size)
+        self.rank = self.ranks.rank
+        self.world_size = self.ranks.world_size
+        self.replicated = frozenset(replicated)
+        self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+        self._engine: _core.Engine | None = None
+        self._lock_fd: int | None = None
+        engine_args = (threads, chunk_bytes, max_in_flight, keep_last, staging_bytes, direct_io, pin_cpus,
+                       copy_threads, commit_timeout_s, _faults)
+        # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
+        # others only after it succeeded; then every rank must have opened (two agreements).
+        for first in (True, False):
+            error: BaseException | None = None
+            if (self.rank == 0) == first:
+                try:
+                    self.run_dir.mkdir(parents=True, exist_ok=True)
+                    self._open_engine(*engine_args)
+                except Exception as e:
+                    error = e
+            if not self.ranks.all_true(error is None):
+                self._release()
+                if error is not None:
+                    raise error
+                raise CheckpointError(f"{self.run_dir}: another rank could not open its checkpointer (see its log)")
+        if direct_io and not self.engine.direct_io:
+            warnings.warn(
+                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
+                "fdatasyncs instead (durable, but slower and through the page cache)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._pending: list[CoreSave] = []
+
+    def _open_engine(self, threads: int | None, chunk_bytes: int | None, max_in_flight: int, keep_last: int,
+                     staging_bytes: int | None, direct_io: bool, pin_cpus: Sequence[int] | None,
+                     copy_threads: int | None, commit_timeout_s: float, faults: Sequence[dict[str, Any]]) -> None:
+        self._lock_fd = lock_run_dir(self.run_dir, self.rank)
         try:
-            self._engine: _core.Engine | None = _core.Engine(
+            self._engine = _core.Engine(
                 str(self.run_dir),
                 threads=threads or 0,
                 chunk_bytes=chunk_bytes or 0,
@@ -151,21 +205,27 @@ class Checkpointer:
                 staging_bytes=staging_bytes or 0,
                 pin_cpus=list(pin_cpus or []),
                 direct_io=direct_io,
-                rank=rank,
-                faults=[dict(f) for f in _faults],  # test hook: inject I/O errors (see cpp/core/env.h)
+                rank=self.rank,
+                faults=[dict(f) for f in faults],  # test hook: inject I/O errors (see cpp/core/env.h)
                 copy_threads=copy_threads or 0,
+                world_size=self.world_size,
+                commit_timeout_s=commit_timeout_s,
             )
         except BaseException:
-            os.close(self._lock_fd)  # do not keep the run dir locked by a failed constructor
+            self._release()  # do not keep the run dir locked by a failed constructor
             raise
-        if direct_io and not self._engine.direct_io:
-            warnings.warn(
-                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
-                "fdatasyncs instead (durable, but slower and through the page cache)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        self._pending: list[CoreSave] = []
+
+    def _release(self) -> None:
+        """Stop the engine (after its saves) and drop the run directory's lock."""
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                engine.close()
+        finally:
+            if self._lock_fd is not None:
+                os.ftruncate(self._lock_fd, 0)  # a clean close leaves no owner behind
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -200,11 +260,24 @@ class Checkpointer:
             raise UsageError(f"step must be non-negative, not {step}")
         self._reap()
         cap = tree.capture(state)
-        extents = [(key, _flat_bytes(t)) for key, t in cap.tensors.items()]
-        meta = json.dumps({"format": TREE_FORMAT, "step": step, "tree": cap.tree}, allow_nan=False)
+        owners = self._owners_of(cap.tensors)
+        extents = [(key, _flat_bytes(t)) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
+        meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
+                           "tree": cap.tree}, allow_nan=False)
         handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
         self._pending.append(handle)
         return handle
+
+    def _owners_of(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
+        """Owner rank of each replicated tensor (the others are written by every rank)."""
+        if self.world_size == 1 or not self.replicated:
+            return {}
+        sizes = tuple((k, t.numel() * t.element_size()) for k, t in tensors.items()
+                      if k.split("/", 1)[0] in self.replicated)
+        owners = self._owners.get(sizes)
+        if owners is None:
+            self._owners = {sizes: (owners := assign_owners(dict(sizes), self.world_size))}
+        return owners
 
     def wait(self) -> None:
         """Block until every save so far is durable; raise the first error among them."""
@@ -222,12 +295,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            self._engine.close()
-            self._engine = None
-            if self._lock_fd is not None:
-                os.ftruncate(self._lock_fd, 0)  # a clean close leaves no owner behind
-                os.close(self._lock_fd)  # releases the flock
-                self._lock_fd = None
+            self._release()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -255,18 +323,7 @@ class Checkpointer:
         """
         if self._engine is not None:
             self._engine.wait_all()
-        return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, rank=self.rank)
-
-
-def read_meta(reader: _core.ShardReader, shard: Path) -> tuple[dict[str, Any], dict[str, tree.TensorSpec]]:
-    """A shard's meta document and its tensor specs, validated (JSON, format, tree, dtypes, shapes)."""
-    try:
-        meta = json.loads(reader.meta)
-    except (ValueError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
-    if not isinstance(meta, dict) or meta.get("format") != TREE_FORMAT or not isinstance(meta.get("tree"), dict):
-        raise CorruptCheckpointError(f"{shard}: the state tree is not an {TREE_FORMAT} document")
-    return meta, tree.tensor_specs(meta["tree"])
+        return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, ranks=self.ranks)
 
 
 def read_checkpoint(
@@ -275,22 +332,17 @@ def read_checkpoint(
     threads: int = 4,
     into: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Read one checkpoint directory: (meta document, tensors by key), every chunk CRC-checked.
+    """Read one checkpoint directory as ``rank``: (meta document, tensors by key), every chunk CRC-checked.
 
+    The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.shards`).
     With ``into`` (key -> live tensor, as :func:`alpsck.tree.capture` gives), tensors are read
     straight into the live CPU tensors — no allocation, no extra copy — but only when every
     saved tensor that has a live counterpart matches it in shape and dtype; otherwise nothing
     live is touched and fresh tensors are returned (the caller's mismatch check then fails
     cleanly).
     """
-    shard = Path(path) / f"rank-{rank:05d}.bin"
-    reader = _core.ShardReader(str(shard))
-    meta, specs = read_meta(reader, shard)
-    sizes = {name: size for name, _, size in reader.extents}
-    for key, spec in specs.items():
-        if sizes.get(key) != spec.nbytes:
-            raise CorruptCheckpointError(
-                f"{shard}: tensor {key!r} has {sizes.get(key)} bytes on disk, its spec needs {spec.nbytes}")
+    shards = CheckpointShards(path, rank)
+    specs = shards.specs
     live = dict(into or {})
     if any(k in live and (live[k].dtype != s.dtype or tuple(live[k].shape) != s.shape) for k, s in specs.items()):
         live = {}
@@ -300,11 +352,11 @@ def read_checkpoint(
         usable = t is not None and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
         tensors[key] = t if usable and t is not None else torch.empty(spec.shape, dtype=spec.dtype)
     try:
-        reader.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
+        shards.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
     except CorruptCheckpointError as e:
         e.live_touched = any(tensors[k] is live.get(k) for k in tensors)  # type: ignore[attr-defined]
         raise
-    return meta, tensors
+    return shards.meta, tensors
 
 
 def restore_into(
@@ -314,34 +366,55 @@ def restore_into(
     step: int | None = None,
     threads: int = 4,
     rank: int = 0,
+    ranks: Ranks | None = None,
 ) -> int | None:
     """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore).
 
     Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
     chunk then fails its CRC, the previous checkpoint is tried (it overwrites the same tensors);
-    if none is left, CorruptCheckpointError says the live state is no longer pristine.
+    if none is left, CorruptCheckpointError says the live state is no longer pristine. With
+    several ``ranks`` this is a collective: rank 0 lists the candidates, and a checkpoint is
+    loaded only once every rank has read its part of it without error.
     """
-    infos = list(_core.scan(str(run_dir)))
-    if step is not None:
-        infos = [i for i in infos if i["step"] == step]
-        if not infos:
-            raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    ranks = ranks or Ranks(rank, 1, None)
+    infos = {i["step"]: i for i in _core.scan(str(run_dir))}
+    if step is not None and step not in infos:
+        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    if ranks.rank == 0:
+        for i in infos.values():
+            if i["status"] == "corrupt" and (step is None or i["step"] == step):
+                warnings.warn(f"skipping corrupt checkpoint {i['path']}: {i['error']}", RuntimeWarning, stacklevel=3)
+        order = [s for s in sorted(infos, reverse=True) if infos[s]["status"] == "committed" and step in (None, s)]
+    else:
+        order = []
+    order = ranks.from_rank0(order)
+    if order and infos.get(order[0], {}).get("ranks") not in (None, ranks.world_size):
+        raise UsageError(
+            f"{run_dir}: the checkpoint of step {order[0]} was written by {infos[order[0]]['ranks']} rank(s), this job "
+            f"has {ranks.world_size}; restore it at its world size, or reshard it with torch.distributed.checkpoint "
+            "through alpsck.dcp")
     live = tree.capture(state).tensors
     touched: str | None = None
-    for info in reversed(infos):
-        if info["status"] != "committed":
-            if info["status"] == "corrupt":
-                warnings.warn(f"skipping corrupt checkpoint {info['path']}: {info['error']}", RuntimeWarning, stacklevel=3)
-            continue
-        try:
-            meta, tensors = read_checkpoint(info["path"], rank=rank, threads=threads, into=live)
-        except CorruptCheckpointError as e:
-            warnings.warn(f"skipping corrupt checkpoint {info['path']}: {e}", RuntimeWarning, stacklevel=3)
-            if getattr(e, "live_touched", False):
-                touched = touched or str(e)
+    for s in order:
+        info = infos.get(s)
+        error: CorruptCheckpointError | None = None
+        if info is None:
+            error = CorruptCheckpointError(f"{run_dir}: step {s} is not visible from rank {ranks.rank}")
+        else:
+            try:
+                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live)
+            except CorruptCheckpointError as e:
+                error = e
+        if not ranks.all_true(error is None):
+            if error is not None:
+                warnings.warn(f"skipping corrupt checkpoint {run_dir}/step {s}: {error}", RuntimeWarning, stacklevel=3)
+                if getattr(error, "live_touched", False):
+                    touched = touched or str(error)
+            else:  # another rank failed: this rank's read may have landed in live tensors
+                touched = touched or f"another rank could not read step {s}"
             continue
         tree.apply(state, meta["tree"], tensors)
-        return int(meta.get("step", info["step"]))
+        return int(meta.get("step", s))
     if touched is not None:
         raise CorruptCheckpointError(
             f"{run_dir}: no valid checkpoint left, and reading a corrupt one already overwrote live tensors "

@@ -42,9 +42,9 @@ from typing import Any, BinaryIO
 import torch
 
 from . import tree
-from .checkpointer import read_meta
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import human, open_shard, pick_checkpoint, scan_run_dir
+from .shards import CheckpointShards
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
 BATCH_BYTES = 64 << 20
@@ -76,21 +76,13 @@ class _Item:
         self.key, self.spec, self.nbytes = key, spec, spec.nbytes
 
 
-def _plan(reader: Any, shard: Path) -> tuple[dict[str, Any], list[_Item]]:
-    """The shard's meta document and its tensors in on-disk order, sizes validated."""
-    meta, specs = read_meta(reader, shard)
-    extents = {name: (off, size) for name, off, size in reader.extents}
-    items = []
-    for key, spec in specs.items():
-        if key not in extents or extents[key][1] != spec.nbytes:
-            got = extents[key][1] if key in extents else None
-            raise CorruptCheckpointError(f"{shard}: tensor {key!r} has {got} bytes on disk, its spec needs {spec.nbytes}")
-        items.append(_Item(key, spec))
-    items.sort(key=lambda it: extents[it.key][0])
-    return meta, items
+def _plan(shards: CheckpointShards) -> list[_Item]:
+    """The checkpoint's tensors in on-disk order (sizes were validated by CheckpointShards)."""
+    return [_Item(key, shards.specs[key]) for key in shards.keys_in_file_order()]
 
 
-def _stream(reader: Any, items: list[_Item], threads: int, batch_bytes: int) -> Iterator[tuple[_Item, torch.Tensor]]:
+def _stream(shards: CheckpointShards, items: list[_Item], threads: int,
+            batch_bytes: int) -> Iterator[tuple[_Item, torch.Tensor]]:
     """Yield (item, uint8 view of its bytes) in order; each view is valid until the next one is asked for.
 
     Tensors are read in batches of up to ``max(largest, batch_bytes)`` bytes into one buffer.
@@ -106,7 +98,7 @@ def _stream(reader: Any, items: list[_Item], threads: int, batch_bytes: int) -> 
     def flush() -> Iterator[tuple[_Item, torch.Tensor]]:
         dsts = [(it.key, buf[off:off + it.nbytes]) for it, off in batch if it.nbytes]
         if dsts:
-            reader.read_into(dsts, threads)
+            shards.read_into(dsts, threads)
         for it, off in batch:
             yield it, buf[off:off + it.nbytes]
 
@@ -144,10 +136,10 @@ def _safetensors_header(items: list[_Item], metadata: dict[str, str]) -> bytes:
     return len(raw).to_bytes(8, "little") + raw
 
 
-def _write_safetensors(fh: BinaryIO, reader: Any, items: list[_Item], metadata: dict[str, str], threads: int,
-                       batch_bytes: int) -> None:
+def _write_safetensors(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], metadata: dict[str, str],
+                       threads: int, batch_bytes: int) -> None:
     fh.write(_safetensors_header(items, metadata))
-    for _it, view in _stream(reader, items, threads, batch_bytes):
+    for _it, view in _stream(shards, items, threads, batch_bytes):
         _write_all(fh, view)
 
 
@@ -197,7 +189,7 @@ def _torch_pickle(items: list[_Item]) -> bytes:
     return out.getvalue()
 
 
-def _write_torch(fh: BinaryIO, reader: Any, items: list[_Item], threads: int, batch_bytes: int) -> None:
+def _write_torch(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], threads: int, batch_bytes: int) -> None:
     from torch import serialization
 
     get_crc = getattr(serialization, "get_crc32_options", lambda: True)
@@ -211,7 +203,7 @@ def _write_torch(fh: BinaryIO, reader: Any, items: list[_Item], threads: int, ba
         alignment = str(get_align())
         writer.write_record(".storage_alignment", alignment, len(alignment))
         writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-        for k, (_it, view) in enumerate(_stream(reader, items, threads, batch_bytes)):
+        for k, (_it, view) in enumerate(_stream(shards, items, threads, batch_bytes)):
             n = view.numel()
             if n:  # a storage aliasing exactly these bytes of the buffer (no copy)
                 storage = torch.frombuffer(memoryview(view.numpy()), dtype=torch.uint8).untyped_storage()
@@ -283,17 +275,16 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     candidates = [first] if step is not None else [i for i in reversed(infos) if i["status"] == "committed"]
     tmp = Path(f"{out_path}.tmp")
     for info in candidates:
-        shard = Path(info["path"]) / f"rank-{rank:05d}.bin"
         try:
-            reader = open_shard(shard)
-            meta, items = _plan(reader, shard)
+            shards = CheckpointShards(info["path"], rank, open_shard)
+            meta, items = shards.meta, _plan(shards)
             metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
             try:
                 with open(tmp, "wb") as fh:
                     if fmt == "safetensors":
-                        _write_safetensors(fh, reader, items, metadata, threads, batch_bytes or BATCH_BYTES)
+                        _write_safetensors(fh, shards, items, metadata, threads, batch_bytes or BATCH_BYTES)
                     else:
-                        _write_torch(fh, reader, items, threads, batch_bytes or BATCH_BYTES)
+                        _write_torch(fh, shards, items, threads, batch_bytes or BATCH_BYTES)
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, out_path)

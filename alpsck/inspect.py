@@ -34,8 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _core
-from .checkpointer import read_meta, tree
+from . import _core, tree
 from .errors import (
     AlpsckError,
     CheckpointError,
@@ -45,6 +44,7 @@ from .errors import (
     RunDirLockedError,
     UsageError,
 )
+from .shards import CheckpointShards
 
 _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 LOCK_NAME = ".lock"
@@ -352,13 +352,12 @@ def summarize_state(tree_doc: dict[str, Any]) -> dict[str, Any]:
 
 def describe_checkpoint(info: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     """Tensor inventory and state summary of one checkpoint (rank ``rank``'s shard), from its tree only."""
-    shard = Path(info["path"]) / f"rank-{rank:05d}.bin"
-    reader = open_shard(shard)
-    meta, specs = read_meta(reader, shard)
-    offsets = {name: off for name, off, _ in reader.extents}
+    shards = CheckpointShards(info["path"], rank, open_shard)
+    meta, specs = shards.meta, shards.specs
     tensors = [
-        {"name": key, "dtype": tree.dtype_name(spec.dtype), "shape": list(spec.shape), "bytes": spec.nbytes}
-        for key, spec in sorted(specs.items(), key=lambda kv: offsets.get(kv[0], 0))
+        {"name": key, "dtype": tree.dtype_name(specs[key].dtype), "shape": list(specs[key].shape),
+         "bytes": specs[key].nbytes}
+        for key in shards.keys_in_file_order()
     ]
     summary = summarize_state(meta["tree"])
     return {

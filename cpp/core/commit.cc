@@ -36,6 +36,24 @@ Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& id
   return Status::Ok();
 }
 
+bool IsShardName(const std::string& n) {
+  if (n.size() < 14 || n.rfind("rank-", 0) != 0 || n.compare(n.size() - 4, 4, ".bin") != 0) return false;
+  for (size_t i = 5; i + 4 < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return false;
+  return true;
+}
+
+bool IsExtraFileName(const std::string& n) {
+  if (n.empty() || n.size() > 64 || n[0] == '.' || n == kManifestName || n.rfind("rank-", 0) == 0 ||
+      n == "ABORTED")
+    return false;
+  for (char c : n)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+          c == '-'))
+      return false;
+  return true;
+}
+
 std::string EncodeManifest(const CommitRequest& req, double created_unix) {
   Json m = Json::Object();
   m.set("format", Json::Str("alpsck-checkpoint/1"));
@@ -54,6 +72,15 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
     total += s.bytes;
     data += s.data_bytes;
   }
+  if (!req.extra_files.empty()) {
+    Json& extra = m.set("extra", Json::Array());
+    for (const ExtraFile& x : req.extra_files) {
+      Json& f = extra.push(Json::Object());
+      f.set("name", Json::Str(x.name));
+      f.set("bytes", Json::UInt(x.content.size()));
+      f.set("crc", Json::UInt(Crc32c(x.content.data(), x.content.size())));
+    }
+  }
   m.set("bytes", Json::UInt(total));
   m.set("data_bytes", Json::UInt(data));
   m.set("write_seconds", Json::Double(req.write_seconds));
@@ -67,9 +94,10 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
 //      file truncated to its exact size;
 //   3. fdatasync(shard): data, index and footer are durable;
 //   4. the shard file closed.
-// Then, here:
-//   5. MANIFEST.json written into step-N.tmp/ and fsync'ed (the directory is not visible as a
-//      checkpoint yet, so no temporary name is needed inside it);
+// (With several ranks, each rank seals its own shard and the coordinator collects them first:
+// see coordinate.h.) Then, here:
+//   5. extra files (if any), then MANIFEST.json, written into step-N.tmp/ and fsync'ed (the
+//      directory is not visible as a checkpoint yet, so no temporary names are needed inside it);
 //   6. fsync(step-N.tmp/): the directory entries of the shards and the manifest are durable;
 //   7. rename(step-N.tmp, step-N): THE COMMIT POINT. Before it, recovery ignores the directory
 //      (".tmp" is never valid); after it, the directory holds a complete, durable checkpoint;
@@ -83,6 +111,10 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
 // step 7 is visible, and step 7 is one atomic rename.
 Status CommitCheckpoint(Env* env, const CommitRequest& req) {
   const double created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (const ExtraFile& x : req.extra_files) {
+    if (!IsExtraFileName(x.name)) return Status::Invalid("extra checkpoint file name not allowed: " + x.name);
+    ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, x.name), x.content));
+  }
   ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created)));
   ALPSCK_RETURN_IF_ERROR(SyncDir(env, req.tmp_dir));
   int r = env->Rename(req.tmp_dir, req.final_dir);

@@ -14,6 +14,9 @@ namespace alpsck {
 
 constexpr char kManifestName[] = "MANIFEST.json";
 constexpr char kLatestName[] = "LATEST";
+// Expired checkpoints and abandoned step-N.tmp directories are renamed to free-* (atomic
+// expiry), then reused for new saves (single rank) or removed.
+constexpr char kFreePrefix[] = "free-";
 constexpr uint64_t kMaxManifestBytes = 16ull << 20;
 
 struct ShardRecord {
@@ -24,22 +27,36 @@ struct ShardRecord {
   uint64_t extents = 0;
 };
 
+// A small file committed with the shards (e.g. the DCP backend's metadata, as JSON). The
+// manifest records its size and CRC32C, so recovery verifies it like a shard.
+struct ExtraFile {
+  std::string name;     // see IsExtraFileName
+  std::string content;
+};
+
 struct CommitRequest {
   std::string run_dir;
   std::string tmp_dir;    // RUN_DIR/step-N.tmp (holds the sealed shard files)
   std::string final_dir;  // RUN_DIR/step-N
   uint64_t step = 0;
-  std::vector<ShardRecord> shards;
+  std::vector<ShardRecord> shards;  // one per rank, in rank order
+  std::vector<ExtraFile> extra_files;
   double write_seconds = 0;
   bool direct_io = false;
 };
+
+// rank-NNNNN.bin (5+ digits): a manifest can never name a path outside its directory.
+bool IsShardName(const std::string& n);
+// Extra files: [A-Za-z0-9._-], 1-64 characters, not starting with '.', not the manifest, a
+// shard or a coordination record.
+bool IsExtraFileName(const std::string& n);
 
 // Writes the tail (index + footer) of a shard whose data chunks are all written, truncates the
 // file to its exact size, fdatasyncs it. fd stays open (the caller closes it).
 Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& idx, bool direct, uint64_t align,
                  ShardRecord* record);
 
-// Steps 5-8 of the protocol: manifest, directory fsyncs, the rename that commits.
+// Steps 5-8 of the protocol: (extra files and) manifest, directory fsyncs, the rename that commits.
 Status CommitCheckpoint(Env* env, const CommitRequest& req);
 
 // Step 9: writes LATEST (a hint; recovery never trusts it blindly).

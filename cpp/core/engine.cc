@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "commit.h"
+#include "coordinate.h"
 #include "crc32c.h"
 #include "file_io.h"
 #include "platform.h"
@@ -19,7 +20,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 constexpr uint64_t kDefaultChunkBytes = 8ull << 20;
-constexpr char kFreePrefix[] = "free-";
 }  // namespace
 
 // ---------------------------------------------------------------- SaveHandle
@@ -63,6 +63,8 @@ void SaveHandle::Complete(Status s, SaveResult r) {
 struct Engine::Job {
   std::shared_ptr<SaveHandle> handle;
   uint64_t step = 0;
+  CommitMode commit = CommitMode::kAuto;
+  SaveResult result;                 // filled as the save goes (for the committer)
   std::string tmp_dir, final_dir, shard_path;
   int fd = -1;
   bool direct = false;
@@ -89,6 +91,8 @@ Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
   if (opts.max_in_flight == 0) return Status::Invalid("max_in_flight must be at least 1");
   if (opts.threads > 1024) return Status::Invalid("threads must be at most 1024");
+  if (opts.world_size == 0 || opts.rank >= opts.world_size)
+    return Status::Invalid("rank " + std::to_string(opts.rank) + " is not below world_size " + std::to_string(opts.world_size));
   std::unique_ptr<Engine> e(new Engine(opts));
   ALPSCK_RETURN_IF_ERROR(e->Init());
   *out = std::move(e);
@@ -108,7 +112,7 @@ Status Engine::Init() {
 
   // Probe: can this file system do O_DIRECT, and with which alignment? Also proves the
   // directory is writable before the first save.
-  const std::string probe = JoinPath(dir, ".alpsck-probe-" + std::to_string(::getpid()));
+  const std::string probe = JoinPath(dir, ".alpsck-probe-" + std::to_string(opts_.rank) + "-" + std::to_string(::getpid()));
   int fd = -1;
   bool direct = false;
   Status s = OpenMaybeDirect(env_, probe, O_WRONLY | O_CREAT | O_TRUNC, opts_.direct_io, &fd, &direct);
@@ -122,7 +126,8 @@ Status Engine::Init() {
   chunk_bytes_ = RoundUp(opts_.chunk_bytes ? opts_.chunk_bytes : kDefaultChunkBytes, align_);
 
   // What is already there: committed steps (a manifest exists; recovery does the deep checks),
-  // abandoned step-N.tmp and expired free-K directories (both reused for new saves).
+  // abandoned step-N.tmp and expired free-K directories (both reused for new saves with one
+  // rank, removed with several; either way by rank 0 only: other ranks may be writing).
   std::vector<std::string> names;
   int r = env_->ListDir(dir, &names);
   if (r < 0) return Status::FromErrno(-r, "list run directory " + dir);
@@ -137,8 +142,8 @@ Status Engine::Init() {
     const bool tmp = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 &&
                      ParseStepDirName(std::string_view(n).substr(0, n.size() - 4), &step);
     const bool free_dir = n.rfind(kFreePrefix, 0) == 0;
-    if ((tmp || free_dir) && env_->IsDir(p) == 1) {
-      if (free_dirs_.size() < opts_.max_in_flight) {
+    if ((tmp || free_dir) && opts_.rank == 0 && env_->IsDir(p) == 1) {
+      if (opts_.world_size == 1 && free_dirs_.size() < opts_.max_in_flight) {
         std::string f = JoinPath(dir, kFreePrefix + std::to_string(free_seq_++) + "-" + std::to_string(::getpid()));
         if (env_->Rename(p, f) == 0) free_dirs_.push_back(f);
       } else {
@@ -160,6 +165,7 @@ Status Engine::Init() {
   uint32_t t = opts_.threads;
   if (t == 0) t = 8;
   for (uint32_t i = 0; i < t; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
+  if (opts_.world_size > 1) committer_ = std::thread([this] { CommitterLoop(); });
   return Status::Ok();
 }
 
@@ -179,6 +185,12 @@ void Engine::Close() {
   q_cv_.notify_all();
   for (auto& w : writers_) w.join();
   writers_.clear();
+  {
+    std::lock_guard<std::mutex> l(c_mu_);
+    c_stopping_ = true;
+  }
+  c_cv_.notify_all();
+  if (committer_.joinable()) committer_.join();
   pool_.Close();
 }
 
@@ -202,6 +214,24 @@ Status Engine::PrepareDir(Job* j) {
   j->tmp_dir = JoinPath(dir, StepDirName(j->step) + ".tmp");
   j->final_dir = JoinPath(dir, StepDirName(j->step));
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
+  if (opts_.world_size > 1) {
+    // Shared directory: whoever comes first creates it; remove only what is ours.
+    int r = env_->Mkdir(j->tmp_dir);
+    if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
+    for (const std::string& n : {DoneRecordName(opts_.rank), FailedRecordName(opts_.rank)})
+      env_->Unlink(JoinPath(j->tmp_dir, n));
+  } else {
+    ALPSCK_RETURN_IF_ERROR(PrepareOwnDir(j));
+  }
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
+  const uint64_t want = j->index.layout.data_padded + align_;
+  int r = env_->FAllocate(j->fd, want);
+  if (r == -ENOSPC || r == -EDQUOT)
+    return Status::FromErrno(-r, "preallocate " + std::to_string(want) + " bytes for " + j->shard_path);
+  return Status::Ok();  // other fallocate failures (EOPNOTSUPP) only cost the preallocation
+}
+
+Status Engine::PrepareOwnDir(Job* j) {
   std::string reuse;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -222,20 +252,16 @@ Status Engine::PrepareDir(Job* j) {
     int r = env_->Mkdir(j->tmp_dir);
     if (r < 0) return Status::FromErrno(-r, "create " + j->tmp_dir);
   }
-  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
-  const uint64_t want = j->index.layout.data_padded + align_;
-  int r = env_->FAllocate(j->fd, want);
-  if (r == -ENOSPC || r == -EDQUOT)
-    return Status::FromErrno(-r, "preallocate " + std::to_string(want) + " bytes for " + j->shard_path);
-  return Status::Ok();  // other fallocate failures (EOPNOTSUPP) only cost the preallocation
+  return Status::Ok();
 }
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-                    std::shared_ptr<SaveHandle>* handle) {
+                    std::shared_ptr<SaveHandle>* handle, CommitMode commit) {
   const bool copy = mode != SaveMode::kZeroCopy;
   const Clock::time_point t0 = Clock::now();
   auto job = std::make_unique<Job>();
   job->step = step;
+  job->commit = commit;
   job->t0 = t0;
   job->handle = std::make_shared<SaveHandle>(step);
   std::vector<std::pair<std::string, uint64_t>> sizes;
@@ -271,7 +297,8 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   }
   auto abandon = [&](const Status& s) {
     if (job->fd >= 0) env_->Close(job->fd);
-    RemoveDirFiles(env_, job->tmp_dir);
+    if (opts_.world_size == 1) RemoveDirFiles(env_, job->tmp_dir);
+    else FailShared(job.get(), s.message());
     std::lock_guard<std::mutex> l(mu_);
     --in_flight_;
     in_flight_steps_.erase(step);
@@ -406,52 +433,121 @@ void Engine::WriteChunk(Job* j, uint64_t i, const char* slot, char* bounce) {
   if (!s.ok()) j->Fail(s);
 }
 
+void Engine::FailShared(Job* j, const std::string& why) {
+  if (j->tmp_dir.empty()) return;
+  if (opts_.rank == 0) AbortStep(env_, j->tmp_dir, why);  // the coordinator decides at once
+  else WriteFailedRecord(env_, j->tmp_dir, opts_.rank, why);
+}
+
 void Engine::Finish(Job* j) {
   std::unique_ptr<Job> owned(j);
-  SaveResult r;
+  SaveResult& r = j->result;
   r.step = j->step;
   r.direct_io = j->direct;
   r.snapshot_seconds = Seconds(j->t0, j->t_snap);
   Status s;
+  ShardRecord rec;
+  rec.name = ShardFileName(opts_.rank);
   if (j->failed.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> l(j->err_mu);
     s = j->error;
   } else {
-    CommitRequest req;
-    req.run_dir = opts_.run_dir;
-    req.tmp_dir = j->tmp_dir;
-    req.final_dir = j->final_dir;
-    req.step = j->step;
-    req.direct_io = j->direct;
-    ShardRecord rec;
-    rec.name = ShardFileName(opts_.rank);
     s = SealShard(env_, j->fd, j->shard_path, j->index, j->direct, align_, &rec);
     if (s.ok()) {
       int c = env_->Close(j->fd);
       j->fd = -1;
       if (c < 0) s = Status::FromErrno(-c, "close " + j->shard_path);
     }
+    r.bytes = rec.bytes;
+  }
+  if (j->fd >= 0) env_->Close(j->fd);
+  j->fd = -1;
+
+  if (opts_.world_size == 1 && j->commit == CommitMode::kAuto) {
     if (s.ok()) {
+      CommitRequest req;
+      req.run_dir = opts_.run_dir;
+      req.tmp_dir = j->tmp_dir;
+      req.final_dir = j->final_dir;
+      req.step = j->step;
+      req.direct_io = j->direct;
       req.shards.push_back(rec);
       req.write_seconds = Seconds(j->t0, Clock::now());
       s = CommitCheckpoint(env_, req);
-      r.bytes = rec.bytes;
-      r.path = j->final_dir;
     }
+    if (!s.ok()) {
+      // Nothing of a failed save is ever published: its directory never lost the .tmp suffix
+      // (or, if only the final fsync failed, it is removed again, best effort).
+      RemoveDirFiles(env_, env_->IsDir(j->tmp_dir) == 1 ? j->tmp_dir : j->final_dir);
+    }
+    Complete(std::move(owned), s, r);
+    return;
   }
-  if (j->fd >= 0) env_->Close(j->fd);
+
+  // Several ranks, or a deferred commit: the shard is durable; say so with a DONE record.
+  if (s.ok()) s = WriteDoneRecord(env_, j->tmp_dir, opts_.rank, rec);
   if (!s.ok()) {
-    // Nothing of a failed save is ever published: its directory never lost the .tmp suffix
-    // (or, if only the final fsync failed, it is removed again, best effort).
-    RemoveDirFiles(env_, env_->IsDir(j->tmp_dir) == 1 ? j->tmp_dir : j->final_dir);
-    r.path.clear();
+    FailShared(j, s.message());
+    Complete(std::move(owned), s, r);
+    return;
   }
+  if (j->commit == CommitMode::kDeferred) {
+    r.path = j->tmp_dir;  // sealed, not committed
+    Complete(std::move(owned), s, r);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(c_mu_);
+    commit_queue_.push_back(owned.release());
+  }
+  c_cv_.notify_one();
+}
+
+void Engine::CommitterLoop() {
+  for (;;) {
+    std::unique_ptr<Job> j;
+    {
+      std::unique_lock<std::mutex> l(c_mu_);
+      c_cv_.wait(l, [&] { return c_stopping_ || !commit_queue_.empty(); });
+      if (commit_queue_.empty()) return;
+      j.reset(commit_queue_.front());
+      commit_queue_.pop_front();
+    }
+    Status s;
+    if (opts_.rank == 0) {
+      CommitRequest req;
+      req.run_dir = opts_.run_dir;
+      req.tmp_dir = j->tmp_dir;
+      req.final_dir = j->final_dir;
+      req.step = j->step;
+      req.direct_io = j->direct;
+      s = WaitForShards(env_, j->tmp_dir, opts_.world_size, opts_.commit_timeout_s, &req.shards);
+      if (s.ok()) {
+        req.write_seconds = Seconds(j->t0, Clock::now());
+        s = CommitCheckpoint(env_, req);
+      }
+      if (!s.ok()) AbortStep(env_, j->tmp_dir, s.message());
+    } else {
+      s = WaitForCommit(env_, opts_.run_dir, j->step, opts_.commit_timeout_s);
+    }
+    SaveResult r = j->result;
+    Complete(std::move(j), s, r);
+  }
+}
+
+void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
+  const bool committed = s.ok() && j->commit == CommitMode::kAuto;
+  if (committed) r.path = j->final_dir;
+  if (!s.ok()) r.path.clear();
   bool publish = false;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (s.ok()) {
+    if (committed) {
       committed_.insert(j->step);
       publish = static_cast<int64_t>(j->step) > published_;
+      // Several ranks: rank 0 expires old steps on disk (RetainNewest); forget them here too.
+      while (opts_.world_size > 1 && opts_.keep_last && committed_.size() > opts_.keep_last)
+        committed_.erase(committed_.begin());
     }
   }
   if (publish) {
@@ -463,12 +559,12 @@ void Engine::Finish(Job* j) {
       still_newest = static_cast<int64_t>(j->step) > published_;
       if (still_newest) published_ = static_cast<int64_t>(j->step);
     }
-    if (still_newest) {
+    if (still_newest && opts_.rank == 0) {
       Status p = PublishLatest(env_, opts_.run_dir, j->step);
       if (!p.ok()) r.warning = "LATEST not updated: " + p.message();
     }
   }
-  if (s.ok()) ApplyRetention(&r.warning);
+  if (committed && opts_.rank == 0) ApplyRetention(&r.warning);
   r.durable_seconds = Seconds(j->t0, Clock::now());
   // Complete the handle before releasing the in-flight slot, so that WaitAll() returning
   // implies every handle is done.
@@ -484,6 +580,11 @@ void Engine::Finish(Job* j) {
 void Engine::ApplyRetention(std::string* warning) {
   if (opts_.keep_last == 0) return;
   std::lock_guard<std::mutex> rl(retention_mu_);
+  if (opts_.world_size > 1) {  // no recycling: the other ranks create step-N.tmp themselves
+    std::string w = RetainNewest(env_, opts_.run_dir, opts_.keep_last);
+    if (!w.empty() && warning->empty()) *warning = w;
+    return;
+  }
   std::vector<uint64_t> victims;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -21,6 +21,17 @@
 // Writers return staging slots as soon as their chunk is written, so a pool smaller than the
 // state still streams (the snapshot modes then overlap by necessity).
 //
+// Several ranks (world_size > 1): every rank runs its own Engine on the shared run directory and
+// writes only its shard; the commit is coordinated through the file system (coordinate.h):
+// each rank's writer seals its shard and writes a DONE record, then the engine's committer thread
+// waits — rank 0 for every rank's DONE record, then it commits and applies retention; the other
+// ranks for rank 0's commit (or abort). A handle completes, on every rank, only once the whole
+// checkpoint is committed (or failed). Housekeeping at Open (removing abandoned step-N.tmp and
+// free-* directories) is rank 0's alone: the caller must let rank 0 open before the other ranks
+// save (the Python layer uses a barrier). Expired checkpoints are removed, not recycled.
+// kDeferred saves (the DCP backend) stop after the DONE record: the handle completes when the
+// shard is durable, and the caller commits the step (CommitStep in coordinate.h).
+//
 // Threading: Save, WaitAll and Close may be called from any thread; SaveHandle is thread-safe.
 // Close (or the destructor) waits for every in-flight save.
 #pragma once
@@ -57,10 +68,16 @@ struct EngineOptions {
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
   bool direct_io = true;          // try O_DIRECT (a buffered fallback is reported)
   uint32_t rank = 0;
+  uint32_t world_size = 1;        // ranks writing this run dir (each with its own Engine)
+  double commit_timeout_s = 600;  // how long a multi-rank commit waits for the other ranks
   Env* env = nullptr;             // nullptr: Env::Default()
 };
 
 enum class SaveMode { kSnapshot, kSnapshotOverlap, kZeroCopy };
+
+// kAuto: the engine commits (with world_size > 1: coordinated, see above). kDeferred: the shard
+// is sealed and its DONE record written; someone else commits the step.
+enum class CommitMode { kAuto, kDeferred };
 
 struct SaveExtent {
   std::string name;
@@ -112,7 +129,7 @@ class Engine {
   // preallocation) are returned here; later ones through the handle. A step that is already
   // committed is not written again (the handle completes with skipped = true).
   Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-              std::shared_ptr<SaveHandle>* handle);
+              std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto);
   void WaitAll();
   void Close();
 
@@ -143,8 +160,16 @@ class Engine {
   void WriteChunk(Job* j, uint64_t chunk, const char* slot, char* bounce);
   void Push(Task t);
   void ChunkDone(Job* j);
+  // On the writer that wrote j's last chunk: seal the shard, then commit (one rank), or write
+  // the DONE record and hand j to the committer thread (several ranks).
   void Finish(Job* j);
+  void CommitterLoop();
+  // Several ranks: tells the others this rank's shard of j will not come (rank 0: aborts).
+  void FailShared(Job* j, const std::string& why);
+  // The common end of every save: publish, retention, complete the handle, free the slot.
+  void Complete(std::unique_ptr<Job> j, Status s, SaveResult r);
   Status PrepareDir(Job* j);
+  Status PrepareOwnDir(Job* j);  // one rank: reuse a free directory, or make a fresh one
   // Copies every chunk of j into staging slots on copy_threads threads and queues them (each at
   // once with overlap, else all after the copy — unless the pool runs dry, which forces it).
   void SnapshotChunks(Job* j, bool overlap);
@@ -164,6 +189,12 @@ class Engine {
   std::deque<Task> queue_;
   bool stopping_ = false;
   std::vector<std::thread> writers_;
+
+  std::mutex c_mu_;                       // the committer's queue (world_size > 1)
+  std::condition_variable c_cv_;
+  std::deque<Job*> commit_queue_;
+  bool c_stopping_ = false;
+  std::thread committer_;
 
   mutable std::mutex mu_;                 // guards the fields below
   std::condition_variable admit_cv_;

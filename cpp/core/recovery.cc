@@ -132,18 +132,6 @@ Status ShardReader::Verify(uint32_t threads, const ProgressFn& progress) {
   return ReadChunks(chunks, nullptr, threads, progress);
 }
 
-namespace {
-
-bool IsShardName(const std::string& n) {
-  // rank-NNNNN.bin with 5+ digits; no '/', no "..": a manifest can never point outside its dir.
-  if (n.size() < 14 || n.rfind("rank-", 0) != 0 || n.compare(n.size() - 4, 4, ".bin") != 0) return false;
-  for (size_t i = 5; i + 4 < n.size(); ++i)
-    if (n[i] < '0' || n[i] > '9') return false;
-  return true;
-}
-
-}  // namespace
-
 void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verify, uint32_t threads,
                      CheckpointInfo* info, const ProgressFn& progress) {
   info->step = step;
@@ -179,13 +167,22 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
   const std::vector<Json>* fa = files ? files->get_array() : nullptr;
   if (!fa || fa->empty()) return corrupt("MANIFEST.json: no shard files listed");
   info->ranks = static_cast<uint32_t>(fa->size());
-  for (const Json& f : *fa) {
+  uint64_t ranks = 0;
+  const Json* jr = m.find("ranks");
+  if (!jr || !jr->get_u64(&ranks) || ranks != fa->size())
+    return corrupt("MANIFEST.json: 'ranks' does not match the number of shard files listed");
+  for (size_t k = 0; k < fa->size(); ++k) {
+    const Json& f = (*fa)[k];
     const Json* n = f.find("name");
     const Json* b = f.find("bytes");
     const Json* c = f.find("index_crc");
     uint64_t bytes = 0, crc = 0;
     if (!n || !n->get_string() || !IsShardName(*n->get_string()) || !b || !b->get_u64(&bytes) || !c || !c->get_u64(&crc))
       return corrupt("MANIFEST.json: a file entry is malformed (name must be rank-NNNNN.bin)");
+    // One shard per rank, in rank order: no duplicates, no gaps.
+    if (*n->get_string() != ShardFileName(static_cast<uint32_t>(k)))
+      return corrupt("MANIFEST.json: file entry " + std::to_string(k) + " is " + *n->get_string() + ", expected " +
+                     ShardFileName(static_cast<uint32_t>(k)));
     const std::string path = JoinPath(dir, *n->get_string());
     std::unique_ptr<ShardReader> r;
     s = ShardReader::Open(env, path, verify, &r);
@@ -199,6 +196,26 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
     if (verify) {
       s = r->Verify(threads, progress);
       if (!s.ok()) return corrupt(s.message());
+    }
+  }
+  if (const Json* extra = m.find("extra")) {
+    const std::vector<Json>* xa = extra->get_array();
+    if (!xa) return corrupt("MANIFEST.json: 'extra' is not a list");
+    for (const Json& f : *xa) {
+      const Json* n = f.find("name");
+      const Json* b = f.find("bytes");
+      const Json* c = f.find("crc");
+      uint64_t bytes = 0, crc = 0;
+      if (!n || !n->get_string() || !IsExtraFileName(*n->get_string()) || !b || !b->get_u64(&bytes) || !c ||
+          !c->get_u64(&crc) || bytes > kMaxManifestBytes)
+        return corrupt("MANIFEST.json: an extra file entry is malformed");
+      const std::string path = JoinPath(dir, *n->get_string());
+      std::string content;
+      s = ReadSmallFile(env, path, kMaxManifestBytes, &content);
+      if (!s.ok()) return corrupt(s.code() == Code::kNotFound ? path + ": missing" : s.message());
+      if (content.size() != bytes) return corrupt(path + ": size differs from the manifest");
+      if (Crc32c(content.data(), content.size()) != crc) return corrupt(path + ": CRC mismatch");
+      info->extra_files.push_back(*n->get_string());
     }
   }
   info->state = CheckpointState::kCommitted;

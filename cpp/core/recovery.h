@@ -37,7 +37,8 @@ struct CheckpointInfo {
   double write_seconds = 0;   // from the manifest, 0 if unknown
   bool direct_io = false;
   bool verified = false;      // every chunk CRC checked
-  std::vector<std::string> shards;
+  std::vector<std::string> shards;       // rank-00000.bin, rank-00001.bin, ...
+  std::vector<std::string> extra_files;  // verified small files committed with the shards
 };
 
 // Progress callback: bytes verified so far (called from worker threads, serialised).

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "coordinate.h"
 #include "crc32c.h"
 #include "engine.h"
 #include "env.h"
@@ -113,7 +114,7 @@ class PyEngine {
  public:
   PyEngine(const std::string& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
-           std::vector<nb::dict> faults, uint32_t copy_threads) {
+           std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s) {
     EngineOptions o;
     o.run_dir = run_dir;
     o.threads = threads;
@@ -125,6 +126,8 @@ class PyEngine {
     o.direct_io = direct_io;
     o.rank = rank;
     o.copy_threads = copy_threads;
+    o.world_size = world_size;
+    o.commit_timeout_s = commit_timeout_s;
     if (!faults.empty()) {
       fault_env_ = std::make_unique<FaultEnv>();
       for (const nb::dict& f : faults) fault_env_->AddRule(ToRule(f));
@@ -160,8 +163,14 @@ class PyEngine {
   }
 
   // mode: "snapshot" (copy, then write), "overlap" (copy and write at once), "zerocopy".
+  // commit: "auto" (the engine commits; coordinated across ranks), "deferred" (seal the shard
+  // only; the caller commits with commit_step).
   PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
-                const std::string& mode_name, nb::object keepalive) {
+                const std::string& mode_name, nb::object keepalive, const std::string& commit_name) {
+    CommitMode commit;
+    if (commit_name == "auto") commit = CommitMode::kAuto;
+    else if (commit_name == "deferred") commit = CommitMode::kDeferred;
+    else throw nb::value_error(("unknown commit mode: " + commit_name + " (auto, deferred)").c_str());
     SaveMode mode;
     if (mode_name == "snapshot") mode = SaveMode::kSnapshot;
     else if (mode_name == "overlap") mode = SaveMode::kSnapshotOverlap;
@@ -177,7 +186,7 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, mode, &h);
+      s = e.Save(step, ex, meta, mode, &h, commit);
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
@@ -289,6 +298,7 @@ nb::dict InfoDict(const CheckpointInfo& i) {
   d["direct_io"] = i.direct_io;
   d["verified"] = i.verified;
   d["shards"] = i.shards;
+  d["extra_files"] = i.extra_files;
   return d;
 }
 
@@ -329,6 +339,28 @@ NB_MODULE(_core, m) {
   m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = 4, "progress"_a = nb::none(),
         "Classify every checkpoint directory of run_dir (ascending steps).");
 
+  m.def("commit_step",
+        [](const std::string& run_dir, uint64_t step, uint32_t world_size,
+           const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s) {
+          std::vector<std::pair<std::string, std::string>> extra;
+          for (const auto& [name, data] : extra_files) extra.emplace_back(name, std::string(data.c_str(), data.size()));
+          Status s;
+          {
+            nb::gil_scoped_release nogil;
+            s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s);
+          }
+          if (!s.ok()) RaiseStatus(s, true);
+        },
+        "run_dir"_a, "step"_a, "world_size"_a, "extra_files"_a = std::vector<std::pair<std::string, nb::bytes>>{},
+        "timeout_s"_a = 600.0,
+        "Commit step-N.tmp once every rank's deferred shard is durable, with small extra files.");
+  m.def("retain_newest",
+        [](const std::string& run_dir, uint32_t keep_last) {
+          nb::gil_scoped_release nogil;
+          return RetainNewest(Env::Default(), run_dir, keep_last);
+        },
+        "run_dir"_a, "keep_last"_a, "Keep the newest keep_last committed checkpoints; returns a warning or ''.");
+
   nb::class_<PyHandle>(m, "SaveHandle")
       .def_prop_ro("step", &PyHandle::step)
       .def("done", &PyHandle::done)
@@ -339,12 +371,13 @@ NB_MODULE(_core, m) {
 
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const std::string&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
-                    uint32_t, std::vector<nb::dict>, uint32_t>(),
+                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double>(),
            "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
            "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
-           "faults"_a = std::vector<nb::dict>{}, "copy_threads"_a = 0)
+           "faults"_a = std::vector<nb::dict>{}, "copy_threads"_a = 0, "world_size"_a = 1,
+           "commit_timeout_s"_a = 600.0)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
-           "keepalive"_a = nb::none())
+           "keepalive"_a = nb::none(), "commit"_a = "auto")
       .def("wait_all", &PyEngine::wait_all)
       .def("close", &PyEngine::close)
       .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })

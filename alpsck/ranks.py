@@ -1,0 +1,101 @@
+"""The ranks of a multi-rank checkpointer: who writes what, and the few points where they agree.
+
+Saving needs no collective: every rank writes its own shard and the C++ core commits through the
+file system (see ``cpp/core/coordinate.h``), so a save never blocks training on the other ranks.
+Collectives happen only outside the training loop, on a dedicated gloo group (so an NCCL default
+group is never used from the checkpointer, and CPU tensors suffice):
+
+* at start-up, rank 0 opens its engine (which cleans up abandoned directories) before the others;
+* on restore, rank 0 picks the candidate checkpoints and every rank must read its part of one
+  successfully before any of them loads it into the live state.
+
+Replicated tensors (identical on every rank: a DDP model, its optimizer state) are written once.
+:func:`assign_owners` spreads them over the ranks by size, deterministically, so every rank
+computes the same assignment on its own.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import UsageError
+
+
+def assign_owners(sizes: dict[str, int], world_size: int) -> dict[str, int]:
+    """Owner rank of each replicated tensor: largest first, each to the least-loaded rank.
+
+    Deterministic for the same keys and sizes (ties go to the lower key, then the lower rank), so
+    ranks agree without talking. The heaviest rank carries at most the average load plus the
+    largest tensor.
+    """
+    loads = [(0, r) for r in range(world_size)]
+    heapq.heapify(loads)
+    owners: dict[str, int] = {}
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        load, r = heapq.heappop(loads)
+        owners[key] = r
+        heapq.heappush(loads, (load + sizes[key], r))
+    return owners
+
+
+@dataclass
+class Ranks:
+    """This process's place among the ranks writing one run directory."""
+
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None  # a gloo torch.distributed ProcessGroup when world_size > 1
+
+    @classmethod
+    def detect(cls, rank: int | None, world_size: int | None) -> Ranks:
+        """From the arguments, else from an initialised torch.distributed; world size 1 otherwise."""
+        import torch.distributed as dist
+
+        live = dist.is_available() and dist.is_initialized()
+        if world_size is None:
+            world_size = dist.get_world_size() if live else 1
+        if rank is None:
+            rank = dist.get_rank() if live else 0
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise UsageError(f"rank {rank} is not in a world of {world_size}")
+        if world_size == 1:
+            return cls(rank, 1, None)
+        if not live or dist.get_world_size() != world_size or dist.get_rank() != rank:
+            raise UsageError(
+                f"a checkpointer for {world_size} ranks needs torch.distributed initialised with that world size "
+                "(init_process_group) so that restore can agree on one checkpoint")
+        # new_group is a collective: every rank constructs its Checkpointer at the same point.
+        group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+        return cls(rank, world_size, group)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    def all_true(self, ok: bool) -> bool:
+        """True when ``ok`` holds on every rank (a collective)."""
+        if self.world_size == 1:
+            return ok
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(t.item())
+
+    def from_rank0(self, values: list[int]) -> list[int]:
+        """Rank 0's list of ints, on every rank (a collective; no pickle on the wire)."""
+        if self.world_size == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        n = torch.tensor([len(values)], dtype=torch.int64)
+        dist.broadcast(n, src=0, group=self.group)
+        buf = torch.tensor(values if self.rank == 0 else [0] * int(n.item()), dtype=torch.int64)
+        dist.broadcast(buf, src=0, group=self.group)
+        return [int(x) for x in buf.tolist()]

@@ -1,0 +1,241 @@
+#include "coordinate.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "file_io.h"
+#include "json.h"
+
+namespace alpsck {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kMaxRecordBytes = 64 << 10;
+
+// Polls fn() (returning true when finished) with a backoff of 1 ms up to 20 ms until timeout_s.
+template <typename Fn>
+bool PollUntil(double timeout_s, Fn fn) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(std::max(0.0, timeout_s)));
+  std::chrono::microseconds pause(1000);
+  for (;;) {
+    if (fn()) return true;
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(20000));
+  }
+}
+
+std::string RankFileName(uint32_t rank, const char* suffix) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "rank-%05u.%s", rank, suffix);
+  return buf;
+}
+
+bool Exists(Env* env, const std::string& path) { return env->IsDir(path) >= 0; }
+
+}  // namespace
+
+std::string DoneRecordName(uint32_t rank) { return RankFileName(rank, "done"); }
+std::string FailedRecordName(uint32_t rank) { return RankFileName(rank, "failed"); }
+
+std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r) {
+  Json j = Json::Object();
+  j.set("rank", Json::UInt(rank));
+  j.set("name", Json::Str(r.name));
+  j.set("bytes", Json::UInt(r.bytes));
+  j.set("index_crc", Json::UInt(r.index_crc));
+  j.set("data_bytes", Json::UInt(r.data_bytes));
+  j.set("extents", Json::UInt(r.extents));
+  return j.dump() + "\n";
+}
+
+Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* out) {
+  Json j;
+  ALPSCK_RETURN_IF_ERROR(ParseJson(text, &j, JsonLimits{8, kMaxRecordBytes}));
+  uint64_t r = 0, crc = 0;
+  const Json* jr = j.find("rank");
+  const Json* n = j.find("name");
+  const Json* b = j.find("bytes");
+  const Json* c = j.find("index_crc");
+  const Json* d = j.find("data_bytes");
+  const Json* e = j.find("extents");
+  if (!jr || !jr->get_u64(&r) || r != rank || !n || !n->get_string() || *n->get_string() != ShardFileName(rank) ||
+      !b || !b->get_u64(&out->bytes) || !c || !c->get_u64(&crc) || crc > 0xFFFFFFFFull || !d ||
+      !d->get_u64(&out->data_bytes) || !e || !e->get_u64(&out->extents))
+    return Status::Corrupt("the done record of rank " + std::to_string(rank) + " is malformed");
+  out->name = *n->get_string();
+  out->index_crc = static_cast<uint32_t>(crc);
+  return Status::Ok();
+}
+
+Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const ShardRecord& r) {
+  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(tmp_dir, DoneRecordName(rank)), EncodeShardRecord(rank, r)));
+  return SyncDir(env, tmp_dir);
+}
+
+void WriteFailedRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const std::string& why) {
+  if (WriteFileSynced(env, JoinPath(tmp_dir, FailedRecordName(rank)), why + "\n").ok()) SyncDir(env, tmp_dir);
+}
+
+Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, double timeout_s,
+                     std::vector<ShardRecord>* records) {
+  records->assign(world_size, ShardRecord());
+  std::vector<bool> have(world_size, false);
+  uint32_t missing = world_size;
+  Status failure;
+  const bool finished = PollUntil(timeout_s, [&] {
+    std::vector<std::string> names;
+    int r = env->ListDir(tmp_dir, &names);
+    if (r < 0) {
+      failure = Status::FromErrno(-r, "list " + tmp_dir);
+      return true;
+    }
+    for (const std::string& n : names) {
+      if (n == kAbortedName) {
+        std::string why;
+        ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &why);
+        failure = Status::Error(Code::kAborted, tmp_dir + " was aborted: " + why);
+        return true;
+      }
+      unsigned rank = 0;
+      char suffix[8] = {0};
+      if (std::sscanf(n.c_str(), "rank-%u.%7s", &rank, suffix) != 2 || rank >= world_size) continue;
+      const std::string s(suffix);
+      if (s == "failed" && n == FailedRecordName(rank)) {
+        std::string why;
+        ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &why);
+        while (!why.empty() && why.back() == '\n') why.pop_back();
+        failure = Status::Error(Code::kAborted, "rank " + std::to_string(rank) + " failed to write its shard: " + why);
+        return true;
+      }
+      if (s != "done" || n != DoneRecordName(rank) || have[rank]) continue;
+      std::string text;
+      Status st = ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &text);
+      if (st.ok()) st = DecodeShardRecord(text, rank, &(*records)[rank]);
+      if (!st.ok()) {
+        failure = st;
+        return true;
+      }
+      // The record says the shard is sealed and durable; check its size before trusting it.
+      int fd = env->Open(JoinPath(tmp_dir, (*records)[rank].name), O_RDONLY, 0);
+      uint64_t size = 0;
+      int e = fd < 0 ? fd : env->FileSize(fd, &size);
+      if (fd >= 0) env->Close(fd);
+      if (e < 0 || size != (*records)[rank].bytes) {
+        failure = Status::Corrupt(JoinPath(tmp_dir, (*records)[rank].name) + ": missing or not the size its done record says");
+        return true;
+      }
+      have[rank] = true;
+      --missing;
+    }
+    return missing == 0;
+  });
+  if (!failure.ok()) return failure;
+  if (!finished) {
+    std::string which;
+    for (uint32_t r = 0; r < world_size && which.size() < 200; ++r)
+      if (!have[r]) which += (which.empty() ? "" : ", ") + std::to_string(r);
+    return Status::Error(Code::kAborted, tmp_dir + ": no shard from rank(s) " + which + " after " +
+                                             std::to_string(static_cast<int64_t>(timeout_s)) + " s");
+  }
+  return Status::Ok();
+}
+
+void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why) {
+  if (env->IsDir(tmp_dir) != 1) return;
+  // ABORTED first, so a rank that is still waiting sees the verdict before the files vanish.
+  if (WriteFileSynced(env, JoinPath(tmp_dir, kAbortedName), why + "\n").ok()) SyncDir(env, tmp_dir);
+  std::vector<std::string> names;
+  if (env->ListDir(tmp_dir, &names) == 0)
+    for (const std::string& n : names)
+      if (n != kAbortedName) env->Unlink(JoinPath(tmp_dir, n));
+}
+
+Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double timeout_s) {
+  const std::string final_dir = JoinPath(run_dir, StepDirName(step));
+  const std::string tmp_dir = final_dir + ".tmp";
+  Status verdict;
+  const bool finished = PollUntil(timeout_s, [&] {
+    if (Exists(env, JoinPath(final_dir, kManifestName))) return true;
+    const std::string aborted = JoinPath(tmp_dir, kAbortedName);
+    if (Exists(env, aborted)) {
+      std::string why;
+      ReadSmallFile(env, aborted, kMaxRecordBytes, &why);
+      while (!why.empty() && why.back() == '\n') why.pop_back();
+      verdict = Status::Error(Code::kAborted, "step " + std::to_string(step) + " was aborted by the coordinator: " + why);
+      return true;
+    }
+    return false;
+  });
+  if (!verdict.ok()) return verdict;
+  if (!finished)
+    return Status::Error(Code::kAborted, "step " + std::to_string(step) + " was not committed by the coordinator (rank 0) within " +
+                                             std::to_string(static_cast<int64_t>(timeout_s)) + " s");
+  return Status::Ok();
+}
+
+Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
+                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s) {
+  const Clock::time_point t0 = Clock::now();
+  CommitRequest req;
+  req.run_dir = run_dir;
+  req.final_dir = JoinPath(run_dir, StepDirName(step));
+  req.tmp_dir = req.final_dir + ".tmp";
+  req.step = step;
+  for (const auto& [name, content] : extra_files) {
+    if (!IsExtraFileName(name)) return Status::Invalid("extra checkpoint file name not allowed: " + name);
+    req.extra_files.push_back({name, content});
+  }
+  Status s = WaitForShards(env, req.tmp_dir, world_size, timeout_s, &req.shards);
+  if (s.ok()) {
+    req.write_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    s = CommitCheckpoint(env, req);
+  }
+  if (!s.ok()) {
+    AbortStep(env, req.tmp_dir, s.message());
+    return s;
+  }
+  std::string latest;
+  if (!ReadSmallFile(env, JoinPath(run_dir, kLatestName), 64, &latest).ok() ||
+      std::strtoll(latest.c_str(), nullptr, 10) < static_cast<int64_t>(step))
+    PublishLatest(env, run_dir, step);  // a hint: failure to update it never fails the commit
+  return Status::Ok();
+}
+
+std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last) {
+  if (keep_last == 0) return "";
+  std::vector<std::string> names;
+  int r = env->ListDir(run_dir, &names);
+  if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
+  std::vector<uint64_t> committed;
+  for (const std::string& n : names) {
+    uint64_t step = 0;
+    if (ParseStepDirName(n, &step) && Exists(env, JoinPath(JoinPath(run_dir, n), kManifestName)))
+      committed.push_back(step);
+  }
+  std::sort(committed.begin(), committed.end());
+  std::string warning;
+  for (size_t i = 0; i + keep_last < committed.size(); ++i) {
+    const std::string path = JoinPath(run_dir, StepDirName(committed[i]));
+    const std::string gone =
+        JoinPath(run_dir, kFreePrefix + std::string("expired-") + std::to_string(committed[i]) + "-" + std::to_string(::getpid()));
+    // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
+    int e = env->Rename(path, gone);
+    Status s = e < 0 ? Status::FromErrno(-e, "retention: rename " + path) : RemoveDirFiles(env, gone);
+    if (!s.ok() && warning.empty()) warning = s.message();
+  }
+  Status s = SyncDir(env, run_dir);
+  if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
+  return warning;
+}
+
+}  // namespace alpsck

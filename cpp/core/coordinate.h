@@ -1,0 +1,73 @@
+// Coordination of a multi-rank checkpoint: every rank writes its own shard, one commit for all.
+//
+// Each rank writes RUN_DIR/step-N.tmp/rank-RRRRR.bin through its own Engine and seals it
+// (commit.h: data, index and footer durable). Then, with no collective and nothing that could
+// block training, the ranks meet through the file system:
+//
+//   1. every rank writes a DONE record, step-N.tmp/rank-RRRRR.done (its ShardRecord as JSON),
+//      fsyncs it and the directory. A rank whose save failed writes rank-RRRRR.failed instead
+//      (best effort: it may be the disk that failed);
+//   2. the coordinator (rank 0) polls the directory until all world_size DONE records are there,
+//      checks each shard's size against its record, and runs the commit protocol (commit.cc)
+//      with every shard in the manifest. A FAILED record, or the timeout, aborts the step: the
+//      coordinator writes step-N.tmp/ABORTED (with the reason), removes the shards, and the
+//      directory is never committed;
+//   3. every other rank polls for step-N/MANIFEST.json (committed) or step-N.tmp/ABORTED.
+//
+// So a checkpoint is committed only when every rank's shard is durable, and a rank killed
+// mid-save leaves a step-N.tmp that recovery never reads. DONE records are not part of the
+// committed checkpoint's contract (the manifest is); they stay in the directory, harmless.
+//
+// Threading: these are free functions with no shared state; callers run them on their own
+// threads (the engine's committer thread, or the caller of the DCP backend's finish()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commit.h"
+#include "env.h"
+#include "status.h"
+
+namespace alpsck {
+
+constexpr char kAbortedName[] = "ABORTED";
+
+std::string DoneRecordName(uint32_t rank);    // rank-RRRRR.done
+std::string FailedRecordName(uint32_t rank);  // rank-RRRRR.failed
+
+std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r);
+// Validates a record read from disk: the rank must match and the shard name be that rank's.
+Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* out);
+
+// Step 1: the DONE record of a sealed, closed shard, durable (file and directory fsync'ed).
+Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const ShardRecord& r);
+// Step 1, failure: best effort (errors ignored), so the coordinator aborts without waiting.
+void WriteFailedRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const std::string& why);
+
+// Step 2, waiting part: polls tmp_dir until the DONE records of ranks 0..world_size-1 are all
+// there (then *records holds them, in rank order, each shard's size checked), a FAILED record
+// appears, the directory is ABORTED, or timeout_s passes (kAborted naming the missing ranks).
+Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, double timeout_s,
+                     std::vector<ShardRecord>* records);
+
+// Step 2, abort: writes ABORTED with the reason and removes every other file of tmp_dir.
+void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why);
+
+// Step 3: polls until step-N is committed (OK), or aborted / timed out (kAborted, with why).
+Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double timeout_s);
+
+// The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for
+// the shards, writes the extra files (name, content) into step-N.tmp, commits with everything in
+// the manifest, publishes LATEST if newer. On failure the step is aborted.
+Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
+                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s);
+
+// Retention without recycling (multi-rank runs): keeps the newest keep_last committed steps
+// (0 keeps all), renames older ones away (atomic expiry) and removes them. Returns a warning
+// (empty if none): retention trouble never fails a save.
+std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last);
+
+}  // namespace alpsck

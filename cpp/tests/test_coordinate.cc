@@ -1,0 +1,222 @@
+// Multi-rank checkpoints: one Engine per rank on a shared run directory, one commit for all
+// (coordinate.h). Ranks run as threads here; the protocol only meets through the file system,
+// so the same holds for processes on several nodes.
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commit.h"
+#include "coordinate.h"
+#include "engine.h"
+#include "file_io.h"
+#include "recovery.h"
+#include "testing.h"
+#include "test_util.h"
+
+using namespace alpsck;
+using alpsck_test::Exists;
+using alpsck_test::RandomBytes;
+using alpsck_test::TempDir;
+
+namespace {
+
+std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t world, Env* env = nullptr,
+                                 uint32_t keep_last = 0, double timeout_s = 30) {
+  EngineOptions o;
+  o.run_dir = dir;
+  o.chunk_bytes = 64 << 10;
+  o.threads = 2;
+  o.rank = rank;
+  o.world_size = world;
+  o.keep_last = keep_last;
+  o.commit_timeout_s = timeout_s;
+  o.env = env;
+  std::unique_ptr<Engine> e;
+  Status s = Engine::Open(o, &e);
+  if (!s.ok()) std::fprintf(stderr, "Engine::Open(rank %u): %s\n", rank, s.message().c_str());
+  return e;
+}
+
+std::vector<char> Data(uint64_t step, uint32_t rank) { return RandomBytes(200000 + rank * 1000, static_cast<uint32_t>(step * 31 + rank)); }
+
+bool ShardHolds(const std::string& dir, uint64_t step, uint32_t rank, const std::vector<char>& want) {
+  std::unique_ptr<ShardReader> r;
+  if (!ShardReader::Open(Env::Default(), JoinPath(JoinPath(dir, StepDirName(step)), ShardFileName(rank)), true, &r).ok())
+    return false;
+  if (r->index().rank != rank || r->index().layout.extents.size() != 1) return false;
+  std::vector<char> got(want.size());
+  std::vector<char*> dsts{got.data()};
+  return r->index().layout.extents[0].size == want.size() && r->Read(dsts, 2).ok() && got == want;
+}
+
+std::vector<CheckpointInfo> Scan(const std::string& dir) {
+  std::vector<CheckpointInfo> infos;
+  Status s = ScanRunDir(Env::Default(), dir, true, 2, &infos);
+  if (!s.ok()) std::fprintf(stderr, "scan: %s\n", s.message().c_str());
+  return infos;
+}
+
+// Every rank saves `step` (its own data); returns each rank's final status.
+std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint64_t step, CommitMode mode = CommitMode::kAuto) {
+  std::vector<Status> out(engines.size());
+  std::vector<std::thread> ts;
+  for (uint32_t r = 0; r < engines.size(); ++r) {
+    ts.emplace_back([&, r] {
+      if (!engines[r]) return;
+      auto data = Data(step, r);
+      std::shared_ptr<SaveHandle> h;
+      Status s = engines[r]->Save(step, {{"w", data.data(), data.size()}}, "{\"rank\":" + std::to_string(r) + "}",
+                                  SaveMode::kSnapshot, &h, mode);
+      if (s.ok()) {
+        h->Wait(-1);
+        s = h->status();
+      }
+      out[r] = s;
+    });
+  }
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+}  // namespace
+
+TEST(three_ranks_commit_once_with_every_shard) {
+  TempDir d;
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 3; ++r) e.push_back(OpenRank(d.path(), r, 3, nullptr, 2));
+  for (auto& x : e) REQUIRE(x);
+  for (uint64_t step : {10, 20, 30}) {
+    for (const Status& s : SaveAll(e, step)) CHECK(s.ok());
+    // A handle completes only once the whole checkpoint is committed, on every rank.
+    CHECK(Exists(JoinPath(JoinPath(d.path(), StepDirName(step)), kManifestName)));
+  }
+  auto infos = Scan(d.path());
+  REQUIRE(infos.size() == 2);  // keep_last 2: step 10 expired, and removed (not recycled)
+  for (const auto& i : infos) {
+    CHECK(i.state == CheckpointState::kCommitted);
+    CHECK_EQ(i.ranks, 3u);
+    CHECK(i.verified);
+  }
+  CHECK_EQ(infos[0].step, uint64_t{20});
+  for (uint32_t r = 0; r < 3; ++r) CHECK(ShardHolds(d.path(), 30, r, Data(30, r)));
+  std::vector<std::string> names;
+  REQUIRE(Env::Default()->ListDir(d.path(), &names) == 0);
+  for (const auto& n : names) CHECK(n.rfind("free-", 0) != 0 && n.find(".tmp") == std::string::npos);
+  std::string latest;
+  REQUIRE(ReadSmallFile(Env::Default(), JoinPath(d.path(), kLatestName), 64, &latest).ok());
+  CHECK_EQ(latest, std::string("30\n"));
+}
+
+TEST(a_rank_that_fails_aborts_the_step_everywhere_and_the_next_step_commits) {
+  TempDir d;
+  FaultEnv faulty;
+  FaultRule full;  // rank 1's shard of step 2 hits ENOSPC
+  full.op = FaultRule::Op::kPWrite;
+  full.path_contains = "step-000000002.tmp/rank-00001";
+  full.error = ENOSPC;
+  full.count = UINT64_MAX;
+  faulty.AddRule(full);
+  std::vector<std::unique_ptr<Engine>> e;
+  e.push_back(OpenRank(d.path(), 0, 2));
+  e.push_back(OpenRank(d.path(), 1, 2, &faulty));
+  for (auto& x : e) REQUIRE(x);
+  for (const Status& s : SaveAll(e, 1)) CHECK(s.ok());
+  auto st = SaveAll(e, 2);
+  CHECK(st[1].code() == Code::kNoSpace);
+  CHECK(st[0].code() == Code::kAborted);
+  CHECK(st[0].message().find("rank 1") != std::string::npos);
+  CHECK(!Exists(JoinPath(d.path(), StepDirName(2))));
+  // What is left of step 2 is an ABORTED marker and nothing else: no half shard.
+  std::vector<std::string> left;
+  if (Env::Default()->ListDir(JoinPath(d.path(), StepDirName(2) + ".tmp"), &left) == 0) {
+    CHECK_EQ(left.size(), size_t{1});
+    CHECK_EQ(left[0], std::string(kAbortedName));
+  }
+  faulty.ClearRules();
+  for (const Status& s : SaveAll(e, 3)) CHECK(s.ok());
+  auto infos = Scan(d.path());
+  std::vector<uint64_t> committed;
+  for (const auto& i : infos)
+    if (i.state == CheckpointState::kCommitted) committed.push_back(i.step);
+  CHECK(committed == std::vector<uint64_t>({1, 3}));
+}
+
+TEST(a_missing_rank_times_out_and_earlier_checkpoints_stay_valid) {
+  TempDir d;
+  std::vector<std::unique_ptr<Engine>> e;
+  e.push_back(OpenRank(d.path(), 0, 3, nullptr, 0, 0.5));
+  e.push_back(OpenRank(d.path(), 1, 3, nullptr, 0, 0.5));
+  e.push_back(OpenRank(d.path(), 2, 3, nullptr, 0, 0.5));
+  for (auto& x : e) REQUIRE(x);
+  for (const Status& s : SaveAll(e, 1)) CHECK(s.ok());
+  e[2].reset();  // rank 2 dies: it never saves step 2
+  auto st = SaveAll(e, 2);
+  CHECK(st[0].code() == Code::kAborted);
+  CHECK(st[0].message().find("rank(s) 2") != std::string::npos);
+  CHECK(st[1].code() == Code::kAborted);
+  auto infos = Scan(d.path());
+  REQUIRE(!infos.empty());
+  CHECK(infos[0].step == 1 && infos[0].state == CheckpointState::kCommitted);
+  for (const auto& i : infos) CHECK(i.step != 2 || i.state != CheckpointState::kCommitted);
+}
+
+TEST(deferred_shards_commit_with_extra_files_through_commit_step) {
+  TempDir d;
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2));
+  for (auto& x : e) REQUIRE(x);
+  for (const Status& s : SaveAll(e, 7, CommitMode::kDeferred)) CHECK(s.ok());
+  CHECK(!Exists(JoinPath(d.path(), StepDirName(7))));  // sealed, not committed
+  Status s = CommitStep(Env::Default(), d.path(), 7, 2, {{"dcp.json", "{\"planner\":1}"}}, 5);
+  REQUIRE(s.ok());
+  auto infos = Scan(d.path());
+  REQUIRE(infos.size() == 1);
+  CHECK(infos[0].state == CheckpointState::kCommitted);
+  CHECK(infos[0].extra_files == std::vector<std::string>({"dcp.json"}));
+  // The extra file is verified like a shard.
+  const std::string extra = JoinPath(JoinPath(d.path(), StepDirName(7)), "dcp.json");
+  REQUIRE(alpsck_test::FlipBit(extra, 3));
+  infos = Scan(d.path());
+  CHECK(infos[0].state == CheckpointState::kCorrupt);
+  CHECK(infos[0].error.find("dcp.json") != std::string::npos);
+  // Names that could leave the directory are refused before anything is written.
+  CHECK(CommitStep(Env::Default(), d.path(), 8, 1, {{"../x", "y"}}, 1).code() == Code::kInvalidArgument);
+}
+
+TEST(manifests_must_list_one_shard_per_rank_in_order) {
+  TempDir d;
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2));
+  for (const Status& s : SaveAll(e, 4)) CHECK(s.ok());
+  e.clear();
+  const std::string m = JoinPath(JoinPath(d.path(), StepDirName(4)), kManifestName);
+  std::string text;
+  REQUIRE(ReadSmallFile(Env::Default(), m, 1 << 20, &text).ok());
+  const std::string good = text;
+  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"rank-00001.bin", "rank-00000.bin"},  // a duplicate shard, rank 1 missing
+           {"\"ranks\":2", "\"ranks\":3"}}) {      // a count that does not match
+    text = good;
+    size_t p = text.find(from);
+    REQUIRE(p != std::string::npos);
+    text.replace(p, from.size(), to);
+    REQUIRE(alpsck_test::WriteText(m, text));
+    auto infos = Scan(d.path());
+    REQUIRE(infos.size() == 1);
+    CHECK(infos[0].state == CheckpointState::kCorrupt);
+  }
+}
+
+TEST(rank_must_be_below_world_size) {
+  TempDir d;
+  EngineOptions o;
+  o.run_dir = d.path();
+  o.rank = 2;
+  o.world_size = 2;
+  std::unique_ptr<Engine> e;
+  CHECK(Engine::Open(o, &e).code() == Code::kInvalidArgument);
+}
+
+ALPSCK_TEST_MAIN()
