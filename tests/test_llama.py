@@ -266,3 +266,10 @@ def test_ddp_gloo_crash_and_resume(tmp_path: Path) -> None:
         _finish(p)
     ref = (tmp_path / "a.csv").read_bytes()
     assert len(ref.splitlines()) == 13 and (tmp_path / "c.csv").read_bytes() == ref
+    # Every checkpoint is sharded: one file per rank, the model and optimizer written once.
+    from alpsck import _core
+
+    infos = [i for i in _core.scan(str(tmp_path / "ckpt-c"), verify=True) if i["status"] == "committed"]
+    assert infos and all(i["shards"] == ["rank-00000.bin", "rank-00001.bin"] for i in infos)
+    extents = [{n for n, _, _ in _core.ShardReader(f"{infos[-1]['path']}/rank-{r:05d}.bin").extents} for r in (0, 1)]
+    assert not {n for n in extents[0] & extents[1] if n.startswith(("model/", "optim/"))}

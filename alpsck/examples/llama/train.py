@@ -7,10 +7,14 @@ backward / clip / ``optimizer.step`` / ``scheduler.step`` â†’ append the loss â†
 "rng", "data", "step"}``. At the end (or on a stop request) it saves the last step if not saved
 yet and waits until that checkpoint is durable.
 
-Distributed: under ``torchrun`` (``WORLD_SIZE > 1``) it joins the process group (gloo on CPU,
-NCCL on CUDA), wraps the model in DDP and draws each rank's batch from ``(seed, step, rank)``.
-Only rank 0 writes the loss file (its local loss) and saves checkpoints; every rank restores from
-the same directory. (The sharded multi-rank checkpoint path replaces this later.)
+Distributed: under ``torchrun`` or ``srun`` (``WORLD_SIZE > 1``) it joins the process group (gloo
+on CPU, NCCL on CUDA), wraps the model in DDP and draws each rank's batch from ``(seed, step,
+rank)``. With ``--checkpointer alpsck`` every rank saves its shard of each checkpoint: its own
+RNG streams and data position, and its share of the model and optimizer tensors, which DDP keeps
+identical on every rank and which are therefore written once (``replicated``). Whether to stop
+or to checkpoint after a step is agreed by all ranks (one small all-reduce per step), so they
+all save the same steps. The ``torch`` baseline saves on rank 0 only. Rank 0 writes the loss
+file (its local loss).
 
 Determinism: seeds python/numpy/torch, enables ``torch.use_deterministic_algorithms`` (warn-only
 on CUDA) and sets ``CUBLAS_WORKSPACE_CONFIG``; these are process-wide settings and stay set.
@@ -57,6 +61,7 @@ FAIL_EXIT_CODE = 17
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CHECKPOINTERS = ("torch", "alpsck")
 LOSS_HEADER = "step,loss\n"
+REPLICATED = ("model", "optim")  # identical on every DDP rank: written once per checkpoint
 
 
 @dataclass
@@ -143,7 +148,8 @@ class TrainResult:
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
                       keep_last: int) -> CheckpointerLike:
-    """``"torch"``: :class:`alpsck.baseline.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one."""
+    """``"torch"``: :class:`alpsck.baseline.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
+    a shard per rank when torch.distributed is initialised (model and optimizer written once)."""
     if kind == "torch":
         from alpsck.baseline import TorchSaveCheckpointer
 
@@ -155,7 +161,8 @@ def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, thr
         except ImportError as e:
             raise ConfigError(f"checkpointer 'alpsck' is not available here ({e}); use 'torch'") from e
 
-        return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last)
+        return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last,
+                            replicated=REPLICATED)
     raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {kind!r}")
 
 
@@ -260,16 +267,18 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                              "step": 0}
 
     ckpt_kwargs = {"max_in_flight": cfg.max_in_flight, "threads": cfg.threads, "keep_last": cfg.keep_last}
-    ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 else None
+    sharded = cfg.checkpointer == "alpsck"  # every rank saves its shard (else rank 0 alone)
+    ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 or sharded else None
     restored: int | None = None
     if cfg.load_checkpoint:
         src = Path(cfg.load_checkpoint_dir or cfg.checkpoint_dir)
         if ckpt is not None and src.resolve() == Path(cfg.checkpoint_dir).resolve():
             restored = ckpt.restore(state)
-        elif cfg.checkpointer == "alpsck":
+        elif sharded:
             from alpsck.checkpointer import restore_into  # read-only: takes no run-dir lock
 
-            restored = restore_into(src, state)
+            assert ckpt is not None
+            restored = restore_into(src, state, ranks=ckpt.ranks)
         else:
             reader = make_checkpointer(cfg.checkpointer, src, **ckpt_kwargs)
             try:
@@ -303,8 +312,9 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
 
     try:
         t0 = time.perf_counter()
+        _, stop = _agree(world, device, False, bool(stop_requested and stop_requested()))
         for s in range(step + 1, cfg.training_steps + 1):
-            if _stop(stop_requested, world, device):
+            if stop:
                 result.stopped = True
                 break
             if cfg.fail_at_step is not None and s == cfg.fail_at_step:
@@ -327,7 +337,9 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
             if rank == 0 and cfg.log_every and s % cfg.log_every == 0:
                 log.info("step %d loss %.4f lr %.3g (%.1f steps/s)", s, value, sched.get_last_lr()[0],
                          (s - step) / max(time.perf_counter() - t0, 1e-9))
-            if checkpoint_due(s) if checkpoint_due is not None else (cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0):
+            due = checkpoint_due(s) if checkpoint_due is not None else bool(cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0)
+            due, stop = _agree(world, device, due, bool(stop_requested and stop_requested()))
+            if due:
                 save(s)
         if last_saved != result.final_step:
             save(result.final_step, urgent=result.stopped)  # a final checkpoint races a deadline
@@ -343,16 +355,13 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     return result
 
 
-def _stop(stop_requested: Callable[[], bool] | None, world: int, device: torch.device) -> bool:
-    """Poll ``stop_requested``; with several ranks, any rank asking stops all of them."""
-    if stop_requested is None:
-        return False
-    flag = bool(stop_requested())
+def _agree(world: int, device: torch.device, due: bool, stop: bool) -> tuple[bool, bool]:
+    """(checkpoint now, stop now), each true if any rank says so: all ranks save the same steps."""
     if world > 1:
-        t = torch.tensor([int(flag)], device=device)
+        t = torch.tensor([int(due), int(stop)], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        flag = bool(t.item())
-    return flag
+        due, stop = bool(t[0].item()), bool(t[1].item())
+    return due, stop
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,176 @@
+"""Multi-rank checkpoints with real processes and a real gloo process group.
+
+Each rank writes its own shard; replicated tensors are written once; the core commits once every
+shard is durable; restore is a collective; a rank killed mid-save never leaves a committed
+checkpoint missing a shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import alpsck
+from alpsck import _core
+
+WORKER = r"""
+import json, os, sys, time, torch, torch.distributed as dist, alpsck
+torch.set_num_threads(1)
+mode, run_dir = sys.argv[1], sys.argv[2]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+
+def model_state(step):   # identical on every rank, like a DDP model
+    g = torch.Generator().manual_seed(step)
+    return {f"layer{i}": torch.randn(1000 * (i + 1), generator=g) for i in range(6)}
+
+def local(step):          # differs per rank, like RNG streams or a data position
+    return torch.full((3000,), float(100 * rank + step))
+
+if mode == "save":
+    ck = alpsck.Checkpointer(run_dir, replicated=("model",), keep_last=2, commit_timeout_s=60)
+    for step in (1, 2, 3):
+        state = {"model": model_state(step), "local": local(step), "step": step, "who": rank}
+        ck.save(step, state).wait()
+    ck.close()
+elif mode == "restore":
+    state = {"model": {k: torch.zeros_like(v) for k, v in model_state(0).items()}, "local": torch.zeros(3000),
+             "step": 0, "who": -1}
+    with alpsck.Checkpointer(run_dir) as ck:
+        got = ck.restore(state)
+    ok = all(torch.equal(state["model"][k], v) for k, v in model_state(got).items())
+    print(json.dumps({"rank": rank, "step": got, "model_ok": ok, "local": state["local"][0].item(),
+                      "who": state["who"]}), flush=True)
+elif mode == "churn":      # saves back to back until killed; reports what became durable
+    ck = alpsck.Checkpointer(run_dir, replicated=("model",), keep_last=3, max_in_flight=2, commit_timeout_s=3,
+                             chunk_bytes=64 << 10)
+    big = {f"w{i}": torch.zeros(250_000) for i in range(8)}
+    pending, step = [], int(sys.argv[3])
+    while True:
+        for t in big.values():
+            t.fill_(float(step))
+        pending.append(ck.save(step, {"model": big, "local": local(step), "step": step}))
+        for h in [h for h in pending if h.done()]:
+            pending.remove(h)
+            try:
+                h.wait()
+                print(f"durable {h.step}", flush=True)
+            except alpsck.errors.CheckpointError as e:
+                print(f"failed {h.step} {e}", flush=True)
+        step += 1
+elif mode == "restore-churn":
+    state = {"model": {f"w{i}": torch.empty(250_000) for i in range(8)}, "local": torch.zeros(3000), "step": 0}
+    with alpsck.Checkpointer(run_dir) as ck:
+        got = ck.restore(state)
+    ok = all(torch.equal(t, torch.full((250_000,), float(got))) for t in state["model"].values())
+    print(json.dumps({"rank": rank, "step": got, "model_ok": ok, "local": state["local"][0].item()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _launch(tmp_path: Path, world: int, *args: str, stdout: object = subprocess.PIPE) -> list[subprocess.Popen[str]]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    port = str(_free_port())
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world),
+               "RANK": str(rank), "OMP_NUM_THREADS": "1"}
+        out = stdout[rank] if isinstance(stdout, list) else stdout
+        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=out,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def _outputs(procs: list[subprocess.Popen[str]]) -> list[str]:
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+        outs.append(out)
+    return outs
+
+
+def test_each_rank_writes_a_shard_and_replicated_tensors_once(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _outputs(_launch(tmp_path, 2, "save", str(run)))
+    infos = _core.scan(str(run), verify=True)
+    assert [(i["step"], i["status"], i["ranks"]) for i in infos] == [(2, "committed", 2), (3, "committed", 2)]
+    assert infos[-1]["shards"] == ["rank-00000.bin", "rank-00001.bin"]
+    names = [{n for n, _, _ in _core.ShardReader(str(Path(infos[-1]["path"]) / f"rank-{r:05d}.bin")).extents}
+             for r in (0, 1)]
+    model = {f"model/layer{i}" for i in range(6)}
+    # Each replicated tensor lies in exactly one shard, and the work is split; the local one in both.
+    assert not (names[0] & names[1] & model) and (names[0] | names[1]) >= model
+    assert names[0] & model and names[1] & model
+    assert "local" in names[0] and "local" in names[1]
+    sizes = [sum(s for n, _, s in _core.ShardReader(str(Path(infos[-1]["path"]) / f"rank-{r:05d}.bin")).extents)
+             for r in (0, 1)]
+    assert max(sizes) < 0.7 * sum(sizes)  # balanced by size, not all on rank 0
+    # No leftovers of the coordination: no .tmp dirs, expired step 1 removed.
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["step-000000002", "step-000000003"]
+
+    results = sorted((json.loads(o.strip().splitlines()[-1]) for o in _outputs(_launch(tmp_path, 2, "restore", str(run)))),
+                     key=lambda r: r["rank"])
+    assert [r["step"] for r in results] == [3, 3]
+    assert all(r["model_ok"] for r in results)
+    assert [r["local"] for r in results] == [3.0, 103.0]  # each rank gets its own tree back
+    assert [r["who"] for r in results] == [0, 1]
+
+
+def test_restore_at_another_world_size_is_refused_clearly(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _outputs(_launch(tmp_path, 2, "save", str(run)))
+    with pytest.raises(alpsck.errors.UsageError, match="written by 2 rank.*this job has 1.*alpsck.dcp"):
+        alpsck.restore_into(run, {"local": torch.zeros(3000)})
+
+
+def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    start = 1
+    for round_ in range(3):
+        logs = [open(tmp_path / f"r{round_}-{r}.log", "w") for r in (0, 1)]  # noqa: SIM115 - closed below
+        procs = _launch(tmp_path, 2, "churn", str(run), str(start), stdout=logs)
+        time.sleep(4.0 + round_ * 0.7)
+        procs[1].send_signal(signal.SIGKILL)  # rank 1 dies mid-save
+        procs[1].wait()
+        time.sleep(4.5)  # rank 0 goes on: its saves must time out (commit_timeout_s=3) and fail, not commit
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        for f in logs:
+            f.close()
+        out0 = (tmp_path / f"r{round_}-0.log").read_text()
+        durable = [int(line.split()[1]) for line in out0.splitlines() if line.startswith("durable ")]
+        failed = [int(line.split()[1]) for line in out0.splitlines() if line.startswith("failed ")]
+        assert durable and failed, out0[-2000:]
+        infos = _core.scan(str(run), verify=True)
+        assert not [i for i in infos if i["status"] == "corrupt"], infos
+        committed = [i for i in infos if i["status"] == "committed"]
+        assert all(i["ranks"] == 2 and len(i["shards"]) == 2 for i in committed), committed
+        assert committed and max(i["step"] for i in committed) >= max(durable)
+        assert not set(failed) & {i["step"] for i in committed}
+        for info in committed:
+            for r in (0, 1):
+                assert _core.ShardReader(str(Path(info["path"]) / f"rank-{r:05d}.bin")).rank == r
+        start = max(i["step"] for i in committed) + 1
+    # Two new ranks restore the newest complete checkpoint, each its own tree.
+    results = sorted((json.loads(o.strip().splitlines()[-1])
+                      for o in _outputs(_launch(tmp_path, 2, "restore-churn", str(run)))), key=lambda r: r["rank"])
+    assert [r["step"] for r in results] == [start - 1] * 2
+    assert all(r["model_ok"] for r in results)
+    assert [r["local"] for r in results] == [float(start - 1), float(100 + start - 1)]
