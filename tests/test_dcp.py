@@ -24,7 +24,8 @@ from dcp_worker import check, template
 from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
-from alpsck.dcp import METADATA_FILE, AlpsckStorageReader, AlpsckStorageWriter, _decode_value
+from alpsck.dcp import METADATA_FILE, AlpsckStorageReader, AlpsckStorageWriter
+from alpsck.dcp_json import decode_value
 from alpsck.errors import (
     CorruptCheckpointError,
     NoCheckpointError,
@@ -280,8 +281,8 @@ def test_values_json_cannot_hold_are_refused(tmp_path: Path, value: Any, message
 ])
 def test_stored_values_decode_only_known_tags(doc: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error):
-        _decode_value(json.dumps(doc).encode(), "v@json")
-    assert _decode_value(json.dumps({"format": "alpsck-dcp-value/1", "value": {"__t": "dtype", "v": "bfloat16"}})
+        decode_value(json.dumps(doc).encode(), "v@json")
+    assert decode_value(json.dumps({"format": "alpsck-dcp-value/1", "value": {"__t": "dtype", "v": "bfloat16"}})
                          .encode(), "v@json") is torch.bfloat16
 
 
@@ -308,3 +309,15 @@ def test_reader_refuses_native_checkpoints(tmp_path: Path) -> None:
         AlpsckStorageReader(tmp_path, 1).read_metadata()
     with pytest.raises(NoCheckpointError):
         AlpsckStorageReader(tmp_path).read_metadata()
+
+
+def test_bench_ranks_cli_json(tmp_path: Path) -> None:
+    """``alpsck bench --ranks``: both backends at 1 rank on a tiny state; its scratch directory goes away."""
+    cmd = [sys.executable, "-m", "alpsck", "bench", "--ranks", "1", "--size-gib", "0.005", "--repeats", "1",
+           "--dcp-threads", "1", "--threads", "2", "--dir", str(tmp_path), "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert [(m["ranks"], m["method"]) for m in doc["measurements"]] == [(1, "alpsck t=2"), (1, "dcp-fs t=1")]
+    assert all(m["save_gbps"] > 0 and m["load_gbps"] > 0 and len(m["save_seconds"]) == 1 for m in doc["measurements"])
+    assert doc["state_bytes"] > 0.005 * 2**30 * 0.5 and not list(tmp_path.iterdir())
