@@ -289,6 +289,14 @@ def test_stored_values_decode_only_known_tags(doc: dict[str, Any], error: type[E
 # ------------------------------------------------------------------------------ writer rules
 
 
+def test_async_save_with_the_thread_executor(tmp_path: Path) -> None:
+    sd = {"w": torch.randn(64, 8).to(torch.bfloat16), "opt": {"lr": 0.25, "step": 7}}
+    dcp.async_save(sd, storage_writer=AlpsckStorageWriter(tmp_path, 4)).result()
+    state = {"w": torch.zeros(64, 8, dtype=torch.bfloat16), "opt": {"lr": None, "step": None}}
+    dcp.load(state, storage_reader=AlpsckStorageReader(tmp_path))
+    assert torch.equal(state["w"], sd["w"]) and state["opt"] == {"lr": 0.25, "step": 7}
+
+
 def test_writer_takes_the_run_dir_lock_and_writes_a_step_once(tmp_path: Path) -> None:
     sd = {"w": torch.arange(4.0)}
     with Checkpointer(tmp_path, keep_last=0):
