@@ -9,8 +9,8 @@ every non-tensor value; alpsck's DCP backend (:mod:`alpsck.dcp`) stores both as 
   layout, three memory formats. Unknown fields, types, dtypes or layouts raise
   :class:`UnsafeCheckpointError`; malformed or inconsistent values (sizes beyond
   :data:`alpsck.tree.MAX_ELEMENTS`, chunks outside their tensor, overlapping or not covering it,
-  storage entries that do not match a chunk) raise :class:`CorruptCheckpointError`. Every error
-  names the file and the field.
+  on a rank outside the world) raise :class:`CorruptCheckpointError`. Every error names the file
+  and the field.
 * :func:`encode_value` / :func:`decode_value`: one non-tensor value as alpsck's tagged JSON
   (:mod:`alpsck.tree`); decoding knows only the tree's tags and never instantiates a class.
 
@@ -126,8 +126,21 @@ def encode_planner_data(pd: Any) -> dict[str, list[str | int]] | None:
 def encode_metadata(md: Metadata, *, step: int, world_size: int) -> bytes:
     """``dcp-metadata.json``: DCP's Metadata as JSON (``md.storage_data`` must map MetadataIndex -> ExtentRef).
 
-    Raises UsageError for anything that could not be rebuilt without pickle.
+    Compact: each tensor chunk is ``[offsets, sizes, rank]`` and each value names its rank and
+    length; extent names follow :func:`extent_name` and tensor byte counts follow from the chunk
+    sizes, so they are not stored. Raises UsageError for anything that could not be rebuilt
+    without pickle, or whose extent is not where the naming rule puts it.
     """
+    storage: dict[MetadataIndex, ExtentRef] = md.storage_data or {}
+    if not all(isinstance(i, MetadataIndex) and isinstance(r, ExtentRef) for i, r in storage.items()):
+        raise UsageError("Metadata.storage_data does not come from AlpsckStorageWriter.write_data")
+
+    def where(index: MetadataIndex, kind: str) -> ExtentRef:
+        ref = storage.get(index)
+        if ref is None or ref.kind != kind or ref.extent != extent_name(index, kind):
+            raise UsageError(f"{index.fqn}: no {kind} extent written for offset {index.offset}")
+        return ref
+
     sdm: dict[str, Any] = {}
     for fqn, m in md.state_dict_metadata.items():
         if not isinstance(fqn, str):
@@ -135,26 +148,24 @@ def encode_metadata(md: Metadata, *, step: int, world_size: int) -> bytes:
         if isinstance(m, TensorStorageMetadata):
             p = m.properties
             check_properties(p, fqn)
+            chunks = []
+            for c in m.chunks:
+                offsets = [int(o) for o in c.offsets]
+                chunks.append([offsets, [int(s) for s in c.sizes], where(MetadataIndex(fqn, offsets), "tensor").rank])
             sdm[fqn] = {
                 "type": "tensor", "dtype": _dtype_name(p.dtype, fqn), "size": [int(s) for s in m.size],
-                "chunks": [{"offsets": [int(o) for o in c.offsets], "sizes": [int(s) for s in c.sizes]} for c in m.chunks],
                 "layout": "strided", "memory_format": _memory_format_name(p.memory_format, fqn),
-                "requires_grad": bool(p.requires_grad), "pin_memory": bool(p.pin_memory),
+                "requires_grad": bool(p.requires_grad), "pin_memory": bool(p.pin_memory), "chunks": chunks,
             }
         elif isinstance(m, BytesStorageMetadata):
-            sdm[fqn] = {"type": "bytes"}
+            ref = where(MetadataIndex(fqn), "json")
+            sdm[fqn] = {"type": "bytes", "rank": ref.rank, "bytes": ref.nbytes}
         else:
             raise UsageError(f"{fqn}: DCP storage metadata of type {type(m).__name__} is not supported")
-    storage: list[dict[str, Any]] = []
-    for index, ref in (md.storage_data or {}).items():
-        if not isinstance(index, MetadataIndex) or not isinstance(ref, ExtentRef):
-            raise UsageError("Metadata.storage_data does not come from AlpsckStorageWriter.write_data")
-        storage.append({"fqn": index.fqn, "offset": None if index.offset is None else [int(o) for o in index.offset],
-                        "rank": ref.rank, "extent": ref.extent, "bytes": ref.nbytes, "kind": ref.kind})
     sm = md.storage_meta
     doc = {
         "format": METADATA_FORMAT, "step": step, "world_size": world_size, "version": md.version,
-        "state_dict_metadata": sdm, "storage_data": storage, "planner_data": encode_planner_data(md.planner_data),
+        "state_dict_metadata": sdm, "planner_data": encode_planner_data(md.planner_data),
         "storage_meta": None if sm is None else {
             "checkpoint_id": None if sm.checkpoint_id is None else os.fspath(sm.checkpoint_id),
             "save_id": sm.save_id, "load_id": sm.load_id, "modules": [str(m) for m in sm.modules]},
@@ -245,7 +256,8 @@ def _check_chunks(f: _Fields, field: str, size: list[int], chunks: list[ChunkSto
             raise f.corrupt(field, f"chunks {i} and {j} overlap")
 
 
-def _decode_tensor_md(f: _Fields, field: str, v: Any) -> TensorStorageMetadata:
+def _decode_tensor_md(f: _Fields, field: str, v: Any, fqn: str, world: int,
+                      storage: dict[MetadataIndex, ExtentRef]) -> TensorStorageMetadata:
     f.obj(v, field, ("type", "dtype", "size", "chunks", "layout", "memory_format", "requires_grad", "pin_memory"))
     dtype = f.choice(v["dtype"], f"{field}.dtype", tree.TENSOR_DTYPES, "tensor dtype")
     layout = f.choice(v["layout"], f"{field}.layout", _LAYOUTS, "tensor layout")
@@ -258,9 +270,16 @@ def _decode_tensor_md(f: _Fields, field: str, v: Any) -> TensorStorageMetadata:
     chunks = []
     for i, c in enumerate(v["chunks"]):
         cf = f"{field}.chunks[{i}]"
-        f.obj(c, cf, ("offsets", "sizes"))
-        chunks.append(ChunkStorageMetadata(offsets=torch.Size(f.integers(c["offsets"], f"{cf}.offsets", len(size))),
-                                           sizes=torch.Size(f.integers(c["sizes"], f"{cf}.sizes", len(size)))))
+        if not isinstance(c, list) or len(c) != 3:
+            raise f.corrupt(cf, f"expected [offsets, sizes, rank], got {_short(c)}")
+        offsets = f.integers(c[0], f"{cf}.offsets", len(size))
+        sizes = f.integers(c[1], f"{cf}.sizes", len(size))
+        rank = f.integer(c[2], f"{cf}.rank", 0, world - 1)
+        chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
+        index = MetadataIndex(fqn, offsets, i)
+        if index in storage:
+            raise f.corrupt(f"{cf}.offsets", f"{offsets} appears twice")
+        storage[index] = ExtentRef(rank, extent_name(index, "tensor"), math.prod(sizes) * dtype.itemsize, "tensor")
     _check_chunks(f, field, size, chunks)
     props = TensorProperties(dtype=dtype, layout=layout, requires_grad=f.boolean(v["requires_grad"], f"{field}.requires_grad"),
                              memory_format=memory_format, pin_memory=f.boolean(v["pin_memory"], f"{field}.pin_memory"))
@@ -271,16 +290,16 @@ def decode_metadata(data: bytes, where: str, *, step: int | None = None, world_s
     """Rebuild DCP's Metadata from ``dcp-metadata.json``, validating every field.
 
     ``step``/``world_size``, when given, must match the document (the directory's step and the
-    manifest's shard count). ``storage_data`` becomes MetadataIndex -> :class:`ExtentRef`; every
-    tensor chunk must have exactly one stored extent, every value one, every extent a valid rank.
+    manifest's shard count). ``storage_data`` becomes MetadataIndex -> :class:`ExtentRef`, one per
+    tensor chunk and per value, each on a rank below ``world_size``, named by :func:`extent_name`.
     """
     f = _Fields(where)
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as e:
         raise CorruptCheckpointError(f"{where}: not valid JSON: {e}") from e
-    f.obj(doc, "document", ("format", "step", "world_size", "version", "state_dict_metadata", "storage_data",
-                            "planner_data", "storage_meta"))
+    f.obj(doc, "document", ("format", "step", "world_size", "version", "state_dict_metadata", "planner_data",
+                            "storage_meta"))
     if doc["format"] != METADATA_FORMAT:
         raise f.unsafe("format", f"{_short(doc['format'])} is not {METADATA_FORMAT!r}")
     doc_step = f.integer(doc["step"], "step")
@@ -295,63 +314,21 @@ def decode_metadata(data: bytes, where: str, *, step: int | None = None, world_s
     if not isinstance(sdm_doc, dict):
         raise f.corrupt("state_dict_metadata", "expected an object")
     sdm: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+    storage: dict[MetadataIndex, ExtentRef] = {}
     for fqn, v in sdm_doc.items():
         field = f"state_dict_metadata[{fqn!r}]"
         kind = f.obj(v, field, ("type",), ("dtype", "size", "chunks", "layout", "memory_format", "requires_grad",
-                                           "pin_memory")).get("type")
+                                           "pin_memory", "rank", "bytes")).get("type")
         if kind == "tensor":
-            sdm[fqn] = _decode_tensor_md(f, field, v)
+            sdm[fqn] = _decode_tensor_md(f, field, v, fqn, world, storage)
         elif kind == "bytes":
-            f.obj(v, field, ("type",))
+            f.obj(v, field, ("type", "rank", "bytes"))
+            index = MetadataIndex(fqn)
+            storage[index] = ExtentRef(f.integer(v["rank"], f"{field}.rank", 0, world - 1), extent_name(index, "json"),
+                                       f.integer(v["bytes"], f"{field}.bytes", 1, MAX_VALUE_BYTES), "json")
             sdm[fqn] = BytesStorageMetadata()
         else:
             raise f.unsafe(f"{field}.type", f"storage type {_short(kind)} is unknown")
-
-    if not isinstance(doc["storage_data"], list):
-        raise f.corrupt("storage_data", "expected a list")
-    storage: dict[MetadataIndex, ExtentRef] = {}
-    chunk_at: dict[str, dict[tuple[int, ...], int]] = {}  # fqn -> chunk offsets -> chunk index
-    for i, e in enumerate(doc["storage_data"]):
-        field = f"storage_data[{i}]"
-        f.obj(e, field, ("fqn", "offset", "rank", "extent", "bytes", "kind"))
-        fqn = f.string(e["fqn"], f"{field}.fqn", max_bytes=1 << 20)
-        md = sdm.get(fqn)
-        if md is None:
-            raise f.corrupt(f"{field}.fqn", f"{fqn!r} is not in state_dict_metadata")
-        kind = f.choice(e["kind"], f"{field}.kind", {"tensor": "tensor", "json": "json"}, "storage kind")
-        rank = f.integer(e["rank"], f"{field}.rank", 0, world - 1)
-        extent = f.string(e["extent"], f"{field}.extent", max_bytes=MAX_NAME_BYTES)
-        nbytes = f.integer(e["bytes"], f"{field}.bytes")
-        if isinstance(md, TensorStorageMetadata):
-            if kind != "tensor":
-                raise f.corrupt(f"{field}.kind", f"{kind!r} for tensor {fqn!r}")
-            offset = f.integers(e["offset"], f"{field}.offset", len(md.size))
-            at = chunk_at.get(fqn)
-            if at is None:
-                at = chunk_at[fqn] = {tuple(c.offsets): k for k, c in enumerate(md.chunks)}
-            k = at.get(tuple(offset))
-            if k is None:
-                raise f.corrupt(f"{field}.offset", f"{offset} is not the offset of a chunk of {fqn!r}")
-            want = math.prod(md.chunks[k].sizes) * md.properties.dtype.itemsize
-            if nbytes != want:
-                raise f.corrupt(f"{field}.bytes", f"{nbytes}, but chunk {offset} of {fqn!r} needs {want}")
-            index = MetadataIndex(fqn, offset, k)
-        else:
-            if kind != "json" or e["offset"] is not None:
-                raise f.corrupt(field, f"value {fqn!r} must be stored as json without an offset")
-            if nbytes > MAX_VALUE_BYTES:
-                raise f.corrupt(f"{field}.bytes", f"{nbytes} exceeds {MAX_VALUE_BYTES}")
-            index = MetadataIndex(fqn)
-        if index in storage:
-            raise f.corrupt(field, f"{fqn!r} at {e['offset']} is stored twice")
-        storage[index] = ExtentRef(rank, extent, nbytes, kind)
-    for fqn, md in sdm.items():
-        wanted = ([MetadataIndex(fqn, c.offsets) for c in md.chunks] if isinstance(md, TensorStorageMetadata)
-                  else [MetadataIndex(fqn)])
-        for index in wanted:
-            if index not in storage:
-                raise f.corrupt("storage_data", f"no stored data for {fqn!r}" + (f" at {list(index.offset)}" if index.offset
-                                                                                 is not None else ""))
 
     planner_data = doc["planner_data"]
     if planner_data is not None:

@@ -195,20 +195,8 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
-def _drop_storage(fqn: str) -> Callable[[dict[str, Any]], None]:
-    def edit(doc: dict[str, Any]) -> None:
-        doc["storage_data"] = [e for e in doc["storage_data"] if e["fqn"] != fqn]
-    return edit
-
-
-def _set_storage(fqn: str, key: str, value: Any) -> Callable[[dict[str, Any]], None]:
-    def edit(doc: dict[str, Any]) -> None:
-        next(e for e in doc["storage_data"] if e["fqn"] == fqn)[key] = value
-    return edit
-
-
 def _overlap(doc: dict[str, Any]) -> None:
-    doc["state_dict_metadata"]["model.w"]["chunks"][1]["offsets"] = [4, 0]  # rows 4..8 after rows 0..4
+    doc["state_dict_metadata"]["model.w"]["chunks"][1][0] = [4, 0]  # rows 4..8 after rows 0..4
 
 
 CRAFTED = {
@@ -218,14 +206,15 @@ CRAFTED = {
     "format": (_set("format", "alpsck-dcp-metadata/2"), UnsafeCheckpointError, "format"),
     "unknown field": (_set("reduce", "os.system"), UnsafeCheckpointError, "unknown field 'reduce'"),
     "huge size": (_set("state_dict_metadata/model.b/size", [2**40, 2**40]), CorruptCheckpointError, "exceeds"),
-    "chunk outside": (_set("state_dict_metadata/model.w/chunks/1/sizes", [6, 6]), CorruptCheckpointError, "outside"),
+    "chunk outside": (_set("state_dict_metadata/model.w/chunks/1/1", [6, 6]), CorruptCheckpointError, "outside"),
     "overlap": (_overlap, CorruptCheckpointError, "overlap"),
     "not covered": (_set("state_dict_metadata/model.w/size", [11, 6]), CorruptCheckpointError, "hold 60 elements"),
-    "no storage": (_drop_storage("model.emb"), CorruptCheckpointError, "no stored data for 'model.emb'"),
-    "rank": (_set_storage("model.b", "rank", 7), CorruptCheckpointError, r"storage_data\[\d+\].rank"),
-    "bool as int": (_set_storage("model.b", "bytes", True), CorruptCheckpointError, r"storage_data\[\d+\].bytes"),
-    "wrong bytes": (_set_storage("model.b", "bytes", 8), CorruptCheckpointError, "needs 24"),
-    "value offset": (_set_storage("extra.lr", "offset", [0]), CorruptCheckpointError, "without an offset"),
+    "chunk without rank": (_set("state_dict_metadata/model.emb/chunks/0", [[0, 0], [5, 3]]), CorruptCheckpointError,
+                           r"chunks\[0\]: expected \[offsets, sizes, rank\]"),
+    "rank": (_set("state_dict_metadata/model.b/chunks/0/2", 7), CorruptCheckpointError, r"chunks\[0\].rank: 7"),
+    "bool as int": (_set("state_dict_metadata/extra.lr/bytes", True), CorruptCheckpointError, r"\['extra.lr'\].bytes"),
+    "huge value": (_set("state_dict_metadata/extra.lr/bytes", 2**40), CorruptCheckpointError, "outside"),
+    "value with chunks": (_set("state_dict_metadata/extra.lr/chunks", []), UnsafeCheckpointError, "unknown field 'chunks'"),
     "world size": (_set("world_size", 3), CorruptCheckpointError, "world_size"),
     "planner data": (_set("planner_data/model.w", [{"__reduce__": 1}]), CorruptCheckpointError, "planner_data"),
     "not json": (lambda doc: b"\x80\x04\x95pickle", CorruptCheckpointError, "not valid JSON"),
@@ -245,6 +234,15 @@ def test_crafted_metadata_is_refused(run: Path, case: str) -> None:
         with pytest.warns(RuntimeWarning, match="float128"):
             state, reader = _load(run)
         assert reader.step == 10 and check(state, 10) == []
+
+
+def test_extent_of_the_wrong_length_fails_the_load(run: Path) -> None:
+    _rewrite_metadata(run, 15, _set("state_dict_metadata/extra.lr/bytes", 5))
+    AlpsckStorageReader(run, 15).read_metadata()  # plausible on its own; the shard disagrees
+    with pytest.raises(CheckpointException) as e:
+        _load(run, step=15)
+    assert isinstance(_root_cause(e.value), CorruptCheckpointError)
+    assert "extent 'extra.lr@json' has" in str(_root_cause(e.value)) and "the metadata says 5" in str(_root_cause(e.value))
 
 
 # ------------------------------------------------------------------------------ no pickle
@@ -308,6 +306,15 @@ def test_writer_takes_the_run_dir_lock_and_writes_a_step_once(tmp_path: Path) ->
         dcp.save(sd, storage_writer=AlpsckStorageWriter(tmp_path, 3))
     with Checkpointer(tmp_path, keep_last=0):  # the DCP save released the lock
         pass
+
+
+def test_metadata_too_large_to_commit_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import alpsck.dcp
+
+    monkeypatch.setattr(alpsck.dcp, "MAX_METADATA_BYTES", 200)  # stands for the core's 16 MiB
+    with pytest.raises(CheckpointException, match="more than the 200"):
+        dcp.save({f"w{i}": torch.ones(2) for i in range(8)}, storage_writer=AlpsckStorageWriter(tmp_path, 1))
+    assert not [i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"]
 
 
 def test_reader_refuses_native_checkpoints(tmp_path: Path) -> None:
