@@ -287,12 +287,23 @@ def test_stored_values_decode_only_known_tags(doc: dict[str, Any], error: type[E
 # ------------------------------------------------------------------------------ writer rules
 
 
-def test_async_save_with_the_thread_executor(tmp_path: Path) -> None:
-    sd = {"w": torch.randn(64, 8).to(torch.bfloat16), "opt": {"lr": 0.25, "step": 7}}
+def test_async_save_with_the_thread_executor_and_odd_tensors(tmp_path: Path) -> None:
+    """async_save; empty, 0-d, fp8, complex, bool and non-contiguous tensors round-trip bit for bit."""
+    g = torch.Generator().manual_seed(1)
+    sd = {"w": torch.randn(64, 8, generator=g).to(torch.bfloat16), "empty": torch.zeros(0, 3), "scalar": torch.tensor(2.5),
+          "fp8": torch.randn(5, generator=g).to(torch.float8_e4m3fn), "c": torch.randn(4, dtype=torch.complex64, generator=g),
+          "mask": torch.rand(7, generator=g) > 0.5, "t": torch.randn(6, 4, generator=g).t(),
+          "opt": {"lr": 0.25, "step": 7}}
     dcp.async_save(sd, storage_writer=AlpsckStorageWriter(tmp_path, 4)).result()
-    state = {"w": torch.zeros(64, 8, dtype=torch.bfloat16), "opt": {"lr": None, "step": None}}
+    state = {k: torch.zeros_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    state["t"] = torch.zeros(4, 6)
+    state["opt"] = {"lr": None, "step": None}
     dcp.load(state, storage_reader=AlpsckStorageReader(tmp_path))
-    assert torch.equal(state["w"], sd["w"]) and state["opt"] == {"lr": 0.25, "step": 7}
+    for k, v in sd.items():
+        if isinstance(v, torch.Tensor):
+            assert state[k].dtype == v.dtype and torch.equal(state[k].reshape(-1).view(torch.uint8),
+                                                             v.contiguous().reshape(-1).view(torch.uint8)), k
+    assert state["opt"] == {"lr": 0.25, "step": 7}
 
 
 def test_writer_takes_the_run_dir_lock_and_writes_a_step_once(tmp_path: Path) -> None:
