@@ -54,10 +54,17 @@ def _ranks(mode: str, run_dir: Path, world: int) -> list[str]:
         procs.append(subprocess.Popen([sys.executable, str(WORKER), mode, str(run_dir)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=180)
-        assert p.returncode == 0, out
-        outs.append(out)
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=180)
+            outs.append(out)
+    finally:
+        for p in procs:  # a rank that failed leaves the others waiting in a collective
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0, f"rank {r}:\n{out}"
     return outs
 
 
