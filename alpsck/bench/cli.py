@@ -2,7 +2,9 @@
 
 Without ``--overhead``: save/restore of a synthetic state against torch.save, DCP, safetensors
 and the raw disk (:mod:`.run`). With ``--overhead``: the throughput cost of checkpointing the
-reference Llama training every k iterations (:mod:`.overhead`).
+reference Llama training every k iterations (:mod:`.overhead`). With ``--ranks 1,2,4``: aggregate
+torch.distributed.checkpoint throughput of several ranks, alpsck's backend against
+FileSystemWriter (:mod:`.ranks`).
 """
 
 from __future__ import annotations
@@ -70,10 +72,30 @@ def overhead(args: argparse.Namespace) -> int:
     return 0
 
 
+def ranks(args: argparse.Namespace) -> int:
+    from .ranks import run_ranks, table
+
+    if not Path(args.dir).is_dir():
+        raise AlpsckError(f"--dir {args.dir}: no such directory")
+    unused = [flag for flag, v in (("--full", args.full), ("--chunk-mib", args.chunk_mib), ("--no-peers", args.no_peers),
+                                   ("--copy-threads", args.copy_threads), ("--in-flight", args.in_flight),
+                                   ("--plot", args.plot), ("--overhead", args.overhead)) if v]
+    if unused:
+        raise AlpsckError(f"{', '.join(unused)}: not used by --ranks")
+    if args.threads and len(args.threads) > 1:
+        raise AlpsckError("--ranks takes one --threads value (writer threads of each rank's alpsck engine)")
+    result = run_ranks(Path(args.dir), int(args.size_gib * 2**30), args.ranks, repeats=args.repeats,
+                       alpsck_threads=args.threads[0] if args.threads else None, dcp_threads=args.dcp_threads)
+    print(json.dumps(result.to_json()) if args.json else table(result))
+    return 0
+
+
 def bench(args: argparse.Namespace) -> int:
     from . import report
     from .run import run
 
+    if args.ranks:
+        return ranks(args)
     if args.overhead:
         return overhead(args)
     if not Path(args.dir).is_dir():
@@ -132,6 +154,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--seq-len", type=int, default=d.sequence_length, help=f"tokens per sequence (default {d.sequence_length})")
     o.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per iteration (default {d.batch_size})")
     o.add_argument("--seed", type=int, default=d.seed, help="model and data seed")
+    r = b.add_argument_group("ranks (--ranks)", "aggregate torch.distributed.checkpoint save/load throughput of 1, 2, 4 "
+                             "... ranks on this node (gloo, CPU tensors, --size-gib in total), alpsck's DCP backend "
+                             "against DCP's FileSystemWriter; --dir, --json, --repeats and --threads apply too")
+    r.add_argument("--ranks", type=_ints, help="world sizes to measure, e.g. 1,2,4")
+    r.add_argument("--dcp-threads", type=_ints, default=[1, 4],
+                   help="FileSystemWriter thread_count values to measure (default 1,4)")
     b.set_defaults(func=bench)
 
 

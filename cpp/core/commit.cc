@@ -113,6 +113,9 @@ Status CommitCheckpoint(Env* env, const CommitRequest& req) {
   const double created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (const ExtraFile& x : req.extra_files) {
     if (!IsExtraFileName(x.name)) return Status::Invalid("extra checkpoint file name not allowed: " + x.name);
+    if (x.content.size() > kMaxManifestBytes)  // recovery reads at most this much
+      return Status::Invalid("extra checkpoint file " + x.name + " is larger than " + std::to_string(kMaxManifestBytes) +
+                             " bytes");
     ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, x.name), x.content));
   }
   ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created)));

@@ -193,6 +193,9 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   req.step = step;
   for (const auto& [name, content] : extra_files) {
     if (!IsExtraFileName(name)) return Status::Invalid("extra checkpoint file name not allowed: " + name);
+    if (content.size() > kMaxManifestBytes)  // recovery would reject the committed checkpoint
+      return Status::Invalid("extra checkpoint file " + name + " is larger than " + std::to_string(kMaxManifestBytes) +
+                             " bytes");
     req.extra_files.push_back({name, content});
   }
   Status s = WaitForShards(env, req.tmp_dir, world_size, timeout_s, &req.shards);

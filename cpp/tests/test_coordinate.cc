@@ -183,6 +183,9 @@ TEST(deferred_shards_commit_with_extra_files_through_commit_step) {
   CHECK(infos[0].error.find("dcp.json") != std::string::npos);
   // Names that could leave the directory are refused before anything is written.
   CHECK(CommitStep(Env::Default(), d.path(), 8, 1, {{"../x", "y"}}, 1).code() == Code::kInvalidArgument);
+  // So is a file larger than recovery reads: it would commit a checkpoint that scans as corrupt.
+  CHECK(CommitStep(Env::Default(), d.path(), 8, 1, {{"big.json", std::string(kMaxManifestBytes + 1, 'x')}}, 1).code() ==
+        Code::kInvalidArgument);
 }
 
 TEST(manifests_must_list_one_shard_per_rank_in_order) {

@@ -1,0 +1,636 @@
+"""A torch.distributed.checkpoint (DCP) storage backend on the alpsck core, so DCP's planner reshards.
+
+Use it where a checkpoint must load at another world size (or another sharding) than it was saved
+with; at the same world size, :class:`alpsck.Checkpointer` restores directly::
+
+    import torch.distributed.checkpoint as dcp
+    from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
+
+    dcp.save(state_dict, storage_writer=AlpsckStorageWriter("runs/exp1", step))   # every rank
+    dcp.load(state_dict, storage_reader=AlpsckStorageReader("runs/exp1"))        # any world size
+
+On disk a DCP checkpoint is an ordinary alpsck checkpoint (``docs/format.md``), so
+``alpsck inspect-checkpoints``, verification (``_core.scan``) and retention treat it like any
+other: each rank writes ``RUN_DIR/step-N.tmp/rank-RRRRR.bin`` through its own core
+:class:`alpsck._core.Engine` (one extent per DCP write item, CRC32C on every chunk, O_DIRECT,
+``commit="deferred"``), and the coordinator commits the step with the DCP metadata as the extra
+file ``dcp-metadata.json``, once every rank's shard is durable. The commit is the core's atomic
+rename, so a crash at any point leaves either the whole checkpoint or none of it.
+
+Call order (DCP drives it; see ``torch/distributed/checkpoint/storage.py``).
+Save: ``storage_meta()`` and ``set_up_storage_writer()`` (all ranks) -> ``prepare_local_plan()``
+(all ranks) -> ``prepare_global_plan()`` (coordinator: stamps every plan with its rank and the
+world size, then opens the coordinator's engine, whose start-up removes abandoned ``step-*.tmp``
+directories) -> ``write_data()`` (all ranks: the other ranks open their engines only now, after
+the coordinator's clean-up; returns once this rank's shard is sealed and durable) -> ``finish()``
+(coordinator: :func:`alpsck._core.commit_step`, then retention).
+Load: ``read_metadata()`` (all ranks: picks the step, checks ``dcp-metadata.json`` against the
+manifest's CRC32C, parses it with explicit validation) -> ``set_up_storage_reader()`` ->
+``prepare_local_plan()`` -> ``prepare_global_plan()`` (coordinator: every rank must have picked the
+same step) -> ``read_data()`` (each shard opened once; extents read in file order, in batches,
+every chunk CRC-checked; straight into the destination when it is a whole, contiguous CPU chunk).
+
+No pickle, ever. DCP's own FileSystemWriter pickles its Metadata and every non-tensor value;
+here the Metadata is JSON (schema in ``docs/format.md``), rebuilt on read from a fixed set of
+types (tensor dtypes from :data:`alpsck.tree.TENSOR_DTYPES`; unknown types, fields, dtypes or
+layouts raise :class:`UnsafeCheckpointError`, inconsistent sizes and offsets
+:class:`CorruptCheckpointError`, each naming the field). Non-tensor values (DCP's ``BYTE_IO``
+items: ints, floats, strings, tuples, dicts ... that DCP would ``torch.save``) are stored as
+alpsck's tagged JSON (:mod:`alpsck.tree`), taken from the planner's ``lookup_object`` (so
+DCP's own pickle of them is never written); a value JSON cannot hold (a custom class, a tuple
+holding tensors) fails the save with :class:`UsageError`. On load a value is decoded from JSON
+and handed to ``planner.load_bytes`` as a ``torch.save`` of the decoded plain value, made here
+in memory: what the planner unpickles was never read from disk.
+
+Locking: a writer takes the run directory's per-rank writer lock
+(:func:`alpsck.checkpointer.lock_run_dir`) for as long as its engine is open (coordinator: from
+``prepare_global_plan`` to the end of ``write_data``; other ranks: during ``write_data``) and the
+coordinator again for the commit and retention in ``finish``. So a DCP save and an open
+:class:`alpsck.Checkpointer` (or another job) on the same run directory fail with
+:class:`RunDirLockedError` instead of removing each other's directories. Readers take no lock.
+
+Threading: a writer or reader serves one save or load at a time, driven by DCP on one thread per
+rank (``async_save`` runs the whole save on its background thread). Long core calls release the
+GIL. One writer per checkpoint: a step is written once (a committed step raises UsageError).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.futures import Future
+
+from . import _core
+from .checkpointer import lock_run_dir
+from .dcp_json import (
+    MAX_METADATA_BYTES,
+    METADATA_FILE,
+    SHARD_FORMAT,
+    ExtentRef,
+    check_properties,
+    decode_metadata,
+    decode_value,
+    encode_metadata,
+    encode_planner_data,
+    encode_value,
+    extent_name,
+)
+from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from .shards import shard_name
+
+__all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter"]
+
+DEFAULT_READ_BATCH_BYTES = 512 << 20
+
+
+def _step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / f"step-{step:09d}"  # as the core names it (StepDirName)
+
+
+def _same_dir(a: str | os.PathLike[str], b: Path) -> bool:
+    return Path(a).resolve() == b.resolve()
+
+
+@dataclass(frozen=True)
+class _RankPlan:
+    """What the coordinator tells each rank in its plan's ``storage_data``."""
+
+    rank: int
+    world_size: int
+
+
+def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
+    """One BYTE_IO item as JSON, from the planner's original object (never DCP's pickle of it)."""
+    lookup = getattr(planner, "lookup_object", None)
+    if not callable(lookup):
+        raise UsageError(f"{item.index.fqn}: non-tensor values need a planner with lookup_object() (DefaultSavePlanner "
+                         f"or a subclass); {type(planner).__name__} has none")
+    return encode_value(lookup(item.index), item.index.fqn)
+
+
+# ------------------------------------------------------------------------------ writer
+
+
+class _RunDirLock:
+    """This rank's writer lock on the run directory (released by close() or when collected)."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.fd: int | None = lock_run_dir(run_dir, rank)
+        self._finalizer = weakref.finalize(self, _unlock, self.fd)
+
+    def close(self) -> None:
+        self._finalizer()
+        self.fd = None
+
+
+def _unlock(fd: int) -> None:
+    try:
+        os.ftruncate(fd, 0)  # a clean release leaves no owner behind
+    finally:
+        os.close(fd)
+
+
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of a CPU, contiguous, resolved copy of ``t`` (no copy when it already is one)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
+class AlpsckStorageWriter(StorageWriter):
+    """DCP StorageWriter: checkpoint ``step`` of ``run_dir``, one alpsck shard per rank, one atomic commit.
+
+    Args:
+        run_dir: the run directory (created if missing). Use one that no :class:`alpsck.Checkpointer`
+            has open: both take its writer lock.
+        step: the checkpoint's step; it must not be committed yet.
+        threads: writer threads of each rank's engine (default 8).
+        chunk_bytes: unit of writing and CRC (default 8 MiB).
+        keep_last: after the commit, keep the newest ``keep_last`` committed checkpoints of the run
+            directory, DCP or not (0 keeps all).
+        commit_timeout_s: how long the commit waits for every rank's shard.
+        direct_io: O_DIRECT where the file system allows.
+
+    Tensors are written from their own memory (no snapshot copy): DCP keeps them unchanged until
+    ``write_data`` returns (``dcp.async_save`` stages a copy first). See the module docstring for
+    the call order, locking and the no-pickle policy.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], step: int, *, threads: int | None = None,
+                 chunk_bytes: int | None = None, keep_last: int = 0, commit_timeout_s: float = 600.0,
+                 direct_io: bool = True) -> None:
+        super().__init__()
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise UsageError(f"step must be a non-negative integer, not {step!r}")
+        if keep_last < 0:
+            raise UsageError(f"keep_last must be 0 (keep all) or more, not {keep_last}")
+        self.run_dir = Path(run_dir)
+        self.step = step
+        self.threads = threads
+        self.chunk_bytes = chunk_bytes
+        self.keep_last = keep_last
+        self.commit_timeout_s = commit_timeout_s
+        self.direct_io = direct_io
+        self.save_id = str(uuid.uuid4())
+        self.rank = 0
+        self.world_size: int | None = None
+        self._engine: _core.Engine | None = None
+        self._lock: _RunDirLock | None = None
+
+    # pickled by dcp.async_save's process executor: never the open engine or lock
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_engine"] = state["_lock"] = None
+        return state
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(_step_dir(self.run_dir, self.step))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # never chosen automatically: construct it with a run directory and a step
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Called by DCP when ``dcp.save(checkpoint_id=...)`` is given: it must be this run directory."""
+        self.close()
+        if checkpoint_id is not None and not _same_dir(checkpoint_id, self.run_dir):
+            raise UsageError(f"checkpoint_id {os.fspath(checkpoint_id)!r}: this writer saves step {self.step} of "
+                             f"{self.run_dir}; pass checkpoint_id=None or make a writer for the other directory")
+        self.save_id = str(uuid.uuid4())
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """All ranks, first: records this rank; a committed step is refused before anything is written."""
+        self.rank = int(kwargs.get("rank") or 0)
+        if is_coordinator != (self.rank == 0):
+            raise UsageError(f"the coordinator must be rank 0 (this is rank {self.rank})")
+        if not kwargs.get("use_collectives", True):
+            raise UsageError("AlpsckStorageWriter commits one checkpoint for all ranks: use_collectives=False is not "
+                             "supported")
+        if (_step_dir(self.run_dir, self.step) / "MANIFEST.json").exists():
+            raise UsageError(f"{self.run_dir}: step {self.step} is already committed; a step is written once "
+                             "(make a writer for a new step)")
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """All ranks: refuses tensors alpsck cannot store (dtype, layout) before anything is written."""
+        for item in plan.items:
+            if item.type != WriteItemType.BYTE_IO:
+                if item.tensor_data is None:
+                    raise UsageError(f"{item.index.fqn}: tensor write item without tensor data")
+                check_properties(item.tensor_data.properties, item.index.fqn)
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Coordinator: tells each rank its rank and the world size, and opens its own engine.
+
+        The engine opens last, after every rank planned successfully: its start-up removes
+        abandoned ``step-*.tmp`` directories, which must happen before any rank writes (the other
+        ranks open theirs in ``write_data``, after this plan reached them).
+        """
+        world = len(plans)
+        for plan in plans:
+            if plan.planner_data is not None:
+                encode_planner_data(plan.planner_data)  # fails now rather than in finish()
+        out = [replace(plan, storage_data=_RankPlan(i, world)) for i, plan in enumerate(plans)]
+        self.world_size = world
+        self._open(0, world)
+        return out
+
+    def _open(self, rank: int, world: int) -> _core.Engine:
+        if self._engine is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = _RunDirLock(self.run_dir, rank)
+            try:
+                self._engine = _core.Engine(str(self.run_dir), threads=self.threads or 0,
+                                            chunk_bytes=self.chunk_bytes or 0, max_in_flight=1, keep_last=0,
+                                            direct_io=self.direct_io, rank=rank, world_size=world,
+                                            commit_timeout_s=self.commit_timeout_s)
+            except BaseException:
+                self.close()
+                raise
+            if self.direct_io and not self._engine.direct_io:
+                warnings.warn(f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
+                              "fdatasyncs instead", RuntimeWarning, stacklevel=3)
+        return self._engine
+
+    def close(self) -> None:
+        """Close this rank's engine and drop its lock (done by write_data/finish; safe to call twice)."""
+        engine, self._engine = self._engine, None
+        try:
+            if engine is not None:
+                engine.close()
+        finally:
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """All ranks: writes this rank's shard and returns once it is sealed and durable (not committed).
+
+        One extent per write item: a tensor chunk's raw bytes (written from the tensor's memory),
+        or a non-tensor value as JSON. The shard's DONE record tells the coordinator it is there.
+        """
+        info = plan.storage_data
+        if not isinstance(info, _RankPlan):
+            raise UsageError("the plan carries no alpsck rank assignment: was prepare_global_plan of an "
+                             "AlpsckStorageWriter run?")
+        if info.rank != self.rank:
+            raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
+        self.world_size = info.world_size
+        try:
+            extents: list[tuple[str, torch.Tensor]] = []
+            results: list[WriteResult] = []
+            names: set[str] = set()
+            for item in plan.items:
+                if item.type == WriteItemType.BYTE_IO:
+                    kind = "json"
+                    data = torch.frombuffer(bytearray(_encode_value(planner, item)), dtype=torch.uint8)
+                else:
+                    kind = "tensor"
+                    data = self._tensor_bytes(planner, item)
+                name = extent_name(item.index, kind)
+                if name in names:
+                    raise UsageError(f"{item.index.fqn}: written twice by rank {self.rank} (extent {name!r})")
+                names.add(name)
+                extents.append((name, data))
+                results.append(WriteResult(index=item.index, size_in_bytes=data.numel(),
+                                           storage_data=ExtentRef(self.rank, name, data.numel(), kind)))
+            meta = json.dumps({"format": SHARD_FORMAT, "step": self.step, "rank": self.rank,
+                               "world_size": info.world_size})
+            engine = self._open(self.rank, info.world_size)
+            handle = engine.save(self.step, extents, meta, "zerocopy", extents, "deferred")
+            handle.wait()
+            if handle.result()["skipped"]:
+                raise UsageError(f"{self.run_dir}: step {self.step} is already committed; a step is written once")
+        finally:
+            self.close()
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _tensor_bytes(self, planner: SavePlanner, item: WriteItem) -> torch.Tensor:
+        td = item.tensor_data
+        assert td is not None  # prepare_local_plan checked it
+        t = planner.resolve_data(item)
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"{item.index.fqn}: the planner resolved a tensor item to a {type(t).__name__}")
+        if t.dtype != td.properties.dtype or tuple(t.shape) != tuple(td.chunk.sizes):
+            raise UsageError(f"{item.index.fqn}: the planner resolved a {t.dtype} {list(t.shape)} tensor for a "
+                             f"{td.properties.dtype} {list(td.chunk.sizes)} chunk")
+        return _flat_bytes(t)
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Coordinator, last: commits the step with ``dcp-metadata.json`` (atomic), then applies retention.
+
+        :func:`alpsck._core.commit_step` checks that every rank's shard is durable (its DONE
+        record), writes the metadata file and the manifest, renames ``step-N.tmp`` to ``step-N``
+        (the commit point) and publishes LATEST.
+        """
+        storage: dict[MetadataIndex, ExtentRef] = {}
+        for rank_results in results:
+            for r in rank_results:
+                if not isinstance(r.storage_data, ExtentRef):
+                    raise UsageError("a write result does not come from AlpsckStorageWriter.write_data")
+                storage[r.index] = r.storage_data
+        world = self.world_size or len(results)
+        metadata.storage_data = storage
+        metadata.storage_meta = self.storage_meta()
+        if metadata.version is None:
+            from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+            metadata.version = CURRENT_DCP_VERSION
+        data = encode_metadata(metadata, step=self.step, world_size=world)
+        if len(data) > MAX_METADATA_BYTES:
+            raise UsageError(f"the DCP metadata takes {len(data)} bytes as JSON, more than the {MAX_METADATA_BYTES} "
+                             "a checkpoint's extra file may hold")
+        decode_metadata(data, METADATA_FILE, step=self.step, world_size=world)  # never commit what load would refuse
+        lock = _RunDirLock(self.run_dir, 0)
+        try:
+            _core.commit_step(str(self.run_dir), self.step, world, [(METADATA_FILE, data)], self.commit_timeout_s)
+            if self.keep_last:
+                warning = _core.retain_newest(str(self.run_dir), self.keep_last)
+                if warning:
+                    warnings.warn(f"{self.run_dir}: retention: {warning}", RuntimeWarning, stacklevel=2)
+        finally:
+            lock.close()
+
+
+# ------------------------------------------------------------------------------ reader
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    with open(path, "rb") as fh:
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise CorruptCheckpointError(f"{path}: larger than {limit} bytes")
+    return data
+
+
+def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
+    for d, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
+        if o != 0 or n != t.shape[d]:
+            t = t.narrow(d, o, n)
+    return t
+
+
+class AlpsckStorageReader(StorageReader):
+    """DCP StorageReader for checkpoints written by :class:`AlpsckStorageWriter`, at any world size.
+
+    Args:
+        run_dir: the run directory.
+        step: the checkpoint to load; None: the newest committed one that has DCP metadata (a newer
+            one that fails its checks is skipped with a warning naming what was wrong).
+        threads: reader threads per shard (chunks are CRC-checked on them).
+        read_batch_bytes: at most this many bytes of extents are read per batch (bounds the
+            temporary memory of chunks that cannot be read straight into their destination).
+        direct_io: O_DIRECT reads.
+
+    A chunk that fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as
+    DCP's CheckpointException); destinations already filled by then keep the new values.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], step: int | None = None, *, threads: int = 4,
+                 read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES, direct_io: bool = True) -> None:
+        super().__init__()
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+            raise UsageError(f"step must be None or a non-negative integer, not {step!r}")
+        self.run_dir = Path(run_dir)
+        self.requested_step = step
+        self.threads = threads
+        self.read_batch_bytes = read_batch_bytes
+        self.direct_io = direct_io
+        self.load_id = str(uuid.uuid4())
+        self.step: int | None = None          # the step read_metadata picked
+        self.path: Path | None = None         # its directory
+        self._metadata: Metadata | None = None
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.path or self.run_dir)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # never chosen automatically
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Called by DCP when ``dcp.load(checkpoint_id=...)`` is given: it must be this run directory."""
+        if checkpoint_id is not None and not _same_dir(checkpoint_id, self.run_dir):
+            raise UsageError(f"checkpoint_id {os.fspath(checkpoint_id)!r}: this reader loads from {self.run_dir}")
+        self.load_id = str(uuid.uuid4())
+        self.step = self.path = self._metadata = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """All ranks: picks the checkpoint and returns its validated Metadata (see the class docstring).
+
+        DCP asks again with ``rank=`` after a failure (for its rank-local metadata files); alpsck
+        has one global file, so that retry fails at once instead of repeating the search.
+        """
+        if kwargs.get("rank") is not None:
+            raise UsageError(f"alpsck keeps one {METADATA_FILE} per checkpoint, no rank-local metadata")
+        if self._metadata is None:
+            self._metadata = self._pick()
+        md = self._metadata
+        md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
+        return md
+
+    def _pick(self) -> Metadata:
+        infos = sorted(_core.scan(str(self.run_dir)), key=lambda i: i["step"], reverse=True)
+        if self.requested_step is not None:
+            info = next((i for i in infos if i["step"] == self.requested_step), None)
+            if info is None:
+                raise NoCheckpointError(f"{self.run_dir}: no checkpoint of step {self.requested_step}")
+            if info["status"] != "committed":
+                raise CorruptCheckpointError(f"{info['path']}: {info['status']}: {info['error']}")
+            if METADATA_FILE not in info["extra_files"]:
+                raise UsageError(f"{info['path']}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
+                                 "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
+            return self._load(info)
+        skipped: list[str] = []
+        for info in infos:
+            if info["status"] == "corrupt":
+                skipped.append(f"{info['path']}: {info['error']}")
+                continue
+            if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:
+                continue
+            try:
+                md = self._load(info)
+            except CorruptCheckpointError as e:  # UnsafeCheckpointError included
+                skipped.append(str(e))
+                continue
+            for why in skipped:
+                warnings.warn(f"skipping checkpoint: {why}", RuntimeWarning, stacklevel=4)
+            return md
+        raise NoCheckpointError(f"{self.run_dir}: no valid DCP checkpoint" +
+                                (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+
+    def _load(self, info: dict[str, Any]) -> Metadata:
+        """The Metadata of one committed checkpoint: ``dcp-metadata.json`` checked against the manifest."""
+        path = Path(info["path"])
+        try:
+            manifest = json.loads(_read_small(path / "MANIFEST.json", MAX_METADATA_BYTES))
+            entry = next(x for x in manifest["extra"] if x.get("name") == METADATA_FILE)
+            want_bytes, want_crc = int(entry["bytes"]), int(entry["crc"])
+        except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+            raise CorruptCheckpointError(f"{path}/MANIFEST.json: no valid entry for {METADATA_FILE} ({e!r})") from e
+        data = _read_small(path / METADATA_FILE, MAX_METADATA_BYTES)
+        if len(data) != want_bytes or _core.crc32c(data) != want_crc:
+            raise CorruptCheckpointError(f"{path / METADATA_FILE}: size or CRC32C differs from the manifest")
+        md = decode_metadata(data, str(path / METADATA_FILE), step=info["step"], world_size=info["ranks"])
+        self.step, self.path = int(info["step"]), path
+        return md
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """All ranks: the metadata must be the one this reader's read_metadata returned."""
+        if metadata is not self._metadata or self.path is None:
+            raise UsageError("AlpsckStorageReader reads only the metadata its own read_metadata() returned")
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return replace(plan, storage_data=self.step)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Coordinator: every rank must have picked the same checkpoint (a save may have landed in between)."""
+        steps = sorted({p.storage_data for p in plans}, key=str)
+        if len(steps) > 1:
+            raise UsageError(f"{self.run_dir}: the ranks picked different checkpoints (steps {steps}); pass step= to "
+                             "AlpsckStorageReader")
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """All ranks: reads what ``plan`` asks for, shard by shard, each shard opened once."""
+        md, path = self._metadata, self.path
+        if md is None or path is None:
+            raise UsageError("read_data before read_metadata")
+        storage: dict[MetadataIndex, ExtentRef] = md.storage_data
+        by_rank: dict[int, dict[str, list[ReadItem]]] = {}
+        refs: dict[str, ExtentRef] = {}
+        for req in plan.items:
+            ref = storage.get(req.storage_index)
+            if ref is None:
+                raise CorruptCheckpointError(f"{path}: no stored data for {req.storage_index.fqn!r} at "
+                                             f"{req.storage_index.offset}")
+            by_rank.setdefault(ref.rank, {}).setdefault(ref.extent, []).append(req)
+            refs[f"{ref.rank}/{ref.extent}"] = ref
+        for rank in sorted(by_rank):
+            shard = path / shard_name(rank)
+            reader = _core.ShardReader(str(shard), self.direct_io)
+            layout = {name: (offset, size) for name, offset, size in reader.extents}
+            wanted = by_rank[rank]
+            for name in wanted:
+                have = layout.get(name)
+                if have is None or have[1] != refs[f"{rank}/{name}"].nbytes:
+                    raise CorruptCheckpointError(
+                        f"{shard}: extent {name!r} " + ("is missing" if have is None else
+                                                        f"has {have[1]} bytes, the metadata says "
+                                                        f"{refs[f'{rank}/{name}'].nbytes}"))
+            batch: list[tuple[ExtentRef, list[ReadItem]]] = []
+            size = 0
+            for name in sorted(wanted, key=lambda n: layout[n][0]):
+                ref = refs[f"{rank}/{name}"]
+                batch.append((ref, wanted[name]))
+                size += ref.nbytes
+                if size >= self.read_batch_bytes:
+                    self._read_batch(reader, shard, batch, planner, md)
+                    batch, size = [], 0
+            if batch:
+                self._read_batch(reader, shard, batch, planner, md)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_batch(self, reader: _core.ShardReader, shard: Path, batch: list[tuple[ExtentRef, list[ReadItem]]],
+                    planner: LoadPlanner, md: Metadata) -> None:
+        """One read_into call for the batch's extents, then the copies into the destinations and the commits."""
+        dsts: list[tuple[str, torch.Tensor]] = []
+        direct: list[tuple[ReadItem, torch.Tensor]] = []  # read straight into the destination
+        values: list[tuple[ExtentRef, list[ReadItem], torch.Tensor]] = []
+        copies: list[tuple[list[ReadItem], torch.Tensor, torch.Tensor | None]] = []  # (reqs, chunk, resolved dest)
+        for ref, reqs in batch:
+            if ref.kind == "json":
+                buf = torch.empty(ref.nbytes, dtype=torch.uint8)
+                if ref.nbytes:
+                    dsts.append((ref.extent, buf))
+                values.append((ref, reqs, buf))
+                continue
+            tmd = md.state_dict_metadata[reqs[0].storage_index.fqn]
+            assert isinstance(tmd, TensorStorageMetadata)  # decode_metadata checked every storage entry
+            sizes = tuple(tmd.chunks[self._chunk_index(tmd, reqs[0])].sizes)
+            dtype = tmd.properties.dtype
+            resolved: torch.Tensor | None = None
+            req = reqs[0]
+            if len(reqs) == 1 and not any(req.storage_offsets) and tuple(req.lengths) == sizes:
+                resolved = planner.resolve_tensor(req).detach()
+                if (resolved.device.type == "cpu" and resolved.dtype == dtype and resolved.is_contiguous()
+                        and tuple(resolved.shape) == sizes):
+                    if ref.nbytes:
+                        dsts.append((ref.extent, resolved.reshape(-1).view(torch.uint8)))
+                    direct.append((req, resolved))
+                    continue
+            chunk = torch.empty(sizes, dtype=dtype)
+            if ref.nbytes:
+                dsts.append((ref.extent, chunk.reshape(-1).view(torch.uint8)))
+            copies.append((reqs, chunk, resolved))
+        reader.read_into(dsts, self.threads)
+        for req, dest in direct:
+            planner.commit_tensor(req, dest)
+        for reqs, chunk, resolved in copies:
+            for req in reqs:
+                src = _narrow(chunk, req.storage_offsets, req.lengths)
+                dest = resolved if resolved is not None else planner.resolve_tensor(req).detach()
+                if dest.shape != src.shape:
+                    raise CorruptCheckpointError(f"{shard}: {req.storage_index.fqn!r}: the stored region "
+                                                 f"{list(src.shape)} does not fit the destination {list(dest.shape)}")
+                dest.copy_(src)
+                planner.commit_tensor(req, dest)
+        for ref, reqs, buf in values:
+            value = decode_value(buf.numpy().tobytes(), f"{shard}:{ref.extent}")
+            pickled = io.BytesIO()
+            torch.save(value, pickled)  # made here from plain values decoded from JSON, for planner.load_bytes
+            for req in reqs:
+                pickled.seek(0)
+                planner.load_bytes(req, pickled)
+
+    @staticmethod
+    def _chunk_index(tmd: TensorStorageMetadata, req: ReadItem) -> int:
+        hint = req.storage_index.index
+        if hint is not None and 0 <= hint < len(tmd.chunks) and tmd.chunks[hint].offsets == req.storage_index.offset:
+            return hint
+        for i, c in enumerate(tmd.chunks):
+            if c.offsets == req.storage_index.offset:
+                return i
+        raise CorruptCheckpointError(f"{req.storage_index.fqn!r}: no chunk at {req.storage_index.offset}")

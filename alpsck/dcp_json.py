@@ -1,0 +1,398 @@
+"""DCP's checkpoint Metadata and non-tensor values as JSON, rebuilt with explicit validation: no pickle.
+
+DCP's FileSystemWriter pickles its :class:`~torch.distributed.checkpoint.metadata.Metadata` and
+every non-tensor value; alpsck's DCP backend (:mod:`alpsck.dcp`) stores both as JSON instead
+(schema in ``docs/format.md``):
+
+* :func:`encode_metadata` / :func:`decode_metadata`: ``dcp-metadata.json``. Decoding accepts a
+  fixed set of fields and types: tensor dtypes from :data:`alpsck.tree.TENSOR_DTYPES`, strided
+  layout, three memory formats. Unknown fields, types, dtypes or layouts raise
+  :class:`UnsafeCheckpointError`; malformed or inconsistent values (sizes beyond
+  :data:`alpsck.tree.MAX_ELEMENTS`, chunks outside their tensor, overlapping or not covering it,
+  on a rank outside the world) raise :class:`CorruptCheckpointError`. Every error names the file
+  and the field.
+* :func:`encode_value` / :func:`decode_value`: one non-tensor value as alpsck's tagged JSON
+  (:mod:`alpsck.tree`); decoding knows only the tree's tags and never instantiates a class.
+
+Pure functions, no I/O, safe on any thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+
+from . import tree
+from .errors import CorruptCheckpointError, UnsafeCheckpointError, UsageError
+from .shards import MAX_RANKS
+
+__all__ = ["ExtentRef", "decode_metadata", "decode_value", "encode_metadata", "encode_value", "extent_name"]
+
+METADATA_FILE = "dcp-metadata.json"      # the extra file committed with the shards
+METADATA_FORMAT = "alpsck-dcp-metadata/1"
+SHARD_FORMAT = "alpsck-dcp/1"            # the meta document in each shard's index
+VALUE_FORMAT = "alpsck-dcp-value/1"      # one non-tensor value, tagged JSON
+MAX_METADATA_BYTES = 16 << 20            # the core's limit on a committed extra file (kMaxManifestBytes)
+MAX_VALUE_BYTES = 64 << 20               # one non-tensor value
+MAX_NAME_BYTES = 4096                    # the core's limit on an extent name
+MAX_OVERLAP_CHECK = 1024                 # chunks per tensor checked pairwise for overlaps
+
+_LAYOUTS = {"strided": torch.strided}
+_MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "channels_last": torch.channels_last,
+                   "preserve_format": torch.preserve_format}
+_DTYPE_NAMES = {d: n for n, d in tree.TENSOR_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class ExtentRef:
+    """Where one DCP item lies: extent ``extent`` (``nbytes`` long) of rank ``rank``'s shard.
+
+    The ``storage_data`` of each WriteResult and the values of ``Metadata.storage_data``.
+    ``kind`` is ``"tensor"`` (raw little-endian bytes of one chunk, C order) or ``"json"``
+    (one non-tensor value, UTF-8 tagged JSON).
+    """
+
+    rank: int
+    extent: str
+    nbytes: int
+    kind: str
+
+
+def extent_name(index: MetadataIndex, kind: str) -> str:
+    """The extent of a DCP item: ``fqn@o1,o2,...`` (chunk offsets) for tensors, ``fqn@json`` for values.
+
+    Injective: the part after the last ``@`` is digits and commas, or ``json``. A name too long for
+    the core, or holding a NUL byte, becomes ``#<sha256 of the fqn>@...``.
+    """
+    suffix = "json" if kind == "json" else ",".join(str(int(o)) for o in (index.offset or ()))
+    name = f"{index.fqn}@{suffix}"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES or "\0" in name:
+        name = f"#{hashlib.sha256(index.fqn.encode('utf-8', 'surrogatepass')).hexdigest()}@{suffix}"
+    return name
+
+
+def _dtype_name(dtype: torch.dtype, fqn: str) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise UsageError(f"{fqn}: tensor dtype {dtype} cannot be checkpointed (allowed: {', '.join(tree.TENSOR_DTYPES)})")
+    return name
+
+
+def check_properties(p: TensorProperties, fqn: str) -> None:
+    _dtype_name(p.dtype, fqn)
+    if p.layout != torch.strided:
+        raise UsageError(f"{fqn}: a {p.layout} tensor cannot be checkpointed (strided tensors only)")
+
+
+def _memory_format_name(mf: torch.memory_format, fqn: str) -> str:
+    for name, value in _MEMORY_FORMATS.items():
+        if mf == value:
+            return name
+    raise UsageError(f"{fqn}: memory format {mf} is not supported")
+
+
+def _plain_path(path: Any) -> bool:
+    return isinstance(path, (tuple, list)) and all(
+        isinstance(p, str) or (isinstance(p, int) and not isinstance(p, bool)) for p in path)
+
+
+def encode_planner_data(pd: Any) -> dict[str, list[str | int]] | None:
+    """DefaultSavePlanner's planner_data (flattened key -> path in the nested state dict), or None."""
+    if pd is None:
+        return None
+    if isinstance(pd, dict) and all(isinstance(k, str) and _plain_path(v) for k, v in pd.items()):
+        return {k: list(v) for k, v in pd.items()}
+    raise UsageError(
+        f"planner_data of type {type(pd).__name__} cannot be stored without pickle: alpsck keeps the default "
+        "planner's key mappings (dict of str -> tuple of str/int) only")
+
+
+def encode_metadata(md: Metadata, *, step: int, world_size: int) -> bytes:
+    """``dcp-metadata.json``: DCP's Metadata as JSON (``md.storage_data`` must map MetadataIndex -> ExtentRef).
+
+    Compact: each tensor chunk is ``[offsets, sizes, rank]`` and each value names its rank and
+    length; extent names follow :func:`extent_name` and tensor byte counts follow from the chunk
+    sizes, so they are not stored. Raises UsageError for anything that could not be rebuilt
+    without pickle, or whose extent is not where the naming rule puts it.
+    """
+    storage: dict[MetadataIndex, ExtentRef] = md.storage_data or {}
+    if not all(isinstance(i, MetadataIndex) and isinstance(r, ExtentRef) for i, r in storage.items()):
+        raise UsageError("Metadata.storage_data does not come from AlpsckStorageWriter.write_data")
+
+    def where(index: MetadataIndex, kind: str) -> ExtentRef:
+        ref = storage.get(index)
+        if ref is None or ref.kind != kind or ref.extent != extent_name(index, kind):
+            raise UsageError(f"{index.fqn}: no {kind} extent written for offset {index.offset}")
+        return ref
+
+    sdm: dict[str, Any] = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if not isinstance(fqn, str):
+            raise UsageError(f"state dict key {fqn!r} is not a string")
+        if isinstance(m, TensorStorageMetadata):
+            p = m.properties
+            check_properties(p, fqn)
+            chunks = []
+            for c in m.chunks:
+                offsets = [int(o) for o in c.offsets]
+                chunks.append([offsets, [int(s) for s in c.sizes], where(MetadataIndex(fqn, offsets), "tensor").rank])
+            sdm[fqn] = {
+                "type": "tensor", "dtype": _dtype_name(p.dtype, fqn), "size": [int(s) for s in m.size],
+                "layout": "strided", "memory_format": _memory_format_name(p.memory_format, fqn),
+                "requires_grad": bool(p.requires_grad), "pin_memory": bool(p.pin_memory), "chunks": chunks,
+            }
+        elif isinstance(m, BytesStorageMetadata):
+            ref = where(MetadataIndex(fqn), "json")
+            sdm[fqn] = {"type": "bytes", "rank": ref.rank, "bytes": ref.nbytes}
+        else:
+            raise UsageError(f"{fqn}: DCP storage metadata of type {type(m).__name__} is not supported")
+    sm = md.storage_meta
+    doc = {
+        "format": METADATA_FORMAT, "step": step, "world_size": world_size, "version": md.version,
+        "state_dict_metadata": sdm, "planner_data": encode_planner_data(md.planner_data),
+        "storage_meta": None if sm is None else {
+            "checkpoint_id": None if sm.checkpoint_id is None else os.fspath(sm.checkpoint_id),
+            "save_id": sm.save_id, "load_id": sm.load_id, "modules": [str(m) for m in sm.modules]},
+    }
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+
+
+class _Fields:
+    """Typed access to a decoded JSON document; every error names the file and the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def corrupt(self, field: str, what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{self.where}: {field}: {what}")
+
+    def unsafe(self, field: str, what: str) -> UnsafeCheckpointError:
+        return UnsafeCheckpointError(f"{self.where}: {field}: {what}; refusing to load it")
+
+    def obj(self, v: Any, field: str, required: Iterable[str], optional: Iterable[str] = ()) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise self.corrupt(field, f"expected an object, got {type(v).__name__}")
+        req = set(required)
+        unknown = sorted(set(v) - req - set(optional))
+        if unknown:
+            raise self.unsafe(field, f"unknown field {unknown[0]!r}")
+        missing = sorted(req - set(v))
+        if missing:
+            raise self.corrupt(field, f"missing field {missing[0]!r}")
+        return v
+
+    def integer(self, v: Any, field: str, lo: int = 0, hi: int = 2**63 - 1) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.corrupt(field, f"expected an integer, got {_short(v)}")
+        if not lo <= v <= hi:
+            raise self.corrupt(field, f"{v} is outside [{lo}, {hi}]")
+        return v
+
+    def integers(self, v: Any, field: str, n: int | None = None) -> list[int]:
+        if not isinstance(v, list) or len(v) > tree.MAX_DIMS:
+            raise self.corrupt(field, f"expected a list of at most {tree.MAX_DIMS} integers, got {_short(v)}")
+        if n is not None and len(v) != n:
+            raise self.corrupt(field, f"expected {n} integers, got {len(v)}")
+        return [self.integer(x, f"{field}[{i}]", 0, tree.MAX_ELEMENTS) for i, x in enumerate(v)]
+
+    def string(self, v: Any, field: str, optional: bool = False, max_bytes: int = 4096) -> Any:
+        if v is None and optional:
+            return None
+        if not isinstance(v, str) or len(v) > max_bytes:
+            raise self.corrupt(field, f"expected a string, got {_short(v)}")
+        return v
+
+    def boolean(self, v: Any, field: str) -> bool:
+        if not isinstance(v, bool):
+            raise self.corrupt(field, f"expected true or false, got {_short(v)}")
+        return v
+
+    def choice(self, v: Any, field: str, table: dict[str, Any], what: str) -> Any:
+        if not isinstance(v, str) or v not in table:
+            raise self.unsafe(field, f"{what} {_short(v)} is not allowed (allowed: {', '.join(table)})")
+        return table[v]
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _check_chunks(f: _Fields, field: str, size: list[int], chunks: list[ChunkStorageMetadata]) -> None:
+    """The chunks lie inside the tensor and cover it exactly (volumes add up, no two overlap)."""
+    total = math.prod(size)
+    covered = 0
+    for i, c in enumerate(chunks):
+        for d, (o, s, n) in enumerate(zip(c.offsets, c.sizes, size, strict=True)):
+            if o + s > n:
+                raise f.corrupt(f"{field}.chunks[{i}]", f"dimension {d} spans [{o}, {o + s}) outside the size {n}")
+        covered += math.prod(c.sizes)
+    if covered != total:
+        raise f.corrupt(field, f"its chunks hold {covered} elements, the tensor has {total}")
+    boxes = [c for c in chunks if math.prod(c.sizes)]
+    if 1 < len(boxes) <= MAX_OVERLAP_CHECK:
+        lo = torch.tensor([list(c.offsets) for c in boxes], dtype=torch.int64)
+        hi = lo + torch.tensor([list(c.sizes) for c in boxes], dtype=torch.int64)
+        overlap = ((lo[:, None, :] < hi[None, :, :]) & (lo[None, :, :] < hi[:, None, :])).all(-1)
+        overlap.fill_diagonal_(False)
+        if bool(overlap.any()):
+            i, j = (int(x) for x in overlap.nonzero()[0])
+            raise f.corrupt(field, f"chunks {i} and {j} overlap")
+
+
+def _decode_tensor_md(f: _Fields, field: str, v: Any, fqn: str, world: int,
+                      storage: dict[MetadataIndex, ExtentRef]) -> TensorStorageMetadata:
+    f.obj(v, field, ("type", "dtype", "size", "chunks", "layout", "memory_format", "requires_grad", "pin_memory"))
+    dtype = f.choice(v["dtype"], f"{field}.dtype", tree.TENSOR_DTYPES, "tensor dtype")
+    layout = f.choice(v["layout"], f"{field}.layout", _LAYOUTS, "tensor layout")
+    memory_format = f.choice(v["memory_format"], f"{field}.memory_format", _MEMORY_FORMATS, "memory format")
+    size = f.integers(v["size"], f"{field}.size")
+    if math.prod(size) > tree.MAX_ELEMENTS:
+        raise f.corrupt(f"{field}.size", f"{size} exceeds {tree.MAX_ELEMENTS} elements")
+    if not isinstance(v["chunks"], list):
+        raise f.corrupt(f"{field}.chunks", "expected a list")
+    chunks = []
+    for i, c in enumerate(v["chunks"]):
+        cf = f"{field}.chunks[{i}]"
+        if not isinstance(c, list) or len(c) != 3:
+            raise f.corrupt(cf, f"expected [offsets, sizes, rank], got {_short(c)}")
+        offsets = f.integers(c[0], f"{cf}.offsets", len(size))
+        sizes = f.integers(c[1], f"{cf}.sizes", len(size))
+        rank = f.integer(c[2], f"{cf}.rank", 0, world - 1)
+        chunks.append(ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes)))
+        index = MetadataIndex(fqn, offsets, i)
+        if index in storage:
+            raise f.corrupt(f"{cf}.offsets", f"{offsets} appears twice")
+        storage[index] = ExtentRef(rank, extent_name(index, "tensor"), math.prod(sizes) * dtype.itemsize, "tensor")
+    _check_chunks(f, field, size, chunks)
+    props = TensorProperties(dtype=dtype, layout=layout, requires_grad=f.boolean(v["requires_grad"], f"{field}.requires_grad"),
+                             memory_format=memory_format, pin_memory=f.boolean(v["pin_memory"], f"{field}.pin_memory"))
+    return TensorStorageMetadata(properties=props, size=torch.Size(size), chunks=chunks)
+
+
+def decode_metadata(data: bytes, where: str, *, step: int | None = None, world_size: int | None = None) -> Metadata:
+    """Rebuild DCP's Metadata from ``dcp-metadata.json``, validating every field.
+
+    ``step``/``world_size``, when given, must match the document (the directory's step and the
+    manifest's shard count). ``storage_data`` becomes MetadataIndex -> :class:`ExtentRef`, one per
+    tensor chunk and per value, each on a rank below ``world_size``, named by :func:`extent_name`.
+    """
+    f = _Fields(where)
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{where}: not valid JSON: {e}") from e
+    f.obj(doc, "document", ("format", "step", "world_size", "version", "state_dict_metadata", "planner_data",
+                            "storage_meta"))
+    if doc["format"] != METADATA_FORMAT:
+        raise f.unsafe("format", f"{_short(doc['format'])} is not {METADATA_FORMAT!r}")
+    doc_step = f.integer(doc["step"], "step")
+    world = f.integer(doc["world_size"], "world_size", 1, MAX_RANKS)
+    if step is not None and doc_step != step:
+        raise f.corrupt("step", f"{doc_step}, but the directory holds step {step}")
+    if world_size is not None and world != world_size:
+        raise f.corrupt("world_size", f"{world}, but the manifest lists {world_size} shard(s)")
+    version = f.string(doc["version"], "version", optional=True, max_bytes=64)
+
+    sdm_doc = doc["state_dict_metadata"]
+    if not isinstance(sdm_doc, dict):
+        raise f.corrupt("state_dict_metadata", "expected an object")
+    sdm: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+    storage: dict[MetadataIndex, ExtentRef] = {}
+    for fqn, v in sdm_doc.items():
+        field = f"state_dict_metadata[{fqn!r}]"
+        kind = f.obj(v, field, ("type",), ("dtype", "size", "chunks", "layout", "memory_format", "requires_grad",
+                                           "pin_memory", "rank", "bytes")).get("type")
+        if kind == "tensor":
+            sdm[fqn] = _decode_tensor_md(f, field, v, fqn, world, storage)
+        elif kind == "bytes":
+            f.obj(v, field, ("type", "rank", "bytes"))
+            index = MetadataIndex(fqn)
+            storage[index] = ExtentRef(f.integer(v["rank"], f"{field}.rank", 0, world - 1), extent_name(index, "json"),
+                                       f.integer(v["bytes"], f"{field}.bytes", 1, MAX_VALUE_BYTES), "json")
+            sdm[fqn] = BytesStorageMetadata()
+        else:
+            raise f.unsafe(f"{field}.type", f"storage type {_short(kind)} is unknown")
+
+    planner_data = doc["planner_data"]
+    if planner_data is not None:
+        if not isinstance(planner_data, dict):
+            raise f.corrupt("planner_data", "expected an object or null")
+        for k, p in planner_data.items():
+            if not (isinstance(p, list) and len(p) <= tree.MAX_DEPTH and _plain_path(p)):
+                raise f.corrupt(f"planner_data[{k!r}]", f"expected a list of strings and integers, got {_short(p)}")
+        planner_data = {k: tuple(p) for k, p in planner_data.items()}
+
+    sm = doc["storage_meta"]
+    storage_meta = None
+    if sm is not None:
+        f.obj(sm, "storage_meta", ("checkpoint_id", "save_id", "load_id", "modules"))
+        modules = sm["modules"]
+        if not isinstance(modules, list):
+            raise f.corrupt("storage_meta.modules", "expected a list")
+        storage_meta = StorageMeta(
+            checkpoint_id=f.string(sm["checkpoint_id"], "storage_meta.checkpoint_id", optional=True),
+            save_id=f.string(sm["save_id"], "storage_meta.save_id", optional=True),
+            load_id=f.string(sm["load_id"], "storage_meta.load_id", optional=True),
+            modules=[f.string(m, f"storage_meta.modules[{i}]") for i, m in enumerate(modules)])
+    return Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_data=storage,
+                    storage_meta=storage_meta, version=version)
+
+
+# ------------------------------------------------------------------------------ non-tensor values
+
+
+def encode_value(obj: Any, fqn: str) -> bytes:
+    """One non-tensor value (a DCP BYTE_IO item) as an alpsck-dcp-value/1 document of tagged JSON.
+
+    UsageError when JSON cannot hold it (a custom class, a set) or when it holds tensors.
+    """
+    enc = tree._Encoder()
+    try:
+        value = enc.value(obj, fqn)
+    except (TypeError, ValueError) as e:
+        raise UsageError(
+            f"{e}. alpsck stores non-tensor values as JSON, never as pickles: keep such state in "
+            "alpsck.Checkpointer's state tree, or convert it to plain values (numbers, strings, lists, dicts, tuples, "
+            "bytes)") from None
+    if enc.tensors:
+        raise UsageError(f"{fqn}: a {type(obj).__name__} holding tensors is a single opaque value to DCP (it would be "
+                         "pickled); put the tensors in a list or dict so DCP saves them as tensors")
+    data = json.dumps({"format": VALUE_FORMAT, "value": value}, allow_nan=False, separators=(",", ":")).encode()
+    if len(data) > MAX_VALUE_BYTES:
+        raise UsageError(f"{fqn}: the value takes {len(data)} bytes as JSON, more than {MAX_VALUE_BYTES}; store big "
+                         "data as tensors")
+    return data
+
+
+def decode_value(data: bytes, where: str) -> Any:
+    """A non-tensor value back from its JSON; only :mod:`alpsck.tree`'s tags are accepted."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise CorruptCheckpointError(f"{where}: not valid JSON: {e}") from e
+    if not isinstance(doc, dict) or set(doc) != {"format", "value"} or doc["format"] != VALUE_FORMAT:
+        raise UnsafeCheckpointError(f"{where}: not an {VALUE_FORMAT} document; refusing to load it")
+
+    def no_tensor(key: str, spec: tree.TensorSpec, path: str) -> Any:
+        raise UnsafeCheckpointError(f"{path}: a tensor reference inside a non-tensor value; refusing to load it")
+
+    return tree._Decoder(no_tensor).value(doc["value"], where)
+
+
