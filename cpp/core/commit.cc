@@ -54,6 +54,14 @@ bool IsExtraFileName(const std::string& n) {
   return true;
 }
 
+Status CheckExtraFile(const std::string& name, uint64_t bytes) {
+  if (!IsExtraFileName(name)) return Status::Invalid("extra checkpoint file name not allowed: " + name);
+  if (bytes > kMaxManifestBytes)
+    return Status::Invalid("extra checkpoint file " + name + " is larger than " + std::to_string(kMaxManifestBytes) +
+                           " bytes");
+  return Status::Ok();
+}
+
 std::string EncodeManifest(const CommitRequest& req, double created_unix) {
   Json m = Json::Object();
   m.set("format", Json::Str("alpsck-checkpoint/1"));
@@ -112,10 +120,7 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
 Status CommitCheckpoint(Env* env, const CommitRequest& req) {
   const double created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (const ExtraFile& x : req.extra_files) {
-    if (!IsExtraFileName(x.name)) return Status::Invalid("extra checkpoint file name not allowed: " + x.name);
-    if (x.content.size() > kMaxManifestBytes)  // recovery reads at most this much
-      return Status::Invalid("extra checkpoint file " + x.name + " is larger than " + std::to_string(kMaxManifestBytes) +
-                             " bytes");
+    ALPSCK_RETURN_IF_ERROR(CheckExtraFile(x.name, x.content.size()));
     ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, x.name), x.content));
   }
   ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created)));

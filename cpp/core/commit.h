@@ -50,6 +50,9 @@ bool IsShardName(const std::string& n);
 // Extra files: [A-Za-z0-9._-], 1-64 characters, not starting with '.', not the manifest, a
 // shard or a coordination record.
 bool IsExtraFileName(const std::string& n);
+// kInvalidArgument unless an extra file of this name and size can be committed (and read back:
+// recovery reads at most kMaxManifestBytes of it).
+Status CheckExtraFile(const std::string& name, uint64_t bytes);
 
 // Writes the tail (index + footer) of a shard whose data chunks are all written, truncates the
 // file to its exact size, fdatasyncs it. fd stays open (the caller closes it).

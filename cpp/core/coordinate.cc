@@ -77,13 +77,27 @@ Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* ou
   return Status::Ok();
 }
 
+// Records appear whole or not at all (written under a .tmp name, then renamed), so a reader never
+// parses a half-written one. They need not be durable: a crash discards step-N.tmp anyway, and the
+// coordinator fsyncs the directory before the commit rename.
+Status PublishRecord(Env* env, const std::string& dir, const std::string& name, const std::string& content) {
+  const std::string path = JoinPath(dir, name);
+  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, path + ".tmp", content));
+  int r = env->Rename(path + ".tmp", path);
+  if (r < 0) return Status::FromErrno(-r, "rename " + path + ".tmp -> " + path);
+  return Status::Ok();
+}
+
 Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const ShardRecord& r) {
-  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(tmp_dir, DoneRecordName(rank)), EncodeShardRecord(rank, r)));
-  return SyncDir(env, tmp_dir);
+  return PublishRecord(env, tmp_dir, DoneRecordName(rank), EncodeShardRecord(rank, r));
 }
 
 void WriteFailedRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const std::string& why) {
-  if (WriteFileSynced(env, JoinPath(tmp_dir, FailedRecordName(rank)), why + "\n").ok()) SyncDir(env, tmp_dir);
+  if (PublishRecord(env, tmp_dir, FailedRecordName(rank), why + "\n").ok()) return;
+  // The disk may be what failed (ENOSPC): an empty record, which needs no data block, still says it.
+  const std::string path = JoinPath(tmp_dir, FailedRecordName(rank));
+  int fd = env->Open(path + ".tmp", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0 && env->Close(fd) == 0) env->Rename(path + ".tmp", path);
 }
 
 Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, double timeout_s,
@@ -114,7 +128,8 @@ Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, 
         std::string why;
         ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &why);
         while (!why.empty() && why.back() == '\n') why.pop_back();
-        failure = Status::Error(Code::kAborted, "rank " + std::to_string(rank) + " failed to write its shard: " + why);
+        failure = Status::Error(Code::kAborted, "rank " + std::to_string(rank) + " failed to write its shard: " +
+                                                    (why.empty() ? std::string("(no reason recorded)") : why));
         return true;
       }
       if (s != "done" || n != DoneRecordName(rank) || have[rank]) continue;
@@ -153,7 +168,7 @@ Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, 
 void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why) {
   if (env->IsDir(tmp_dir) != 1) return;
   // ABORTED first, so a rank that is still waiting sees the verdict before the files vanish.
-  if (WriteFileSynced(env, JoinPath(tmp_dir, kAbortedName), why + "\n").ok()) SyncDir(env, tmp_dir);
+  PublishRecord(env, tmp_dir, kAbortedName, why + "\n");
   std::vector<std::string> names;
   if (env->ListDir(tmp_dir, &names) == 0)
     for (const std::string& n : names)
@@ -192,10 +207,7 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   req.tmp_dir = req.final_dir + ".tmp";
   req.step = step;
   for (const auto& [name, content] : extra_files) {
-    if (!IsExtraFileName(name)) return Status::Invalid("extra checkpoint file name not allowed: " + name);
-    if (content.size() > kMaxManifestBytes)  // recovery would reject the committed checkpoint
-      return Status::Invalid("extra checkpoint file " + name + " is larger than " + std::to_string(kMaxManifestBytes) +
-                             " bytes");
+    ALPSCK_RETURN_IF_ERROR(CheckExtraFile(name, content.size()));  // before waiting for anyone
     req.extra_files.push_back({name, content});
   }
   Status s = WaitForShards(env, req.tmp_dir, world_size, timeout_s, &req.shards);

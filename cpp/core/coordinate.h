@@ -4,9 +4,11 @@
 // (commit.h: data, index and footer durable). Then, with no collective and nothing that could
 // block training, the ranks meet through the file system:
 //
-//   1. every rank writes a DONE record, step-N.tmp/rank-RRRRR.done (its ShardRecord as JSON),
-//      fsyncs it and the directory. A rank whose save failed writes rank-RRRRR.failed instead
-//      (best effort: it may be the disk that failed);
+//   1. every rank publishes a DONE record, step-N.tmp/rank-RRRRR.done (its ShardRecord as JSON;
+//      written under a .tmp name and renamed, so it is never seen half-written). A rank whose
+//      save failed publishes rank-RRRRR.failed instead (best effort: it may be the disk that
+//      failed). Records need not be durable: the coordinator fsyncs step-N.tmp/ before it
+//      commits, and a crash before that discards the directory anyway;
 //   2. the coordinator (rank 0) polls the directory until all world_size DONE records are there,
 //      checks each shard's size against its record, and runs the commit protocol (commit.cc)
 //      with every shard in the manifest. A FAILED record, or the timeout, aborts the step: the
@@ -42,7 +44,7 @@ std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r);
 // Validates a record read from disk: the rank must match and the shard name be that rank's.
 Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* out);
 
-// Step 1: the DONE record of a sealed, closed shard, durable (file and directory fsync'ed).
+// Step 1: the DONE record of a sealed, closed shard (visible whole once it is visible at all).
 Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const ShardRecord& r);
 // Step 1, failure: best effort (errors ignored), so the coordinator aborts without waiting.
 void WriteFailedRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const std::string& why);

@@ -88,7 +88,10 @@ TEST(three_ranks_commit_once_with_every_shard) {
   for (uint32_t r = 0; r < 3; ++r) e.push_back(OpenRank(d.path(), r, 3, nullptr, 2));
   for (auto& x : e) REQUIRE(x);
   for (uint64_t step : {10, 20, 30}) {
-    for (const Status& s : SaveAll(e, step)) CHECK(s.ok());
+    for (const Status& s : SaveAll(e, step)) {
+      if (!s.ok()) std::fprintf(stderr, "save of step %d: %s\n", static_cast<int>(step), s.message().c_str());
+      CHECK(s.ok());
+    }
     // A handle completes only once the whole checkpoint is committed, on every rank.
     CHECK(Exists(JoinPath(JoinPath(d.path(), StepDirName(step)), kManifestName)));
   }
