@@ -40,13 +40,13 @@ from torch.distributed.checkpoint.metadata import (
 
 from . import tree
 from .errors import CorruptCheckpointError, UnsafeCheckpointError, UsageError
-from .shards import MAX_RANKS
+from .shards import DCP_META_FORMAT, MAX_RANKS
 
 __all__ = ["ExtentRef", "decode_metadata", "decode_value", "encode_metadata", "encode_value", "extent_name"]
 
 METADATA_FILE = "dcp-metadata.json"      # the extra file committed with the shards
 METADATA_FORMAT = "alpsck-dcp-metadata/1"
-SHARD_FORMAT = "alpsck-dcp/1"            # the meta document in each shard's index
+SHARD_FORMAT = DCP_META_FORMAT  # the meta document in each shard's index
 VALUE_FORMAT = "alpsck-dcp-value/1"      # one non-tensor value, tagged JSON
 MAX_METADATA_BYTES = 16 << 20            # the core's limit on a committed extra file (kMaxManifestBytes)
 MAX_VALUE_BYTES = 64 << 20               # one non-tensor value

@@ -24,6 +24,7 @@ from . import _core, tree
 from .errors import CorruptCheckpointError
 
 META_FORMAT = "alpsck-tree/1"  # the meta document in each shard index: {format, step, rank, world_size, tree}
+DCP_META_FORMAT = "alpsck-dcp/1"  # ... of a shard written by the DCP backend (alpsck.dcp): no tree
 MAX_RANKS = 1 << 20
 
 
@@ -38,6 +39,9 @@ def read_meta(reader: _core.ShardReader, shard: Path) -> tuple[dict[str, Any], d
         meta = json.loads(reader.meta)
     except (ValueError, RecursionError) as e:
         raise CorruptCheckpointError(f"{shard}: the state tree is not valid JSON: {e}") from e
+    if isinstance(meta, dict) and meta.get("format") == DCP_META_FORMAT:
+        raise CorruptCheckpointError(f"{shard}: a torch.distributed.checkpoint checkpoint, not a state tree: load it with "
+                                     "dcp.load(..., storage_reader=alpsck.dcp.AlpsckStorageReader(run_dir))")
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT or not isinstance(meta.get("tree"), dict):
         raise CorruptCheckpointError(f"{shard}: the state tree is not an {META_FORMAT} document")
     return meta, tree.tensor_specs(meta["tree"])

@@ -19,7 +19,7 @@ MODEL_ARGS = ["--dim", "48", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads"
 def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay: int = 60, every: int = 200,
                partition: str | None = "debug", max_restarts: int = 10, no_progress: int = 3,
                extra_args: list[str] | None = None, entry: str = "alpsck.examples.llama.train:slurm_entry",
-               requeue_extra: str = "") -> Path:
+               requeue_extra: str = "", tasks: int = 1) -> Path:
     args = [*MODEL_ARGS, "--training-steps", str(steps), *(extra_args or [])]
     lines = [
         "name: alpsck-test",
@@ -27,7 +27,8 @@ def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay:
         "slurm:",
         f"  time: '{time}'",
         "  cpus_per_task: 1",
-        "  mem: 1G",
+        f"  tasks_per_node: {tasks}",
+        f"  mem: {tasks}G",
     ]
     if partition:
         lines.append(f"  partition: {partition}")
@@ -47,27 +48,41 @@ def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay:
     return path
 
 
-def steps_for_seconds(seconds: float, tmp: Path) -> int:
-    """How many steps of the test model take ``seconds`` here (measured, so tests do not depend on CPU speed)."""
-    from alpsck.examples.llama.train import config_from_args, train
+def steps_for_seconds(seconds: float, tmp: Path, world: int = 1) -> int:
+    """How many steps of the test model take ``seconds`` here on ``world`` ranks (measured, so tests
+    depend neither on CPU speed nor on the per-step cost of DDP): two uninterrupted runs, 50 and 350
+    steps, and the rate from their difference (process start-up cancels out)."""
 
-    cfg = config_from_args([*MODEL_ARGS, "--training-steps", "20", "--checkpoint-freq", "0", "--checkpointer", "torch",
-                            "--checkpoint-dir", str(tmp / "calibrate")])
-    train(cfg)  # warm-up (imports, allocator)
-    cfg = config_from_args([*MODEL_ARGS, "--training-steps", "150", "--checkpoint-freq", "0", "--checkpointer", "torch",
-                            "--checkpoint-dir", str(tmp / "calibrate2")])
-    t = time.perf_counter()
-    train(cfg)
-    rate = 150 / (time.perf_counter() - t)
-    return max(200, int(rate * seconds))
+    def wall(steps: int) -> float:
+        d = tmp / f"calibrate-{steps}"
+        d.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        clean_losses(d, steps, world=world)
+        return time.perf_counter() - t
+
+    short, long = wall(50), wall(350)
+    return max(200, int(300 / max(long - short, 1e-3) * seconds))
 
 
-def clean_losses(tmp: Path, steps: int, extra_args: list[str] | None = None) -> str:
-    """Loss trace of the same training run without interruption."""
+def clean_losses(tmp: Path, steps: int, extra_args: list[str] | None = None, world: int = 1) -> str:
+    """Loss trace (rank 0's) of the same training run without interruption, on ``world`` gloo ranks."""
+    import socket
+
     out = tmp / "clean-loss.csv"
-    subprocess.run([sys.executable, "-m", "alpsck.examples.llama", *MODEL_ARGS, "--training-steps", str(steps),
-                    *(extra_args or []), "--checkpoint-dir", str(tmp / "clean-ckpt"), "--checkpoint-freq", "0",
-                    "--loss-file", str(out)], check=True, timeout=900, env=os.environ.copy())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    procs = []
+    for rank in range(world):
+        env = os.environ.copy()
+        if world > 1:
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world), RANK=str(rank),
+                       LOCAL_RANK=str(rank))
+        procs.append(subprocess.Popen([sys.executable, "-m", "alpsck.examples.llama", *MODEL_ARGS, "--training-steps",
+                                       str(steps), *(extra_args or []), "--checkpoint-dir", str(tmp / "clean-ckpt"),
+                                       "--checkpoint-freq", "0", "--loss-file", str(out)], env=env))
+    for p in procs:
+        assert p.wait(timeout=900) == 0, f"the clean reference run failed ({p.args})"
     return out.read_text()
 
 

@@ -344,6 +344,13 @@ def test_reader_refuses_native_checkpoints(tmp_path: Path) -> None:
         AlpsckStorageReader(tmp_path).read_metadata()
 
 
+def test_native_restore_of_a_dcp_checkpoint_points_to_the_reader(saved: Path) -> None:
+    from alpsck.checkpointer import read_checkpoint
+
+    with pytest.raises(CorruptCheckpointError, match="AlpsckStorageReader"):
+        read_checkpoint(saved / "step-000000015", rank=0)
+
+
 def test_bench_ranks_cli_json(tmp_path: Path) -> None:
     """``alpsck bench --ranks``: both backends at 1 rank on a tiny state; its scratch directory goes away."""
     cmd = [sys.executable, "-m", "alpsck", "bench", "--ranks", "1", "--size-gib", "0.005", "--repeats", "1",

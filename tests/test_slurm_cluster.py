@@ -64,14 +64,16 @@ def running_with_checkpoint(run_dir: Path) -> bool:
 
 
 def test_time_limit_requeues_at_least_twice_and_is_bit_exact(cluster: None, tmp_path: Path) -> None:
-    steps = steps_for_seconds(120, tmp_path)  # > 2 x the 33-57 s a --time=2 start trains
+    """Two tasks (DDP over gloo, a checkpoint shard per rank) through at least two time-limit cycles."""
+    steps = steps_for_seconds(120, tmp_path, world=2)  # > 2 x the 33-57 s a --time=2 start trains
     run = tmp_path / "run"
-    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="2", delay=60, every=max(50, steps // 20)))
-    clean = clean_losses(tmp_path, steps)  # on the other CPU meanwhile
+    clean = clean_losses(tmp_path, steps, world=2)  # first: the job's two tasks take both CPUs
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="2", delay=60, every=max(50, steps // 20),
+                            tasks=2))
     assert wait_done(run, job, 900) == "finished", events(run)
     requeues = events(run, "requeued")
     assert len(requeues) >= 2, events(run)
-    assert all(e["reason"] == "timeout" and e["mechanism"] == "scontrol" for e in requeues)
+    assert all(e["reason"] == "timeout" and e["mechanism"] == "scontrol" for e in requeues), events(run)
     assert all(e["job_id"] == job for e in events(run))  # requeued, not resubmitted
     finals = events(run, "final_checkpoint")
     starts = events(run, "started")
@@ -80,6 +82,11 @@ def test_time_limit_requeues_at_least_twice_and_is_bit_exact(cluster: None, tmp_
     assert (run / "loss.csv").read_text() == clean
     log = next((run / "submitit").glob(f"{job}_0_log.out")).read_text()
     assert log.count("Starting with JobEnvironment") >= 3  # --open-mode=append kept every start's log
+    assert all(s["world_size"] == 2 for s in starts)
+    from alpsck import _core
+
+    committed = [i for i in _core.scan(str(run), verify=True) if i["status"] == "committed"]
+    assert committed and all(i["shards"] == ["rank-00000.bin", "rank-00001.bin"] for i in committed)
 
 
 def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script(cluster: None, tmp_path: Path) -> None:

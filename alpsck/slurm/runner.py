@@ -6,8 +6,14 @@ On each start (rank 0 writes history; every rank runs the entry):
    handler) and the maintenance watcher;
 2. record ``started`` with the restart count and the step it resumes from; end with
    ``gave_up`` if the restart budget is spent, or if the last ``give_up_after_no_progress``
-   starts all resumed from the same step (a job that crashes at every start);
-3. run the entry (``module:function`` with a JobContext, or a script via runpy);
+   starts all resumed from the same step (a job that crashes at every start). With several
+   tasks, rank 0 decides and writes its decision to ``RUN_DIR/.start-decision``; the other
+   ranks wait for it, so that all of them run (from the same step) or none;
+3. export the torch.distributed environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+   ``WORLD_SIZE``, ``LOCAL_RANK``) for a multi-task job, so the entry can call
+   ``init_process_group()``; then run the entry (``module:function`` with a JobContext, or a
+   script via runpy). The entry must agree across ranks on when to stop (the reference training
+   all-reduces the stop flag each step), so every rank takes the same final checkpoint;
 4. then, by outcome:
    - stop requested (timeout / preemption / maintenance): ``final_checkpoint`` (newest durable
      step, seconds since the signal), then requeue;
@@ -25,6 +31,7 @@ exit with code 3: the batch script's EXIT trap, which runs on the host, requeues
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import runpy
 import subprocess
@@ -43,6 +50,8 @@ LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 LOCAL_MAX_RESTARTS = 5    # submitit's local controller starts a task at most 6 times (run(max_retry=6))
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
 REQUEST_FILE = ".requeue-request"
+DECISION_FILE = ".start-decision"
+DECISION_TIMEOUT_S = 600.0
 
 
 def newest_step(run_dir: str) -> int | None:
@@ -59,6 +68,44 @@ def _env_int(*names: str, default: int = 0) -> int:
         if v is not None and v.strip().lstrip("-").isdigit():
             return int(v)
     return default
+
+
+def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None) -> None:
+    """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
+    path = os.path.join(run_dir, DECISION_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"job_id": job_id, "restart": restart, "resume": resume, "give_up": give_up}, f)
+    os.replace(path + ".tmp", path)
+
+
+def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float) -> dict[str, Any]:
+    """Wait for rank 0's decision of this start (same job id and restart count)."""
+    path = os.path.join(run_dir, DECISION_FILE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            if isinstance(d, dict) and d.get("job_id") == job_id and d.get("restart") == restart:
+                resume, give_up = d.get("resume"), d.get("give_up")
+                if (resume is None or isinstance(resume, int)) and (give_up is None or isinstance(give_up, str)):
+                    return {"resume": resume, "give_up": give_up}
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 did not decide how to start job {job_id} (restart {restart}) within "
+                               f"{timeout_s:.0f} s: no {path}")
+        time.sleep(0.2)
+
+
+def export_torch_distributed_env() -> None:
+    """MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the SLURM job, unless already set."""
+    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        return
+    import submitit
+
+    # CUDA_VISIBLE_DEVICES stays as SLURM set it (on Alps one GPU per task with --gpus-per-task).
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
 class JobRunner:
@@ -82,6 +129,8 @@ class JobRunner:
     def _restart_count(self, job_id: str, events: list[dict[str, Any]]) -> int:
         if "SLURM_RESTART_COUNT" in os.environ:
             return _env_int("SLURM_RESTART_COUNT")
+        if "SLURM_JOB_ID" in os.environ:  # SLURM sets the count only once the job was requeued
+            return 0
         return sum(1 for e in events if e["event"] == "started" and e.get("job_id") == job_id)
 
     # -- the job --------------------------------------------------------------------------------
@@ -97,16 +146,28 @@ class JobRunner:
             lambda event, **kw: None)
         events = history.read(cfg.run_dir)
         restart = self._restart_count(job_id, events)
-        resume = newest_step(cfg.run_dir)
-        log("started", restart=restart, step=resume, rank=rank, world_size=world)
-
         if rank == 0:
+            resume = newest_step(cfg.run_dir)
+            log("started", restart=restart, step=resume, rank=rank, world_size=world)
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
             same = [e for e in starts[-rq.give_up_after_no_progress:] if e.get("step") == resume]
+            verdict = None
             if restart > rq.max_restarts:  # requeued by someone else (e.g. preemption) past the budget
-                return self._give_up(log, f"restart {restart} is past requeue.max_restarts ({rq.max_restarts})")
-            if len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
-                return self._give_up(log, f"no progress: the last {len(same)} starts all resumed from step {resume}")
+                verdict = f"restart {restart} is past requeue.max_restarts ({rq.max_restarts})"
+            elif len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
+                verdict = f"no progress: the last {len(same)} starts all resumed from step {resume}"
+            if world > 1:
+                write_decision(cfg.run_dir, job_id, restart, resume, verdict)
+            if verdict is not None:
+                return self._give_up(log, verdict)
+        else:
+            decision = wait_decision(cfg.run_dir, job_id, restart, DECISION_TIMEOUT_S)
+            if decision["give_up"] is not None:
+                print(f"alpsck: rank {rank}: rank 0 gave up: {decision['give_up']}", file=sys.stderr, flush=True)
+                raise SystemExit(1)
+            resume = decision["resume"]
+        if world > 1:
+            export_torch_distributed_env()
 
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
         _set_current(ctx)

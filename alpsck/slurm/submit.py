@@ -30,6 +30,7 @@ from typing import Any
 
 import submitit
 
+from ..errors import UsageError
 from . import history
 from .config import JobConfig
 from .runner import REQUEST_FILE, JobRunner
@@ -116,6 +117,9 @@ def sbatch_script(cfg: JobConfig) -> str:
 def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
     """Submit the job; ``local=None`` picks SLURM when sbatch exists, else the local executor."""
     use_local = (not slurm_available()) if local is None else local
+    if use_local and cfg.slurm.nodes * cfg.slurm.tasks_per_node > 1:
+        raise UsageError(f"{cfg.source}: slurm.nodes x slurm.tasks_per_node is {cfg.slurm.nodes * cfg.slurm.tasks_per_node}: "
+                         "a multi-task job needs SLURM (srun); the local executor runs one task")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     ex = make_executor(cfg, local=use_local)
     job = ex.submit(JobRunner(cfg))

@@ -210,7 +210,9 @@ def _setup_distributed(cfg: TrainConfig) -> tuple[int, int, torch.device, bool]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", local_rank if world > 1 else torch.cuda.current_device())
+        # Several visible GPUs: one per local rank. One (SLURM's --gpus-per-task=1): that one.
+        visible = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % visible if world > 1 and visible > 1 else torch.cuda.current_device())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world <= 1:
