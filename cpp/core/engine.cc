@@ -594,13 +594,14 @@ void Engine::ApplyRetention(std::string* warning) {
     }
   }
   if (victims.empty()) return;
+  std::vector<std::string> expired;  // renamed to free-K, reusable once that rename is durable
   for (uint64_t v : victims) {
     const std::string path = JoinPath(opts_.run_dir, StepDirName(v));
     std::string free_path;
     bool keep;
     {
       std::lock_guard<std::mutex> l(mu_);
-      keep = free_dirs_.size() < opts_.max_in_flight;
+      keep = free_dirs_.size() + expired.size() < opts_.max_in_flight;
       free_path = JoinPath(opts_.run_dir, kFreePrefix + std::to_string(free_seq_++) + "-" + std::to_string(::getpid()));
     }
     // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
@@ -611,15 +612,23 @@ void Engine::ApplyRetention(std::string* warning) {
     }
     env_->Unlink(JoinPath(free_path, kManifestName));
     if (keep) {
-      std::lock_guard<std::mutex> l(mu_);
-      free_dirs_.push_back(free_path);
+      expired.push_back(free_path);
     } else {
       Status s = RemoveDirFiles(env_, free_path);
       if (!s.ok() && warning->empty()) *warning = "retention: " + s.message();
     }
   }
   Status s = SyncDir(env_, opts_.run_dir);
-  if (!s.ok() && warning->empty()) *warning = "retention: " + s.message();
+  if (!s.ok()) {
+    // Not reused (a later Open reclaims them): see below.
+    if (warning->empty()) *warning = "retention: " + s.message();
+    return;
+  }
+  // Only now may a save reuse the expired directories and overwrite their shards in place.
+  // Before this fsync the renames were not durable: a power loss could bring back step-N over a
+  // half-overwritten shard, a corrupt checkpoint (found by test_crash_states: recycling_...).
+  std::lock_guard<std::mutex> l(mu_);
+  for (std::string& f : expired) free_dirs_.push_back(std::move(f));
 }
 
 }  // namespace alpsck

@@ -13,12 +13,13 @@
 
 namespace alpsck_test {
 
-// A fresh directory under $ALPSCK_TEST_TMP (or /tmp), removed with its contents on destruction.
+// A fresh directory under $ALPSCK_TEST_TMP (or /tmp), or under `base` when given, removed with
+// its contents on destruction.
 class TempDir {
  public:
-  TempDir() {
+  explicit TempDir(const std::string& base_dir = std::string()) {
     const char* base = std::getenv("ALPSCK_TEST_TMP");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/alpsck-test-XXXXXX";
+    std::string tmpl = (!base_dir.empty() ? base_dir : std::string(base && *base ? base : "/tmp")) + "/alpsck-test-XXXXXX";
     std::vector<char> buf(tmpl.begin(), tmpl.end());
     buf.push_back('\0');
     path_ = mkdtemp(buf.data()) ? std::string(buf.data()) : std::string();
