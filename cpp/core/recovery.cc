@@ -68,9 +68,13 @@ Status ShardReader::ReadChunks(const std::vector<uint64_t>& chunks, const std::v
   std::mutex mu;
   Status first;
   uint64_t done_bytes = 0;
+  // The buffer fits the largest chunk actually read, never more: chunk_bytes comes from the file
+  // (up to 16 GiB in a crafted index), while a chunk never extends past the file's data region.
+  uint64_t buf_bytes = 1;
+  for (uint64_t i : chunks) buf_bytes = std::max(buf_bytes, l.chunk_len(i));
   auto worker = [&] {
     PrefaultedMemory buf;
-    if (!buf.Allocate(l.chunk_bytes)) {
+    if (!buf.Allocate(buf_bytes)) {
       std::lock_guard<std::mutex> g(mu);
       if (first.ok()) first = Status::FromErrno(errno, "allocate a read buffer");
       failed = true;

@@ -1,5 +1,6 @@
 // Recovery classifies committed / incomplete / corrupt checkpoints, never trusts what is on
 // disk, and names what is wrong.
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -157,6 +158,28 @@ TEST(missing_run_dir_and_empty_run_dir) {
   CHECK(s.message().find("nope") != std::string::npos);
   CHECK(ScanRunDir(Env::Default(), d.path(), false, 1, &v).ok());
   CHECK(v.empty());
+}
+
+TEST(crafted_huge_chunk_size_is_read_with_a_buffer_the_size_of_the_file) {
+  // A 1 KiB file whose (CRC-valid) index claims 16 GiB chunks: the reader must not allocate, let
+  // alone pre-fault, 16 GiB for it (found by cpp/fuzz/fuzz_shard; before the fix this took
+  // minutes or failed with ENOMEM).
+  TempDir d;
+  const std::string idx =
+      "{\"format\":\"alpsck-shard/1\",\"rank\":0,\"align\":512,\"chunk_bytes\":17179869184,\"data_bytes\":512,"
+      "\"data_padded\":512,\"crcs\":[0],\"extents\":[{\"name\":\"w\",\"offset\":0,\"size\":512}],\"meta\":\"\"}";
+  uint64_t file_bytes = 0;
+  const std::string file = std::string(512, 'Z') + BuildTail(idx, 512, 512, &file_bytes);
+  REQUIRE(alpsck_test::WriteText(d.sub("rank-00000.bin"), file));
+  std::unique_ptr<ShardReader> r;
+  REQUIRE(ShardReader::Open(Env::Default(), d.sub("rank-00000.bin"), false, &r).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = r->Verify(2);
+  CHECK(s.code() == Code::kCorrupt && s.message().find("CRC mismatch in chunk 0") != std::string::npos);
+  std::vector<char> w(512);
+  s = r->Read({w.data()}, 1);
+  CHECK(s.code() == Code::kCorrupt);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }
 
 ALPSCK_TEST_MAIN()
