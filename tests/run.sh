@@ -3,9 +3,12 @@
 #   1. the core's C++ tests (ctest), built with -Wall -Wextra -Werror;
 #   2. the same tests under ASan+UBSan and under TSan;
 #   3. the same tests cross-built for aarch64 and run under qemu with 64 KiB pages;
+#      then the parsers (footer, index, manifest, shard, JSON) fuzzed with libFuzzer, a few
+#      seconds each (tests/fuzz.sh);
 #   4. ruff, then pytest against the installed package, with a real one-node SLURM
 #      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing).
-# Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static (CI installs them; a missing
+# Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static, clang-14 with
+# libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) (CI installs them; a missing
 # tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +17,7 @@ section() { printf '\n==== %s ====\n' "$*"; }
 require() { command -v "$1" >/dev/null || { echo "tests/run.sh: required tool '$1' is missing (install it; nothing is skipped)" >&2; exit 1; }; }
 
 if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
-  require cmake; require ninja; require g++; require aarch64-linux-gnu-g++; require qemu-aarch64-static
+  require cmake; require ninja; require g++; require aarch64-linux-gnu-g++; require qemu-aarch64-static; require clang++-14
   build() {  # build DIR [cmake args...]
     local dir=$1; shift
     cmake -S . -B "$dir" -G Ninja -DALPSCK_BUILD_TESTS=ON -DALPSCK_BUILD_PYTHON=OFF "$@" >/dev/null
@@ -36,6 +39,12 @@ if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
   section "C++ core tests cross-built for aarch64, run under qemu with 64 KiB pages"
   build build/ci-arm64 -DCMAKE_TOOLCHAIN_FILE=cpp/cmake/aarch64-linux-gnu.cmake -DALPSCK_TUNE_GRACE=ON
   ALPSCK_EXPECT_PAGE_SIZE=65536 ctest --test-dir build/ci-arm64 --output-on-failure
+
+  section "fuzzing the parsers (libFuzzer + ASan/UBSan, bounded time)"
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build/ci-fuzz -G Ninja -DALPSCK_BUILD_FUZZERS=ON -DALPSCK_BUILD_PYTHON=OFF \
+    -DALPSCK_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALPSCK_SANITIZE=address,undefined >/dev/null
+  cmake --build build/ci-fuzz -j "$jobs"
+  bash tests/fuzz.sh build/ci-fuzz
 fi
 
 section "ruff"

@@ -1,7 +1,8 @@
 // libFuzzer target for core/json: parse arbitrary bytes; whatever parses must dump to text that
 // parses again and dumps identically. Build:
+//   cmake -DALPSCK_BUILD_FUZZERS=ON (with clang; see tests/run.sh), or by hand:
 //   clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -Icpp/core \
-//       cpp/tests/fuzz_json.cc cpp/core/json.cc -o fuzz_json
+//       cpp/fuzz/fuzz_json.cc cpp/core/json.cc -o fuzz_json
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
