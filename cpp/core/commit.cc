@@ -27,7 +27,7 @@ Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& id
   ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, raw, tail.size(), idx.layout.data_padded, path));
   int r = env->FTruncate(fd, file_bytes);  // a recycled file may have been longer
   if (r < 0) return Status::FromErrno(-r, "truncate " + path);
-  r = env->FDataSync(fd);
+  r = SyncFd(env, fd, true);  // retries EINTR
   if (r < 0) return Status::FromErrno(-r, "fdatasync " + path);
   record->bytes = file_bytes;
   record->index_crc = Crc32c(index_json.data(), index_json.size());

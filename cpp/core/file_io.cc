@@ -64,11 +64,19 @@ Status ReadFull(Env* env, int fd, void* buf, uint64_t n, uint64_t off, const std
   return Status::Ok();
 }
 
+int SyncFd(Env* env, int fd, bool data_only) {
+  int r;
+  do {
+    r = data_only ? env->FDataSync(fd) : env->FSync(fd);
+  } while (r == -EINTR);
+  return r;
+}
+
 Status SyncDir(Env* env, const std::string& dir) {
   int fd = env->Open(dir, O_RDONLY | O_DIRECTORY, 0);
   if (fd < 0) return Status::FromErrno(-fd, "open directory " + dir);
   ScopedFd g(env, fd);
-  int r = env->FSync(fd);
+  int r = SyncFd(env, fd, false);
   if (r < 0) return Status::FromErrno(-r, "fsync directory " + dir);
   return Status::Ok();
 }
@@ -78,7 +86,7 @@ Status WriteFileSynced(Env* env, const std::string& path, const std::string& dat
   if (fd < 0) return Status::FromErrno(-fd, "create " + path);
   ScopedFd g(env, fd);
   ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, data.data(), data.size(), 0, path));
-  int r = env->FSync(fd);
+  int r = SyncFd(env, fd, false);
   if (r < 0) return Status::FromErrno(-r, "fsync " + path);
   r = env->Close(g.Release());
   if (r < 0) return Status::FromErrno(-r, "close " + path);

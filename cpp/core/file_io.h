@@ -44,6 +44,10 @@ Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_d
 Status WriteFull(Env* env, int fd, const void* buf, uint64_t n, uint64_t off, const std::string& path);
 // Reads exactly n bytes; a file that ends early is kCorrupt ("truncated").
 Status ReadFull(Env* env, int fd, void* buf, uint64_t n, uint64_t off, const std::string& path);
+// fsync (data_only: fdatasync), retried while it fails with EINTR: an interrupted sync did not
+// finish, and a signal (a SLURM stop signal delivered to a writer thread) is no I/O error.
+// 0 or -errno.
+int SyncFd(Env* env, int fd, bool data_only);
 Status SyncDir(Env* env, const std::string& dir);
 // Creates (or truncates) path, writes data, fsyncs and closes it. No rename: for files inside a
 // directory that is not yet visible as committed.
