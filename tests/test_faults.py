@@ -73,6 +73,8 @@ def _committed(run_dir: Path, verify: bool = True) -> list[int]:
 # every save take a while) is checkpointed at every step, several saves in flight. The same code
 # runs in the killed children and, uninterrupted, in the test as the reference trajectory.
 KILL_MODEL = r'''
+import hashlib
+
 import torch
 import alpsck
 
@@ -490,7 +492,8 @@ def test_every_manifest_bit_flip_is_detected_or_harmless(tmp_path: Path) -> None
                 continue
             assert not any(a <= i < b for a, b in vital), f"flip of bit {bit} at byte {i} ({good[i:i + 1]!r}) undetected"
             harmless += 1
-            _restore_exact(tmp_path, 2)  # informational fields only: the restore is unchanged
+            if harmless % 8 == 1:  # informational fields only: the restore is unchanged (on a sample)
+                _restore_exact(tmp_path, 2)
     path.write_bytes(good)
     assert detected > harmless > 0, (detected, harmless)
 
