@@ -245,6 +245,10 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
         JoinPath(run_dir, kFreePrefix + std::string("expired-") + std::to_string(committed[i]) + "-" + std::to_string(::getpid()));
     // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
     int e = env->Rename(path, gone);
+    // The manifest goes first: should a power loss undo the rename, the directory comes back as
+    // step-N without a manifest (never committed, ignored), not as a manifest naming removed
+    // shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
+    if (e == 0) env->Unlink(JoinPath(gone, kManifestName));
     Status s = e < 0 ? Status::FromErrno(-e, "retention: rename " + path) : RemoveDirFiles(env, gone);
     if (!s.ok() && warning.empty()) warning = s.message();
   }

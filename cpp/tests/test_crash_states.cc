@@ -72,6 +72,8 @@ const std::vector<char>& StepData(uint64_t step) {
   return v;
 }
 std::vector<char> StepSmall(uint64_t step) { return RandomBytes(100, static_cast<uint32_t>(step + 100000)); }
+// What rank r saves at a step (rank 0: StepData(step), StepSmall(step)).
+uint64_t RankKey(uint64_t step, uint32_t rank) { return step + 1000000ull * rank; }
 std::string StepMeta(uint64_t step) { return "{\"step\":" + std::to_string(step) + "}"; }
 
 EngineOptions Options(const std::string& dir, Env* env) {
@@ -93,25 +95,32 @@ void RemoveTree(const std::string& p) {
        FTW_DEPTH | FTW_PHYS);
 }
 
-// Checks the bytes of a committed checkpoint against what was saved for its step.
+// Checks the bytes of every shard of a committed checkpoint against what its rank saved for
+// its step.
 std::string CheckContent(const CheckpointInfo& c) {
-  std::unique_ptr<ShardReader> r;
-  Status s = ShardReader::Open(Env::Default(), JoinPath(c.path, ShardFileName(0)), false, &r);
-  if (!s.ok()) return "reopen: " + s.message();
-  if (r->index().meta != StepMeta(c.step)) return "meta is " + r->index().meta;
-  const auto& ex = r->index().layout.extents;
-  const std::vector<char>& want_a = StepData(c.step);
-  const std::vector<char> want_m = StepSmall(c.step);
-  std::vector<char> a(want_a.size()), m(want_m.size());
-  std::vector<char*> dsts(ex.size(), nullptr);
-  for (size_t i = 0; i < ex.size(); ++i) {
-    if (ex[i].name == "a" && ex[i].size == a.size()) dsts[i] = a.data();
-    if (ex[i].name == "m" && ex[i].size == m.size()) dsts[i] = m.data();
+  if (c.shards.empty()) return "no shards";
+  for (uint32_t rank = 0; rank < c.shards.size(); ++rank) {
+    if (c.shards[rank] != ShardFileName(rank)) return "shard " + c.shards[rank] + " out of place";
+    std::unique_ptr<ShardReader> r;
+    Status s = ShardReader::Open(Env::Default(), JoinPath(c.path, ShardFileName(rank)), false, &r);
+    if (!s.ok()) return "reopen: " + s.message();
+    if (r->index().meta != StepMeta(c.step)) return "meta is " + r->index().meta;
+    const auto& ex = r->index().layout.extents;
+    const std::vector<char>& want_a = StepData(RankKey(c.step, rank));
+    const std::vector<char> want_m = StepSmall(RankKey(c.step, rank));
+    std::vector<char> a(want_a.size()), m(want_m.size());
+    std::vector<char*> dsts(ex.size(), nullptr);
+    for (size_t i = 0; i < ex.size(); ++i) {
+      if (ex[i].name == "a" && ex[i].size == a.size()) dsts[i] = a.data();
+      if (ex[i].name == "m" && ex[i].size == m.size()) dsts[i] = m.data();
+    }
+    if (ex.size() != 2 || !dsts[0] || !dsts[1])
+      return ShardFileName(rank) + ": extents differ from what step " + std::to_string(c.step) + " saved";
+    s = r->Read(dsts, 1);
+    if (!s.ok()) return "read: " + s.message();
+    if (a != want_a || m != want_m)
+      return ShardFileName(rank) + " holds other bytes than step " + std::to_string(c.step) + " saved";
   }
-  if (ex.size() != 2 || !dsts[0] || !dsts[1]) return "extents differ from what step " + std::to_string(c.step) + " saved";
-  s = r->Read(dsts, 1);
-  if (!s.ok()) return "read: " + s.message();
-  if (a != want_a || m != want_m) return "holds other bytes than step " + std::to_string(c.step) + " saved";
   return "";
 }
 
@@ -517,6 +526,7 @@ class ExpiryRaceEnv : public Env {
 
 struct Scenario {
   uint32_t max_in_flight = 2, keep_last = 2, threads = 3;
+  uint32_t world_size = 1;  // > 1: one Engine per rank on the shared run dir, each saving from its thread
   // Issue each save when the previous one's retention has just expired a checkpoint (instead of
   // back to back), through an ExpiryRaceEnv: the next save starts while the expiry is not durable.
   bool widen_expiry_race = false;
@@ -528,47 +538,68 @@ struct Scenario {
 bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
   ExpiryRaceEnv race(rec, run);
   Env* env = sc.widen_expiry_race ? static_cast<Env*>(&race) : rec;
-  std::vector<std::vector<char>> keep_alive;  // zero-copy sources live until their save is done
+  std::vector<std::vector<char>> keep_alive[8];  // per rank: zero-copy sources live until done
   auto session = [&](uint64_t first, uint64_t last) {
-    EngineOptions o = Options(run, env);
-    o.max_in_flight = sc.max_in_flight;
-    o.keep_last = sc.keep_last;
-    o.threads = sc.threads;
-    std::unique_ptr<Engine> e;
-    Status s = Engine::Open(o, &e);
-    if (!s.ok()) {
-      std::fprintf(stderr, "open: %s\n", s.message().c_str());
-      return false;
+    std::vector<std::unique_ptr<Engine>> engines(sc.world_size);
+    for (uint32_t rank = 0; rank < sc.world_size; ++rank) {  // rank 0 first: it cleans up at Open
+      EngineOptions o = Options(run, env);
+      o.max_in_flight = sc.max_in_flight;
+      o.keep_last = sc.keep_last;
+      o.threads = sc.threads;
+      o.rank = rank;
+      o.world_size = sc.world_size;
+      o.commit_timeout_s = 120;
+      Status s = Engine::Open(o, &engines[rank]);
+      if (!s.ok()) {
+        std::fprintf(stderr, "open rank %u: %s\n", rank, s.message().c_str());
+        return false;
+      }
     }
-    g_chunk = e->chunk_bytes();
+    g_chunk = engines[0]->chunk_bytes();
+    std::mutex mu;
     std::vector<std::thread> waiters;
     bool ok = true;
-    for (uint64_t step = first; step <= last; ++step) {
-      keep_alive.push_back(StepData(step));
-      keep_alive.push_back(StepSmall(step));
-      const auto& a = keep_alive[keep_alive.size() - 2];
-      const auto& m = keep_alive.back();
-      const SaveMode mode = step % 3 == 0 ? SaveMode::kZeroCopy : step % 3 == 1 ? SaveMode::kSnapshot : SaveMode::kSnapshotOverlap;
-      std::shared_ptr<SaveHandle> h;
-      const uint64_t expiries = race.expiries();
-      s = e->Save(step, {{"a", a.data(), a.size()}, {"m", m.data(), m.size()}}, StepMeta(step), mode, &h);
-      if (!s.ok()) {
-        std::fprintf(stderr, "save %llu: %s\n", static_cast<unsigned long long>(step), s.message().c_str());
-        ok = false;
-        break;
+    auto saver = [&](uint32_t rank) {
+      Engine* e = engines[rank].get();
+      for (uint64_t step = first; step <= last; ++step) {
+        const std::vector<char>* a;
+        const std::vector<char>* m;
+        {
+          std::lock_guard<std::mutex> l(mu);  // StepData's cache is not thread-safe
+          keep_alive[rank].push_back(StepData(RankKey(step, rank)));
+          keep_alive[rank].push_back(StepSmall(RankKey(step, rank)));
+          a = &keep_alive[rank][keep_alive[rank].size() - 2];
+          m = &keep_alive[rank].back();
+        }
+        const SaveMode mode = step % 3 == 0 ? SaveMode::kZeroCopy : step % 3 == 1 ? SaveMode::kSnapshot : SaveMode::kSnapshotOverlap;
+        std::shared_ptr<SaveHandle> h;
+        const uint64_t expiries = race.expiries();
+        Status s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step), mode, &h);
+        std::unique_lock<std::mutex> l(mu);
+        if (!s.ok()) {
+          std::fprintf(stderr, "save %llu rank %u: %s\n", static_cast<unsigned long long>(step), rank, s.message().c_str());
+          ok = false;
+          return;
+        }
+        // The moment the save is reported durable goes into the log: crash points after it
+        // must keep a checkpoint at least this new.
+        waiters.emplace_back([rec, h] {
+          h->Wait(-1);
+          if (h->status().ok()) rec->Mark("durable", h->step());
+        });
+        l.unlock();
+        if (sc.widen_expiry_race) race.AwaitExpiry(expiries, [&] { return h->Done(); });
       }
-      if (sc.widen_expiry_race) race.AwaitExpiry(expiries, [&] { return h->Done(); });
-      // The moment the save is reported durable goes into the log: crash points after it must
-      // keep a checkpoint at least this new.
-      waiters.emplace_back([rec, h] {
-        h->Wait(-1);
-        if (h->status().ok()) rec->Mark("durable", h->step());
-      });
-    }
+    };
+    std::vector<std::thread> savers;
+    for (uint32_t rank = 1; rank < sc.world_size; ++rank) savers.emplace_back(saver, rank);
+    saver(0);
+    for (auto& t : savers) t.join();
     for (auto& w : waiters) w.join();
-    e->Close();
+    for (auto& e : engines) e->Close();
     return ok;
   };
+  if (sc.world_size > 8) return false;
   return session(1, 6) && session(7, 9);
 }
 
@@ -628,6 +659,13 @@ void RecordAndExplore(const Scenario& sc) {
 }  // namespace
 
 TEST(engine_saves_survive_every_power_loss_state) { RecordAndExplore(Scenario{}); }
+
+TEST(two_rank_saves_survive_every_power_loss_state) {
+  Scenario sc;
+  sc.world_size = 2;  // each rank its shard and DONE record; rank 0 commits and expires
+  sc.threads = 2;
+  RecordAndExplore(sc);
+}
 
 TEST(recycling_survives_power_loss_while_an_expiry_is_not_yet_durable) {
   Scenario sc;
