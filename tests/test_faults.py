@@ -508,8 +508,11 @@ def test_manifest_truncation_missing_file_and_traversal_fall_back_with_a_named_w
         assert _statuses(tmp_path, verify=False)[2]["status"] == "corrupt", n
     path.write_bytes(good[:end // 2])
     _fallback_warns(tmp_path, "MANIFEST.json")
-    path.write_bytes(good.replace(b"rank-00000.bin", b"rank-00007.bin"))
-    _fallback_warns(tmp_path, "rank-00007.bin: missing")
+    doc = json.loads(good)  # a second rank's shard listed, but not there
+    doc["files"].append({**doc["files"][0], "name": "rank-00001.bin"})
+    doc["ranks"] = 2
+    path.write_text(json.dumps(doc))
+    _fallback_warns(tmp_path, "rank-00001.bin: missing")
     path.write_bytes(good.replace(b'"rank-00000.bin"', b'"../step-000000001/rank-00000.bin"'))
     _fallback_warns(tmp_path, "name must be rank-NNNNN.bin")
     path.write_bytes(b"[" * 100_000 + b"]" * 100_000)  # deeply nested
