@@ -16,7 +16,7 @@ trap 'rm -rf "$scratch"' EXIT
 export ALPSCK_FUZZ_TMP=$scratch
 "$build/fuzz_seeds" "$corpus" >/dev/null
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-for t in json footer index shard manifest; do
+for t in json footer index shard manifest record; do
   log=$build/fuzz-$t.log
   if ! "$build/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$build/fuzz-crash-$t-" "$corpus/$t" >"$log" 2>&1; then

@@ -3,7 +3,7 @@
 #   1. the core's C++ tests (ctest), built with -Wall -Wextra -Werror;
 #   2. the same tests under ASan+UBSan and under TSan;
 #   3. the same tests cross-built for aarch64 and run under qemu with 64 KiB pages;
-#      then the parsers (footer, index, manifest, shard, JSON) fuzzed with libFuzzer, a few
+#      then the parsers (footer, index, manifest, shard, DONE record, JSON) fuzzed with libFuzzer, a few
 #      seconds each (tests/fuzz.sh);
 #   4. ruff, then pytest against the installed package, with a real one-node SLURM
 #      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing).

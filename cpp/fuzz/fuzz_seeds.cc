@@ -1,5 +1,5 @@
 // Writes seed corpora for the fuzz targets from real checkpoints: fuzz_seeds OUT_DIR creates
-// OUT_DIR/{json,footer,index,shard,manifest}/ with valid inputs of each kind (the fuzzers then
+// OUT_DIR/{json,footer,index,shard,manifest,record}/ with valid inputs of each kind (the fuzzers then
 // mutate from something that parses, instead of from nothing).
 #include <sys/stat.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commit.h"
+#include "coordinate.h"
 #include "file_io.h"
 #include "format.h"
 #include "fuzz_util.h"
@@ -69,6 +70,15 @@ int main(int argc, char** argv) {
     Put(out + "/shard", "raw-" + n, std::string(1, '\0') + shard);
     Put(out + "/shard", "built-" + n, std::string(1, '\1') + U64(f.data_padded) + index);
     Put(out + "/manifest", n, manifest);
+    // A manifest listing an extra file (the DCP backend's), so the fuzzer reaches that parser.
+    const size_t end = manifest.rfind('}');
+    Put(out + "/manifest", "extra-" + n,
+        manifest.substr(0, end) + ",\"extra\":[{\"name\":\"dcp-metadata.json\",\"bytes\":2,\"crc\":0}]}\n");
+    alpsck::ShardRecord rec;
+    rec.name = alpsck::ShardFileName(0);
+    rec.bytes = shard.size();
+    rec.index_crc = f.index_crc;
+    Put(out + "/record", n, std::string(1, '\0') + alpsck::EncodeShardRecord(0, rec));
   }
   // A crafted index that once made the reader allocate 16 GiB (regression seed).
   Put(out + "/shard", "built-huge-chunk",
