@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs every libFuzzer target of the parsers for a bounded time (tests/run.sh calls this):
-#   tests/fuzz.sh BUILD_DIR [SECONDS_PER_TARGET]     (default 4 s, or $ALPSCK_FUZZ_SECONDS)
+#   tests/fuzz.sh BUILD_DIR [SECONDS_PER_TARGET]     (default 3 s, or $ALPSCK_FUZZ_SECONDS)
 # BUILD_DIR is a build with -DALPSCK_BUILD_FUZZERS=ON (clang, ASan+UBSan). Seeds are written
 # fresh from real checkpoints by fuzz_seeds; any crash, sanitizer report, leak, timeout (10 s
 # per input) or memory blow-up (2 GiB) fails, with the log tail and the input that did it.
 set -euo pipefail
 build=${1:?usage: tests/fuzz.sh BUILD_DIR [SECONDS]}
-secs=${2:-${ALPSCK_FUZZ_SECONDS:-4}}
+secs=${2:-${ALPSCK_FUZZ_SECONDS:-3}}
 corpus=$build/fuzz-corpus
 rm -rf "$corpus" "$build"/fuzz-crash-* && mkdir -p "$corpus"
 # Scratch files on a tmpfs where there is one: on a disk, verification's O_DIRECT reads would
