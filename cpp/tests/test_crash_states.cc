@@ -223,6 +223,7 @@ std::string ScratchBase() {
 struct Budget {
   uint32_t random_per_point = 12;
   bool cuts_with_data_lost = true;
+  size_t cut_every = 1;  // directory cuts at every n-th crash point (the others: min, max, random)
   size_t restart_every = 4;
 };
 
@@ -244,7 +245,7 @@ std::string Explore(const PowerLossModel& model, const Budget& budget, Explored*
     const int64_t durable = model.LastMark(k, "durable");
     std::vector<Policy> policies = {MinPolicy(), MaxPolicy()};
     if (!mark && model.AnythingUnsynced(k)) {
-      for (size_t ino = 0; ino < model.inodes().size(); ++ino) {
+      for (size_t ino = 0; ino < model.inodes().size() && ex->crash_points % budget.cut_every == 0; ++ino) {
         if (!model.inodes()[ino].dir) continue;
         size_t synced, total;
         model.Counts(model.inodes()[ino], k, &synced, &total);
@@ -663,7 +664,11 @@ void RecordAndExplore(const Scenario& sc) {
   if (PageSize() > 4096 || kSlowBuild) {
     budget.random_per_point = 2;
     budget.restart_every = 16;
-    budget.cuts_with_data_lost = sc.world_size == 1;  // two ranks: twice the directories to cut
+    if (sc.world_size > 1) {  // twice the calls and directories
+      budget.cuts_with_data_lost = false;
+      budget.cut_every = 2;
+      budget.restart_every = 32;
+    }
   }
   const auto t0 = std::chrono::steady_clock::now();
   Explored ex;
