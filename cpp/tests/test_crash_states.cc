@@ -2,7 +2,8 @@
 // recovers to a valid checkpoint no older than the last one reported durable.
 //
 // The real Engine saves through a RecordingEnv (several checkpoints in flight, keep_last small
-// so expired directories are recycled, then a restart that cleans up and saves again). For every
+// so expired directories are recycled, then a restart that cleans up and saves again; and the
+// same with two ranks, each its own Engine, rank 0 committing and expiring). For every
 // crash point (after each logged call) PowerLossModel (power_loss.h) generates the states a
 // power loss could leave: unsynced data dropped, applied or torn per 4 KiB block, directory
 // changes (create, rename, unlink) after the directory's last fsync lost. Each distinct state is
@@ -13,7 +14,7 @@
 //     .tmp, nothing stale);
 //   - a committed step at least as new as the newest save reported durable before the crash;
 //   - LATEST, if readable, no newer than the newest committed step;
-// and for a sample of states, a restarted engine that saves again and commits.
+// and for a sample of states, a restarted (one-rank) engine that saves again and commits.
 //
 // The first tests check the checker: protocols with a missing fsync are caught.
 #include <ftw.h>
@@ -216,8 +217,6 @@ std::string ScratchBase() {
   return std::string();
 }
 
-// Explores the states after every crash point of `model` (after every logged call); returns the
-// first failure ("" if none).
 // How much to explore per crash point: random states, both data variants of each directory
 // cut (else only "unsynced data kept"), and a restart every restart_every distinct states.
 struct Budget {
@@ -227,6 +226,8 @@ struct Budget {
   size_t restart_every = 4;
 };
 
+// Explores the states after every crash point of `model` (after every logged call); returns the
+// first failure ("" if none).
 std::string Explore(const PowerLossModel& model, const Budget& budget, Explored* ex) {
   std::set<std::pair<uint64_t, int64_t>> seen;  // (state, newest step reported durable)
   std::mt19937 rng(12345);
