@@ -149,9 +149,9 @@ TEST(a_rank_that_fails_aborts_the_step_everywhere_and_the_next_step_commits) {
 TEST(a_missing_rank_times_out_and_earlier_checkpoints_stay_valid) {
   TempDir d;
   std::vector<std::unique_ptr<Engine>> e;
-  e.push_back(OpenRank(d.path(), 0, 3, nullptr, 0, 0.5));
-  e.push_back(OpenRank(d.path(), 1, 3, nullptr, 0, 0.5));
-  e.push_back(OpenRank(d.path(), 2, 3, nullptr, 0, 0.5));
+  e.push_back(OpenRank(d.path(), 0, 3, nullptr, 0, 2));
+  e.push_back(OpenRank(d.path(), 1, 3, nullptr, 0, 2));
+  e.push_back(OpenRank(d.path(), 2, 3, nullptr, 0, 2));
   for (auto& x : e) REQUIRE(x);
   for (const Status& s : SaveAll(e, 1)) CHECK(s.ok());
   e[2].reset();  // rank 2 dies: it never saves step 2
