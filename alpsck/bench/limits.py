@@ -1,8 +1,11 @@
 """The limits alpsck is measured against, taken in the same run on the same directory.
 
-- Raw sequential O_DIRECT write and read bandwidth: fio when installed (libaio, 8 MiB blocks,
-  best of 1 job at queue depth 4 and 16 and 4 jobs at depth 4, end_fsync), else a Python
-  O_DIRECT loop (reported as such).
+- Raw sequential O_DIRECT write and read bandwidth (:class:`RawProbe`): fio when installed
+  (libaio, 8 MiB blocks, queue depth 16, end_fsync), else a Python O_DIRECT loop (reported as
+  such), sampled next to every measured save and restore (an overwrite of one file the size of
+  the state, then a read of it). A cloud disk's bandwidth can swing 2-3x between runs seconds
+  apart (seen on this project's VM: fio 2.2 to 6.3 GB/s in consecutive runs), so only a sample
+  taken next to a measurement compares with it.
 - A copy of the state into pre-faulted memory (torch ``copy_`` into touched tensors): the least
   a snapshot can cost.
 """
@@ -15,64 +18,72 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 
-@dataclass
-class RawBandwidth:
-    write_bps: float
-    read_bps: float
-    tool: str  # "fio ..." or "python O_DIRECT"
-
-
-FIO_CONFIGS = ((1, 4), (1, 16), (4, 4))  # (jobs, iodepth per job); the limit is the best of them
-
-
-def _fio(path: Path, rw: str, size: int, jobs: int, iodepth: int) -> float:
-    part = size // jobs // (8 << 20) * (8 << 20)
-    cmd = ["fio", "--name=alpsck-limit", f"--filename={path}", f"--rw={rw}", "--bs=8M", f"--size={part}",
-           f"--numjobs={jobs}", f"--offset_increment={part}", "--group_reporting", "--direct=1", "--ioengine=libaio",
-           f"--iodepth={iodepth}", "--end_fsync=1", "--output-format=json"]
+def _fio(path: Path, rw: str, size: int) -> float:
+    """Bytes/s of one fio pass (libaio, O_DIRECT, 8 MiB blocks, queue depth 16, end_fsync)."""
+    cmd = ["fio", "--name=alpsck-limit", f"--filename={path}", f"--rw={rw}", "--bs=8M", f"--size={size}", "--direct=1",
+           "--ioengine=libaio", "--iodepth=16", "--end_fsync=1", "--output-format=json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     return float(job["write" if rw == "write" else "read"]["bw_bytes"])
 
 
-def _python_direct(path: Path, size: int) -> tuple[float, float]:
+class RawProbe:
+    """Raw O_DIRECT write and read of one file the size of the state, sampled on demand.
+
+    The file is written once when the probe is made; each :meth:`write_seconds` then overwrites
+    it in place, as alpsck's steady-state saves overwrite their recycled checkpoint files
+    (``keep_last``). fio (1 job, queue depth 16, 8 MiB blocks, end_fsync) when installed, else a
+    Python O_DIRECT loop. Samples are kept in ``writes`` / ``reads`` (seconds).
+    """
+
+    def __init__(self, directory: Path, size: int) -> None:
+        self.path = directory / "alpsck-raw-probe.dat"
+        self.size = max(8 << 20, size // (8 << 20) * (8 << 20))
+        self.fio = shutil.which("fio") is not None
+        self.tool = ("fio libaio bs=8M QD16, overwrite in place" if self.fio else "python O_DIRECT bs=8M, overwrite")
+        self.writes: list[float] = []
+        self.reads: list[float] = []
+        self._write()  # lay the file out: later samples overwrite allocated blocks
+
+    def _write(self) -> float:
+        if self.fio:
+            return self.size / _fio(self.path, "write", self.size)
+        return self.size / _python_direct_one(self.path, self.size, write=True)
+
+    def write_seconds(self) -> float:
+        self.writes.append(self._write())
+        return self.writes[-1]
+
+    def read_seconds(self) -> float:
+        bps = _fio(self.path, "read", self.size) if self.fio else _python_direct_one(self.path, self.size, write=False)
+        self.reads.append(self.size / bps)
+        return self.reads[-1]
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _python_direct_one(path: Path, size: int, *, write: bool) -> float:
+    """Bytes/s of one sequential O_DIRECT pass over ``path`` (written in place, no truncation)."""
     block = 8 << 20
     buf = mmap.mmap(-1, block)
     buf.write(os.urandom(4096) * (block // 4096))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
-    t = time.perf_counter()
-    for off in range(0, size, block):
-        os.pwritev(fd, [buf], off)
-    os.fsync(fd)
-    w = size / (time.perf_counter() - t)
-    os.close(fd)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    t = time.perf_counter()
-    for off in range(0, size, block):
-        os.preadv(fd, [buf], off)
-    r = size / (time.perf_counter() - t)
-    os.close(fd)
-    return w, r
-
-
-def raw_bandwidth(directory: Path, size: int) -> RawBandwidth:
-    """Sequential O_DIRECT write/read of ``size`` bytes in ``directory`` (file removed after)."""
-    path = directory / "alpsck-raw-limit.dat"
+    flags = (os.O_WRONLY | os.O_CREAT) if write else os.O_RDONLY
+    fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
     try:
-        if shutil.which("fio"):
-            w = max(_fio(path, "write", size, j, qd) for j, qd in FIO_CONFIGS)
-            r = max(_fio(path, "read", size, j, qd) for j, qd in FIO_CONFIGS)
-            return RawBandwidth(w, r, "fio libaio bs=8M, best of 1 job x QD4, 1 x QD16, 4 x QD4")
-        w, r = _python_direct(path, size)
-        return RawBandwidth(w, r, "python O_DIRECT bs=8M (fio not installed)")
+        t = time.perf_counter()
+        for off in range(0, size, block):
+            (os.pwritev if write else os.preadv)(fd, [buf], off)
+        if write:
+            os.fsync(fd)
+        return size / (time.perf_counter() - t)
     finally:
-        path.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def prefaulted_copy_seconds(state: dict[str, torch.Tensor], repeats: int = 3) -> float:

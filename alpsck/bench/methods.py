@@ -44,6 +44,7 @@ class Method:
     """Base: a named method writing below ``directory`` from the live ``state``."""
 
     name = "method"
+    warmups = 1  # saves before the timed ones (the first one's stall is reported as first_stall)
 
     def __init__(self, directory: Path, state: dict[str, torch.Tensor]) -> None:
         self.dir = directory
@@ -64,8 +65,11 @@ class AlpsckMethod(Method):
     def __init__(self, directory: Path, state: dict[str, torch.Tensor], *, threads: int, chunk_mib: int,
                  max_in_flight: int, copy_threads: int | None = None, urgent: bool = False) -> None:
         super().__init__(directory, state)
+        # keep_last=1: from the third save on, each save recycles an expired checkpoint's files and
+        # overwrites them in place, alpsck's steady state. The two warm-up saves get it there.
         self.ck = Checkpointer(directory, threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=max_in_flight,
-                               keep_last=2, copy_threads=copy_threads)
+                               keep_last=1, copy_threads=copy_threads)
+        self.warmups = 2
         self.urgent = urgent
         self.name = (f"alpsck t={threads} c={chunk_mib}M f={max_in_flight} cp={self.ck.engine.copy_threads}"
                      + (" urgent" if urgent else ""))
@@ -97,7 +101,8 @@ class CoreZeroCopyMethod(Method):
         super().__init__(directory, state)
         self.name = f"core zero-copy t={threads} c={chunk_mib}M"
         self.engine = _core.Engine(str(directory), threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=1,
-                                   keep_last=2)
+                                   keep_last=1)
+        self.warmups = 2  # steady state: recycled files, as for AlpsckMethod
         self.extents = [(k, v.reshape(-1).view(torch.uint8)) for k, v in state.items()]
 
     def save(self, step: int) -> tuple[float, float]:

@@ -1,8 +1,11 @@
 """The benchmark loop: limits, peers and an alpsck sweep on one state, in one run.
 
-Every save-based number is the median of ``repeats`` saves after one warm-up save (the warm-up
-pays one-time costs such as allocating staging memory; it is reported separately as
-``first_stall``). Ratios are taken against limits measured in the same run.
+Every save-based number is the median of ``repeats`` saves after the method's warm-up saves
+(the first pays one-time costs such as allocating staging memory, reported as ``first_stall``;
+alpsck warms up with two, so that its steady state, recycled checkpoint files overwritten in
+place, is what is timed). Right before each timed save, and around the restore, the raw disk is
+sampled (:class:`.limits.RawProbe`), and each method's ratios are taken against its own samples:
+on a disk that drifts within seconds, only neighbouring samples compare.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .limits import RawBandwidth, prefaulted_copy_seconds, raw_bandwidth
+from .limits import RawProbe, prefaulted_copy_seconds
 from .methods import AlpsckMethod, CoreZeroCopyMethod, Method, peer_methods
 from .state import state_bytes, transformer_state
 
@@ -31,6 +34,8 @@ class Measurement:
     restore: float
     first_stall: float
     saves: list[tuple[float, float]] = field(default_factory=list)
+    raw_write: float = 0.0  # median raw O_DIRECT write of the state, sampled before each save (s)
+    raw_read: float = 0.0   # raw O_DIRECT read of the state, sampled around the restore (s)
 
 
 @dataclass
@@ -61,17 +66,22 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def measure(method: Method, repeats: int, progress: Callable[[str], None]) -> Measurement:
+def measure(method: Method, repeats: int, probe: RawProbe, progress: Callable[[str], None]) -> Measurement:
     progress(f"{method.name}: warm-up save")
     first_stall, _ = method.save(1)
-    saves = []
+    for w in range(1, method.warmups):
+        method.save(1 + w)
+    saves, raw_w = [], []
     for i in range(repeats):
         progress(f"{method.name}: save {i + 1}/{repeats}")
-        saves.append(method.save(2 + i))
+        raw_w.append(probe.write_seconds())
+        saves.append(method.save(1 + method.warmups + i))
     progress(f"{method.name}: restore")
+    raw_r = [probe.read_seconds()]
     restore = method.restore()
+    raw_r.append(probe.read_seconds())
     return Measurement(method.name, statistics.median(s for s, _ in saves), statistics.median(d for _, d in saves),
-                       restore, first_stall, saves)
+                       restore, first_stall, saves, statistics.median(raw_w), statistics.median(raw_r))
 
 
 def advise(best: Measurement, copy_s: float, iter_seconds: float, slowdown: float, mtbf_hours: float,
@@ -109,10 +119,8 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
         say(f"building a transformer-like state of {size_bytes / 2**30:.2f} GiB")
         state = transformer_state(size_bytes)
         nbytes = state_bytes(state)
-        say("raw O_DIRECT write/read bandwidth (start of run)")
-        raw_start = raw_bandwidth(directory, nbytes)
-        raw = raw_start
-        say(f"raw write {raw.write_bps / 1e9:.2f} GB/s, read {raw.read_bps / 1e9:.2f} GB/s ({raw.tool})")
+        say("laying out the raw-disk probe file")
+        probe = RawProbe(directory, nbytes)
         copy_s = prefaulted_copy_seconds(state)
         say(f"copy into pre-faulted memory: {copy_s:.3f} s")
         results: list[Measurement] = []
@@ -129,31 +137,29 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
                                                   chunk_mib=chunks_mib[0]))
         if peers:
             methods.extend((lambda m=m: m) for m in peer_methods(directory, state))
-        for make in methods:
-            m = make()
-            try:
-                results.append(measure(m, repeats, say))
-            finally:
-                m.close()
-        # Cloud disks drift (burst credits): measure again at the end and take ratios against the
-        # mean, reporting both ends so a drift is visible.
-        say("raw O_DIRECT write/read bandwidth (end of run)")
-        raw_end = raw_bandwidth(directory, nbytes)
-        raw = RawBandwidth((raw_start.write_bps + raw_end.write_bps) / 2, (raw_start.read_bps + raw_end.read_bps) / 2,
-                           f"{raw_start.tool}; mean of start {raw_start.write_bps / 1e9:.2f}/{raw_start.read_bps / 1e9:.2f}"
-                           f" and end {raw_end.write_bps / 1e9:.2f}/{raw_end.read_bps / 1e9:.2f} GB/s (write/read)")
+        try:
+            for make in methods:
+                m = make()
+                try:
+                    results.append(measure(m, repeats, probe, say))
+                finally:
+                    m.close()
+        finally:
+            probe.close()
+        raw_write_s, raw_read_s = statistics.median(probe.writes), statistics.median(probe.reads)
         core = next(r for r in results if r.method.startswith("core zero-copy"))
         ours = [r for r in results if r.method.startswith("alpsck")]
         # Best = lowest stall among default-mode (non-urgent) saves: the training loop's cost.
         best = min([r for r in ours if not r.method.endswith("urgent")] or ours, key=lambda r: (r.stall, r.durable))
         fastest = min(ours, key=lambda r: r.durable)
+        # Each method against the raw samples taken next to its own saves and restore.
         ratios: dict[str, float] = {
-            "durable_vs_raw_write": best.durable / (nbytes / raw.write_bps),
+            "durable_vs_raw_write": best.durable / best.raw_write,
             "stall_vs_prefaulted_copy": best.stall / copy_s,
-            "restore_bw_vs_raw_read": (nbytes / best.restore) / raw.read_bps,
-            "fastest durable (any mode) vs raw write": fastest.durable / (nbytes / raw.write_bps),
-            "core zero-copy durable vs raw write": core.durable / (nbytes / raw.write_bps),
-            "core zero-copy restore bw vs raw read": (nbytes / core.restore) / raw.read_bps,
+            "restore_bw_vs_raw_read": best.raw_read / best.restore,
+            "fastest durable (any mode) vs raw write": fastest.durable / fastest.raw_write,
+            "core zero-copy durable vs raw write": core.durable / core.raw_write,
+            "core zero-copy restore bw vs raw read": core.raw_read / core.restore,
         }
         for r in results:
             if r.method.startswith(("alpsck", "core")):
@@ -162,8 +168,11 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
             ratios[f"{r.method}: stall / alpsck"] = r.stall / best.stall
             ratios[f"{r.method}: restore / alpsck"] = r.restore / best.restore
         f_best = int(best.method.split("f=", 1)[1].split()[0])
-        return BenchResult(str(directory), nbytes, _machine(), raw.write_bps, raw.read_bps, raw.tool, copy_s, results,
-                           best.method, ratios, advise(best, copy_s, iter_seconds, slowdown, mtbf_hours, f_best))
+        tool = (f"{probe.tool}; sampled before each save ({len(probe.writes)} writes, "
+                f"{min(probe.writes):.2f}-{max(probe.writes):.2f} s) and around each restore ({len(probe.reads)} reads, "
+                f"{min(probe.reads):.2f}-{max(probe.reads):.2f} s); ratios use each method's own samples")
+        return BenchResult(str(directory), nbytes, _machine(), nbytes / raw_write_s, nbytes / raw_read_s, tool, copy_s,
+                           results, best.method, ratios, advise(best, copy_s, iter_seconds, slowdown, mtbf_hours, f_best))
     finally:
         import shutil
 

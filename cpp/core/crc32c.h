@@ -27,9 +27,15 @@ uint32_t Crc32cExtendPortable(uint32_t crc, const void* data, size_t n);
 bool Crc32cExtendHardware(uint32_t crc, const void* data, size_t n, uint32_t* out);
 
 namespace crc32c_internal {
-// Implemented by the ISA-specific file that the build selects; nullptr when none applies.
+// Implemented by the ISA-specific file that the build selects; nullptr when none applies. Both
+// work on the raw CRC register (no pre/post inversion).
 using ExtendFn = uint32_t (*)(uint32_t, const uint8_t*, size_t);
+// Three independent streams in lockstep, so the CRC instruction's latency is hidden (it has a
+// throughput of one per cycle but a latency of 2-3): for i = 0, 1, 2, c[i] is extended over
+// p[i*n, (i+1)*n). n is a multiple of 8. crc32c.cc joins the three results (ShiftTable).
+using Extend3Fn = void (*)(uint32_t c[3], const uint8_t* p, size_t n);
 ExtendFn HardwareBackend();       // nullptr when the CPU lacks the instructions
+Extend3Fn HardwareBackend3();     // nullptr when the CPU lacks the instructions
 const char* HardwareBackendName();
 }  // namespace crc32c_internal
 

@@ -43,12 +43,33 @@ uint32_t ExtendArmv8(uint32_t crc, const uint8_t* p, size_t n) {
   return crc;
 }
 
+void Extend3Armv8(uint32_t c[3], const uint8_t* p, size_t n) {
+  uint32_t a = c[0], b = c[1], d = c[2];
+  const uint8_t* p1 = p + n;
+  const uint8_t* p2 = p + 2 * n;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t x, y, z;
+    std::memcpy(&x, p + i, 8);
+    std::memcpy(&y, p1 + i, 8);
+    std::memcpy(&z, p2 + i, 8);
+    a = __crc32cd(a, x);
+    b = __crc32cd(b, y);
+    d = __crc32cd(d, z);
+  }
+  c[0] = a;
+  c[1] = b;
+  c[2] = d;
+}
+
+bool Supported() {
+  static const bool ok = (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
+  return ok;
+}
+
 }  // namespace
 
-ExtendFn HardwareBackend() {
-  static const bool ok = (getauxval(AT_HWCAP) & HWCAP_CRC32) != 0;
-  return ok ? &ExtendArmv8 : nullptr;
-}
+ExtendFn HardwareBackend() { return Supported() ? &ExtendArmv8 : nullptr; }
+Extend3Fn HardwareBackend3() { return Supported() ? &Extend3Armv8 : nullptr; }
 const char* HardwareBackendName() { return "armv8-crc"; }
 
 }  // namespace crc32c_internal

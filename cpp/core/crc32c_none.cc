@@ -4,6 +4,7 @@
 namespace alpsck {
 namespace crc32c_internal {
 ExtendFn HardwareBackend() { return nullptr; }
+Extend3Fn HardwareBackend3() { return nullptr; }
 const char* HardwareBackendName() { return "portable"; }
 }  // namespace crc32c_internal
 }  // namespace alpsck
