@@ -44,16 +44,6 @@ TREE_FORMAT = META_FORMAT  # kept for callers of the first version
 __all__ = ["Checkpointer", "CoreSave", "read_checkpoint", "read_meta", "restore_into"]
 
 
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A uint8 view of a contiguous CPU tensor's bytes (a CPU copy for other devices)."""
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8)
-
-
 def lock_run_dir(run_dir: Path, rank: int) -> int:
     """Take the run directory's writer lock (``.lock``; ``.lock-rank-NNNNN`` for rank > 0).
 
@@ -261,7 +251,7 @@ class Checkpointer:
         self._reap()
         cap = tree.capture(state)
         owners = self._owners_of(cap.tensors)
-        extents = [(key, _flat_bytes(t)) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
+        extents = [(key, tree.flat_bytes(t)) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
                            "tree": cap.tree}, allow_nan=False)
         handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))

@@ -86,7 +86,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from . import _core
+from . import _core, tree
 from .checkpointer import lock_run_dir
 from .dcp_json import (
     MAX_METADATA_BYTES,
@@ -154,20 +154,6 @@ def _unlock(fd: int) -> None:
         os.ftruncate(fd, 0)  # a clean release leaves no owner behind
     finally:
         os.close(fd)
-
-
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A uint8 view of a CPU, contiguous, resolved copy of ``t`` (no copy when it already is one)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return t.reshape(-1).view(torch.uint8)
 
 
 class AlpsckStorageWriter(StorageWriter):
@@ -353,7 +339,7 @@ class AlpsckStorageWriter(StorageWriter):
         if t.dtype != td.properties.dtype or tuple(t.shape) != tuple(td.chunk.sizes):
             raise UsageError(f"{item.index.fqn}: the planner resolved a {t.dtype} {list(t.shape)} tensor for a "
                              f"{td.properties.dtype} {list(td.chunk.sizes)} chunk")
-        return _flat_bytes(t)
+        return tree.flat_bytes(t)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator, last: commits the step with ``dcp-metadata.json`` (atomic), then applies retention.

@@ -149,6 +149,21 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise TypeError(f"tensor dtype {dtype} cannot be checkpointed") from None
 
 
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, with conjugate/negative views resolved and contiguous (no copy if it already is)."""
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of the bytes of :func:`plain` ``(t)`` on the CPU (a copy only for other devices or views)."""
+    return plain(t.cpu() if t.device.type != "cpu" else t).reshape(-1).view(torch.uint8)
+
+
 def _kind_of(value: Any) -> str:
     if isinstance(value, nn.Module):
         return "module"
@@ -174,13 +189,7 @@ class _Encoder:
         name = _TENSOR_DTYPE_NAMES.get(t.dtype)
         if name is None:
             raise TypeError(f"{path}: tensor dtype {t.dtype} cannot be checkpointed")
-        t = t.detach()
-        if t.is_conj():
-            t = t.resolve_conj()
-        if t.is_neg():
-            t = t.resolve_neg()
-        if not t.is_contiguous():
-            t = t.contiguous()
+        t = plain(t)
         key, n = path, 1
         while key in self.tensors:
             n += 1

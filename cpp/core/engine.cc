@@ -464,17 +464,7 @@ void Engine::Finish(Job* j) {
   j->fd = -1;
 
   if (opts_.world_size == 1 && j->commit == CommitMode::kAuto) {
-    if (s.ok()) {
-      CommitRequest req;
-      req.run_dir = opts_.run_dir;
-      req.tmp_dir = j->tmp_dir;
-      req.final_dir = j->final_dir;
-      req.step = j->step;
-      req.direct_io = j->direct;
-      req.shards.push_back(rec);
-      req.write_seconds = Seconds(j->t0, Clock::now());
-      s = CommitCheckpoint(env_, req);
-    }
+    if (s.ok()) s = Commit(j, {rec});
     if (!s.ok()) {
       // Nothing of a failed save is ever published: its directory never lost the .tmp suffix
       // (or, if only the final fsync failed, it is removed again, best effort).
@@ -503,6 +493,18 @@ void Engine::Finish(Job* j) {
   c_cv_.notify_one();
 }
 
+Status Engine::Commit(Job* j, std::vector<ShardRecord> shards) {
+  CommitRequest req;
+  req.run_dir = opts_.run_dir;
+  req.tmp_dir = j->tmp_dir;
+  req.final_dir = j->final_dir;
+  req.step = j->step;
+  req.direct_io = j->direct;
+  req.shards = std::move(shards);
+  req.write_seconds = Seconds(j->t0, Clock::now());
+  return CommitCheckpoint(env_, req);
+}
+
 void Engine::CommitterLoop() {
   for (;;) {
     std::unique_ptr<Job> j;
@@ -515,17 +517,9 @@ void Engine::CommitterLoop() {
     }
     Status s;
     if (opts_.rank == 0) {
-      CommitRequest req;
-      req.run_dir = opts_.run_dir;
-      req.tmp_dir = j->tmp_dir;
-      req.final_dir = j->final_dir;
-      req.step = j->step;
-      req.direct_io = j->direct;
-      s = WaitForShards(env_, j->tmp_dir, opts_.world_size, opts_.commit_timeout_s, &req.shards);
-      if (s.ok()) {
-        req.write_seconds = Seconds(j->t0, Clock::now());
-        s = CommitCheckpoint(env_, req);
-      }
+      std::vector<ShardRecord> shards;
+      s = WaitForShards(env_, j->tmp_dir, opts_.world_size, opts_.commit_timeout_s, &shards);
+      if (s.ok()) s = Commit(j.get(), std::move(shards));
       if (!s.ok()) AbortStep(env_, j->tmp_dir, s.message());
     } else {
       s = WaitForCommit(env_, opts_.run_dir, j->step, opts_.commit_timeout_s);

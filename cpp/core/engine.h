@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "commit.h"
 #include "env.h"
 #include "format.h"
 #include "staging_pool.h"
@@ -164,6 +165,8 @@ class Engine {
   // the DONE record and hand j to the committer thread (several ranks).
   void Finish(Job* j);
   void CommitterLoop();
+  // Steps 5-8 of the commit protocol (commit.h) for j with these shards, in rank order.
+  Status Commit(Job* j, std::vector<ShardRecord> shards);
   // Several ranks: tells the others this rank's shard of j will not come (rank 0: aborts).
   void FailShared(Job* j, const std::string& why);
   // The common end of every save: publish, retention, complete the handle, free the slot.
