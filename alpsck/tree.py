@@ -149,6 +149,14 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise TypeError(f"tensor dtype {dtype} cannot be checkpointed") from None
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support has no DTensor
+        return False
+    return isinstance(t, DTensor)
+
+
 def plain(t: torch.Tensor) -> torch.Tensor:
     """``t`` detached, with conjugate/negative views resolved and contiguous (no copy if it already is)."""
     t = t.detach()
@@ -184,6 +192,10 @@ class _Encoder:
         self.tensors: dict[str, torch.Tensor] = {}
 
     def tensor(self, t: torch.Tensor, path: str) -> dict[str, Any]:
+        if _is_dtensor(t):
+            raise TypeError(f"{path}: a DTensor (FSDP2 / tensor-parallel sharded state): save it per shard with "
+                            "torch.distributed.checkpoint through alpsck.dcp.AlpsckStorageWriter, which also reshards "
+                            "on load; the Checkpointer's tree holds plain (replicated or per-rank) tensors")
         if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
             raise TypeError(f"{path}: cannot checkpoint a {t.layout} / {t.device.type} tensor")
         name = _TENSOR_DTYPE_NAMES.get(t.dtype)

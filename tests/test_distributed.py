@@ -174,3 +174,17 @@ def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp
     assert [r["step"] for r in results] == [start - 1] * 2
     assert all(r["model_ok"] for r in results)
     assert [r["local"] for r in results] == [float(start - 1), float(100 + start - 1)]
+
+
+def test_dtensor_state_is_pointed_to_the_dcp_backend(tmp_path: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DeviceMesh, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        dt = distribute_tensor(torch.arange(8.0), DeviceMesh("cpu", [0]), [Shard(0)])
+        with alpsck.Checkpointer(tmp_path) as ck, pytest.raises(TypeError, match="w: a DTensor.*AlpsckStorageWriter"):
+            ck.save(1, {"w": dt})
+        assert not [i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"]
+    finally:
+        dist.destroy_process_group()

@@ -232,18 +232,14 @@ def test_crash_and_resume_reproduces_losses_byte_for_byte(tmp_path: Path, checkp
     assert (tmp_path / "c.csv").read_bytes() == ref
 
 
-def _launch_ddp(tmp_path: Path, name: str, port: int, *extra: str) -> list[subprocess.Popen[str]]:
-    procs = []
-    for rank in range(2):
-        env = {**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
-        args = [sys.executable, "-m", "alpsck.examples.llama", "--training-steps", "12", "--checkpoint-freq", "5",
-                "--dim", "32", "--multiple-of", "32", "--sequence-length", "16", "--batch-size", "4",
-                "--warmup-steps", "2", "--device", "cpu", "--torch-threads", "1", "--log-every", "0",
-                "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"), "--loss-file", str(tmp_path / f"{name}.csv"),
-                *extra]
-        procs.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
+def _launch_ddp(tmp_path: Path, name: str, port: int, *extra: str) -> subprocess.Popen[str]:
+    """Two gloo ranks of the reference training under torchrun (torch.distributed.run)."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "-m", "alpsck.examples.llama", "--training-steps", "12", "--checkpoint-freq", "5",
+            "--dim", "32", "--multiple-of", "32", "--sequence-length", "16", "--batch-size", "4",
+            "--warmup-steps", "2", "--device", "cpu", "--torch-threads", "1", "--log-every", "0",
+            "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"), "--loss-file", str(tmp_path / f"{name}.csv"), *extra]
+    return subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _free_port() -> int:
@@ -255,15 +251,13 @@ def _free_port() -> int:
 
 
 def test_ddp_gloo_crash_and_resume(tmp_path: Path) -> None:
-    """Two gloo ranks, crash at step 8, resume: rank 0's loss file equals the clean run's (~15 s)."""
+    """torchrun, two gloo ranks, crash at step 8, resume: rank 0's loss file equals the clean run's."""
     clean = _launch_ddp(tmp_path, "a", _free_port())
     crash = _launch_ddp(tmp_path, "c", _free_port(), "--fail-at-step", "8")
-    for p in clean:
-        _finish(p)
-    for p in crash:
-        _finish(p, FAIL_EXIT_CODE)
-    for p in _launch_ddp(tmp_path, "c", _free_port(), "--load-checkpoint"):
-        _finish(p)
+    _finish(clean)
+    out, _ = crash.communicate(timeout=120)
+    assert crash.returncode != 0 and f"exitcode  : {FAIL_EXIT_CODE}" in out, out  # torchrun reports the crash
+    _finish(_launch_ddp(tmp_path, "c", _free_port(), "--load-checkpoint"))
     ref = (tmp_path / "a.csv").read_bytes()
     assert len(ref.splitlines()) == 13 and (tmp_path / "c.csv").read_bytes() == ref
     # Every checkpoint is sharded: one file per rank, the model and optimizer written once.
