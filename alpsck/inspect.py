@@ -256,12 +256,14 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         if not infos:
             print(f"{run_dir}: no checkpoints")
         else:
-            print(f"{'':1} {'step':>10}  {'status':<10} {'size':>10}  {'created':<19}  {'tensors':>7}  {'GB/s':>6}  note")
+            print(f"{'':1} {'step':>10}  {'status':<10} {'size':>10}  {'created':<19}  {'ranks':>5}  {'tensors':>7}  "
+                  f"{'GB/s':>6}  note")
             for i in infos:
                 mark = "*" if i["step"] == latest and i["status"] == "committed" else ""
                 created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
                 rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
-                print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {_human(i['bytes']):>10}  {created:<19}  "
+                ranks = str(i["ranks"]) if i["ranks"] else "-"
+                print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {_human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
                       f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
             print("* = what restore would pick" if latest is not None else "no valid checkpoint: restore would start fresh")
     corrupt = any(i["status"] == "corrupt" for i in infos)

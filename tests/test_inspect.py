@@ -93,6 +93,8 @@ def test_verify_finds_the_bit_flip_and_exits_1(mixed_run: Path, capsys: pytest.C
     assert by_step[1]["verified"] and by_step[2]["verified"]
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--verify")
     assert rc == 1 and "CRC mismatch" in out and "incomplete" in out
+    header = next(line for line in out.splitlines() if "status" in line)
+    assert all(col in header for col in ("step", "status", "size", "created", "ranks", "tensors", "GB/s"))
 
 
 def test_verify_of_a_clean_run_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
