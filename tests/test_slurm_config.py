@@ -115,3 +115,20 @@ def test_dry_run_cli(tmp_path: Path) -> None:
     cfg.write_text(GOOD.replace("  time:", "  tme:"))
     r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "slurm.tme: unknown key (did you mean 'time'?)" in r.stderr
+
+
+def test_submit_falls_back_to_local_only_without_a_working_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from alpsck.slurm.submit import slurm_unavailable
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert slurm_unavailable() == "sbatch not found"
+    # slurm-wlm installed, but its controller is down (sinfo fails): still no SLURM to submit to.
+    for name, body in (("sbatch", "exit 0"), ("sinfo", "echo 'Unable to contact slurm controller' >&2; exit 1")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    why = slurm_unavailable()
+    assert why is not None and "no SLURM controller answers" in why and "Unable to contact" in why
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho debug\n")
+    assert slurm_unavailable() is None

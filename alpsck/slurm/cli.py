@@ -14,22 +14,24 @@ from . import history
 
 def _submit(args: argparse.Namespace) -> int:
     from .config import load_config
-    from .submit import sbatch_script, slurm_available, submit
+    from .submit import sbatch_script, slurm_unavailable, submit
 
     cfg = load_config(args.config)
     if args.dry_run:
         print(sbatch_script(cfg), end="")
         return 0
-    local = True if args.local else None
-    if local is None and not slurm_available():
-        print("alpsck: no SLURM here (sbatch not found): running through submitit's local executor", flush=True)
-    job = submit(cfg, local=local)
+    is_local = bool(args.local)
+    if not is_local:
+        why = slurm_unavailable()
+        if why is not None:
+            print(f"alpsck: no SLURM here ({why}): running through submitit's local executor", flush=True)
+            is_local = True
+    job = submit(cfg, local=is_local)
     if args.json:
         print(json.dumps({"job_id": str(job.job_id), "run_dir": cfg.run_dir}), flush=True)
     else:
         print(f"submitted job {job.job_id}; run dir {cfg.run_dir}", flush=True)
         print(f"follow it with: alpsck status {cfg.run_dir}", flush=True)
-    is_local = local or not slurm_available()
     if args.wait or (is_local and not args.no_wait):
         while not job.done():
             time.sleep(2)

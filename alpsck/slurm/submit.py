@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,23 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     return params
 
 
+def slurm_unavailable() -> str | None:
+    """Why SLURM cannot take a job here, or None when it can: no sbatch, or no controller answering
+    (slurm-wlm installed but not running, as after the test suite's local cluster stopped)."""
+    if shutil.which("sbatch") is None:
+        return "sbatch not found"
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"sinfo failed: {e}"
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"no SLURM controller answers (sinfo: {last})"
+    return None
+
+
 def slurm_available() -> bool:
-    return shutil.which("sbatch") is not None
+    return slurm_unavailable() is None
 
 
 def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
