@@ -256,8 +256,10 @@ Status Engine::PrepareOwnDir(Job* j) {
 }
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-                    std::shared_ptr<SaveHandle>* handle, CommitMode commit) {
-  const bool copy = mode != SaveMode::kZeroCopy;
+                    std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill) {
+  const bool copy = mode != SaveMode::kZeroCopy;  // the bytes go through staging slots
+  const bool external = mode == SaveMode::kExternal;
+  if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
   auto job = std::make_unique<Job>();
   job->step = step;
@@ -267,7 +269,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   std::vector<std::pair<std::string, uint64_t>> sizes;
   sizes.reserve(extents.size());
   for (const auto& e : extents) {
-    if (!e.data && e.size) return Status::Invalid("extent " + e.name + " has no memory");
+    if (!e.data && e.size && !external) return Status::Invalid("extent " + e.name + " has no memory");
     sizes.emplace_back(e.name, e.size);
   }
   ALPSCK_RETURN_IF_ERROR(PlanLayout(sizes, align_, chunk_bytes_, kDefaultPackAlign, &job->index.layout));
@@ -322,6 +324,11 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   job->remaining.store(n + 1);
   Job* j = job.release();
   *handle = j->handle;
+  if (external) {
+    j->srcs.clear();
+    *fill = std::make_shared<ExternalFill>(this, j);  // holds the extra count until Finish
+    return Status::Ok();
+  }
   if (copy) {
     SnapshotChunks(j, mode == SaveMode::kSnapshotOverlap);
   } else {
@@ -388,8 +395,100 @@ void Engine::Push(Task t) {
   q_cv_.notify_one();
 }
 
-void Engine::ChunkDone(Job* j) {
-  if (j->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) Push({j, kFinalize, nullptr});
+void Engine::ChunkDone(Job* j, uint64_t count) {
+  if (j->remaining.fetch_sub(count, std::memory_order_acq_rel) == count) Push({j, kFinalize, nullptr});
+}
+
+// ---------------------------------------------------------------- ExternalFill
+
+ExternalFill::ExternalFill(Engine* e, Engine::Job* j)
+    : engine_(e), layout_(j->index.layout), job_(j), submitted_(layout_.num_chunks(), false) {}
+
+ExternalFill::~ExternalFill() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (job_ && count_ < submitted_.size())
+      job_->Fail(Status::Error(Code::kAborted, "the snapshot of step " + std::to_string(job_->step) +
+                                                   " was abandoned before all its chunks were filled"));
+  }
+  Finish();
+}
+
+char* ExternalFill::Acquire(uint64_t chunk, bool block) {
+  if (chunk >= submitted_.size()) return nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!job_ || job_->failed.load(std::memory_order_acquire)) return nullptr;
+  }
+  // Not under mu_: blocking here waits for writers, which never need mu_.
+  char* slot = block ? engine_->pool_.Acquire() : engine_->pool_.TryAcquire();
+  if (!slot) return nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!job_) {
+      engine_->pool_.Release(slot);
+      return nullptr;
+    }
+    held_.push_back(slot);
+  }
+  ZeroChunkGaps(layout_, chunk, slot);
+  return slot;
+}
+
+Status ExternalFill::Submit(uint64_t chunk, char* slot) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (!job_) return Status::Invalid("the snapshot is already finished");
+  if (chunk >= submitted_.size())
+    return Status::Invalid("chunk " + std::to_string(chunk) + " out of range (" + std::to_string(submitted_.size()) +
+                           " chunks)");
+  if (submitted_[chunk]) return Status::Invalid("chunk " + std::to_string(chunk) + " submitted twice");
+  auto it = std::find(held_.begin(), held_.end(), slot);
+  if (it == held_.end()) return Status::Invalid("submitted memory is not a staging slot this filler holds");
+  held_.erase(it);
+  submitted_[chunk] = true;
+  ++count_;
+  engine_->Push({job_, chunk, slot});
+  return Status::Ok();
+}
+
+void ExternalFill::Release(char* slot) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = std::find(held_.begin(), held_.end(), slot);
+    if (it == held_.end()) return;  // not ours (or already returned): never double-free a slot
+    held_.erase(it);
+  }
+  engine_->pool_.Release(slot);
+}
+
+void ExternalFill::Fail(const std::string& why) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (job_) job_->Fail(Status::Error(Code::kAborted, why));
+}
+
+void ExternalFill::Finish() {
+  Engine::Job* j;
+  uint64_t missing;
+  std::vector<char*> held;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!job_) return;
+    j = job_;
+    job_ = nullptr;
+    held.swap(held_);
+    missing = submitted_.size() - count_;
+    if (missing && !j->failed.load(std::memory_order_acquire))
+      j->Fail(Status::Error(Code::kAborted, std::to_string(missing) + " chunk(s) of step " + std::to_string(j->step) +
+                                                " were never filled"));
+    j->t_snap = Clock::now();
+  }
+  for (char* slot : held) engine_->pool_.Release(slot);
+  engine_->ChunkDone(j, missing + 1);  // the unsubmitted chunks and the filler's own count
+}
+
+uint64_t ExternalFill::submitted() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return count_;
 }
 
 void Engine::WriterLoop(uint32_t index) {

@@ -18,6 +18,9 @@
 //    fastest time to durable (for a final checkpoint before preemption), a longer stall.
 //  - kZeroCopy: Save returns at once; the caller keeps its buffers alive and unchanged until the
 //    handle is done. Chunks inside one suitably aligned buffer go to disk without any copy.
+//  - kExternal: the caller fills the staging slots itself (asynchronous GPU copies into the pool,
+//    registered as pinned memory) through the ExternalFill that Save returns, and submits each
+//    chunk once its bytes have landed. Extents need sizes only (their data may be null).
 // Writers return staging slots as soon as their chunk is written, so a pool smaller than the
 // state still streams (the snapshot modes then overlap by necessity).
 //
@@ -74,7 +77,9 @@ struct EngineOptions {
   Env* env = nullptr;             // nullptr: Env::Default()
 };
 
-enum class SaveMode { kSnapshot, kSnapshotOverlap, kZeroCopy };
+enum class SaveMode { kSnapshot, kSnapshotOverlap, kZeroCopy, kExternal };
+
+class ExternalFill;
 
 // kAuto: the engine commits (with world_size > 1: coordinated, see above). kDeferred: the shard
 // is sealed and its DONE record written; someone else commits the step.
@@ -129,8 +134,10 @@ class Engine {
   // anything is queued (bad names, a directory that cannot be created, no space for the
   // preallocation) are returned here; later ones through the handle. A step that is already
   // committed is not written again (the handle completes with skipped = true).
+  // With kExternal, *fill receives the save's filler (required; otherwise ignored).
   Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-              std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto);
+              std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto,
+              std::shared_ptr<ExternalFill>* fill = nullptr);
   void WaitAll();
   void Close();
 
@@ -147,6 +154,7 @@ class Engine {
   const std::string& run_dir() const { return opts_.run_dir; }
 
  private:
+  friend class ExternalFill;
   struct Job;
   struct Task {
     Job* job;
@@ -160,7 +168,7 @@ class Engine {
   void WriterLoop(uint32_t index);
   void WriteChunk(Job* j, uint64_t chunk, const char* slot, char* bounce);
   void Push(Task t);
-  void ChunkDone(Job* j);
+  void ChunkDone(Job* j, uint64_t count = 1);
   // On the writer that wrote j's last chunk: seal the shard, then commit (one rank), or write
   // the DONE record and hand j to the committer thread (several ranks).
   void Finish(Job* j);
@@ -210,6 +218,46 @@ class Engine {
   bool closed_ = false;
   std::mutex retention_mu_;
   std::mutex publish_mu_;
+};
+
+// The caller's side of a kExternal save. Per chunk: Acquire a staging slot, write the chunk's
+// extent pieces into it (layout() says where), Submit it once the bytes are there. Finish() when
+// done or on failure: chunks never submitted make the save fail, and the handle completes only
+// after Finish (the destructor calls it). Thread-safe; Acquire may block (pool dry).
+class ExternalFill {
+ public:
+  ExternalFill(Engine* e, Engine::Job* j);
+  ~ExternalFill();
+  ExternalFill(const ExternalFill&) = delete;
+  ExternalFill& operator=(const ExternalFill&) = delete;
+
+  const ShardLayout& layout() const { return layout_; }
+  uint64_t num_chunks() const { return layout_.num_chunks(); }
+  // A free slot for chunk i, with the bytes of chunk i that belong to no extent (padding)
+  // zeroed; nullptr if the pool is closed, the save already failed or was finished. With
+  // block=false, also nullptr at once when no slot is free.
+  char* Acquire(uint64_t chunk, bool block);
+  // Queues chunk i (its bytes are in slot) for writing. Invalid: a chunk out of range or
+  // submitted twice, or a slot this filler does not hold.
+  Status Submit(uint64_t chunk, char* slot);
+  // Returns a slot acquired but not to be submitted.
+  void Release(char* slot);
+  // The save fails with this reason (the handle reports it); call Finish afterwards.
+  void Fail(const std::string& why);
+  // Nothing more will be submitted: the save commits once its chunks are written (or fails if
+  // some were never submitted). Slots still held go back to the pool, so call it only when no
+  // copy into them can still land. Idempotent.
+  void Finish();
+  uint64_t submitted() const;
+
+ private:
+  Engine* const engine_;
+  const ShardLayout layout_;
+  mutable std::mutex mu_;
+  Engine::Job* job_;  // nullptr once finished
+  std::vector<bool> submitted_;
+  std::vector<char*> held_;  // acquired, not yet submitted or released
+  uint64_t count_ = 0;
 };
 
 }  // namespace alpsck

@@ -219,6 +219,18 @@ void GatherChunk(const ShardLayout& l, const std::vector<const char*>& srcs, uin
   if (pos < e) std::memset(dst + (pos - b), 0, e - pos);
 }
 
+void ZeroChunkGaps(const ShardLayout& l, uint64_t i, char* dst) {
+  const uint64_t b = l.chunk_begin(i), e = b + l.chunk_len(i);
+  uint64_t pos = b;
+  for (size_t k = FirstExtentEndingAfter(l, b); k < l.extents.size() && l.extents[k].offset < e; ++k) {
+    const ExtentLayout& x = l.extents[k];
+    uint64_t s = std::max(b, x.offset), t = std::min(e, x.offset + x.size);
+    if (s > pos) std::memset(dst + (pos - b), 0, s - pos);
+    pos = std::max(pos, t);
+  }
+  if (pos < e) std::memset(dst + (pos - b), 0, e - pos);
+}
+
 void ScatterChunk(const ShardLayout& l, const std::vector<char*>& dsts, uint64_t i, const char* src) {
   const uint64_t b = l.chunk_begin(i), e = b + l.chunk_len(i);
   for (size_t k = FirstExtentEndingAfter(l, b); k < l.extents.size() && l.extents[k].offset < e; ++k) {

@@ -77,6 +77,9 @@ Status DecodeFooter(const char in[kFooterBytes], uint64_t file_size, const std::
 // of align. *file_bytes receives the total file size.
 std::string BuildTail(const std::string& index_json, uint64_t data_padded, uint64_t align, uint64_t* file_bytes);
 
+// Zeroes the bytes of chunk i in dst that belong to no extent (padding); the rest is untouched.
+void ZeroChunkGaps(const ShardLayout& l, uint64_t i, char* dst);
+
 // Copies the bytes of chunk i from the extents' sources into dst (chunk_len(i) bytes), zero
 // filling gaps and padding. srcs[k] is the memory of layout.extents[k].
 void GatherChunk(const ShardLayout& l, const std::vector<const char*>& srcs, uint64_t i, char* dst);

@@ -110,6 +110,62 @@ class PyHandle {
   std::shared_ptr<SaveHandle> h_;
 };
 
+CommitMode ParseCommit(const std::string& name) {
+  if (name == "auto") return CommitMode::kAuto;
+  if (name == "deferred") return CommitMode::kDeferred;
+  throw nb::value_error(("unknown commit mode: " + name + " (auto, deferred)").c_str());
+}
+
+// The caller's side of an external-fill save: slots are named by their byte offset in the
+// staging pool (staging_tensor()). Blocking calls release the GIL.
+class PyFill {
+ public:
+  PyFill(std::shared_ptr<Engine> e, std::shared_ptr<ExternalFill> f) : engine_(std::move(e)), fill_(std::move(f)) {}
+  ExternalFill& fill() {
+    if (!fill_) throw nb::value_error("nothing to fill: the step was already committed");
+    return *fill_;
+  }
+  bool needed() const { return fill_ != nullptr; }
+  nb::object acquire(uint64_t chunk, bool block) {
+    ExternalFill& f = fill();
+    char* slot;
+    {
+      nb::gil_scoped_release nogil;
+      slot = f.Acquire(chunk, block);
+    }
+    if (!slot) return nb::none();
+    return nb::int_(static_cast<uint64_t>(slot - engine_->staging_base()));
+  }
+  void submit(uint64_t chunk, uint64_t offset) {
+    Status s = fill().Submit(chunk, Slot(offset));
+    if (!s.ok()) RaiseStatus(s, true);
+  }
+  void release(uint64_t offset) { fill().Release(Slot(offset)); }
+  void fail(const std::string& why) { fill().Fail(why); }
+  void finish() {
+    if (!fill_) return;
+    nb::gil_scoped_release nogil;
+    fill_->Finish();
+  }
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> extents() {
+    std::vector<std::tuple<std::string, uint64_t, uint64_t>> v;
+    for (const auto& e : fill().layout().extents) v.emplace_back(e.name, e.offset, e.size);
+    return v;
+  }
+  uint64_t num_chunks() { return fill().num_chunks(); }
+  uint64_t chunk_bytes() { return fill().layout().chunk_bytes; }
+  uint64_t data_padded() { return fill().layout().data_padded; }
+  uint64_t submitted() { return fill().submitted(); }
+
+ private:
+  char* Slot(uint64_t offset) {
+    if (offset >= engine_->staging_bytes()) throw nb::value_error("slot offset outside the staging pool");
+    return engine_->staging_base() + offset;
+  }
+  std::shared_ptr<Engine> engine_;
+  std::shared_ptr<ExternalFill> fill_;
+};
+
 class PyEngine {
  public:
   PyEngine(const std::string& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
@@ -134,11 +190,13 @@ class PyEngine {
       o.env = fault_env_.get();
     }
     Status s;
+    std::unique_ptr<Engine> e;
     {
       nb::gil_scoped_release nogil;
-      s = Engine::Open(o, &engine_);
+      s = Engine::Open(o, &e);
     }
     if (!s.ok()) RaiseStatus(s, true);
+    engine_ = std::move(e);
   }
 
   static FaultRule ToRule(const nb::dict& f) {
@@ -167,10 +225,7 @@ class PyEngine {
   // only; the caller commits with commit_step).
   PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
                 const std::string& mode_name, nb::object keepalive, const std::string& commit_name) {
-    CommitMode commit;
-    if (commit_name == "auto") commit = CommitMode::kAuto;
-    else if (commit_name == "deferred") commit = CommitMode::kDeferred;
-    else throw nb::value_error(("unknown commit mode: " + commit_name + " (auto, deferred)").c_str());
+    CommitMode commit = ParseCommit(commit_name);
     SaveMode mode;
     if (mode_name == "snapshot") mode = SaveMode::kSnapshot;
     else if (mode_name == "overlap") mode = SaveMode::kSnapshotOverlap;
@@ -201,7 +256,51 @@ class PyEngine {
     Reap();
   }
 
+  // An external-fill save: the caller fills staging slots itself (see PyFill).
+  std::pair<PyHandle, PyFill> save_external(uint64_t step, const std::vector<std::pair<std::string, uint64_t>>& sizes,
+                                            const std::string& meta, const std::string& commit_name) {
+    CommitMode commit = ParseCommit(commit_name);
+    std::vector<SaveExtent> ex;
+    ex.reserve(sizes.size());
+    for (const auto& [name, size] : sizes) ex.push_back({name, nullptr, size});
+    std::shared_ptr<SaveHandle> h;
+    std::shared_ptr<ExternalFill> fill;
+    Status s;
+    Engine& e = engine();
+    {
+      nb::gil_scoped_release nogil;
+      s = e.Save(step, ex, meta, SaveMode::kExternal, &h, commit, &fill);
+    }
+    if (!s.ok()) RaiseStatus(s, true);
+    if (fill) {
+      std::vector<std::weak_ptr<ExternalFill>> live;
+      for (auto& w : fills_)
+        if (!w.expired()) live.push_back(w);
+      live.push_back(fill);
+      fills_.swap(live);
+    }
+    return {PyHandle(h), PyFill(engine_, fill)};
+  }
+
+  // The staging pool as a uint8 CPU tensor (no copy); None before the first copy-mode save. The
+  // view keeps the pool's memory alive after close().
+  nb::object staging_tensor() {
+    Engine& e = engine();
+    if (!e.staging_base()) return nb::none();
+    auto* keep = new std::shared_ptr<Engine>(engine_);
+    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<Engine>*>(p); });
+    size_t shape[1] = {static_cast<size_t>(e.staging_bytes())};
+    return nb::cast(nb::ndarray<nb::pytorch, uint8_t, nb::ndim<1>>(e.staging_base(), 1, shape, owner));
+  }
+
   void close() {
+    // Fillers the caller abandoned would keep their saves in flight forever: fail them.
+    for (auto& w : fills_)
+      if (auto f = w.lock()) {
+        f->Fail("the checkpointer was closed before the snapshot was filled");
+        f->Finish();
+      }
+    fills_.clear();
     if (engine_) {
       nb::gil_scoped_release nogil;
       engine_->Close();
@@ -223,7 +322,8 @@ class PyEngine {
 
  private:
   std::unique_ptr<FaultEnv> fault_env_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Engine> engine_;  // shared with fillers and staging views
+  std::vector<std::weak_ptr<ExternalFill>> fills_;
   std::vector<std::pair<std::shared_ptr<SaveHandle>, nb::object>> pending_;
 };
 
@@ -369,6 +469,20 @@ NB_MODULE(_core, m) {
       .def("error_message", &PyHandle::error_message)
       .def("result", &PyHandle::result);
 
+  nb::class_<PyFill>(m, "ExternalFill")
+      .def_prop_ro("needed", &PyFill::needed)
+      .def_prop_ro("extents", &PyFill::extents)
+      .def_prop_ro("num_chunks", &PyFill::num_chunks)
+      .def_prop_ro("chunk_bytes", &PyFill::chunk_bytes)
+      .def_prop_ro("data_padded", &PyFill::data_padded)
+      .def_prop_ro("submitted", &PyFill::submitted)
+      .def("acquire", &PyFill::acquire, "chunk"_a, "block"_a = true,
+           "A staging slot's offset for chunk, its padding zeroed; None if the save failed or ended.")
+      .def("submit", &PyFill::submit, "chunk"_a, "offset"_a)
+      .def("release", &PyFill::release, "offset"_a)
+      .def("fail", &PyFill::fail, "why"_a)
+      .def("finish", &PyFill::finish);
+
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const std::string&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
                     uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double>(),
@@ -378,6 +492,11 @@ NB_MODULE(_core, m) {
            "commit_timeout_s"_a = 600.0)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto")
+      .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
+           "Start a save whose staging slots the caller fills (returns (handle, fill)).")
+      .def("staging_tensor", &PyEngine::staging_tensor)
+      .def_prop_ro("staging_address", [](PyEngine& e) {
+        return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e.engine().staging_base())); })
       .def("wait_all", &PyEngine::wait_all)
       .def("close", &PyEngine::close)
       .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })

@@ -1,6 +1,8 @@
 // The engine: concurrent saves, both memory modes, commit ordering ("newest wins"), retention
 // and recycling, back-pressure, and failures that never damage earlier checkpoints.
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -370,6 +372,144 @@ TEST(tiny_staging_pool_streams_in_every_mode_without_deadlock) {
       CHECK(Matches(d.path(), 8, "b", b));
     }
   }
+}
+
+namespace {
+// Copies chunk i's extent bytes from srcs into slot, as an external filler (a GPU copy) would.
+void FillChunk(const ExternalFill& f, const std::vector<const std::vector<char>*>& srcs, uint64_t i, char* slot) {
+  const ShardLayout& l = f.layout();
+  const uint64_t b = l.chunk_begin(i), e = b + l.chunk_len(i);
+  for (size_t k = 0; k < l.extents.size(); ++k) {
+    const ExtentLayout& x = l.extents[k];
+    uint64_t s = std::max(b, x.offset), t = std::min(e, x.offset + x.size);
+    if (t > s) std::memcpy(slot + (s - b), srcs[k]->data() + (s - x.offset), t - s);
+  }
+}
+}  // namespace
+
+TEST(external_fill_commits_chunks_submitted_in_any_order_from_another_thread) {
+  // A two-slot pool: the filler must submit before it can acquire more (pipelining), and it
+  // submits in reverse pairs. Stale bytes in reused slots must not reach the padding.
+  TempDir d;
+  EngineOptions o;
+  o.run_dir = d.path();
+  o.chunk_bytes = 64 << 10;
+  o.staging_bytes = 2 * (64 << 10);
+  o.threads = 2;
+  std::unique_ptr<Engine> e;
+  REQUIRE(Engine::Open(o, &e).ok());
+  auto a = RandomBytes(700001, 21), b = RandomBytes(33, 22), c = RandomBytes(200000, 23);
+  std::shared_ptr<SaveHandle> h;
+  std::shared_ptr<ExternalFill> f;
+  REQUIRE(e->Save(5, {{"a", nullptr, a.size()}, {"b", nullptr, b.size()}, {"c", nullptr, c.size()}}, "{}",
+                  SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(f);
+  CHECK(!h->Done());
+  std::memset(e->staging_base(), 0x5a, e->staging_bytes());  // stale bytes everywhere
+  std::thread filler([&] {
+    const std::vector<const std::vector<char>*> srcs = {&a, &b, &c};
+    for (uint64_t i = 0; i < f->num_chunks(); i += 2) {
+      const uint64_t n = std::min<uint64_t>(2, f->num_chunks() - i);
+      char* slots[2] = {nullptr, nullptr};
+      for (uint64_t k = 0; k < n; ++k) {
+        slots[k] = f->Acquire(i + k, true);
+        REQUIRE(slots[k]);
+        FillChunk(*f, srcs, i + k, slots[k]);
+      }
+      for (uint64_t k = n; k-- > 0;) CHECK(f->Submit(i + k, slots[k]).ok());
+    }
+    f->Finish();
+  });
+  filler.join();
+  REQUIRE(h->Wait(60));
+  CHECK(h->status().ok());
+  CHECK(Matches(d.path(), 5, "a", a));
+  CHECK(Matches(d.path(), 5, "b", b));
+  CHECK(Matches(d.path(), 5, "c", c));
+  // The whole file verifies, padding included (its CRCs were taken over zeroed gaps).
+  std::vector<CheckpointInfo> infos;
+  REQUIRE(ScanRunDir(Env::Default(), d.path(), true, 2, &infos).ok());
+  REQUIRE(infos.size() == 1);
+  CHECK(infos[0].state == CheckpointState::kCommitted);
+  // The gap after "a" (packed at 64-byte offsets) holds zeros, not the slot's stale bytes.
+  const std::string shard = JoinPath(JoinPath(d.path(), StepDirName(5)), ShardFileName(0));
+  FILE* fp = std::fopen(shard.c_str(), "rb");
+  REQUIRE(fp);
+  char gap[31];
+  std::fseek(fp, 700001, SEEK_SET);
+  CHECK_EQ(std::fread(gap, 1, sizeof(gap), fp), sizeof(gap));
+  std::fclose(fp);
+  CHECK(std::all_of(gap, gap + sizeof(gap), [](char ch) { return ch == 0; }));
+}
+
+TEST(external_fill_misuse_fails_the_save_and_keeps_the_previous_checkpoint) {
+  TempDir d;
+  EngineOptions o;
+  o.run_dir = d.path();
+  o.chunk_bytes = 64 << 10;
+  o.staging_bytes = 3 * (64 << 10);  // 3 slots: a leaked slot would starve the last save
+  o.threads = 2;
+  std::unique_ptr<Engine> e;
+  REQUIRE(Engine::Open(o, &e).ok());
+  auto a = RandomBytes(300000, 31);
+  std::shared_ptr<SaveHandle> good;
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &good).ok());
+  REQUIRE(good->Wait(60) && good->status().ok());
+
+  // No filler: refused up front.
+  std::shared_ptr<SaveHandle> h;
+  CHECK(e->Save(2, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h).code() == Code::kInvalidArgument);
+
+  // Double submit, foreign memory, out of range; then finished with chunks missing.
+  std::shared_ptr<ExternalFill> f;
+  REQUIRE(e->Save(2, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  char* s0 = f->Acquire(0, true);
+  REQUIRE(s0);
+  CHECK(f->Submit(0, s0).ok());
+  char* s1 = f->Acquire(1, false);
+  REQUIRE(s1);
+  CHECK(f->Submit(0, s1).code() == Code::kInvalidArgument);
+  CHECK(f->Submit(99, s1).code() == Code::kInvalidArgument);
+  char local[8];
+  CHECK(f->Submit(1, local).code() == Code::kInvalidArgument);
+  f->Release(s1);
+  f->Finish();
+  f->Finish();  // idempotent
+  CHECK(f->Acquire(1, true) == nullptr);
+  REQUIRE(h->Wait(60));
+  CHECK(!h->status().ok());
+  CHECK(h->status().message().find("never filled") != std::string::npos);
+  CHECK_EQ(e->published_step(), int64_t{1});
+
+  // A filler's own failure is the save's error; dropping an unfinished filler fails the save.
+  REQUIRE(e->Save(3, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  f->Fail("device copy failed: boom");
+  CHECK(f->Acquire(0, true) == nullptr);
+  f->Finish();
+  REQUIRE(h->Wait(60));
+  CHECK(h->status().message().find("boom") != std::string::npos);
+  REQUIRE(e->Save(4, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(f->Acquire(0, false) && f->Acquire(1, false) && f->Acquire(2, false));  // the whole pool
+  f.reset();
+  REQUIRE(h->Wait(60));
+  CHECK(h->status().message().find("abandoned") != std::string::npos);
+  CHECK(Matches(d.path(), 1, "a", a));
+  CHECK_EQ(e->published_step(), int64_t{1});
+  // Every slot came back: a full external save succeeds without blocking on Acquire.
+  REQUIRE(e->Save(6, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  const std::vector<const std::vector<char>*> srcs = {&a};
+  for (uint64_t i = 0; i < f->num_chunks(); ++i) {
+    char* slot = f->Acquire(i, false);
+    REQUIRE(slot || i >= 3);             // nothing in flight: the whole pool is free
+    if (!slot) slot = f->Acquire(i, true);  // later chunks wait for the writers
+    REQUIRE(slot);
+    FillChunk(*f, srcs, i, slot);
+    CHECK(f->Submit(i, slot).ok());
+  }
+  f->Finish();
+  REQUIRE(h->Wait(60) && h->status().ok());
+  CHECK(Matches(d.path(), 6, "a", a));
+  e->Close();  // nothing left in flight
 }
 
 ALPSCK_TEST_MAIN()
