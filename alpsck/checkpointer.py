@@ -17,6 +17,13 @@ checkpoint once every rank's shard is durable, coordinating through the file sys
 spread over the ranks by size. ``restore()`` is a collective: the ranks agree on the newest
 checkpoint that every one of them reads successfully.
 
+Tensors on a GPU (and CPU states with ``overlap_copy=True``) take the pipelined path of
+:mod:`alpsck.staging`: ``save()`` returns once the copies are queued, the copy of the
+optimizers' tensors overlaps the next forward and backward, and a step pre-hook on each
+optimizer in the state makes its next ``step()`` wait for that copy. Anything else that changes
+a parameter or optimizer state between ``save()`` and the next ``step()`` must call
+``wait_snapshot()`` first.
+
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
 (:mod:`alpsck.tree`), tensors are raw bytes checked against their CRC32C.
@@ -39,6 +46,7 @@ from . import _core, tree
 from .errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
 from .ranks import Ranks, assign_owners
 from .shards import META_FORMAT, CheckpointShards, read_meta
+from .staging import Stager, guarded_pointers
 
 TREE_FORMAT = META_FORMAT  # kept for callers of the first version
 __all__ = ["Checkpointer", "CoreSave", "read_checkpoint", "read_meta", "restore_into"]
@@ -119,6 +127,10 @@ class Checkpointer:
         rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
         replicated: top-level state keys whose tensors are identical on every rank (written once).
         commit_timeout_s: how long a multi-rank commit waits for the other ranks' shards.
+        overlap_copy: None (default): pipelined snapshots for states holding CUDA tensors, the
+            core's blocking copy for CPU states. True: also CPU states take the pipelined path
+            (the optimizers' tensors are copied while training goes on). False: never (CUDA
+            tensors are then copied to the CPU inside ``save()``).
     """
 
     def __init__(
@@ -137,6 +149,7 @@ class Checkpointer:
         world_size: int | None = None,
         replicated: Sequence[str] = (),
         commit_timeout_s: float = 600.0,
+        overlap_copy: bool | None = None,
         _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
         if max_in_flight < 1:
@@ -152,6 +165,9 @@ class Checkpointer:
         self.rank = self.ranks.rank
         self.world_size = self.ranks.world_size
         self.replicated = frozenset(replicated)
+        self.overlap_copy = overlap_copy
+        self._stager: Stager | None = None
+        self._hooks: dict[int, Any] = {}  # id(optimizer) -> its step pre-hook's handle
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
         self._engine: _core.Engine | None = None
         self._lock_fd: int | None = None
@@ -207,8 +223,14 @@ class Checkpointer:
 
     def _release(self) -> None:
         """Stop the engine (after its saves) and drop the run directory's lock."""
+        stager, self._stager = self._stager, None
+        for hook in self._hooks.values():
+            hook.remove()
+        self._hooks.clear()
         engine, self._engine = self._engine, None
         try:
+            if stager is not None:
+                stager.close()  # every snapshot filled: the saves can finish
             if engine is not None:
                 engine.close()
         finally:
@@ -251,12 +273,43 @@ class Checkpointer:
         self._reap()
         cap = tree.capture(state)
         owners = self._owners_of(cap.tensors)
-        extents = [(key, tree.flat_bytes(t)) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
                            "tree": cap.tree}, allow_nan=False)
-        handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
+        mine = [(key, t) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
+        cuda = any(t.device.type == "cuda" for _, t in mine)
+        if self.overlap_copy or (cuda and self.overlap_copy is None):
+            handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state)))
+        else:
+            extents = [(key, tree.flat_bytes(t)) for key, t in mine]
+            handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
         self._pending.append(handle)
         return handle
+
+    def _pipelined(self) -> Stager:
+        if self._stager is None:
+            self._stager = Stager(self.engine, overlap_cpu=bool(self.overlap_copy))
+        return self._stager
+
+    def _guard(self, state: Mapping[str, Any]) -> set[tuple[str, int]]:
+        """Hook every optimizer of ``state`` (once); return the tensors their hooks guard."""
+        for obj in state.values():
+            if isinstance(obj, torch.optim.Optimizer) and id(obj) not in self._hooks:
+                self._hooks[id(obj)] = obj.register_step_pre_hook(self._before_step)
+        return guarded_pointers(state)
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._stager is not None:
+            self._stager.wait_copies()
+
+    def wait_snapshot(self) -> None:
+        """Wait until every snapshot taken so far is copied out of the live tensors.
+
+        Needed only on the pipelined path (GPU tensors, or ``overlap_copy=True``) before changing
+        parameters or optimizer state other than through ``optimizer.step()``, which waits by
+        itself. For CUDA tensors the wait is queued on the current streams (no host block).
+        """
+        if self._stager is not None:
+            self._stager.wait_copies()
 
     def _owners_of(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
         """Owner rank of each replicated tensor (the others are written by every rank)."""
@@ -311,6 +364,7 @@ class Checkpointer:
         and skipped in favour of the previous one. Returns the step restored, or None if the
         run has no valid checkpoint (with ``step`` given: NoCheckpointError).
         """
+        self.wait_snapshot()
         if self._engine is not None:
             self._engine.wait_all()
         return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, ranks=self.ranks)

@@ -213,19 +213,21 @@ def _finish(proc: subprocess.Popen[str], expected_rc: int = 0) -> None:
     assert proc.returncode == expected_rc, out
 
 
-@pytest.mark.parametrize("checkpointer", [
-"torch", "alpsck"])
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize(("checkpointer", "dtype"), [
+    ("torch", "fp32"), ("torch", "bf16"), ("alpsck", "fp32"), ("alpsck", "bf16"),
+    # The pipelined snapshot (the GPU path, run here on CPU): copies overlap the next step.
+    ("alpsck --overlap-copy", "bf16")])
 def test_crash_and_resume_reproduces_losses_byte_for_byte(tmp_path: Path, checkpointer: str, dtype: str) -> None:
     # A, B (clean) and C's first half (crash on reaching step 51) run side by side.
-    a = _launch(tmp_path, "a", checkpointer, dtype)
-    b = _launch(tmp_path, "b", checkpointer, dtype)
-    c = _launch(tmp_path, "c", checkpointer, dtype, "--fail-at-step", "51")
+    kind, *flags = checkpointer.split()
+    a = _launch(tmp_path, "a", kind, dtype, *flags)
+    b = _launch(tmp_path, "b", kind, dtype, *flags)
+    c = _launch(tmp_path, "c", kind, dtype, "--fail-at-step", "51", *flags)
     _finish(a)
     _finish(b)
     _finish(c, FAIL_EXIT_CODE)
     assert len((tmp_path / "c.csv").read_text().splitlines()) == 1 + 50
-    _finish(_launch(tmp_path, "c", checkpointer, dtype, "--load-checkpoint"))
+    _finish(_launch(tmp_path, "c", kind, dtype, "--load-checkpoint", *flags))
     ref = (tmp_path / "a.csv").read_bytes()
     assert len(ref.splitlines()) == 1 + 70
     assert (tmp_path / "b.csv").read_bytes() == ref

@@ -97,6 +97,7 @@ class TrainConfig:
     max_in_flight: int = 2
     threads: int = 4
     keep_last: int = 3
+    overlap_copy: bool = False  # alpsck: pipelined snapshots for CPU states too (always on for GPU ones)
     data_file: str | None = None
     data_column: str = "text"
     device: str | None = None  # None: cuda if available, else cpu
@@ -147,7 +148,7 @@ class TrainResult:
 
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
-                      keep_last: int) -> CheckpointerLike:
+                      keep_last: int, overlap_copy: bool = False) -> CheckpointerLike:
     """``"torch"``: :class:`alpsck.baseline.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
     a shard per rank when torch.distributed is initialised (model and optimizer written once)."""
     if kind == "torch":
@@ -162,7 +163,7 @@ def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, thr
             raise ConfigError(f"checkpointer 'alpsck' is not available here ({e}); use 'torch'") from e
 
         return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last,
-                            replicated=REPLICATED)
+                            replicated=REPLICATED, overlap_copy=overlap_copy or None)
     raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {kind!r}")
 
 
@@ -268,8 +269,11 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     state: dict[str, Any] = {"model": model, "optim": opt, "sched": sched, "rng": RNGState(), "data": data,
                              "step": 0}
 
-    ckpt_kwargs = {"max_in_flight": cfg.max_in_flight, "threads": cfg.threads, "keep_last": cfg.keep_last}
+    ckpt_kwargs: dict[str, Any] = {"max_in_flight": cfg.max_in_flight, "threads": cfg.threads,
+                                   "keep_last": cfg.keep_last}
     sharded = cfg.checkpointer == "alpsck"  # every rank saves its shard (else rank 0 alone)
+    if sharded:
+        ckpt_kwargs["overlap_copy"] = cfg.overlap_copy
     ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 or sharded else None
     restored: int | None = None
     if cfg.load_checkpoint:
@@ -401,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-in-flight", type=int, default=d.max_in_flight)
     add("--threads", type=int, default=d.threads, help="checkpoint writer threads")
     add("--keep-last", type=int, default=d.keep_last)
+    add("--overlap-copy", action="store_true",
+        help="alpsck: copy the model and optimizer out while the next step runs (GPU states always do)")
     add("--data-file", default=None, help="local .txt or .parquet (byte-level tokens); default: synthetic")
     add("--data-column", default=d.data_column)
     add("--device", default=None)

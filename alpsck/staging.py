@@ -1,0 +1,302 @@
+"""Pipelined snapshots: chunked asynchronous copies into the core's staging slots.
+
+The default CPU path (:class:`alpsck.Checkpointer` without ``overlap_copy``) lets the C++ core
+copy the whole snapshot before ``save()`` returns. This module is the other path, used for
+states holding CUDA tensors (always) and for CPU states with ``overlap_copy=True``:
+
+1. ``save()`` opens an *external-fill* save in the core and takes as many staging slots (one
+   chunk each) as are free without waiting.
+2. Tensors fall in two classes. *Guarded* ones — the parameters and state of the optimizers in
+   the state — change only in ``optimizer.step()``, and a step pre-hook (installed by the
+   Checkpointer) waits for their copy. Every other tensor is *unguarded*: it may change at any
+   time after ``save()`` returns.
+3. CUDA: guarded pieces are copied on a side stream (which first waits for the work already
+   queued on the current stream), so the next forward and backward overlap the copy; unguarded
+   pieces are copied on the current stream, ordered before any later kernel that could change
+   them. Pieces that found no slot (the pool is bounded) are copied later; unguarded ones are
+   first cloned on the device so that later copy still sees the bytes of ``save()``.
+   CPU: unguarded pieces are copied in ``save()``; guarded pieces (with ``overlap_copy``) are
+   copied by the feeder thread while training goes on.
+4. One feeder thread per Checkpointer issues the deferred copies (waiting for slots that the
+   writers free: pipelining), waits for each chunk's CUDA events and submits the chunk to the
+   writers. A chunk is written only once its bytes have landed.
+
+The staging pool is one mapping in the core, registered once as pinned memory with CUDA, so
+device-to-host copies are true DMA into the memory the writers read: one copy, no growth.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import _core, tree
+
+__all__ = ["Stager"]
+
+
+@dataclass
+class _Piece:
+    slot_off: int  # where the bytes go within the chunk's slot
+    src: torch.Tensor  # uint8, exactly the bytes to copy
+    guarded: bool
+
+
+@dataclass
+class _Chunk:
+    index: int
+    slot: int | None  # offset in the staging pool; None until a slot is taken
+    todo: list[_Piece] = field(default_factory=list)  # copies the feeder still has to issue
+    events: list[Any] = field(default_factory=list)  # CUDA events the bytes wait for
+
+
+class _Snapshot:
+    """One save being filled: its chunks, and what the optimizer hook waits for."""
+
+    def __init__(self, step: int, fill: Any, chunks: list[_Chunk]) -> None:
+        self.step = step
+        self.fill = fill
+        self.chunks = chunks
+        self.copied = threading.Event()  # every copy issued (CUDA) or done (CPU), or failed
+        self.done_events: dict[torch.device, Any] = {}  # side-stream work the hook must wait for
+
+
+def _is_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+def guarded_pointers(state: Any) -> set[tuple[str, int]]:
+    """(device, data_ptr) of every parameter and state tensor of the optimizers among ``state``'s values."""
+    out: set[tuple[str, int]] = set()
+    for obj in state.values():
+        if not isinstance(obj, torch.optim.Optimizer):
+            continue
+        for group in obj.param_groups:
+            for p in group["params"]:
+                out.add((str(p.device), p.data_ptr()))
+        for st in obj.state.values():
+            for v in st.values() if isinstance(st, dict) else ():
+                if isinstance(v, torch.Tensor):
+                    out.add((str(v.device), v.data_ptr()))
+    return out
+
+
+class Stager:
+    """The pipelined-snapshot path of one Checkpointer's engine (see the module docstring)."""
+
+    def __init__(self, engine: _core.Engine, overlap_cpu: bool) -> None:
+        self._engine = engine
+        self._overlap_cpu = overlap_cpu
+        self._pool: torch.Tensor | None = None
+        self._registered: int | None = None  # pool address registered with CUDA
+        self._side: dict[torch.device, Any] = {}
+        self._unfinished: list[_Snapshot] = []  # copies the optimizer hook may still wait for
+        self._mu = threading.Lock()
+        self._work: queue.Queue[_Snapshot | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._feed, name="alpsck-feeder", daemon=True)
+        self._thread.start()
+
+    # -- the training thread ------------------------------------------------------------------
+
+    def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], meta: str, guarded: set[tuple[str, int]],
+             commit: str = "auto") -> Any:
+        """Start checkpoint ``step`` of ``tensors`` (key, tensor); returns the core's save handle."""
+        srcs: dict[str, tuple[torch.Tensor, bool]] = {}
+        for key, t in tensors:
+            p = tree.plain(t)
+            is_guarded = p.data_ptr() == t.data_ptr() and (str(t.device), t.data_ptr()) in guarded and t.numel() > 0
+            srcs[key] = (p.reshape(-1).view(torch.uint8), is_guarded)
+        handle, fill = self._engine.save_external(step, [(k, s.numel()) for k, (s, _) in srcs.items()], meta, commit)
+        if not fill.needed:  # the step is already committed
+            return handle
+        snap = _Snapshot(step, fill, [_Chunk(i, None) for i in range(int(fill.num_chunks))])
+        try:
+            self._start(snap, srcs)
+        except BaseException as e:
+            fill.fail(f"the snapshot of step {step} failed: {type(e).__name__}: {e}")
+            if any(_is_cuda(s) for s, _ in srcs.values()):
+                torch.cuda.synchronize()  # no copy may land in a slot after it is returned
+            fill.finish()  # returns the slots taken
+            raise
+        with self._mu:
+            self._unfinished.append(snap)
+        self._work.put(snap)
+        return handle
+
+    def _start(self, snap: _Snapshot, srcs: dict[str, tuple[torch.Tensor, bool]]) -> None:
+        fill, chunks = snap.fill, snap.chunks
+        pool = self._pool_tensor(any(_is_cuda(s) for s, _ in srcs.values()))
+        cb = int(fill.chunk_bytes)
+        pieces: list[list[_Piece]] = [[] for _ in chunks]
+        for name, offset, size in fill.extents:
+            src, is_guarded = srcs[name]
+            pos, end = int(offset), int(offset) + int(size)
+            while pos < end:
+                i = pos // cb
+                n = min(end, (i + 1) * cb) - pos
+                pieces[i].append(_Piece(pos - i * cb, src[pos - int(offset): pos - int(offset) + n], is_guarded))
+                pos += n
+        # Take the slots that are free now, in order; the rest waits for the writers (feeder).
+        for c in chunks:
+            c.slot = fill.acquire(c.index, block=False)
+            if c.slot is None:
+                break
+        # Unguarded bytes of chunks without a slot are snapshot now: CPU clones at once, device
+        # clones on the current stream, before the side stream's wait below orders every later
+        # side-stream copy after them.
+        for c, ps in zip(chunks, pieces, strict=True):
+            if c.slot is None:
+                for p in ps:
+                    if not p.guarded:
+                        p.src = p.src.clone()
+                c.todo = ps
+        for dev in {p.src.device for ps in pieces for p in ps if _is_cuda(p.src)}:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(dev))
+            self._side_stream(dev).wait_event(ready)
+        for c, ps in zip(chunks, pieces, strict=True):
+            if c.slot is None:
+                continue
+            assert pool is not None
+            streams = []
+            for p in ps:
+                dst = pool[c.slot + p.slot_off: c.slot + p.slot_off + p.src.numel()]
+                if _is_cuda(p.src):
+                    # Guarded: the side stream (the optimizer hook waits for it). Unguarded: the
+                    # current stream, ordered before any later kernel that could change it.
+                    stream = self._side_stream(p.src.device) if p.guarded else torch.cuda.current_stream(p.src.device)
+                    with torch.cuda.stream(stream):
+                        dst.copy_(p.src, non_blocking=True)
+                    streams.append(stream)
+                elif p.guarded and self._overlap_cpu:
+                    c.todo.append(p)  # copied by the feeder while training goes on
+                else:
+                    dst.copy_(p.src)
+            c.events = [_record(s) for s in dict.fromkeys(streams)]
+
+    def wait_copies(self) -> None:
+        """Make the current streams wait for every pending snapshot copy (CPU: block until done).
+
+        The optimizer step pre-hook calls this: guarded tensors may change after it returns.
+        """
+        with self._mu:
+            pending, self._unfinished = self._unfinished, []
+        for snap in pending:
+            snap.copied.wait()
+            for dev, ev in snap.done_events.items():
+                torch.cuda.current_stream(dev).wait_event(ev)
+
+    def close(self) -> None:
+        """Finish every snapshot, stop the feeder and unpin the staging pool (engine still open)."""
+        self._work.put(None)
+        self._thread.join()
+        self.wait_copies()
+        self._pool = None
+        if self._registered is not None:
+            torch.cuda.synchronize()
+            code = int(torch.cuda.cudart().cudaHostUnregister(self._registered))
+            self._registered = None
+            if code != 0:
+                warnings.warn(f"unpinning alpsck's staging memory failed (cudaError {code})", RuntimeWarning,
+                              stacklevel=2)
+
+    def _side_stream(self, dev: torch.device) -> Any:
+        s = self._side.get(dev)
+        if s is None:
+            s = self._side[dev] = torch.cuda.Stream(device=dev)
+        return s
+
+    def _pool_tensor(self, cuda: bool) -> torch.Tensor | None:
+        if self._pool is None:
+            self._pool = self._engine.staging_tensor()
+        if cuda and self._registered is None and self._pool is not None:
+            addr, size = int(self._engine.staging_address), int(self._engine.staging_bytes)
+            code = int(torch.cuda.cudart().cudaHostRegister(addr, size, 0))
+            if code == 0:
+                self._registered = addr
+            else:  # still correct: copies into pageable memory are synchronous, only slower
+                warnings.warn(f"pinning {size} bytes of alpsck staging memory failed (cudaError {code}); device "
+                              "copies will not overlap training", RuntimeWarning, stacklevel=4)
+                self._registered = -1
+        return self._pool
+
+    # -- the feeder thread --------------------------------------------------------------------
+
+    def _feed(self) -> None:
+        while (snap := self._work.get()) is not None:
+            self._fill(snap)
+
+    def _fill(self, snap: _Snapshot) -> None:
+        fill, pool = snap.fill, self._pool
+        issued: deque[_Chunk] = deque()  # holding a slot, not yet submitted
+        try:
+            for c in snap.chunks:
+                if c.slot is None:
+                    c.slot = fill.acquire(c.index, block=False)
+                    while c.slot is None and issued:  # free slots by handing filled chunks over
+                        self._submit(fill, issued.popleft())
+                        c.slot = fill.acquire(c.index, block=False)
+                    if c.slot is None:
+                        c.slot = fill.acquire(c.index, block=True)
+                    if c.slot is None:
+                        return  # the save failed (a write error): finish below reports it
+                if c.todo:
+                    self._issue(pool, c)
+                issued.append(c)
+                while issued and all(ev.query() for ev in issued[0].events):
+                    self._submit(fill, issued.popleft())
+            self._mark_copied(snap)
+            while issued:
+                self._submit(fill, issued.popleft())
+        except BaseException as e:  # noqa: BLE001 - the save's handle reports it
+            fill.fail(f"the snapshot copy of step {snap.step} failed: {type(e).__name__}: {e}")
+            for c in issued:  # no slot may be reused while a copy into it can still land
+                for ev in c.events:
+                    try:
+                        ev.synchronize()
+                    except Exception:  # noqa: BLE001,S110 - the device is already in error
+                        pass
+        finally:  # finish() returns every slot still held
+            if not snap.copied.is_set():
+                self._mark_copied(snap)
+            snap.chunks = []
+            fill.finish()
+
+    def _issue(self, pool: torch.Tensor | None, c: _Chunk) -> None:
+        assert pool is not None and c.slot is not None
+        streams = []
+        for p in c.todo:
+            dst = pool[c.slot + p.slot_off: c.slot + p.slot_off + p.src.numel()]
+            if _is_cuda(p.src):
+                s = self._side_stream(p.src.device)  # ordered after save()'s clones
+                with torch.cuda.device(p.src.device), torch.cuda.stream(s):
+                    dst.copy_(p.src, non_blocking=True)
+                streams.append(s)
+            else:
+                dst.copy_(p.src)
+        c.todo = []
+        c.events += [_record(s) for s in dict.fromkeys(streams)]
+
+    @staticmethod
+    def _submit(fill: Any, c: _Chunk) -> None:
+        for ev in c.events:
+            ev.synchronize()  # releases the GIL
+        c.events = []
+        fill.submit(c.index, c.slot)
+
+    def _mark_copied(self, snap: _Snapshot) -> None:
+        for dev, side in self._side.items():
+            snap.done_events[dev] = _record(side)
+        snap.copied.set()
+
+
+def _record(stream: Any) -> Any:
+    ev = torch.cuda.Event()
+    ev.record(stream)
+    return ev

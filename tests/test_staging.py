@@ -1,0 +1,171 @@
+"""The pipelined snapshot (alpsck.staging): the GPU path's mechanism, run on CPU tensors.
+
+Here ``overlap_copy=True`` sends a CPU state through it: save() returns before the optimizer's
+tensors are copied; the copy runs on the feeder thread, the optimizer's step pre-hook waits for
+it, and a bounded staging pool makes chunks wait for written ones. The CUDA specifics (side
+stream, events, pinned registration) are the same code with device tensors; they run only on a
+GPU (issue 9). Every test checks what was written against a snapshot taken at save().
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import alpsck
+from alpsck.errors import CheckpointWriteError, DiskFullError
+
+CHUNK = 64 << 10
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 128))  # ~1 MB fp32
+    return m, torch.optim.AdamW(m.parameters(), lr=0.05)
+
+
+def _train(m: torch.nn.Module, opt: torch.optim.Optimizer, steps: int = 1) -> None:
+    for _ in range(steps):
+        m(torch.randn(4, 256)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _expected(state: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy({k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()})
+
+
+def _assert_restores_to(run: Path, want: dict[str, Any], step: int) -> None:
+    m, opt = _model()
+    extra = torch.zeros_like(want["extra"])
+    with alpsck.Checkpointer(run) as ck:
+        assert ck.restore({"model": m, "optim": opt, "extra": extra}) == step
+    for k, v in want["model"].items():
+        assert torch.equal(m.state_dict()[k], v), k
+    got = opt.state_dict()["state"]
+    for i, st in want["optim"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(torch.as_tensor(got[i][k]), torch.as_tensor(v)), (i, k)
+    assert torch.equal(extra, want["extra"])
+
+
+def test_save_returns_before_the_copy_and_the_optimizer_step_waits_for_it(tmp_path: Path) -> None:
+    """A 3-slot pool and slow writes: most chunks are copied long after save() returned."""
+    m, opt = _model()
+    _train(m, opt)
+    extra = torch.arange(50_000, dtype=torch.float64)  # unguarded: copied (or cloned) inside save()
+    state = {"model": m, "optim": opt, "extra": extra}
+    slow = [{"op": "pwrite", "path_contains": "rank-", "error": 0, "delay_us": 30_000, "count": 2**63}]
+    with alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=3 * CHUNK,
+                             threads=2, _faults=slow) as ck:
+        want = _expected(state)
+        t0 = time.perf_counter()
+        h = ck.save(7, state)
+        returned = time.perf_counter() - t0
+        extra.add_(1.0)  # changes right after save(): must not reach the checkpoint
+        _train(m, opt, 3)  # the step pre-hook holds the first step until the copy is done
+        h.wait()
+        res = h.result()
+    chunks = res["bytes"] // CHUNK
+    assert chunks >= 40
+    # The core stamps the snapshot once the last chunk is filled: with 3 slots and 2 writers
+    # that waits for chunks-3 writes of >= 30 ms, two at a time; save() returned long before.
+    assert res["snapshot_seconds"] >= 0.03 * (chunks - 3) / 2
+    assert returned < 0.5 * res["snapshot_seconds"]
+    _assert_restores_to(tmp_path, want, 7)
+
+
+def test_without_an_optimizer_everything_is_copied_inside_save(tmp_path: Path) -> None:
+    """Nothing is guarded by a hook, so save() must not return before every byte is taken."""
+    m, _ = _model()
+    extra = torch.ones(10_000)
+    slow = [{"op": "pwrite", "path_contains": "rank-", "error": 0, "delay_us": 5_000, "count": 2**63}]
+    with alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=2 * CHUNK,
+                             _faults=slow) as ck:
+        want = copy.deepcopy(m.state_dict())
+        h = ck.save(1, {"model": m, "extra": extra})
+        with torch.no_grad():
+            for p in m.parameters():
+                p.mul_(-3.0)  # not through an optimizer: no hook to wait
+        h.wait()
+    m2, _ = _model()
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.zero_()
+    with alpsck.Checkpointer(tmp_path) as ck:
+        assert ck.restore({"model": m2, "extra": torch.empty(10_000)}) == 1
+    for k, v in want.items():
+        assert torch.equal(m2.state_dict()[k], v), k
+
+
+def test_many_saves_in_flight_with_training_between_them(tmp_path: Path) -> None:
+    m, opt = _model()
+    state = {"model": m, "optim": opt, "extra": torch.zeros(3)}
+    wants = {}
+    with alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=4 * CHUNK,
+                             max_in_flight=3, keep_last=0) as ck:
+        for step in range(1, 7):
+            _train(m, opt)
+            state["extra"] = torch.full((3,), float(step))
+            wants[step] = _expected(state)
+            ck.save(step, state)
+        ck.wait()
+        assert ck.latest_step() == 6
+    for step in (1, 4, 6):
+        m2, opt2 = _model()
+        back = {"model": m2, "optim": opt2, "extra": torch.zeros(3)}
+        with alpsck.Checkpointer(tmp_path) as ck:
+            assert ck.restore(back, step=step) == step
+        assert torch.equal(back["extra"], wants[step]["extra"])
+        for k, v in wants[step]["model"].items():
+            assert torch.equal(m2.state_dict()[k], v), (step, k)
+
+
+def test_write_errors_fail_the_save_free_the_pool_and_keep_the_last_good(tmp_path: Path) -> None:
+    m, opt = _model()
+    state = {"model": m, "optim": opt, "extra": torch.ones(5)}
+    faults = [{"op": "pwrite", "path_contains": "step-000000002", "error": errno.ENOSPC, "count": 2**63}]
+    with alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=2 * CHUNK,
+                             _faults=faults) as ck:
+        ck.save(1, state).wait()
+        want = _expected(state)
+        h = ck.save(2, state)
+        _train(m, opt)  # the hook must not hang on a failing save
+        with pytest.raises(DiskFullError) as ei:
+            h.wait()
+        assert isinstance(ei.value, CheckpointWriteError) and "step-000000002" in str(ei.value)
+        assert [c["step"] for c in ck.checkpoints()] == [1]
+        # Every slot came back: a save needing the whole pool twice over still completes.
+        ck.save(3, state).wait()
+        want3 = _expected(state)
+    _assert_restores_to(tmp_path, want3, 3)
+    del want
+
+
+def test_already_committed_step_is_skipped_without_a_copy(tmp_path: Path) -> None:
+    m, opt = _model()
+    state = {"model": m, "optim": opt, "extra": torch.ones(5)}
+    with alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK) as ck:
+        ck.save(1, state).wait()
+        h = ck.save(1, state)
+        h.wait()
+        assert h.result()["skipped"]
+        _train(m, opt)  # nothing pending: the hook returns at once
+
+
+def test_close_drops_the_optimizer_hooks(tmp_path: Path) -> None:
+    m, opt = _model()
+    before = len(opt._optimizer_step_pre_hooks)
+    ck = alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK)
+    ck.save(1, {"model": m, "optim": opt})
+    ck.save(2, {"model": m, "optim": opt})
+    assert len(opt._optimizer_step_pre_hooks) == before + 1  # one hook per optimizer, not per save
+    ck.close()
+    assert len(opt._optimizer_step_pre_hooks) == before
+    _train(m, opt)
