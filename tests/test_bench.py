@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from alpsck.bench.overhead import OverheadConfig, plot, run_overhead, table
 
@@ -26,7 +27,8 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def overhead_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     d = tmp_path_factory.mktemp("overhead")
-    cfg = OverheadConfig(ks=[1, 5], iters=10, warmup=2, methods=["alpsck", "torch"], dim=64, n_layers=2, n_heads=4,
+    cfg = OverheadConfig(ks=[1, 5], iters=10, warmup=2, methods=["alpsck", "alpsck-overlap", "torch"], dim=64,
+                         n_layers=2, n_heads=4,
                          batch_size=2, sequence_length=32)
     messages: list[str] = []
     return d, run_overhead(d, cfg, progress=messages.append), messages
@@ -37,7 +39,7 @@ def test_overhead_runs_every_configuration(overhead_result) -> None:  # type: ig
     assert messages, "progress was reported"
     assert [s.method for s in r.runs if s.k is None] == ["none", "none"]
     timed = {(s.method, s.k): s for s in r.runs if s.k is not None}
-    assert set(timed) == {("alpsck f=2", 1), ("torch.save", 1), ("alpsck f=2", 5), ("torch.save", 5)}
+    assert set(timed) == {(m, k) for m in ("alpsck f=2", "alpsck f=2 overlap", "torch.save") for k in (1, 5)}
     for s in r.runs:
         assert s.iterations == 10 and s.its > 0 and s.seconds > 0
         assert s.its == pytest.approx(s.iterations / s.seconds)
@@ -52,6 +54,10 @@ def test_overhead_runs_every_configuration(overhead_result) -> None:  # type: ig
         assert s.checkpoints == len(s.saved_steps) == 10 // k
         assert s.stall_mean > 0 and s.stall_max >= s.stall_mean
         assert s.persist_seconds is not None and s.persist_seconds > 0
+        # What one copy cost the loop: the stall at least, against the plain copy of the state.
+        assert s.exposed_copy_seconds is not None and s.exposed_copy_seconds >= s.stall_mean
+        assert s.after_save_iter_median is not None and s.rss_growth_bytes is not None
+    assert r.device == "cpu" and r.copy_limit_seconds is not None and r.copy_limit_seconds > 0
     # Checkpoints really reached the disk: committed ones while the loop ran, the last one after the drain.
     for (method, k), s in timed.items():
         assert s.committed_before_drain, s
@@ -66,7 +72,8 @@ def test_overhead_targets_json_table_plot(overhead_result, tmp_path: Path) -> No
     _, r, _ = overhead_result
     doc = json.loads(json.dumps(r.to_json()))
     assert doc["runs"][0]["method"] == "none" and doc["baseline_its"] > 0
-    [t] = doc["targets"]
+    t, t_overlap = doc["targets"]
+    assert t_overlap["method"] == "alpsck f=2 overlap"
     assert t["method"] == "alpsck f=2" and t["max_in_flight"] == 2 and t["persist_seconds"] > 0
     assert t["every_10"] is None  # 10 not among ks
     e1 = t["every_1"]
@@ -75,7 +82,7 @@ def test_overhead_targets_json_table_plot(overhead_result, tmp_path: Path) -> No
     assert e1["met"] == (e1["overhead_pct"] <= 10.0)
     assert e1["reliable"] == ((e1["other_cpu_cores"] or 0.0) <= 0.2)
     text = table(r)
-    assert "alpsck f=2" in text and "torch.save" in text and "every iteration" in text
+    assert "alpsck f=2" in text and "torch.save" in text and "every iteration" in text and "felt copy" in text
     png = tmp_path / "overhead.png"
     assert plot(r, png)  # matplotlib is a test dependency: the plot is drawn in CI and png.stat().st_size > 0
 
@@ -85,6 +92,11 @@ def test_overhead_rejects_k_beyond_iters(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError):
         run_overhead(tmp_path, OverheadConfig(ks=[20], iters=10))
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="--device cuda"):
+            run_overhead(tmp_path, OverheadConfig(device="cuda"))
+    with pytest.raises(UsageError, match="--device tpu"):
+        run_overhead(tmp_path, OverheadConfig(device="tpu"))
 
 
 def test_save_restore_bench_cli_json(tmp_path: Path) -> None:

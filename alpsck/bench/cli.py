@@ -58,7 +58,7 @@ def overhead(args: argparse.Namespace) -> int:
                          in_flight=args.in_flight or d.in_flight, threads=args.threads[0] if args.threads else None,
                          dim=args.model_dim, n_layers=args.model_layers, n_heads=args.model_heads,
                          n_kv_heads=args.model_kv_heads, vocab_size=args.vocab_size, sequence_length=args.seq_len,
-                         batch_size=args.batch_size, seed=args.seed)
+                         batch_size=args.batch_size, seed=args.seed, device=args.device)
     result = run_overhead(Path(args.dir), cfg)
     if args.json:
         print(json.dumps(result.to_json()))
@@ -145,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed iterations first (default {d.warmup})")
     o.add_argument("--rounds", type=int, default=d.rounds,
                    help="repeat the sweep, interleaved; each configuration reports its median round (default 1)")
-    o.add_argument("--methods", type=_methods, help="alpsck,torch,dcp-async (default alpsck,torch)")
+    o.add_argument("--methods", type=_methods, help="alpsck,alpsck-overlap,torch,dcp-async (default alpsck,torch)")
     o.add_argument("--model-dim", type=int, default=d.dim, help=f"model width (default {d.dim})")
     o.add_argument("--model-layers", type=int, default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")
     o.add_argument("--model-heads", type=int, default=d.n_heads, help=f"attention heads (default {d.n_heads})")
@@ -154,6 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--seq-len", type=int, default=d.sequence_length, help=f"tokens per sequence (default {d.sequence_length})")
     o.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per iteration (default {d.batch_size})")
     o.add_argument("--seed", type=int, default=d.seed, help="model and data seed")
+    o.add_argument("--device", default=d.device, help="cpu, or cuda: train on the GPU and measure the pipelined "
+                   "device-to-host snapshot against a plain pinned copy (default cpu)")
     r = b.add_argument_group("ranks (--ranks)", "aggregate torch.distributed.checkpoint save/load throughput of 1, 2, 4 "
                              "... ranks on this node (gloo, CPU tensors, --size-gib in total), alpsck's DCP backend "
                              "against DCP's FileSystemWriter; --dir, --json, --repeats and --threads apply too")

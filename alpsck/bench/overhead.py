@@ -19,7 +19,17 @@ from ``save()`` to durable of checkpoints that did not wait for a free in-flight
 persist time, with training running beside them). Methods: ``alpsck`` (:class:`Checkpointer`
 with default settings and the given ``max_in_flight``), ``torch`` (the synchronous
 :class:`TorchSaveCheckpointer` baseline) and, on request, ``dcp-async``
-(``torch.distributed.checkpoint.async_save`` of the flattened tensors, one in flight).
+(``torch.distributed.checkpoint.async_save`` of the flattened tensors, one in flight) and
+``alpsck-overlap`` (``overlap_copy=True``: the pipelined snapshot on a CPU state; on a GPU,
+``alpsck`` takes that path by itself).
+
+``--device cuda`` trains on the GPU (issue 9). The run then also measures the copy limit, a
+plain copy of the whole state into pinned host memory (on CPU: into pre-faulted memory), and for
+each checkpointing run how much of one copy the training loop still felt: the stall plus the
+extra time of the iteration that follows a save (whose optimizer step waits for the copy),
+against that limit; the rest overlapped the next forward and backward. ``rss growth`` is the
+process's resident memory after the timed run (and its drain) minus before it: flat across
+many saves, or something leaks.
 
 The issue's targets, checked per alpsck configuration: a checkpoint every 10 iterations costs at
 most 3 % of throughput; a checkpoint every iteration costs at most 10 % when an iteration takes
@@ -45,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-METHODS = ("alpsck", "torch", "dcp-async")
+METHODS = ("alpsck", "alpsck-overlap", "torch", "dcp-async")
 TARGET_K10_PCT = 3.0
 TARGET_K1_PCT = 10.0
 BUSY_CORES = 0.2  # other processes using more CPU than this during a timed run make it unreliable
@@ -74,6 +84,7 @@ class OverheadConfig:
     sequence_length: int = 64
     batch_size: int = 8
     seed: int = 0
+    device: str = "cpu"
 
     def validate(self) -> None:
         from ..errors import UsageError
@@ -86,6 +97,9 @@ class OverheadConfig:
             raise UsageError("ks, iters, warmup, rounds and in-flight must be positive")
         if max(self.ks) > self.iters:
             raise UsageError(f"k {max(self.ks)} > --iters {self.iters}: every k needs at least one full interval")
+        if self.device.split(":")[0] not in ("cpu", "cuda") or (self.device.startswith("cuda")
+                                                                 and not torch.cuda.is_available()):
+            raise UsageError(f"--device {self.device}: use cpu, or cuda on a machine with a GPU")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise UsageError(f"--model-dim {self.dim} must split into --model-heads {self.n_heads} heads of even size")
 
@@ -113,6 +127,9 @@ class RunStats:
     saved_steps: list[int] = field(default_factory=list)
     other_cpu_cores: float | None = None  # CPU the rest of the machine used meanwhile (cores; None: unknown)
     its_rounds: list[float] = field(default_factory=list)  # it/s of every round (this run is the median one)
+    after_save_iter_median: float | None = None  # iterations right after a save (their step waits for its copy)
+    exposed_copy_seconds: float | None = None  # stall + extra time of the next iteration, per save
+    rss_growth_bytes: int | None = None
 
 
 @dataclass
@@ -129,6 +146,8 @@ class OverheadResult:
     runs: list[RunStats]
     targets: list[dict[str, Any]]
     rounds: int = 1
+    device: str = "cpu"
+    copy_limit_seconds: float | None = None  # the whole state into pinned (GPU) / pre-faulted (CPU) memory
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,7 +170,8 @@ class _Training:
                               n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, vocab_size=cfg.vocab_size,
                               batch_size=cfg.batch_size)
         torch.manual_seed(cfg.seed)
-        self.model = Transformer(self.tc.model_args())
+        self.device = torch.device(cfg.device)
+        self.model = Transformer(self.tc.model_args()).to(self.device)
         self.opt = make_optimizer(self.model, self.tc)
         self.sched = make_scheduler(self.opt, self.tc)
         self.data = SyntheticBatches(cfg.vocab_size, cfg.batch_size, cfg.sequence_length, cfg.seed)
@@ -161,6 +181,7 @@ class _Training:
     def step(self) -> float:
         """One iteration exactly as the reference training does it; returns the loss."""
         inputs, targets = self.data.next()
+        inputs, targets = inputs.to(self.device), targets.to(self.device)
         logits = self.model(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         loss.backward()
@@ -182,6 +203,24 @@ class _Training:
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.flat_tensors().values())
+
+    def copy_limit_seconds(self, repeats: int = 3) -> float:
+        """Best time of one plain copy of the state: into pinned host memory (GPU), pre-faulted memory (CPU)."""
+        tensors = list(self.flat_tensors().values())
+        if self.device.type != "cuda":
+            from .limits import prefaulted_copy_seconds
+
+            return prefaulted_copy_seconds(dict(enumerate(tensors)), repeats)  # type: ignore[arg-type]
+        dst = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, pin_memory=True) for t in tensors]
+        best = float("inf")
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for d, t in zip(dst, tensors, strict=True):
+                d.copy_(t.detach().reshape(-1).view(torch.uint8), non_blocking=True)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return best
 
 
 # -- checkpointing methods, one protocol -----------------------------------------------------------
@@ -215,13 +254,14 @@ class _Saver:
 
 
 class _AlpsckSaver(_Saver):
-    def __init__(self, run_dir: Path, training: _Training, max_in_flight: int, threads: int | None) -> None:
+    def __init__(self, run_dir: Path, training: _Training, max_in_flight: int, threads: int | None,
+                 overlap: bool = False) -> None:
         from ..checkpointer import Checkpointer
 
         super().__init__(run_dir, training)
         self.f = max_in_flight
-        self.name = f"alpsck f={max_in_flight}" + (f" t={threads}" if threads else "")
-        self.ck = Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads)
+        self.name = f"alpsck f={max_in_flight}" + (f" t={threads}" if threads else "") + (" overlap" if overlap else "")
+        self.ck = Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, overlap_copy=overlap or None)
         self.handles: list[tuple[Any, bool]] = []
 
     def save(self, step: int) -> float:
@@ -333,6 +373,14 @@ def _machine() -> dict[str, Any]:
             "torch_threads": torch.get_num_threads()}
 
 
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _cpu_seconds() -> tuple[float, float] | None:
     """(busy CPU seconds of the whole machine incl. steal, CPU seconds of this process); None off Linux."""
     try:
@@ -353,7 +401,7 @@ def _timed_run(cfg: OverheadConfig, base: Path, method: str, k: int | None, in_f
     saver: _Saver | None = None
     try:
         if method.startswith("alpsck"):
-            saver = _AlpsckSaver(run_dir, tr, in_flight, cfg.threads)
+            saver = _AlpsckSaver(run_dir, tr, in_flight, cfg.threads, overlap=method.endswith("overlap"))
         elif method == "torch.save":
             saver = _TorchSaver(run_dir, tr)
         elif method == "DCP async_save":
@@ -367,12 +415,19 @@ def _timed_run(cfg: OverheadConfig, base: Path, method: str, k: int | None, in_f
             saver.reset_stats()
         say(f"{label}: {cfg.iters} timed iterations")
         times: list[float] = []
+        after_save: list[float] = []
+        saved_last = False
+        rss0 = _rss_bytes()
         cpu0 = _cpu_seconds()
         start = time.perf_counter()
         for i in range(1, cfg.iters + 1):
             t0 = time.perf_counter()
             tr.step()
-            if saver is not None and k is not None and (i - 1) % k == 0:
+            if saved_last:
+                after_save.append(time.perf_counter() - t0)
+            saved_last = saver is not None and k is not None and (i - 1) % k == 0
+            if saved_last:
+                assert saver is not None
                 saver.save(tr.state["step"])
             times.append(time.perf_counter() - t0)
         seconds = time.perf_counter() - start
@@ -394,6 +449,9 @@ def _timed_run(cfg: OverheadConfig, base: Path, method: str, k: int | None, in_f
             stats.persist_samples = len(saver.persist)
             stats.persist_seconds = statistics.median(saver.persist) if saver.persist else None
             stats.throttled_saves = saver.throttled
+            stats.after_save_iter_median = statistics.median(after_save) if after_save else None
+            rss1 = _rss_bytes()
+            stats.rss_growth_bytes = None if rss0 is None or rss1 is None else rss1 - rss0
         other = "" if stats.other_cpu_cores is None else f"; other processes used {stats.other_cpu_cores:.2f} cores"
         say(f"{label}: {stats.its:.3f} it/s" + (f", stall {stats.stall_mean:.3f} s/checkpoint" if saver else "") + other)
         return stats
@@ -449,12 +507,15 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
         model = {"dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
                  "vocab_size": cfg.vocab_size, "sequence_length": cfg.sequence_length, "batch_size": cfg.batch_size,
                  "params": nparams, "state_bytes": probe.state_bytes()}
+        copy_limit = probe.copy_limit_seconds()
         del probe
-        say(f"model: {nparams / 1e6:.1f} M parameters, checkpointed state {model['state_bytes'] / 1e6:.0f} MB")
+        say(f"model: {nparams / 1e6:.1f} M parameters, checkpointed state {model['state_bytes'] / 1e6:.0f} MB on "
+            f"{cfg.device}; one plain copy of it: {copy_limit:.3f} s")
         methods: list[tuple[str, int]] = []
         for m in cfg.methods:
-            if m == "alpsck":
-                methods += [(f"alpsck f={f}", f) for f in cfg.in_flight]
+            if m in ("alpsck", "alpsck-overlap"):
+                tail = " overlap" if m == "alpsck-overlap" else ""
+                methods += [(f"alpsck f={f}{tail}", f) for f in cfg.in_flight]
             else:
                 methods.append(({"torch": "torch.save", "dcp-async": "DCP async_save"}[m], 1))
         baselines = [_timed_run(cfg, base, "none", None, 1, say)]
@@ -477,10 +538,14 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
             chosen = sorted(all_rounds, key=lambda r: r.its)[(len(all_rounds) - 1) // 2]
             chosen.its_rounds = [r.its for r in all_rounds]
             runs.append(chosen)
+        base_iter = statistics.median(b.iter_seconds_median for b in baselines)
         for r in baselines + runs:
             r.overhead_pct = (1 - r.its / base_its) * 100
+            if r.after_save_iter_median is not None:
+                r.exposed_copy_seconds = r.stall_mean + max(0.0, r.after_save_iter_median - base_iter)
         return OverheadResult(str(directory), _machine(), model, cfg.iters, cfg.warmup, list(cfg.ks), base_its, its,
-                              noise, baselines + runs, _targets(cfg, runs, 1 / base_its), cfg.rounds)
+                              noise, baselines + runs, _targets(cfg, runs, 1 / base_its), cfg.rounds, cfg.device,
+                              copy_limit)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -500,20 +565,27 @@ def table(r: OverheadResult) -> str:
         f"no checkpointing: {r.baseline_its:.3f} it/s ({1 / r.baseline_its:.3f} s/iteration), median of runs "
         + " / ".join(f"{x:.3f}" for x in r.baseline_runs) + f" it/s (first, then after each round): noise "
         f"{r.noise_pct:.1f} %" + (f"; {r.rounds} rounds, each configuration shows its median round" if r.rounds > 1 else ""),
+        f"device {r.device}; one plain copy of the state into {'pinned' if r.device.startswith('cuda') else 'pre-faulted'}"
+        " memory: " + (f"{r.copy_limit_seconds:.4f} s" if r.copy_limit_seconds is not None else "not measured"),
         "",
-        f"{'method':<16} {'k':>4} {'it/s':>7} {'overhead %':>10} {'ckpts':>5} {'stall/ckpt s':>12} {'max stall s':>11} "
-        f"{'T_w s':>7} {'throttled':>9} {'drain s':>7} {'other CPU':>9}",
+        f"{'method':<22} {'k':>4} {'it/s':>7} {'overhead %':>10} {'ckpts':>5} {'stall/ckpt s':>12} {'max stall s':>11} "
+        f"{'T_w s':>7} {'throttled':>9} {'drain s':>7} {'other CPU':>9} {'felt copy':>9} {'rss growth MB':>13}",
     ]
     for s in r.runs:
         if s.k is None:
             continue
         t_w = f"{s.persist_seconds:7.3f}" if s.persist_seconds is not None else "      -"
         other = f"{s.other_cpu_cores:8.2f}" + ("!" if _busy(s) else " ") if s.other_cpu_cores is not None else "        -"
-        lines.append(f"{s.method:<16} {s.k:>4} {s.its:7.3f} {s.overhead_pct:10.1f} {s.checkpoints:>5} {s.stall_mean:12.3f} "
-                     f"{s.stall_max:11.3f} {t_w} {s.throttled_saves:>9} {s.drain_seconds:7.2f} {other}")
+        felt = (f"{s.exposed_copy_seconds / r.copy_limit_seconds:8.2f}x" if s.exposed_copy_seconds is not None
+                and r.copy_limit_seconds else "        -")
+        rss = f"{s.rss_growth_bytes / 1e6:13.1f}" if s.rss_growth_bytes is not None else "            -"
+        lines.append(f"{s.method:<22} {s.k:>4} {s.its:7.3f} {s.overhead_pct:10.1f} {s.checkpoints:>5} {s.stall_mean:12.3f} "
+                     f"{s.stall_max:11.3f} {t_w} {s.throttled_saves:>9} {s.drain_seconds:7.2f} {other} {felt} {rss}")
     lines += ["", "overhead = 1 - it/s / it/s(no checkpointing); T_w = save() to durable (median, saves that found a free "
               "slot); throttled = saves that waited for one of max_in_flight slots; other CPU = cores used by other "
-              f"processes during the timed iterations (! = over {BUSY_CORES}: that row is unreliable)", "", "targets:"]
+              f"processes during the timed iterations (! = over {BUSY_CORES}: that row is unreliable); felt copy = (stall + "
+              "extra time of the iteration after a save) / one plain copy: below 1, the rest of the copy overlapped "
+              "training; rss growth = resident memory after the run and its drain minus before", "", "targets:"]
     for t in r.targets:
         t_w = t["persist_seconds"]
         lines.append(f"  {t['method']}: T_w {t_w:.3f} s" if t_w is not None else f"  {t['method']}: T_w not measured")
