@@ -107,6 +107,13 @@ class Stager:
     def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], meta: str, guarded: set[tuple[str, int]],
              commit: str = "auto") -> Any:
         """Start checkpoint ``step`` of ``tensors`` (key, tensor); returns the core's save handle."""
+        # An earlier snapshot still waiting for slots must get them first: were this save to take
+        # the slots the writers free, the feeder (which submits this save's chunks only after the
+        # earlier one's) would wait for them forever. Waits only when the pool ran dry.
+        with self._mu:
+            earlier = list(self._unfinished)
+        for snap in earlier:
+            snap.copied.wait()
         srcs: dict[str, tuple[torch.Tensor, bool]] = {}
         for key, t in tensors:
             p = tree.plain(t)
@@ -291,7 +298,7 @@ class Stager:
         fill.submit(c.index, c.slot)
 
     def _mark_copied(self, snap: _Snapshot) -> None:
-        for dev, side in self._side.items():
+        for dev, side in list(self._side.items()):  # the training thread may add a device meanwhile
             snap.done_events[dev] = _record(side)
         snap.copied.set()
 

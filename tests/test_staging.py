@@ -169,3 +169,30 @@ def test_close_drops_the_optimizer_hooks(tmp_path: Path) -> None:
     ck.close()
     assert len(opt._optimizer_step_pre_hooks) == before
     _train(m, opt)
+
+
+def test_back_to_back_saves_on_a_dry_pool_do_not_deadlock(tmp_path: Path) -> None:
+    """A second save() must not take the slots the first one's feeder is waiting for."""
+    m, opt = _model()
+    _train(m, opt)
+    state = {"model": m, "optim": opt, "extra": torch.zeros(3)}
+    slow = [{"op": "pwrite", "path_contains": "rank-", "error": 0, "delay_us": 2_000, "count": 2**63}]
+    ck = alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=3 * CHUNK, threads=2,
+                             max_in_flight=3, keep_last=0, _faults=slow)
+    wants = {}
+    handles = []
+    for step in (1, 2, 3):
+        state["extra"] = torch.full((3,), float(step))
+        wants[step] = _expected(state)
+        handles.append(ck.save(step, state))  # no optimizer step in between: nothing waits for the copy
+    for h in handles:
+        h.wait(timeout=120)  # TimeoutError, not a hang, if the feeder starved
+    ck.close()
+    for step in (1, 3):
+        m2, opt2 = _model()
+        back = {"model": m2, "optim": opt2, "extra": torch.zeros(3)}
+        with alpsck.Checkpointer(tmp_path) as rd:
+            assert rd.restore(back, step=step) == step
+        assert torch.equal(back["extra"], wants[step]["extra"])
+        for k, v in wants[step]["model"].items():
+            assert torch.equal(back["model"].state_dict()[k], v), (step, k)
