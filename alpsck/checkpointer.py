@@ -36,6 +36,7 @@ import json
 import os
 import socket
 import warnings
+import weakref
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,7 @@ class Checkpointer:
         self.replicated = frozenset(replicated)
         self.overlap_copy = overlap_copy
         self._stager: Stager | None = None
-        self._hooks: dict[int, Any] = {}  # id(optimizer) -> its step pre-hook's handle
+        self._hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> its hook
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
         self._engine: _core.Engine | None = None
         self._lock_fd: int | None = None
@@ -224,7 +225,7 @@ class Checkpointer:
     def _release(self) -> None:
         """Stop the engine (after its saves) and drop the run directory's lock."""
         stager, self._stager = self._stager, None
-        for hook in self._hooks.values():
+        for hook in list(self._hooks.values()):
             hook.remove()
         self._hooks.clear()
         engine, self._engine = self._engine, None
@@ -293,8 +294,8 @@ class Checkpointer:
     def _guard(self, state: Mapping[str, Any]) -> set[tuple[str, int]]:
         """Hook every optimizer of ``state`` (once); return the tensors their hooks guard."""
         for obj in state.values():
-            if isinstance(obj, torch.optim.Optimizer) and id(obj) not in self._hooks:
-                self._hooks[id(obj)] = obj.register_step_pre_hook(self._before_step)
+            if isinstance(obj, torch.optim.Optimizer) and obj not in self._hooks:
+                self._hooks[obj] = obj.register_step_pre_hook(self._before_step)
         return guarded_pointers(state)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
