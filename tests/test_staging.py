@@ -45,7 +45,7 @@ def _assert_restores_to(run: Path, want: dict[str, Any], step: int) -> None:
     m, opt = _model()
     extra = torch.zeros_like(want["extra"])
     with alpsck.Checkpointer(run) as ck:
-        assert ck.restore({"model": m, "optim": opt, "extra": extra}) == step
+        assert ck.restore({"model": m, "optim": opt, "extra": extra}, step=step) == step
     for k, v in want["model"].items():
         assert torch.equal(m.state_dict()[k], v), k
     got = opt.state_dict()["state"]
@@ -118,13 +118,7 @@ def test_many_saves_in_flight_with_training_between_them(tmp_path: Path) -> None
         ck.wait()
         assert ck.latest_step() == 6
     for step in (1, 4, 6):
-        m2, opt2 = _model()
-        back = {"model": m2, "optim": opt2, "extra": torch.zeros(3)}
-        with alpsck.Checkpointer(tmp_path) as ck:
-            assert ck.restore(back, step=step) == step
-        assert torch.equal(back["extra"], wants[step]["extra"])
-        for k, v in wants[step]["model"].items():
-            assert torch.equal(m2.state_dict()[k], v), (step, k)
+        _assert_restores_to(tmp_path, wants[step], step)
 
 
 def test_write_errors_fail_the_save_free_the_pool_and_keep_the_last_good(tmp_path: Path) -> None:
@@ -189,10 +183,4 @@ def test_back_to_back_saves_on_a_dry_pool_do_not_deadlock(tmp_path: Path) -> Non
         h.wait(timeout=120)  # TimeoutError, not a hang, if the feeder starved
     ck.close()
     for step in (1, 3):
-        m2, opt2 = _model()
-        back = {"model": m2, "optim": opt2, "extra": torch.zeros(3)}
-        with alpsck.Checkpointer(tmp_path) as rd:
-            assert rd.restore(back, step=step) == step
-        assert torch.equal(back["extra"], wants[step]["extra"])
-        for k, v in wants[step]["model"].items():
-            assert torch.equal(back["model"].state_dict()[k], v), (step, k)
+        _assert_restores_to(tmp_path, wants[step], step)
