@@ -59,6 +59,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import uuid
 import warnings
 import weakref
@@ -193,6 +194,7 @@ class AlpsckStorageWriter(StorageWriter):
         self.save_id = str(uuid.uuid4())
         self.rank = 0
         self.world_size: int | None = None
+        self._started = time.monotonic()
         self._engine: _core.Engine | None = None
         self._lock: _RunDirLock | None = None
 
@@ -224,6 +226,7 @@ class AlpsckStorageWriter(StorageWriter):
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """All ranks, first: records this rank; a committed step is refused before anything is written."""
         self.rank = int(kwargs.get("rank") or 0)
+        self._started = time.monotonic()  # the manifest's write_seconds counts from here
         if is_coordinator != (self.rank == 0):
             raise UsageError(f"the coordinator must be rank 0 (this is rank {self.rank})")
         if not kwargs.get("use_collectives", True):
@@ -368,7 +371,8 @@ class AlpsckStorageWriter(StorageWriter):
         decode_metadata(data, METADATA_FILE, step=self.step, world_size=world)  # never commit what load would refuse
         lock = _RunDirLock(self.run_dir, 0)
         try:
-            _core.commit_step(str(self.run_dir), self.step, world, [(METADATA_FILE, data)], self.commit_timeout_s)
+            _core.commit_step(str(self.run_dir), self.step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
+                              time.monotonic() - self._started)
             if self.keep_last:
                 warning = _core.retain_newest(str(self.run_dir), self.keep_last)
                 if warning:

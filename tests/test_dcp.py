@@ -121,11 +121,17 @@ def test_saved_at_2_loads_at_1_into_plain_tensors(saved: Path) -> None:
     assert check(state, 15) != []
 
 
-def test_layout_is_an_ordinary_alpsck_checkpoint(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_layout_is_an_ordinary_alpsck_checkpoint(saved: Path, capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
     infos = _core.scan(str(saved), verify=True)
     assert [i["step"] for i in infos] == [10, 15]  # keep_last=2 removed step 5
+    probe = _core.Engine(str(tmp_path / "probe"))  # does this file system take O_DIRECT?
+    direct = probe.direct_io
+    probe.close()
     for i in infos:
         assert i["status"] == "committed" and i["verified"] and i["ranks"] == 2
+        # The manifest tells how the ranks wrote (their DONE records say) and how long the save took.
+        assert i["direct_io"] == direct and i["write_seconds"] > 0
         assert i["shards"] == ["rank-00000.bin", "rank-00001.bin"] and i["extra_files"] == [METADATA_FILE]
     assert (saved / "LATEST").read_text().strip() == "15"
     assert inspect_checkpoints(str(saved), verify=True, as_json=True) == 0

@@ -33,6 +33,7 @@ Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& id
   record->index_crc = Crc32c(index_json.data(), index_json.size());
   record->data_bytes = idx.layout.data_bytes;
   record->extents = idx.layout.extents.size();
+  record->direct_io = direct;
   return Status::Ok();
 }
 
@@ -92,7 +93,10 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
   m.set("bytes", Json::UInt(total));
   m.set("data_bytes", Json::UInt(data));
   m.set("write_seconds", Json::Double(req.write_seconds));
-  m.set("direct_io", Json::Bool(req.direct_io));
+  // O_DIRECT only if every rank wrote its shard that way (each rank's record says how).
+  bool direct = !req.shards.empty();
+  for (const ShardRecord& s : req.shards) direct = direct && s.direct_io;
+  m.set("direct_io", Json::Bool(direct));
   return m.dump() + "\n";
 }
 

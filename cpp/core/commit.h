@@ -25,6 +25,7 @@ struct ShardRecord {
   uint32_t index_crc = 0;
   uint64_t data_bytes = 0;
   uint64_t extents = 0;
+  bool direct_io = false;  // written with O_DIRECT
 };
 
 // A small file committed with the shards (e.g. the DCP backend's metadata, as JSON). The
@@ -41,8 +42,7 @@ struct CommitRequest {
   uint64_t step = 0;
   std::vector<ShardRecord> shards;  // one per rank, in rank order
   std::vector<ExtraFile> extra_files;
-  double write_seconds = 0;
-  bool direct_io = false;
+  double write_seconds = 0;  // from the start of the save to every shard durable
 };
 
 // rank-NNNNN.bin (5+ digits): a manifest can never name a path outside its directory.

@@ -55,6 +55,7 @@ std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r) {
   j.set("index_crc", Json::UInt(r.index_crc));
   j.set("data_bytes", Json::UInt(r.data_bytes));
   j.set("extents", Json::UInt(r.extents));
+  j.set("direct_io", Json::Bool(r.direct_io));
   return j.dump() + "\n";
 }
 
@@ -74,6 +75,9 @@ Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* ou
     return Status::Corrupt("the done record of rank " + std::to_string(rank) + " is malformed");
   out->name = *n->get_string();
   out->index_crc = static_cast<uint32_t>(crc);
+  const Json* io = j.find("direct_io");  // informational: absent or malformed reads as false
+  out->direct_io = false;
+  if (io) io->get_bool(&out->direct_io);
   return Status::Ok();
 }
 
@@ -199,7 +203,8 @@ Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double
 }
 
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
-                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s) {
+                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
+                  double elapsed_s) {
   const Clock::time_point t0 = Clock::now();
   CommitRequest req;
   req.run_dir = run_dir;
@@ -212,7 +217,7 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   }
   Status s = WaitForShards(env, req.tmp_dir, world_size, timeout_s, &req.shards);
   if (s.ok()) {
-    req.write_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    req.write_seconds = std::max(0.0, elapsed_s) + std::chrono::duration<double>(Clock::now() - t0).count();
     s = CommitCheckpoint(env, req);
   }
   if (!s.ok()) {

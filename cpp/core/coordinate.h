@@ -63,9 +63,11 @@ Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double
 
 // The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for
 // the shards, writes the extra files (name, content) into step-N.tmp, commits with everything in
-// the manifest, publishes LATEST if newer. On failure the step is aborted.
+// the manifest, publishes LATEST if newer. On failure the step is aborted. elapsed_s: how long
+// the save ran before this call (the manifest's write_seconds counts from the save's start).
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
-                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s);
+                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
+                  double elapsed_s = 0);
 
 // Retention without recycling (multi-rank runs): keeps the newest keep_last committed steps
 // (0 keeps all), renames older ones away (atomic expiry) and removes them. Returns a warning

@@ -598,7 +598,6 @@ Status Engine::Commit(Job* j, std::vector<ShardRecord> shards) {
   req.tmp_dir = j->tmp_dir;
   req.final_dir = j->final_dir;
   req.step = j->step;
-  req.direct_io = j->direct;
   req.shards = std::move(shards);
   req.write_seconds = Seconds(j->t0, Clock::now());
   return CommitCheckpoint(env_, req);

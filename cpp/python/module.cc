@@ -441,19 +441,20 @@ NB_MODULE(_core, m) {
 
   m.def("commit_step",
         [](const std::string& run_dir, uint64_t step, uint32_t world_size,
-           const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s) {
+           const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s, double elapsed_s) {
           std::vector<std::pair<std::string, std::string>> extra;
           for (const auto& [name, data] : extra_files) extra.emplace_back(name, std::string(data.c_str(), data.size()));
           Status s;
           {
             nb::gil_scoped_release nogil;
-            s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s);
+            s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s, elapsed_s);
           }
           if (!s.ok()) RaiseStatus(s, true);
         },
         "run_dir"_a, "step"_a, "world_size"_a, "extra_files"_a = std::vector<std::pair<std::string, nb::bytes>>{},
-        "timeout_s"_a = 600.0,
-        "Commit step-N.tmp once every rank's deferred shard is durable, with small extra files.");
+        "timeout_s"_a = 600.0, "elapsed_s"_a = 0.0,
+        "Commit step-N.tmp once every rank's deferred shard is durable, with small extra files; elapsed_s: how "
+        "long the save ran before this call (the manifest's write_seconds counts from the save's start).");
   m.def("retain_newest",
         [](const std::string& run_dir, uint32_t keep_last) {
           nb::gil_scoped_release nogil;

@@ -23,7 +23,7 @@ using alpsck_test::TempDir;
 namespace {
 
 std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t world, Env* env = nullptr,
-                                 uint32_t keep_last = 0, double timeout_s = 30) {
+                                 uint32_t keep_last = 0, double timeout_s = 30, bool direct_io = true) {
   EngineOptions o;
   o.run_dir = dir;
   o.chunk_bytes = 64 << 10;
@@ -33,6 +33,7 @@ std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t
   o.keep_last = keep_last;
   o.commit_timeout_s = timeout_s;
   o.env = env;
+  o.direct_io = direct_io;
   std::unique_ptr<Engine> e;
   Status s = Engine::Open(o, &e);
   if (!s.ok()) std::fprintf(stderr, "Engine::Open(rank %u): %s\n", rank, s.message().c_str());
@@ -189,6 +190,40 @@ TEST(deferred_shards_commit_with_extra_files_through_commit_step) {
   // So is a file larger than recovery reads: it would commit a checkpoint that scans as corrupt.
   CHECK(CommitStep(Env::Default(), d.path(), 8, 1, {{"big.json", std::string(kMaxManifestBytes + 1, 'x')}}, 1).code() ==
         Code::kInvalidArgument);
+}
+
+TEST(done_records_carry_how_the_shard_was_written) {
+  ShardRecord r;
+  r.name = ShardFileName(3);
+  r.bytes = 4096;
+  r.direct_io = true;
+  ShardRecord back;
+  REQUIRE(DecodeShardRecord(EncodeShardRecord(3, r), 3, &back).ok());
+  CHECK(back.direct_io && back.bytes == 4096);
+  // A record without the field (an older writer) reads as buffered, not as an error.
+  back.direct_io = true;
+  REQUIRE(DecodeShardRecord("{\"rank\":3,\"name\":\"rank-00003.bin\",\"bytes\":1,\"index_crc\":2,\"data_bytes\":0,"
+                            "\"extents\":0}",
+                            3, &back)
+              .ok());
+  CHECK(!back.direct_io);
+}
+
+TEST(commit_step_manifest_says_direct_io_only_if_every_rank_wrote_so_and_counts_the_whole_save) {
+  for (bool mixed : {false, true}) {
+    TempDir d;
+    std::vector<std::unique_ptr<Engine>> e;
+    e.push_back(OpenRank(d.path(), 0, 2));
+    e.push_back(OpenRank(d.path(), 1, 2, nullptr, 0, 30, /*direct_io=*/!mixed));
+    for (auto& x : e) REQUIRE(x);
+    for (const Status& s : SaveAll(e, 5, CommitMode::kDeferred)) CHECK(s.ok());
+    REQUIRE(CommitStep(Env::Default(), d.path(), 5, 2, {}, 5, /*elapsed_s=*/100).ok());
+    auto infos = Scan(d.path());
+    REQUIRE(infos.size() == 1);
+    CHECK(infos[0].direct_io == (e[0]->direct_io() && e[1]->direct_io()));
+    if (mixed) CHECK(!infos[0].direct_io);
+    CHECK(infos[0].write_seconds >= 100 && infos[0].write_seconds < 200);
+  }
 }
 
 TEST(manifests_must_list_one_shard_per_rank_in_order) {
