@@ -131,8 +131,15 @@ class PowerLossModel {
       const alpsck::RecordedOp& op = ops_[i];
       int parent = -1;
       std::string leaf;
-      auto add_dir_op = [&](DirOp d) {
+      // One entry change of directory `parent`, logged at op i.
+      auto add_dir_op = [&](DirOp::Kind kind, const std::string& name, int entry_inode = -1,
+                            const std::string& name2 = std::string()) {
+        DirOp d;
+        d.kind = kind;
         d.at = i;
+        d.name = name;
+        d.name2 = name2;
+        d.inode = entry_inode;
         inodes_[static_cast<size_t>(parent)].entries.push_back(std::move(d));
       };
       auto file_of = [&](int fd, int* inode) {
@@ -155,11 +162,7 @@ class PowerLossModel {
           if (op.created) {
             inode = new_inode(false);  // may reallocate `live`: index it again below
             live[static_cast<size_t>(parent)][leaf] = inode;
-            DirOp d;
-            d.kind = DirOp::kAdd;
-            d.name = leaf;
-            d.inode = inode;
-            add_dir_op(d);
+            add_dir_op(DirOp::kAdd, leaf, inode);
           } else {
             inode = it->second;
             if ((op.flags & O_TRUNC) && !inodes_[static_cast<size_t>(inode)].dir) {
@@ -198,11 +201,7 @@ class PowerLossModel {
           if (live[static_cast<size_t>(parent)].count(leaf)) return fail(i, "mkdir over an existing name");
           inode = new_inode(true);
           live[static_cast<size_t>(parent)][leaf] = inode;
-          DirOp d;
-          d.kind = DirOp::kAdd;
-          d.name = leaf;
-          d.inode = inode;
-          add_dir_op(d);
+          add_dir_op(DirOp::kAdd, leaf, inode);
           break;
         }
         case K::kRename: {
@@ -217,21 +216,14 @@ class PowerLossModel {
           inode = it->second;
           dir.erase(it);
           dir[leaf2] = inode;
-          DirOp d;
-          d.kind = DirOp::kRename;
-          d.name = leaf;
-          d.name2 = leaf2;
-          add_dir_op(d);
+          add_dir_op(DirOp::kRename, leaf, -1, leaf2);
           break;
         }
         case K::kUnlink:
         case K::kRmdir: {
           if (!resolve(op.path, &parent, &leaf) || parent < 0) return fail(i, "path outside the modelled tree");
           if (!live[static_cast<size_t>(parent)].erase(leaf)) return fail(i, "removal of a missing name");
-          DirOp d;
-          d.kind = DirOp::kRemove;
-          d.name = leaf;
-          add_dir_op(d);
+          add_dir_op(DirOp::kRemove, leaf);
           break;
         }
         case K::kMark:
