@@ -234,6 +234,30 @@ def test_crash_and_resume_reproduces_losses_byte_for_byte(tmp_path: Path, checkp
     assert (tmp_path / "c.csv").read_bytes() == ref
 
 
+@pytest.mark.parametrize("checkpointer", ["alpsck", "torch"])
+def test_resume_from_another_runs_checkpoints(tmp_path: Path, checkpointer: str) -> None:
+    """--load-checkpoint PATH: start from the newest checkpoint of another run, save into our own dir."""
+    a = _launch(tmp_path, "a", checkpointer, "fp32")
+    c = _launch(tmp_path, "c", checkpointer, "fp32", "--fail-at-step", "51")
+    _finish(a)
+    _finish(c, FAIL_EXIT_CODE)
+    _finish(_launch(tmp_path, "d", checkpointer, "fp32", "--load-checkpoint", str(tmp_path / "ckpt-c")))
+    ref = (tmp_path / "a.csv").read_text().splitlines()
+    # c saved every 25 steps and crashed at 51, so its newest checkpoint is step 50, or 25 when the
+    # crash beat the step-50 save to durability. d starts right after it, exactly as the clean run.
+    if checkpointer == "alpsck":
+        from alpsck import _core
+
+        newest = max(i["step"] for i in _core.scan(str(tmp_path / "ckpt-c")) if i["status"] == "committed")
+    else:
+        newest = max(int(p.stem.rsplit("-", 1)[1]) for p in (tmp_path / "ckpt-c").glob("torch-step-*.pt"))
+    assert newest in (25, 50)
+    assert (tmp_path / "d.csv").read_text().splitlines() == ref[:1] + ref[newest + 1:]
+    before = sorted(p.name for p in (tmp_path / "ckpt-c").iterdir())
+    assert any(p.name.endswith(("000000070", "000000070.pt")) for p in (tmp_path / "ckpt-d").iterdir())
+    assert sorted(p.name for p in (tmp_path / "ckpt-c").iterdir()) == before  # the source run is only read
+
+
 def _launch_ddp(tmp_path: Path, name: str, port: int, *extra: str) -> subprocess.Popen[str]:
     """Two gloo ranks of the reference training under torchrun (torch.distributed.run)."""
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
