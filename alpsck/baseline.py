@@ -36,8 +36,8 @@ from alpsck.errors import (
 )
 from alpsck.handles import CompletedSave
 
-if TYPE_CHECKING:  # typing.Self is 3.11+; annotations are not evaluated at run time
-    from typing import Self
+if TYPE_CHECKING:  # typing.Self is 3.11+ (torch depends on typing_extensions); annotations are not evaluated
+    from typing_extensions import Self
 
 FORMAT = "alpsck.torch-baseline/1"
 _NAME_RE = re.compile(r"torch-step-([0-9]{9,})\.pt")

@@ -113,7 +113,7 @@ def _stream(shards: CheckpointShards, items: list[_Item], threads: int,
 
 def _write_all(fh: BinaryIO, view: torch.Tensor) -> None:
     if view.numel():
-        fh.write(memoryview(view.numpy()))
+        fh.write(view.numpy().data)
 
 
 # ----------------------------------------------------------------------------- safetensors
@@ -165,7 +165,8 @@ class _TensorStub:
         for d in reversed(self.shape):
             stride.append(acc)
             acc *= max(d, 1)
-        args = (self.storage, 0, tuple(list(self.shape)), tuple(reversed(stride)), False, collections.OrderedDict())
+        args: tuple[Any, ...] = (self.storage, 0, tuple(list(self.shape)), tuple(reversed(stride)), False,
+                                 collections.OrderedDict())
         if self.storage.dtype in torch.storage._new_dtypes():
             return (torch._utils._rebuild_tensor_v3, (*args, self.storage.dtype))
         return (torch._utils._rebuild_tensor_v2, args)
@@ -199,15 +200,16 @@ def _write_torch(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], thr
     try:
         data = _torch_pickle(items)
         writer.write_record("data.pkl", data, len(data))
-        writer.write_record(".format_version", "1", 1)
-        alignment = str(get_align())
+        writer.write_record(".format_version", b"1", 1)
+        alignment = str(get_align()).encode()
         writer.write_record(".storage_alignment", alignment, len(alignment))
-        writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
+        byteorder = sys.byteorder.encode()
+        writer.write_record("byteorder", byteorder, len(byteorder))
         for k, (_it, view) in enumerate(_stream(shards, items, threads, batch_bytes)):
             n = view.numel()
             if n:  # a storage aliasing exactly these bytes of the buffer (no copy)
-                storage = torch.frombuffer(memoryview(view.numpy()), dtype=torch.uint8).untyped_storage()
-                writer.write_record(f"data/{k}", storage, n)
+                storage = torch.frombuffer(view.numpy().data, dtype=torch.uint8).untyped_storage()
+                writer.write_record(f"data/{k}", storage, n)  # type: ignore[arg-type]  # torch's stub omits UntypedStorage
                 del storage
             else:
                 writer.write_record(f"data/{k}", b"", 0)

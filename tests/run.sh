@@ -5,7 +5,7 @@
 #   3. the same tests cross-built for aarch64 and run under qemu with 64 KiB pages;
 #      then the parsers (footer, index, manifest, shard, DONE record, JSON) fuzzed with libFuzzer, a few
 #      seconds each (tests/fuzz.sh);
-#   4. ruff, then pytest against the installed package, with a real one-node SLURM
+#   4. ruff, mypy, then pytest against the installed package, with a real one-node SLURM
 #      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing).
 # Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static, clang-14 with
 # libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) (CI installs them; a missing
@@ -49,6 +49,13 @@ fi
 
 section "ruff"
 python3 -m ruff check alpsck tests
+
+section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
+pkg=$(cd / && python3 -c 'import alpsck, os; print(os.path.dirname(alpsck.__file__))')
+typed=$(mktemp -d)
+cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
+repo=$(pwd)
+(cd "$typed" && python3 -m mypy --config-file "$repo/pyproject.toml" alpsck)
 
 section "local SLURM cluster"
 if bash slurm/local-cluster/start.sh; then

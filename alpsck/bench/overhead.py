@@ -504,7 +504,7 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
         probe = _Training(cfg, 2)
         probe.step()  # creates the AdamW moments, so the size below is the checkpointed size
         nparams = sum(p.numel() for p in probe.model.parameters())
-        model = {"dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+        model: dict[str, Any] = {"dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
                  "vocab_size": cfg.vocab_size, "sequence_length": cfg.sequence_length, "batch_size": cfg.batch_size,
                  "params": nparams, "state_bytes": probe.state_bytes()}
         copy_limit = probe.copy_limit_seconds()
@@ -633,7 +633,8 @@ def plot(r: OverheadResult, path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(s.method for s in r.runs if s.k is not None):
-        pts = sorted((s.k, s.overhead_pct) for s in r.runs if s.method == name and s.k is not None)
+        pts = sorted((s.k, s.overhead_pct) for s in r.runs
+                     if s.method == name and s.k is not None and s.overhead_pct is not None)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
     ax.axhspan(-r.noise_pct, r.noise_pct, color="grey", alpha=0.15, label=f"noise (±{r.noise_pct:.1f} %)")
     ax.axhline(TARGET_K10_PCT, color="g", ls="--", lw=1, label=f"{TARGET_K10_PCT:.0f} % (target at k=10)")

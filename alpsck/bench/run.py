@@ -16,6 +16,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,13 +131,13 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
                 for f in in_flight:
                     for cp in copy_threads or [0]:
                         for u in urgent or [False]:
-                            methods.append(lambda t=t, c=c, f=f, cp=cp, u=u: AlpsckMethod(
-                                directory / f"alpsck-{t}-{c}-{f}-{cp}-{int(u)}", state, threads=t, chunk_mib=c,
-                                max_in_flight=f, copy_threads=cp or None, urgent=u))
-        methods.append(lambda: CoreZeroCopyMethod(directory / "core-zerocopy", state, threads=max(threads),
-                                                  chunk_mib=chunks_mib[0]))
+                            methods.append(partial(AlpsckMethod, directory / f"alpsck-{t}-{c}-{f}-{cp}-{int(u)}", state,
+                                                   threads=t, chunk_mib=c, max_in_flight=f, copy_threads=cp or None,
+                                                   urgent=u))
+        methods.append(partial(CoreZeroCopyMethod, directory / "core-zerocopy", state, threads=max(threads),
+                               chunk_mib=chunks_mib[0]))
         if peers:
-            methods.extend((lambda m=m: m) for m in peer_methods(directory, state))
+            methods.extend(partial(lambda m: m, m) for m in peer_methods(directory, state))  # built already
         try:
             for make in methods:
                 m = make()

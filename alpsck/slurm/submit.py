@@ -113,6 +113,7 @@ def slurm_available() -> bool:
 
 def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
     folder = Path(cfg.run_dir) / "submitit"
+    ex: submitit.Executor
     if local:
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts)
         ex.update_parameters(timeout_min=max(1, math.ceil(cfg.slurm.time_minutes)),

@@ -35,8 +35,8 @@ using namespace nb::literals;
 namespace alpsck {
 namespace {
 
-using Bytes = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
-using MutBytes = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using Bytes = nb::ndarray<nb::pytorch, nb::ro, nb::c_contig, nb::device::cpu>;
+using MutBytes = nb::ndarray<nb::pytorch, nb::c_contig, nb::device::cpu>;
 
 // kIoError/kNoSpace during a save are write errors; elsewhere plain I/O errors.
 [[noreturn]] void RaiseStatus(const Status& s, bool writing) {
@@ -431,6 +431,7 @@ NB_MODULE(_core, m) {
 
   m.def("crc32c", [](Bytes data, uint32_t crc) {
         return Crc32cExtend(crc, data.data(), data.nbytes()); }, "data"_a, "crc"_a = 0,
+        nb::sig("def crc32c(data: bytes | bytearray | memoryview | torch.Tensor, crc: int = 0) -> int"),
         "CRC32C of a contiguous buffer, continuing from crc.");
   m.def("crc32c_backend", &Crc32cBackendName, "The CRC32C implementation chosen for this CPU.");
   m.def("page_size", &PageSize);
@@ -495,7 +496,8 @@ NB_MODULE(_core, m) {
            "keepalive"_a = nb::none(), "commit"_a = "auto")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
            "Start a save whose staging slots the caller fills (returns (handle, fill)).")
-      .def("staging_tensor", &PyEngine::staging_tensor)
+      .def("staging_tensor", &PyEngine::staging_tensor, nb::sig("def staging_tensor(self) -> torch.Tensor"),
+           "The whole staging pool as one uint8 CPU tensor (zero-copy; keeps the memory alive past close).")
       .def_prop_ro("staging_address", [](PyEngine& e) {
         return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e.engine().staging_base())); })
       .def("wait_all", &PyEngine::wait_all)

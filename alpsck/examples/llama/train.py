@@ -281,9 +281,9 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         if ckpt is not None and src.resolve() == Path(cfg.checkpoint_dir).resolve():
             restored = ckpt.restore(state)
         elif sharded:
-            from alpsck.checkpointer import restore_into  # read-only: takes no run-dir lock
+            from alpsck.checkpointer import Checkpointer, restore_into  # restore_into is read-only: no run-dir lock
 
-            assert ckpt is not None
+            assert isinstance(ckpt, Checkpointer)  # sharded: the alpsck checkpointer, on every rank
             restored = restore_into(src, state, ranks=ckpt.ranks)
         else:
             reader = make_checkpointer(cfg.checkpointer, src, **ckpt_kwargs)
