@@ -504,9 +504,10 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
         probe = _Training(cfg, 2)
         probe.step()  # creates the AdamW moments, so the size below is the checkpointed size
         nparams = sum(p.numel() for p in probe.model.parameters())
-        model: dict[str, Any] = {"dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-                 "vocab_size": cfg.vocab_size, "sequence_length": cfg.sequence_length, "batch_size": cfg.batch_size,
-                 "params": nparams, "state_bytes": probe.state_bytes()}
+        model: dict[str, Any] = {
+            "dim": cfg.dim, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+            "vocab_size": cfg.vocab_size, "sequence_length": cfg.sequence_length, "batch_size": cfg.batch_size,
+            "params": nparams, "state_bytes": probe.state_bytes()}
         copy_limit = probe.copy_limit_seconds()
         del probe
         say(f"model: {nparams / 1e6:.1f} M parameters, checkpointed state {model['state_bytes'] / 1e6:.0f} MB on "
