@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from dcp_worker import check, template
+from manifests import sealed
 from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
@@ -195,7 +196,8 @@ def _rewrite_metadata(run: Path, step: int, edit: Callable[[dict[str, Any]], Any
     manifest = json.loads((d / "MANIFEST.json").read_text())
     (entry,) = manifest["extra"]
     entry["bytes"], entry["crc"] = len(data), _core.crc32c(data)
-    (d / "MANIFEST.json").write_text(json.dumps(manifest))
+    (d / "MANIFEST.json").write_bytes(sealed(manifest))
+
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:

@@ -1,6 +1,7 @@
 #include "commit.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -65,7 +66,7 @@ Status CheckExtraFile(const std::string& name, uint64_t bytes) {
 
 std::string EncodeManifest(const CommitRequest& req, double created_unix) {
   Json m = Json::Object();
-  m.set("format", Json::Str("alpsck-checkpoint/1"));
+  m.set("format", Json::Str(kManifestFormat));
   m.set("step", Json::UInt(req.step));
   m.set("created", Json::Double(created_unix));
   m.set("ranks", Json::UInt(req.shards.size()));
@@ -97,7 +98,58 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
   bool direct = !req.shards.empty();
   for (const ShardRecord& s : req.shards) direct = direct && s.direct_io;
   m.set("direct_io", Json::Bool(direct));
-  return m.dump() + "\n";
+  m.set(kManifestCrcKey, Json::Str("00000000"));  // last, sealed below
+  std::string text = m.dump() + "\n";
+  Status s = SealManifest(&text);  // cannot fail: the placeholder is there exactly once
+  (void)s;
+  return text;
+}
+
+namespace {
+
+// The offset of the 8 digits of the one "manifest_crc32c":"........" in text, or npos when it is
+// missing, repeated or malformed. A key can occur only once unescaped: inside JSON strings every
+// '"' is escaped, so the pattern cannot appear within a value.
+size_t FindManifestCrc(std::string_view text) {
+  const std::string pat = std::string("\"") + kManifestCrcKey + "\":\"";
+  const size_t at = text.find(pat);
+  if (at == std::string_view::npos || text.find(pat, at + 1) != std::string_view::npos) return std::string_view::npos;
+  const size_t d = at + pat.size();
+  if (d + 9 > text.size() || text[d + 8] != '"') return std::string_view::npos;
+  for (size_t i = d; i < d + 8; ++i)
+    if (!((text[i] >= '0' && text[i] <= '9') || (text[i] >= 'a' && text[i] <= 'f'))) return std::string_view::npos;
+  return d;
+}
+
+uint32_t ManifestCrc(std::string_view text, size_t digits) {
+  std::string zeroed(text);
+  zeroed.replace(digits, 8, "00000000");
+  return Crc32c(zeroed.data(), zeroed.size());
+}
+
+}  // namespace
+
+Status SealManifest(std::string* text) {
+  const size_t d = FindManifestCrc(*text);
+  if (d == std::string::npos) return Status::Invalid("manifest has no single manifest_crc32c member");
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", ManifestCrc(*text, d));
+  text->replace(d, 8, hex);
+  return Status::Ok();
+}
+
+Status CheckManifestCrc(std::string_view text) {
+  const size_t d = FindManifestCrc(text);
+  if (d == std::string_view::npos)
+    return Status::Corrupt(std::string("no single valid \"") + kManifestCrcKey + "\" (8 hex digits)");
+  const uint32_t want = static_cast<uint32_t>(std::strtoul(std::string(text.substr(d, 8)).c_str(), nullptr, 16));
+  const uint32_t got = ManifestCrc(text, d);
+  if (want != got) {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "CRC32C mismatch (recorded %08x, content %08x)", want, got);
+    return Status::Corrupt(msg);
+  }
+  return Status::Ok();
 }
 
 // The commit protocol. Steps 1-4 ran per shard before this (SealShard):

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "env.h"
@@ -18,6 +19,13 @@ constexpr char kLatestName[] = "LATEST";
 // expiry), then reused for new saves (single rank) or removed.
 constexpr char kFreePrefix[] = "free-";
 constexpr uint64_t kMaxManifestBytes = 16ull << 20;
+// Manifest formats: /2 carries its own CRC32C (below); /1 (older builds) has none and is still read.
+constexpr char kManifestFormat[] = "alpsck-checkpoint/2";
+constexpr char kManifestFormatV1[] = "alpsck-checkpoint/1";
+// The last member of a /2 manifest: "manifest_crc32c":"<8 lowercase hex digits>", the CRC32C of
+// the file's exact bytes with those 8 digits read as "00000000". Any changed byte, a re-encoding
+// included, fails the check, so no JSON canonicalisation is involved.
+constexpr char kManifestCrcKey[] = "manifest_crc32c";
 
 struct ShardRecord {
   std::string name;   // rank-NNNNN.bin
@@ -66,5 +74,9 @@ Status CommitCheckpoint(Env* env, const CommitRequest& req);
 Status PublishLatest(Env* env, const std::string& run_dir, uint64_t step);
 
 std::string EncodeManifest(const CommitRequest& req, double created_unix);
+// Fills in (or refreshes) the CRC of a manifest text holding exactly one "manifest_crc32c":"<8 hex>".
+Status SealManifest(std::string* text);
+// OK when text holds exactly one "manifest_crc32c":"<8 hex>" and the CRC matches; else kCorrupt.
+Status CheckManifestCrc(std::string_view text);
 
 }  // namespace alpsck

@@ -159,7 +159,12 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
   s = ParseJson(text, &m);
   if (!s.ok()) return corrupt("MANIFEST.json: " + s.message());
   const Json* fmt = m.find("format");
-  if (!fmt || !fmt->get_string() || *fmt->get_string() != "alpsck-checkpoint/1") return corrupt("MANIFEST.json: unknown format");
+  const std::string* fs = fmt ? fmt->get_string() : nullptr;
+  if (!fs || (*fs != kManifestFormat && *fs != kManifestFormatV1)) return corrupt("MANIFEST.json: unknown format");
+  if (*fs == kManifestFormat) {  // /1 manifests (older builds) carry no CRC of their own
+    s = CheckManifestCrc(text);
+    if (!s.ok()) return corrupt("MANIFEST.json: " + s.message());
+  }
   uint64_t mstep = 0;
   const Json* js = m.find("step");
   if (!js || !js->get_u64(&mstep) || mstep != step)

@@ -70,10 +70,20 @@ int main(int argc, char** argv) {
     Put(out + "/shard", "raw-" + n, std::string(1, '\0') + shard);
     Put(out + "/shard", "built-" + n, std::string(1, '\1') + U64(f.data_padded) + index);
     Put(out + "/manifest", n, manifest);
-    // A manifest listing an extra file (the DCP backend's), so the fuzzer reaches that parser.
-    const size_t end = manifest.rfind('}');
-    Put(out + "/manifest", "extra-" + n,
-        manifest.substr(0, end) + ",\"extra\":[{\"name\":\"dcp-metadata.json\",\"bytes\":2,\"crc\":0}]}\n");
+    // A manifest listing an extra file (the DCP backend's), so the fuzzer reaches that parser,
+    // and one in the older /1 format, read without a CRC of its own.
+    const std::string crc_member = std::string(",\"") + alpsck::kManifestCrcKey + "\":";
+    const size_t at = manifest.find(crc_member);
+    if (at == std::string::npos) return 1;
+    std::string extra = manifest;
+    extra.insert(at, ",\"extra\":[{\"name\":\"dcp-metadata.json\",\"bytes\":2,\"crc\":0}]");
+    if (!alpsck::SealManifest(&extra).ok()) return 1;
+    Put(out + "/manifest", "extra-" + n, extra);
+    std::string v1 = manifest.substr(0, at) + "}\n";
+    const size_t fmt = v1.find(alpsck::kManifestFormat);
+    if (fmt == std::string::npos) return 1;
+    v1.replace(fmt, std::strlen(alpsck::kManifestFormat), alpsck::kManifestFormatV1);
+    Put(out + "/manifest", "v1-" + n, v1);
     alpsck::ShardRecord rec;
     rec.name = alpsck::ShardFileName(0);
     rec.bytes = shard.size();

@@ -127,6 +127,55 @@ TEST(hostile_manifests_are_rejected) {
   CHECK(v[0].state == CheckpointState::kCorrupt);
 }
 
+TEST(manifest_carries_its_own_crc_and_v1_manifests_still_read) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {1}).empty());
+  const std::string m = JoinPath(JoinPath(d.path(), StepDirName(1)), kManifestName);
+  std::string good;
+  REQUIRE(ReadSmallFile(Env::Default(), m, kMaxManifestBytes, &good).ok());
+  CHECK(good.find(std::string("\"format\":\"") + kManifestFormat + "\"") != std::string::npos);
+  CHECK(CheckManifestCrc(good).ok());
+  auto state = [&](const std::string& text, std::string* error = nullptr) {
+    CHECK(alpsck_test::WriteText(m, text));
+    auto v = Scan(d.path(), false);
+    CHECK(v.size() == 1);
+    if (v.size() != 1) return CheckpointState::kIncomplete;
+    if (error) *error = v[0].error;
+    return v[0].state;
+  };
+  CHECK(state(good) == CheckpointState::kCommitted);
+  // A field nothing else cross-checks (write_seconds): one changed digit is caught by the CRC.
+  const size_t ws = good.find("\"write_seconds\":") + std::strlen("\"write_seconds\":");
+  std::string edited = good;
+  edited[ws] = edited[ws] == '1' ? '2' : '1';
+  std::string why;
+  CHECK(state(edited, &why) == CheckpointState::kCorrupt);
+  CHECK(why.find("MANIFEST.json: CRC32C mismatch") != std::string::npos);
+  // Sealed again after the edit, the manifest is whole.
+  std::string resealed = edited;
+  const size_t digits = resealed.find("\"manifest_crc32c\":\"") + std::strlen("\"manifest_crc32c\":\"");
+  resealed.replace(digits, 8, "00000000");
+  REQUIRE(SealManifest(&resealed).ok());
+  CHECK(state(resealed) == CheckpointState::kCommitted);
+  // Without its CRC member a /2 manifest is corrupt; as /1 (older builds) the same text is read.
+  std::string no_crc = good;
+  const size_t member = no_crc.find(",\"manifest_crc32c\":");
+  no_crc.erase(member, no_crc.find('}', member) - member);
+  CHECK(state(no_crc, &why) == CheckpointState::kCorrupt);
+  CHECK(why.find("manifest_crc32c") != std::string::npos);
+  std::string v1 = no_crc;
+  v1.replace(v1.find(kManifestFormat), std::strlen(kManifestFormat), kManifestFormatV1);
+  CHECK(state(v1) == CheckpointState::kCommitted);
+  // Two CRC members (one of them would otherwise go unchecked), or a malformed one: corrupt.
+  std::string twice = good;
+  twice.insert(twice.find('{') + 1, good.substr(member + 1, good.find('}', member) - member - 1) + ",");
+  CHECK(state(twice) == CheckpointState::kCorrupt);
+  std::string upper = good;
+  upper.replace(digits, 8, "ABCDEF01");
+  CHECK(state(upper) == CheckpointState::kCorrupt);
+  CHECK(state(good) == CheckpointState::kCommitted);
+}
+
 TEST(reader_reads_subsets_and_names_corrupt_extents) {
   TempDir d;
   auto a = MakeRun(d.path(), {5});
