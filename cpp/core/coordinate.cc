@@ -199,7 +199,10 @@ Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double
   if (!finished)
     return Status::Error(Code::kAborted, "step " + std::to_string(step) + " was not committed by the coordinator (rank 0) within " +
                                              std::to_string(static_cast<int64_t>(timeout_s)) + " s");
-  return Status::Ok();
+  // The rename that committed the step is visible before the coordinator's fsync of RUN_DIR has
+  // made it durable: sync it from here too, so this rank never reports durable a commit that a
+  // power loss could still undo (the crash-state checker found this window).
+  return SyncDir(env, run_dir);
 }
 
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,

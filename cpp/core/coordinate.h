@@ -14,7 +14,9 @@
 //      with every shard in the manifest. A FAILED record, or the timeout, aborts the step: the
 //      coordinator writes step-N.tmp/ABORTED (with the reason), removes the shards, and the
 //      directory is never committed;
-//   3. every other rank polls for step-N/MANIFEST.json (committed) or step-N.tmp/ABORTED.
+//   3. every other rank polls for step-N/MANIFEST.json (committed) or step-N.tmp/ABORTED; on
+//      seeing the manifest it fsyncs RUN_DIR itself before reporting the save durable (the
+//      rename is visible before the coordinator's own fsync has made it durable).
 //
 // So a checkpoint is committed only when every rank's shard is durable, and a rank killed
 // mid-save leaves a step-N.tmp that recovery never reads. DONE records are not part of the
@@ -58,7 +60,8 @@ Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, 
 // Step 2, abort: writes ABORTED with the reason and removes every other file of tmp_dir.
 void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why);
 
-// Step 3: polls until step-N is committed (OK), or aborted / timed out (kAborted, with why).
+// Step 3: polls until step-N is committed and RUN_DIR synced (OK), or aborted / timed out
+// (kAborted, with why).
 Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double timeout_s);
 
 // The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "commit.h"
+#include "coordinate.h"
 #include "engine.h"
 #include "env_record.h"
 #include "file_io.h"
@@ -314,7 +315,7 @@ void WriteAll(Env* env, const std::string& path, const std::string& data, bool s
 
 // Commits `step` by hand; each flag leaves out one fsync of the real protocol.
 void HandCommit(RecordingEnv* rec, const std::string& run, uint64_t step, const Files& f, bool sync_data,
-                bool sync_tmp_dir, bool sync_run_dir) {
+                bool sync_tmp_dir, bool sync_run_dir, bool mark_durable = true) {
   const std::string tmp = JoinPath(run, StepDirName(step) + ".tmp"), fin = JoinPath(run, StepDirName(step));
   rec->Mkdir(tmp);
   WriteAll(rec, JoinPath(tmp, ShardFileName(0)), f.shard, sync_data);
@@ -322,7 +323,7 @@ void HandCommit(RecordingEnv* rec, const std::string& run, uint64_t step, const 
   if (sync_tmp_dir) SyncDir(rec, tmp);
   rec->Rename(tmp, fin);
   if (sync_run_dir) SyncDir(rec, run);
-  rec->Mark("durable", step);
+  if (mark_durable) rec->Mark("durable", step);
 }
 
 std::string ExploreHand(const std::string& run, RecordingEnv* rec) {
@@ -424,6 +425,23 @@ TEST(checker_catches_every_missing_fsync_of_the_commit) {
     CHECK(bad.find(c.expect) != std::string::npos);
     if (bad.find(c.expect) == std::string::npos) std::fprintf(stderr, "got: %s\n", bad.c_str());
   }
+}
+
+TEST(a_waiting_rank_reports_durable_only_once_the_commit_is_durable) {
+  // Another rank sees the committed step as soon as the coordinator's rename is visible, which is
+  // before the coordinator's fsync of RUN_DIR. WaitForCommit must not return OK (the engine then
+  // reports that rank's save durable) while a power loss could still undo the rename.
+  TempDir d;
+  const Files f = MakeValidFiles(d.sub("src"), 1);
+  REQUIRE(!f.shard.empty());
+  const std::string run = d.sub("run");
+  REQUIRE(::mkdir(run.c_str(), 0755) == 0);
+  RecordingEnv rec;
+  HandCommit(&rec, run, 1, f, true, true, /*sync_run_dir=*/false, /*mark_durable=*/false);
+  const Status s = WaitForCommit(&rec, run, 1, 5);
+  CHECK(s.ok());
+  rec.Mark("durable", 1);
+  CHECK_EQ(ExploreHand(run, &rec), std::string());
 }
 
 TEST(checker_catches_reuse_of_an_expired_directory_before_its_expiry_is_durable) {
