@@ -14,8 +14,7 @@ from collections.abc import Sequence
 
 from .errors import AlpsckError
 
-# Modules that contribute subcommands (imported lazily so one broken optional dependency does not
-# take the whole command line down).
+# Modules that contribute subcommands.
 COMMAND_MODULES = (
     "alpsck.inspect",      # inspect-checkpoints
     "alpsck.export",       # export, prune
@@ -24,17 +23,20 @@ COMMAND_MODULES = (
 )
 
 
+def version_line() -> str:
+    """``alpsck --version``: the package, the checkpoint format it writes, and what the core chose here."""
+    from . import __version__, _core
+
+    return (f"alpsck {__version__} (writes {_core.checkpoint_format}; crc32c: {_core.crc32c_backend()}; "
+            f"page size {_core.page_size()})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="alpsck", description="Checkpoint-and-requeue toolkit for PyTorch on SLURM.")
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # not written yet
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return p
 
 

@@ -221,6 +221,16 @@ def test_inspect_checkpoints_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and "no such directory" in r.stderr
 
 
+def test_version_names_the_package_and_the_format_it_writes(tmp_path: Path) -> None:
+    r = _cli("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"alpsck {alpsck.__version__} (writes ")
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, {"w": torch.zeros(4)}).wait()
+    written = json.loads((tmp_path / "step-000000001" / "MANIFEST.json").read_text())["format"]
+    assert f"(writes {written};" in r.stdout and f"crc32c: {_core.crc32c_backend()};" in r.stdout
+
+
 def test_mismatch_leaves_live_state_untouched(tmp_path: Path) -> None:
     with alpsck.Checkpointer(tmp_path) as ck:
         ck.save(1, {"a": torch.ones(10), "b": torch.ones(4)}).wait()
