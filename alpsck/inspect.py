@@ -12,7 +12,8 @@ entry kinds).
 newest K, abandoned ``step-N.tmp`` / manifest-less ``step-N`` directories, expired ``free-*``
 directories (and ``.deleting-*`` leftovers of an interrupted prune). Corrupt checkpoints older than
 the newest valid one are removed; newer corrupt ones are kept (with a warning) for inspection.
-The newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
+The checkpoints kept are always verified to the last byte first (``--verify`` verifies every
+checkpoint), so the newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
 process (see :func:`lock_holder`). Each directory is first renamed to ``.deleting-<name>`` (atomic
 expiry: the checkpoint disappears from scans at once), the run directory is fsync'ed, then the
 files are deleted.
@@ -562,13 +563,38 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
+def _data_error(info: dict[str, Any]) -> str | None:
+    """None if every chunk of every shard of a committed checkpoint matches its CRC, else why not."""
+    try:
+        for name in info["shards"]:
+            open_shard(Path(info["path"]) / name).verify(4)
+    except CorruptCheckpointError as e:
+        return str(e)
+    return None
+
+
 def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[list[tuple[Path, str]], list[str], list[int]]:
-    """(directories to remove with the reason, warnings, steps kept) — nothing is touched."""
+    """(directories to remove with the reason, warnings, steps kept) — nothing is touched.
+
+    The checkpoints kept are checked to the last byte whatever ``verify`` says: the quick scan
+    sees sizes, footers and manifests only, and trusting it could remove every good checkpoint
+    while keeping one whose data is corrupt. Newest first, each committed checkpoint's CRCs are
+    verified until ``keep_last`` pass; one that fails counts as corrupt. ``verify`` verifies every
+    checkpoint, including those removed.
+    """
     infos = scan_run_dir(run_dir, verify=verify)
-    committed = [i for i in infos if i["status"] == "committed"]
-    kept = committed[-keep_last:]
-    kept_steps = {i["step"] for i in kept}
-    newest_valid = committed[-1]["step"] if committed else None
+    kept_steps: set[int] = set()
+    for i in reversed(infos):
+        if len(kept_steps) == keep_last:
+            break
+        if i["status"] != "committed":
+            continue
+        err = None if verify else _data_error(i)
+        if err is not None:
+            i["status"], i["error"] = "corrupt", err
+            continue
+        kept_steps.add(i["step"])
+    newest_valid = max(kept_steps) if kept_steps else None
     remove: list[tuple[Path, str]] = []
     warnings: list[str] = []
     for i in infos:
@@ -694,5 +720,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr.add_argument("--keep-last", type=int, required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     pr.add_argument("--verify", action="store_true",
-                    help="check every CRC first, so checkpoints with corrupt data count as corrupt, not valid")
+                    help="check every checkpoint's CRCs, not only those of the checkpoints kept (which are always "
+                         "checked)")
     pr.set_defaults(func=lambda a: prune(a.run_dir, a.keep_last, a.dry_run, a.verify))

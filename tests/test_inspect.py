@@ -349,14 +349,23 @@ def test_prune_never_removes_the_last_valid_or_newer_corrupt(tmp_path: Path, cap
     assert rc == 2 and "at least 1" in err
 
 
-def test_prune_verify_counts_data_corruption(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2, 3])
-    _flip_data_byte(tmp_path, 3)
-    rc, _, _ = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
-    assert rc == 0  # without --verify, 3 looks valid and 2 would go
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--verify")
-    assert rc == 0 and "CRC" in err
-    assert _listing(tmp_path) == ["LATEST", "step-000000002", "step-000000003"]
+@pytest.mark.parametrize("verify", [False, True])
+def test_prune_never_keeps_data_corruption_in_place_of_a_good_checkpoint(tmp_path: Path, verify: bool,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _save(tmp_path, [1, 2, 3, 4])
+    _flip_data_byte(tmp_path, 4)  # only a CRC check sees it: sizes, footer and manifest are intact
+    _flip_data_byte(tmp_path, 2)
+    assert [i["status"] for i in _core.scan(str(tmp_path))] == ["committed"] * 4  # the quick scan trusts both
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "2", *(["--verify"] if verify else []))
+    assert rc == 0, err
+    # 4 is kept for inspection (newer than the newest valid one), with a warning naming the CRC;
+    # 2 is not counted as one of the two kept, so 1 stays beside 3.
+    assert "step-000000004" in err and "CRC" in err
+    assert _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000003", "step-000000004"]
+    assert f"corrupt step 2: {tmp_path / 'step-000000002'}" in out and "keeping step(s) 1, 3" in out
+    live = {"w": torch.zeros(2000), "b": torch.zeros(2000, dtype=torch.int32), "step": 0}
+    with pytest.warns(RuntimeWarning, match="corrupt"):
+        assert alpsck.checkpointer.restore_into(tmp_path, live) == 3
 
 
 def test_prune_finishes_an_interrupted_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
