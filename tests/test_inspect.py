@@ -98,6 +98,18 @@ def test_verify_finds_the_bit_flip_and_exits_1(mixed_run: Path, capsys: pytest.C
     assert all(col in header for col in ("step", "status", "size", "created", "ranks", "tensors", "GB/s"))
 
 
+def test_a_crc_error_names_the_chunks_tensors_briefly(tmp_path: Path) -> None:
+    state = {f"layer_{k:02d}_with_a_long_parameter_name": torch.full((16,), float(k)) for k in range(40)}
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, state).wait()
+    _flip_data_byte(tmp_path, 1, extent="layer_00_with_a_long_parameter_name", at=0)
+    (info,) = _core.scan(str(tmp_path), verify=True)
+    assert info["status"] == "corrupt"
+    named = [k for k in state if k in info["error"]]
+    assert named and named[0] == "layer_00_with_a_long_parameter_name"
+    assert f"and {len(state) - len(named)} more)" in info["error"] and len(info["error"]) < 400
+
+
 def test_verify_of_a_clean_run_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _save(tmp_path, [1, 2])
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path), "--verify", "--json")

@@ -87,9 +87,13 @@ Status ShardReader::ReadChunks(const std::vector<uint64_t>& chunks, const std::v
       Status s = ReadFull(env_, fd_, buf.data(), len, l.chunk_begin(i), path_);
       if (s.ok() && Crc32c(buf.data(), len) != index_.crcs[i]) {
         std::string names;
-        for (const auto& e : l.extents)
-          if (e.offset < l.chunk_begin(i) + len && e.offset + e.size > l.chunk_begin(i) && names.size() < 200)
-            names += (names.empty() ? "" : ", ") + e.name;
+        uint64_t unnamed = 0;  // tensors in the chunk past the first ~120 characters of names
+        for (const auto& e : l.extents) {
+          if (e.offset >= l.chunk_begin(i) + len || e.offset + e.size <= l.chunk_begin(i)) continue;
+          if (names.size() < 120) names += (names.empty() ? "" : ", ") + e.name;
+          else ++unnamed;
+        }
+        if (unnamed) names += " and " + std::to_string(unnamed) + " more";
         s = Status::Corrupt(path_ + ": CRC mismatch in chunk " + std::to_string(i) + " (bytes " +
                             std::to_string(l.chunk_begin(i)) + "-" + std::to_string(l.chunk_begin(i) + len) +
                             (names.empty() ? std::string(")") : ", holding " + names + ")"));
