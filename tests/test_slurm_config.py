@@ -36,6 +36,13 @@ def test_time_formats(text: str, want: float) -> None:
     assert parse_time_minutes(text) == pytest.approx(want)
 
 
+@pytest.mark.parametrize(("written", "minutes"), [("90", 90), ("1:30:00", 90), ("30:00", 30), ("'1:30:00'", 90)])
+def test_an_unquoted_time_means_what_slurm_would_read(written: str, minutes: float) -> None:
+    # YAML alone reads 1:30:00 as 5400 and 30:00 as 1800 (base 60); SLURM reads 1 h 30 min and 30 min.
+    cfg = parse_config(GOOD.replace('"00:02:00"', written))
+    assert cfg.slurm.time_minutes == minutes and cfg.slurm.time == written.strip("'")
+
+
 @pytest.mark.parametrize(("patch", "match"), [
     (("  time:", "  tme:"), r"<config>:4: slurm\.tme: unknown key \(did you mean 'time'\?\)"),
     (('"00:02:00"', '"2 hours"'), r"<config>:4: slurm\.time: bad time '2 hours'"),

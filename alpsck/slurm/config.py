@@ -131,6 +131,7 @@ class _Loc:
     def __init__(self, text: str, source: str) -> None:
         self.source = source
         self.lines: dict[str, int] = {}
+        self.raw: dict[str, str] = {}  # scalars as written, before YAML resolved their type
         try:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as e:
@@ -145,6 +146,8 @@ class _Loc:
             for k, v in node.value:
                 key = f"{prefix}{k.value}"
                 self.lines[key] = k.start_mark.line + 1
+                if isinstance(v, yaml.ScalarNode):
+                    self.raw[key] = str(v.value)
                 self._walk(v, key + ".")
 
     def err(self, key: str, msg: str) -> ConfigError:
@@ -236,6 +239,10 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
                 raise _unknown(key, list(_TYPES[sec]), loc)
             if v is None:
                 continue
+            if key == "slurm.time" and isinstance(v, int) and not isinstance(v, bool):
+                # Unquoted, YAML reads 90 as a number and 1:30:00 as a base-60 one (5400); SLURM
+                # reads the text as written (90 minutes, 1 h 30 min), so that is what counts.
+                v = loc.raw.get(key, str(v))
             kwargs[k] = _check_type(key, v, _TYPES[sec][k], loc)
         sections[sec] = cls(**kwargs)
     slurm: SlurmConfig = sections["slurm"]
