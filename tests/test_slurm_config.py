@@ -43,6 +43,13 @@ def test_an_unquoted_time_means_what_slurm_would_read(written: str, minutes: flo
     assert cfg.slurm.time_minutes == minutes and cfg.slurm.time == written.strip("'")
 
 
+def test_a_text_key_written_as_a_number_keeps_its_text() -> None:
+    cfg = parse_config(GOOD.replace("slurm:\n", "slurm:\n  account: 0042\n  qos: 1.50\n"))
+    assert (cfg.slurm.account, cfg.slurm.qos) == ("0042", "1.50")
+    with pytest.raises(ConfigError, match=r"slurm\.account: expected str, got bool"):
+        parse_config(GOOD.replace("slurm:\n", "slurm:\n  account: yes\n"))
+
+
 @pytest.mark.parametrize(("patch", "match"), [
     (("  time:", "  tme:"), r"<config>:4: slurm\.tme: unknown key \(did you mean 'time'\?\)"),
     (('"00:02:00"', '"2 hours"'), r"<config>:4: slurm\.time: bad time '2 hours'"),

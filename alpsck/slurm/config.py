@@ -239,9 +239,10 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
                 raise _unknown(key, list(_TYPES[sec]), loc)
             if v is None:
                 continue
-            if key == "slurm.time" and isinstance(v, int) and not isinstance(v, bool):
-                # Unquoted, YAML reads 90 as a number and 1:30:00 as a base-60 one (5400); SLURM
-                # reads the text as written (90 minutes, 1 h 30 min), so that is what counts.
+            if _TYPES[sec][k] == "str" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                # A text key written as a number means the text as written: unquoted, YAML reads
+                # slurm.time 1:30:00 as 5400 (base 60) and an account 0042 as 34 (octal), while SLURM reads
+                # 1 h 30 min and the account "0042".
                 v = loc.raw.get(key, str(v))
             kwargs[k] = _check_type(key, v, _TYPES[sec][k], loc)
         sections[sec] = cls(**kwargs)
