@@ -162,3 +162,13 @@ def test_crash_at_every_start_stops_after_its_budget(cluster: None, tmp_path: Pa
     fails = events(run, "failed")
     assert len(fails) == 3 and [f["will_requeue"] for f in fails] == [True, True, False]
     assert len(events(run, "requeued")) == 2
+
+
+def test_a_job_sbatch_refuses_is_a_one_line_error_naming_sbatchs_reason(cluster: None, tmp_path: Path) -> None:
+    cfg = job_config(tmp_path / "job.yaml", tmp_path / "run", steps=10, partition="no-such-partition")
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"alpsck: error: {cfg}: sbatch refused the job: ") and "partition" in last, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not events(tmp_path / "run", "submitted")

@@ -31,7 +31,7 @@ from typing import Any
 
 import submitit
 
-from ..errors import UsageError
+from ..errors import SlurmError, UsageError
 from . import history
 from .config import JobConfig
 from .runner import REQUEST_FILE, JobRunner
@@ -139,7 +139,11 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
                          "a multi-task job needs SLURM (srun); the local executor runs one task")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     ex = make_executor(cfg, local=use_local)
-    job = ex.submit(JobRunner(cfg))
+    try:
+        job = ex.submit(JobRunner(cfg))
+    except submitit.core.utils.FailedJobError as e:  # sbatch refused the job: its own words say why
+        reason = " / ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        raise SlurmError(f"{cfg.source}: sbatch refused the job: {reason}") from None
     history.append(cfg.run_dir, "submitted", job_id=str(job.job_id), backend="local" if use_local else "slurm",
                    config=cfg.source, name=cfg.name)
     return job
