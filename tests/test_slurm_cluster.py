@@ -172,3 +172,32 @@ def test_a_job_sbatch_refuses_is_a_one_line_error_naming_sbatchs_reason(cluster:
     assert last.startswith(f"alpsck: error: {cfg}: sbatch refused the job: ") and "partition" in last, r.stderr
     assert "Traceback" not in r.stderr
     assert not events(tmp_path / "run", "submitted")
+
+
+def test_a_second_job_on_a_live_jobs_run_dir_is_refused(cluster: None, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = job_config(tmp_path / "job.yaml", run, steps=10**6, time="15", every=10**9)
+    first = submit(cfg)
+    try:
+        r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert f"is the run directory of job {first} (" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert [e["job_id"] for e in events(run, "submitted")] == [first]  # nothing else was submitted
+    finally:
+        subprocess.run(["scancel", first], timeout=30)
+    wait_for(lambda: not in_queue(first), 120, f"job {first} to leave the queue", poll=2)
+    # Once it is gone, the run directory takes a new job, and submit says which step it resumes from.
+    import torch
+
+    import alpsck
+
+    with alpsck.Checkpointer(run, keep_last=0) as ck:  # far beyond any step the cancelled job reached
+        ck.save(10**7, {"w": torch.zeros(4)}).wait()
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg)], capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"resumes from step {10**7}," in r.stdout, r.stdout
+    finally:
+        second = [e["job_id"] for e in events(run, "submitted")][-1]
+        subprocess.run(["scancel", second], timeout=30)

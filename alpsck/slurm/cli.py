@@ -31,6 +31,10 @@ def _submit(args: argparse.Namespace) -> int:
         print(json.dumps({"job_id": str(job.job_id), "run_dir": cfg.run_dir}), flush=True)
     else:
         print(f"submitted job {job.job_id}; run dir {cfg.run_dir}", flush=True)
+        resume = _newest_committed(cfg.run_dir)
+        if resume is not None:
+            print(f"the run dir holds checkpoints: the job resumes from step {resume}, the newest valid one",
+                  flush=True)
         print(f"follow it with: alpsck status {cfg.run_dir}", flush=True)
     if args.wait or (is_local and not args.no_wait):
         while not job.done():
@@ -40,6 +44,17 @@ def _submit(args: argparse.Namespace) -> int:
             print(f"job {job.job_id} ended: {state}")
         return 0 if state == "finished" else 1
     return 0
+
+
+def _newest_committed(run_dir: str) -> int | None:
+    """The step a job started on ``run_dir`` resumes from (sizes, footers, manifests; no CRCs)."""
+    from .. import _core
+
+    try:
+        steps = [int(i["step"]) for i in _core.scan(run_dir) if i["status"] == "committed"]
+    except AlpsckError:
+        return None
+    return max(steps, default=None)
 
 
 def _status(args: argparse.Namespace) -> int:

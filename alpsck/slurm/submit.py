@@ -111,6 +111,35 @@ def slurm_available() -> bool:
     return slurm_unavailable() is None
 
 
+# squeue states after which a job no longer runs nor comes back by itself.
+_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
+          "REVOKED"}
+
+
+def live_jobs(run_dir: str | Path) -> list[tuple[str, str]]:
+    """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
+
+    A job the controller no longer knows (finished long ago, or from a cluster since restarted)
+    is not live. If squeue cannot be asked, nothing is reported: the run directory's writer lock
+    still refuses a second writer when the job starts.
+    """
+    ids = [str(e["job_id"]) for e in history.read(run_dir)
+           if e["event"] == "submitted" and e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()]
+    if not ids:
+        return []
+    try:
+        r = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(map(str, ids))], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    out = []
+    for line in r.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if job_id in ids and state and state not in _ENDED:
+            out.append((job_id, state))
+    return out
+
+
 def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
     folder = Path(cfg.run_dir) / "submitit"
     ex: submitit.Executor
@@ -137,6 +166,12 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
     if use_local and cfg.slurm.nodes * cfg.slurm.tasks_per_node > 1:
         raise UsageError(f"{cfg.source}: slurm.nodes x slurm.tasks_per_node is {cfg.slurm.nodes * cfg.slurm.tasks_per_node}: "
                          "a multi-task job needs SLURM (srun); the local executor runs one task")
+    if not use_local:
+        busy = live_jobs(cfg.run_dir)
+        if busy:
+            jobs = ", ".join(f"job {i} ({state})" for i, state in busy)
+            raise SlurmError(f"{cfg.run_dir} is the run directory of {jobs}: a second job there would fight it for "
+                             f"the checkpoints. Wait for it, scancel it, or give this job another run_dir")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     ex = make_executor(cfg, local=use_local)
     try:
