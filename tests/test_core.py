@@ -231,6 +231,19 @@ def test_version_names_the_package_and_the_format_it_writes(tmp_path: Path) -> N
     assert f"(writes {written};" in r.stdout and f"crc32c: {_core.crc32c_backend()};" in r.stdout
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    # `alpsck status RUN | head -1`: far more output than a pipe holds, and the reader leaves.
+    lines = [json.dumps({"time": 1.7e9 + i, "event": "started", "job_id": "7", "restart": i}) for i in range(5000)]
+    (tmp_path / "history.jsonl").write_text("\n".join(lines) + "\n")
+    p = subprocess.Popen([sys.executable, "-m", "alpsck", "status", str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stderr is not None
+    assert p.stdout.readline().startswith(f"{tmp_path}: ")
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 141 and err == "", err
+
+
 def test_mismatch_leaves_live_state_untouched(tmp_path: Path) -> None:
     with alpsck.Checkpointer(tmp_path) as ck:
         ck.save(1, {"a": torch.ones(10), "b": torch.ones(4)}).wait()
