@@ -184,6 +184,9 @@ def test_a_second_job_on_a_live_jobs_run_dir_is_refused(cluster: None, tmp_path:
         assert r.returncode == 2, r.stdout + r.stderr
         assert f"is the run directory of job {first} (" in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert [e["job_id"] for e in events(run, "submitted")] == [first]  # nothing else was submitted
+        st = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True,
+                            text=True, timeout=120)
+        assert st.returncode == 0 and json.loads(st.stdout)["note"] is None, st.stdout + st.stderr  # it is live
     finally:
         subprocess.run(["scancel", first], timeout=30)
     wait_for(lambda: not in_queue(first), 120, f"job {first} to leave the queue", poll=2)
@@ -201,3 +204,15 @@ def test_a_second_job_on_a_live_jobs_run_dir_is_refused(cluster: None, tmp_path:
     finally:
         second = [e["job_id"] for e in events(run, "submitted")][-1]
         subprocess.run(["scancel", second], timeout=30)
+
+
+def test_status_notes_a_job_slurm_no_longer_knows(cluster: None, tmp_path: Path) -> None:
+    # A job that died with its node (or a cluster restarted under it) records no end.
+    from alpsck.slurm import history
+
+    history.append(tmp_path, "submitted", job_id="987654321", backend="slurm")
+    history.append(tmp_path, "started", job_id="987654321", restart=0)
+    r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ": running " in r.stdout and "note: SLURM no longer queues or runs job 987654321" in r.stdout, r.stdout

@@ -57,6 +57,25 @@ def _newest_committed(run_dir: str) -> int | None:
     return max(steps, default=None)
 
 
+def _lost_job_note(run_dir: Path, state: str) -> str | None:
+    """For a history that says the job is still on: a note when SLURM no longer knows that job.
+
+    A job killed with its node, or on a cluster since restarted, records no end; its history
+    would say "running" forever.
+    """
+    from .submit import live_jobs, slurm_unavailable
+
+    if state not in ("pending", "running", "requeued"):
+        return None
+    last = next((e for e in reversed(history.read(run_dir)) if e["event"] == "submitted"), None)
+    if last is None or last.get("backend") != "slurm" or slurm_unavailable() is not None:
+        return None
+    if any(job_id == str(last.get("job_id")) for job_id, _ in live_jobs(run_dir)):
+        return None
+    return (f"SLURM no longer queues or runs job {last.get('job_id')}: it ended without recording how (its node "
+            f"failed, or the cluster was restarted). Submit again to resume from the newest checkpoint")
+
+
 def _status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -64,11 +83,14 @@ def _status(args: argparse.Namespace) -> int:
     s = history.summary(run_dir)
     if not s["events"] and not (run_dir / history.HISTORY).exists():
         raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
+    s["note"] = _lost_job_note(run_dir, s["state"])
     if args.json:
         print(json.dumps(s))
         return 0
     print(f"{run_dir}: {s['state']}  (jobs {', '.join(map(str, s['job_ids'])) or '-'}, {s['starts']} starts, "
-          f"{s['requeues']} requeues, last step {s['last_step']})")
+          f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
+    if s["note"]:
+        print(f"  note: {s['note']}")
     for e in s["events"]:
         when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
         extra = " ".join(f"{k}={e[k]}" for k in ("reason", "step", "seconds", "restart", "mechanism", "message")
