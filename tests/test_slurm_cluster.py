@@ -216,3 +216,13 @@ def test_status_notes_a_job_slurm_no_longer_knows(cluster: None, tmp_path: Path)
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert ": running " in r.stdout and "note: SLURM no longer queues or runs job 987654321" in r.stdout, r.stdout
+    # An squeue that gives no answer (controller busy or down) proves nothing: no note then.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\n"
+                                 "exit 1\n")
+    (fake / "squeue").chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert r.returncode == 0 and ": running " in r.stdout and "note:" not in r.stdout, r.stdout + r.stderr

@@ -70,8 +70,9 @@ def _lost_job_note(run_dir: Path, state: str) -> str | None:
     last = next((e for e in reversed(history.read(run_dir)) if e["event"] == "submitted"), None)
     if last is None or last.get("backend") != "slurm" or slurm_unavailable() is not None:
         return None
-    if any(job_id == str(last.get("job_id")) for job_id, _ in live_jobs(run_dir)):
-        return None
+    live = live_jobs(run_dir)
+    if live is None or any(job_id == str(last.get("job_id")) for job_id, _ in live):
+        return None  # no answer from squeue, or the job is there
     return (f"SLURM no longer queues or runs job {last.get('job_id')}: it ended without recording how (its node "
             f"failed, or the cluster was restarted). Submit again to resume from the newest checkpoint")
 

@@ -116,12 +116,11 @@ _ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL
           "REVOKED"}
 
 
-def live_jobs(run_dir: str | Path) -> list[tuple[str, str]]:
+def live_jobs(run_dir: str | Path) -> list[tuple[str, str]] | None:
     """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
 
     A job the controller no longer knows (finished long ago, or from a cluster since restarted)
-    is not live. If squeue cannot be asked, nothing is reported: the run directory's writer lock
-    still refuses a second writer when the job starts.
+    is not live. None when squeue gave no answer (not there, timed out, controller down).
     """
     ids = [str(e["job_id"]) for e in history.read(run_dir)
            if e["event"] == "submitted" and e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()]
@@ -131,7 +130,9 @@ def live_jobs(run_dir: str | Path) -> list[tuple[str, str]]:
         r = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(map(str, ids))], capture_output=True,
                            text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return []
+        return None
+    if r.returncode != 0 and "Invalid job id" not in r.stderr:  # that one: no job of the list is known
+        return None
     out = []
     for line in r.stdout.splitlines():
         job_id, _, state = line.strip().partition(" ")
@@ -167,7 +168,7 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
         raise UsageError(f"{cfg.source}: slurm.nodes x slurm.tasks_per_node is {cfg.slurm.nodes * cfg.slurm.tasks_per_node}: "
                          "a multi-task job needs SLURM (srun); the local executor runs one task")
     if not use_local:
-        busy = live_jobs(cfg.run_dir)
+        busy = live_jobs(cfg.run_dir)  # None (no answer): the run dir's writer lock still guards it
         if busy:
             jobs = ", ".join(f"job {i} ({state})" for i, state in busy)
             raise SlurmError(f"{cfg.run_dir} is the run directory of {jobs}: a second job there would fight it for "
