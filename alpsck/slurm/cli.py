@@ -33,8 +33,8 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"submitted job {job.job_id}; run dir {cfg.run_dir}", flush=True)
         resume = _newest_committed(cfg.run_dir)
         if resume is not None:
-            print(f"the run dir holds checkpoints: the job resumes from step {resume}, the newest valid one",
-                  flush=True)
+            print(f"the run dir holds checkpoints: the job resumes from step {resume}, its newest (or, if that "
+                  "one proves corrupt, the newest valid one)", flush=True)
         print(f"follow it with: alpsck status {cfg.run_dir}", flush=True)
     if args.wait or (is_local and not args.no_wait):
         while not job.done():
