@@ -226,3 +226,23 @@ def test_status_notes_a_job_slurm_no_longer_knows(cluster: None, tmp_path: Path)
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
     assert r.returncode == 0 and ": running " in r.stdout and "note:" not in r.stdout, r.stdout + r.stderr
+
+
+def test_usr1_as_the_time_limit_signal_checkpoints_and_requeues(cluster: None, tmp_path: Path) -> None:
+    # The whole path: SLURM sends USR1 (--signal=USR1@60) 33-57 s after the start, the job takes it
+    # as the time-limit signal, checkpoints and requeues. (Before, SLURM sent submitit's USR2.)
+    run = tmp_path / "run"
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=10**6, time="2", delay=60, every=10**9,
+                            requeue_extra="signal: USR1"))
+    try:
+        wait_for(lambda: events(run, "requeued"), 300, "the requeue after the time-limit signal")
+        finals = events(run, "final_checkpoint")
+        assert finals, f"requeued without alpsck's final checkpoint: {events(run)}"
+        final = finals[0]
+        assert final["reason"] == "timeout" and isinstance(final["step"], int) and final["step"] > 0, events(run)
+        assert events(run, "requeued")[0]["mechanism"] == "scontrol"
+        from alpsck import _core
+
+        assert [i["step"] for i in _core.scan(str(run), verify=True) if i["status"] == "committed"] == [final["step"]]
+    finally:
+        subprocess.run(["scancel", job], timeout=30)

@@ -111,6 +111,14 @@ def test_sbatch_script_matches_golden(monkeypatch: pytest.MonkeyPatch, tmp_path:
         assert must in text
 
 
+@pytest.mark.parametrize("sig", ["USR1", "USR2"])
+def test_the_configured_signal_is_the_one_slurm_sends_and_submitit_expects(sig: str) -> None:
+    cfg = parse_config(GOOD + f"requeue:\n  signal: {sig}\n  signal_delay_s: 45\n")
+    text = sbatch_script(cfg)
+    assert f"#SBATCH --signal={sig}@45\n" in text and text.count("#SBATCH --signal=") == 1
+    assert f"export SUBMITIT_PREEMPT_SIGNAL={sig}\n" in text
+
+
 def test_values_reaching_the_script_are_quoted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     odd = tmp_path / "dir with 'quote' and space"
     cfg = parse_config(GOOD.replace("run_dir: /tmp/x", f'run_dir: "{odd}"'))

@@ -7,8 +7,9 @@ restarts a task that exits with code 144: the same checkpoint/requeue cycle, no 
 
 The sbatch script is submitit's, with our settings:
 
-- ``--signal=USR2@<delay>`` and ``--open-mode=append`` (from submitit; a requeued job must not
-  truncate its own log);
+- ``--signal=<requeue.signal>@<delay>`` (USR2 by default; submitit in the job is told the same
+  signal through SUBMITIT_PREEMPT_SIGNAL) and ``--open-mode=append`` (from submitit; a requeued
+  job must not truncate its own log);
 - ``--requeue``;
 - the container (``--environment``) and uenv options;
 - the venv activation and the user's setup lines;
@@ -22,6 +23,7 @@ Every value in those lines is either validated by the config or quoted with ``sh
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -51,8 +53,15 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
     ]
 
 
+# submitit's own name for the time-limit signal (its sbatch --signal and its handler in the job).
+PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
+
+
 def setup_lines(cfg: JobConfig) -> list[str]:
-    lines = [f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir)]
+    lines = [f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
+             # submitit in the job must expect the configured signal too, or an early one finds no
+             # handler (USR1's default action ends the process)
+             f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}"]
     if cfg.environment.venv:
         lines.append(f"source {shlex.quote(str(Path(cfg.environment.venv) / 'bin' / 'activate'))}")
     lines += cfg.environment.setup  # the user's own shell lines, verbatim
@@ -61,7 +70,9 @@ def setup_lines(cfg: JobConfig) -> list[str]:
 
 def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     s = cfg.slurm
-    extra: dict[str, Any] = {"requeue": True}
+    # The configured time-limit signal: submitit would write its own (USR2 unless the submitting
+    # process had SUBMITIT_PREEMPT_SIGNAL set when it imported submitit).
+    extra: dict[str, Any] = {"requeue": True, "signal": f"{cfg.requeue.signal}@{int(cfg.requeue.signal_delay_s or 60)}"}
     for key in ("account", "qos", "reservation"):
         if getattr(s, key):
             extra[key] = getattr(s, key)
@@ -175,11 +186,20 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
                              f"the checkpoints. Wait for it, scancel it, or give this job another run_dir")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     ex = make_executor(cfg, local=use_local)
+    # The local executor's controller is a child process that imports submitit afresh and sends
+    # the signal it names: give it the configured one.
+    saved = os.environ.get(PREEMPT_SIGNAL_ENV)
+    os.environ[PREEMPT_SIGNAL_ENV] = cfg.requeue.signal
     try:
         job = ex.submit(JobRunner(cfg))
     except submitit.core.utils.FailedJobError as e:  # sbatch refused the job: its own words say why
         reason = " / ".join(line.strip() for line in str(e).splitlines() if line.strip())
         raise SlurmError(f"{cfg.source}: sbatch refused the job: {reason}") from None
+    finally:
+        if saved is None:
+            os.environ.pop(PREEMPT_SIGNAL_ENV, None)
+        else:
+            os.environ[PREEMPT_SIGNAL_ENV] = saved
     history.append(cfg.run_dir, "submitted", job_id=str(job.job_id), backend="local" if use_local else "slurm",
                    config=cfg.source, name=cfg.name)
     return job
