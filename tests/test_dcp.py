@@ -199,7 +199,6 @@ def _rewrite_metadata(run: Path, step: int, edit: Callable[[dict[str, Any]], Any
     (d / "MANIFEST.json").write_bytes(sealed(manifest))
 
 
-
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def edit(doc: dict[str, Any]) -> None:
         *keys, last = path.split("/")

@@ -14,6 +14,7 @@ from . import history
 
 def _submit(args: argparse.Namespace) -> int:
     from .config import load_config
+    from .runner import newest_step
     from .submit import sbatch_script, slurm_unavailable, submit
 
     cfg = load_config(args.config)
@@ -31,7 +32,7 @@ def _submit(args: argparse.Namespace) -> int:
         print(json.dumps({"job_id": str(job.job_id), "run_dir": cfg.run_dir}), flush=True)
     else:
         print(f"submitted job {job.job_id}; run dir {cfg.run_dir}", flush=True)
-        resume = _newest_committed(cfg.run_dir)
+        resume = newest_step(cfg.run_dir)
         if resume is not None:
             print(f"the run dir holds checkpoints: the job resumes from step {resume}, its newest (or, if that "
                   "one proves corrupt, the newest valid one)", flush=True)
@@ -44,17 +45,6 @@ def _submit(args: argparse.Namespace) -> int:
             print(f"job {job.job_id} ended: {state}")
         return 0 if state == "finished" else 1
     return 0
-
-
-def _newest_committed(run_dir: str) -> int | None:
-    """The step a job started on ``run_dir`` resumes from (sizes, footers, manifests; no CRCs)."""
-    from .. import _core
-
-    try:
-        steps = [int(i["step"]) for i in _core.scan(run_dir) if i["status"] == "committed"]
-    except AlpsckError:
-        return None
-    return max(steps, default=None)
 
 
 def _lost_job_note(run_dir: Path, state: str) -> str | None:

@@ -70,9 +70,10 @@ def setup_lines(cfg: JobConfig) -> list[str]:
 
 def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     s = cfg.slurm
+    delay = int(cfg.requeue.signal_delay_s or 60)
     # The configured time-limit signal: submitit would write its own (USR2 unless the submitting
     # process had SUBMITIT_PREEMPT_SIGNAL set when it imported submitit).
-    extra: dict[str, Any] = {"requeue": True, "signal": f"{cfg.requeue.signal}@{int(cfg.requeue.signal_delay_s or 60)}"}
+    extra: dict[str, Any] = {"requeue": True, "signal": f"{cfg.requeue.signal}@{delay}"}
     for key in ("account", "qos", "reservation"):
         if getattr(s, key):
             extra[key] = getattr(s, key)
@@ -87,7 +88,7 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
         "nodes": s.nodes,
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
-        "signal_delay_s": int(cfg.requeue.signal_delay_s or 60),
+        "signal_delay_s": delay,
         "setup": setup_lines(cfg),
         "additional_parameters": extra,
         "stderr_to_stdout": True,
@@ -138,7 +139,7 @@ def live_jobs(run_dir: str | Path) -> list[tuple[str, str]] | None:
     if not ids:
         return []
     try:
-        r = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(map(str, ids))], capture_output=True,
+        r = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True,
                            text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
