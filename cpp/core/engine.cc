@@ -634,6 +634,9 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
   bool publish = false;
   {
     std::lock_guard<std::mutex> l(mu_);
+    // Before the handle completes: a caller that saw it fail may save the same step again at
+    // once (nothing below touches this step's files).
+    in_flight_steps_.erase(j->step);
     if (committed) {
       committed_.insert(j->step);
       publish = static_cast<int64_t>(j->step) > published_;
@@ -664,7 +667,6 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
   {
     std::lock_guard<std::mutex> l(mu_);
     --in_flight_;
-    in_flight_steps_.erase(j->step);
   }
   admit_cv_.notify_all();
 }

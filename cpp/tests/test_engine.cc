@@ -249,6 +249,37 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   CHECK(Matches(d.path(), 2, "a", a));
 }
 
+TEST(a_failed_save_can_be_retried_the_moment_its_handle_completes) {
+  // The step stops being "in flight" before its handle completes, so a caller that saw the
+  // failure may save the same step again at once (it used to race: "already being saved").
+  TempDir d;
+  FaultEnv env;
+  auto e = Open(d.path(), &env, 2, 2);
+  REQUIRE(e);
+  auto a = RandomBytes(100000, 5);
+  FaultRule full;
+  full.op = FaultRule::Op::kPWrite;
+  full.error = ENOSPC;
+  full.count = UINT64_MAX;
+  for (uint64_t step = 1; step <= 60; ++step) {
+    env.AddRule(full);
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(h->Wait(-1));
+    CHECK(h->status().code() == Code::kNoSpace);
+    env.ClearRules();
+    Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+    if (!s.ok()) {
+      std::fprintf(stderr, "retry of step %llu: %s\n", static_cast<unsigned long long>(step), s.message().c_str());
+      CHECK(s.ok());
+      break;
+    }
+    REQUIRE(h->Wait(-1));
+    CHECK(h->status().ok());
+  }
+  CHECK(Matches(d.path(), 60, "a", a));
+}
+
 TEST(fsync_and_rename_failures_never_publish) {
   struct Case {
     FaultRule::Op op;
