@@ -67,6 +67,26 @@ elif mode == "churn":      # saves back to back until killed; reports what becam
             except alpsck.errors.CheckpointError as e:
                 print(f"failed {h.step} {e}", flush=True)
         step += 1
+elif mode == "retry":      # rank 1's first save of step 2 fails; every rank saves step 2 again
+    ck = alpsck.Checkpointer(run_dir, replicated=("model",), keep_last=0, commit_timeout_s=60)
+    state = lambda step: {"model": model_state(step), "local": local(step), "step": step}
+    ck.save(1, state(1)).wait()
+    blocker = os.path.join(run_dir, "step-000000002.tmp", f"rank-{rank:05d}.bin")
+    if rank == 1:  # a directory where the shard goes: its open fails (EISDIR), a stand-in for ENOSPC
+        os.makedirs(blocker)
+    dist.barrier()
+    try:
+        ck.save(2, state(2)).wait()
+        print("first attempt: saved", flush=True)
+    except alpsck.errors.CheckpointError as e:
+        print(f"first attempt: {type(e).__name__}: {e}", flush=True)
+    if rank == 1:
+        os.rmdir(blocker)
+    dist.barrier()
+    ck.save(2, state(2)).wait()
+    ck.save(3, state(3)).wait()
+    ck.close()
+    print(json.dumps({"rank": rank, "retried": True}), flush=True)
 elif mode == "restore-churn":
     state = {"model": {f"w{i}": torch.empty(250_000) for i in range(8)}, "local": torch.zeros(3000), "step": 0}
     with alpsck.Checkpointer(run_dir) as ck:
@@ -174,6 +194,27 @@ def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp
     assert [r["step"] for r in results] == [start - 1] * 2
     assert all(r["model_ok"] for r in results)
     assert [r["local"] for r in results] == [float(start - 1), float(100 + start - 1)]
+
+
+def test_every_rank_can_save_a_step_again_after_one_rank_failed_it(tmp_path: Path) -> None:
+    """A failed save is retried for the same step in the same processes (say, after a transient
+    error): each attempt writes a directory of its own, so the retry does not meet the aborted
+    attempt's verdict or files, and commits."""
+    run = tmp_path / "run"
+    outs = _outputs(_launch(tmp_path, 2, "retry", str(run)))
+    first = [next(line for line in o.splitlines() if line.startswith("first attempt:")) for o in outs]
+    assert "CheckpointWriteError" in first[1] and "rank-00001.bin" in first[1], first[1]
+    assert "rank 1 failed to write its shard" in first[0] and "Is a directory" in first[0], first[0]
+    assert all(json.loads(o.strip().splitlines()[-1])["retried"] for o in outs)
+    infos = _core.scan(str(run), verify=True)
+    assert [(i["step"], i["status"], i["ranks"]) for i in infos] == [(1, "committed", 2), (2, "committed", 2),
+                                                                     (3, "committed", 2)]
+    # The aborted attempt's directory went once the retry committed.
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [f"step-00000000{s}" for s in (1, 2, 3)]
+    for r in (0, 1):  # what each rank wrote on the retry is there
+        local = torch.empty(3000)
+        _core.ShardReader(str(run / "step-000000002" / f"rank-{r:05d}.bin")).read_into([("local", local.view(torch.uint8))])
+        assert torch.equal(local, torch.full((3000,), float(100 * r + 2)))
 
 
 def test_dtensor_state_is_pointed_to_the_dcp_backend(tmp_path: Path) -> None:

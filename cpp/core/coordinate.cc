@@ -179,21 +179,22 @@ void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why) {
       if (n != kAbortedName) env->Unlink(JoinPath(tmp_dir, n));
 }
 
-Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double timeout_s) {
+bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* verdict) {
+  const std::string aborted = JoinPath(tmp_dir, kAbortedName);
+  if (!Exists(env, aborted)) return false;
+  std::string why;
+  ReadSmallFile(env, aborted, kMaxRecordBytes, &why);
+  while (!why.empty() && why.back() == '\n') why.pop_back();
+  *verdict = Status::Error(Code::kAborted, "step " + std::to_string(step) + " was aborted by the coordinator: " + why);
+  return true;
+}
+
+Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const std::string& tmp_dir,
+                     double timeout_s) {
   const std::string final_dir = JoinPath(run_dir, StepDirName(step));
-  const std::string tmp_dir = final_dir + ".tmp";
   Status verdict;
   const bool finished = PollUntil(timeout_s, [&] {
-    if (Exists(env, JoinPath(final_dir, kManifestName))) return true;
-    const std::string aborted = JoinPath(tmp_dir, kAbortedName);
-    if (Exists(env, aborted)) {
-      std::string why;
-      ReadSmallFile(env, aborted, kMaxRecordBytes, &why);
-      while (!why.empty() && why.back() == '\n') why.pop_back();
-      verdict = Status::Error(Code::kAborted, "step " + std::to_string(step) + " was aborted by the coordinator: " + why);
-      return true;
-    }
-    return false;
+    return Exists(env, JoinPath(final_dir, kManifestName)) || AbortVerdict(env, tmp_dir, step, &verdict);
   });
   if (!verdict.ok()) return verdict;
   if (!finished)
@@ -212,7 +213,7 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   CommitRequest req;
   req.run_dir = run_dir;
   req.final_dir = JoinPath(run_dir, StepDirName(step));
-  req.tmp_dir = req.final_dir + ".tmp";
+  req.tmp_dir = JoinPath(run_dir, TmpDirName(step));  // DCP: a fresh engine per save, attempt 0
   req.step = step;
   for (const auto& [name, content] : extra_files) {
     ALPSCK_RETURN_IF_ERROR(CheckExtraFile(name, content.size()));  // before waiting for anyone

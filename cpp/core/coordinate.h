@@ -18,6 +18,13 @@
 //      seeing the manifest it fsyncs RUN_DIR itself before reporting the save durable (the
 //      rename is visible before the coordinator's own fsync has made it durable).
 //
+// Retry: the ranks may save an aborted step again. Attempt K > 0 of a step uses step-N.aK.tmp
+// (TmpDirName) instead of step-N.tmp; each Engine counts its saves of the step, so the ranks
+// agree on K without a collective as long as every rank retries. An attempt thus never meets an
+// earlier one's ABORTED verdict, nor a late record or shard of it. Once attempt K commits, rank 0
+// removes the earlier attempts' directories: every rank's DONE record for K says it is done with
+// them (a rank saves one attempt of a step at a time).
+//
 // So a checkpoint is committed only when every rank's shard is durable, and a rank killed
 // mid-save leaves a step-N.tmp that recovery never reads. DONE records are not part of the
 // committed checkpoint's contract (the manifest is); they stay in the directory, harmless.
@@ -60,9 +67,13 @@ Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, 
 // Step 2, abort: writes ABORTED with the reason and removes every other file of tmp_dir.
 void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why);
 
-// Step 3: polls until step-N is committed and RUN_DIR synced (OK), or aborted / timed out
-// (kAborted, with why).
-Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, double timeout_s);
+// True when the coordinator aborted tmp_dir (a step's attempt); *verdict then says why (kAborted).
+bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* verdict);
+
+// Step 3: polls until step-N is committed and RUN_DIR synced (OK), or tmp_dir (this rank's
+// attempt at it) is aborted, or timeout_s passes (kAborted, with why).
+Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const std::string& tmp_dir,
+                     double timeout_s);
 
 // The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for
 // the shards, writes the extra files (name, content) into step-N.tmp, commits with everything in

@@ -63,6 +63,7 @@ void SaveHandle::Complete(Status s, SaveResult r) {
 struct Engine::Job {
   std::shared_ptr<SaveHandle> handle;
   uint64_t step = 0;
+  uint32_t attempt = 0;              // several ranks: the how-manieth save of this step (TmpDirName)
   CommitMode commit = CommitMode::kAuto;
   SaveResult result;                 // filled as the save goes (for the committer)
   std::string tmp_dir, final_dir, shard_path;
@@ -139,8 +140,7 @@ Status Engine::Init() {
       if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
       continue;
     }
-    const bool tmp = n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 &&
-                     ParseStepDirName(std::string_view(n).substr(0, n.size() - 4), &step);
+    const bool tmp = ParseTmpDirName(n, &step);
     const bool free_dir = n.rfind(kFreePrefix, 0) == 0;
     if ((tmp || free_dir) && opts_.rank == 0 && env_->IsDir(p) == 1) {
       if (opts_.world_size == 1 && free_dirs_.size() < opts_.max_in_flight) {
@@ -211,7 +211,7 @@ uint32_t Engine::in_flight() const {
 
 Status Engine::PrepareDir(Job* j) {
   const std::string& dir = opts_.run_dir;
-  j->tmp_dir = JoinPath(dir, StepDirName(j->step) + ".tmp");
+  j->tmp_dir = JoinPath(dir, TmpDirName(j->step, j->attempt));
   j->final_dir = JoinPath(dir, StepDirName(j->step));
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
   if (opts_.world_size > 1) {
@@ -296,6 +296,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     admit_cv_.wait(l, [&] { return in_flight_ < opts_.max_in_flight; });
     ++in_flight_;
     in_flight_steps_.insert(step);
+    if (opts_.world_size > 1) job->attempt = attempts_[step]++;
   }
   auto abandon = [&](const Status& s) {
     if (job->fd >= 0) env_->Close(job->fd);
@@ -574,7 +575,12 @@ void Engine::Finish(Job* j) {
   }
 
   // Several ranks, or a deferred commit: the shard is durable; say so with a DONE record.
-  if (s.ok()) s = WriteDoneRecord(env_, j->tmp_dir, opts_.rank, rec);
+  if (s.ok()) {
+    s = WriteDoneRecord(env_, j->tmp_dir, opts_.rank, rec);
+    // The coordinator may have aborted the step meanwhile, removing the record half-published:
+    // its verdict, not the failed rename, is what this save's caller needs to hear.
+    if (!s.ok()) AbortVerdict(env_, j->tmp_dir, j->step, &s);
+  }
   if (!s.ok()) {
     FailShared(j, s.message());
     Complete(std::move(owned), s, r);
@@ -619,8 +625,14 @@ void Engine::CommitterLoop() {
       s = WaitForShards(env_, j->tmp_dir, opts_.world_size, opts_.commit_timeout_s, &shards);
       if (s.ok()) s = Commit(j.get(), std::move(shards));
       if (!s.ok()) AbortStep(env_, j->tmp_dir, s.message());
+      // The directories of this step's aborted attempts: every rank's DONE record for this
+      // attempt says it finished the earlier ones, so nothing writes there any more.
+      for (uint32_t a = 0; s.ok() && a < j->attempt; ++a) {
+        const std::string old = JoinPath(opts_.run_dir, TmpDirName(j->step, a));
+        if (env_->IsDir(old) == 1) RemoveDirFiles(env_, old);
+      }
     } else {
-      s = WaitForCommit(env_, opts_.run_dir, j->step, opts_.commit_timeout_s);
+      s = WaitForCommit(env_, opts_.run_dir, j->step, j->tmp_dir, opts_.commit_timeout_s);
     }
     SaveResult r = j->result;
     Complete(std::move(j), s, r);
@@ -639,6 +651,7 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
     in_flight_steps_.erase(j->step);
     if (committed) {
       committed_.insert(j->step);
+      attempts_.erase(j->step);
       publish = static_cast<int64_t>(j->step) > published_;
       // Several ranks: rank 0 expires old steps on disk (RetainNewest); forget them here too.
       while (opts_.world_size > 1 && opts_.keep_last && committed_.size() > opts_.keep_last)

@@ -43,6 +43,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -212,6 +213,9 @@ class Engine {
   uint32_t in_flight_ = 0;
   std::set<uint64_t> in_flight_steps_;
   std::set<uint64_t> committed_;          // steps whose directory holds a manifest
+  // Several ranks: saves of a step so far (its next attempt), until the step commits. Every rank
+  // calls Save the same number of times for a step, so the ranks agree without a collective.
+  std::map<uint64_t, uint32_t> attempts_;
   std::vector<std::string> free_dirs_;    // expired checkpoint dirs kept for reuse
   uint64_t free_seq_ = 0;
   int64_t published_ = -1;

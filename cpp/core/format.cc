@@ -277,4 +277,29 @@ bool ParseStepDirName(std::string_view name, uint64_t* step) {
   return true;
 }
 
+std::string TmpDirName(uint64_t step, uint32_t attempt) {
+  return StepDirName(step) + (attempt ? ".a" + std::to_string(attempt) : std::string()) + ".tmp";
+}
+
+bool ParseTmpDirName(std::string_view name, uint64_t* step, uint32_t* attempt) {
+  constexpr std::string_view kSuffix = ".tmp";
+  if (name.size() <= kSuffix.size() || name.substr(name.size() - kSuffix.size()) != kSuffix) return false;
+  name.remove_suffix(kSuffix.size());
+  uint64_t a = 0;
+  const size_t dot = name.rfind('.');
+  if (dot != std::string_view::npos) {  // ".aK" with K > 0, as TmpDirName writes it
+    std::string_view k = name.substr(dot + 1);
+    if (k.size() < 2 || k.size() > 11 || k[0] != 'a' || k[1] == '0') return false;
+    for (char c : k.substr(1)) {
+      if (c < '0' || c > '9') return false;
+      a = a * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (a > UINT32_MAX) return false;
+    name = name.substr(0, dot);
+  }
+  if (!ParseStepDirName(name, step)) return false;
+  if (attempt) *attempt = static_cast<uint32_t>(a);
+  return true;
+}
+
 }  // namespace alpsck

@@ -93,5 +93,11 @@ std::string ShardFileName(uint32_t rank);
 std::string StepDirName(uint64_t step);
 // Parses "step-<digits>" (returns true) — anything else, including "step-12.tmp", is false.
 bool ParseStepDirName(std::string_view name, uint64_t* step);
+// Where a save of `step` is written before its commit renames it to StepDirName(step):
+// "step-N.tmp" for attempt 0, "step-N.aK.tmp" for attempt K > 0 (a multi-rank retry of a step
+// whose earlier attempt was aborted gets a directory of its own; coordinate.h).
+std::string TmpDirName(uint64_t step, uint32_t attempt = 0);
+// Parses either form of TmpDirName (returns true, with the step and attempt).
+bool ParseTmpDirName(std::string_view name, uint64_t* step, uint32_t* attempt = nullptr);
 
 }  // namespace alpsck

@@ -252,8 +252,7 @@ Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t th
       CheckpointInfo info;
       CheckCheckpoint(env, p, step, verify, threads, &info, progress);
       out->push_back(std::move(info));
-    } else if (n.size() > 4 && n.compare(n.size() - 4, 4, ".tmp") == 0 &&
-               ParseStepDirName(std::string_view(n).substr(0, n.size() - 4), &step) && env->IsDir(p) == 1) {
+    } else if (ParseTmpDirName(n, &step) && env->IsDir(p) == 1) {
       CheckpointInfo info;
       info.step = step;
       info.path = p;

@@ -147,6 +147,55 @@ TEST(a_rank_that_fails_aborts_the_step_everywhere_and_the_next_step_commits) {
   CHECK(committed == std::vector<uint64_t>({1, 3}));
 }
 
+TEST(a_step_aborted_by_any_rank_can_be_saved_again_by_every_rank) {
+  // A transient failure (ENOSPC here) aborts the step; the ranks retry the same step in the same
+  // processes. Each attempt has its own directory, so the retry neither sees the old ABORTED
+  // verdict nor mixes with late files of the aborted attempt.
+  TempDir d;
+  FaultEnv env0, env1;
+  FaultRule full;
+  full.op = FaultRule::Op::kPWrite;
+  full.error = ENOSPC;
+  full.count = UINT64_MAX;
+  std::vector<std::unique_ptr<Engine>> e;
+  e.push_back(OpenRank(d.path(), 0, 2, &env0));
+  e.push_back(OpenRank(d.path(), 1, 2, &env1));
+  for (auto& x : e) REQUIRE(x);
+  for (const Status& s : SaveAll(e, 1)) CHECK(s.ok());
+  full.path_contains = "rank-00001.bin";  // attempt 1: rank 1 fails, the coordinator aborts
+  env1.AddRule(full);
+  auto st = SaveAll(e, 2);
+  CHECK(st[1].code() == Code::kNoSpace);
+  CHECK(st[0].code() == Code::kAborted);
+  env1.ClearRules();
+  full.path_contains = "rank-00000.bin";  // attempt 2: the coordinator itself fails
+  env0.AddRule(full);
+  st = SaveAll(e, 2);
+  CHECK(st[0].code() == Code::kNoSpace);
+  if (st[1].code() != Code::kAborted) std::fprintf(stderr, "rank 1: %s\n", st[1].message().c_str());
+  CHECK(st[1].code() == Code::kAborted);
+  CHECK(st[1].message().find("aborted by the coordinator") != std::string::npos);
+  env0.ClearRules();
+  for (const Status& s : SaveAll(e, 2)) {  // attempt 3 commits
+    if (!s.ok()) std::fprintf(stderr, "retry of step 2: %s\n", s.message().c_str());
+    CHECK(s.ok());
+  }
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 2, r, Data(2, r)));
+  // The aborted attempts' directories went with the commit (every rank had moved past them).
+  std::vector<std::string> names;
+  REQUIRE(Env::Default()->ListDir(d.path(), &names) == 0);
+  for (const auto& n : names) CHECK(n.find(".tmp") == std::string::npos);
+  for (const Status& s : SaveAll(e, 2)) {  // a committed step: skipped, as before
+    if (!s.ok()) std::fprintf(stderr, "step 2 again: %s\n", s.message().c_str());
+    CHECK(s.ok());
+  }
+  for (const Status& s : SaveAll(e, 3)) CHECK(s.ok());
+  std::vector<uint64_t> committed;
+  for (const auto& i : Scan(d.path()))
+    if (i.state == CheckpointState::kCommitted) committed.push_back(i.step);
+  CHECK(committed == std::vector<uint64_t>({1, 2, 3}));
+}
+
 TEST(a_missing_rank_times_out_and_earlier_checkpoints_stay_valid) {
   TempDir d;
   std::vector<std::unique_ptr<Engine>> e;

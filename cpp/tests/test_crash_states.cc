@@ -438,7 +438,7 @@ TEST(a_waiting_rank_reports_durable_only_once_the_commit_is_durable) {
   REQUIRE(::mkdir(run.c_str(), 0755) == 0);
   RecordingEnv rec;
   HandCommit(&rec, run, 1, f, true, true, /*sync_run_dir=*/false, /*mark_durable=*/false);
-  const Status s = WaitForCommit(&rec, run, 1, 5);
+  const Status s = WaitForCommit(&rec, run, 1, JoinPath(run, TmpDirName(1)), 5);
   CHECK(s.ok());
   rec.Mark("durable", 1);
   CHECK_EQ(ExploreHand(run, &rec), std::string());
@@ -570,6 +570,9 @@ struct Scenario {
   // Issue each save when the previous one's retention has just expired a checkpoint (instead of
   // back to back), through an ExpiryRaceEnv: the next save starts while the expiry is not durable.
   bool widen_expiry_race = false;
+  // > 0 (several ranks): rank 1's first attempt at this step fails (ENOSPC), the coordinator
+  // aborts it, and every rank saves the step again (a directory of its own per attempt).
+  uint64_t abort_step = 0;
 };
 
 // Saves steps 1-6, closes, reopens and saves 7-9, all through rec (and, for the race, an
@@ -579,10 +582,19 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
   ExpiryRaceEnv race(rec, run);
   Env* env = sc.widen_expiry_race ? static_cast<Env*>(&race) : rec;
   std::vector<std::vector<char>> keep_alive[8];  // per rank: zero-copy sources live until done
+  FaultEnv faulty(env);  // rank 1's, when a step is to be aborted once
+  if (sc.abort_step) {
+    FaultRule full;
+    full.op = FaultRule::Op::kPWrite;
+    full.path_contains = TmpDirName(sc.abort_step) + "/" + ShardFileName(1);
+    full.error = ENOSPC;
+    full.count = UINT64_MAX;
+    faulty.AddRule(full);
+  }
   auto session = [&](uint64_t first, uint64_t last) {
     std::vector<std::unique_ptr<Engine>> engines(sc.world_size);
     for (uint32_t rank = 0; rank < sc.world_size; ++rank) {  // rank 0 first: it cleans up at Open
-      EngineOptions o = Options(run, env);
+      EngineOptions o = Options(run, rank == 1 && sc.abort_step ? &faulty : env);
       o.max_in_flight = sc.max_in_flight;
       o.keep_last = sc.keep_last;
       o.threads = sc.threads;
@@ -615,6 +627,25 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
         std::shared_ptr<SaveHandle> h;
         const uint64_t expiries = race.expiries();
         Status s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step), mode, &h);
+        if (s.ok() && step == sc.abort_step) {  // the aborted attempt, then the retry
+          h->Wait(-1);
+          if (h->status().ok()) {
+            std::fprintf(stderr, "rank %u: the first attempt at step %llu did not fail\n", rank,
+                         static_cast<unsigned long long>(step));
+            std::lock_guard<std::mutex> l(mu);
+            ok = false;
+            return;
+          }
+          s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step), mode, &h);
+          if (s.ok()) h->Wait(-1);
+          if (s.ok() && !h->status().ok()) {
+            std::fprintf(stderr, "rank %u: the retry of step %llu failed: %s\n", rank,
+                         static_cast<unsigned long long>(step), h->status().message().c_str());
+            std::lock_guard<std::mutex> l(mu);
+            ok = false;
+            return;
+          }
+        }
         std::unique_lock<std::mutex> l(mu);
         if (!s.ok()) {
           std::fprintf(stderr, "save %llu rank %u: %s\n", static_cast<unsigned long long>(step), rank, s.message().c_str());
@@ -713,6 +744,14 @@ TEST(two_rank_saves_survive_every_power_loss_state) {
   Scenario sc;
   sc.world_size = 2;  // each rank its shard and DONE record; rank 0 commits and expires
   sc.threads = 2;
+  RecordAndExplore(sc);
+}
+
+TEST(two_rank_retry_of_an_aborted_step_survives_every_power_loss_state) {
+  Scenario sc;
+  sc.world_size = 2;
+  sc.threads = 2;
+  sc.abort_step = 4;
   RecordAndExplore(sc);
 }
 
