@@ -68,9 +68,14 @@ def setup_lines(cfg: JobConfig) -> list[str]:
     return lines
 
 
+def signal_delay(cfg: JobConfig) -> int:
+    """Seconds before the time limit that the job is signalled (set when the config loads)."""
+    return int(cfg.requeue.signal_delay_s or 60)
+
+
 def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     s = cfg.slurm
-    delay = int(cfg.requeue.signal_delay_s or 60)
+    delay = signal_delay(cfg)
     # The configured time-limit signal: submitit would write its own (USR2 unless the submitting
     # process had SUBMITIT_PREEMPT_SIGNAL set when it imported submitit).
     extra: dict[str, Any] = {"requeue": True, "signal": f"{cfg.requeue.signal}@{delay}"}
@@ -159,7 +164,7 @@ def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
     if local:
         ex = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts)
         ex.update_parameters(timeout_min=max(1, math.ceil(cfg.slurm.time_minutes)),
-                             signal_delay_s=int(cfg.requeue.signal_delay_s or 60), tasks_per_node=cfg.slurm.tasks_per_node)
+                             signal_delay_s=signal_delay(cfg), tasks_per_node=cfg.slurm.tasks_per_node)
         return ex
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=sys.executable)
     ex.update_parameters(**slurm_parameters(cfg))
