@@ -340,6 +340,9 @@ def test_metadata_too_large_to_commit_fails_the_save(tmp_path: Path, monkeypatch
     with pytest.raises(CheckpointException, match="more than the 200"):
         dcp.save({f"w{i}": torch.ones(2) for i in range(8)}, storage_writer=AlpsckStorageWriter(tmp_path, 1))
     assert not [i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"]
+    monkeypatch.undo()  # the same step saved again, once it fits, commits
+    dcp.save({f"w{i}": torch.ones(2) for i in range(8)}, storage_writer=AlpsckStorageWriter(tmp_path, 1))
+    assert [(i["step"], i["status"]) for i in _core.scan(str(tmp_path), verify=True)] == [(1, "committed")]
 
 
 def test_reader_refuses_native_checkpoints(tmp_path: Path) -> None:
