@@ -427,8 +427,9 @@ def restore_into(
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
     if ranks.rank == 0:
         for i in infos.values():
-            if i["status"] == "corrupt" and (step is None or i["step"] == step):
-                warnings.warn(f"skipping corrupt checkpoint {i['path']}: {i['error']}", RuntimeWarning, stacklevel=3)
+            if i["status"] in ("corrupt", "unreadable") and (step is None or i["step"] == step):
+                warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning,
+                              stacklevel=3)
         order = [s for s in sorted(infos, reverse=True) if infos[s]["status"] == "committed" and step in (None, s)]
     else:
         order = []

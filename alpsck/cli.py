@@ -56,6 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         # SIGPIPE would, and keep Python from complaining when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except OSError as e:
+        # A file system refusal no command turned into its own message (a read-only mount, EIO):
+        # one line, and exit 2, never 1, which --verify uses for "corruption found".
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"alpsck: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("alpsck: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -473,8 +473,8 @@ class AlpsckStorageReader(StorageReader):
             return self._load(info)
         skipped: list[str] = []
         for info in infos:
-            if info["status"] == "corrupt":
-                skipped.append(f"{info['path']}: {info['error']}")
+            if info["status"] in ("corrupt", "unreadable"):
+                skipped.append(f"{info['path']}: {info['status']}: {info['error']}")
                 continue
             if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:
                 continue

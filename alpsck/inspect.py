@@ -1,7 +1,7 @@
 """``alpsck inspect-checkpoints`` and ``alpsck prune``: what a run directory holds, and housekeeping.
 
 ``inspect-checkpoints RUN_DIR [--verify] [--json]`` lists every checkpoint with its status
-(committed / incomplete / corrupt) and which one a restart would use. ``--verify`` re-reads every
+(committed / incomplete / corrupt / unreadable) and which one a restart would use. ``--verify`` re-reads every
 byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption).
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
 state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
@@ -12,6 +12,7 @@ entry kinds).
 newest K, abandoned ``step-N.tmp`` / manifest-less ``step-N`` directories, expired ``free-*``
 directories (and ``.deleting-*`` leftovers of an interrupted prune). Corrupt checkpoints older than
 the newest valid one are removed; newer corrupt ones are kept (with a warning) for inspection.
+Unreadable ones (permission denied, EIO, ESTALE) are never removed.
 The checkpoints kept are always verified to the last byte first (``--verify`` verifies every
 checkpoint), so the newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
 process (see :func:`lock_holder`). Each directory is first renamed to ``.deleting-<name>`` (atomic
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import _core, tree
+from . import _core, jsonout, tree
 from .errors import (
     AlpsckError,
     CheckpointError,
@@ -101,6 +102,11 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     if not any(_is_run_entry(n) for n in names):
         raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)")
     return path
+
+
+#: Scan states of checkpoints restore skips: damaged ("corrupt") or, for a reason that says
+#: nothing about their bytes (permission denied, EIO, ESTALE), impossible to read ("unreadable").
+UNUSABLE = frozenset({"corrupt", "unreadable"})
 
 
 def scan_run_dir(
@@ -241,7 +247,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         tracker = ShardProgress(bar)
     infos = scan_run_dir(path, verify=verify, progress=tracker)
     if bar is not None:
-        bar.close(complete=not any(i["status"] == "corrupt" for i in infos))
+        bar.close(complete=not any(i["status"] in UNUSABLE for i in infos))
     committed = [i["step"] for i in infos if i["status"] == "committed"]
     latest = max(committed) if committed else None
     if as_json:
@@ -252,7 +258,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 for i in infos
             ],
         }
-        print(json.dumps(doc))
+        print(jsonout.dumps(doc))
     else:
         if not infos:
             print(f"{run_dir}: no checkpoints")
@@ -267,8 +273,8 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {_human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
                       f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
             print("* = what restore would pick" if latest is not None else "no valid checkpoint: restore would start fresh")
-    corrupt = any(i["status"] == "corrupt" for i in infos)
-    return 1 if (verify and corrupt) else 0
+    bad = any(i["status"] in UNUSABLE for i in infos)
+    return 1 if (verify and bad) else 0
 
 
 class _Ref:
@@ -441,7 +447,7 @@ def inspect_one(run_dir: str, step: int | None, show_tensors: bool, as_json: boo
     if as_json:
         if not show_tensors:
             desc.pop("tensors")
-        print(json.dumps(desc))
+        print(jsonout.dumps(desc))
     else:
         _print_description(desc, show_tensors)
         if verify:
@@ -563,13 +569,16 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-def _data_error(info: dict[str, Any]) -> str | None:
-    """None if every chunk of every shard of a committed checkpoint matches its CRC, else why not."""
+def _data_error(info: dict[str, Any]) -> tuple[str, str] | None:
+    """None if every chunk of every shard of a committed checkpoint matches its CRC, else its
+    state ("corrupt", or "unreadable" when reading failed for a reason other than its bytes) and why."""
     try:
         for name in info["shards"]:
             open_shard(Path(info["path"]) / name).verify(4)
     except CorruptCheckpointError as e:
-        return str(e)
+        return "corrupt", str(e)
+    except CheckpointError as e:  # permission denied, EIO, ESTALE: nothing known about the bytes
+        return "unreadable", str(e)
     return None
 
 
@@ -591,7 +600,7 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
             continue
         err = None if verify else _data_error(i)
         if err is not None:
-            i["status"], i["error"] = "corrupt", err
+            i["status"], i["error"] = err
             continue
         kept_steps.add(i["step"])
     newest_valid = max(kept_steps) if kept_steps else None
@@ -604,6 +613,8 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
                 remove.append((p, f"committed step {i['step']}, beyond the newest {keep_last}"))
         elif i["status"] == "incomplete":
             remove.append((p, f"incomplete step {i['step']}: {i['error']}"))
+        elif i["status"] == "unreadable":  # maybe intact: never removed on an access error
+            warnings.append(f"kept unreadable checkpoint {p} (fix its access and run prune again): {i['error']}")
         elif newest_valid is not None and i["step"] < newest_valid:
             remove.append((p, f"corrupt step {i['step']}: {i['error']}"))
         else:
@@ -700,7 +711,8 @@ def _inspect_cmd(a: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ins = sub.add_parser(
         "inspect-checkpoints", help="list the checkpoints of a run directory and their status",
-        description="List the checkpoints of RUN_DIR (committed / incomplete / corrupt) and which one a restart uses. "
+        description="List the checkpoints of RUN_DIR (committed / incomplete / corrupt / unreadable) and which one a "
+                    "restart uses. "
                     "With --step N (or --tensors) describe one checkpoint from its state tree, without reading tensor data.")
     ins.add_argument("run_dir")
     ins.add_argument("--verify", action="store_true", help="re-read every byte and check every CRC (exit 1 on corruption)")
@@ -715,7 +727,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "prune", help="remove old checkpoints, abandoned .tmp and expired free-* directories",
         description="Remove committed checkpoints beyond the newest K, incomplete step-N.tmp directories, free-* "
                     "directories, and corrupt checkpoints older than the newest valid one (newer corrupt ones are kept "
-                    "for inspection). Refuses while RUN_DIR/.lock names a live process.")
+                    "for inspection; unreadable ones are never removed). Refuses while RUN_DIR/.lock names a live process.")
     pr.add_argument("run_dir")
     pr.add_argument("--keep-last", type=int, required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")

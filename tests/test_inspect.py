@@ -297,6 +297,96 @@ def test_permission_denied_for_real(tmp_path: Path) -> None:
     assert r.returncode == 2 and "permission denied" in r.stderr and str(run) in r.stderr, r.stderr
 
 
+def _without_root_bypass(cmd: list[str]) -> list[str]:
+    if os.geteuid() == 0:
+        assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
+        return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
+    return cmd
+
+
+def test_prune_never_removes_a_checkpoint_it_only_could_not_read(tmp_path: Path) -> None:
+    """Permission denied (or EIO, ESTALE) says nothing about the bytes: the checkpoint is
+    "unreadable", kept by prune with a warning, and not counted as one of the newest K."""
+    run = tmp_path / "run"
+    _save(run, [10, 20, 30, 40])
+    shard = _shard(run, 30)
+    shard.chmod(0)
+    try:
+        r = subprocess.run(_without_root_bypass([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "2"]),
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        listing = subprocess.run(_without_root_bypass([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run),
+                                                       "--json"]), capture_output=True, text=True, timeout=120,
+                                 cwd=tmp_path)
+    finally:
+        shard.chmod(0o644)
+    assert r.returncode == 0, r.stderr
+    assert "kept unreadable checkpoint" in r.stderr + r.stdout and "ermission denied" in r.stderr + r.stdout
+    assert shard.exists()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("step-")) == [
+        "step-000000020", "step-000000030", "step-000000040"]
+    doc = json.loads(listing.stdout)
+    assert {c["step"]: c["status"] for c in doc["checkpoints"]} == {20: "committed", 30: "unreadable",
+                                                                     40: "committed"}
+
+
+def test_an_exception_in_the_verify_progress_callback_is_raised_not_aborting(tmp_path: Path) -> None:
+    """Ctrl-C at the terminal during --verify: the callback's KeyboardInterrupt used to unwind through
+    the reader threads (std::terminate, SIGABRT). It now cancels the scan and is raised."""
+    run = tmp_path / "run"
+    _save(run, [1, 2, 3], n=200_000)
+    code = ("import sys; from alpsck import _core\n"
+            "def cb(done):\n    raise KeyboardInterrupt\n"
+            "try:\n    _core.scan(sys.argv[1], verify=True, threads=2, progress=cb)\n"
+            "except KeyboardInterrupt:\n    print('interrupted')\n")
+    r = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "interrupted", (r.returncode, r.stderr)
+    calls: list[int] = []
+
+    def stop_after_two(done: int) -> None:
+        calls.append(done)
+        if len(calls) == 2:
+            raise ValueError("enough")
+
+    with pytest.raises(ValueError, match="enough"):
+        _core.scan(str(run), verify=True, threads=2, progress=stop_after_two)
+    assert len(calls) == 2  # no further call once it raised
+    assert [i["status"] for i in _core.scan(str(run), verify=True)] == ["committed"] * 3
+
+
+def test_json_output_is_strict_json_with_non_finite_values(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run) as ck:
+        ck.save(1, {"w": torch.ones(3), "best": float("inf"), "last": float("nan"), "low": float("-inf")}).wait()
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "1", "--json")
+    assert rc == 0
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    doc = json.loads(out, parse_constant=refuse)
+    values = doc["state"]["values"]
+    assert (values["best"], values["last"], values["low"]) == ("inf", "nan", "-inf")
+
+
+def test_a_file_system_error_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit 1 means "corruption found" for --verify; an OSError no command explained (here a
+    read-only file system, which this machine cannot mount for a test) must not look like it."""
+    run = tmp_path / "run"
+    _save(run, [1, 2])
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run / "step-000000001"))
+
+    monkeypatch.setattr(os, "rename", read_only)
+    rc, _, err = _run(capsys, "prune", str(run), "--keep-last", "1")
+    assert rc == 2
+    assert err.strip().splitlines() == [f"alpsck: error: {run / 'step-000000001'}: Read-only file system"]
+    assert "Traceback" not in err
+
+
 def test_commands_are_registered_with_the_cli() -> None:
     r = subprocess.run([sys.executable, "-m", "alpsck", "prune", "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--keep-last" in r.stdout

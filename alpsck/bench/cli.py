@@ -10,11 +10,11 @@ FileSystemWriter (:mod:`.ranks`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import jsonout
 from ..errors import AlpsckError
 
 if TYPE_CHECKING:  # imported lazily: it pulls in torch, and `alpsck --help` should stay quick
@@ -61,7 +61,7 @@ def overhead(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, seed=args.seed, device=args.device)
     result = run_overhead(Path(args.dir), cfg)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(jsonout.dumps(result.to_json()))
     else:
         print(table(result))
     if args.plot:
@@ -86,7 +86,7 @@ def ranks(args: argparse.Namespace) -> int:
         raise AlpsckError("--ranks takes one --threads value (writer threads of each rank's alpsck engine)")
     result = run_ranks(Path(args.dir), int(args.size_gib * 2**30), args.ranks, repeats=args.repeats,
                        alpsck_threads=args.threads[0] if args.threads else None, dcp_threads=args.dcp_threads)
-    print(json.dumps(result.to_json()) if args.json else table(result))
+    print(jsonout.dumps(result.to_json()) if args.json else table(result))
     return 0
 
 
@@ -108,7 +108,7 @@ def bench(args: argparse.Namespace) -> int:
                  peers=not args.no_peers, repeats=args.repeats,
                  iter_seconds=args.iter_seconds, slowdown=args.slowdown, mtbf_hours=args.mtbf_hours)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(jsonout.dumps(result.to_json()))
     else:
         print(report.table(result))
     if args.plot:

@@ -20,6 +20,7 @@ const char* CheckpointStateName(CheckpointState s) {
     case CheckpointState::kCommitted: return "committed";
     case CheckpointState::kIncomplete: return "incomplete";
     case CheckpointState::kCorrupt: return "corrupt";
+    case CheckpointState::kUnreadable: return "unreadable";
   }
   return "unknown";
 }
@@ -108,7 +109,11 @@ Status ShardReader::ReadChunks(const std::vector<uint64_t>& chunks, const std::v
       if (progress) {
         std::lock_guard<std::mutex> g(mu);
         done_bytes += len;
-        progress(done_bytes);
+        if (!progress(done_bytes)) {
+          if (first.ok()) first = Status::Error(Code::kAborted, "cancelled");
+          failed = true;
+          return;
+        }
       }
     }
   };
@@ -148,6 +153,15 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
     info->state = CheckpointState::kCorrupt;
     info->error = why;
   };
+  // A failed read: corrupt when the failure is about the files themselves (truncated, wrong
+  // size, a CRC, a directory where a file belongs, missing); unreadable when it is about access
+  // (EACCES, EIO, ESTALE, EMFILE...), which a later attempt may not meet.
+  auto failed = [&](const Status& st, const std::string& why) {
+    const bool structural = st.code() != Code::kIoError || st.err() == EISDIR || st.err() == ENOTDIR ||
+                            st.err() == ELOOP || st.err() == EINVAL;
+    info->state = structural ? CheckpointState::kCorrupt : CheckpointState::kUnreadable;
+    info->error = why;
+  };
   std::string text;
   Status s = ReadSmallFile(env, JoinPath(dir, kManifestName), kMaxManifestBytes, &text);
   if (!s.ok()) {
@@ -155,7 +169,7 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
       info->state = CheckpointState::kIncomplete;
       info->error = "no MANIFEST.json (never committed)";
     } else {
-      corrupt("MANIFEST.json: " + s.message());
+      failed(s, "MANIFEST.json: " + s.message());
     }
     return;
   }
@@ -199,7 +213,7 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
     const std::string path = JoinPath(dir, *n->get_string());
     std::unique_ptr<ShardReader> r;
     s = ShardReader::Open(env, path, verify, &r);
-    if (!s.ok()) return corrupt(s.code() == Code::kNotFound ? path + ": missing" : s.message());
+    if (!s.ok()) return failed(s, s.code() == Code::kNotFound ? path + ": missing" : s.message());
     if (r->file_bytes() != bytes) return corrupt(path + ": size differs from the manifest");
     if (r->index_crc() != crc) return corrupt(path + ": index differs from the one the manifest recorded");
     info->bytes += bytes;
@@ -208,7 +222,7 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
     info->shards.push_back(*n->get_string());
     if (verify) {
       s = r->Verify(threads, progress);
-      if (!s.ok()) return corrupt(s.message());
+      if (!s.ok()) return failed(s, s.message());
     }
   }
   if (const Json* extra = m.find("extra")) {
@@ -225,7 +239,7 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
       const std::string path = JoinPath(dir, *n->get_string());
       std::string content;
       s = ReadSmallFile(env, path, kMaxManifestBytes, &content);
-      if (!s.ok()) return corrupt(s.code() == Code::kNotFound ? path + ": missing" : s.message());
+      if (!s.ok()) return failed(s, s.code() == Code::kNotFound ? path + ": missing" : s.message());
       if (content.size() != bytes) return corrupt(path + ": size differs from the manifest");
       if (Crc32c(content.data(), content.size()) != crc) return corrupt(path + ": CRC mismatch");
       info->extra_files.push_back(*n->get_string());
@@ -244,13 +258,17 @@ Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t th
   std::vector<std::string> names;
   int r = env->ListDir(run_dir, &names);
   if (r < 0) return Status::FromErrno(-r, "list " + run_dir);
+  bool cancelled = false;  // the caller's progress callback said stop: the whole scan ends
+  ProgressFn watched;
+  if (progress) watched = [&](uint64_t done) { return (cancelled = !progress(done)) == false; };
   for (const std::string& n : names) {
     uint64_t step = 0;
     const std::string p = JoinPath(run_dir, n);
     if (ParseStepDirName(n, &step)) {
       if (env->IsDir(p) != 1) continue;
       CheckpointInfo info;
-      CheckCheckpoint(env, p, step, verify, threads, &info, progress);
+      CheckCheckpoint(env, p, step, verify, threads, &info, watched);
+      if (cancelled) return Status::Error(Code::kAborted, "scan of " + run_dir + " cancelled");
       out->push_back(std::move(info));
     } else if (ParseTmpDirName(n, &step) && env->IsDir(p) == 1) {
       CheckpointInfo info;

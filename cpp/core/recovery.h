@@ -21,7 +21,9 @@
 
 namespace alpsck {
 
-enum class CheckpointState { kCommitted, kIncomplete, kCorrupt };
+// kUnreadable: reading it failed for a reason that says nothing about its bytes (permission
+// denied, EIO, ESTALE, out of file descriptors): never used, never deleted by prune either.
+enum class CheckpointState { kCommitted, kIncomplete, kCorrupt, kUnreadable };
 const char* CheckpointStateName(CheckpointState s);
 
 struct CheckpointInfo {
@@ -41,8 +43,9 @@ struct CheckpointInfo {
   std::vector<std::string> extra_files;  // verified small files committed with the shards
 };
 
-// Progress callback: bytes verified so far (called from worker threads, serialised).
-using ProgressFn = std::function<void(uint64_t)>;
+// Progress callback: bytes verified so far (called from worker threads, serialised). Returning
+// false cancels: the readers stop at their next chunk and the read fails with kAborted.
+using ProgressFn = std::function<bool(uint64_t)>;
 
 // Reads one shard file. Open() reads the footer and index only.
 class ShardReader {

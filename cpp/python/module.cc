@@ -406,15 +406,30 @@ std::vector<nb::dict> Scan(const std::string& run_dir, bool verify, uint32_t thr
   std::vector<CheckpointInfo> infos;
   Status s;
   ProgressFn fn;
+  // An exception in the callback (KeyboardInterrupt at the terminal) must not unwind through the
+  // reader threads (std::terminate): it is kept, the scan is cancelled, and it is raised here.
+  std::optional<nb::python_error> raised;
   if (!progress.is_none()) {
-    fn = [progress](uint64_t done) {
+    fn = [&progress, &raised](uint64_t done) {
       nb::gil_scoped_acquire gil;
-      progress(done);
+      if (raised) return false;
+      try {
+        progress(done);
+        return true;
+      } catch (nb::python_error& e) {
+        raised.emplace(std::move(e));
+        return false;
+      }
     };
   }
   {
     nb::gil_scoped_release nogil;
     s = ScanRunDir(Env::Default(), run_dir, verify, threads, &infos, fn);
+  }
+  if (raised) {
+    nb::python_error e = std::move(*raised);
+    raised.reset();
+    throw e;
   }
   if (!s.ok()) RaiseStatus(s, false);
   std::vector<nb::dict> out;

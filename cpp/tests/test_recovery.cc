@@ -189,7 +189,10 @@ TEST(reader_reads_subsets_and_names_corrupt_extents) {
   REQUIRE(r->Read(dsts, 4).ok());
   CHECK(std::memcmp(x.data(), a.data() + 300000, x.size()) == 0);
   uint64_t progress = 0;
-  CHECK(r->Verify(2, [&](uint64_t b) { progress = b; }).ok());
+  CHECK(r->Verify(2, [&](uint64_t b) {
+          progress = b;
+          return true;
+        }).ok());
   CHECK_EQ(progress, r->index().layout.data_padded);
   r.reset();
   REQUIRE(alpsck_test::FlipBit(Shard(d.path(), 5), 400000));
@@ -197,6 +200,47 @@ TEST(reader_reads_subsets_and_names_corrupt_extents) {
   Status s = r->Read(dsts, 4);
   CHECK(s.code() == Code::kCorrupt);
   CHECK(s.message().find("x") != std::string::npos);
+}
+
+TEST(access_errors_make_a_checkpoint_unreadable_not_corrupt) {
+  // EACCES / EIO say nothing about the bytes: such a checkpoint is "unreadable" (prune keeps it,
+  // restore skips it), while a directory where a shard belongs is damage: "corrupt".
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {10, 20, 30, 40}).empty());
+  FaultEnv env;
+  FaultRule rule;
+  rule.op = FaultRule::Op::kOpen;
+  rule.count = UINT64_MAX;
+  rule.path_contains = StepDirName(20) + "/" + ShardFileName(0);
+  rule.error = EACCES;
+  env.AddRule(rule);
+  rule.path_contains = StepDirName(30) + "/" + kManifestName;
+  rule.error = EIO;
+  env.AddRule(rule);
+  const std::string shard40 = Shard(d.path(), 40);
+  REQUIRE(::unlink(shard40.c_str()) == 0);
+  REQUIRE(::mkdir(shard40.c_str(), 0755) == 0);
+  std::vector<CheckpointInfo> v;
+  REQUIRE(ScanRunDir(&env, d.path(), true, 2, &v).ok());
+  REQUIRE(v.size() == 4);
+  CHECK(v[0].state == CheckpointState::kCommitted);
+  CHECK(v[1].state == CheckpointState::kUnreadable);
+  CHECK(v[1].error.find("ermission denied") != std::string::npos);
+  CHECK(v[2].state == CheckpointState::kUnreadable);
+  CHECK(v[2].error.find("MANIFEST.json") != std::string::npos);
+  CHECK(v[3].state == CheckpointState::kCorrupt);
+  CHECK_EQ(std::string(CheckpointStateName(CheckpointState::kUnreadable)), std::string("unreadable"));
+}
+
+TEST(a_progress_callback_that_says_stop_cancels_the_scan) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {10, 20, 30}).empty());
+  uint64_t calls = 0;
+  std::vector<CheckpointInfo> v;
+  Status s = ScanRunDir(Env::Default(), d.path(), true, 2, &v, [&](uint64_t) { return ++calls < 3; });
+  CHECK(s.code() == Code::kAborted);
+  CHECK(s.message().find("cancelled") != std::string::npos);
+  CHECK(calls >= 3 && calls < 12);  // stopped early: three checkpoints have ~30 chunks
 }
 
 TEST(missing_run_dir_and_empty_run_dir) {
