@@ -320,6 +320,16 @@ def _export_cmd(a: argparse.Namespace) -> int:
     return 0
 
 
+def _threads(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= 256:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 256, not {n}")
+    return n
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ex = sub.add_parser(
         "export", help="write a checkpoint's tensors as one safetensors or torch.save file",
@@ -333,5 +343,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     help="safetensors, or torch (loadable with torch.load(OUT, weights_only=True)); default from OUT's "
                          "suffix (.safetensors; .pt/.pth/.bin)")
     ex.add_argument("--rank", type=int, default=0, help="shard to export (default 0)")
-    ex.add_argument("--threads", type=int, default=4, help="reader threads (default 4)")
+    ex.add_argument("--threads", type=_threads, default=4, help="reader threads, 1-256 (default 4)")
     ex.set_defaults(func=_export_cmd)

@@ -464,7 +464,7 @@ def _parse_lock(text: str) -> dict[str, str]:
     if text.startswith("{"):
         try:
             doc = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # not a lock alpsck wrote: read it as key=value lines
             doc = None
         if isinstance(doc, dict):
             return {str(k).lower(): str(v) for k, v in doc.items() if v is not None}
@@ -561,6 +561,8 @@ def _held_flock(run_dir: Path) -> Iterator[None]:
 
 
 def _dir_bytes(path: Path) -> int:
+    if path.is_symlink():  # removing it unlinks the link only: it frees nothing behind it
+        return 0
     total = 0
     for root, _dirs, files in os.walk(path):
         for f in files:

@@ -202,3 +202,13 @@ def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureF
     (tmp_path / "step-000000001.tmp").mkdir()
     rc, _, err = _run(capsys, "export", str(tmp_path), str(tmp_path / "m.pt"))
     assert rc == 2 and "no valid checkpoint" in err
+
+
+@pytest.mark.parametrize("threads", ["-1", "0", "many"])
+def test_bad_thread_counts_are_usage_errors(run: Path, tmp_path: Path, threads: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["export", str(run), str(tmp_path / "o.safetensors"), "--threads", threads])
+    assert e.value.code == 2
+    assert "--threads" in capsys.readouterr().err
+    assert not (tmp_path / "o.safetensors").exists()

@@ -429,6 +429,24 @@ def test_prune_keeps_the_newest_k(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert live["w"][0].item() == 7.0
 
 
+def test_prune_survives_odd_entries_a_user_or_tool_left(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A symlinked step dir is sized (and removed) as the link, never walked; a lock file that is
+    deeply nested JSON is read as text, not a RecursionError."""
+    _save(tmp_path, [1, 2])
+    target = tmp_path.parent / "elsewhere"
+    target.mkdir()
+    (target / "big").write_bytes(b"x" * 3_000_000)
+    (tmp_path / "step-000000099").symlink_to(target)
+    (tmp_path / ".lock").write_text("{\"a\":" * 100_000)
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if "step-000000099" in x)
+    assert "(0 B)" in line, line
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0, err
+    assert not (tmp_path / "step-000000099").exists() and (target / "big").exists()
+
+
 def test_prune_dry_run_removes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _prunable_run(tmp_path)
     before = _listing(tmp_path)

@@ -105,7 +105,7 @@ Status WriteFileAtomic(Env* env, const std::string& path, const std::string& dat
 }
 
 Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std::string* out) {
-  int fd = env->Open(path, O_RDONLY, 0);
+  int fd = env->Open(path, O_RDONLY | O_NONBLOCK, 0);  // NONBLOCK: a FIFO in its place must not hang the reader
   if (fd < 0) return Status::FromErrno(-fd, "open " + path);
   ScopedFd g(env, fd);
   uint64_t size = 0;

@@ -33,12 +33,12 @@ Status ShardReader::Open(Env* env, const std::string& path, bool direct, std::un
   std::unique_ptr<ShardReader> r(new ShardReader());
   r->env_ = env;
   r->path_ = path;
-  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_RDONLY, direct, &r->fd_, &r->direct_));
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_RDONLY | O_NONBLOCK, direct, &r->fd_, &r->direct_));
   int e = env->FileSize(r->fd_, &r->file_bytes_);
   if (e < 0) return Status::FromErrno(-e, "stat " + path);
   if (r->file_bytes_ < kFooterBytes) return Status::Corrupt(path + ": truncated (" + std::to_string(r->file_bytes_) + " bytes, no footer)");
   // The tail is read through a buffered descriptor: it is small and need not be aligned.
-  int bfd = env->Open(path, O_RDONLY, 0);
+  int bfd = env->Open(path, O_RDONLY | O_NONBLOCK, 0);
   if (bfd < 0) return Status::FromErrno(-bfd, "open " + path);
   ScopedFd g(env, bfd);
   char fb[kFooterBytes];
@@ -55,7 +55,7 @@ Status ShardReader::Open(Env* env, const std::string& path, bool direct, std::un
     // Written with a smaller alignment than this machine's O_DIRECT needs: read buffered.
     env->Close(r->fd_);
     r->fd_ = -1;
-    ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_RDONLY, false, &r->fd_, &r->direct_));
+    ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_RDONLY | O_NONBLOCK, false, &r->fd_, &r->direct_));
   }
   *out = std::move(r);
   return Status::Ok();

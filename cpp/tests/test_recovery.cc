@@ -1,5 +1,8 @@
 // Recovery classifies committed / incomplete / corrupt checkpoints, never trusts what is on
 // disk, and names what is wrong.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -230,6 +233,19 @@ TEST(access_errors_make_a_checkpoint_unreadable_not_corrupt) {
   CHECK(v[2].error.find("MANIFEST.json") != std::string::npos);
   CHECK(v[3].state == CheckpointState::kCorrupt);
   CHECK_EQ(std::string(CheckpointStateName(CheckpointState::kUnreadable)), std::string("unreadable"));
+}
+
+TEST(a_fifo_in_place_of_a_manifest_or_shard_is_corrupt_not_a_hang) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {10, 20, 30}).empty());
+  const std::string manifest = JoinPath(JoinPath(d.path(), StepDirName(20)), kManifestName);
+  REQUIRE(::unlink(manifest.c_str()) == 0 && ::mkfifo(manifest.c_str(), 0644) == 0);
+  REQUIRE(::unlink(Shard(d.path(), 30).c_str()) == 0 && ::mkfifo(Shard(d.path(), 30).c_str(), 0644) == 0);
+  auto v = Scan(d.path(), true);  // an open without O_NONBLOCK would wait for a writer forever
+  REQUIRE(v.size() == 3);
+  CHECK(v[0].state == CheckpointState::kCommitted);
+  CHECK(v[1].state == CheckpointState::kCorrupt);
+  CHECK(v[2].state == CheckpointState::kCorrupt);
 }
 
 TEST(a_progress_callback_that_says_stop_cancels_the_scan) {
