@@ -129,6 +129,15 @@ def test_stop_requested_saves_and_resume_matches(tmp_path: Path) -> None:
     assert (tmp_path / "c.csv").read_bytes() == full.read_bytes()
 
 
+def test_stop_is_not_polled_after_the_last_step(tmp_path: Path) -> None:
+    """A stop polled (and so taken) after the last step made the SLURM runner requeue a finished
+    run, or give up on it with exit 1 when no restarts were left."""
+    polls: list[int] = []
+    result = train(_cfg(tmp_path, training_steps=4), stop_requested=lambda: bool(polls.append(1)))
+    assert result.final_step == 4 and not result.stopped
+    assert len(polls) == 4  # before steps 1, 2, 3 and 4; none after step 4
+
+
 def test_text_data_file(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 20)

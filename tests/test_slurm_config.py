@@ -36,6 +36,24 @@ def test_time_formats(text: str, want: float) -> None:
     assert parse_time_minutes(text) == pytest.approx(want)
 
 
+@pytest.mark.parametrize(("text", "ok"), [("90:00", True), ("1:59", True), ("1:99", False), ("1:60", False),
+                                         ("1:90:00", False), ("100:59:59", True), ("1-23:59", True), ("1-24", False),
+                                         ("1-2:60", False), ("1-2:3:60", False)])
+def test_time_fields_are_range_checked_where_slurm_checks_them(text: str, ok: bool) -> None:
+    """In M:S the seconds must be below 60 and the minutes may be anything (90:00 is 90 minutes)."""
+    if ok:
+        assert parse_time_minutes(text) > 0
+    else:
+        with pytest.raises(ValueError, match="out of range"):
+            parse_time_minutes(text)
+
+
+@pytest.mark.parametrize("key", ["signal", "requeue", "time", "output", "job-name"])
+def test_extra_cannot_override_what_alpsck_sets(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"slurm\.extra\.{key}: alpsck sets --{key} itself"):
+        parse_config(GOOD.replace("slurm:\n", f"slurm:\n  extra:\n    {key}: B:USR1@90\n"))
+
+
 @pytest.mark.parametrize(("written", "minutes"), [("90", 90), ("1:30:00", 90), ("30:00", 30), ("'1:30:00'", 90)])
 def test_an_unquoted_time_means_what_slurm_would_read(written: str, minutes: float) -> None:
     # YAML alone reads 1:30:00 as 5400 and 30:00 as 1800 (base 60); SLURM reads 1 h 30 min and 30 min.

@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from .. import jsonout
 from ..errors import AlpsckError
 from . import history
 
@@ -76,7 +77,7 @@ def _status(args: argparse.Namespace) -> int:
         raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
     s["note"] = _lost_job_note(run_dir, s["state"])
     if args.json:
-        print(json.dumps(s))
+        print(jsonout.dumps(s))
         return 0
     print(f"{run_dir}: {s['state']}  (jobs {', '.join(map(str, s['job_ids'])) or '-'}, {s['starts']} starts, "
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")

@@ -27,6 +27,17 @@ _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:=+@%/-]{1,256}$")  # partition, accoun
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _ENTRY_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SIGNALS = ("USR1", "USR2")
+# sbatch options alpsck writes itself, and where the config sets them instead.
+_CONTROLLED = {
+    "signal": "use requeue.signal and requeue.signal_delay_s", "requeue": "always on",
+    "no-requeue": "requeue is always on", "time": "use slurm.time", "job-name": "use name",
+    "output": "the run dir's submitit/ logs", "error": "the run dir's submitit/ logs",
+    "open-mode": "submitit's logs", "nodes": "use slurm.nodes", "ntasks-per-node": "use slurm.tasks_per_node",
+    "cpus-per-task": "use slurm.cpus_per_task", "partition": "use slurm.partition",
+    "gpus-per-node": "use slurm.gpus_per_node", "mem": "use slurm.mem", "constraint": "use slurm.constraint",
+    "account": "use slurm.account", "qos": "use slurm.qos", "reservation": "use slurm.reservation",
+    "wrap": "the entry runs through submitit",
+}
 
 
 def parse_time_minutes(text: str) -> float:
@@ -44,7 +55,9 @@ def parse_time_minutes(text: str) -> float:
         h, mi, s = 0, int(a), int(b)
     else:  # M
         h, mi, s = 0, int(a), 0
-    if (b is not None and mi >= 60) or (c is not None and s >= 60) or (days is not None and h >= 24):
+    has_hours = days is not None or c is not None  # minutes then sit below hours: < 60
+    has_seconds = c is not None or (days is None and b is not None)
+    if (has_hours and mi >= 60) or (has_seconds and s >= 60) or (days is not None and h >= 24):
         raise ValueError(f"bad time {text!r}: a field is out of range")
     total = d * 1440 + h * 60 + mi + s / 60
     if total <= 0:
@@ -270,6 +283,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         key = f"slurm.extra.{k}"
         if not isinstance(k, str) or not re.match(r"^[a-z][a-z0-9-]*$", k):
             raise loc.err(key, "sbatch option names are lower-case words with dashes (e.g. 'exclusive')")
+        if k in _CONTROLLED:
+            raise loc.err(key, f"alpsck sets --{k} itself ({_CONTROLLED[k]}); overriding it would break the "
+                               "stop-checkpoint-requeue cycle or the job's own bookkeeping")
         sval = "" if v is True else str(v)
         if not isinstance(v, (str, int, float, bool)) or (sval and not _SLURM_WORD.match(sval)):
             raise loc.err(key, f"{v!r} is not a plain sbatch option value")

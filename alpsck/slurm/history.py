@@ -10,6 +10,7 @@ with O_APPEND, so concurrent writers (several ranks) never interleave within a l
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -37,17 +38,19 @@ def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[s
 
 
 def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All events; a torn or foreign last line (a crash mid-append) is skipped."""
+    """All events; a torn line (a crash mid-append) or a foreign one is skipped: an event is an
+    object with a string ``event`` and a finite number ``time`` (status formats both)."""
     path = Path(run_dir) / HISTORY
-    if not path.exists():
+    if not path.is_file():
         return []
     events = []
     for line in path.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+        if (isinstance(rec, dict) and isinstance(rec.get("event"), str) and isinstance(rec.get("time"), (int, float))
+                and not isinstance(rec["time"], bool) and math.isfinite(rec["time"]) and abs(rec["time"]) < 1e11):
             events.append(rec)
     return events
 

@@ -182,24 +182,30 @@ class JobRunner:
         finally:
             _set_current(None)
         stop.close()
-        if stop.reason is None:
+        reason = stop.settle()
+        if reason is None:  # no stop, or one the entry never polled (it finished first)
             log("finished", step=newest_step(cfg.run_dir))
             return result
         step = newest_step(cfg.run_dir)
         seconds = round(time.time() - stop.signal_time, 3) if stop.signal_time else None
-        log("signal", reason=stop.reason, time_of_signal=stop.signal_time)
-        log("final_checkpoint", reason=stop.reason, step=step, seconds=seconds)
-        if stop.reason == "cancel":
+        log("signal", reason=reason, time_of_signal=stop.signal_time)
+        log("final_checkpoint", reason=reason, step=step, seconds=seconds)
+        if reason == "cancel":
             log("cancelled", step=step)
             return result
         if rank != 0:
             return result
-        budget = min(rq.max_restarts, LOCAL_MAX_RESTARTS) if self._local() else rq.max_restarts
+        budget, why = self._budget()
         if restart >= budget:
-            why = "submitit's local executor restarts a task at most 5 times" if budget < rq.max_restarts else (
-                f"requeue.max_restarts is {rq.max_restarts}")
-            return self._give_up(log, f"stopped ({stop.reason}) after {restart} restarts; {why}")
-        return self._requeue(log, stop.reason, step)
+            return self._give_up(log, f"stopped ({reason}) after {restart} restarts; {why}")
+        return self._requeue(log, reason, step)
+
+    def _budget(self) -> tuple[int, str]:
+        """How many restarts this job may have, and what sets that limit."""
+        rq = self.config.requeue
+        if self._local() and LOCAL_MAX_RESTARTS < rq.max_restarts:
+            return LOCAL_MAX_RESTARTS, "submitit's local executor restarts a task at most 5 times"
+        return rq.max_restarts, f"requeue.max_restarts is {rq.max_restarts}"
 
     def _run_entry(self, ctx: JobContext) -> Any:
         entry = self.config.entry
@@ -222,7 +228,9 @@ class JobRunner:
 
     def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
         rq = self.config.requeue
-        will = rq.on_failure and ctx.restart < rq.max_restarts and ctx.rank == 0
+        # Never requeue a job the user cancelled, even if it then failed (say, in its final save).
+        cancelled = ctx.stop.settle() == "cancel"
+        will = rq.on_failure and not cancelled and ctx.restart < self._budget()[0] and ctx.rank == 0
         log("failed", message="".join(traceback.format_exception_only(type(err), err)).strip()[-2000:],
             step=newest_step(self.config.run_dir), will_requeue=will)
         traceback.print_exception(type(err), err, err.__traceback__)

@@ -179,6 +179,13 @@ class StopController:
                 if job_state(self.job_id, self._run) in ("COMPLETING", "CANCELLED"):
                     self._reason = "cancel"
 
+    def settle(self) -> str | None:
+        """The reason, with signals that came after it was settled taken into account (a SIGTERM
+        from ``scancel`` during the final checkpoint makes it ``cancel``). Call before acting on it."""
+        if self._reason is not None:
+            self._maybe_upgrade_to_cancel()
+        return self._reason
+
     @property
     def reason(self) -> str | None:
         return self._reason

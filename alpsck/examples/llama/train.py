@@ -344,7 +344,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                 log.info("step %d loss %.4f lr %.3g (%.1f steps/s)", s, value, sched.get_last_lr()[0],
                          (s - step) / max(time.perf_counter() - t0, 1e-9))
             due = checkpoint_due(s) if checkpoint_due is not None else bool(cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0)
-            due, stop = _agree(world, device, due, bool(stop_requested and stop_requested()))
+            # Not polled after the last step: the run is complete, and a stop it answered True to
+            # would make the SLURM runner requeue (or give up on) a finished run.
+            asked = bool(stop_requested and s < cfg.training_steps and stop_requested())
+            due, stop = _agree(world, device, due, asked)
             if due:
                 save(s)
         if last_saved != result.final_step:

@@ -1,0 +1,154 @@
+"""The job runner's decisions (finish, requeue, cancel, give up) in a real process, on real signals.
+
+Each case runs :class:`alpsck.slurm.runner.JobRunner` in a subprocess, as a SLURM job step would,
+with a stand-in ``scontrol`` on PATH (it answers ``show job`` with the state the case sets and logs
+every call) — the decision logic under test is the runner's own; the real-cluster path is covered
+by tests/test_slurm_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from alpsck.slurm import history
+
+ENTRY = r'''
+import os, signal, time
+from pathlib import Path
+STATE = Path(os.environ["FAKE_SLURM_STATE"])
+
+def _signal(sig):
+    os.kill(os.getpid(), sig)
+    time.sleep(0.05)  # the handler runs between bytecodes
+
+def scancel_during_the_final_checkpoint(job):
+    _signal(signal.SIGUSR2)                       # the time limit approaches
+    assert job.stop_requested() and job.stop_reason == "timeout"
+    STATE.write_text("CANCELLED\n")               # the user runs scancel while the final save runs
+    _signal(signal.SIGTERM)
+    return "saved"
+
+def cancelled_then_the_final_save_fails(job):
+    STATE.write_text("CANCELLED\n")
+    _signal(signal.SIGTERM)
+    assert job.stop_requested() and job.stop_reason == "cancel"
+    raise OSError(28, "No space left on device (final checkpoint)")
+
+def signalled_during_the_last_step(job):
+    for step in job.steps(0, 3):
+        if step == 2:
+            _signal(signal.SIGUSR2)               # the loop ends before it polls again
+    return "trained all 3 steps"
+
+def stopped_early(job):
+    for step in job.steps(0, 1000):
+        if step == 2:
+            _signal(signal.SIGUSR2)
+    return "stopped"
+
+def crashes(job):
+    raise RuntimeError("boom")
+'''
+
+
+def _run(tmp_path: Path, entry: str, *, local: bool = False, extra: str = "") -> tuple[subprocess.CompletedProcess[str],
+                                                                                       list[dict[str, object]], str]:
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    log, state = tmp_path / "scontrol.log", tmp_path / "state"
+    state.write_text("RUNNING\n")
+    scontrol = fake / "scontrol"
+    scontrol.write_text(f"""#!/bin/sh
+echo "$*" >> {log}
+case "$1 $2" in
+  "show job") echo "JobId=$4 JobState=$(cat {state}) EndTime=2099-01-01T00:00:00";;
+  "show reservation") echo "No reservations in the system";;
+esac
+exit 0
+""")
+    scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "runner_entry.py").write_text(ENTRY)
+    run = tmp_path / "run"
+    cfg = (f"name: t\nrun_dir: {run}\nentry:\n  function: runner_entry:{entry}\n"
+           f"requeue:\n  on_maintenance: false\n{extra}")
+    code = ("import sys\nfrom alpsck.slurm.config import parse_config\nfrom alpsck.slurm.runner import JobRunner\n"
+            "JobRunner(parse_config(sys.argv[1]))()\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SUBMITIT_"))}
+    env.update({"PATH": f"{fake}{os.pathsep}{env['PATH']}", "FAKE_SLURM_STATE": str(state),
+                "PYTHONPATH": os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])})
+    env.update({"SUBMITIT_LOCAL_JOB_ID": "L1"} if local else {"SLURM_JOB_ID": "999"})
+    r = subprocess.run([sys.executable, "-c", code, cfg], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    return r, history.read(run), log.read_text() if log.exists() else ""
+
+
+def _events(events: list[dict[str, object]]) -> list[object]:
+    return [e["event"] for e in events]
+
+
+def test_scancel_during_the_final_checkpoint_is_a_cancel_not_a_requeue(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "scancel_during_the_final_checkpoint")
+    assert r.returncode == 0, r.stderr
+    assert _events(events)[-1] == "cancelled", events
+    assert "requeued" not in _events(events)
+    assert "requeue" not in calls.split()
+    assert next(e for e in events if e["event"] == "final_checkpoint")["reason"] == "cancel"
+
+
+def test_a_cancelled_job_whose_final_save_fails_is_not_requeued(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "cancelled_then_the_final_save_fails")
+    assert r.returncode == 1
+    failed = events[-1]
+    assert failed["event"] == "failed" and failed.get("will_requeue") is False, events
+    assert "requeue" not in calls.split()
+
+
+def test_a_stop_the_entry_never_polled_leaves_a_finished_run(tmp_path: Path) -> None:
+    """The signal came during the last step and the loop (job.steps) ended without polling again:
+    the run is complete, not stopped, even with no restarts left."""
+    r, events, calls = _run(tmp_path, "signalled_during_the_last_step", extra="  max_restarts: 0\n")
+    assert r.returncode == 0, r.stderr
+    assert _events(events) == ["started", "finished"], events
+    assert "requeue" not in calls.split()
+
+
+def test_a_stop_the_entry_saw_requeues(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "stopped_early")
+    assert r.returncode == 0, r.stderr
+    assert _events(events)[-3:] == ["signal", "final_checkpoint", "requeued"], events
+    assert "requeue 999" in calls
+
+
+def test_a_crash_past_the_local_executors_restart_limit_fails(tmp_path: Path) -> None:
+    """submitit's local controller starts a task at most 6 times: on the 6th start a crash must
+    end the job as failed (it used to log "requeued", and the job stayed requeued for good)."""
+    run = tmp_path / "run"
+    for i in range(5):
+        history.append(run, "started", job_id="L1", restart=i, step=i)  # five earlier starts
+    r, events, _ = _run(tmp_path, "crashes", local=True, extra="  give_up_after_no_progress: 50\n")
+    assert r.returncode == 1, r.stderr
+    assert events[-1]["event"] == "failed" and events[-1].get("will_requeue") is False, events
+    assert history.state_of(events) == "failed"
+
+
+def test_status_survives_a_damaged_history(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    history.append(run, "started", job_id="1", restart=0)
+    with open(run / history.HISTORY, "a") as fh:
+        fh.write('{"event": "x"}\n{"event": "x", "time": "yesterday"}\n{"event": "x", "time": 1e30}\n')
+        fh.write("[" * 100_000 + "\n" + '{"event": "finished", "time": 1700000000.5, "loss": NaN}\n')
+    assert _events(history.read(run)) == ["started", "finished"]
+    r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    json.loads(r.stdout, parse_constant=refuse)
