@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from alpsck.errors import ConfigError
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
+_WORKER_SEED_SALT = 0x5EED  # keeps the workers' base seed apart from the permutation key
 
 
 def mix64(x: int) -> int:
@@ -142,6 +144,9 @@ class ResumableLoader:
     iteration start at batch *k + 1*. After the last batch of an epoch the state already points
     at the next epoch. Loop as ``while loader.epoch < n_epochs: for batch in loader: ...`` so a
     resumed run does the same number of epochs. Extra keyword arguments go to ``DataLoader``.
+    Workers' base seeds come from ``(seed, epoch)``, not from the global torch RNG, so a resumed
+    run leaves that RNG exactly where the uninterrupted run has it (pass ``generator=`` to
+    override; its state is then not checkpointed).
     """
 
     def __init__(self, dataset: Dataset[Any], batch_size: int, *, seed: int = 0, shuffle: bool = True,
@@ -157,6 +162,12 @@ class ResumableLoader:
         self.batch_size, self.drop_last = batch_size, drop_last
         self.loader = DataLoader(dataset, batch_size=batch_size, sampler=self.sampler,
                                  drop_last=drop_last, **dataloader_kwargs)
+        # Each DataLoader iterator draws its workers' base seed from loader.generator, or else
+        # from the global torch RNG. The global draw happens once more on a resumed run (after
+        # RNGState was restored), leaving that RNG a draw ahead of the uninterrupted run: dropout
+        # and every torch.rand after it differ. So the draw comes from a generator of our own,
+        # seeded from (seed, epoch), unless the caller passed one.
+        self._own_generator = "generator" not in dataloader_kwargs
         self.epoch = 0
         self.position = 0
 
@@ -172,6 +183,8 @@ class ResumableLoader:
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self.epoch, self.position
         self.sampler.epoch, self.sampler.position = epoch, start
+        if self._own_generator:
+            self.loader.generator = torch.Generator().manual_seed(derive_seed(self.sampler.seed, epoch, _WORKER_SEED_SALT))
         if not self._end(start):
             for batch in self.loader:
                 self.position = min(self.position + self.batch_size, len(self.sampler))

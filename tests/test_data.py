@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +111,41 @@ def test_restore_huge_position_is_o1() -> None:
     assert loader.state_dict()["position"] == 10**9 + 8
     assert elapsed < 1.0
     assert isinstance(batch, torch.Tensor)
+
+
+def test_a_resumed_loader_leaves_the_global_rng_where_the_uninterrupted_run_has_it(tmp_path: Path) -> None:
+    """Each DataLoader iterator draws its workers' base seed; from the global torch RNG, that draw
+    happened once more on a resumed run (after RNGState was restored), so dropout differed after
+    a mid-epoch resume. A helper's review found it."""
+    import alpsck
+
+    def build() -> dict[str, object]:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+        return {"model": m, "optim": torch.optim.SGD(m.parameters(), lr=0.01), "rng": alpsck.RNGState(),
+                "data": ResumableLoader(torch.linspace(0, 1, 40).unsqueeze(1), 4, seed=1), "step": 0}
+
+    def train(state: dict[str, object], total: int, ck: alpsck.Checkpointer | None = None) -> dict[int, float]:
+        m, opt, loader = state["model"], state["optim"], state["data"]
+        losses: dict[int, float] = {}
+        while state["step"] < total:  # type: ignore[operator]
+            for x in loader:  # type: ignore[attr-defined]
+                loss = m(x).pow(2).mean()  # type: ignore[operator]
+                opt.zero_grad()  # type: ignore[attr-defined]
+                loss.backward()
+                opt.step()  # type: ignore[attr-defined]
+                state["step"] += 1  # type: ignore[operator]
+                losses[state["step"]] = loss.item()  # type: ignore[index]
+                if ck is not None and state["step"] == 5:  # mid-epoch: 10 batches per epoch
+                    ck.save(5, state).wait()
+                if state["step"] == total:
+                    break
+        return losses
+
+    with alpsck.Checkpointer(tmp_path) as ck:
+        uninterrupted = train(build(), 14, ck)
+    resumed = build()
+    with alpsck.Checkpointer(tmp_path) as ck:
+        assert ck.restore(resumed) == 5
+    again = train(resumed, 14)
+    assert [again[s] for s in range(6, 15)] == [uninterrupted[s] for s in range(6, 15)]
