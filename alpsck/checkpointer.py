@@ -37,7 +37,7 @@ import os
 import socket
 import warnings
 import weakref
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -376,20 +376,23 @@ def read_checkpoint(
     rank: int = 0,
     threads: int = 4,
     into: Mapping[str, torch.Tensor] | None = None,
+    fits: Callable[[dict[str, Any]], bool] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Read one checkpoint directory as ``rank``: (meta document, tensors by key), every chunk CRC-checked.
 
     The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.shards`).
     With ``into`` (key -> live tensor, as :func:`alpsck.tree.capture` gives), tensors are read
     straight into the live CPU tensors — no allocation, no extra copy — but only when every
-    saved tensor that has a live counterpart matches it in shape and dtype; otherwise nothing
-    live is touched and fresh tensors are returned (the caller's mismatch check then fails
-    cleanly).
+    saved tensor that has a live counterpart matches it in shape and dtype, and ``fits`` (if
+    given) accepts the meta document; otherwise nothing live is touched and fresh tensors are
+    returned (the caller's mismatch check then fails cleanly).
     """
     shards = CheckpointShards(path, rank)
     specs = shards.specs
     live = dict(into or {})
     if any(k in live and (live[k].dtype != s.dtype or tuple(live[k].shape) != s.shape) for k, s in specs.items()):
+        live = {}
+    if live and fits is not None and not fits(shards.meta):
         live = {}
     tensors: dict[str, torch.Tensor] = {}
     for key, spec in specs.items():
@@ -448,7 +451,11 @@ def restore_into(
             error = CorruptCheckpointError(f"{run_dir}: step {s} is not visible from rank {ranks.rank}")
         else:
             try:
-                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live)
+                # Into the live tensors only if the tree fits the live state: a mismatch found by
+                # apply() afterwards must leave the live objects as they were.
+                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live,
+                                                fits=lambda m: isinstance(m.get("tree"), dict)
+                                                and tree.fits(state, m["tree"]))
             except CorruptCheckpointError as e:
                 error = e
         if not ranks.all_true(error is None):

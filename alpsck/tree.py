@@ -461,30 +461,8 @@ def apply(state: MutableMapping[str, Any], tree: Mapping[str, Any], tensors: Map
                 f"{dtype_name(spec.dtype)} {list(spec.shape)}")
         return t
 
-    dec = _Decoder(resolve)
-    decoded: dict[str, tuple[str, Any, Any]] = {}
-    for key, (kind, value, metadata) in _entries(tree).items():
-        md = dec.value(metadata, f"{key}/_metadata") if metadata is not None else None
-        if md is not None and not isinstance(md, dict):
-            raise CorruptCheckpointError(f"{key}/_metadata: not a dict")
-        decoded[key] = (kind, dec.value(value, key), md)
-
-    missing = [k for k in state if k not in decoded]
-    if missing:
-        raise StateMismatchError(f"state entries missing from the checkpoint: {missing}")
-    for key, (kind, value, _) in decoded.items():
-        if key not in state:
-            if kind != "value":
-                raise StateMismatchError(f"{key}: the checkpoint holds a {kind} the live state lacks")
-            continue
-        live_kind = _kind_of(state[key])
-        if live_kind != kind:
-            raise StateMismatchError(f"{key}: the checkpoint holds a {kind}, the live object is a {live_kind}")
-        if kind == "module":
-            _check_module(key, state[key], value)
-        elif kind == "tensor":
-            _check_tensor(key, value, state[key], "live tensor")
-
+    decoded = _decode(tree, resolve)
+    _check_decoded(state, decoded)
     for key, (kind, value, md) in decoded.items():
         if kind == "module":
             sd: OrderedDict[str, Any] = OrderedDict(value)
@@ -504,3 +482,49 @@ def apply(state: MutableMapping[str, Any], tree: Mapping[str, Any], tensors: Map
                     f"{key}: {type(state[key]).__name__}.load_state_dict rejected the checkpoint: {e}") from e
         else:
             state[key] = value
+
+
+def _decode(tree: Mapping[str, Any], resolve: Callable[[str, TensorSpec, str], torch.Tensor]
+            ) -> dict[str, tuple[str, Any, Any]]:
+    dec = _Decoder(resolve)
+    decoded: dict[str, tuple[str, Any, Any]] = {}
+    for key, (kind, value, metadata) in _entries(tree).items():
+        md = dec.value(metadata, f"{key}/_metadata") if metadata is not None else None
+        if md is not None and not isinstance(md, dict):
+            raise CorruptCheckpointError(f"{key}/_metadata: not a dict")
+        decoded[key] = (kind, dec.value(value, key), md)
+    return decoded
+
+
+def _check_decoded(state: Mapping[str, Any], decoded: Mapping[str, tuple[str, Any, Any]]) -> None:
+    """StateMismatchError unless the decoded entries fit the live state (entries, kinds, module
+    keys, tensor shapes and dtypes)."""
+    missing = [k for k in state if k not in decoded]
+    if missing:
+        raise StateMismatchError(f"state entries missing from the checkpoint: {missing}")
+    for key, (kind, value, _) in decoded.items():
+        if key not in state:
+            if kind != "value":
+                raise StateMismatchError(f"{key}: the checkpoint holds a {kind} the live state lacks")
+            continue
+        live_kind = _kind_of(state[key])
+        if live_kind != kind:
+            raise StateMismatchError(f"{key}: the checkpoint holds a {kind}, the live object is a {live_kind}")
+        if kind == "module":
+            _check_module(key, state[key], value)
+        elif kind == "tensor":
+            _check_tensor(key, value, state[key], "live tensor")
+
+
+def fits(state: Mapping[str, Any], tree: Mapping[str, Any]) -> bool:
+    """True when :func:`apply` of ``tree`` would pass its checks on ``state``, decided from the tree
+    alone (tensors as shapes), before any byte is read into the live tensors."""
+
+    def shaped(key: str, spec: TensorSpec, path: str) -> torch.Tensor:
+        return torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+
+    try:
+        _check_decoded(state, _decode(tree, shaped))
+    except (StateMismatchError, CorruptCheckpointError):
+        return False
+    return True

@@ -113,6 +113,29 @@ def test_shape_or_dtype_mismatch_names_the_tensor(tmp_path: Path) -> None:
             ck.restore({"model": torch.nn.Linear(4, 3).to(torch.float64)})
 
 
+class _Grown(torch.nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(4, 4)
+        self.extra = torch.nn.Parameter(torch.zeros(2))
+
+
+def test_a_mismatch_found_after_the_shapes_leaves_the_live_state_untouched(tmp_path: Path) -> None:
+    """Tensors matching in shape and dtype used to be read straight into the live module before
+    apply() found a missing state entry or a module key difference: the error said nothing
+    changed, yet the weights were the checkpoint's. A helper's review found it."""
+    torch.manual_seed(0)
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, {"model": torch.nn.Linear(4, 4)}).wait()
+    for make_state, match in ((lambda m: {"model": m, "ema": torch.zeros(3)}, "missing from the checkpoint"),
+                              (lambda m: {"model": m}, "module state keys differ")):
+        torch.manual_seed(1)
+        m = _Grown() if match == "module state keys differ" else torch.nn.Linear(4, 4)
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        with alpsck.Checkpointer(tmp_path) as ck, pytest.raises(StateMismatchError, match=match):
+            ck.restore(make_state(m))
+        assert all(torch.equal(before[k], v) for k, v in m.state_dict().items()), match
+
+
 def test_disk_full_fails_loudly_keeps_earlier_and_recovers(tmp_path: Path) -> None:
     w = torch.ones(300_000)
     # Writes 2..4 of the second save fail with ENOSPC; later ones succeed (space came back).
