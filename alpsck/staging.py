@@ -284,6 +284,9 @@ class Stager:
                 s = self._side_stream(p.src.device)  # ordered after save()'s clones
                 with torch.cuda.device(p.src.device), torch.cuda.stream(s):
                     dst.copy_(p.src, non_blocking=True)
+                # p.src may be a clone made on the current stream and dropped below: without this,
+                # the caching allocator could hand its block to the next kernel before the copy ran.
+                p.src.record_stream(s)
                 streams.append(s)
             else:
                 dst.copy_(p.src)
