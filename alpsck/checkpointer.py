@@ -251,15 +251,15 @@ class Checkpointer:
     def _reap(self) -> None:
         """Drop finished saves; raise the first background error not yet seen by the caller."""
         still: list[CoreSave] = []
-        failed: CoreSave | None = None
+        failed: list[CoreSave] = []
         for h in self._pending:
             if not h.done():
                 still.append(h)
-            elif failed is None and not h.reported and h._h.error_message() is not None:
-                failed = h
-        self._pending = still
-        if failed is not None:
-            failed.wait()  # raises the save's error
+            elif not h.reported and h._h.error_message() is not None:
+                failed.append(h)
+        self._pending = still + failed[1:]  # later failures stay, for the next save() or wait()
+        if failed:
+            failed[0].wait()  # raises the save's error
 
     def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False) -> CoreSave:
         """Snapshot ``state`` as checkpoint ``step`` and persist it in the background.
@@ -328,9 +328,10 @@ class Checkpointer:
         if self._engine is not None:
             self._engine.wait_all()
         pending, self._pending = self._pending, []
-        for h in pending:
-            if not h.reported:
-                h.wait()
+        failed = [h for h in pending if not h.reported and h._h.error_message() is not None]
+        self._pending = failed[1:]  # every failure reaches the caller, one per call
+        if failed:
+            failed[0].wait()
 
     def close(self) -> None:
         """Wait for in-flight saves, stop the writer threads and free staging memory."""

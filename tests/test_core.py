@@ -6,6 +6,7 @@ import errno
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,25 @@ def test_a_mismatch_found_after_the_shapes_leaves_the_live_state_untouched(tmp_p
         with alpsck.Checkpointer(tmp_path) as ck, pytest.raises(StateMismatchError, match=match):
             ck.restore(make_state(m))
         assert all(torch.equal(before[k], v) for k, v in m.state_dict().items()), match
+
+
+def test_every_failed_background_save_reaches_the_caller(tmp_path: Path) -> None:
+    """Two saves fail in the background: the first error is raised by the next save(), the
+    second by wait() (it used to be dropped). A helper's review found it."""
+    st = {"w": torch.randn(1 << 16)}
+    ck = alpsck.Checkpointer(tmp_path, direct_io=False, max_in_flight=2,
+                             _faults=[{"op": "pwrite", "error": errno.ENOSPC, "count": 1000}])
+    try:
+        h1, h2 = ck.save(1, st), ck.save(2, st)
+        while not (h1.done() and h2.done()):
+            time.sleep(0.01)
+        with pytest.raises(DiskFullError, match="step-000000001"):
+            ck.save(3, st)
+        with pytest.raises(DiskFullError, match="step-000000002"):
+            ck.wait()
+        ck.wait()  # each failure is reported once
+    finally:
+        ck.close()
 
 
 def test_disk_full_fails_loudly_keeps_earlier_and_recovers(tmp_path: Path) -> None:
