@@ -54,6 +54,59 @@ def test_extra_cannot_override_what_alpsck_sets(key: str) -> None:
         parse_config(GOOD.replace("slurm:\n", f"slurm:\n  extra:\n    {key}: B:USR1@90\n"))
 
 
+@pytest.mark.parametrize(("key", "match"), [
+    ("sig", r"slurm\.extra\.sig: sbatch takes --sig as an abbreviation of --signal, which alpsck sets itself "
+            r"\(use requeue\.signal"),
+    ("requ", r"abbreviation of --requeue, which"),
+    ("n", r"abbreviation of --no-requeue or --nodes or .*write the full name"),
+    ("environment", r"alpsck sets --environment itself \(use environment\.container\)"),
+    ("uenv", r"use environment\.uenv"),
+    ("ntasks", r"use slurm\.nodes and slurm\.tasks_per_node"),
+])
+def test_extra_cannot_override_what_alpsck_sets_even_abbreviated(key: str, match: str) -> None:
+    """sbatch takes any unambiguous abbreviation of a long option: --sig=USR1@90 is --signal."""
+    with pytest.raises(ConfigError, match=match):
+        parse_config(GOOD.replace("slurm:\n", f"slurm:\n  extra:\n    {key}: x\n"))
+
+
+def test_extra_values_are_the_text_as_written() -> None:
+    """YAML reads 1:30:00 as 5400, 010 as 8 and no as False; sbatch must get what was written."""
+    cfg = parse_config(GOOD.replace("slurm:\n", "slurm:\n  extra:\n    time-min: 1:30:00\n    nice: 010\n"
+                                                 "    kill-on-invalid-dep: no\n    exclusive: true\n    gpus: 4\n"))
+    assert cfg.slurm.extra == {"time-min": "1:30:00", "nice": "010", "kill-on-invalid-dep": "no", "exclusive": "",
+                               "gpus": "4"}
+    text = sbatch_script(cfg)
+    for line in ("--time-min=1:30:00", "--nice=010", "--kill-on-invalid-dep=no", "--exclusive", "--gpus=4"):
+        assert f"#SBATCH {line}\n" in text
+    with pytest.raises(ConfigError, match=r"slurm\.extra\.exclusive: false is not an sbatch value; leave the option out"):
+        parse_config(GOOD.replace("slurm:\n", "slurm:\n  extra:\n    exclusive: false\n"))
+
+
+def test_entry_args_are_the_text_as_written() -> None:
+    cfg = parse_config(GOOD + "  args: [--seed, 010, --rev, 1.10, --t, 1:30, --lr, 3e-4, --n, 7]\n")
+    assert cfg.entry.args == ["--seed", "010", "--rev", "1.10", "--t", "1:30", "--lr", "3e-4", "--n", "7"]
+    cfg = parse_config(GOOD + "  args:\n    - --seed\n    - 010\n")
+    assert cfg.entry.args == ["--seed", "010"]
+
+
+def test_paths_expand_a_leading_tilde(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The batch script quotes the venv path, so its shell never expands ~ there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("VENVS", "~/venvs")
+    (tmp_path / "train.py").write_text("")
+    cfg = parse_config(GOOD.replace("  function: alpsck.examples.llama.train:slurm_entry", "  script: ~/train.py")
+                       + "environment:\n  venv: $VENVS/a\n  container: ~/edf.toml\n")
+    assert cfg.environment.venv == f"{tmp_path}/venvs/a" and cfg.environment.container == f"{tmp_path}/edf.toml"
+    assert cfg.entry.script == str(tmp_path / "train.py")
+    assert f"source {tmp_path}/venvs/a/bin/activate\n" in sbatch_script(cfg)
+
+
+def test_the_python_in_the_job_command_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", "/opt/my tools/bin/python3")
+    text = sbatch_script(parse_config(GOOD))
+    assert "_log.out '/opt/my tools/bin/python3' -u -m submitit.core._submit " in text
+
+
 @pytest.mark.parametrize(("written", "minutes"), [("90", 90), ("1:30:00", 90), ("30:00", 30), ("'1:30:00'", 90)])
 def test_an_unquoted_time_means_what_slurm_would_read(written: str, minutes: float) -> None:
     # YAML alone reads 1:30:00 as 5400 and 30:00 as 1800 (base 60); SLURM reads 1 h 30 min and 30 min.
@@ -80,6 +133,7 @@ def test_a_text_key_written_as_a_number_keeps_its_text() -> None:
     (("slurm:\n", "slurm:\n  partition: \"debug\\nrm -rf /\"\n"), r"slurm\.partition: .*characters"),
     (("slurm:\n", "slurm:\n  nodes: two\n"), r"slurm\.nodes: expected int, got str"),
     (("name: t\n", "name: t\nrequeu: {}\n"), r"<config>:2: requeu: unknown key \(did you mean 'requeue'\?\)"),
+    (("name: t\n", "name: t\nrequeue: []\n"), r"<config>:2: requeue: expected a mapping, got list"),
 ])
 def test_bad_configs_name_the_key_and_line(patch: tuple[str, str], match: str) -> None:
     text = GOOD.replace(*patch)
@@ -155,6 +209,29 @@ def test_dry_run_cli(tmp_path: Path) -> None:
     cfg.write_text(GOOD.replace("  time:", "  tme:"))
     r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "slurm.tme: unknown key (did you mean 'time'?)" in r.stderr
+
+
+def test_dry_run_needs_no_slurm_here(tmp_path: Path) -> None:
+    """submitit's SlurmExecutor refuses to start without srun on the PATH: the dry run only writes
+    the script, so it must print it anyway (it was a traceback)."""
+    import subprocess
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(GOOD)
+    (tmp_path / "bin").mkdir()
+    env = {**os.environ, "PATH": str(tmp_path / "bin")}
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--dry-run"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 0 and "#SBATCH --job-name=t" in r.stdout and "\nsrun --unbuffered " in r.stdout, r.stderr
+
+
+def test_submit_without_srun_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from alpsck.errors import SlurmError
+    from alpsck.slurm.submit import make_executor
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SlurmError, match="srun not found"):
+        make_executor(parse_config(GOOD), local=False)
 
 
 def test_submit_falls_back_to_local_only_without_a_working_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,12 +1,184 @@
-"""The requeue cycle without a cluster: submitit's local executor (the embedded default)."""
+"""The requeue cycle without a cluster: submitit's local executor (the embedded default), and
+the runner's decisions (finish, requeue, cancel, give up) in this process on real signals, with
+the job state scontrol would report set by the test (fast)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds
+
+from alpsck.slurm import history
+from alpsck.slurm import stop as stop_mod
+from alpsck.slurm.config import parse_config
+from alpsck.slurm.context import JobContext
+from alpsck.slurm.runner import JobRunner
+from alpsck.slurm.stop import StopController
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    """The runner installs its own SIGTERM/USR handlers in this process: put pytest's back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def _send(stop: StopController, sig: int) -> None:
+    """Signal this process and wait until the handler recorded it (it runs between bytecodes)."""
+    n = len(stop._signals)
+    os.kill(os.getpid(), sig)
+    deadline = time.monotonic() + 10
+    while len(stop._signals) == n:
+        assert time.monotonic() < deadline, f"signal {sig} never reached the handler"
+        time.sleep(0.001)
+
+
+class _Job:
+    """JobRunner on an entry function, in this process: ``state`` is what scontrol reports for the
+    job (SLURM's COMPLETING/CANCELLED after scancel), and a requeue is recorded, not executed."""
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: Callable[[JobContext], Any], *,
+                 local: bool = False, requeue: str = "") -> None:
+        self.run_dir = tmp_path / "run"
+        self.state = "RUNNING"
+        self.requeues: list[str] = []
+        for k in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
+            monkeypatch.delenv(k)
+        monkeypatch.setenv("ALPSCK_NO_SCONTROL", "1")  # nothing reaches a real cluster
+        monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID" if local else "SLURM_JOB_ID", "L1" if local else "999")
+        monkeypatch.setattr(stop_mod, "job_state", lambda job_id, run=None: self.state)
+        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step: self.requeues.append(reason))
+        module = types.ModuleType("alpsck_test_entry")
+        module.main = entry  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "alpsck_test_entry", module)
+        self.config = parse_config(f"name: t\nrun_dir: {self.run_dir}\nentry:\n  function: alpsck_test_entry:main\n"
+                                   f"requeue:\n  on_maintenance: false\n{requeue}")
+
+    def __call__(self) -> int:
+        """Run one start; the exit code it would end with (0, or 1 from SystemExit)."""
+        try:
+            JobRunner(self.config)()
+        except SystemExit as e:
+            return int(e.code or 0)
+        return 0
+
+    def events(self) -> list[str]:
+        return [e["event"] for e in history.read(self.run_dir)]
+
+
+def test_a_scancel_during_the_final_checkpoint_is_a_cancel_not_a_requeue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    def entry(ctx: JobContext) -> str:
+        _send(ctx.stop, signal.SIGUSR2)  # the time limit approaches
+        assert ctx.stop_requested() and ctx.stop_reason == "timeout"
+        job.state = "CANCELLED"          # the user runs scancel while the final checkpoint is written
+        _send(ctx.stop, signal.SIGTERM)
+        return "saved"
+
+    job = _Job(tmp_path, monkeypatch, entry)
+    assert job() == 0
+    assert job.requeues == [] and job.events()[-1] == "cancelled"
+    assert events(job.run_dir, "final_checkpoint")[0]["reason"] == "cancel"
+
+
+def test_a_later_sigterm_that_is_a_preemption_keeps_the_stop_a_requeue(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    def entry(ctx: JobContext) -> str:
+        _send(ctx.stop, signal.SIGUSR2)
+        assert ctx.stop_requested()
+        _send(ctx.stop, signal.SIGTERM)  # the job stays RUNNING: preemption's grace signal, not scancel
+        return "saved"
+
+    job = _Job(tmp_path, monkeypatch, entry)
+    assert job() == 0
+    assert job.requeues == ["timeout"]
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["loop-saw-the-cancel", "loop-never-polled"])
+def test_a_job_that_fails_after_scancel_is_not_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        handlers: None, seen: bool) -> None:
+    """The final save failed (disk full), or a peer rank went away, after the user's scancel."""
+    def entry(ctx: JobContext) -> str:
+        job.state = "CANCELLED"
+        _send(ctx.stop, signal.SIGTERM)
+        if seen:
+            assert ctx.stop_requested() and ctx.stop_reason == "cancel"
+        raise OSError(28, "No space left on device")
+
+    job = _Job(tmp_path, monkeypatch, entry)
+    assert job() == 1
+    failed = events(job.run_dir, "failed")[-1]
+    assert job.requeues == [] and failed["will_requeue"] is False and failed["cancelled"] is True
+    assert final_state(job.run_dir) == "failed"
+
+
+def test_a_failure_without_a_cancel_is_still_requeued(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      handlers: None) -> None:
+    def entry(ctx: JobContext) -> str:
+        _send(ctx.stop, signal.SIGTERM)  # preemption (the job stays RUNNING), then a crash
+        raise RuntimeError("boom")
+
+    job = _Job(tmp_path, monkeypatch, entry)
+    job()
+    assert job.requeues == ["failure"] and events(job.run_dir, "failed")[-1]["will_requeue"] is True
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_stop_the_loop_never_saw_leaves_a_finished_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         handlers: None, restarts: int) -> None:
+    """The time-limit signal came during the last step: job.steps() ended without polling again,
+    so the run is complete, whatever restarts are left (none: it used to give up, exit 1)."""
+    def entry(ctx: JobContext) -> str:
+        for step in ctx.steps(0, 3):
+            if step == 2:
+                _send(ctx.stop, signal.SIGUSR2)
+        return "trained all 3 steps"
+
+    job = _Job(tmp_path, monkeypatch, entry, requeue=f"  max_restarts: {restarts}\n")
+    assert job() == 0
+    assert job.events() == ["started", "finished"] and job.requeues == []
+
+
+def test_a_stop_the_loop_saw_takes_a_final_checkpoint_and_requeues(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   handlers: None) -> None:
+    def entry(ctx: JobContext) -> int:
+        last = -1
+        for step in ctx.steps(0, 1000):
+            last = step
+            if step == 2:
+                _send(ctx.stop, signal.SIGUSR2)
+        return last
+
+    job = _Job(tmp_path, monkeypatch, entry)
+    assert job() == 0
+    assert job.events() == ["started", "signal", "final_checkpoint"] and job.requeues == ["timeout"]
+
+
+@pytest.mark.parametrize(("earlier_starts", "requeued"), [(4, True), (5, False)])
+def test_a_crash_is_requeued_only_within_the_local_executors_restarts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None, earlier_starts: int, requeued: bool) -> None:
+    """submitit's local controller starts a task at most 6 times: a crash on the 6th start must end
+    the job as failed, not log "requeued" for a restart that never comes."""
+    def entry(ctx: JobContext) -> None:
+        raise RuntimeError("boom")
+
+    job = _Job(tmp_path, monkeypatch, entry, local=True)  # requeue.max_restarts: 20, the default
+    for i in range(earlier_starts):  # distinct steps: no "no progress" verdict
+        history.append(job.run_dir, "started", job_id="L1", restart=i, step=i)
+    assert job() == (0 if requeued else 1)
+    assert job.requeues == (["failure"] if requeued else [])
+    assert events(job.run_dir, "failed")[-1]["will_requeue"] is requeued
 
 
 def _submit_local(cfg: Path) -> subprocess.CompletedProcess[str]:

@@ -2,11 +2,13 @@
 
 Every error names the key and, where known, the file and line (``config.yaml:12: slurm.tme:
 unknown key (did you mean 'time'?)``). The YAML is read with ``yaml.safe_load`` semantics (the
-safe composer; no tags are constructed). ``$VAR`` and ``${VAR}`` in ``run_dir`` and in
-``environment`` paths expand from the environment where the config is loaded; an unset
-variable is an error naming it. Values that reach sbatch are checked against strict patterns, so no
-config value can inject a line or a shell word; ``environment.setup`` lines are the one place
-where you write shell yourself (they run verbatim in the batch script).
+safe composer; no tags are constructed). ``$VAR``, ``${VAR}`` and a leading ``~`` in ``run_dir``,
+``entry.script`` and the ``environment`` paths expand where the config is loaded; an unset
+variable is an error naming it. Where a value is text (text keys, ``slurm.extra`` values,
+``entry.args``), a number or boolean is taken as written: ``010`` stays ``010``, not 8. Values
+that reach sbatch are checked against strict patterns, so no config value can inject a line or a
+shell word; ``environment.setup`` lines are the one place where you write shell yourself (they
+run verbatim in the batch script).
 """
 
 from __future__ import annotations
@@ -27,17 +29,23 @@ _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:=+@%/-]{1,256}$")  # partition, accoun
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _ENTRY_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _SIGNALS = ("USR1", "USR2")
-# sbatch options alpsck writes itself, and where the config sets them instead.
+# sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
+# option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
 _CONTROLLED = {
-    "signal": "use requeue.signal and requeue.signal_delay_s", "requeue": "always on",
-    "no-requeue": "requeue is always on", "time": "use slurm.time", "job-name": "use name",
-    "output": "the run dir's submitit/ logs", "error": "the run dir's submitit/ logs",
-    "open-mode": "submitit's logs", "nodes": "use slurm.nodes", "ntasks-per-node": "use slurm.tasks_per_node",
+    "signal": "use requeue.signal and requeue.signal_delay_s", "requeue": "it always requeues",
+    "no-requeue": "it always requeues", "time": "use slurm.time", "job-name": "use name",
+    "output": "logs go to RUN_DIR/submitit/", "error": "logs go to RUN_DIR/submitit/",
+    "open-mode": "a requeued job appends to its log", "nodes": "use slurm.nodes",
+    "ntasks-per-node": "use slurm.tasks_per_node", "ntasks": "use slurm.nodes and slurm.tasks_per_node",
     "cpus-per-task": "use slurm.cpus_per_task", "partition": "use slurm.partition",
     "gpus-per-node": "use slurm.gpus_per_node", "mem": "use slurm.mem", "constraint": "use slurm.constraint",
     "account": "use slurm.account", "qos": "use slurm.qos", "reservation": "use slurm.reservation",
-    "wrap": "the entry runs through submitit",
+    "environment": "use environment.container", "uenv": "use environment.uenv",
+    "wrap": "the entry runs through submitit", "array": "one job per config",
 }
+# sbatch takes any unambiguous abbreviation of a long option (--sig is --signal); these options
+# of its own start like one of ours and are not abbreviations of it.
+_SBATCH_OPTIONS_LIKE_OURS = ("gpus",)
 
 
 def parse_time_minutes(text: str) -> float:
@@ -161,7 +169,19 @@ class _Loc:
                 self.lines[key] = k.start_mark.line + 1
                 if isinstance(v, yaml.ScalarNode):
                     self.raw[key] = str(v.value)
+                elif isinstance(v, yaml.SequenceNode):  # list items as ``key[i]``
+                    for i, item in enumerate(v.value):
+                        if isinstance(item, yaml.ScalarNode):
+                            self.raw[f"{key}[{i}]"] = str(item.value)
                 self._walk(v, key + ".")
+
+    def as_written(self, key: str, value: Any) -> Any:
+        """A number or boolean as the config wrote it, where the text is meant (YAML reads
+        1:30:00 as 5400, 0042 as 34, 010 as 8 and 1.10 as 1.1; SLURM and a script's argv get the
+        text); other values unchanged."""
+        if isinstance(value, (int, float, bool)):
+            return self.raw.get(key, str(value))
+        return value
 
     def err(self, key: str, msg: str) -> ConfigError:
         line = self.lines.get(key)
@@ -211,6 +231,28 @@ _TYPES: dict[str, dict[str, str]] = {
 _TOP = ("name", "run_dir", *_SECTIONS)
 
 
+def _extra_value(key: str, option: Any, value: Any, loc: _Loc) -> str:
+    """One ``slurm.extra`` option's value as sbatch gets it: the text as written, "" for a flag."""
+    if not isinstance(option, str) or not re.match(r"^[a-z][a-z0-9-]*$", option):
+        raise loc.err(key, "sbatch option names are lower-case words with dashes (e.g. 'exclusive')")
+    if option in _CONTROLLED:
+        raise loc.err(key, f"alpsck sets --{option} itself ({_CONTROLLED[option]})")
+    ours = [] if option in _SBATCH_OPTIONS_LIKE_OURS else [o for o in _CONTROLLED if o.startswith(option)]
+    if ours:
+        hint = f" ({_CONTROLLED[ours[0]]})" if len(ours) == 1 else ""
+        raise loc.err(key, f"sbatch takes --{option} as an abbreviation of --{' or --'.join(ours)}, which alpsck "
+                           f"sets itself{hint}; write the full name of an option alpsck does not set")
+    text = loc.as_written(key, value)
+    if isinstance(value, bool):  # YAML 1.1 booleans: true is a flag, yes/no/on/off stay text (--kill-on-invalid-dep=no)
+        if text.lower() == "true":
+            return ""
+        if text.lower() == "false":
+            raise loc.err(key, "false is not an sbatch value; leave the option out to not set it")
+    if not isinstance(text, str) or not _SLURM_WORD.match(text):
+        raise loc.err(key, f"{value!r} is not a plain sbatch option value")
+    return text
+
+
 def _unknown(key: str, options: list[str] | tuple[str, ...], loc: _Loc) -> ConfigError:
     close = difflib.get_close_matches(key.rsplit(".", 1)[-1], options, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(options)})"
@@ -242,7 +284,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("name", f"{name!r} is not a valid job name (letters, digits, _ . + -; at most 128)")
     sections: dict[str, Any] = {}
     for sec, cls in _SECTIONS.items():
-        raw = doc.get(sec) or {}
+        raw = doc.get(sec)
+        raw = {} if raw is None else raw  # an empty section; [] or '' is a mistake
         if not isinstance(raw, dict):
             raise loc.err(sec, f"expected a mapping, got {type(raw).__name__}")
         kwargs: dict[str, Any] = {}
@@ -256,7 +299,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
                 # A text key written as a number means the text as written: unquoted, YAML reads
                 # slurm.time 1:30:00 as 5400 (base 60) and an account 0042 as 34 (octal), while SLURM reads
                 # 1 h 30 min and the account "0042".
-                v = loc.raw.get(key, str(v))
+                v = loc.as_written(key, v)
+            elif _TYPES[sec][k] == "list[str]" and isinstance(v, list):  # entry.args: [--seed, 010] is "010"
+                v = [x if isinstance(x, bool) else loc.as_written(f"{key}[{i}]", x) for i, x in enumerate(v)]
             kwargs[k] = _check_type(key, v, _TYPES[sec][k], loc)
         sections[sec] = cls(**kwargs)
     slurm: SlurmConfig = sections["slurm"]
@@ -278,24 +323,13 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
             raise loc.err(f"slurm.{k}", "must be at least 1")
     if slurm.gpus_per_node < 0:
         raise loc.err("slurm.gpus_per_node", "must be 0 or more")
-    extra: dict[str, str] = {}
-    for k, v in slurm.extra.items():
-        key = f"slurm.extra.{k}"
-        if not isinstance(k, str) or not re.match(r"^[a-z][a-z0-9-]*$", k):
-            raise loc.err(key, "sbatch option names are lower-case words with dashes (e.g. 'exclusive')")
-        if k in _CONTROLLED:
-            raise loc.err(key, f"alpsck sets --{k} itself ({_CONTROLLED[k]}); overriding it would break the "
-                               "stop-checkpoint-requeue cycle or the job's own bookkeeping")
-        sval = "" if v is True else str(v)
-        if not isinstance(v, (str, int, float, bool)) or (sval and not _SLURM_WORD.match(sval)):
-            raise loc.err(key, f"{v!r} is not a plain sbatch option value")
-        extra[k] = sval
-    slurm.extra = extra
+    slurm.extra = {str(k): _extra_value(f"slurm.extra.{k}", k, v, loc) for k, v in slurm.extra.items()}
 
     for k in ("container", "uenv", "venv"):
         v = getattr(env, k)
         if v is not None:
-            v = _expand(v, f"environment.{k}", loc)
+            # ~ too: the batch script quotes the path, so its shell would not expand it
+            v = os.path.expanduser(_expand(v, f"environment.{k}", loc))
             if not re.match(r"^[^\s'\"`$;&|<>\\]{1,1024}$", v):
                 raise loc.err(f"environment.{k}", f"{v!r} must be a plain path or name (no spaces or shell characters)")
             setattr(env, k, v)
@@ -308,7 +342,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if entry.function is not None and not _ENTRY_FN.match(entry.function):
         raise loc.err("entry.function", f"{entry.function!r} is not 'package.module:function'")
     if entry.script is not None:
-        sp = Path(_expand(entry.script, "entry.script", loc))
+        sp = Path(_expand(entry.script, "entry.script", loc)).expanduser()
         if not sp.is_absolute() and base_dir is not None:
             sp = base_dir / sp
         if not sp.is_file():

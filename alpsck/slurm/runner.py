@@ -14,12 +14,15 @@ On each start (rank 0 writes history; every rank runs the entry):
    ``init_process_group()``; then run the entry (``module:function`` with a JobContext, or a
    script via runpy). The entry must agree across ranks on when to stop (the reference training
    all-reduces the stop flag each step), so every rank takes the same final checkpoint;
-4. then, by outcome:
-   - stop requested (timeout / preemption / maintenance): ``final_checkpoint`` (newest durable
-     step, seconds since the signal), then requeue;
-   - stop requested by ``scancel``: ``final_checkpoint``, ``cancelled``, no requeue;
-   - returned normally: ``finished``;
-   - raised: ``failed``, then requeue if ``requeue.on_failure`` and budget remain, else re-raise.
+4. then, by outcome (signals that came after the loop saw its stop are taken in first):
+   - the loop saw a stop (timeout / preemption / maintenance): ``final_checkpoint`` (newest
+     durable step, seconds since the signal), then requeue;
+   - the loop saw a stop and ``scancel`` came, before or during the final checkpoint:
+     ``final_checkpoint``, ``cancelled``, no requeue;
+   - returned normally without seeing a stop (one that came during the last step included):
+     ``finished``;
+   - raised: ``failed``, then requeue if ``requeue.on_failure``, the job was not cancelled, and
+     the restart budget (the same one as a stop's) remains; else exit 1.
 
 Requeue: under submitit's local executor, exit with its requeue code (144), which restarts the
 task. Under SLURM, ``scontrol requeue $SLURM_JOB_ID`` from rank 0; where that fails (Slurm
@@ -182,8 +185,10 @@ class JobRunner:
         finally:
             _set_current(None)
         stop.close()
+        # Settle signals that came after the loop saw its stop (a scancel during the final
+        # checkpoint): the decision below must see them.
         reason = stop.settle()
-        if reason is None:  # no stop, or one the entry never polled (it finished first)
+        if reason is None:  # no stop, or one the entry never saw (it finished first): the run is complete
             log("finished", step=newest_step(cfg.run_dir))
             return result
         step = newest_step(cfg.run_dir)
@@ -228,11 +233,12 @@ class JobRunner:
 
     def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
         rq = self.config.requeue
-        # Never requeue a job the user cancelled, even if it then failed (say, in its final save).
-        cancelled = ctx.stop.settle() == "cancel"
+        # Never requeue a job the user cancelled, even if it then failed (say, in its final save);
+        # the event keeps the error, since the final checkpoint may be missing.
+        cancelled = ctx.stop.cancelled()
         will = rq.on_failure and not cancelled and ctx.restart < self._budget()[0] and ctx.rank == 0
         log("failed", message="".join(traceback.format_exception_only(type(err), err)).strip()[-2000:],
-            step=newest_step(self.config.run_dir), will_requeue=will)
+            step=newest_step(self.config.run_dir), will_requeue=will, **({"cancelled": True} if cancelled else {}))
         traceback.print_exception(type(err), err, err.__traceback__)
         if will:
             return self._requeue(log, "failure", newest_step(self.config.run_dir))

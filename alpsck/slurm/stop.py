@@ -13,7 +13,9 @@ boundary; on the first positive answer the reason is settled:
 - a MAINT reservation that starts before the job would end, and within ``margin_s``, is
   ``maintenance`` (a watcher thread polls ``scontrol show reservation``).
 
-A later SIGTERM upgrades any reason to ``cancel`` only if scontrol confirms a cancel.
+A later SIGTERM upgrades any reason to ``cancel`` only if scontrol confirms a cancel; the
+runner calls :meth:`StopController.settle` before it decides, so a ``scancel`` that comes
+during the final checkpoint of a time-limit stop is a cancel, not a requeue.
 """
 
 from __future__ import annotations
@@ -175,16 +177,29 @@ class StopController:
     def _maybe_upgrade_to_cancel(self) -> None:
         for signum, _ in self._signals[self._seen:]:
             self._seen += 1
-            if signum == signal.SIGTERM and self._reason != "cancel":
-                if job_state(self.job_id, self._run) in ("COMPLETING", "CANCELLED"):
-                    self._reason = "cancel"
+            if signum == signal.SIGTERM and self._reason != "cancel" and self._scancelled():
+                self._reason = "cancel"
+
+    def _scancelled(self) -> bool:
+        """scontrol says the job is being cancelled (what ``scancel`` does; preemption keeps it RUNNING)."""
+        return job_state(self.job_id, self._run) in ("COMPLETING", "CANCELLED")
 
     def settle(self) -> str | None:
         """The reason, with signals that came after it was settled taken into account (a SIGTERM
-        from ``scancel`` during the final checkpoint makes it ``cancel``). Call before acting on it."""
+        from ``scancel`` during the final checkpoint makes it ``cancel``). Call before acting on it.
+
+        None when the loop never saw a stop: a signal it did not poll for (it came during the
+        last step) leaves a finished run, and only the loop knows whether it stopped early."""
         if self._reason is not None:
             self._maybe_upgrade_to_cancel()
         return self._reason
+
+    def cancelled(self) -> bool:
+        """Whether the job was cancelled, seen by the loop or not: a job that fails after a
+        ``scancel`` (its final save, or a peer rank that went away) must not be requeued."""
+        if self.settle() == "cancel":
+            return True
+        return self._reason is None and any(s == signal.SIGTERM for s, _ in self._signals) and self._scancelled()
 
     @property
     def reason(self) -> str | None:

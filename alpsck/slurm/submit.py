@@ -158,7 +158,16 @@ def live_jobs(run_dir: str | Path) -> list[tuple[str, str]] | None:
     return out
 
 
-def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
+class _ScriptOnlyExecutor(submitit.SlurmExecutor):
+    """A SlurmExecutor that only writes the script (--dry-run): it needs no ``srun`` here, where
+    submitit's own refuses to start without one."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 1
+
+
+def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> submitit.Executor:
     folder = Path(cfg.run_dir) / "submitit"
     ex: submitit.Executor
     if local:
@@ -166,14 +175,19 @@ def make_executor(cfg: JobConfig, local: bool) -> submitit.Executor:
         ex.update_parameters(timeout_min=max(1, math.ceil(cfg.slurm.time_minutes)),
                              signal_delay_s=signal_delay(cfg), tasks_per_node=cfg.slurm.tasks_per_node)
         return ex
-    ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=sys.executable)
+    if not script_only and shutil.which("srun") is None:  # submitit's own error would be a traceback
+        raise SlurmError("srun not found: the batch script starts the job's tasks with srun; submit where SLURM's "
+                         "commands are installed, or use --local")
+    cls = _ScriptOnlyExecutor if script_only else submitit.SlurmExecutor
+    # python goes into the job's command line as shell text (submitit quotes only its default)
+    ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=shlex.quote(sys.executable))
     ex.update_parameters(**slurm_parameters(cfg))
     return ex
 
 
 def sbatch_script(cfg: JobConfig) -> str:
-    """The sbatch script ``submit`` would use (for --dry-run and golden tests)."""
-    ex = make_executor(cfg, local=False)
+    """The sbatch script ``submit`` would use (for --dry-run and golden tests); needs no SLURM here."""
+    ex = make_executor(cfg, local=False, script_only=True)
     assert isinstance(ex, submitit.SlurmExecutor)
     return ex._make_submission_file_text(ex._submitit_command_str, uid="DRYRUN")
 
