@@ -46,7 +46,7 @@ import torch
 from . import _core, tree
 from .errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
 from .ranks import Ranks, assign_owners
-from .shards import META_FORMAT, CheckpointShards, read_meta
+from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 from .staging import Stager, guarded_pointers
 
 TREE_FORMAT = META_FORMAT  # kept for callers of the first version
@@ -431,7 +431,7 @@ def restore_into(
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
     if ranks.rank == 0:
         for i in infos.values():
-            if i["status"] in ("corrupt", "unreadable") and (step is None or i["step"] == step):
+            if i["status"] in UNUSABLE and (step is None or i["step"] == step):
                 warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning,
                               stacklevel=3)
         order = [s for s in sorted(infos, reverse=True) if infos[s]["status"] == "committed" and step in (None, s)]

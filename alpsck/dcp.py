@@ -103,7 +103,7 @@ from .dcp_json import (
     extent_name,
 )
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
-from .shards import shard_name
+from .shards import UNUSABLE, shard_name
 
 __all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter"]
 
@@ -473,7 +473,7 @@ class AlpsckStorageReader(StorageReader):
             return self._load(info)
         skipped: list[str] = []
         for info in infos:
-            if info["status"] in ("corrupt", "unreadable"):
+            if info["status"] in UNUSABLE:
                 skipped.append(f"{info['path']}: {info['status']}: {info['error']}")
                 continue
             if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:

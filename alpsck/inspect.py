@@ -46,7 +46,7 @@ from .errors import (
     RunDirLockedError,
     UsageError,
 )
-from .shards import CheckpointShards
+from .shards import UNUSABLE, CheckpointShards
 
 _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 LOCK_NAME = ".lock"
@@ -102,11 +102,6 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     if not any(_is_run_entry(n) for n in names):
         raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)")
     return path
-
-
-#: Scan states of checkpoints restore skips: damaged ("corrupt") or, for a reason that says
-#: nothing about their bytes (permission denied, EIO, ESTALE), impossible to read ("unreadable").
-UNUSABLE = frozenset({"corrupt", "unreadable"})
 
 
 def scan_run_dir(

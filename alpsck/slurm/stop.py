@@ -162,8 +162,7 @@ class StopController:
             if signum == self.timeout_signal:
                 self._reason = "timeout"
             else:
-                state = job_state(self.job_id, self._run)
-                self._reason = "cancel" if state in ("COMPLETING", "CANCELLED") else "preemption"
+                self._reason = "cancel" if self._scancelled() else "preemption"
             self.signal_time = at
             self._seen = 1
             return True
