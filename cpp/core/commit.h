@@ -18,6 +18,9 @@ constexpr char kLatestName[] = "LATEST";
 // Expired checkpoints and abandoned step-N.tmp directories are renamed to free-* (atomic
 // expiry), then reused for new saves (single rank) or removed.
 constexpr char kFreePrefix[] = "free-";
+// Checkpoints of an abandoned history (newer than the step a resumed run continues from) are
+// renamed to superseded-step-N-<pid>-<seq> (Engine::Supersede): never restored, kept until pruned.
+constexpr char kSupersededPrefix[] = "superseded-";
 constexpr uint64_t kMaxManifestBytes = 16ull << 20;
 // Manifest formats: /2 carries its own CRC32C (below); /1 (older builds) has none and is still read.
 constexpr char kManifestFormat[] = "alpsck-checkpoint/2";

@@ -189,12 +189,38 @@ bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* v
   return true;
 }
 
+namespace {
+
+// True when final_dir's manifest lists `mine` as one of its shards (name, size and index CRC).
+bool CommitHolds(Env* env, const std::string& final_dir, const ShardRecord& mine) {
+  std::string text;
+  if (!ReadSmallFile(env, JoinPath(final_dir, kManifestName), kMaxManifestBytes, &text).ok()) return false;
+  Json m;
+  if (!ParseJson(text, &m).ok()) return false;
+  const Json* files = m.find("files");
+  const std::vector<Json>* fa = files ? files->get_array() : nullptr;
+  if (!fa) return false;
+  for (const Json& f : *fa) {
+    const Json* name = f.find("name");
+    const Json* bytes = f.find("bytes");
+    const Json* crc = f.find("index_crc");
+    uint64_t b = 0, c = 0;
+    if (name && name->get_string() && *name->get_string() == mine.name && bytes && bytes->get_u64(&b) &&
+        b == mine.bytes && crc && crc->get_u64(&c) && c == mine.index_crc)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const std::string& tmp_dir,
-                     double timeout_s) {
+                     double timeout_s, const ShardRecord* mine) {
   const std::string final_dir = JoinPath(run_dir, StepDirName(step));
   Status verdict;
   const bool finished = PollUntil(timeout_s, [&] {
-    return Exists(env, JoinPath(final_dir, kManifestName)) || AbortVerdict(env, tmp_dir, step, &verdict);
+    if (Exists(env, JoinPath(final_dir, kManifestName)) && (!mine || CommitHolds(env, final_dir, *mine))) return true;
+    return AbortVerdict(env, tmp_dir, step, &verdict);
   });
   if (!verdict.ok()) return verdict;
   if (!finished)

@@ -71,9 +71,12 @@ void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why);
 bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* verdict);
 
 // Step 3: polls until step-N is committed and RUN_DIR synced (OK), or tmp_dir (this rank's
-// attempt at it) is aborted, or timeout_s passes (kAborted, with why).
+// attempt at it) is aborted, or timeout_s passes (kAborted, with why). With `mine` (this rank's
+// sealed shard), only a manifest that lists exactly that shard counts: a step-N of an earlier
+// history that rank 0 has yet to retire (Engine::Supersede) is not this save's commit. Every
+// save's index carries a unique save_id, so even the same bytes saved again differ in index_crc.
 Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const std::string& tmp_dir,
-                     double timeout_s);
+                     double timeout_s, const ShardRecord* mine = nullptr);
 
 // The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for
 // the shards, writes the extra files (name, content) into step-N.tmp, commits with everything in

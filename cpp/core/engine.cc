@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <random>
 
 #include "commit.h"
 #include "coordinate.h"
@@ -20,6 +22,26 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 constexpr uint64_t kDefaultChunkBytes = 8ull << 20;
+
+// 16 hex digits, unique per save across processes and hosts (with overwhelming probability):
+// a random per-process seed, the pid and a counter, mixed.
+std::string NewSaveId() {
+  static const uint64_t seed = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+           static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
+  }();
+  static std::atomic<uint64_t> counter{0};
+  uint64_t x = seed ^ (static_cast<uint64_t>(::getpid()) << 40) ^ counter.fetch_add(1, std::memory_order_relaxed);
+  x ^= x >> 33;  // splitmix64's finaliser: every input bit reaches every output bit
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
 }  // namespace
 
 // ---------------------------------------------------------------- SaveHandle
@@ -70,6 +92,7 @@ struct Engine::Job {
   int fd = -1;
   bool direct = false;
   ShardIndex index;                  // layout + crcs + meta
+  ShardRecord record;                // this rank's sealed shard (several ranks: to find its commit)
   std::vector<const char*> srcs;     // zero-copy sources, per extent
   std::atomic<uint64_t> remaining{0};
   std::atomic<bool> failed{false};
@@ -138,6 +161,7 @@ Status Engine::Init() {
     uint64_t step = 0;
     if (ParseStepDirName(n, &step)) {
       if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
+      if (env_->IsDir(p) == 1) found_.insert(step);
       continue;
     }
     const bool tmp = ParseTmpDirName(n, &step);
@@ -209,6 +233,77 @@ uint32_t Engine::in_flight() const {
   return in_flight_;
 }
 
+void Engine::ContinueFrom(int64_t step) {
+  std::lock_guard<std::mutex> l(mu_);
+  base_ = step < 0 ? -1 : step;
+  if (step >= 0) found_.erase(static_cast<uint64_t>(step));
+}
+
+Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
+  retired->clear();
+  std::lock_guard<std::mutex> rl(retention_mu_);  // retention renames step directories too
+  std::vector<uint64_t> victims;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Error(Code::kAborted, "engine is closed");
+    for (auto it = found_.rbegin(); it != found_.rend(); ++it)
+      if (*it >= step || (base_ != kNoBase && static_cast<int64_t>(*it) > base_)) victims.push_back(*it);
+    for (uint64_t v : victims)
+      if (in_flight_steps_.count(v))
+        return Status::Invalid("step " + std::to_string(v) + " of an earlier history is being saved; call Supersede "
+                               "before saving it");
+  }
+  if (victims.empty()) return Status::Ok();
+  if (opts_.rank == 0) {
+    // LATEST (a hint) first: it must never name a step newer than every valid checkpoint, and a
+    // power loss keeps the run directory's changes in order, so this one lands before the renames.
+    int64_t remaining = -1;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (uint64_t c : committed_)
+        if (std::find(victims.begin(), victims.end(), c) == victims.end()) remaining = static_cast<int64_t>(c);
+    }
+    std::lock_guard<std::mutex> pl(publish_mu_);
+    if (remaining >= 0) PublishLatest(env_, opts_.run_dir, static_cast<uint64_t>(remaining));
+    else env_->Unlink(JoinPath(opts_.run_dir, kLatestName));
+  }
+  Status failure;
+  std::vector<uint64_t> gone;
+  for (uint64_t v : victims) {
+    std::string dest;
+    if (opts_.rank == 0) {
+      const std::string path = JoinPath(opts_.run_dir, StepDirName(v));
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        dest = JoinPath(opts_.run_dir, kSupersededPrefix + StepDirName(v) + "-" + std::to_string(::getpid()) + "-" +
+                                           std::to_string(free_seq_++));
+      }
+      const int r = env_->Rename(path, dest);
+      if (r == -ENOENT) {
+        dest.clear();  // removed meanwhile (a prune): nothing left to retire
+      } else if (r < 0) {
+        failure = Status::FromErrno(-r, "retire " + path + " (a checkpoint of an abandoned history) to " + dest);
+        break;
+      }
+    }
+    gone.push_back(v);
+    if (!dest.empty() || opts_.rank != 0) retired->emplace_back(v, dest);
+  }
+  // Durable before any later commit can be: a power loss must never leave the new history's
+  // checkpoint beside an abandoned newer one (restore would pick the abandoned one).
+  if (opts_.rank == 0 && !gone.empty()) {
+    Status s = SyncDir(env_, opts_.run_dir);
+    if (!s.ok() && failure.ok()) failure = s;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  for (uint64_t v : gone) {
+    found_.erase(v);
+    committed_.erase(v);
+  }
+  published_ = committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin());
+  return failure;  // on failure the renames done stay done, and the save must not proceed
+}
+
 Status Engine::PrepareDir(Job* j) {
   const std::string& dir = opts_.run_dir;
   j->tmp_dir = JoinPath(dir, TmpDirName(j->step, j->attempt));
@@ -275,6 +370,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   ALPSCK_RETURN_IF_ERROR(PlanLayout(sizes, align_, chunk_bytes_, kDefaultPackAlign, &job->index.layout));
   job->index.meta = meta;
   job->index.rank = opts_.rank;
+  job->index.save_id = NewSaveId();
   const ShardLayout& layout = job->index.layout;
   job->index.crcs.assign(layout.num_chunks(), 0);
   // PlanLayout keeps the input order, so srcs[k] belongs to layout.extents[k].
@@ -559,6 +655,7 @@ void Engine::Finish(Job* j) {
       if (c < 0) s = Status::FromErrno(-c, "close " + j->shard_path);
     }
     r.bytes = rec.bytes;
+    j->record = rec;
   }
   if (j->fd >= 0) env_->Close(j->fd);
   j->fd = -1;
@@ -632,7 +729,7 @@ void Engine::CommitterLoop() {
         if (env_->IsDir(old) == 1) RemoveDirFiles(env_, old);
       }
     } else {
-      s = WaitForCommit(env_, opts_.run_dir, j->step, j->tmp_dir, opts_.commit_timeout_s);
+      s = WaitForCommit(env_, opts_.run_dir, j->step, j->tmp_dir, opts_.commit_timeout_s, &j->record);
     }
     SaveResult r = j->result;
     Complete(std::move(j), s, r);

@@ -49,6 +49,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "commit.h"
@@ -134,13 +135,34 @@ class Engine {
   // Blocks while max_in_flight saves are in flight (nothing is dropped). Errors found before
   // anything is queued (bad names, a directory that cannot be created, no space for the
   // preallocation) are returned here; later ones through the handle. A step that is already
-  // committed is not written again (the handle completes with skipped = true).
+  // committed is not written again (the handle completes with skipped = true), unless it belongs
+  // to an abandoned history and Supersede retired it first.
   // With kExternal, *fill receives the save's filler (required; otherwise ignored).
   Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
               std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto,
               std::shared_ptr<ExternalFill>* fill = nullptr);
   void WaitAll();
   void Close();
+
+  // Histories. A run directory holds one history: a resumed run continues from the step it
+  // restored, and the checkpoint directories found at Open that are newer than that step (the
+  // newest was corrupt and restore fell back, or an older step was restored on purpose) belong
+  // to an abandoned future. Left in place they would shadow the new history's checkpoints in
+  // restore (newest wins), take their places in retention, and make a save of the same step a
+  // silent no-op. So:
+  //  - ContinueFrom(S): the run continues from step S (-1: from nothing, every checkpoint found
+  //    is abandoned). S itself stays a checkpoint of this history. Call it (on every rank) after
+  //    restoring, before the first save.
+  //  - Supersede(step), before saving `step`: retires the directories found at Open that are
+  //    not of this history: those of a step newer than S (when ContinueFrom was called) and
+  //    those of a step >= `step` (a save never lands beside or below an older history's newer
+  //    checkpoint). Rank 0 renames each to superseded-step-N-<pid>-<seq> and fsyncs RUN_DIR
+  //    before returning, so no later commit is durable while an abandoned newer checkpoint
+  //    still is; the other ranks only forget them (a waiting rank recognises its own commit by
+  //    its shard record, never a retired step's manifest). *retired gets (step, new path; empty
+  //    on ranks > 0), newest first. An error (a rename refused) leaves the step unsaveable.
+  void ContinueFrom(int64_t step);
+  Status Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired);
 
   uint64_t align() const { return align_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
@@ -213,6 +235,9 @@ class Engine {
   uint32_t in_flight_ = 0;
   std::set<uint64_t> in_flight_steps_;
   std::set<uint64_t> committed_;          // steps whose directory holds a manifest
+  std::set<uint64_t> found_;              // step-N directories found at Open, not of this history yet
+  static constexpr int64_t kNoBase = INT64_MIN;
+  int64_t base_ = kNoBase;                // ContinueFrom's step
   // Several ranks: saves of a step so far (its next attempt), until the step commits. Every rank
   // calls Save the same number of times for a step, so the ranks agree without a collective.
   std::map<uint64_t, uint32_t> attempts_;

@@ -98,6 +98,7 @@ std::string EncodeIndex(const ShardIndex& idx) {
     o.set("size", Json::UInt(e.size));
   }
   root.set("meta", Json::Str(idx.meta));
+  if (!idx.save_id.empty()) root.set("save_id", Json::Str(idx.save_id));
   return root.dump();
 }
 
@@ -154,6 +155,10 @@ Status DecodeIndex(std::string_view text, uint64_t data_padded, ShardIndex* out)
   const Json* meta = root.find("meta");
   if (!meta || !meta->get_string()) return bad("'meta' missing");
   idx.meta = *meta->get_string();
+  if (const Json* id = root.find("save_id")) {  // optional (older builds wrote none)
+    if (!id->get_string()) return bad("'save_id' is not a string");
+    idx.save_id = *id->get_string();
+  }
   *out = std::move(idx);
   return Status::Ok();
 }

@@ -55,6 +55,9 @@ struct ShardIndex {
   std::vector<uint32_t> crcs;  // one per chunk
   std::string meta;            // opaque to the core (the Python layer's JSON tree)
   uint32_t rank = 0;
+  // Unique per save (written when non-empty): two saves of the same bytes still differ in their
+  // index CRC, so a rank can tell its own commit from an earlier one of the same step.
+  std::string save_id;
 };
 
 std::string EncodeIndex(const ShardIndex& idx);

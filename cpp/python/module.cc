@@ -248,6 +248,20 @@ class PyEngine {
     return PyHandle(h);
   }
 
+  void continue_from(int64_t step) { engine().ContinueFrom(step); }
+
+  std::vector<std::pair<uint64_t, std::string>> supersede(uint64_t step) {
+    std::vector<std::pair<uint64_t, std::string>> retired;
+    Status s;
+    Engine& e = engine();
+    {
+      nb::gil_scoped_release nogil;
+      s = e.Supersede(step, &retired);
+    }
+    if (!s.ok()) RaiseStatus(s, true);
+    return retired;
+  }
+
   void wait_all() {
     if (engine_) {
       nb::gil_scoped_release nogil;
@@ -516,6 +530,11 @@ NB_MODULE(_core, m) {
            "The whole staging pool as one uint8 CPU tensor (zero-copy; keeps the memory alive past close).")
       .def_prop_ro("staging_address", [](PyEngine& e) {
         return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e.engine().staging_base())); })
+      .def("continue_from", &PyEngine::continue_from, "step"_a,
+           "The run continues from this restored step (-1: from nothing); see Engine::ContinueFrom.")
+      .def("supersede", &PyEngine::supersede, "step"_a,
+           "Before saving step: retire the checkpoints of an abandoned history; returns (step, new path) "
+           "newest first (paths empty on ranks > 0). See Engine::Supersede.")
       .def("wait_all", &PyEngine::wait_all)
       .def("close", &PyEngine::close)
       .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })

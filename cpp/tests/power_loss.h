@@ -238,11 +238,15 @@ class PowerLossModel {
   const std::vector<Inode>& inodes() const { return inodes_; }
 
   // The largest value noted with Mark(label, v) among the first k calls; -1 if none.
-  int64_t LastMark(size_t k, const std::string& label) const {
+  // The largest value marked `label` among the first k calls; a mark labelled `reset` (if given)
+  // sets it to its own value, whatever came before.
+  int64_t LastMark(size_t k, const std::string& label, const std::string& reset = "") const {
     int64_t best = -1;
-    for (size_t i = 0; i < k && i < ops_.size(); ++i)
-      if (ops_[i].kind == alpsck::RecordedOp::Kind::kMark && ops_[i].label == label)
-        best = std::max<int64_t>(best, static_cast<int64_t>(ops_[i].value));
+    for (size_t i = 0; i < k && i < ops_.size(); ++i) {
+      if (ops_[i].kind != alpsck::RecordedOp::Kind::kMark) continue;
+      if (ops_[i].label == label) best = std::max<int64_t>(best, static_cast<int64_t>(ops_[i].value));
+      else if (!reset.empty() && ops_[i].label == reset) best = static_cast<int64_t>(ops_[i].value);
+    }
     return best;
   }
 

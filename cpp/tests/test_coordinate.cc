@@ -299,6 +299,55 @@ TEST(manifests_must_list_one_shard_per_rank_in_order) {
   }
 }
 
+TEST(a_waiting_rank_never_takes_an_earlier_historys_manifest_for_its_commit) {
+  // Ranks 0 and 1 wrote steps 1-3; the resumed run continues from step 1 and saves step 2 again,
+  // with the very same bytes. Rank 1 finishes first, while the abandoned step-2 (with its
+  // manifest) is still there: it must wait for rank 0 to retire it and commit the new one.
+  TempDir d;
+  {
+    std::vector<std::unique_ptr<Engine>> e;
+    for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2, nullptr, 0));
+    for (auto& x : e) REQUIRE(x);
+    for (uint64_t step : {1, 2, 3})
+      for (const Status& s : SaveAll(e, step)) CHECK(s.ok());
+  }
+  const std::string old_manifest = JoinPath(JoinPath(d.path(), StepDirName(2)), kManifestName);
+  std::string before;
+  REQUIRE(ReadSmallFile(Env::Default(), old_manifest, 1 << 20, &before).ok());
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2, nullptr, 0));
+  for (auto& x : e) REQUIRE(x);
+  std::vector<std::pair<uint64_t, std::string>> retired;
+  e[1]->ContinueFrom(1);
+  REQUIRE(e[1]->Supersede(2, &retired).ok());  // rank 1 touches nothing on disk
+  REQUIRE(retired.size() == 2u);
+  CHECK(retired[0].second.empty());
+  CHECK(Exists(old_manifest));
+  auto data1 = Data(2, 1);
+  std::shared_ptr<SaveHandle> h1;
+  REQUIRE(e[1]->Save(2, {{"w", data1.data(), data1.size()}}, "{\"rank\":1}", SaveMode::kSnapshot, &h1).ok());
+  // Without the shard-record check, rank 1 reported this durable at once, on the old manifest.
+  CHECK(!h1->Wait(0.3));
+  e[0]->ContinueFrom(1);
+  REQUIRE(e[0]->Supersede(2, &retired).ok());
+  REQUIRE(retired.size() == 2u);
+  CHECK(!retired[0].second.empty());
+  auto data0 = Data(2, 0);
+  std::shared_ptr<SaveHandle> h0;
+  REQUIRE(e[0]->Save(2, {{"w", data0.data(), data0.size()}}, "{\"rank\":0}", SaveMode::kSnapshot, &h0).ok());
+  REQUIRE(h0->Wait(30) && h1->Wait(30));
+  CHECK(h0->status().ok());
+  CHECK(h1->status().ok());
+  CHECK(!h1->result().skipped);
+  std::string after;
+  REQUIRE(ReadSmallFile(Env::Default(), old_manifest, 1 << 20, &after).ok());
+  CHECK(after != before);  // a new commit (same bytes, new save ids)
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 2, r, Data(2, r)));
+  auto infos = Scan(d.path());
+  REQUIRE(infos.size() == 2u);  // 1 and the new 2; the abandoned 3 is retired
+  CHECK_EQ(infos[1].step, uint64_t{2});
+}
+
 TEST(rank_must_be_below_world_size) {
   TempDir d;
   EngineOptions o;

@@ -75,8 +75,17 @@ const std::vector<char>& StepData(uint64_t step) {
 }
 std::vector<char> StepSmall(uint64_t step) { return RandomBytes(100, static_cast<uint32_t>(step + 100000)); }
 // What rank r saves at a step (rank 0: StepData(step), StepSmall(step)).
-uint64_t RankKey(uint64_t step, uint32_t rank) { return step + 1000000ull * rank; }
-std::string StepMeta(uint64_t step) { return "{\"step\":" + std::to_string(step) + "}"; }
+// History 1: what a run resumed from an older step saves (other bytes for the same steps).
+uint64_t RankKey(uint64_t step, uint32_t rank, uint32_t history = 0) {
+  return step + 1000000ull * rank + 500000ull * history;
+}
+std::string StepMeta(uint64_t step, uint32_t history = 0) {
+  return "{\"step\":" + std::to_string(step) + (history ? ",\"history\":" + std::to_string(history) : "") + "}";
+}
+// The step a resumed session continued from (-1: no resumed session): once any checkpoint of
+// history 1 is valid, none of history 0 newer than it may be (it would shadow the new history).
+int64_t g_resumed_from = -1;
+constexpr uint64_t kRestartSteps = 100000;  // CheckRestart's saves: outside both histories
 
 EngineOptions Options(const std::string& dir, Env* env) {
   EngineOptions o;
@@ -99,17 +108,19 @@ void RemoveTree(const std::string& p) {
 
 // Checks the bytes of every shard of a committed checkpoint against what its rank saved for
 // its step.
-std::string CheckContent(const CheckpointInfo& c) {
+std::string CheckContent(const CheckpointInfo& c, uint32_t* history) {
   if (c.shards.empty()) return "no shards";
   for (uint32_t rank = 0; rank < c.shards.size(); ++rank) {
     if (c.shards[rank] != ShardFileName(rank)) return "shard " + c.shards[rank] + " out of place";
     std::unique_ptr<ShardReader> r;
     Status s = ShardReader::Open(Env::Default(), JoinPath(c.path, ShardFileName(rank)), false, &r);
     if (!s.ok()) return "reopen: " + s.message();
-    if (r->index().meta != StepMeta(c.step)) return "meta is " + r->index().meta;
+    if (r->index().meta == StepMeta(c.step, 1)) *history = 1;
+    else if (r->index().meta == StepMeta(c.step)) *history = 0;
+    else return "meta is " + r->index().meta;
     const auto& ex = r->index().layout.extents;
-    const std::vector<char>& want_a = StepData(RankKey(c.step, rank));
-    const std::vector<char> want_m = StepSmall(RankKey(c.step, rank));
+    const std::vector<char>& want_a = StepData(RankKey(c.step, rank, *history));
+    const std::vector<char> want_m = StepSmall(RankKey(c.step, rank, *history));
     std::vector<char> a(want_a.size()), m(want_m.size());
     std::vector<char*> dsts(ex.size(), nullptr);
     for (size_t i = 0; i < ex.size(); ++i) {
@@ -135,14 +146,22 @@ std::string CheckRecovered(const std::string& run_dir, int64_t durable, int64_t*
   Status s = ScanRunDir(Env::Default(), run_dir, false, 1, &quick);
   if (!s.ok()) return "scan: " + s.message();
   *newest = -1;
+  int64_t newest_resumed = -1, abandoned = -1;
   for (const CheckpointInfo& c : quick) {
     if (c.state == CheckpointState::kCorrupt) return "corrupt checkpoint " + c.path + ": " + c.error;
     if (c.state != CheckpointState::kCommitted) continue;
     if (c.path.size() > 4 && c.path.compare(c.path.size() - 4, 4, ".tmp") == 0) return ".tmp reported valid: " + c.path;
-    std::string bad = CheckContent(c);
+    uint32_t history = 0;
+    std::string bad = CheckContent(c, &history);
     if (!bad.empty()) return "committed checkpoint " + c.path + " fails verification: " + bad;
     *newest = std::max<int64_t>(*newest, static_cast<int64_t>(c.step));
+    if (history == 1) newest_resumed = std::max<int64_t>(newest_resumed, static_cast<int64_t>(c.step));
+    if (history == 0 && c.step < kRestartSteps && static_cast<int64_t>(c.step) > g_resumed_from)
+      abandoned = std::max<int64_t>(abandoned, static_cast<int64_t>(c.step));
   }
+  if (g_resumed_from >= 0 && newest_resumed >= 0 && abandoned >= 0)
+    return "step " + std::to_string(abandoned) + " of the abandoned history is valid beside step " +
+           std::to_string(newest_resumed) + " of the resumed one (restore would pick the abandoned one)";
   if (*newest < durable)
     return "newest valid step " + std::to_string(*newest) + " is older than step " + std::to_string(durable) +
            ", which was reported durable";
@@ -244,7 +263,9 @@ std::string Explore(const PowerLossModel& model, const Budget& budget, Explored*
       continue;
     const bool mark = last && last->kind == RecordedOp::Kind::kMark;
     ++ex->crash_points;
-    const int64_t durable = model.LastMark(k, "durable");
+    // A resumed run gives up the abandoned history's promises: from then on the step it continues
+    // from is the floor.
+    const int64_t durable = model.LastMark(k, "durable", "resume");
     std::vector<Policy> policies = {MinPolicy(), MaxPolicy()};
     if (!mark && model.AnythingUnsynced(k)) {
       for (size_t ino = 0; ino < model.inodes().size() && ex->crash_points % budget.cut_every == 0; ++ino) {
@@ -573,6 +594,9 @@ struct Scenario {
   // > 0 (several ranks): rank 1's first attempt at this step fails (ENOSPC), the coordinator
   // aborts it, and every rank saves the step again (a directory of its own per attempt).
   uint64_t abort_step = 0;
+  // >= 0: the second session continues from this step (ContinueFrom) and saves history 1 from
+  // the step after it, through Supersede, over the first session's newer checkpoints.
+  int64_t resume_from = -1;
 };
 
 // Saves steps 1-6, closes, reopens and saves 7-9, all through rec (and, for the race, an
@@ -591,7 +615,7 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
     full.count = UINT64_MAX;
     faulty.AddRule(full);
   }
-  auto session = [&](uint64_t first, uint64_t last) {
+  auto session = [&](uint64_t first, uint64_t last, uint32_t history) {
     std::vector<std::unique_ptr<Engine>> engines(sc.world_size);
     for (uint32_t rank = 0; rank < sc.world_size; ++rank) {  // rank 0 first: it cleans up at Open
       EngineOptions o = Options(run, rank == 1 && sc.abort_step ? &faulty : env);
@@ -608,6 +632,10 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
       }
     }
     g_chunk = engines[0]->chunk_bytes();
+    if (history) {
+      for (auto& e : engines) e->ContinueFrom(sc.resume_from);
+      rec->Mark("resume", static_cast<uint64_t>(sc.resume_from));
+    }
     std::mutex mu;
     std::vector<std::thread> waiters;
     bool ok = true;
@@ -618,15 +646,18 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
         const std::vector<char>* m;
         {
           std::lock_guard<std::mutex> l(mu);  // StepData's cache is not thread-safe
-          keep_alive[rank].push_back(StepData(RankKey(step, rank)));
-          keep_alive[rank].push_back(StepSmall(RankKey(step, rank)));
+          keep_alive[rank].push_back(StepData(RankKey(step, rank, history)));
+          keep_alive[rank].push_back(StepSmall(RankKey(step, rank, history)));
           a = &keep_alive[rank][keep_alive[rank].size() - 2];
           m = &keep_alive[rank].back();
         }
         const SaveMode mode = step % 3 == 0 ? SaveMode::kZeroCopy : step % 3 == 1 ? SaveMode::kSnapshot : SaveMode::kSnapshotOverlap;
         std::shared_ptr<SaveHandle> h;
         const uint64_t expiries = race.expiries();
-        Status s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step), mode, &h);
+        std::vector<std::pair<uint64_t, std::string>> retired;
+        Status s = e->Supersede(step, &retired);
+        if (s.ok())
+          s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
         if (s.ok() && step == sc.abort_step) {  // the aborted attempt, then the retry
           h->Wait(-1);
           if (h->status().ok()) {
@@ -636,7 +667,7 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
             ok = false;
             return;
           }
-          s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step), mode, &h);
+          s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
           if (s.ok()) h->Wait(-1);
           if (s.ok() && !h->status().ok()) {
             std::fprintf(stderr, "rank %u: the retry of step %llu failed: %s\n", rank,
@@ -671,7 +702,8 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
     return ok;
   };
   if (sc.world_size > 8) return false;
-  return session(1, 6) && session(7, 9);
+  if (sc.resume_from >= 0) return session(1, 6, 0) && session(static_cast<uint64_t>(sc.resume_from) + 1, 8, 1);
+  return session(1, 6, 0) && session(7, 9, 0);
 }
 
 // Reuses of a free-K directory (a rename from it) while the rename that made it free-K was not
@@ -695,6 +727,7 @@ size_t ReusesBeforeExpiryDurable(const std::vector<RecordedOp>& ops, const std::
 }
 
 void RecordAndExplore(const Scenario& sc) {
+  g_resumed_from = sc.resume_from;
   TempDir d;
   const std::string run = d.sub("run");
   REQUIRE(::mkdir(run.c_str(), 0755) == 0);
@@ -705,7 +738,7 @@ void RecordAndExplore(const Scenario& sc) {
   const bool built = model.Build(run, rec.Ops(), &err);
   if (!built) std::fprintf(stderr, "model: %s\n", err.c_str());
   REQUIRE(built);
-  CHECK(model.LastMark(model.num_ops(), "durable") == 9);
+  CHECK(model.LastMark(model.num_ops(), "durable") == (sc.resume_from >= 0 ? 8 : 9));
   if (std::getenv("ALPSCK_CRASH_DUMP"))  // the whole log, for debugging
     std::fprintf(stderr, "%s", model.Tail(model.num_ops(), model.num_ops()).c_str());
   // Less per crash point where each state costs more: files 16x larger (64 KiB pages, the
@@ -752,6 +785,16 @@ TEST(two_rank_retry_of_an_aborted_step_survives_every_power_loss_state) {
   sc.world_size = 2;
   sc.threads = 2;
   sc.abort_step = 4;
+  RecordAndExplore(sc);
+}
+
+TEST(a_run_resumed_from_an_older_step_never_leaves_the_abandoned_history_in_front) {
+  // Steps 1-6, then a restart that continues from step 4 (5 and 6 corrupt, or rolled back):
+  // it saves 5-8 anew. Every state keeps the promises, and none holds a valid abandoned 5 or 6
+  // beside a checkpoint of the resumed history.
+  Scenario sc;
+  sc.keep_last = 3;  // step 4 is still there when the run resumes from it
+  sc.resume_from = 4;
   RecordAndExplore(sc);
 }
 

@@ -218,6 +218,127 @@ TEST(reopen_sees_committed_and_reuses_abandoned_tmp) {
   CHECK(h->result().skipped);
 }
 
+// Names in dir starting with prefix.
+std::vector<std::string> NamesWith(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> names, out;
+  Env::Default()->ListDir(dir, &names);
+  for (auto& n : names)
+    if (n.rfind(prefix, 0) == 0) out.push_back(n);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Saves steps with data RandomBytes(1000 + step, seed + step) through a fresh engine.
+void SaveSteps(const std::string& dir, std::initializer_list<uint64_t> steps, uint32_t seed) {
+  auto e = Open(dir, nullptr, 2, 0);
+  REQUIRE(e);
+  for (uint64_t step : steps) {
+    auto a = RandomBytes(1000 + step, seed + static_cast<uint32_t>(step));
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(h->Wait(-1));
+    REQUIRE(h->status().ok());
+  }
+}
+
+TEST(a_resumed_run_retires_the_abandoned_newer_checkpoints_and_saves_their_steps_anew) {
+  // The run restored step 2 (say step 3 and 4 were corrupt, or an older step was restored on
+  // purpose): 3 and 4 belong to an abandoned future. Without Supersede, save(3) was a silent
+  // no-op and restore kept finding the abandoned step 4.
+  TempDir d;
+  SaveSteps(d.path(), {1, 2, 3, 4}, 100);
+  REQUIRE(Env::Default()->Unlink(JoinPath(JoinPath(d.path(), StepDirName(4)), kManifestName)) == 0);  // half-gone
+  auto e = Open(d.path(), nullptr, 2, 3);
+  REQUIRE(e);
+  CHECK_EQ(e->published_step(), int64_t{4});  // from LATEST
+  e->ContinueFrom(2);
+  std::vector<std::pair<uint64_t, std::string>> retired;
+  REQUIRE(e->Supersede(3, &retired).ok());
+  REQUIRE(retired.size() == 2u);
+  CHECK_EQ(retired[0].first, uint64_t{4});  // newest first
+  CHECK_EQ(retired[1].first, uint64_t{3});
+  const auto sup = NamesWith(d.path(), kSupersededPrefix);
+  REQUIRE(sup.size() == 2u);
+  CHECK(sup[0].rfind(std::string(kSupersededPrefix) + StepDirName(3) + "-", 0) == 0);
+  CHECK(Exists(JoinPath(retired[1].second, ShardFileName(0))));  // moved, not deleted
+  CHECK(!Exists(JoinPath(d.path(), StepDirName(3))) && !Exists(JoinPath(d.path(), StepDirName(4))));
+  CHECK_EQ(e->published_step(), int64_t{2});
+  CHECK_EQ(Latest(d.path()), std::string("2\n"));  // the hint no longer names a retired step
+  auto fresh = RandomBytes(5000, 7);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(3, {{"a", fresh.data(), fresh.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1));
+  REQUIRE(h->status().ok());
+  CHECK(!h->result().skipped);
+  CHECK(Matches(d.path(), 3, "a", fresh));
+  CHECK_EQ(Latest(d.path()), std::string("3\n"));
+  // Retention counts this history only: 1, 2, 3 kept (keep_last 3), nothing of the old one.
+  std::vector<CheckpointInfo> infos;
+  REQUIRE(ScanRunDir(Env::Default(), d.path(), false, 1, &infos).ok());
+  std::vector<uint64_t> steps;
+  for (auto& i : infos) steps.push_back(i.step);
+  CHECK(steps == (std::vector<uint64_t>{1, 2, 3}));
+  // Idempotent, and the restored step stays: saving it again is still a no-op.
+  REQUIRE(e->Supersede(2, &retired).ok());
+  CHECK(retired.empty());
+  REQUIRE(e->Save(2, {{"a", fresh.data(), fresh.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->result().skipped);
+  CHECK(Matches(d.path(), 2, "a", RandomBytes(1002, 102)));
+}
+
+TEST(a_run_that_restored_nothing_retires_what_its_first_save_would_land_beside) {
+  TempDir d;
+  SaveSteps(d.path(), {5, 10, 15}, 200);
+  auto e = Open(d.path(), nullptr, 2, 0);
+  REQUIRE(e);
+  std::vector<std::pair<uint64_t, std::string>> retired;
+  REQUIRE(e->Supersede(10, &retired).ok());  // no ContinueFrom: steps >= 10 go, 5 stays
+  REQUIRE(retired.size() == 2u);
+  CHECK(Exists(JoinPath(d.path(), StepDirName(5))));
+  CHECK_EQ(e->published_step(), int64_t{5});
+  // ContinueFrom(-1): every checkpoint found belongs to an abandoned history.
+  auto e2 = Open(d.path() + "/sub", nullptr, 2, 0);
+  REQUIRE(e2);
+  e.reset();
+  SaveSteps(d.path() + "/sub", {1, 2}, 300);
+  e2.reset();
+  e2 = Open(d.path() + "/sub", nullptr, 2, 0);
+  REQUIRE(e2);
+  e2->ContinueFrom(-1);
+  REQUIRE(e2->Supersede(7, &retired).ok());
+  CHECK_EQ(retired.size(), size_t{2});
+  CHECK_EQ(e2->published_step(), int64_t{-1});
+  CHECK(!Exists(JoinPath(d.path() + "/sub", kLatestName)));
+}
+
+TEST(a_found_step_is_still_skipped_without_supersede_and_a_refused_retirement_fails_loudly) {
+  TempDir d;
+  SaveSteps(d.path(), {1, 2}, 400);
+  FaultEnv env;
+  FaultRule deny;
+  deny.op = FaultRule::Op::kRename;
+  deny.path_contains = StepDirName(2);
+  deny.error = EACCES;
+  deny.count = 1;
+  env.AddRule(deny);
+  auto e = Open(d.path(), &env, 2, 0);
+  REQUIRE(e);
+  auto a = RandomBytes(300, 9);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->result().skipped);  // the engine alone never replaces a checkpoint it did not write
+  e->ContinueFrom(1);
+  std::vector<std::pair<uint64_t, std::string>> retired;
+  Status s = e->Supersede(2, &retired);
+  CHECK(!s.ok());
+  CHECK(s.message().find("abandoned history") != std::string::npos);
+  CHECK(Matches(d.path(), 2, "a", RandomBytes(1002, 402)));  // nothing lost
+  REQUIRE(e->Supersede(2, &retired).ok());  // the fault was once: now it goes
+  CHECK_EQ(retired.size(), size_t{1});
+}
+
 TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   TempDir d;
   FaultEnv env;
