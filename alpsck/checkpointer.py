@@ -24,6 +24,15 @@ optimizer in the state makes its next ``step()`` wait for that copy. Anything el
 a parameter or optimizer state between ``save()`` and the next ``step()`` must call
 ``wait_snapshot()`` first.
 
+A run directory holds one history. When ``restore()`` continues from a step older than
+checkpoints on disk (the newest were corrupt, or an older ``step`` was asked for), those newer
+checkpoints belong to an abandoned future: the first ``save()`` after it renames them to
+``superseded-step-N-*`` (with a warning; never restored, removed by ``alpsck prune``), so they
+cannot shadow the new history's checkpoints in a later restore, crowd them out of ``keep_last``,
+or turn a save of the same step into a no-op. Without a restore, a save retires the checkpoints
+of its own and later steps that an earlier run left. The restored step itself is kept, and
+saving it again is a no-op.
+
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
 (:mod:`alpsck.tree`), tensors are raw bytes checked against their CRC32C.
@@ -172,6 +181,7 @@ class Checkpointer:
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
         self._engine: _core.Engine | None = None
         self._lock_fd: int | None = None
+        self._continued_from: int | None = None  # the step restore() continued from (-1: none valid)
         engine_args = (threads, chunk_bytes, max_in_flight, keep_last, staging_bytes, direct_io, pin_cpus,
                        copy_threads, commit_timeout_s, _faults)
         # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
@@ -272,6 +282,7 @@ class Checkpointer:
         if step < 0:
             raise UsageError(f"step must be non-negative, not {step}")
         self._reap()
+        self._supersede(step)
         cap = tree.capture(state)
         owners = self._owners_of(cap.tensors)
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
@@ -285,6 +296,21 @@ class Checkpointer:
             handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
         self._pending.append(handle)
         return handle
+
+    def _supersede(self, step: int) -> None:
+        """Retire the abandoned history's checkpoints before saving ``step`` (module docstring)."""
+        retired = self.engine.supersede(step)
+        if not retired or self.rank != 0:
+            return
+        base = self._continued_from
+        why = (f"this run continues from step {base}" if base is not None and base >= 0 else
+               "this run restored no checkpoint" if base is not None else
+               f"this run did not restore, and saves step {step}")
+        steps = ", ".join(str(s) for s, _ in sorted(retired))
+        warnings.warn(
+            f"{self.run_dir}: {why}; the checkpoint(s) of step(s) {steps} belong to an abandoned history: moved to "
+            f"{', '.join(Path(p).name for _, p in sorted(retired))} (never restored; `alpsck prune` removes them)",
+            RuntimeWarning, stacklevel=3)
 
     def _pipelined(self) -> Stager:
         if self._stager is None:
@@ -364,12 +390,17 @@ class Checkpointer:
 
         A checkpoint that fails verification is reported with a warning naming what was wrong
         and skipped in favour of the previous one. Returns the step restored, or None if the
-        run has no valid checkpoint (with ``step`` given: NoCheckpointError).
+        run has no valid checkpoint (with ``step`` given: NoCheckpointError). The run then
+        continues from that step: the next ``save()`` retires newer checkpoints (module
+        docstring); nothing on disk changes before it.
         """
         self.wait_snapshot()
         if self._engine is not None:
             self._engine.wait_all()
-        return restore_into(self.run_dir, state, step=step, threads=self.engine.threads, ranks=self.ranks)
+        restored = restore_into(self.run_dir, state, step=step, threads=self.engine.threads, ranks=self.ranks)
+        self._continued_from = -1 if restored is None else restored
+        self.engine.continue_from(self._continued_from)
+        return restored
 
 
 def read_checkpoint(
