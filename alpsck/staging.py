@@ -96,7 +96,9 @@ class Stager:
         self._pool: torch.Tensor | None = None
         self._registered: int | None = None  # pool address registered with CUDA
         self._side: dict[torch.device, Any] = {}
-        self._unfinished: list[_Snapshot] = []  # copies the optimizer hook may still wait for
+        # Snapshots the optimizer hook may still have to wait for; the feeder drops each once its
+        # copies have landed, so saves without an optimizer step in between do not pile up here.
+        self._unfinished: list[_Snapshot] = []
         self._mu = threading.Lock()
         self._work: queue.Queue[_Snapshot | None] = queue.Queue()
         self._thread = threading.Thread(target=self._feed, name="alpsck-feeder", daemon=True)
@@ -238,6 +240,7 @@ class Stager:
     def _feed(self) -> None:
         while (snap := self._work.get()) is not None:
             self._fill(snap)
+            del snap  # not kept alive (its fill, events, clones) while waiting for the next one
 
     def _fill(self, snap: _Snapshot) -> None:
         fill, pool = snap.fill, self._pool
@@ -273,6 +276,7 @@ class Stager:
             if not snap.copied.is_set():
                 self._mark_copied(snap)
             snap.chunks = []
+            self._retire(snap)  # before finish(): a save that is done has left _unfinished
             fill.finish()
 
     def _issue(self, pool: torch.Tensor | None, c: _Chunk) -> None:
@@ -299,6 +303,22 @@ class Stager:
             ev.synchronize()  # releases the GIL
         c.events = []
         fill.submit(c.index, c.slot)
+
+    def _retire(self, snap: _Snapshot) -> None:
+        """Drop ``snap`` from what the optimizer hook waits for, once every copy of it has landed.
+
+        On the feeder thread, at the end of the snapshot: its chunks' events are synchronized
+        already (the side-stream events then cost nothing), except after a failure, where this
+        also keeps an interrupted copy from landing in a slot that finish() returns.
+        """
+        try:
+            for ev in snap.done_events.values():
+                ev.synchronize()  # releases the GIL
+        except Exception:  # noqa: BLE001 - the device is in error: leave the wait to the hook
+            return
+        with self._mu:
+            if snap in self._unfinished:  # wait_copies() may have taken it already
+                self._unfinished.remove(snap)
 
     def _mark_copied(self, snap: _Snapshot) -> None:
         for dev, side in list(self._side.items()):  # the training thread may add a device meanwhile

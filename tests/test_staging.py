@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import errno
+import gc
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +186,36 @@ def test_back_to_back_saves_on_a_dry_pool_do_not_deadlock(tmp_path: Path) -> Non
     ck.close()
     for step in (1, 3):
         _assert_restores_to(tmp_path, wants[step], step)
+
+
+def test_saves_without_an_optimizer_step_between_them_do_not_pile_up(tmp_path: Path) -> None:
+    """Evaluation-only phases: only the optimizer's step pre-hook used to drop finished snapshots.
+
+    Every save kept its snapshot (fill, events, clones) in the stager until the next step, so a
+    run that saved without training grew by one per save; now the feeder drops each once copied.
+    """
+    m, opt = _model()
+    _train(m, opt)  # the optimizer has state: guarded tensors, copied by the feeder
+    state = {"model": m, "optim": opt, "extra": torch.zeros(3)}
+    with alpsck.Checkpointer(tmp_path, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=4 * CHUNK,
+                             max_in_flight=3, keep_last=2) as ck:
+        seen: list[weakref.ref[Any]] = []
+        for step in range(1, 31):
+            state["extra"] = torch.full((3,), float(step))
+            ck.save(step, state if step % 2 else {"model": m, "extra": state["extra"]}).wait()
+            stager = ck._stager
+            assert stager is not None
+            seen += [weakref.ref(s) for s in stager._unfinished]
+            assert len(stager._unfinished) == 0, step  # a durable save is no longer waited for
+        for step in range(31, 41):  # back to back, nothing waited in between
+            state["extra"] = torch.full((3,), float(step))
+            ck.save(step, state)
+            seen += [weakref.ref(s) for s in stager._unfinished]
+            assert len(stager._unfinished) <= 3, step  # at most the saves in flight
+        ck.wait()
+        assert stager._unfinished == []
+        want = _expected(state)
+        gc.collect()
+        assert all(r() is None for r in seen)  # nothing of a finished snapshot stays alive
+        _train(m, opt)  # the hook has nothing left to wait for
+    _assert_restores_to(tmp_path, want, 40)
