@@ -6,12 +6,19 @@ byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption).
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
 state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
 bytes) and a summary of the non-tensor state (step, learning rates, RNG streams, data position,
-entry kinds).
+entry kinds). Superseded directories (below) are listed apart, after the table (``--json``: the
+top-level ``superseded`` list).
+
+A run that resumed from an older checkpoint (the newest was corrupt, or an explicit older step was
+restored) renames, at its first save, each ``step-N`` newer than the step it went on from to
+``superseded-step-N-<pid>-<seq>`` (``step-N`` as the core names it, zero-padded). They are an
+abandoned history: never restored, never counted as checkpoints, kept on disk until ``prune``.
 
 ``prune RUN_DIR --keep-last K [--dry-run] [--verify]`` removes committed checkpoints beyond the
-newest K, abandoned ``step-N.tmp`` / manifest-less ``step-N`` directories, expired ``free-*``
-directories (and ``.deleting-*`` leftovers of an interrupted prune). Corrupt checkpoints older than
-the newest valid one are removed; newer corrupt ones are kept (with a warning) for inspection.
+newest K, abandoned ``step-N.tmp`` directories, expired ``free-*`` and ``superseded-*`` directories
+(and ``.deleting-*`` leftovers of an interrupted prune). Corrupt checkpoints and manifest-less
+``step-N`` directories (never committed) older than the newest valid checkpoint are removed; newer
+ones are kept (with a warning) for inspection.
 Unreadable ones (permission denied, EIO, ESTALE) are never removed.
 The checkpoints kept are always verified to the last byte first (``--verify`` verifies every
 checkpoint), so the newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
@@ -28,6 +35,7 @@ import datetime as dt
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import sys
@@ -51,6 +59,9 @@ from .shards import UNUSABLE, CheckpointShards
 _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 LOCK_NAME = ".lock"
 DELETING_PREFIX = ".deleting-"
+SUPERSEDED_PREFIX = "superseded-"
+_STEP_DIR = re.compile(r"step-([0-9]{1,19})")  # the core's ParseStepDirName
+_SUPERSEDED_DIR = re.compile(re.escape(SUPERSEDED_PREFIX) + _STEP_DIR.pattern + r"-[0-9]+-[0-9]+")
 
 
 def _human(n: float) -> str:
@@ -72,7 +83,7 @@ def _denied(path: str | os.PathLike[str], what: str) -> CheckpointError:
 
 
 def _is_run_entry(name: str) -> bool:
-    return (name.startswith(("step-", "free-", DELETING_PREFIX))
+    return (name.startswith(("step-", "free-", SUPERSEDED_PREFIX, DELETING_PREFIX))
             or name in ("LATEST", "history.jsonl", LOCK_NAME))
 
 
@@ -102,6 +113,29 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     if not any(_is_run_entry(n) for n in names):
         raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)")
     return path
+
+
+def superseded_dirs(run_dir: Path) -> list[dict[str, Any]]:
+    """The superseded directories of ``run_dir`` (``{"step", "path", "bytes"}``, by step), as prune removes them.
+
+    Only real directories whose whole name is one the core writes; anything else is not listed.
+    """
+    found = []
+    for n in os.listdir(run_dir):
+        m = _SUPERSEDED_DIR.fullmatch(n)
+        p = run_dir / n
+        if m and p.is_dir() and not p.is_symlink():
+            found.append({"step": int(m.group(1)), "path": str(p), "bytes": _dir_bytes(p)})
+    return sorted(found, key=lambda d: (d["step"], d["path"]))
+
+
+def _superseded_line(found: list[dict[str, Any]], limit: int = 10) -> str:
+    names = [f"step {d['step']} ({Path(d['path']).name})" for d in found[:limit]]
+    if len(found) > limit:
+        names.append(f"... and {len(found) - limit} more")
+    one = len(found) == 1
+    return (f"{len(found)} superseded checkpoint director{'y' if one else 'ies'} (an abandoned history, never "
+            f"restored): {', '.join(names)}; `alpsck prune` removes {'it' if one else 'them'}")
 
 
 def scan_run_dir(
@@ -245,6 +279,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         bar.close(complete=not any(i["status"] in UNUSABLE for i in infos))
     committed = [i["step"] for i in infos if i["status"] == "committed"]
     latest = max(committed) if committed else None
+    superseded = superseded_dirs(path)
     if as_json:
         doc = {
             "latest_valid": latest,
@@ -252,6 +287,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 {k: i[k] for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error")}
                 for i in infos
             ],
+            "superseded": superseded,
         }
         print(jsonout.dumps(doc))
     else:
@@ -268,6 +304,8 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {_human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
                       f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
             print("* = what restore would pick" if latest is not None else "no valid checkpoint: restore would start fresh")
+        if superseded:
+            print(_superseded_line(superseded))
     bad = any(i["status"] in UNUSABLE for i in infos)
     return 1 if (verify and bad) else 0
 
@@ -608,20 +646,23 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
         if i["status"] == "committed":
             if i["step"] not in kept_steps:
                 remove.append((p, f"committed step {i['step']}, beyond the newest {keep_last}"))
-        elif i["status"] == "incomplete":
-            remove.append((p, f"incomplete step {i['step']}: {i['error']}"))
         elif i["status"] == "unreadable":  # maybe intact: never removed on an access error
             warnings.append(f"kept unreadable checkpoint {p} (fix its access and run prune again): {i['error']}")
+        elif i["status"] == "incomplete" and not _STEP_DIR.fullmatch(p.name):  # step-N.tmp: in flight or abandoned
+            remove.append((p, f"incomplete step {i['step']}: {i['error']}"))
         elif newest_valid is not None and i["step"] < newest_valid:
-            remove.append((p, f"corrupt step {i['step']}: {i['error']}"))
-        else:
+            remove.append((p, f"{i['status']} step {i['step']}: {i['error']}"))
+        else:  # corrupt, or a step-N without MANIFEST.json: kept, like a newer corrupt one
             why = "newer than the newest valid one" if newest_valid is not None else "no valid checkpoint exists"
-            warnings.append(f"kept corrupt checkpoint {p} ({why}) for inspection: {i['error']}")
+            what = "corrupt checkpoint" if i["status"] == "corrupt" else "uncommitted step directory"
+            warnings.append(f"kept {what} {p} ({why}) for inspection: {i['error']}")
     names = sorted(os.listdir(run_dir))
     for n in names:
         p = run_dir / n
         if n.startswith("free-") and p.is_dir() and not p.is_symlink():
             remove.append((p, "expired (free-*) directory"))
+        elif _SUPERSEDED_DIR.fullmatch(n) and p.is_dir() and not p.is_symlink():
+            remove.append((p, "superseded (abandoned history)"))
         elif n.startswith(DELETING_PREFIX) and (p.is_dir() or p.is_file()) and not p.is_symlink():
             remove.append((p, "left over by an interrupted prune"))
     return remove, warnings, sorted(kept_steps)
@@ -721,10 +762,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ins.set_defaults(func=_inspect_cmd)
 
     pr = sub.add_parser(
-        "prune", help="remove old checkpoints, abandoned .tmp and expired free-* directories",
+        "prune", help="remove old checkpoints, abandoned .tmp, expired free-* and superseded-* directories",
         description="Remove committed checkpoints beyond the newest K, incomplete step-N.tmp directories, free-* "
-                    "directories, and corrupt checkpoints older than the newest valid one (newer corrupt ones are kept "
-                    "for inspection; unreadable ones are never removed). Refuses while RUN_DIR/.lock names a live process.")
+                    "directories, superseded-* directories (an abandoned history, never restored), and corrupt or "
+                    "never committed (no MANIFEST.json) checkpoints older than the newest valid one (newer ones are "
+                    "kept for inspection; unreadable ones are never removed). Refuses while RUN_DIR/.lock names a live "
+                    "process.")
     pr.add_argument("run_dir")
     pr.add_argument("--keep-last", type=int, required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")

@@ -73,7 +73,7 @@ def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.Capture
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--json")
     assert rc == 0
     doc = json.loads(out)
-    assert set(doc) == {"latest_valid", "checkpoints"}
+    assert set(doc) == {"latest_valid", "checkpoints", "superseded"} and doc["superseded"] == []
     assert all(set(c) == {"step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error"}
                for c in doc["checkpoints"])
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
@@ -432,19 +432,19 @@ def test_prune_keeps_the_newest_k(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_prune_survives_odd_entries_a_user_or_tool_left(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A symlinked step dir is sized (and removed) as the link, never walked; a lock file that is
     deeply nested JSON is read as text, not a RecursionError."""
-    _save(tmp_path, [1, 2])
+    _save(tmp_path, [2, 3])
     target = tmp_path.parent / "elsewhere"
     target.mkdir()
     (target / "big").write_bytes(b"x" * 3_000_000)
-    (tmp_path / "step-000000099").symlink_to(target)
+    (tmp_path / "step-000000001").symlink_to(target)  # no manifest, older than the newest valid: removed
     (tmp_path / ".lock").write_text("{\"a\":" * 100_000)
     rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
     assert rc == 0, err
-    line = next(x for x in out.splitlines() if "step-000000099" in x)
+    line = next(x for x in out.splitlines() if "step-000000001" in x)
     assert "(0 B)" in line, line
     rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
     assert rc == 0, err
-    assert not (tmp_path / "step-000000099").exists() and (target / "big").exists()
+    assert not (tmp_path / "step-000000001").exists() and (target / "big").exists()
 
 
 def test_prune_dry_run_removes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -540,3 +540,95 @@ def test_prune_refuses_while_the_lock_file_is_flocked(tmp_path: Path, capsys: py
         os.close(fd)
     assert rc == 2 and "lock" in err
     assert "step-000000001" in _listing(tmp_path)
+
+
+def test_prune_keeps_a_manifest_less_step_dir_newer_than_the_newest_valid(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A step-N without MANIFEST.json was never committed (a copy still in progress, say): like a corrupt
+    checkpoint, it is removed when older than the newest valid one and kept, with a warning, when newer."""
+    _save(tmp_path, [1, 2, 3, 4])
+    (tmp_path / "step-000000002" / "MANIFEST.json").unlink()
+    (tmp_path / "step-000000004" / "MANIFEST.json").unlink()
+    (tmp_path / "step-000000005.tmp").mkdir()  # a .tmp is abandoned whatever its step: removed
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0, err
+    assert _listing(tmp_path) == ["LATEST", "step-000000003", "step-000000004"]
+    warning = next(x for x in err.splitlines() if "step-000000004" in x)
+    assert "warning" in warning and "newer than the newest valid one" in warning and "MANIFEST.json" in warning
+    for gone in ("step-000000001", "step-000000002", "step-000000005.tmp"):
+        assert f"removed {tmp_path / gone}" in out
+    _truncate(tmp_path, 3)  # no valid checkpoint left: nothing is known to be newer, so it stays too
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0 and "no valid checkpoint exists" in err
+    assert _listing(tmp_path) == ["LATEST", "step-000000003", "step-000000004"]
+
+
+# ----------------------------------------------------------------------------- superseded histories
+
+
+def _supersede(run: Path, step: int, pid: int = 4321, seq: int = 0) -> str:
+    """What the core does to a step of an abandoned history on the first save after resuming from an older one."""
+    name = f"{ins.SUPERSEDED_PREFIX}step-{step:09d}-{pid}-{seq}"
+    os.rename(run / f"step-{step:09d}", run / name)
+    return name
+
+
+def _abandoned_run(run: Path) -> tuple[str, str]:
+    """Committed 1, 2, 3; steps 4 and 5 superseded (the run went on from 3); two look-alikes that are not."""
+    _save(run, [1, 2, 3, 4, 5])
+    names = (_supersede(run, 4, seq=0), _supersede(run, 5, seq=1))
+    (run / "superseded-notes").mkdir()  # not a name the core writes: neither listed nor removed
+    (run / "superseded-step-12x-1-0").mkdir()
+    return names
+
+
+def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s4, s5 = _abandoned_run(tmp_path)
+    rc, out, err = _run(capsys, "inspect-checkpoints", str(tmp_path), "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert set(doc) == {"latest_valid", "checkpoints", "superseded"}
+    assert doc["latest_valid"] == 3 and [c["step"] for c in doc["checkpoints"]] == [1, 2, 3]
+    assert [(s["step"], s["path"]) for s in doc["superseded"]] == [(4, str(tmp_path / s4)), (5, str(tmp_path / s5))]
+    assert all(s["bytes"] == ins._dir_bytes(tmp_path / s["path"]) > 0 for s in doc["superseded"])
+    rc, out, err = _run(capsys, "inspect-checkpoints", str(tmp_path))
+    assert rc == 0, err
+    assert ("2 superseded checkpoint directories (an abandoned history, never restored): "
+            f"step 4 ({s4}), step 5 ({s5}); `alpsck prune` removes them") in out.splitlines()
+    assert "notes" not in out and "12x" not in out
+    live = {"w": torch.zeros(2000), "b": torch.zeros(2000, dtype=torch.int32), "step": 0}
+    assert alpsck.checkpointer.restore_into(tmp_path, live) == 3  # never restored
+    # a run directory left with nothing but a superseded history is still a run directory
+    only = tmp_path / "only"
+    only.mkdir()
+    os.rename(tmp_path / s5, only / s5)
+    rc, out, err = _run(capsys, "inspect-checkpoints", str(only))
+    assert rc == 0, err
+    assert out.splitlines() == [f"{only}: no checkpoints",
+                                "1 superseded checkpoint directory (an abandoned history, never restored): "
+                                f"step 5 ({s5}); `alpsck prune` removes it"]
+
+
+def test_prune_removes_superseded_directories(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    s4, s5 = _abandoned_run(tmp_path)
+    before = _listing(tmp_path)
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10", "--dry-run")
+    assert rc == 0, err
+    assert _listing(tmp_path) == before
+    for s in (s4, s5):
+        line = next(x for x in out.splitlines() if s in x)
+        assert line.startswith(f"would remove {tmp_path / s} (") and line.endswith("): superseded (abandoned history)")
+    assert out.count("would remove") == 2 and "keeping step(s) 1, 2, 3" in out
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10")
+    assert rc == 0, err
+    assert _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002", "step-000000003",
+                                  "superseded-notes", "superseded-step-12x-1-0"]
+    assert f"removed {tmp_path / s4}" in out and f"removed {tmp_path / s5}" in out
+    assert [(i["step"], i["status"]) for i in _core.scan(str(tmp_path), verify=True)] == [
+        (1, "committed"), (2, "committed"), (3, "committed")]
+    # an interrupted prune of one (renamed, not yet deleted) is finished by the next
+    _save(tmp_path, [6])
+    os.rename(tmp_path / _supersede(tmp_path, 6), tmp_path / f".deleting-{ins.SUPERSEDED_PREFIX}step-000000006-1-0")
+    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10")
+    assert rc == 0, err
+    assert not any(n.startswith(".deleting-") for n in _listing(tmp_path))
