@@ -53,7 +53,15 @@ from typing import Any
 import torch
 
 from . import _core, tree
-from .errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
+from .errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    RunDirLockedError,
+    StateMismatchError,
+    UsageError,
+)
 from .ranks import Ranks, assign_owners
 from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 from .staging import Stager, guarded_pointers
@@ -417,7 +425,8 @@ def read_checkpoint(
     straight into the live CPU tensors — no allocation, no extra copy — but only when every
     saved tensor that has a live counterpart matches it in shape and dtype, and ``fits`` (if
     given) accepts the meta document; otherwise nothing live is touched and fresh tensors are
-    returned (the caller's mismatch check then fails cleanly).
+    returned (the caller's mismatch check then fails cleanly). A CheckpointError raised part-way
+    through the reads carries ``live_touched``: whether live tensors may hold some of its bytes.
     """
     shards = CheckpointShards(path, rank)
     specs = shards.specs
@@ -433,10 +442,18 @@ def read_checkpoint(
         tensors[key] = t if usable and t is not None else torch.empty(spec.shape, dtype=spec.dtype)
     try:
         shards.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
-    except CorruptCheckpointError as e:
+    except CheckpointError as e:  # corrupt chunk or I/O error part-way: earlier tensors may have landed
         e.live_touched = any(tensors[k] is live.get(k) for k in tensors)  # type: ignore[attr-defined]
         raise
     return shards.meta, tensors
+
+
+# How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
+_READ, _UNREAD, _FAILED = 0, 1, 2
+
+
+def _ranks_named(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def restore_into(
@@ -451,10 +468,13 @@ def restore_into(
     """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore).
 
     Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
-    chunk then fails its CRC, the previous checkpoint is tried (it overwrites the same tensors);
-    if none is left, CorruptCheckpointError says the live state is no longer pristine. With
-    several ``ranks`` this is a collective: rank 0 lists the candidates, and a checkpoint is
-    loaded only once every rank has read its part of it without error.
+    chunk then fails its CRC, or a read fails with an I/O error, the previous checkpoint is tried
+    (it overwrites the same tensors); if none is left, CorruptCheckpointError says the live state is
+    no longer pristine. With several ``ranks`` this is a collective: rank 0 lists the candidates,
+    and a checkpoint is loaded only once every rank has read its part of it without error. Every
+    rank reports how its read went before any acts on it: a checkpoint one rank cannot read is
+    skipped by all; any other failure on one rank (a state that does not fit, a bug) is raised
+    there, and the other ranks raise a CheckpointError naming it instead of waiting for it.
     """
     ranks = ranks or Ranks(rank, 1, None)
     infos = {i["step"]: i for i in _core.scan(str(run_dir))}
@@ -474,35 +494,74 @@ def restore_into(
             f"{run_dir}: the checkpoint of step {order[0]} was written by {infos[order[0]]['ranks']} rank(s), this job "
             f"has {ranks.world_size}; restore it at its world size, or reshard it with torch.distributed.checkpoint "
             "through alpsck.dcp")
-    live = tree.capture(state).tensors
+    unusable: Exception | None = None  # the live state cannot be captured on this rank: raised once all know
+    try:
+        live = tree.capture(state).tensors
+    except Exception as e:
+        live, unusable = {}, e
     touched: str | None = None
     for s in order:
         info = infos.get(s)
-        error: CorruptCheckpointError | None = None
-        if info is None:
+        meta: dict[str, Any] = {}
+        tensors: dict[str, torch.Tensor] = {}
+        error: CheckpointError | None = None  # this rank cannot read step s: every rank skips it
+        failure: Exception | None = None  # anything else: raised here once every rank knows
+        fit: bool | None = None  # whether the tree fits the live state (apply() would pass its checks)
+
+        def fits(m: dict[str, Any]) -> bool:
+            nonlocal fit
+            fit = isinstance(m.get("tree"), dict) and tree.fits(state, m["tree"])
+            return fit
+
+        if unusable is not None:
+            failure = unusable
+        elif info is None:
             error = CorruptCheckpointError(f"{run_dir}: step {s} is not visible from rank {ranks.rank}")
         else:
             try:
                 # Into the live tensors only if the tree fits the live state: a mismatch found by
                 # apply() afterwards must leave the live objects as they were.
-                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live,
-                                                fits=lambda m: isinstance(m.get("tree"), dict)
-                                                and tree.fits(state, m["tree"]))
-            except CorruptCheckpointError as e:
+                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live, fits=fits)
+                if fit is None:  # nothing was to be read into live tensors, so read_checkpoint did not ask
+                    fits(meta)
+            except StateMismatchError as e:
+                failure = e
+            except CheckpointError as e:
                 error = e
-        if not ranks.all_true(error is None):
+            except Exception as e:  # a bug, say: the other ranks must not wait for this rank
+                failure = e
+        mine = _FAILED if failure is not None or fit is False else _UNREAD if error is not None else _READ
+        verdicts = ranks.each(mine)
+        into_live = any(t is live.get(k) for k, t in tensors.items())
+        failed = [r for r, v in enumerate(verdicts) if v == _FAILED]
+        if failed:
+            if failure is not None:
+                raise failure
+            if mine == _FAILED:
+                tree.apply(state, meta["tree"], tensors)  # raises the mismatch fits() found, before any change
+            raise CheckpointError(
+                f"{run_dir}: restoring step {s} failed on {_ranks_named(failed)} (its own error says why), so no rank "
+                "loaded it" + ("; live tensors of this rank may already hold some of its bytes" if into_live else ""))
+        unread = [r for r, v in enumerate(verdicts) if v == _UNREAD]
+        if unread:
             if error is not None:
-                warnings.warn(f"skipping corrupt checkpoint {run_dir}/step {s}: {error}", RuntimeWarning, stacklevel=3)
+                kind = "unreadable" if isinstance(error, CheckpointIOError) else "corrupt"
+                warnings.warn(f"skipping {kind} checkpoint {run_dir}/step {s}: {error}", RuntimeWarning, stacklevel=3)
                 if getattr(error, "live_touched", False):
                     touched = touched or str(error)
-            else:  # another rank failed: this rank's read may have landed in live tensors
-                touched = touched or f"another rank could not read step {s}"
+            else:
+                warnings.warn(f"skipping checkpoint {run_dir}/step {s}: {_ranks_named(unread)} could not read it",
+                              RuntimeWarning, stacklevel=3)
+                if into_live:
+                    touched = touched or f"{_ranks_named(unread)} could not read step {s}"
             continue
         tree.apply(state, meta["tree"], tensors)
         return int(meta.get("step", s))
+    if unusable is not None:  # no candidate, so no rank waits
+        raise unusable
     if touched is not None:
         raise CorruptCheckpointError(
-            f"{run_dir}: no valid checkpoint left, and reading a corrupt one already overwrote live tensors "
+            f"{run_dir}: no valid checkpoint left, and reading one that then failed already overwrote live tensors "
             f"({touched}); rebuild the state before training")
     if step is not None:
         raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid")

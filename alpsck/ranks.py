@@ -7,7 +7,8 @@ group is never used from the checkpointer, and CPU tensors suffice):
 
 * at start-up, rank 0 opens its engine (which cleans up abandoned directories) before the others;
 * on restore, rank 0 picks the candidate checkpoints and every rank must read its part of one
-  successfully before any of them loads it into the live state.
+  successfully before any of them loads it into the live state; each rank reports how its read
+  went, so that all skip the same checkpoint or all stop, never one rank alone.
 
 Replicated tensors (identical on every rank: a DDP model, its optimizer state) are written once.
 :func:`assign_owners` spreads them over the ranks by size, deterministically, so every rank
@@ -87,6 +88,17 @@ class Ranks:
         t = torch.tensor([1 if ok else 0], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return bool(t.item())
+
+    def each(self, value: int) -> list[int]:
+        """Every rank's ``value``, indexed by rank (a collective)."""
+        if self.world_size == 1:
+            return [value]
+        import torch.distributed as dist
+
+        t = torch.zeros(self.world_size, dtype=torch.int64)
+        t[self.rank] = value
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return [int(x) for x in t.tolist()]
 
     def from_rank0(self, values: list[int]) -> list[int]:
         """Rank 0's list of ints, on every rank (a collective; no pickle on the wire)."""

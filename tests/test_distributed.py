@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,10 +24,10 @@ import alpsck
 from alpsck import _core
 
 WORKER = r"""
-import json, os, sys, time, torch, torch.distributed as dist, alpsck
+import datetime, json, os, sys, time, warnings, torch, torch.distributed as dist, alpsck
 torch.set_num_threads(1)
 mode, run_dir = sys.argv[1], sys.argv[2]
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("GLOO_TIMEOUT_S", 1800))))
 rank, world = dist.get_rank(), dist.get_world_size()
 
 def model_state(step):   # identical on every rank, like a DDP model
@@ -87,6 +88,24 @@ elif mode == "retry":      # rank 1's first save of step 2 fails; every rank sav
     ck.save(3, state(3)).wait()
     ck.close()
     print(json.dumps({"rank": rank, "retried": True}), flush=True)
+elif mode == "restore-or-fail":  # the step restored or the error restore raised, then the script's next collective
+    state = {"model": {k: torch.zeros_like(v) for k, v in model_state(0).items()}, "local": torch.zeros(3000),
+             "step": 0, "who": -1}
+    if rank == 1 and sys.argv[3:] == ["mismatch"]:
+        state["local"] = torch.zeros(10)
+    if rank == 1 and sys.argv[3:] == ["unsupported"]:
+        state["handle"] = object()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with alpsck.Checkpointer(run_dir) as ck:
+                got = ck.restore(state)
+            out = {"step": got, "model_ok": all(torch.equal(state["model"][k], v) for k, v in model_state(got).items()),
+                   "local": state["local"][0].item()}
+        except Exception as e:
+            out = {"error": type(e).__name__, "message": str(e)}
+    dist.barrier()
+    print(json.dumps({"rank": rank, **out, "warnings": [str(w.message) for w in caught]}), flush=True)
 elif mode == "restore-churn":
     state = {"model": {f"w{i}": torch.empty(250_000) for i in range(8)}, "local": torch.zeros(3000), "step": 0}
     with alpsck.Checkpointer(run_dir) as ck:
@@ -103,17 +122,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _launch(tmp_path: Path, world: int, *args: str, stdout: object = subprocess.PIPE) -> list[subprocess.Popen[str]]:
+def _launch(tmp_path: Path, world: int, *args: str, stdout: object = subprocess.PIPE,
+            env: dict[str, str] | None = None, wrap: dict[int, list[str]] | None = None) -> list[subprocess.Popen[str]]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = str(_free_port())
     procs = []
     for rank in range(world):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world),
-               "RANK": str(rank), "OMP_NUM_THREADS": "1"}
+        rank_env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                    "WORLD_SIZE": str(world), "RANK": str(rank), "OMP_NUM_THREADS": "1"}
         out = stdout[rank] if isinstance(stdout, list) else stdout
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=out,
-                                      stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen([*(wrap or {}).get(rank, []), sys.executable, str(script), *args], env=rank_env,
+                                      stdout=out, stderr=subprocess.STDOUT, text=True))
     return procs
 
 
@@ -215,6 +235,48 @@ def test_every_rank_can_save_a_step_again_after_one_rank_failed_it(tmp_path: Pat
         local = torch.empty(3000)
         _core.ShardReader(str(run / "step-000000002" / f"rank-{r:05d}.bin")).read_into([("local", local.view(torch.uint8))])
         assert torch.equal(local, torch.full((3000,), float(100 * r + 2)))
+
+
+def test_restore_skips_a_checkpoint_one_rank_cannot_read_on_every_rank(tmp_path: Path) -> None:
+    """Rank 1 gets EACCES on its own shard of step 3 (a CheckpointIOError, not corruption: rank 0's
+    scan sees step 3 committed, so both ranks try it). Every rank must reach the agreement: both skip
+    to step 2, promptly, rather than rank 1 leaving restore while rank 0 waits for it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: rank 0 must read what rank 1 may not (CI runs as root)")
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
+    run = tmp_path / "run"
+    _outputs(_launch(tmp_path, 2, "save", str(run)))
+    shard = run / "step-000000003" / "rank-00001.bin"
+    shard.chmod(0)
+    start = time.monotonic()
+    try:
+        procs = _launch(tmp_path, 2, "restore-or-fail", str(run), env={"GLOO_TIMEOUT_S": "20"},
+                        wrap={1: ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]})
+        outs = _outputs(procs)
+    finally:
+        shard.chmod(0o644)
+    assert time.monotonic() - start < 60, "restore waited for the gloo timeout"
+    results = sorted((json.loads(o.strip().splitlines()[-1]) for o in outs), key=lambda r: r["rank"])
+    assert [r.get("step") for r in results] == [2, 2], results
+    assert all(r["model_ok"] for r in results) and [r["local"] for r in results] == [2.0, 102.0]
+    assert any("skipping unreadable checkpoint" in w and "Permission denied" in w for w in results[1]["warnings"]), results[1]
+    assert any("step 3" in w and "rank 1" in w for w in results[0]["warnings"]), results[0]
+
+
+def test_a_rank_whose_restore_fails_otherwise_stops_every_rank(tmp_path: Path) -> None:
+    """Rank 1's state does not fit the checkpoint (StateMismatchError), or cannot be captured at all
+    (TypeError): rank 1 raises its error, rank 0 a CheckpointError naming rank 1; neither restores
+    alone, nor waits for the other."""
+    run = tmp_path / "run"
+    _outputs(_launch(tmp_path, 2, "save", str(run)))
+    for variant, error, says in (("mismatch", "StateMismatchError", "local"), ("unsupported", "TypeError", "handle")):
+        start = time.monotonic()
+        outs = _outputs(_launch(tmp_path, 2, "restore-or-fail", str(run), variant, env={"GLOO_TIMEOUT_S": "20"}))
+        assert time.monotonic() - start < 60, f"{variant}: restore waited for the gloo timeout"
+        results = sorted((json.loads(o.strip().splitlines()[-1]) for o in outs), key=lambda r: r["rank"])
+        assert results[1].get("error") == error and says in results[1]["message"], results[1]
+        assert results[0].get("error") == "CheckpointError", results[0]
+        assert "step 3 failed on rank 1" in results[0]["message"], results[0]
 
 
 def test_dtensor_state_is_pointed_to_the_dcp_backend(tmp_path: Path) -> None:
