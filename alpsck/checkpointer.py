@@ -396,8 +396,10 @@ class Checkpointer:
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
         """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
 
-        A checkpoint that fails verification is reported with a warning naming what was wrong
-        and skipped in favour of the previous one. Returns the step restored, or None if the
+        A checkpoint that fails verification or cannot be read (I/O error) is reported with a
+        warning naming what was wrong and skipped in favour of the previous one. With several
+        ranks, a checkpoint any rank cannot read is skipped by all; any other error on one rank
+        is raised there, and the other ranks raise a CheckpointError naming that rank. Returns the step restored, or None if the
         run has no valid checkpoint (with ``step`` given: NoCheckpointError). The run then
         continues from that step: the next ``save()`` retires newer checkpoints (module
         docstring); nothing on disk changes before it.
