@@ -107,6 +107,28 @@ def test_the_python_in_the_job_command_is_quoted(monkeypatch: pytest.MonkeyPatch
     assert "_log.out '/opt/my tools/bin/python3' -u -m submitit.core._submit " in text
 
 
+def test_the_local_job_command_runs_the_environment_lines_in_bash_then_this_python(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The local executor's job command (submitit splits it with shlex) gives bash the venv
+    activation and the setup lines exactly as the batch script has them, then execs this Python."""
+    import shlex
+
+    from alpsck.errors import UsageError
+    from alpsck.slurm.submit import local_python
+
+    monkeypatch.setattr(sys, "executable", "/opt/my tools/bin/python3")
+    assert local_python(parse_config(GOOD)) == "'/opt/my tools/bin/python3'"  # nothing to run first: as before
+    cfg = parse_config(GOOD + "environment:\n  venv: /opt/venvs/a\n  setup:\n    - 'export A=\"it''s $B\"  # hi'\n")
+    words = shlex.split(local_python(cfg) + " -u -m submitit.core._submit /run")
+    assert Path(words[0]).name == "bash" and words[1:] == [
+        "-c", 'source /opt/venvs/a/bin/activate\nexport A="it\'s $B"  # hi\n\nexec "$@"', "alpsck-setup",
+        "/opt/my tools/bin/python3", "-u", "-m", "submitit.core._submit", "/run"]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UsageError, match=r"environment\.venv and environment\.setup: the local executor runs them "
+                                         r"with bash, as the batch script would, and bash is not on the PATH"):
+        local_python(cfg)
+
+
 @pytest.mark.parametrize(("written", "minutes"), [("90", 90), ("1:30:00", 90), ("30:00", 30), ("'1:30:00'", 90)])
 def test_an_unquoted_time_means_what_slurm_would_read(written: str, minutes: float) -> None:
     # YAML alone reads 1:30:00 as 5400 and 30:00 as 1800 (base 60); SLURM reads 1 h 30 min and 30 min.
@@ -134,6 +156,8 @@ def test_a_text_key_written_as_a_number_keeps_its_text() -> None:
     (("slurm:\n", "slurm:\n  nodes: two\n"), r"slurm\.nodes: expected int, got str"),
     (("name: t\n", "name: t\nrequeu: {}\n"), r"<config>:2: requeu: unknown key \(did you mean 'requeue'\?\)"),
     (("name: t\n", "name: t\nrequeue: []\n"), r"<config>:2: requeue: expected a mapping, got list"),
+    (("name: t\n", 'name: t\nenvironment:\n  setup: ["ok", "a\\0b"]\n'), r"environment\.setup: line 2 contains a NUL"),
+    (("name: t\n", 'name: t\nenvironment:\n  venv: "/a\\0b"\n'), r"environment\.venv: .* must be a plain path"),
 ])
 def test_bad_configs_name_the_key_and_line(patch: tuple[str, str], match: str) -> None:
     text = GOOD.replace(*patch)

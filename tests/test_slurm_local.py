@@ -226,3 +226,73 @@ def test_crash_at_every_start_gives_up_with_a_clear_message(tmp_path: Path) -> N
 
     doc = json.loads(status.stdout)
     assert doc["state"] == "gave_up" and any(e["event"] == "failed" and "boom" in e["message"] for e in doc["events"])
+
+
+_ENV_ENTRY = """\
+import json, os, sys
+
+def main(ctx):
+    keys = ("VIRTUAL_ENV", "ALPSCK_SETUP_WORDS", "ALPSCK_SETUP_SAW_VENV", "CUDA_VISIBLE_DEVICES", "PATH")
+    doc = {k: os.environ.get(k) for k in keys}
+    doc["python"] = sys.executable
+    with open(os.path.join(ctx.run_dir, "job-env.json"), "w") as f:
+        json.dump(doc, f)
+"""
+
+
+def _submit_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, yaml_tail: str) -> tuple[Path, str]:
+    """Submit a job that records its environment through the local executor, in this process (no
+    CLI); wait for it. (run dir, the job's log)."""
+    from alpsck.slurm.submit import submit
+
+    (tmp_path / "alpsck_env_entry.py").write_text(_ENV_ENTRY)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    for k in ("VIRTUAL_ENV", "ALPSCK_SETUP_WORDS", "ALPSCK_SETUP_SAW_VENV"):
+        monkeypatch.delenv(k, raising=False)
+    run_dir = tmp_path / "run"
+    cfg = parse_config(f"name: env\nrun_dir: {run_dir}\nentry:\n  function: alpsck_env_entry:main\n{yaml_tail}",
+                       source="env.yaml")
+    job = submit(cfg, local=True)
+    deadline = time.monotonic() + 300
+    while not job.done():
+        assert time.monotonic() < deadline, "the local job never ended"
+        time.sleep(0.2)
+    log = "".join(p.read_text() for p in (run_dir / "submitit").glob("*_log.out"))
+    assert final_state(run_dir) == "finished", log
+    return run_dir, log
+
+
+def test_the_local_executor_runs_the_venv_and_setup_lines_before_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the batch script does: bash activates environment.venv, then runs environment.setup
+    verbatim (a comment, quotes, a failing line), and what they export reaches the job; the job
+    sees slurm.gpus_per_node GPUs. The local executor ignored all three (and hid every GPU)."""
+    import json
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    run_dir, log = _submit_in_process(tmp_path, monkeypatch, (
+        "slurm:\n  gpus_per_node: 2\nenvironment:\n"
+        f"  venv: {venv}\n"
+        "  setup:\n"
+        "    - '# a comment line: the lines after it run too'\n"
+        "    - export ALPSCK_SETUP_WORDS=\"two 'quoted' words\"\n"
+        "    - 'false'\n"
+        "    - export ALPSCK_SETUP_SAW_VENV=\"$VIRTUAL_ENV\"\n"))
+    env = json.loads((run_dir / "job-env.json").read_text())
+    assert env["VIRTUAL_ENV"] == str(venv) and env["ALPSCK_SETUP_SAW_VENV"] == str(venv), log
+    assert env["PATH"].split(os.pathsep)[0] == str(venv / "bin")
+    assert env["ALPSCK_SETUP_WORDS"] == "two 'quoted' words"
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["python"] == sys.executable  # the submitting Python, as in the batch script's command
+
+
+def test_the_local_executor_warns_about_the_container_and_uenv_it_cannot_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _submit_in_process(tmp_path, monkeypatch, "environment:\n  container: /edf/pytorch.toml\n  uenv: prgenv/24.7\n")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        "alpsck: warning: env.yaml: environment.container (/edf/pytorch.toml) is not used by the local executor: "
+        "the job runs on this machine, outside the container",
+        "alpsck: warning: env.yaml: environment.uenv (prgenv/24.7) is not used by the local executor: the job runs "
+        "on this machine, outside the uenv"]

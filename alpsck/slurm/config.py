@@ -8,7 +8,7 @@ variable is an error naming it. Where a value is text (text keys, ``slurm.extra`
 ``entry.args``), a number or boolean is taken as written: ``010`` stays ``010``, not 8. Values
 that reach sbatch are checked against strict patterns, so no config value can inject a line or a
 shell word; ``environment.setup`` lines are the one place where you write shell yourself (they
-run verbatim in the batch script).
+run verbatim in the batch script; under the local executor, bash runs them before the job).
 """
 
 from __future__ import annotations
@@ -330,12 +330,14 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         if v is not None:
             # ~ too: the batch script quotes the path, so its shell would not expand it
             v = os.path.expanduser(_expand(v, f"environment.{k}", loc))
-            if not re.match(r"^[^\s'\"`$;&|<>\\]{1,1024}$", v):
+            if not re.match(r"^[^\s'\"`$;&|<>\\\x00]{1,1024}$", v):
                 raise loc.err(f"environment.{k}", f"{v!r} must be a plain path or name (no spaces or shell characters)")
             setattr(env, k, v)
     for i, line in enumerate(env.setup):
         if "\n" in line:
             raise loc.err("environment.setup", f"line {i + 1} contains a newline; give one list item per line")
+        if "\x00" in line:  # no shell line can hold one (nor the local executor's environment)
+            raise loc.err("environment.setup", f"line {i + 1} contains a NUL character")
 
     if (entry.function is None) == (entry.script is None):
         raise loc.err("entry", "give exactly one of entry.function ('module:function') or entry.script (a .py file)")

@@ -4,6 +4,9 @@
 history, and returns the job id. Without ``sbatch`` on the PATH (or with ``local=True``) the job
 runs through submitit's local executor, which sends the time-limit signal before its timeout and
 restarts a task that exits with code 144: the same checkpoint/requeue cycle, no cluster needed.
+There, bash runs the venv activation and the setup lines before each start of the job, as the
+batch script would, and the job sees ``slurm.gpus_per_node`` GPUs (CUDA_VISIBLE_DEVICES); the
+container and the uenv cannot apply on this machine, and ``submit`` warns that they are unused.
 
 The sbatch script is submitit's, with our settings:
 
@@ -57,15 +60,50 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
 PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 
 
-def setup_lines(cfg: JobConfig) -> list[str]:
-    lines = [f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
-             # submitit in the job must expect the configured signal too, or an early one finds no
-             # handler (USR1's default action ends the process)
-             f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}"]
+def environment_lines(cfg: JobConfig) -> list[str]:
+    """The venv activation and the user's setup lines: in the batch script on SLURM, and run by
+    bash before the job under the local executor (``local_python``)."""
+    lines: list[str] = []
     if cfg.environment.venv:
         lines.append(f"source {shlex.quote(str(Path(cfg.environment.venv) / 'bin' / 'activate'))}")
     lines += cfg.environment.setup  # the user's own shell lines, verbatim
     return lines
+
+
+def setup_lines(cfg: JobConfig) -> list[str]:
+    return [f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
+            # submitit in the job must expect the configured signal too, or an early one finds no
+            # handler (USR1's default action ends the process)
+            f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *environment_lines(cfg)]
+
+
+def local_python(cfg: JobConfig) -> str:
+    """The interpreter of the local executor's job command, as shell words (submitit appends its
+    arguments and splits the line with shlex): this Python, as in the batch script, behind a bash
+    that first runs ``environment_lines``, so that what they export and activate reaches the job.
+    submitit's own ``setup`` cannot: it joins the lines with ``&&`` for /bin/sh (no ``source`` in
+    dash; a comment swallows the rest)."""
+    lines = environment_lines(cfg)
+    if not lines:
+        return shlex.quote(sys.executable)
+    bash = shutil.which("bash")
+    if bash is None:
+        keys = " and ".join(k for k, v in (("environment.venv", cfg.environment.venv),
+                                           ("environment.setup", cfg.environment.setup)) if v)
+        raise UsageError(f"{cfg.source}: {keys}: the local executor runs them with bash, as the batch script "
+                         "would, and bash is not on the PATH")
+    # The empty line ends a setup line left open by a trailing backslash, as in the batch script.
+    script = "\n".join([*lines, "", 'exec "$@"'])
+    return shlex.join([bash, "-c", script, "alpsck-setup", sys.executable])
+
+
+def local_unused(cfg: JobConfig) -> list[str]:
+    """The config's settings the local executor cannot apply, one line each naming the key."""
+    env = cfg.environment
+    return [f"environment.{key} ({value}) is not used by the local executor: the job runs on this machine, "
+            f"outside {what}"
+            for key, value, what in (("container", env.container, "the container"), ("uenv", env.uenv, "the uenv"))
+            if value]
 
 
 def signal_delay(cfg: JobConfig) -> int:
@@ -171,9 +209,11 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     folder = Path(cfg.run_dir) / "submitit"
     ex: submitit.Executor
     if local:
-        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts)
+        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=local_python(cfg))
+        # gpus_per_node too: without it submitit hides every GPU (CUDA_VISIBLE_DEVICES="")
         ex.update_parameters(timeout_min=max(1, math.ceil(cfg.slurm.time_minutes)),
-                             signal_delay_s=signal_delay(cfg), tasks_per_node=cfg.slurm.tasks_per_node)
+                             signal_delay_s=signal_delay(cfg), tasks_per_node=cfg.slurm.tasks_per_node,
+                             gpus_per_node=cfg.slurm.gpus_per_node)
         return ex
     if not script_only and shutil.which("srun") is None:  # submitit's own error would be a traceback
         raise SlurmError("srun not found: the batch script starts the job's tasks with srun; submit where SLURM's "
@@ -206,6 +246,9 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
                              f"the checkpoints. Wait for it, scancel it, or give this job another run_dir")
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
     ex = make_executor(cfg, local=use_local)
+    if use_local:
+        for unused in local_unused(cfg):
+            print(f"alpsck: warning: {cfg.source}: {unused}", file=sys.stderr, flush=True)
     # The local executor's controller is a child process that imports submitit afresh and sends
     # the signal it names: give it the configured one.
     saved = os.environ.get(PREEMPT_SIGNAL_ENV)
