@@ -514,6 +514,25 @@ def _check_decoded(state: Mapping[str, Any], decoded: Mapping[str, tuple[str, An
             _check_module(key, state[key], value)
         elif kind == "tensor":
             _check_tensor(key, value, state[key], "live tensor")
+        elif kind == "stateful" and isinstance(state[key], torch.optim.Optimizer):
+            _check_optimizer(key, state[key], value)
+
+
+def _check_optimizer(key: str, live: torch.optim.Optimizer, saved: Any) -> None:
+    """What ``Optimizer.load_state_dict`` would refuse, found before anything is loaded (else the
+    modules before it in the tree were already restored when it raised)."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or not isinstance(saved.get("state"), dict):
+        raise StateMismatchError(f"{key}: the checkpoint's optimizer state has no param_groups/state")
+    if len(groups) != len(live.param_groups):
+        raise StateMismatchError(f"{key}: the checkpoint has {len(groups)} parameter group(s), the live optimizer "
+                                 f"{len(live.param_groups)}")
+    for i, (g, lg) in enumerate(zip(groups, live.param_groups, strict=True)):
+        params = g.get("params") if isinstance(g, dict) else None
+        if not isinstance(params, list) or len(params) != len(lg["params"]):
+            n = len(params) if isinstance(params, list) else "no"
+            raise StateMismatchError(f"{key}: parameter group {i} has {n} parameter(s) in the checkpoint, "
+                                     f"{len(lg['params'])} in the live optimizer")
 
 
 def fits(state: Mapping[str, Any], tree: Mapping[str, Any]) -> bool:

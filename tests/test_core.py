@@ -137,6 +137,32 @@ def test_a_mismatch_found_after_the_shapes_leaves_the_live_state_untouched(tmp_p
         assert all(torch.equal(before[k], v) for k, v in m.state_dict().items()), match
 
 
+@pytest.mark.parametrize("groups", ["fewer-groups", "other-group-sizes"])
+def test_an_optimizer_whose_groups_differ_is_refused_before_the_model_is_loaded(tmp_path: Path, groups: str) -> None:
+    """Optimizer.load_state_dict refuses another group layout, but it ran after the model earlier in
+    the tree was loaded: the error came with the checkpoint's weights already in the live model."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[1].parameters(), "lr": 0.1}])
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, {"model": m, "optim": opt}).wait()
+    torch.manual_seed(1)
+    live = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    if groups == "fewer-groups":
+        live_opt = torch.optim.AdamW(live.parameters())
+        match = "2 parameter group.*live optimizer 1"
+    else:
+        live_opt = torch.optim.AdamW([{"params": [live[0].weight]},
+                                      {"params": [live[0].bias, *live[1].parameters()]}])
+        match = "parameter group 0 has 2 parameter.*1 in the live"
+    before = {k: v.clone() for k, v in live.state_dict().items()}
+    with alpsck.Checkpointer(tmp_path) as ck, pytest.raises(StateMismatchError, match=match):
+        ck.restore({"model": live, "optim": live_opt})
+    assert all(torch.equal(before[k], v) for k, v in live.state_dict().items())
+
+
 def test_every_failed_background_save_reaches_the_caller(tmp_path: Path) -> None:
     """Two saves fail in the background: the first error is raised by the next save(), the
     second by wait() (it used to be dropped). A helper's review found it."""
