@@ -368,12 +368,22 @@ class Checkpointer:
             failed[0].wait()
 
     def close(self) -> None:
-        """Wait for in-flight saves, stop the writer threads and free staging memory."""
+        """Wait for in-flight saves, stop the writer threads and free staging memory.
+
+        Raises the first background error not yet reported; any further ones are warned about
+        (each naming its step), never dropped silently."""
         if self._engine is None:
             return
         try:
             self.wait()
         finally:
+            for h in self._pending:
+                why = h._h.error_message()
+                if not h.reported and why is not None:
+                    h.reported = True
+                    warnings.warn(f"{self.run_dir}: the checkpoint of step {h.step} failed too: {why}",
+                                  RuntimeWarning, stacklevel=2)
+            self._pending = []
             self._release()
 
     def __enter__(self) -> Checkpointer:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,18 @@ def test_every_failed_background_save_reaches_the_caller(tmp_path: Path) -> None
         ck.wait()  # each failure is reported once
     finally:
         ck.close()
+    # close() raises the first failure and warns about the others (they used to vanish there).
+    ck = alpsck.Checkpointer(tmp_path, direct_io=False, max_in_flight=3,
+                             _faults=[{"op": "pwrite", "error": errno.ENOSPC, "count": 1000}])
+    handles = [ck.save(s, st) for s in (4, 5, 6)]
+    while not all(h.done() for h in handles):
+        time.sleep(0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DiskFullError, match="step-000000004"):
+            ck.close()
+    assert sorted(str(w.message).split("step ")[1][:1] for w in caught if "failed too" in str(w.message)) == ["5", "6"]
+    ck.close()  # closed: nothing more
 
 
 def test_disk_full_fails_loudly_keeps_earlier_and_recovers(tmp_path: Path) -> None:
