@@ -138,7 +138,8 @@ class Checkpointer:
         threads: writer threads (default 8: the storage's queue depth matters, not the CPU count).
         chunk_bytes: unit of writing, CRC and pipelining (default 8 MiB).
         keep_last: committed checkpoints kept (0 keeps all).
-        staging_bytes: staging memory; default max_in_flight x the state size (at the first save).
+        staging_bytes: staging memory; default max_in_flight x the state size (at the first save;
+            grown by a larger later save, except on the pipelined path).
         direct_io: use O_DIRECT where the file system allows (a fallback is warned about).
         pin_cpus: pin writer threads to these CPUs (e.g. the cores of the GPU's NUMA node).
         copy_threads: threads taking the snapshot copy (default: min(4, CPUs of this process)).

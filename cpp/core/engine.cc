@@ -408,10 +408,16 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   if (!s.ok()) return abandon(s);
   if (copy) {
     std::lock_guard<std::mutex> l(pool_init_mu_);
+    const uint64_t slots = std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
+    if (external) pool_fixed_.store(true);  // the caller computes slot offsets from the base
     if (!pool_.initialized()) {
-      uint64_t slots = opts_.max_in_flight * layout.num_chunks() + writers_.size();
-      s = pool_.Init(chunk_bytes_, std::max<uint64_t>(slots, 1));
+      s = pool_.Init(chunk_bytes_, slots);
       if (!s.ok()) return abandon(s);
+    } else if (!opts_.staging_bytes && !pool_fixed_.load() && slots > pool_.slots()) {
+      // A first save before the optimizer had state sized the pool for a third of the state:
+      // follow the largest save, so later ones are not throttled to the writers' pace. Failure
+      // only costs that: the smaller pool still streams.
+      pool_.Grow(slots - pool_.slots());
     }
   }
 

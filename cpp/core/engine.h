@@ -68,7 +68,9 @@ struct EngineOptions {
   uint32_t max_in_flight = 2;     // checkpoints persisting at once
   uint32_t keep_last = 3;         // committed checkpoints kept; 0 keeps all
   uint64_t staging_bytes = 0;     // staging pool size; 0: sized at the first copy-mode save
-                                  // to max_in_flight x its data (+ one slot per writer)
+                                  // to max_in_flight x its data (+ one slot per writer), and
+                                  // grown when a later save is larger (until staging_base()
+                                  // is handed out or an external-fill save used the pool)
   uint32_t copy_threads = 0;      // threads copying a snapshot into staging (the caller is one
                                   // of them); 0: min(4, allowed CPUs)
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
@@ -169,8 +171,14 @@ class Engine {
   bool direct_io() const { return direct_io_; }
   uint32_t threads() const { return static_cast<uint32_t>(writers_.size()); }
   uint32_t copy_threads() const { return copy_threads_; }
+  // The staging pool's first mapping (what a caller may register with a GPU runtime); handing
+  // it out stops the pool from growing (its slots must all lie in that mapping from then on).
   uint64_t staging_bytes() const { return pool_.size(); }
-  char* staging_base() const { return pool_.base(); }
+  char* staging_base() const {
+    pool_fixed_.store(true);
+    return pool_.base();
+  }
+  uint64_t staging_slots() const { return pool_.slots(); }
   // Newest step published as latest; -1 if none.
   int64_t published_step() const;
   uint32_t in_flight() const;
@@ -217,6 +225,7 @@ class Engine {
   uint32_t copy_threads_ = 1;
   StagingPool pool_;
   std::mutex pool_init_mu_;
+  mutable std::atomic<bool> pool_fixed_{false};  // no more growth (see staging_base)
 
   std::mutex q_mu_;
   std::condition_variable q_cv_;

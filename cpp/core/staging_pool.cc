@@ -18,6 +18,24 @@ Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots) {
   return Status::Ok();
 }
 
+Status StagingPool::Grow(uint64_t more) {
+  if (!initialized()) return Status::Invalid("staging pool grown before Init");
+  if (more == 0) return Status::Ok();
+  if (slots_ + more > (1ull << 40) / slot_bytes_) return Status::Invalid("staging pool larger than 1 TiB");
+  std::lock_guard<std::mutex> g(grow_mu_);
+  PrefaultedMemory m;
+  if (!m.Allocate(slot_bytes_ * more))
+    return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes_ * more) + " more bytes of staging memory");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint64_t i = more; i-- > 0;) free_.push_back(m.data() + i * slot_bytes_);
+    slots_ += more;
+  }
+  more_.push_back(std::move(m));
+  cv_.notify_all();
+  return Status::Ok();
+}
+
 char* StagingPool::Acquire() {
   std::unique_lock<std::mutex> l(mu_);
   cv_.wait(l, [&] { return closed_ || !free_.empty(); });
@@ -49,6 +67,11 @@ void StagingPool::Close() {
     closed_ = true;
   }
   cv_.notify_all();
+}
+
+uint64_t StagingPool::slots() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return slots_;
 }
 
 uint64_t StagingPool::free_slots() const {

@@ -2,8 +2,9 @@
 //
 // A save copies its snapshot into slots; writer threads hand each slot back as soon as its chunk
 // is written, so a state larger than the pool still streams through (pipelining) and the memory
-// in use never exceeds the pool. The pool is one mapping, so callers may register it once with
-// a GPU runtime as pinned memory (base(), size()).
+// in use never exceeds the pool. Init makes one mapping, so callers may register it once with a
+// GPU runtime as pinned memory (base(), size()). Grow adds slots in further mappings (base() and
+// size() keep describing the first): only for a pool whose base was never handed out.
 //
 // Thread-safety: all methods may be called from any thread.
 #pragma once
@@ -21,6 +22,8 @@ namespace alpsck {
 class StagingPool {
  public:
   Status Init(uint64_t slot_bytes, uint64_t slots);
+  // Adds `more` slots (pre-faulted, in a new mapping); slots in use are not moved.
+  Status Grow(uint64_t more);
   bool initialized() const { return mem_.data() != nullptr; }
   // Blocks until a slot is free; nullptr once the pool is closed.
   char* Acquire();
@@ -29,13 +32,15 @@ class StagingPool {
   void Release(char* slot);
   void Close();
   uint64_t slot_bytes() const { return slot_bytes_; }
-  uint64_t slots() const { return slots_; }
+  uint64_t slots() const;
   uint64_t free_slots() const;
   char* base() const { return mem_.data(); }
   uint64_t size() const { return mem_.size(); }
 
  private:
   PrefaultedMemory mem_;
+  std::vector<PrefaultedMemory> more_;  // Grow's mappings (guarded by grow_mu_)
+  std::mutex grow_mu_;
   uint64_t slot_bytes_ = 0;
   uint64_t slots_ = 0;
   mutable std::mutex mu_;

@@ -339,6 +339,37 @@ TEST(a_found_step_is_still_skipped_without_supersede_and_a_refused_retirement_fa
   CHECK_EQ(retired.size(), size_t{1});
 }
 
+TEST(the_default_staging_pool_follows_the_largest_save_until_its_base_is_handed_out) {
+  // A first save before the optimizer has state is a third of the later ones: the pool sized for
+  // it made every later save wait for the writers (a longer stall). It now grows.
+  TempDir d;
+  auto e = Open(d.path(), nullptr, 2, 0);  // 64 KiB chunks, 3 writers
+  REQUIRE(e);
+  const uint64_t chunk = e->chunk_bytes();
+  auto small = RandomBytes(chunk, 1), big = RandomBytes(10 * chunk, 2);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(1, {{"a", small.data(), small.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1) && h->status().ok());
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 1 + 3});
+  const uint64_t first_bytes = e->staging_bytes();
+  REQUIRE(e->Save(2, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1) && h->status().ok());
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});
+  CHECK_EQ(e->staging_bytes(), first_bytes);  // the first mapping is unchanged
+  CHECK(Matches(d.path(), 2, "a", big));
+  for (int i = 0; i < 3; ++i) {  // the old and the new slots serve saves alike
+    REQUIRE(e->Save(3 + i, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshotOverlap, &h).ok());
+  }
+  e->WaitAll();
+  CHECK(Matches(d.path(), 5, "a", big));
+  CHECK(e->staging_base() != nullptr);  // handed out: never grown again
+  auto huge = RandomBytes(20 * chunk, 3);
+  REQUIRE(e->Save(9, {{"a", huge.data(), huge.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1) && h->status().ok());
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});
+  CHECK(Matches(d.path(), 9, "a", huge));
+}
+
 TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   TempDir d;
   FaultEnv env;
