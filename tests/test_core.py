@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import subprocess
 import sys
 import time
@@ -164,6 +165,25 @@ def test_an_optimizer_whose_groups_differ_is_refused_before_the_model_is_loaded(
     assert all(torch.equal(before[k], v) for k, v in live.state_dict().items())
 
 
+def test_a_run_dir_whose_name_is_not_utf8_works_end_to_end(tmp_path: Path) -> None:
+    """File names are bytes: one that is not valid UTF-8 (Python holds it with surrogate escapes)
+    was a TypeError traceback from the extension. Now the core gets the bytes os.fsencode gives."""
+    run = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/run-\xff\xfe"))
+    with alpsck.Checkpointer(run, keep_last=1) as ck:
+        ck.save(1, {"w": torch.ones(1000)}).wait()
+        h = ck.save(2, {"w": torch.full((1000,), 2.0)})
+        h.wait()
+        assert Path(h.result()["path"]) == run / "step-000000002"
+    infos = _core.scan(run, verify=True)
+    assert [(i["step"], i["status"]) for i in infos] == [(2, "committed")]
+    assert Path(infos[0]["path"]).is_dir() and _core.scan(os.fsencode(run))[0]["step"] == 2
+    back = {"w": torch.zeros(1000)}
+    assert alpsck.restore_into(run, back) == 2 and back["w"][0].item() == 2.0
+    r = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", os.fsencode(run), "--verify"],
+                       capture_output=True)
+    assert r.returncode == 0 and b"committed" in r.stdout, r.stderr
+
+
 def test_every_failed_background_save_reaches_the_caller(tmp_path: Path) -> None:
     """Two saves fail in the background: the first error is raised by the next save(), the
     second by wait() (it used to be dropped). A helper's review found it."""
@@ -182,8 +202,9 @@ def test_every_failed_background_save_reaches_the_caller(tmp_path: Path) -> None
     finally:
         ck.close()
     # close() raises the first failure and warns about the others (they used to vanish there).
+    # (Each failing write takes 1 s, so no save fails before the next one is issued and reaps it.)
     ck = alpsck.Checkpointer(tmp_path, direct_io=False, max_in_flight=3,
-                             _faults=[{"op": "pwrite", "error": errno.ENOSPC, "count": 1000}])
+                             _faults=[{"op": "pwrite", "error": errno.ENOSPC, "count": 1000, "delay_us": 1_000_000}])
     handles = [ck.save(s, st) for s in (4, 5, 6)]
     while not all(h.done() for h in handles):
         time.sleep(0.01)

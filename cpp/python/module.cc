@@ -32,11 +32,51 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+// A file system path: the bytes the kernel sees. From Python it accepts str, bytes and
+// os.PathLike, a str encoded as os.fsencode does (so a name that is not valid UTF-8, which Python
+// holds with surrogate escapes, round-trips); to Python it is a str decoded as os.fsdecode does.
+struct FsPath {
+  std::string bytes;
+  operator const std::string&() const { return bytes; }
+};
+
+namespace nanobind::detail {
+template <>
+struct type_caster<FsPath> {
+  NB_TYPE_CASTER(FsPath, io_name("str | os.PathLike[str]", "str"))
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    PyObject* fs = PyOS_FSPath(src.ptr());
+    if (!fs) {
+      PyErr_Clear();
+      return false;
+    }
+    PyObject* b = PyUnicode_Check(fs) ? PyUnicode_EncodeFSDefault(fs) : PyBytes_Check(fs) ? (Py_INCREF(fs), fs) : nullptr;
+    Py_DECREF(fs);
+    if (!b) {
+      PyErr_Clear();
+      return false;
+    }
+    value.bytes.assign(PyBytes_AS_STRING(b), static_cast<size_t>(PyBytes_GET_SIZE(b)));
+    Py_DECREF(b);
+    return true;
+  }
+  static handle from_cpp(const FsPath& p, rv_policy, cleanup_list*) noexcept {
+    return PyUnicode_DecodeFSDefaultAndSize(p.bytes.data(), static_cast<Py_ssize_t>(p.bytes.size()));
+  }
+};
+}  // namespace nanobind::detail
+
 namespace alpsck {
 namespace {
 
 using Bytes = nb::ndarray<nb::pytorch, nb::ro, nb::c_contig, nb::device::cpu>;
 using MutBytes = nb::ndarray<nb::pytorch, nb::c_contig, nb::device::cpu>;
+
+// Text from the core for Python: paths in it are bytes, maybe not UTF-8 (decoded as os.fsdecode
+// does, so nothing fails and the name reads back as Python spells it).
+nb::str Text(const std::string& s) {
+  return nb::steal<nb::str>(PyUnicode_DecodeFSDefaultAndSize(s.data(), static_cast<Py_ssize_t>(s.size())));
+}
 
 // kIoError/kNoSpace during a save are write errors; elsewhere plain I/O errors.
 [[noreturn]] void RaiseStatus(const Status& s, bool writing) {
@@ -55,7 +95,7 @@ using MutBytes = nb::ndarray<nb::pytorch, nb::c_contig, nb::device::cpu>;
   // OSError subclasses get (errno, message): .errno is set and str() reads "[Errno N] message"
   // where the message names the file and the operation.
   const bool os_error = PyObject_IsSubclass(cls.ptr(), PyExc_OSError) == 1;
-  nb::object exc = (s.err() && os_error) ? cls(s.err(), s.message()) : cls(s.message());
+  nb::object exc = (s.err() && os_error) ? cls(s.err(), Text(s.message())) : cls(Text(s.message()));
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw nb::python_error();
 }
@@ -68,8 +108,8 @@ nb::dict ResultDict(const SaveResult& r) {
   d["durable_seconds"] = r.durable_seconds;
   d["direct_io"] = r.direct_io;
   d["skipped"] = r.skipped;
-  d["path"] = r.path;
-  d["warning"] = r.warning;
+  d["path"] = Text(r.path);
+  d["warning"] = Text(r.warning);
   return d;
 }
 
@@ -102,7 +142,7 @@ class PyHandle {
   }
   nb::object error_message() const {
     if (!h_->Done() || h_->status().ok()) return nb::none();
-    return nb::str(h_->status().message().c_str());
+    return Text(h_->status().message());
   }
   nb::dict result() const { return ResultDict(h_->result()); }
 
@@ -168,7 +208,7 @@ class PyFill {
 
 class PyEngine {
  public:
-  PyEngine(const std::string& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
+  PyEngine(const FsPath& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
            std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s) {
     EngineOptions o;
@@ -250,7 +290,7 @@ class PyEngine {
 
   void continue_from(int64_t step) { engine().ContinueFrom(step); }
 
-  std::vector<std::pair<uint64_t, std::string>> supersede(uint64_t step) {
+  std::vector<std::pair<uint64_t, FsPath>> supersede(uint64_t step) {
     std::vector<std::pair<uint64_t, std::string>> retired;
     Status s;
     Engine& e = engine();
@@ -259,7 +299,9 @@ class PyEngine {
       s = e.Supersede(step, &retired);
     }
     if (!s.ok()) RaiseStatus(s, true);
-    return retired;
+    std::vector<std::pair<uint64_t, FsPath>> out;
+    for (auto& [st, path] : retired) out.push_back({st, FsPath{std::move(path)}});
+    return out;
   }
 
   void wait_all() {
@@ -343,7 +385,7 @@ class PyEngine {
 
 class PyReader {
  public:
-  PyReader(const std::string& path, bool direct) {
+  PyReader(const FsPath& path, bool direct) {
     Status s;
     {
       nb::gil_scoped_release nogil;
@@ -400,9 +442,9 @@ class PyReader {
 nb::dict InfoDict(const CheckpointInfo& i) {
   nb::dict d;
   d["step"] = i.step;
-  d["path"] = i.path;
+  d["path"] = Text(i.path);
   d["status"] = CheckpointStateName(i.state);
-  d["error"] = i.error.empty() ? nb::none() : nb::object(nb::str(i.error.c_str()));
+  d["error"] = i.error.empty() ? nb::none() : nb::object(Text(i.error));
   d["bytes"] = i.bytes;
   d["data_bytes"] = i.data_bytes;
   d["created"] = i.created;
@@ -416,7 +458,7 @@ nb::dict InfoDict(const CheckpointInfo& i) {
   return d;
 }
 
-std::vector<nb::dict> Scan(const std::string& run_dir, bool verify, uint32_t threads, nb::object progress) {
+std::vector<nb::dict> Scan(const FsPath& run_dir, bool verify, uint32_t threads, nb::object progress) {
   std::vector<CheckpointInfo> infos;
   Status s;
   ProgressFn fn;
@@ -471,7 +513,7 @@ NB_MODULE(_core, m) {
         "Classify every checkpoint directory of run_dir (ascending steps).");
 
   m.def("commit_step",
-        [](const std::string& run_dir, uint64_t step, uint32_t world_size,
+        [](const FsPath& run_dir, uint64_t step, uint32_t world_size,
            const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s, double elapsed_s) {
           std::vector<std::pair<std::string, std::string>> extra;
           for (const auto& [name, data] : extra_files) extra.emplace_back(name, std::string(data.c_str(), data.size()));
@@ -487,9 +529,13 @@ NB_MODULE(_core, m) {
         "Commit step-N.tmp once every rank's deferred shard is durable, with small extra files; elapsed_s: how "
         "long the save ran before this call (the manifest's write_seconds counts from the save's start).");
   m.def("retain_newest",
-        [](const std::string& run_dir, uint32_t keep_last) {
-          nb::gil_scoped_release nogil;
-          return RetainNewest(Env::Default(), run_dir, keep_last);
+        [](const FsPath& run_dir, uint32_t keep_last) {
+          std::string warning;
+          {
+            nb::gil_scoped_release nogil;
+            warning = RetainNewest(Env::Default(), run_dir, keep_last);
+          }
+          return Text(warning);
         },
         "run_dir"_a, "keep_last"_a, "Keep the newest keep_last committed checkpoints; returns a warning or ''.");
 
@@ -516,7 +562,7 @@ NB_MODULE(_core, m) {
       .def("finish", &PyFill::finish);
 
   nb::class_<PyEngine>(m, "Engine")
-      .def(nb::init<const std::string&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
+      .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
                     uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double>(),
            "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
            "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
@@ -549,7 +595,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("faults_injected", &PyEngine::faults_injected);
 
   nb::class_<PyReader>(m, "ShardReader")
-      .def(nb::init<const std::string&, bool>(), "path"_a, "direct"_a = true)
+      .def(nb::init<const FsPath&, bool>(), "path"_a, "direct"_a = true)
       .def_prop_ro("meta", &PyReader::meta)
       .def_prop_ro("extents", &PyReader::extents)
       .def_prop_ro("file_bytes", &PyReader::file_bytes)
