@@ -129,6 +129,41 @@ def test_stop_requested_saves_and_resume_matches(tmp_path: Path) -> None:
     assert (tmp_path / "c.csv").read_bytes() == full.read_bytes()
 
 
+def test_a_resume_past_a_corrupt_newest_checkpoint_keeps_its_progress(tmp_path: Path) -> None:
+    """The job stops at step 25 (final checkpoint); step 25 turns out corrupt, so the next start
+    resumes from 20 and stops at 25 again. That final save of step 25 used to be skipped as 'already
+    committed': the corrupt checkpoint stayed, and every later start went back to step 20. Now it
+    is written (the corrupt one is moved aside), the third start resumes from 25, and the loss
+    trace still equals the uninterrupted run's byte for byte."""
+    full = tmp_path / "full.csv"
+    train(_cfg(tmp_path, training_steps=30, checkpoint_dir=str(tmp_path / "a"), loss_file=str(full)))
+    loss = str(tmp_path / "c.csv")
+
+    def stop_after(step: int, start: int) -> object:
+        polls = iter(range(start + 1, 1000))  # polled before each step from start + 1 on
+        return lambda: next(polls) == step + 1
+
+    first = train(_cfg(tmp_path, training_steps=30, checkpoint_freq=10, loss_file=loss),
+                  stop_requested=stop_after(25, 0))  # type: ignore[arg-type]
+    assert first.saved_steps == [10, 20, 25]
+    shard = tmp_path / "ckpt" / "step-000000025" / "rank-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[200] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.warns(RuntimeWarning) as caught:
+        second = train(_cfg(tmp_path, training_steps=30, checkpoint_freq=10, loss_file=loss, load_checkpoint=True),
+                       stop_requested=stop_after(25, 20))  # type: ignore[arg-type]
+    msgs = [str(w.message) for w in caught]
+    assert any("step-000000025" in m and "CRC mismatch" in m for m in msgs), msgs
+    assert any("abandoned history" in m for m in msgs), msgs
+    assert second.restored_step == 20 and second.stopped and second.saved_steps == [25]
+    third = train(_cfg(tmp_path, training_steps=30, checkpoint_freq=10, loss_file=loss, load_checkpoint=True))
+    assert third.restored_step == 25 and third.final_step == 30
+    assert Path(loss).read_bytes() == full.read_bytes()
+    assert [p.name[:len("superseded-step-000000025")] for p in (tmp_path / "ckpt").iterdir()
+            if p.name.startswith("superseded-")] == ["superseded-step-000000025"]
+
+
 def test_stop_is_not_polled_after_the_last_step(tmp_path: Path) -> None:
     """A stop polled (and so taken) after the last step made the SLURM runner requeue a finished
     run, or give up on it with exit 1 when no restarts were left."""
