@@ -236,6 +236,7 @@ class Checkpointer:
                 copy_threads=copy_threads or 0,
                 world_size=self.world_size,
                 commit_timeout_s=commit_timeout_s,
+                one_history=True,  # each save retires the abandoned history first (module docstring)
             )
         except BaseException:
             self._release()  # do not keep the run dir locked by a failed constructor
@@ -291,24 +292,26 @@ class Checkpointer:
         if step < 0:
             raise UsageError(f"step must be non-negative, not {step}")
         self._reap()
-        self._supersede(step)
         cap = tree.capture(state)
         owners = self._owners_of(cap.tensors)
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
                            "tree": cap.tree}, allow_nan=False)
         mine = [(key, t) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
         cuda = any(t.device.type == "cuda" for _, t in mine)
-        if self.overlap_copy or (cuda and self.overlap_copy is None):
-            handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state)))
-        else:
-            extents = [(key, tree.flat_bytes(t)) for key, t in mine]
-            handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
+        try:
+            if self.overlap_copy or (cuda and self.overlap_copy is None):
+                handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state)))
+            else:
+                extents = [(key, tree.flat_bytes(t)) for key, t in mine]
+                handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
+        finally:
+            self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
         return handle
 
-    def _supersede(self, step: int) -> None:
-        """Retire the abandoned history's checkpoints before saving ``step`` (module docstring)."""
-        retired = self.engine.supersede(step)
+    def _report_retired(self, step: int) -> None:
+        """Warn about the abandoned history's checkpoints the save of ``step`` retired (module docstring)."""
+        retired = self.engine.take_retired()
         if not retired or self.rank != 0:
             return
         base = self._continued_from

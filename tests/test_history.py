@@ -95,6 +95,27 @@ def test_restoring_an_older_step_on_purpose_abandons_the_newer_ones(tmp_path: Pa
     assert (tmp_path / "LATEST").read_text().strip() == "6"
 
 
+def test_a_rollback_in_the_same_process_saves_the_steps_again(tmp_path: Path) -> None:
+    """A loss spike at step 6: restore step 3 in the same Checkpointer and train on. Found by a
+    review: only checkpoints found when the engine opened were retired, so saves 4-6 were skipped
+    and a later restore returned the spiked step 6."""
+    with alpsck.Checkpointer(tmp_path, keep_last=0, chunk_bytes=64 << 10) as ck:
+        for s in range(1, 7):
+            ck.save(s, _state(s)).wait()
+        state = _state(0, history=-1)
+        assert ck.restore(state, step=3) == 3
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for s in (4, 5, 6):
+                h = ck.save(s, _state(s, history=1))
+                h.wait()
+                assert not h.result()["skipped"]
+        assert [str(w.message) for w in caught if "abandoned history" in str(w.message)][0].count("step(s) 4, 5, 6") == 1
+    step, history, w = _restored(tmp_path)
+    assert (step, history) == (6, 1) and torch.equal(w, _state(6, 1)["w"])
+    assert len(_superseded(tmp_path)) == 3
+
+
 def test_saving_the_restored_step_again_is_a_no_op_and_retires_nothing(tmp_path: Path) -> None:
     """A requeued job that resumes at step 3 and is told to stop at once takes its final checkpoint at 3."""
     _save(tmp_path, [1, 2, 3])

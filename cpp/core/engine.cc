@@ -161,7 +161,7 @@ Status Engine::Init() {
     uint64_t step = 0;
     if (ParseStepDirName(n, &step)) {
       if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
-      if (env_->IsDir(p) == 1) found_.insert(step);
+      if (env_->IsDir(p) == 1) foreign_.insert(step);
       continue;
     }
     const bool tmp = ParseTmpDirName(n, &step);
@@ -236,7 +236,16 @@ uint32_t Engine::in_flight() const {
 void Engine::ContinueFrom(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   base_ = step < 0 ? -1 : step;
-  if (step >= 0) found_.erase(static_cast<uint64_t>(step));
+  for (uint64_t c : committed_)  // this process's own commits after S too (a rollback)
+    if (static_cast<int64_t>(c) > base_) foreign_.insert(c);
+  if (step >= 0) foreign_.erase(static_cast<uint64_t>(step));
+}
+
+std::vector<std::pair<uint64_t, std::string>> Engine::TakeRetired() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::pair<uint64_t, std::string>> out;
+  out.swap(retired_log_);
+  return out;
 }
 
 Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
@@ -246,10 +255,10 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return Status::Error(Code::kAborted, "engine is closed");
-    for (auto it = found_.rbegin(); it != found_.rend(); ++it)
+    for (auto it = foreign_.rbegin(); it != foreign_.rend(); ++it)
       if (*it >= step || (base_ != kNoBase && static_cast<int64_t>(*it) > base_)) victims.push_back(*it);
     for (uint64_t v : victims)
-      if (in_flight_steps_.count(v))
+      if (v != step && in_flight_steps_.count(v))  // (step itself: Save calls this for it)
         return Status::Invalid("step " + std::to_string(v) + " of an earlier history is being saved; call Supersede "
                                "before saving it");
   }
@@ -273,12 +282,16 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
     std::string dest;
     if (opts_.rank == 0) {
       const std::string path = JoinPath(opts_.run_dir, StepDirName(v));
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        dest = JoinPath(opts_.run_dir, kSupersededPrefix + StepDirName(v) + "-" + std::to_string(::getpid()) + "-" +
-                                           std::to_string(free_seq_++));
+      int r;
+      for (int tries = 0;; ++tries) {  // an earlier job (same pid, say) may have left the name taken
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          dest = JoinPath(opts_.run_dir, kSupersededPrefix + StepDirName(v) + "-" + std::to_string(::getpid()) +
+                                             "-" + std::to_string(free_seq_++));
+        }
+        r = env_->Rename(path, dest);
+        if ((r != -EEXIST && r != -ENOTEMPTY) || tries == 1000) break;
       }
-      const int r = env_->Rename(path, dest);
       if (r == -ENOENT) {
         dest.clear();  // removed meanwhile (a prune): nothing left to retire
       } else if (r < 0) {
@@ -297,9 +310,10 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
   }
   std::lock_guard<std::mutex> l(mu_);
   for (uint64_t v : gone) {
-    found_.erase(v);
+    foreign_.erase(v);
     committed_.erase(v);
   }
+  retired_log_.insert(retired_log_.end(), retired->begin(), retired->end());
   published_ = committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin());
   return failure;  // on failure the renames done stay done, and the save must not proceed
 }
@@ -379,7 +393,8 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   {
     std::unique_lock<std::mutex> l(mu_);
     if (closed_) return Status::Error(Code::kAborted, "engine is closed");
-    if (committed_.count(step)) {
+    // A step of another history is saved anew (Supersede retires the old one below).
+    if (committed_.count(step) && !(opts_.one_history && foreign_.count(step))) {
       SaveResult r;
       r.step = step;
       r.skipped = true;
@@ -406,14 +421,20 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   };
   Status s = PrepareDir(job.get());
   if (!s.ok()) return abandon(s);
+  if (opts_.one_history) {
+    // After PrepareDir (a failure aborts this step on every rank; nothing moves for a save that
+    // cannot even start), before any chunk can reach the commit.
+    std::vector<std::pair<uint64_t, std::string>> retired;
+    s = Supersede(step, &retired);
+    if (!s.ok()) return abandon(s);
+  }
   if (copy) {
     std::lock_guard<std::mutex> l(pool_init_mu_);
     const uint64_t slots = std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
-    if (external) pool_fixed_.store(true);  // the caller computes slot offsets from the base
     if (!pool_.initialized()) {
       s = pool_.Init(chunk_bytes_, slots);
       if (!s.ok()) return abandon(s);
-    } else if (!opts_.staging_bytes && !pool_fixed_.load() && slots > pool_.slots()) {
+    } else if (!opts_.staging_bytes && !external && slots > pool_.slots()) {
       // A first save before the optimizer had state sized the pool for a third of the state:
       // follow the largest save, so later ones are not throttled to the writers' pace. Failure
       // only costs that: the smaller pool still streams.
@@ -524,7 +545,9 @@ char* ExternalFill::Acquire(uint64_t chunk, bool block) {
     if (!job_ || job_->failed.load(std::memory_order_acquire)) return nullptr;
   }
   // Not under mu_: blocking here waits for writers, which never need mu_.
-  char* slot = block ? engine_->pool_.Acquire() : engine_->pool_.TryAcquire();
+  // Only slots of the first mapping: the caller names them by their offset from staging_base()
+  // and may have registered just that mapping with CUDA (the pool may have grown since).
+  char* slot = block ? engine_->pool_.Acquire(true) : engine_->pool_.TryAcquire(true);
   if (!slot) return nullptr;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -69,8 +69,8 @@ struct EngineOptions {
   uint32_t keep_last = 3;         // committed checkpoints kept; 0 keeps all
   uint64_t staging_bytes = 0;     // staging pool size; 0: sized at the first copy-mode save
                                   // to max_in_flight x its data (+ one slot per writer), and
-                                  // grown when a later save is larger (until staging_base()
-                                  // is handed out or an external-fill save used the pool)
+                                  // grown when a later save is larger (external fills still
+                                  // use only the first mapping: staging_base/staging_bytes)
   uint32_t copy_threads = 0;      // threads copying a snapshot into staging (the caller is one
                                   // of them); 0: min(4, allowed CPUs)
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
@@ -78,6 +78,7 @@ struct EngineOptions {
   uint32_t rank = 0;
   uint32_t world_size = 1;        // ranks writing this run dir (each with its own Engine)
   double commit_timeout_s = 600;  // how long a multi-rank commit waits for the other ranks
+  bool one_history = false;       // every Save first retires the abandoned history (Supersede)
   Env* env = nullptr;             // nullptr: Env::Default()
 };
 
@@ -153,31 +154,35 @@ class Engine {
   // restore (newest wins), take their places in retention, and make a save of the same step a
   // silent no-op. So:
   //  - ContinueFrom(S): the run continues from step S (-1: from nothing, every checkpoint found
-  //    is abandoned). S itself stays a checkpoint of this history. Call it (on every rank) after
-  //    restoring, before the first save.
-  //  - Supersede(step), before saving `step`: retires the directories found at Open that are
-  //    not of this history: those of a step newer than S (when ContinueFrom was called) and
-  //    those of a step >= `step` (a save never lands beside or below an older history's newer
-  //    checkpoint). Rank 0 renames each to superseded-step-N-<pid>-<seq> and fsyncs RUN_DIR
-  //    before returning, so no later commit is durable while an abandoned newer checkpoint
-  //    still is; the other ranks only forget them (a waiting rank recognises its own commit by
-  //    its shard record, never a retired step's manifest). *retired gets (step, new path; empty
-  //    on ranks > 0), newest first. An error (a rename refused) leaves the step unsaveable.
+  //    is abandoned). S itself stays a checkpoint of this history; every other step directory
+  //    newer than S, found at Open or committed since (a rollback in the same process), is not
+  //    of it. Call it (on every rank) after restoring, before the next save.
+  //  - Supersede(step), before saving `step`: retires the step directories not of this history
+  //    that are newer than S (when ContinueFrom was called) or at or after `step` (a save never
+  //    lands beside or below a newer checkpoint of another history). Rank 0 renames each to
+  //    superseded-step-N-<pid>-<seq> (a free name) and fsyncs RUN_DIR before returning, so no
+  //    later commit is durable while an abandoned newer checkpoint still is; the other ranks only
+  //    forget them (a waiting rank recognises its own commit by its shard record, never a
+  //    retired step's manifest). *retired gets (step, new path; empty on ranks > 0), newest
+  //    first; TakeRetired() hands out every retirement so far once. An error (a rename refused)
+  //    leaves the step unsaveable.
+  //  - With EngineOptions::one_history, Save(step) runs Supersede itself, after its step
+  //    directory is prepared: a failure then fails the save like any other (with several ranks,
+  //    the step is aborted on every rank, and every rank counts the attempt), and a step not of
+  //    this history is saved anew instead of skipped as committed.
   void ContinueFrom(int64_t step);
   Status Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired);
+  std::vector<std::pair<uint64_t, std::string>> TakeRetired();
 
   uint64_t align() const { return align_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   bool direct_io() const { return direct_io_; }
   uint32_t threads() const { return static_cast<uint32_t>(writers_.size()); }
   uint32_t copy_threads() const { return copy_threads_; }
-  // The staging pool's first mapping (what a caller may register with a GPU runtime); handing
-  // it out stops the pool from growing (its slots must all lie in that mapping from then on).
+  // The staging pool's first mapping (what a caller may register with a GPU runtime): the slots
+  // an ExternalFill hands out always lie there, even after the pool grew for copy-mode saves.
   uint64_t staging_bytes() const { return pool_.size(); }
-  char* staging_base() const {
-    pool_fixed_.store(true);
-    return pool_.base();
-  }
+  char* staging_base() const { return pool_.base(); }
   uint64_t staging_slots() const { return pool_.slots(); }
   // Newest step published as latest; -1 if none.
   int64_t published_step() const;
@@ -225,7 +230,6 @@ class Engine {
   uint32_t copy_threads_ = 1;
   StagingPool pool_;
   std::mutex pool_init_mu_;
-  mutable std::atomic<bool> pool_fixed_{false};  // no more growth (see staging_base)
 
   std::mutex q_mu_;
   std::condition_variable q_cv_;
@@ -244,7 +248,8 @@ class Engine {
   uint32_t in_flight_ = 0;
   std::set<uint64_t> in_flight_steps_;
   std::set<uint64_t> committed_;          // steps whose directory holds a manifest
-  std::set<uint64_t> found_;              // step-N directories found at Open, not of this history yet
+  std::set<uint64_t> foreign_;            // step-N directories not of this history (see ContinueFrom)
+  std::vector<std::pair<uint64_t, std::string>> retired_log_;  // for TakeRetired
   static constexpr int64_t kNoBase = INT64_MIN;
   int64_t base_ = kNoBase;                // ContinueFrom's step
   // Several ranks: saves of a step so far (its next attempt), until the step commits. Every rank

@@ -36,21 +36,28 @@ Status StagingPool::Grow(uint64_t more) {
   return Status::Ok();
 }
 
-char* StagingPool::Acquire() {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [&] { return closed_ || !free_.empty(); });
-  if (closed_) return nullptr;
-  char* s = free_.back();
-  free_.pop_back();
-  return s;
+char* StagingPool::TakeLocked(bool first_mapping) {
+  for (size_t i = free_.size(); i-- > 0;) {
+    char* slot = free_[i];
+    if (first_mapping && (slot < mem_.data() || slot >= mem_.data() + mem_.size())) continue;
+    free_[i] = free_.back();
+    free_.pop_back();
+    return slot;
+  }
+  return nullptr;
 }
 
-char* StagingPool::TryAcquire() {
+char* StagingPool::Acquire(bool first_mapping) {
+  std::unique_lock<std::mutex> l(mu_);
+  char* s = nullptr;
+  cv_.wait(l, [&] { return closed_ || (s = TakeLocked(first_mapping)) != nullptr; });
+  return s;  // nullptr only when closed
+}
+
+char* StagingPool::TryAcquire(bool first_mapping) {
   std::lock_guard<std::mutex> l(mu_);
-  if (closed_ || free_.empty()) return nullptr;
-  char* s = free_.back();
-  free_.pop_back();
-  return s;
+  if (closed_) return nullptr;
+  return TakeLocked(first_mapping);
 }
 
 void StagingPool::Release(char* slot) {
@@ -58,7 +65,7 @@ void StagingPool::Release(char* slot) {
     std::lock_guard<std::mutex> l(mu_);
     free_.push_back(slot);
   }
-  cv_.notify_one();
+  cv_.notify_all();  // waiters may want only slots of the first mapping
 }
 
 void StagingPool::Close() {

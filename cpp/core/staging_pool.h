@@ -4,7 +4,8 @@
 // is written, so a state larger than the pool still streams through (pipelining) and the memory
 // in use never exceeds the pool. Init makes one mapping, so callers may register it once with a
 // GPU runtime as pinned memory (base(), size()). Grow adds slots in further mappings (base() and
-// size() keep describing the first): only for a pool whose base was never handed out.
+// size() keep describing the first). A caller that registered the first mapping, or names slots
+// by their offset from base(), acquires with first_mapping = true: it only ever gets slots there.
 //
 // Thread-safety: all methods may be called from any thread.
 #pragma once
@@ -25,10 +26,11 @@ class StagingPool {
   // Adds `more` slots (pre-faulted, in a new mapping); slots in use are not moved.
   Status Grow(uint64_t more);
   bool initialized() const { return mem_.data() != nullptr; }
-  // Blocks until a slot is free; nullptr once the pool is closed.
-  char* Acquire();
+  // Blocks until a slot is free; nullptr once the pool is closed. first_mapping: a slot of the
+  // first mapping (Init's) only.
+  char* Acquire(bool first_mapping = false);
   // nullptr at once when no slot is free (or the pool is closed).
-  char* TryAcquire();
+  char* TryAcquire(bool first_mapping = false);
   void Release(char* slot);
   void Close();
   uint64_t slot_bytes() const { return slot_bytes_; }
@@ -46,6 +48,8 @@ class StagingPool {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<char*> free_;
+  // Takes a free slot (of the first mapping only, if asked); nullptr if none. Holds mu_.
+  char* TakeLocked(bool first_mapping);
   bool closed_ = false;
 };
 

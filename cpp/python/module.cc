@@ -210,7 +210,8 @@ class PyEngine {
  public:
   PyEngine(const FsPath& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
-           std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s) {
+           std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s,
+           bool one_history) {
     EngineOptions o;
     o.run_dir = run_dir;
     o.threads = threads;
@@ -224,6 +225,7 @@ class PyEngine {
     o.copy_threads = copy_threads;
     o.world_size = world_size;
     o.commit_timeout_s = commit_timeout_s;
+    o.one_history = one_history;
     if (!faults.empty()) {
       fault_env_ = std::make_unique<FaultEnv>();
       for (const nb::dict& f : faults) fault_env_->AddRule(ToRule(f));
@@ -299,6 +301,12 @@ class PyEngine {
       s = e.Supersede(step, &retired);
     }
     if (!s.ok()) RaiseStatus(s, true);
+    return Paths(std::move(retired));
+  }
+
+  std::vector<std::pair<uint64_t, FsPath>> take_retired() { return Paths(engine().TakeRetired()); }
+
+  static std::vector<std::pair<uint64_t, FsPath>> Paths(std::vector<std::pair<uint64_t, std::string>> retired) {
     std::vector<std::pair<uint64_t, FsPath>> out;
     for (auto& [st, path] : retired) out.push_back({st, FsPath{std::move(path)}});
     return out;
@@ -563,11 +571,11 @@ NB_MODULE(_core, m) {
 
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
-                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double>(),
+                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool>(),
            "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
            "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
            "faults"_a = std::vector<nb::dict>{}, "copy_threads"_a = 0, "world_size"_a = 1,
-           "commit_timeout_s"_a = 600.0)
+           "commit_timeout_s"_a = 600.0, "one_history"_a = false)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
@@ -581,6 +589,8 @@ NB_MODULE(_core, m) {
       .def("supersede", &PyEngine::supersede, "step"_a,
            "Before saving step: retire the checkpoints of an abandoned history; returns (step, new path) "
            "newest first (paths empty on ranks > 0). See Engine::Supersede.")
+      .def("take_retired", &PyEngine::take_retired,
+           "Every (step, new path) retired so far (by supersede, or by saves with one_history), once.")
       .def("wait_all", &PyEngine::wait_all)
       .def("close", &PyEngine::close)
       .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })

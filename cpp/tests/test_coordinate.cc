@@ -2,6 +2,7 @@
 // (coordinate.h). Ranks run as threads here; the protocol only meets through the file system,
 // so the same holds for processes on several nodes.
 #include <cerrno>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -346,6 +347,56 @@ TEST(a_waiting_rank_never_takes_an_earlier_historys_manifest_for_its_commit) {
   auto infos = Scan(d.path());
   REQUIRE(infos.size() == 2u);  // 1 and the new 2; the abandoned 3 is retired
   CHECK_EQ(infos[1].step, uint64_t{2});
+}
+
+TEST(a_retirement_that_fails_on_rank_0_aborts_the_step_on_every_rank_and_the_retry_commits) {
+  // Found by a review: the Python layer ran Supersede before Save, so a refused rename on rank 0
+  // raised there without counting the attempt or aborting: rank 1 waited out commit_timeout_s,
+  // and the retry mixed attempts (rank 0's attempt 0 with rank 1's stale shard). Save now runs it
+  // (one_history), so the failure aborts the step like any other.
+  TempDir d;
+  {
+    std::vector<std::unique_ptr<Engine>> e;
+    for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2));
+    for (uint64_t step : {4, 5})
+      for (const Status& s : SaveAll(e, step)) CHECK(s.ok());
+  }
+  FaultEnv faulty;
+  FaultRule deny;
+  deny.op = FaultRule::Op::kRename;
+  deny.path_contains = JoinPath(d.path(), StepDirName(5));
+  deny.error = EIO;
+  deny.count = 1;
+  faulty.AddRule(deny);
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 2; ++r) {
+    EngineOptions o;
+    o.run_dir = d.path();
+    o.chunk_bytes = 64 << 10;
+    o.threads = 2;
+    o.rank = r;
+    o.world_size = 2;
+    o.keep_last = 0;
+    o.commit_timeout_s = 60;
+    o.one_history = true;
+    o.env = r == 0 ? &faulty : nullptr;
+    REQUIRE(Engine::Open(o, &e.emplace_back()).ok());
+    e.back()->ContinueFrom(4);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Status> first = SaveAll(e, 5);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(!first[0].ok() && first[0].message().find("abandoned history") != std::string::npos);
+  CHECK(!first[1].ok());  // aborted, promptly: not after commit_timeout_s
+  CHECK(secs < 30);
+  for (const Status& s : SaveAll(e, 5)) CHECK(s.ok());  // attempt 1 on both ranks
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 5, r, Data(5, r)));
+  auto infos = Scan(d.path());
+  REQUIRE(infos.size() == 2u);
+  CHECK(infos[1].state == CheckpointState::kCommitted && infos[1].ranks == 2u);
+  std::vector<std::string> names;
+  REQUIRE(Env::Default()->ListDir(d.path(), &names) == 0);
+  for (const auto& n : names) CHECK(n.find(".tmp") == std::string::npos);  // no attempt left behind
 }
 
 TEST(rank_must_be_below_world_size) {

@@ -625,6 +625,7 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
       o.rank = rank;
       o.world_size = sc.world_size;
       o.commit_timeout_s = 120;
+      o.one_history = history > 0;  // Save retires the abandoned history (Supersede) itself
       Status s = Engine::Open(o, &engines[rank]);
       if (!s.ok()) {
         std::fprintf(stderr, "open rank %u: %s\n", rank, s.message().c_str());
@@ -654,10 +655,7 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
         const SaveMode mode = step % 3 == 0 ? SaveMode::kZeroCopy : step % 3 == 1 ? SaveMode::kSnapshot : SaveMode::kSnapshotOverlap;
         std::shared_ptr<SaveHandle> h;
         const uint64_t expiries = race.expiries();
-        std::vector<std::pair<uint64_t, std::string>> retired;
-        Status s = e->Supersede(step, &retired);
-        if (s.ok())
-          s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
+        Status s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
         if (s.ok() && step == sc.abort_step) {  // the aborted attempt, then the retry
           h->Wait(-1);
           if (h->status().ok()) {

@@ -1,5 +1,7 @@
 // The engine: concurrent saves, both memory modes, commit ordering ("newest wins"), retention
 // and recycling, back-pressure, and failures that never damage earlier checkpoints.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -339,9 +341,80 @@ TEST(a_found_step_is_still_skipped_without_supersede_and_a_refused_retirement_fa
   CHECK_EQ(retired.size(), size_t{1});
 }
 
-TEST(the_default_staging_pool_follows_the_largest_save_until_its_base_is_handed_out) {
+std::unique_ptr<Engine> OpenOneHistory(const std::string& dir) {
+  EngineOptions o;
+  o.run_dir = dir;
+  o.chunk_bytes = 64 << 10;
+  o.keep_last = 0;
+  o.threads = 2;
+  o.one_history = true;
+  std::unique_ptr<Engine> e;
+  Status s = Engine::Open(o, &e);
+  if (!s.ok()) std::fprintf(stderr, "Engine::Open: %s\n", s.message().c_str());
+  return e;
+}
+
+TEST(a_rollback_in_the_same_process_saves_the_steps_again_and_retires_its_own_newer_ones) {
+  // Found by a review: only directories found at Open were retired, so after save 1-6 and a
+  // restore of step 3 in the same process, saves of 4-6 were skipped and restore kept the old 6.
+  TempDir d;
+  auto e = OpenOneHistory(d.path());
+  REQUIRE(e);
+  std::shared_ptr<SaveHandle> h;
+  auto save = [&](uint64_t step, uint32_t seed) {
+    auto a = RandomBytes(1000 + step, seed + static_cast<uint32_t>(step));
+    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(h->Wait(-1));
+    REQUIRE(h->status().ok());
+    CHECK(!h->result().skipped);
+  };
+  for (uint64_t s = 1; s <= 6; ++s) save(s, 100);
+  CHECK(e->TakeRetired().empty());
+  e->ContinueFrom(3);
+  save(4, 200);  // Save retires 4-6 itself (one_history)
+  auto retired = e->TakeRetired();
+  REQUIRE(retired.size() == 3u);
+  CHECK(retired[0].first == 6 && retired[2].first == 4);
+  CHECK(e->TakeRetired().empty());  // handed out once
+  CHECK(Matches(d.path(), 4, "a", RandomBytes(1004, 204)));
+  CHECK(Matches(d.path(), 3, "a", RandomBytes(1003, 103)));  // the restored step stays
+  CHECK(!Exists(JoinPath(d.path(), StepDirName(5))) && !Exists(JoinPath(d.path(), StepDirName(6))));
+  e->ContinueFrom(2);  // a second rollback retires the restored 3 and the new 4 too
+  save(3, 300);
+  CHECK_EQ(e->TakeRetired().size(), size_t{2});
+  CHECK(Matches(d.path(), 3, "a", RandomBytes(1003, 303)));
+  CHECK_EQ(e->published_step(), int64_t{3});
+  CHECK_EQ(Latest(d.path()), std::string("3\n"));
+  CHECK_EQ(NamesWith(d.path(), kSupersededPrefix).size(), size_t{5});
+}
+
+TEST(a_superseded_name_left_by_an_earlier_job_is_not_reused) {
+  // Found by a review: the name was <pid>-<seq> with seq from 0 in every engine, so an earlier
+  // job with the same pid (common in containers) left it taken and every save of the step failed.
+  TempDir d;
+  SaveSteps(d.path(), {1, 2}, 500);
+  for (int seq = 0; seq < 2; ++seq) {
+    const std::string taken = JoinPath(d.path(), std::string(kSupersededPrefix) + StepDirName(2) + "-" +
+                                                     std::to_string(::getpid()) + "-" + std::to_string(seq));
+    REQUIRE(Env::Default()->Mkdir(taken) == 0);
+    REQUIRE(WriteFileSynced(Env::Default(), JoinPath(taken, "x"), "x").ok());  // non-empty: ENOTEMPTY
+  }
+  auto e = OpenOneHistory(d.path());
+  REQUIRE(e);
+  e->ContinueFrom(1);
+  auto a = RandomBytes(777, 3);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1) && h->status().ok());
+  CHECK(Matches(d.path(), 2, "a", a));
+  CHECK_EQ(NamesWith(d.path(), kSupersededPrefix).size(), size_t{3});
+}
+
+TEST(the_default_staging_pool_follows_the_largest_save_and_external_fills_stay_in_its_first_mapping) {
   // A first save before the optimizer has state is a third of the later ones: the pool sized for
-  // it made every later save wait for the writers (a longer stall). It now grows.
+  // it made every later save wait for the writers (a longer stall). It now grows; an external
+  // fill (the GPU path: slots named by their offset from staging_base, that mapping registered
+  // with CUDA) still only ever gets slots of the first mapping.
   TempDir d;
   auto e = Open(d.path(), nullptr, 2, 0);  // 64 KiB chunks, 3 writers
   REQUIRE(e);
@@ -352,22 +425,30 @@ TEST(the_default_staging_pool_follows_the_largest_save_until_its_base_is_handed_
   REQUIRE(h->Wait(-1) && h->status().ok());
   CHECK_EQ(e->staging_slots(), uint64_t{2 * 1 + 3});
   const uint64_t first_bytes = e->staging_bytes();
+  char* const base = e->staging_base();
   REQUIRE(e->Save(2, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshot, &h).ok());
   REQUIRE(h->Wait(-1) && h->status().ok());
   CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});
   CHECK_EQ(e->staging_bytes(), first_bytes);  // the first mapping is unchanged
+  CHECK(e->staging_base() == base);
   CHECK(Matches(d.path(), 2, "a", big));
-  for (int i = 0; i < 3; ++i) {  // the old and the new slots serve saves alike
+  for (int i = 0; i < 3; ++i)  // the old and the new slots serve saves alike
     REQUIRE(e->Save(3 + i, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshotOverlap, &h).ok());
-  }
   e->WaitAll();
   CHECK(Matches(d.path(), 5, "a", big));
-  CHECK(e->staging_base() != nullptr);  // handed out: never grown again
-  auto huge = RandomBytes(20 * chunk, 3);
-  REQUIRE(e->Save(9, {{"a", huge.data(), huge.size()}}, "", SaveMode::kSnapshot, &h).ok());
-  REQUIRE(h->Wait(-1) && h->status().ok());
-  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});
-  CHECK(Matches(d.path(), 9, "a", huge));
+  std::shared_ptr<ExternalFill> f;
+  REQUIRE(e->Save(9, {{"a", nullptr, big.size()}}, "{}", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  for (uint64_t i = 0; i < f->num_chunks(); ++i) {
+    char* slot = f->Acquire(i, true);  // 10 chunks through the 5 first-mapping slots: pipelined
+    REQUIRE(slot);
+    CHECK(slot >= base && slot + chunk <= base + first_bytes);
+    std::memcpy(slot, big.data() + i * chunk, f->layout().chunk_len(i));
+    REQUIRE(f->Submit(i, slot).ok());
+  }
+  f->Finish();
+  REQUIRE(h->Wait(60) && h->status().ok());
+  CHECK(Matches(d.path(), 9, "a", big));
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});  // external fills never grow it
 }
 
 TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
