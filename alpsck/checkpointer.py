@@ -466,6 +466,8 @@ def read_checkpoint(
 
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
 _READ, _UNREAD, _FAILED = 0, 1, 2
+# What rank 0 decided from its listing of the run directory, as it tells the other ranks.
+_TRY, _NO_STEP, _OTHER_WORLD = 0, 1, 2
 
 
 def _ranks_named(ranks: Sequence[int]) -> str:
@@ -490,24 +492,46 @@ def restore_into(
     and a checkpoint is loaded only once every rank has read its part of it without error. Every
     rank reports how its read went before any acts on it: a checkpoint one rank cannot read is
     skipped by all; any other failure on one rank (a state that does not fit, a bug) is raised
-    there, and the other ranks raise a CheckpointError naming it instead of waiting for it.
+    there, and the other ranks raise a CheckpointError naming it instead of waiting for it. Rank 0's
+    listing alone decides whether ``step`` exists and whether the world size fits; a rank that
+    cannot list ``run_dir`` at all raises its error, and the others a CheckpointError naming it.
+    When none is left and one rank's live tensors were already overwritten, every rank raises
+    CorruptCheckpointError.
     """
     ranks = ranks or Ranks(rank, 1, None)
-    infos = {i["step"]: i for i in _core.scan(str(run_dir))}
-    if step is not None and step not in infos:
-        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    # Every rank must reach each collective below, whatever its file system shows it: a rank that
+    # cannot list the run directory says so first; then rank 0 alone decides what to try.
+    infos: dict[int, dict[str, Any]] = {}
+    unlisted: Exception | None = None
+    try:
+        infos = {i["step"]: i for i in _core.scan(str(run_dir))}
+    except Exception as e:
+        unlisted = e
+    blind = [r for r, v in enumerate(ranks.each(int(unlisted is not None))) if v]
+    if blind:
+        if unlisted is not None:
+            raise unlisted
+        raise CheckpointError(f"{run_dir}: {_ranks_named(blind)} could not list the run directory (its own error "
+                              "says why), so no rank restored")
+    refusal, written_by, order = _TRY, 0, []
     if ranks.rank == 0:
-        for i in infos.values():
-            if i["status"] in UNUSABLE and (step is None or i["step"] == step):
-                warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning,
-                              stacklevel=3)
-        order = [s for s in sorted(infos, reverse=True) if infos[s]["status"] == "committed" and step in (None, s)]
-    else:
-        order = []
-    order = ranks.from_rank0(order)
-    if order and infos.get(order[0], {}).get("ranks") not in (None, ranks.world_size):
+        if step is not None and step not in infos:
+            refusal = _NO_STEP
+        else:
+            for i in infos.values():
+                if i["status"] in UNUSABLE and (step is None or i["step"] == step):
+                    warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning,
+                                  stacklevel=3)
+            order = [s for s in sorted(infos, reverse=True) if infos[s]["status"] == "committed" and step in (None, s)]
+            if order and infos[order[0]].get("ranks") not in (None, ranks.world_size):
+                refusal, written_by = _OTHER_WORLD, int(infos[order[0]]["ranks"])
+    refusal, written_by, *order = ranks.from_rank0([refusal, written_by, *order])
+    if refusal == _NO_STEP:
+        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}"
+                                + ("" if ranks.rank == 0 else " (rank 0 lists none, and rank 0 decides)"))
+    if refusal == _OTHER_WORLD:
         raise UsageError(
-            f"{run_dir}: the checkpoint of step {order[0]} was written by {infos[order[0]]['ranks']} rank(s), this job "
+            f"{run_dir}: the checkpoint of step {order[0]} was written by {written_by} rank(s), this job "
             f"has {ranks.world_size}; restore it at its world size, or reshard it with torch.distributed.checkpoint "
             "through alpsck.dcp")
     unusable: Exception | None = None  # the live state cannot be captured on this rank: raised once all know
@@ -573,12 +597,22 @@ def restore_into(
             continue
         tree.apply(state, meta["tree"], tensors)
         return int(meta.get("step", s))
-    if unusable is not None:  # no candidate, so no rank waits
+    # No rank restored: they end the same way, whatever happened to their own state.
+    ends = ranks.each(_FAILED if unusable is not None else _UNREAD if touched is not None else _READ)
+    if unusable is not None:
         raise unusable
+    if _FAILED in ends:
+        raise CheckpointError(f"{run_dir}: {_ranks_named([r for r, v in enumerate(ends) if v == _FAILED])} cannot "
+                              "restore into its state (its own error says why), so no rank restored")
     if touched is not None:
         raise CorruptCheckpointError(
             f"{run_dir}: no valid checkpoint left, and reading one that then failed already overwrote live tensors "
             f"({touched}); rebuild the state before training")
+    if _UNREAD in ends:
+        raise CorruptCheckpointError(
+            f"{run_dir}: no valid checkpoint left, and reading one that then failed already overwrote live tensors "
+            f"on {_ranks_named([r for r, v in enumerate(ends) if v == _UNREAD])}; rebuild the state on every rank "
+            "before training")
     if step is not None:
         raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid")
     return None

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ torch.set_num_threads(1)
 mode, run_dir = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("GLOO_TIMEOUT_S", 1800))))
 rank, world = dist.get_rank(), dist.get_world_size()
+run_dir = run_dir.replace("{rank}", str(rank))  # each rank its own view of the run directory
 
 def model_state(step):   # identical on every rank, like a DDP model
     g = torch.Generator().manual_seed(step)
@@ -95,11 +97,15 @@ elif mode == "restore-or-fail":  # the step restored or the error restore raised
         state["local"] = torch.zeros(10)
     if rank == 1 and sys.argv[3:] == ["unsupported"]:
         state["handle"] = object()
+    step = int(sys.argv[4]) if sys.argv[3:4] == ["step"] else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            with alpsck.Checkpointer(run_dir) as ck:
-                got = ck.restore(state)
+            if sys.argv[3:4] == ["read-only"]:  # restore_into: no lock, no engine, only the restore's collectives
+                got = alpsck.restore_into(run_dir, state, ranks=alpsck.ranks.Ranks.detect(None, None))
+            else:
+                with alpsck.Checkpointer(run_dir) as ck:
+                    got = ck.restore(state, step=step)
             out = {"step": got, "model_ok": all(torch.equal(state["model"][k], v) for k, v in model_state(got).items()),
                    "local": state["local"][0].item()}
         except Exception as e:
@@ -144,6 +150,27 @@ def _outputs(procs: list[subprocess.Popen[str]]) -> list[str]:
         assert p.returncode == 0, out
         outs.append(out)
     return outs
+
+
+def _root_without_dac_bypass_for_rank_1() -> dict[int, list[str]]:
+    """The wrapper that makes rank 1 subject to file permissions while rank 0 (root) is not."""
+    if os.geteuid() != 0:
+        why = "needs root: rank 0 must read what rank 1 may not (CI runs as root)"
+        if os.environ.get("CI"):
+            pytest.fail(why)  # in CI a skip would count as passing
+        pytest.skip(why)
+    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
+    return {1: ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]}
+
+
+def _restore_results(tmp_path: Path, run_dir: Path | str, *args: str,
+                     wrap: dict[int, list[str]] | None = None) -> list[dict[str, Any]]:
+    """Every rank's outcome of restore-or-fail, promptly: a rank left waiting fails the gloo timeout."""
+    start = time.monotonic()
+    outs = _outputs(_launch(tmp_path, 2, "restore-or-fail", str(run_dir), *args, env={"GLOO_TIMEOUT_S": "20"},
+                            wrap=wrap))
+    assert time.monotonic() - start < 60, "restore waited for the gloo timeout"
+    return sorted((json.loads(o.strip().splitlines()[-1]) for o in outs), key=lambda r: r["rank"])
 
 
 def test_each_rank_writes_a_shard_and_replicated_tensors_once(tmp_path: Path) -> None:
@@ -241,25 +268,15 @@ def test_restore_skips_a_checkpoint_one_rank_cannot_read_on_every_rank(tmp_path:
     """Rank 1 gets EACCES on its own shard of step 3 (a CheckpointIOError, not corruption: rank 0's
     scan sees step 3 committed, so both ranks try it). Every rank must reach the agreement: both skip
     to step 2, promptly, rather than rank 1 leaving restore while rank 0 waits for it."""
-    if os.geteuid() != 0:
-        why = "needs root: rank 0 must read what rank 1 may not (CI runs as root)"
-        if os.environ.get("CI"):
-            pytest.fail(why)  # in CI a skip would count as passing
-        pytest.skip(why)
-    assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
+    wrap = _root_without_dac_bypass_for_rank_1()
     run = tmp_path / "run"
     _outputs(_launch(tmp_path, 2, "save", str(run)))
     shard = run / "step-000000003" / "rank-00001.bin"
     shard.chmod(0)
-    start = time.monotonic()
     try:
-        procs = _launch(tmp_path, 2, "restore-or-fail", str(run), env={"GLOO_TIMEOUT_S": "20"},
-                        wrap={1: ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]})
-        outs = _outputs(procs)
+        results = _restore_results(tmp_path, run, wrap=wrap)
     finally:
         shard.chmod(0o644)
-    assert time.monotonic() - start < 60, "restore waited for the gloo timeout"
-    results = sorted((json.loads(o.strip().splitlines()[-1]) for o in outs), key=lambda r: r["rank"])
     assert [r.get("step") for r in results] == [2, 2], results
     assert all(r["model_ok"] for r in results) and [r["local"] for r in results] == [2.0, 102.0]
     assert any("skipping unreadable checkpoint" in w and "Permission denied" in w for w in results[1]["warnings"]), results[1]
@@ -280,6 +297,60 @@ def test_a_rank_whose_restore_fails_otherwise_stops_every_rank(tmp_path: Path) -
         assert results[1].get("error") == error and says in results[1]["message"], results[1]
         assert results[0].get("error") == "CheckpointError", results[0]
         assert "step 3 failed on rank 1" in results[0]["message"], results[0]
+    # With no checkpoint to try, too: rank 0 does not go on as if nothing were wrong while rank 1 raises.
+    results = _restore_results(tmp_path, tmp_path / "empty", "unsupported")
+    assert results[1].get("error") == "TypeError" and results[0].get("error") == "CheckpointError", results
+    assert "rank 1 cannot restore into its state" in str(results[0]["message"]), results
+
+
+def test_a_rank_that_cannot_list_the_run_dir_stops_every_rank(tmp_path: Path) -> None:
+    """Rank 1 gets EACCES listing the run directory (rank 0 lists it): rank 1 raises its error,
+    rank 0 a CheckpointError naming rank 1, rather than rank 0 waiting for rank 1's candidates."""
+    wrap = _root_without_dac_bypass_for_rank_1()
+    run = tmp_path / "run"
+    _outputs(_launch(tmp_path, 2, "save", str(run)))
+    run.chmod(0o300)  # files inside can be opened, the directory cannot be listed
+    try:
+        results = _restore_results(tmp_path, run, "read-only", wrap=wrap)
+    finally:
+        run.chmod(0o755)
+    assert results[1].get("error") == "CheckpointIOError" and "Permission denied" in str(results[1]["message"]), results
+    assert results[0].get("error") == "CheckpointError", results
+    assert "rank 1 could not list the run directory" in str(results[0]["message"]), results
+
+
+def test_rank_0s_listing_decides_an_explicit_step_and_the_world_size(tmp_path: Path) -> None:
+    """The ranks see the run directory differently (a stale client cache, say; here each rank has
+    its own copy): rank 0 decides whether the step asked for exists and whether the newest
+    checkpoint fits the world size, and every rank ends the same way, none waiting for another."""
+    run = tmp_path / "run"
+    _outputs(_launch(tmp_path, 2, "save", str(run)))
+    for r in (0, 1):
+        shutil.copytree(run, tmp_path / f"run-{r}", symlinks=True)
+    views = str(tmp_path / "run-{rank}")
+
+    shutil.rmtree(tmp_path / "run-1" / "step-000000003")  # rank 0 sees step 3, rank 1 does not
+    results = _restore_results(tmp_path, views, "step", "3")
+    # Rank 0 read its part straight into its live tensors before it knew: every rank is told to rebuild.
+    assert [r.get("error") for r in results] == ["CorruptCheckpointError"] * 2, results
+    assert "overwrote live tensors on rank 0; rebuild the state on every rank" in str(results[1]["message"]), results
+    assert any("step 3 is not visible from rank 1" in w for w in results[1]["warnings"]), results[1]
+    assert any("step 3" in w and "rank 1 could not read it" in w for w in results[0]["warnings"]), results[0]
+    assert [r.get("step") for r in _restore_results(tmp_path, views, "step", "2")] == [2, 2]
+
+    shutil.rmtree(tmp_path / "run-0" / "step-000000003")
+    shutil.copytree(run / "step-000000003", tmp_path / "run-1" / "step-000000003")  # now only rank 1 sees it
+    results = _restore_results(tmp_path, views, "step", "3")
+    assert [r.get("error") for r in results] == ["NoCheckpointError"] * 2, results
+    assert "no checkpoint of step 3 (rank 0 lists none" in str(results[1]["message"]), results[1]
+
+    solo = tmp_path / "solo"  # rank 0 sees a newer checkpoint written by one rank, rank 1 does not
+    with alpsck.Checkpointer(solo) as ck:
+        ck.save(4, {"local": torch.zeros(3000)}).wait()
+    shutil.copytree(solo / "step-000000004", tmp_path / "run-0" / "step-000000004")
+    results = _restore_results(tmp_path, views)
+    assert [r.get("error") for r in results] == ["UsageError"] * 2, results
+    assert all("step 4 was written by 1 rank(s), this job has 2" in str(r["message"]) for r in results), results
 
 
 def test_dtensor_state_is_pointed_to_the_dcp_backend(tmp_path: Path) -> None:
