@@ -292,23 +292,10 @@ class PyEngine {
 
   void continue_from(int64_t step) { engine().ContinueFrom(step); }
 
-  std::vector<std::pair<uint64_t, FsPath>> supersede(uint64_t step) {
-    std::vector<std::pair<uint64_t, std::string>> retired;
-    Status s;
-    Engine& e = engine();
-    {
-      nb::gil_scoped_release nogil;
-      s = e.Supersede(step, &retired);
-    }
-    if (!s.ok()) RaiseStatus(s, true);
-    return Paths(std::move(retired));
-  }
-
-  std::vector<std::pair<uint64_t, FsPath>> take_retired() { return Paths(engine().TakeRetired()); }
-
-  static std::vector<std::pair<uint64_t, FsPath>> Paths(std::vector<std::pair<uint64_t, std::string>> retired) {
+  // What the saves so far retired (EngineOptions::one_history: Save runs Supersede itself).
+  std::vector<std::pair<uint64_t, FsPath>> take_retired() {
     std::vector<std::pair<uint64_t, FsPath>> out;
-    for (auto& [st, path] : retired) out.push_back({st, FsPath{std::move(path)}});
+    for (auto& [st, path] : engine().TakeRetired()) out.push_back({st, FsPath{std::move(path)}});
     return out;
   }
 
@@ -586,11 +573,9 @@ NB_MODULE(_core, m) {
         return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e.engine().staging_base())); })
       .def("continue_from", &PyEngine::continue_from, "step"_a,
            "The run continues from this restored step (-1: from nothing); see Engine::ContinueFrom.")
-      .def("supersede", &PyEngine::supersede, "step"_a,
-           "Before saving step: retire the checkpoints of an abandoned history; returns (step, new path) "
-           "newest first (paths empty on ranks > 0). See Engine::Supersede.")
       .def("take_retired", &PyEngine::take_retired,
-           "Every (step, new path) retired so far (by supersede, or by saves with one_history), once.")
+           "Every (step, new path) the saves retired so far (one_history=True), each once; paths are empty "
+           "on ranks > 0. See Engine::Supersede.")
       .def("wait_all", &PyEngine::wait_all)
       .def("close", &PyEngine::close)
       .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })
