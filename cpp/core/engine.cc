@@ -250,6 +250,12 @@ std::vector<std::pair<uint64_t, std::string>> Engine::TakeRetired() {
 
 Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
   retired->clear();
+  {
+    // Every one_history save comes here: the common case (nothing of another history left) must
+    // not wait behind a retention in progress (its renames and fsync) for retention_mu_.
+    std::lock_guard<std::mutex> l(mu_);
+    if (foreign_.empty()) return closed_ ? Status::Error(Code::kAborted, "engine is closed") : Status::Ok();
+  }
   std::lock_guard<std::mutex> rl(retention_mu_);  // retention renames step directories too
   std::vector<uint64_t> victims;
   {

@@ -21,8 +21,8 @@ Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots) {
 Status StagingPool::Grow(uint64_t more) {
   if (!initialized()) return Status::Invalid("staging pool grown before Init");
   if (more == 0) return Status::Ok();
+  std::lock_guard<std::mutex> g(grow_mu_);  // one Grow at a time: slots_ changes only under it (and mu_)
   if (slots_ + more > (1ull << 40) / slot_bytes_) return Status::Invalid("staging pool larger than 1 TiB");
-  std::lock_guard<std::mutex> g(grow_mu_);
   PrefaultedMemory m;
   if (!m.Allocate(slot_bytes_ * more))
     return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes_ * more) + " more bytes of staging memory");
