@@ -11,16 +11,20 @@ from typing import Any
 
 from alpsck.slurm import history
 
-# A small model: ~25 steps/s on one core here, so a run of N steps takes N/25 s.
+# A small model: ~40 ms of compute per step on one core here. The jobs pad every step to PACE
+# seconds of wall time (--min-step-seconds), so N steps take N * PACE seconds whatever the load
+# (no calibration to go wrong on a busy machine); the clean reference runs unpadded, with the same
+# losses, in a fraction of that.
 MODEL_ARGS = ["--dim", "48", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--sequence-length", "32",
               "--batch-size", "4", "--torch-threads", "1", "--log-every", "0"]
+PACE = 0.25
 
 
 def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay: int = 60, every: int = 200,
                partition: str | None = "debug", max_restarts: int = 10, no_progress: int = 3,
                extra_args: list[str] | None = None, entry: str = "alpsck.examples.llama.train:slurm_entry",
                requeue_extra: str = "", tasks: int = 1) -> Path:
-    args = [*MODEL_ARGS, "--training-steps", str(steps), *(extra_args or [])]
+    args = [*MODEL_ARGS, "--min-step-seconds", str(PACE), "--training-steps", str(steps), *(extra_args or [])]
     lines = [
         "name: alpsck-test",
         f"run_dir: {run_dir}",
@@ -48,20 +52,9 @@ def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay:
     return path
 
 
-def steps_for_seconds(seconds: float, tmp: Path, world: int = 1) -> int:
-    """How many steps of the test model take ``seconds`` here on ``world`` ranks (measured, so tests
-    depend neither on CPU speed nor on the per-step cost of DDP): two uninterrupted runs, 50 and 350
-    steps, and the rate from their difference (process start-up cancels out)."""
-
-    def wall(steps: int) -> float:
-        d = tmp / f"calibrate-{steps}"
-        d.mkdir(parents=True, exist_ok=True)
-        t = time.perf_counter()
-        clean_losses(d, steps, world=world)
-        return time.perf_counter() - t
-
-    short, long = wall(50), wall(350)
-    return max(200, int(300 / max(long - short, 1e-3) * seconds))
+def steps_for_seconds(seconds: float) -> int:
+    """How many steps a job (paced by ``job_config``) trains in ``seconds``."""
+    return round(seconds / PACE)
 
 
 def clean_losses(tmp: Path, steps: int, extra_args: list[str] | None = None, world: int = 1) -> str:

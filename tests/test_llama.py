@@ -7,11 +7,13 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from alpsck.errors import ConfigError
 from alpsck.examples.llama.data import SyntheticBatches, TextBatches
 from alpsck.examples.llama.model import (
     ModelArgs,
@@ -188,6 +190,18 @@ def test_cli_flags() -> None:
     cfg.validate()
     assert config_from_args(["--load-checkpoint", "runs/x"]).load_checkpoint_dir == "runs/x"
     assert not config_from_args([]).load_checkpoint
+
+
+def test_min_step_seconds_sets_the_pace_and_changes_no_loss(tmp_path: Path) -> None:
+    fast, slow = tmp_path / "fast.csv", tmp_path / "slow.csv"
+    train(_cfg(tmp_path / "a", training_steps=5, loss_file=str(fast)))
+    t = time.perf_counter()
+    train(_cfg(tmp_path / "b", training_steps=5, loss_file=str(slow), min_step_seconds=0.3))
+    assert time.perf_counter() - t >= 5 * 0.3
+    assert slow.read_text() == fast.read_text()
+    for bad in (-0.1, math.nan, math.inf):
+        with pytest.raises(ConfigError, match=r"min_step_seconds must be finite and >= 0"):
+            train(_cfg(tmp_path / "c", min_step_seconds=bad))
 
 
 def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:

@@ -187,11 +187,10 @@ def _submit_local(cfg: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_local_executor_timeout_requeue_cycle_is_bit_exact(tmp_path: Path) -> None:
-    # 1-minute limit, signal 40 s before it: each start trains ~20 s, so ~60 s of steps need about 3
-    # requeues: >= 2 even when the calibration is 1.3x off, and at most 5 (submitit's local executor
-    # restarts a task at most 5 times) when it is 1.5x off the other way.
+    # 1-minute limit, signal 40 s before it: each start trains ~20 s, so 60 s of paced steps need about
+    # 3 requeues: >= 2, and at most 5 (submitit's local executor restarts a task at most 5 times).
     # USR1, not the default USR2: submitit's local controller must be told which signal to send.
-    steps = steps_for_seconds(60, tmp_path)
+    steps = steps_for_seconds(60)
     cfg = job_config(tmp_path / "job.yaml", tmp_path / "run", steps=steps, time="1", delay=40, every=max(50, steps // 20),
                      requeue_extra="signal: USR1")
     r = _submit_local(cfg)

@@ -103,6 +103,7 @@ class TrainConfig:
     device: str | None = None  # None: cuda if available, else cpu
     torch_threads: int | None = None
     log_every: int = 10
+    min_step_seconds: float = 0.0  # pad each step to this wall time (stands in for a bigger model)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field."""
@@ -114,6 +115,8 @@ class TrainConfig:
         for name in ("checkpoint_freq", "warmup_steps", "log_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.min_step_seconds < float("inf"):  # also refuses NaN
+            raise ConfigError(f"min_step_seconds must be finite and >= 0, got {self.min_step_seconds}")
         if self.model_dtype not in DTYPES:
             raise ConfigError(f"model_dtype must be one of {sorted(DTYPES)}, got {self.model_dtype!r}")
         if self.checkpointer not in CHECKPOINTERS:
@@ -327,6 +330,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                 if loss_file is not None:
                     loss_file.flush()
                 os._exit(FAIL_EXIT_CODE)  # a simulated crash: in-flight checkpoints may be lost
+            t_step = time.perf_counter()
             inputs, targets = (t.to(device, non_blocking=True) for t in data.next())
             logits = net(inputs)
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -343,6 +347,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
             if rank == 0 and cfg.log_every and s % cfg.log_every == 0:
                 log.info("step %d loss %.4f lr %.3g (%.1f steps/s)", s, value, sched.get_last_lr()[0],
                          (s - step) / max(time.perf_counter() - t0, 1e-9))
+            if cfg.min_step_seconds:  # padding changes only the pace, never the losses
+                time.sleep(max(0.0, t_step + cfg.min_step_seconds - time.perf_counter()))
             due = checkpoint_due(s) if checkpoint_due is not None else bool(cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0)
             # Not polled after the last step: the run is complete, and a stop it answered True to
             # would make the SLURM runner requeue (or give up on) a finished run.
@@ -415,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default=None)
     add("--torch-threads", type=int, default=None, help="torch.set_num_threads")
     add("--log-every", type=int, default=d.log_every)
+    add("--min-step-seconds", type=float, default=d.min_step_seconds, metavar="S",
+        help="pad every step to at least S seconds of wall time: a bigger model's pace without its compute "
+             "(requeue demos, tests whose jobs must run a known time whatever the load)")
     return p
 
 
