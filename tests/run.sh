@@ -6,7 +6,9 @@
 #      then the parsers (footer, index, manifest, shard, DONE record, JSON) fuzzed with libFuzzer, a few
 #      seconds each (tests/fuzz.sh);
 #   4. ruff, mypy, then pytest against the installed package, with a real one-node SLURM
-#      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing).
+#      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing). The tests
+#      that run jobs start first, in the background, and overlap steps 1-3 (see below).
+# Arguments are pytest options for both pytest runs (-m slow, -k NAME, -x).
 # Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static, clang-14 with
 # libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) (CI installs them; a missing
 # tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops).
@@ -15,6 +17,36 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc)
 section() { printf '\n==== %s ====\n' "$*"; }
 require() { command -v "$1" >/dev/null || { echo "tests/run.sh: required tool '$1' is missing (install it; nothing is skipped)" >&2; exit 1; }; }
+
+# The tests that run jobs (on the local SLURM cluster, and through submitit's local executor) spend
+# most of their ~10 minutes waiting for signals and requeues, with paced, light jobs: they run in
+# the background while the C++ sections build and test, and the rest of pytest (CPU-bound, some of
+# it timing-sensitive) starts once they are done. Both run against the installed package, from
+# outside the source tree (so its compiled _core is what is tested).
+root=$(pwd)
+job_tests=("$root/tests/test_slurm_cluster.py" "$root/tests/test_slurm_local.py")
+section "local SLURM cluster"
+if bash slurm/local-cluster/start.sh; then
+  cluster=1
+elif [ -n "${CI:-}" ]; then
+  echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
+  exit 1
+else
+  cluster=0
+  echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
+fi
+jobs_dir=$(mktemp -d)
+cd "$jobs_dir"
+python3 -m pytest -q "${job_tests[@]}" -p no:cacheprovider --basetemp="$jobs_dir/tmp" --durations=10 "$@" \
+  >"$jobs_dir/log" 2>&1 &
+jobs_pid=$!
+cd "$root"
+cleanup() {
+  kill "$jobs_pid" 2>/dev/null || true
+  if [ "$cluster" = 1 ]; then bash "$root/slurm/local-cluster/stop.sh" >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+echo "pytest of the job tests started in the background (log: $jobs_dir/log)"
 
 if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
   require cmake; require ninja; require g++; require aarch64-linux-gnu-g++; require qemu-aarch64-static; require clang++-14
@@ -57,18 +89,18 @@ cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
 repo=$(pwd)
 (cd "$typed" && python3 -m mypy --config-file "$repo/pyproject.toml" alpsck)
 
-section "local SLURM cluster"
-if bash slurm/local-cluster/start.sh; then
-  trap 'bash slurm/local-cluster/stop.sh >/dev/null 2>&1 || true' EXIT
-elif [ -n "${CI:-}" ]; then
-  echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
-  exit 1
-else
-  echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
-fi
+section "pytest: the job tests (SLURM cluster, local executor), run alongside the sections above"
+jobs_rc=0
+wait "$jobs_pid" || jobs_rc=$?
+cat "$jobs_dir/log"
+[ "$jobs_rc" = 5 ] && jobs_rc=0  # 5: a selection (-k, -m) that leaves none of them to run
 
-section "pytest"
-# Run from outside the source tree so the installed package (with its compiled _core) is tested.
-root=$(pwd)
-cd "$(mktemp -d)"
-python3 -m pytest -q "$root/tests" -p no:cacheprovider --durations=10 "$@"
+section "pytest: the rest"
+rest_rc=0
+(cd "$(mktemp -d)" && python3 -m pytest -q "$root/tests" "${job_tests[@]/#/--ignore=}" -p no:cacheprovider \
+   --durations=10 "$@") || rest_rc=$?
+[ "$rest_rc" = 5 ] && rest_rc=0
+if [ "$jobs_rc" != 0 ] || [ "$rest_rc" != 0 ]; then
+  echo "tests/run.sh: pytest failed (job tests: exit $jobs_rc, the rest: exit $rest_rc)" >&2
+  exit 1
+fi
