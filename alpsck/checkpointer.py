@@ -498,6 +498,10 @@ def restore_into(
     When none is left and one rank's live tensors were already overwritten, every rank raises
     CorruptCheckpointError.
     """
+    if ranks is None and rank != 0:  # once the only way to pick a rank; alone, a process is rank 0 of 1
+        raise UsageError(f"restore_into(rank={rank}) without ranks=: a process restoring alone is rank 0 of a "
+                         "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "
+                         "with alpsck.checkpointer.read_checkpoint(step_dir, rank=N)")
     ranks = ranks or Ranks(rank, 1, None)
     # Every rank must reach each collective below, whatever its file system shows it: a rank that
     # cannot list the run directory says so first; then rank 0 alone decides what to try.

@@ -205,6 +205,11 @@ def test_restore_at_another_world_size_is_refused_clearly(tmp_path: Path) -> Non
     _outputs(_launch(tmp_path, 2, "save", str(run)))
     with pytest.raises(alpsck.errors.UsageError, match="written by 2 rank.*this job has 1.*alpsck.dcp"):
         alpsck.restore_into(run, {"local": torch.zeros(3000)})
+    # Naming a rank without ranks= once returned None ("no checkpoint") for any rank but 0.
+    with pytest.raises(alpsck.errors.UsageError, match=r"restore_into\(rank=1\) without ranks=.*read_checkpoint"):
+        alpsck.restore_into(run, {"local": torch.zeros(3000)}, rank=1)
+    meta, tensors = alpsck.checkpointer.read_checkpoint(next(run.glob("step-*")), rank=1)  # what it points to
+    assert meta["rank"] == 1 and meta["world_size"] == 2 and tensors
 
 
 def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp_path: Path) -> None:
