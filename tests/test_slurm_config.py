@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -163,6 +164,24 @@ def test_bad_configs_name_the_key_and_line(patch: tuple[str, str], match: str) -
     text = GOOD.replace(*patch)
     with pytest.raises(ConfigError, match=match):
         parse_config(text)
+
+
+@pytest.mark.parametrize(("patch", "key"), [
+    (("name: t", 'name: "t\\n"'), "name"),
+    (("slurm:\n", 'slurm:\n  partition: "debug\\n"\n'), "slurm.partition"),
+    (("slurm:\n", 'slurm:\n  account: "a-g34\\n"\n'), "slurm.account"),
+    (("slurm:\n", 'slurm:\n  extra:\n    comment: "x\\n"\n'), "slurm.extra.comment"),
+    (("slurm:\n", 'slurm:\n  extra:\n    "exclusive\\n": true\n'), "slurm.extra.exclusive"),
+    (("name: t\n", 'name: t\nenvironment:\n  container: "/edf.toml\\n"\n'), "environment.container"),
+    (("name: t\n", 'name: t\nenvironment:\n  venv: "/venv\\n"\n'), "environment.venv"),
+    (("function: alpsck.examples.llama.train:slurm_entry", 'function: "a.b:c\\n"'), "entry.function"),
+])
+def test_a_trailing_newline_is_refused_naming_the_key(patch: tuple[str, str], key: str) -> None:
+    """The checks matched with ``^...$``, and ``$`` also matches before a final newline: name "t\\n"
+    passed and broke its #SBATCH line in two, so sbatch ignored every directive after it (--requeue,
+    --signal, --time...)."""
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}"):
+        parse_config(GOOD.replace(*patch))
 
 
 def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:

@@ -24,10 +24,10 @@ import yaml
 
 from ..errors import ConfigError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
-_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:=+@%/-]{1,256}$")  # partition, account, qos, constraint lists...
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_ENTRY_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
+_SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account, qos, constraint lists...
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_ENTRY_FN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _SIGNALS = ("USR1", "USR2")
 # sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
 # option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
@@ -50,7 +50,7 @@ _SBATCH_OPTIONS_LIKE_OURS = ("gpus",)
 
 def parse_time_minutes(text: str) -> float:
     """Minutes of a SLURM time string: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
-    m = _TIME.match(text.strip())
+    m = _TIME.fullmatch(text.strip())
     if not m:
         raise ValueError(f"bad time {text!r}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
     days, a, b, c = m.group(1), m.group(2), m.group(3), m.group(4)
@@ -233,7 +233,7 @@ _TOP = ("name", "run_dir", *_SECTIONS)
 
 def _extra_value(key: str, option: Any, value: Any, loc: _Loc) -> str:
     """One ``slurm.extra`` option's value as sbatch gets it: the text as written, "" for a flag."""
-    if not isinstance(option, str) or not re.match(r"^[a-z][a-z0-9-]*$", option):
+    if not isinstance(option, str) or not re.fullmatch(r"[a-z][a-z0-9-]*", option):
         raise loc.err(key, "sbatch option names are lower-case words with dashes (e.g. 'exclusive')")
     if option in _CONTROLLED:
         raise loc.err(key, f"alpsck sets --{option} itself ({_CONTROLLED[option]})")
@@ -248,7 +248,7 @@ def _extra_value(key: str, option: Any, value: Any, loc: _Loc) -> str:
             return ""
         if text.lower() == "false":
             raise loc.err(key, "false is not an sbatch value; leave the option out to not set it")
-    if not isinstance(text, str) or not _SLURM_WORD.match(text):
+    if not isinstance(text, str) or not _SLURM_WORD.fullmatch(text):
         raise loc.err(key, f"{value!r} is not a plain sbatch option value")
     return text
 
@@ -280,7 +280,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     name = doc.get("name")
     if name is None:
         raise loc.err("name", "missing (a job name such as 'llama-8b')")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise loc.err("name", f"{name!r} is not a valid job name (letters, digits, _ . + -; at most 128)")
     sections: dict[str, Any] = {}
     for sec, cls in _SECTIONS.items():
@@ -312,7 +312,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
 
     for k in ("partition", "account", "qos", "reservation", "constraint", "mem"):
         v = getattr(slurm, k)
-        if v is not None and not _SLURM_WORD.match(v):
+        if v is not None and not _SLURM_WORD.fullmatch(v):
             raise loc.err(f"slurm.{k}", f"{v!r} contains characters SLURM does not accept here")
     try:
         slurm.time_minutes  # noqa: B018 (validates)
@@ -330,7 +330,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         if v is not None:
             # ~ too: the batch script quotes the path, so its shell would not expand it
             v = os.path.expanduser(_expand(v, f"environment.{k}", loc))
-            if not re.match(r"^[^\s'\"`$;&|<>\\\x00]{1,1024}$", v):
+            if not re.fullmatch(r"[^\s'\"`$;&|<>\\\x00]{1,1024}", v):
                 raise loc.err(f"environment.{k}", f"{v!r} must be a plain path or name (no spaces or shell characters)")
             setattr(env, k, v)
     for i, line in enumerate(env.setup):
@@ -341,7 +341,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
 
     if (entry.function is None) == (entry.script is None):
         raise loc.err("entry", "give exactly one of entry.function ('module:function') or entry.script (a .py file)")
-    if entry.function is not None and not _ENTRY_FN.match(entry.function):
+    if entry.function is not None and not _ENTRY_FN.fullmatch(entry.function):
         raise loc.err("entry.function", f"{entry.function!r} is not 'package.module:function'")
     if entry.script is not None:
         sp = Path(_expand(entry.script, "entry.script", loc)).expanduser()
