@@ -191,6 +191,34 @@ def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize(("text", "match"), [
+    # what the YAML parser accepts and the safe loader cannot build was a traceback
+    (GOOD.replace("name: t", "name: !foo t"), r"<config>:1: name: not valid YAML: could not determine a constructor"),
+    (GOOD.replace("slurm:\n", "slurm:\n  extra:\n    begin: 2024-13-45\n"),
+     r"<config>:5: slurm\.extra\.begin: not valid YAML: '2024-13-45': month must be in 1\.\.12"),
+    (GOOD.replace("slurm:\n", "slurm:\n  nodes: !!int two\n"), r"<config>:4: slurm\.nodes: not valid YAML: 'two'"),
+    (GOOD.replace("slurm:\n", "slurm:\n  ? [a]\n  : 1\n"), r"<config>:4: not valid YAML: found unhashable key"),
+    # a mapping that holds itself (an alias) was a RecursionError
+    (GOOD + "requeue: &r {x: *r}\n", r"<config>:7: requeue\.x: unknown key"),
+    # YAML keeps the last of two equal keys: the first was lost without a word
+    (GOOD + "slurm:\n  partition: big\n", r"<config>:7: slurm: given twice \(also on line 3\)"),
+    (GOOD.replace("slurm:\n", "slurm:\n  nodes: 2\n  nodes: 3\n"), r"<config>:5: slurm\.nodes: given twice \(also on line 4\)"),
+])
+def test_yaml_the_loader_refuses_is_one_error_naming_the_line(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_config(text)
+
+
+def test_a_config_that_is_not_utf8_is_one_error(tmp_path: Path) -> None:
+    import subprocess
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(GOOD.replace("name: t", "name: t\xe9").encode("latin-1"))
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--dry-run"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == f"alpsck: error: {cfg}: not UTF-8 text (byte 7: invalid continuation byte)\n"
+
+
 def test_signal_delay_must_fit_the_time_limit() -> None:
     with pytest.raises(ConfigError, match=r"requeue\.signal_delay_s"):
         parse_config(GOOD + "requeue:\n  signal_delay_s: 500\n")

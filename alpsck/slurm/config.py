@@ -146,6 +146,24 @@ _SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "environment": EnvironmentCo
                               "checkpoint": CheckpointConfig, "requeue": RequeueConfig}
 
 
+def _yaml_error(e: yaml.YAMLError, source: str, loc: _Loc | None = None) -> ConfigError:
+    mark = getattr(e, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark is not None else source
+    key = loc.key_at(mark.line + 1) if loc is not None and mark is not None else None
+    return ConfigError(f"{where}: {f'{key}: ' if key else ''}not valid YAML: {getattr(e, 'problem', None) or e}")
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader``, where a value its constructors refuse (a date that does not exist,
+    ``!!int abc``) is an error at the value's line, as the YAML errors are, not a ValueError."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: {e}", node.start_mark) from None
+
+
 class _Loc:
     """Line numbers of keys in the YAML document (from the composed node tree)."""
 
@@ -153,20 +171,28 @@ class _Loc:
         self.source = source
         self.lines: dict[str, int] = {}
         self.raw: dict[str, str] = {}  # scalars as written, before YAML resolved their type
+        self._walked: set[int] = set()
         try:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark is not None else source
-            raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+            raise _yaml_error(e, source) from None
         if node is not None:
             self._walk(node, "")
 
     def _walk(self, node: yaml.Node, prefix: str) -> None:
-        if isinstance(node, yaml.MappingNode):
+        # Each mapping once: an alias may make the tree recursive (``&a {b: *a}``) or exponential.
+        if isinstance(node, yaml.MappingNode) and id(node) not in self._walked:
+            self._walked.add(id(node))
+            first: dict[str, int] = {}  # key -> its line, in this mapping
             for k, v in node.value:
+                if not isinstance(k, yaml.ScalarNode):  # a list or mapping as a key: the loader refuses it
+                    continue
                 key = f"{prefix}{k.value}"
-                self.lines[key] = k.start_mark.line + 1
+                line = k.start_mark.line + 1
+                if k.value in first:  # YAML would keep the last one and drop the other silently
+                    raise ConfigError(f"{self.source}:{line}: {key}: given twice (also on line {first[k.value]})")
+                first[k.value] = line
+                self.lines[key] = line
                 if isinstance(v, yaml.ScalarNode):
                     self.raw[key] = str(v.value)
                 elif isinstance(v, yaml.SequenceNode):  # list items as ``key[i]``
@@ -182,6 +208,10 @@ class _Loc:
         if isinstance(value, (int, float, bool)):
             return self.raw.get(key, str(value))
         return value
+
+    def key_at(self, line: int) -> str | None:
+        """The innermost key written on ``line``, if any."""
+        return next((k for k, n in reversed(self.lines.items()) if n == line), None)
 
     def err(self, key: str, msg: str) -> ConfigError:
         line = self.lines.get(key)
@@ -263,15 +293,20 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
     """Read and validate a job config file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")  # YAML's own encoding, whatever the locale's
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     return parse_config(text, source=str(path), base_dir=p.resolve().parent)
 
 
 def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> JobConfig:
     loc = _Loc(text, source)
-    doc = yaml.safe_load(text)
+    try:
+        doc = yaml.load(text, Loader=_Loader)  # a SafeLoader
+    except yaml.YAMLError as e:  # what the composer accepts and no safe constructor builds: !tags, unhashable keys
+        raise _yaml_error(e, source, loc) from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: the config must be a mapping of keys (name, run_dir, slurm, entry, ...)")
     for k in doc:
