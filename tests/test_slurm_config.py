@@ -269,6 +269,20 @@ def test_values_reaching_the_script_are_quoted(monkeypatch: pytest.MonkeyPatch, 
     assert "mkdir -p '" in text and "'\"'\"'quote'\"'\"'" in text  # shlex.quote of the run dir
 
 
+@pytest.mark.parametrize(("run_dir", "match"), [
+    ("''", r"<config>:2: run_dir: empty: leave it out for runs/<name>"),
+    ("/scratch/a%jb", r"<config>:2: run_dir: '/scratch/a%jb' contains a percent sign, which SLURM and submitit would"),
+    ("'/scratch/a\\b'", r"<config>:2: run_dir: .* contains a backslash"),
+    ('"/scratch/a\\0b"', r"<config>:2: run_dir: .* contains a NUL character"),
+])
+def test_a_run_dir_the_job_could_not_use_as_written_is_refused(run_dir: str, match: str) -> None:
+    """'' became the directory of the submit; a NUL was a ValueError at submit. In the batch
+    script's --output, SLURM reads % as a pattern and sbatch drops a backslash even inside quotes
+    (and submitit replaces %j in its folder): the logs would land in another directory."""
+    with pytest.raises(ConfigError, match=match):
+        parse_config(GOOD.replace("run_dir: /tmp/x", f"run_dir: {run_dir}"))
+
+
 def test_dry_run_cli(tmp_path: Path) -> None:
     import subprocess
 

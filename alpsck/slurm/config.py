@@ -410,10 +410,20 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     raw_run_dir = doc.get("run_dir", f"runs/{name}")
     if not isinstance(raw_run_dir, str):
         raise loc.err("run_dir", f"expected a path, got {raw_run_dir!r}")
+    if not raw_run_dir:
+        raise loc.err("run_dir", "empty: leave it out for runs/<name>, or write . for the directory you submit from")
     run_dir = Path(_expand(raw_run_dir, "run_dir", loc)).expanduser()
     if not run_dir.is_absolute():  # relative to where `alpsck submit` runs, like sbatch's own paths
         run_dir = Path.cwd() / run_dir
     if any(c in str(run_dir) for c in "\n\r"):
         raise loc.err("run_dir", "contains a newline")
+    # The job's log paths (--output) hold the run dir: SLURM reads % there as a pattern (%j, %x...)
+    # and sbatch drops a backslash from an #SBATCH line, even quoted; submitit turns %j in it
+    # into the job id too. The logs and submitit's files would land in another directory.
+    rewritten = "which SLURM and submitit would rewrite in the job's log and submitit paths"
+    for c, what in (("%", f"a percent sign, {rewritten}"), ("\\", f"a backslash, {rewritten}"),
+                    ("\x00", "a NUL character, which no path can hold")):
+        if c in str(run_dir):
+            raise loc.err("run_dir", f"{str(run_dir)!r} contains {what}")
     return JobConfig(name=name, run_dir=str(run_dir), slurm=slurm, environment=env, entry=entry, checkpoint=ck,
                      requeue=rq, source=source)
