@@ -184,6 +184,20 @@ def test_a_trailing_newline_is_refused_naming_the_key(patch: tuple[str, str], ke
         parse_config(GOOD.replace(*patch))
 
 
+@pytest.mark.parametrize(("tail", "match"), [
+    # 0 or less: the maintenance watcher ran scontrol show reservation in a loop without pause
+    ("requeue:\n  maintenance_poll_s: 0\n", r"<config>:8: requeue\.maintenance_poll_s: must be at least 1"),
+    ("requeue:\n  maintenance_poll_s: -60\n", r"requeue\.maintenance_poll_s: must be at least 1"),
+    ("requeue:\n  maintenance_margin_s: -300\n", r"<config>:8: requeue\.maintenance_margin_s: must be 0 or more"),
+    # .nan compares false with everything: a checkpoint was never due by time
+    ("checkpoint:\n  every_seconds: .nan\n", r"<config>:8: checkpoint\.every_seconds: nan: must be a positive number"),
+    ("checkpoint:\n  every_seconds: .inf\n", r"checkpoint\.every_seconds: inf: must be a positive number"),
+])
+def test_numbers_out_of_range_name_the_key(tail: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_config(GOOD + tail)
+
+
 def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"<config>:2: not valid YAML"):
         parse_config("name: t\n  bad: [\n")

@@ -14,6 +14,7 @@ run verbatim in the batch script; under the local executor, bash runs them befor
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -388,8 +389,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
 
     if ck.every_steps is not None and ck.every_steps < 1:
         raise loc.err("checkpoint.every_steps", "must be at least 1 (or omit it)")
-    if ck.every_seconds is not None and ck.every_seconds <= 0:
-        raise loc.err("checkpoint.every_seconds", "must be positive (or omit it)")
+    if ck.every_seconds is not None and not (0 < ck.every_seconds < math.inf):  # .nan compared false: never due
+        raise loc.err("checkpoint.every_seconds", f"{ck.every_seconds!r}: must be a positive number (or omit it)")
     if ck.max_in_flight < 1:
         raise loc.err("checkpoint.max_in_flight", "must be at least 1")
     if ck.keep_last < 0:
@@ -406,6 +407,10 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("requeue.max_restarts", "must be 0 or more")
     if rq.give_up_after_no_progress < 1:
         raise loc.err("requeue.give_up_after_no_progress", "must be at least 1")
+    if rq.maintenance_margin_s < 0:
+        raise loc.err("requeue.maintenance_margin_s", "must be 0 or more")
+    if rq.maintenance_poll_s < 1:  # the watcher runs scontrol show reservation once per poll
+        raise loc.err("requeue.maintenance_poll_s", "must be at least 1")
 
     raw_run_dir = doc.get("run_dir", f"runs/{name}")
     if not isinstance(raw_run_dir, str):
