@@ -192,6 +192,10 @@ def test_a_trailing_newline_is_refused_naming_the_key(patch: tuple[str, str], ke
     # .nan compares false with everything: a checkpoint was never due by time
     ("checkpoint:\n  every_seconds: .nan\n", r"<config>:8: checkpoint\.every_seconds: nan: must be a positive number"),
     ("checkpoint:\n  every_seconds: .inf\n", r"checkpoint\.every_seconds: inf: must be a positive number"),
+    # the Checkpointer refused these only in the job, after it waited in the queue
+    ("checkpoint:\n  threads: 1025\n", r"<config>:8: checkpoint\.threads: must be between 1 and 1024"),
+    ("checkpoint:\n  keep_last: 4294967296\n", r"checkpoint\.keep_last: must be between 0 \(keep all\) and 4294967295"),
+    ("checkpoint:\n  max_in_flight: 4294967296\n", r"checkpoint\.max_in_flight: must be between 1 and 4294967295"),
 ])
 def test_numbers_out_of_range_name_the_key(tail: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):

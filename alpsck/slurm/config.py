@@ -30,6 +30,8 @@ _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account,
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _ENTRY_FN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _SIGNALS = ("USR1", "USR2")
+_UINT32_MAX = 2**32 - 1
+_MAX_THREADS = 1024  # the engine's limit on writer threads
 # sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
 # option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
 _CONTROLLED = {
@@ -391,12 +393,14 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("checkpoint.every_steps", "must be at least 1 (or omit it)")
     if ck.every_seconds is not None and not (0 < ck.every_seconds < math.inf):  # .nan compared false: never due
         raise loc.err("checkpoint.every_seconds", f"{ck.every_seconds!r}: must be a positive number (or omit it)")
-    if ck.max_in_flight < 1:
-        raise loc.err("checkpoint.max_in_flight", "must be at least 1")
-    if ck.keep_last < 0:
-        raise loc.err("checkpoint.keep_last", "must be 0 (keep all) or more")
-    if ck.threads is not None and ck.threads < 1:
-        raise loc.err("checkpoint.threads", "must be at least 1")
+    # The engine's own limits (uint32 counts, at most 1024 writer threads): the Checkpointer would
+    # refuse them only in the job, after it waited in the queue.
+    if not 1 <= ck.max_in_flight <= _UINT32_MAX:
+        raise loc.err("checkpoint.max_in_flight", f"must be between 1 and {_UINT32_MAX}")
+    if not 0 <= ck.keep_last <= _UINT32_MAX:
+        raise loc.err("checkpoint.keep_last", f"must be between 0 (keep all) and {_UINT32_MAX}")
+    if ck.threads is not None and not 1 <= ck.threads <= _MAX_THREADS:
+        raise loc.err("checkpoint.threads", f"must be between 1 and {_MAX_THREADS}")
     if rq.signal not in _SIGNALS:
         raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:
