@@ -240,6 +240,9 @@ def test_a_config_that_is_not_utf8_is_one_error(tmp_path: Path) -> None:
 def test_signal_delay_must_fit_the_time_limit() -> None:
     with pytest.raises(ConfigError, match=r"requeue\.signal_delay_s"):
         parse_config(GOOD + "requeue:\n  signal_delay_s: 500\n")
+    # A limit too short for the default delay names the limit, not a key the user never wrote.
+    with pytest.raises(ConfigError, match=r"slurm\.time: '0:1' leaves no time for the time-limit signal"):
+        parse_config(GOOD.replace('"00:02:00"', '"0:1"'))
 
 
 def test_env_vars_expand(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -405,6 +405,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:
         rq.signal_delay_s = int(min(120, slurm.time_minutes * 30))
+        if rq.signal_delay_s < 1:  # the default, not the user's value, is what does not fit
+            raise loc.err("slurm.time", f"{slurm.time!r} leaves no time for the time-limit signal: give at least "
+                                        "2 seconds (the signal comes half the limit, at most 120 s, before the end)")
     if rq.signal_delay_s < 1 or rq.signal_delay_s >= slurm.time_minutes * 60:
         raise loc.err("requeue.signal_delay_s", f"must be between 1 and the time limit ({slurm.time_minutes * 60:.0f} s)")
     if rq.max_restarts < 0:
