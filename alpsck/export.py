@@ -20,9 +20,10 @@ whatever the checkpoint's size.
   contiguous CPU tensors), so ``torch.load(OUT, weights_only=True)`` gives a ``dict[str, Tensor]``.
 
 The file is written to ``OUT.tmp``, fsync'ed, renamed to OUT and the directory fsync'ed: OUT is
-either the complete previous file or the complete new one. Without ``--step``, a checkpoint whose
-data fails its CRC during the export is skipped (with a warning) for the previous valid one, as
-``restore()`` does; with ``--step`` it is refused.
+either the complete previous file or the complete new one. An OUT that is a symlink is followed
+(its target is replaced, the link stays); one that is not a regular file (a device, a FIFO) is
+refused. Without ``--step``, a checkpoint whose data fails its CRC during the export is skipped
+(with a warning) for the previous valid one, as ``restore()`` does; with ``--step`` it is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import io
 import json
 import os
 import pickle
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,6 +240,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _destination(out: str) -> Path:
+    """The file export writes for OUT: a symlink is followed to its target, which is replaced; OUT (or
+    that target) must be a regular file or not exist yet. A device, FIFO or socket (``/dev/null``,
+    ``/dev/stdout``) is refused: renaming the new file onto it would replace the node itself."""
+    try:
+        mode: int | None = os.stat(out).st_mode  # through symlinks
+    except OSError:  # not there (or a dangling symlink), or its directory is not: _check_out names why
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise UsageError(f"{out} is not a regular file (a device, FIFO or socket), which export would replace; "
+                         "give a file name")
+    path = Path(os.path.realpath(out)) if os.path.islink(out) else Path(out)
+    _check_out(path)
+    return path
+
+
 def _check_out(out: Path) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
@@ -264,9 +282,8 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
 
     Returns ``{"path", "bytes", "step", "format", "tensors"}``.
     """
-    out_path = Path(out)
-    _check_out(out_path)
-    fmt = format_for(out_path, fmt)
+    out_path = _destination(out)
+    fmt = format_for(Path(out), fmt)  # the suffix of the name given, also for a symlink
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     infos = scan_run_dir(run_dir)

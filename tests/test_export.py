@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -196,6 +197,27 @@ def test_bad_destinations(run: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     rc, _, err = _run(capsys, "export", str(tmp_path / "nope"), str(tmp_path / "m.pt"))
     assert rc == 2 and "no such directory" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_symlink_is_written_through_and_a_fifo_is_never_replaced(run: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The file is renamed onto OUT: that must not replace a FIFO or device node (``/dev/null`` as root), nor
+    turn a symlink into a file while its target keeps the old bytes."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rc, _, err = _run(capsys, "export", str(run), str(fifo), "--format", "torch")
+    assert rc == 2 and f"{fifo} is not a regular file" in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+    (tmp_path / "store").mkdir()
+    target = tmp_path / "store" / "blob"
+    target.write_bytes(b"old")
+    link = tmp_path / "model.safetensors"
+    link.symlink_to(target)
+    rc, out, err = _run(capsys, "export", str(run), str(link))
+    assert rc == 0 and "safetensors" in out, err
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert all(_same(load_file(str(target))[k], v) for k, v in _expected(3).items())
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["blob"]
 
 
 def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
