@@ -22,7 +22,8 @@ whatever the checkpoint's size.
 The file is written to ``OUT.tmp``, fsync'ed, renamed to OUT and the directory fsync'ed: OUT is
 either the complete previous file or the complete new one. An OUT that is a symlink is followed
 (its target is replaced, the link stays); one that is not a regular file (a device, a FIFO) is
-refused. Without ``--step``, a checkpoint whose data fails its CRC during the export is skipped
+refused, and so is an OUT among the run directory's own files (``RUN/LATEST``, ``RUN/step-N/...``).
+Without ``--step``, a checkpoint whose data fails its CRC during the export is skipped
 (with a warning) for the previous valid one, as ``restore()`` does; with ``--step`` it is refused.
 """
 
@@ -45,7 +46,7 @@ import torch
 
 from . import tree
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
-from .inspect import human, open_shard, pick_checkpoint, scan_run_dir
+from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir
 from .shards import CheckpointShards
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
@@ -256,6 +257,18 @@ def _destination(out: str) -> Path:
     return path
 
 
+def _check_not_in_run(out: Path, run_dir: str) -> None:
+    """Refuse an OUT that is one of the run directory's own files or lies in one of its checkpoints
+    (``RUN/LATEST``, ``RUN/step-N/rank-00000.bin``, ...): replacing it would lose run state."""
+    real_run = Path(os.path.realpath(run_dir))
+    real_out = Path(os.path.realpath(out.parent)) / out.name
+    if real_out.is_relative_to(real_run):
+        first = real_out.relative_to(real_run).parts[0]
+        if is_run_entry(first):
+            raise UsageError(f"{out}: {first} belongs to the run directory {run_dir} (its checkpoints and their "
+                             "bookkeeping), which export would overwrite; give a path outside them")
+
+
 def _check_out(out: Path) -> None:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
@@ -287,6 +300,7 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     infos = scan_run_dir(run_dir)
+    _check_not_in_run(out_path, run_dir)
     first = pick_checkpoint(infos, run_dir, step)
     if first["status"] != "committed":
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "

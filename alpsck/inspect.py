@@ -87,6 +87,9 @@ def _is_run_entry(name: str) -> bool:
             or name in ("LATEST", "history.jsonl", LOCK_NAME))
 
 
+is_run_entry = _is_run_entry
+
+
 def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     """The run directory as a Path, or a one-line AlpsckError saying why it is not usable.
 

@@ -220,6 +220,24 @@ def test_a_symlink_is_written_through_and_a_fifo_is_never_replaced(run: Path, tm
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["blob"]
 
 
+def test_the_run_directorys_own_files_are_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``.bin`` means torch format: ``export RUN RUN/step-N/rank-00000.bin`` used to replace the shard (and
+    ``RUN/LATEST --format torch`` the LATEST file) with the export."""
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, keep_last=0) as ck:
+        ck.save(1, {"w": torch.ones(4)}).wait()
+    shard = run / "step-000000001" / "rank-00000.bin"
+    before = {p: p.read_bytes() for p in (shard, run / "LATEST")}
+    for out, extra in ((shard, []), (run / "LATEST", ["--format", "torch"]),
+                       (run / ".." / "run" / "step-000000001" / "x.pt", [])):
+        rc, _, err = _run(capsys, "export", str(run), str(out), *extra)
+        assert rc == 2 and "belongs to the run directory" in err and "\n" not in err.rstrip(), err
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in shard.parent.iterdir()) == ["MANIFEST.json", "rank-00000.bin"]
+    rc, out, err = _run(capsys, "export", str(run), str(run / "model.pt"))  # beside the checkpoints: fine
+    assert rc == 0 and "exported step 1" in out, err
+
+
 def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "step-000000001.tmp").mkdir()
     rc, _, err = _run(capsys, "export", str(tmp_path), str(tmp_path / "m.pt"))
