@@ -19,7 +19,8 @@ whatever the checkpoint's size.
   that reduce exactly like tensors do (byte-identical to what ``torch.save`` pickles for a dict of
   contiguous CPU tensors), so ``torch.load(OUT, weights_only=True)`` gives a ``dict[str, Tensor]``.
 
-The file is written to ``OUT.tmp``, fsync'ed, renamed to OUT and the directory fsync'ed: OUT is
+The file is written to ``OUT.tmp`` (``OUT.tmp.N`` if that exists: an existing file is never
+truncated), fsync'ed, renamed to OUT and the directory fsync'ed: OUT is
 either the complete previous file or the complete new one. An OUT that is a symlink is followed
 (its target is replaced, the link stays); one that is not a regular file (a device, a FIFO) is
 refused, and so is an OUT among the run directory's own files (``RUN/LATEST``, ``RUN/step-N/...``).
@@ -257,6 +258,21 @@ def _destination(out: str) -> Path:
     return path
 
 
+def _create_tmp(out: Path) -> tuple[BinaryIO, Path]:
+    """A new file beside OUT to write the export into: ``OUT.tmp``, or ``OUT.tmp.N`` while that name is taken
+    (a file of the user's, a concurrent export's). Created exclusively: never truncates an existing file,
+    never writes through a symlink."""
+    for n in range(100):
+        tmp = Path(f"{out}.tmp" if n == 0 else f"{out}.tmp.{n}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        return os.fdopen(fd, "wb"), tmp
+    raise CheckpointError(f"{out}: {out}.tmp and {out}.tmp.1 to .99 all exist (left by killed exports?); "
+                          "remove them; nothing was written")
+
+
 def _check_not_in_run(out: Path, run_dir: str) -> None:
     """Refuse an OUT that is one of the run directory's own files or lies in one of its checkpoints
     (``RUN/LATEST``, ``RUN/step-N/rank-00000.bin``, ...): replacing it would lose run state."""
@@ -312,8 +328,9 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
             shards = CheckpointShards(info["path"], rank, open_shard)
             meta, items = shards.meta, _plan(shards)
             metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
+            fh, tmp = _create_tmp(out_path)
             try:
-                with open(tmp, "wb") as fh:
+                with fh:
                     if fmt == "safetensors":
                         _write_safetensors(fh, shards, items, metadata, threads, batch_bytes or BATCH_BYTES)
                     else:

@@ -238,6 +238,22 @@ def test_the_run_directorys_own_files_are_never_overwritten(tmp_path: Path, caps
     assert rc == 0 and "exported step 1" in out, err
 
 
+def test_an_existing_out_tmp_is_never_truncated(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """OUT.tmp was opened with "wb": a user's file of that name was truncated and renamed away, and a symlink
+    there had its target overwritten."""
+    out = tmp_path / "m.safetensors"
+    mine = tmp_path / "m.safetensors.tmp"
+    mine.write_bytes(b"mine")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"victim")
+    Path(f"{out}.tmp.1").symlink_to(victim)
+    rc, stdout, err = _run(capsys, "export", str(run), str(out))
+    assert rc == 0 and "exported step 3" in stdout, err
+    assert mine.read_bytes() == b"mine" and victim.read_bytes() == b"victim"
+    assert Path(f"{out}.tmp.1").is_symlink() and not Path(f"{out}.tmp.2").exists()
+    assert all(_same(load_file(str(out))[k], v) for k, v in _expected(3).items())
+
+
 def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "step-000000001.tmp").mkdir()
     rc, _, err = _run(capsys, "export", str(tmp_path), str(tmp_path / "m.pt"))
