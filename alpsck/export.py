@@ -26,6 +26,8 @@ either the complete previous file or the complete new one. An OUT that is a syml
 refused, and so is an OUT among the run directory's own files (``RUN/LATEST``, ``RUN/step-N/...``).
 Without ``--step``, a checkpoint whose data fails its CRC during the export is skipped
 (with a warning) for the previous valid one, as ``restore()`` does; with ``--step`` it is refused.
+A checkpoint written by the DCP backend (:mod:`alpsck.dcp`) holds no state tree: it is refused, not
+called corrupt.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import torch
 from . import tree
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir
-from .shards import CheckpointShards
+from .shards import DCP_META_FORMAT, CheckpointShards, shard_name
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
 BATCH_BYTES = 64 << 20
@@ -242,6 +244,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _is_dcp(info: dict[str, Any], rank: int) -> bool:
+    """Whether a checkpoint was written by the DCP backend (alpsck.dcp): its shards hold DCP chunks, no state tree."""
+    try:
+        meta = json.loads(open_shard(Path(info["path"]) / shard_name(rank)).meta)
+    except (AlpsckError, OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == DCP_META_FORMAT
+
+
 def _destination(out: str) -> Path:
     """The file export writes for OUT: a symlink is followed to its target, which is replaced; OUT (or
     that target) must be a regular file or not exist yet. A device, FIFO or socket (``/dev/null``,
@@ -342,6 +353,10 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
                 tmp.unlink(missing_ok=True)
                 raise
         except CorruptCheckpointError as e:
+            if _is_dcp(info, rank):  # not corrupt: written by dcp.save, which export does not read
+                raise UsageError(f"{info['path']}: a torch.distributed.checkpoint (DCP) checkpoint, which export does "
+                                 "not read (no state tree); load it with dcp.load(..., storage_reader="
+                                 "alpsck.dcp.AlpsckStorageReader(run_dir)); nothing was written") from None
             if step is not None:
                 raise CorruptCheckpointError(f"checkpoint of step {info['step']} failed verification: {e}; "
                                              "nothing was written") from None

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import stat
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -252,6 +253,25 @@ def test_an_existing_out_tmp_is_never_truncated(run: Path, tmp_path: Path, capsy
     assert mine.read_bytes() == b"mine" and victim.read_bytes() == b"victim"
     assert Path(f"{out}.tmp.1").is_symlink() and not Path(f"{out}.tmp.2").exists()
     assert all(_same(load_file(str(out))[k], v) for k, v in _expected(3).items())
+
+
+def test_a_dcp_checkpoint_is_refused_not_called_corrupt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Export reads state trees; a DCP checkpoint is a healthy one it cannot read, not a corrupt one to skip."""
+    import torch.distributed.checkpoint as dcp
+
+    from alpsck.dcp import AlpsckStorageWriter
+
+    run = tmp_path / "run"
+    for step in (1, 2):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"w": torch.ones(3)}, storage_writer=AlpsckStorageWriter(run, step))
+    out = tmp_path / "m.pt"
+    for extra in ([], ["--step", "1"]):
+        rc, _, err = _run(capsys, "export", str(run), str(out), *extra)
+        assert rc == 2 and "torch.distributed.checkpoint (DCP) checkpoint" in err and "AlpsckStorageReader" in err, err
+        assert "corrupt" not in err and "verification" not in err and len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
