@@ -453,9 +453,22 @@ def _print_description(d: dict[str, Any], show_tensors: bool) -> None:
 
 def inspect_one(run_dir: str, step: int | None, show_tensors: bool, as_json: bool, verify: bool, rank: int = 0,
                 progress_stream: TextIO | None = None) -> int:
-    """``inspect-checkpoints --step N [--tensors]``: one checkpoint's inventory and state summary."""
+    """``inspect-checkpoints --step N [--tensors]``: one checkpoint's inventory and state summary.
+
+    With ``verify``, exit 1 when the checkpoint is corrupt or unreadable, whether its CRCs or the quick
+    scan (a truncated shard, a bad footer or manifest) found it; without, such a checkpoint is an error.
+    """
     infos = scan_run_dir(run_dir)
     info = pick_checkpoint(infos, run_dir, step)
+    if verify and info["status"] in UNUSABLE:  # what --verify looks for: reported, exit 1 (as without --step)
+        doc = {k: info[k] for k in ("step", "path", "status", "ranks")} | {"rank": rank, "verified": False,
+                                                                         "error": info["error"]}
+        if as_json:
+            print(jsonout.dumps(doc))
+        else:
+            print(f"checkpoint step {info['step']}: {info['path']} ({info['status']})")
+            print(f"{info['status'].upper()}: {info['error']}")
+        return 1
     if info["status"] != "committed":
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {info['step']} is {info['status']}: {info['error']}")
     if not 0 <= rank < max(1, info["ranks"]):

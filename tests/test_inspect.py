@@ -237,6 +237,18 @@ def test_step_verify(training_run: tuple[Path, dict[str, object]], capsys: pytes
     assert rc == 0 and json.loads(out)["verified"] is True
 
 
+def test_step_verify_of_a_checkpoint_the_scan_finds_corrupt_exits_1(mixed_run: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--verify promises exit 1 on corruption (2 is for errors): step 4's truncated shard gave exit 2."""
+    rc, out, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--verify")
+    assert rc == 1 and "CORRUPT:" in out and "footer" in out and err == ""
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--verify", "--json")
+    doc = json.loads(out)
+    assert rc == 1 and doc["step"] == 4 and doc["status"] == "corrupt" and doc["verified"] is False and "footer" in doc["error"]
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "5", "--verify")
+    assert rc == 2 and "step 5 is incomplete" in err  # not corruption: an error, as before
+
+
 def test_missing_step_names_it_and_lists_available(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "42", "--tensors")
     assert rc == 2
