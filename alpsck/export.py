@@ -322,6 +322,8 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
 
     Returns ``{"path", "bytes", "step", "format", "tensors"}``.
     """
+    if rank < 0:
+        raise UsageError(f"--rank must be 0 or more, not {rank}")
     out_path = _destination(out)
     fmt = format_for(Path(out), fmt)  # the suffix of the name given, also for a symlink
     if fmt not in FORMATS:

@@ -274,6 +274,12 @@ def test_a_dcp_checkpoint_is_refused_not_called_corrupt(tmp_path: Path, capsys: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+def test_a_negative_rank_is_a_usage_error(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _run(capsys, "export", str(run), str(tmp_path / "m.pt"), "--rank", "-1")
+    assert rc == 2 and "--rank must be 0 or more, not -1" in err and "rank--" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_run_without_valid_checkpoints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "step-000000001.tmp").mkdir()
     rc, _, err = _run(capsys, "export", str(tmp_path), str(tmp_path / "m.pt"))
