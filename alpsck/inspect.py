@@ -82,12 +82,10 @@ def _denied(path: str | os.PathLike[str], what: str) -> CheckpointError:
     return CheckpointError(f"{path}: permission denied ({what}); run as the user who owns the run or fix its permissions")
 
 
-def _is_run_entry(name: str) -> bool:
+def is_run_entry(name: str) -> bool:
+    """Whether ``name`` is one of the entries alpsck itself keeps in a run directory."""
     return (name.startswith(("step-", "free-", SUPERSEDED_PREFIX, DELETING_PREFIX))
             or name in ("LATEST", "history.jsonl", LOCK_NAME))
-
-
-is_run_entry = _is_run_entry
 
 
 def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -113,7 +111,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         raise _denied(run_dir, "cannot list it") from None
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
-    if not any(_is_run_entry(n) for n in names):
+    if not any(is_run_entry(n) for n in names):
         raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)")
     return path
 
