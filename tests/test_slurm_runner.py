@@ -137,6 +137,22 @@ def test_a_crash_past_the_local_executors_restart_limit_fails(tmp_path: Path) ->
     assert history.state_of(events) == "failed"
 
 
+def test_status_of_what_is_no_job_history_says_so(tmp_path: Path) -> None:
+    (tmp_path / "file").touch()
+    (tmp_path / "dir" / history.HISTORY).mkdir(parents=True)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / history.HISTORY).write_bytes(b"\xff\xfe not json\n{}\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / history.HISTORY).touch()
+    for name, says in (("file", "file: not a directory"), ("gone", "gone: no such directory"),
+                       ("dir", "history.jsonl: not a regular file"),
+                       ("junk", "history.jsonl: no readable event in its 2 line(s)"),
+                       ("empty", "history.jsonl: no readable event in its 0 line(s)")):
+        r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(tmp_path / name)], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr and not r.stdout, (name, r)
+
+
 def test_status_survives_a_damaged_history(tmp_path: Path) -> None:
     run = tmp_path / "run"
     history.append(run, "started", job_id="1", restart=0)

@@ -71,10 +71,16 @@ def _lost_job_note(run_dir: Path, state: str) -> str | None:
 def _status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
-        raise AlpsckError(f"{run_dir}: no such directory")
-    s = history.summary(run_dir)
-    if not s["events"] and not (run_dir / history.HISTORY).exists():
+        raise AlpsckError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}")
+    path = run_dir / history.HISTORY
+    if not path.exists():
         raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
+    if not path.is_file():
+        raise AlpsckError(f"{path}: not a regular file, so it holds no job history")
+    s = history.summary(run_dir)
+    if not s["events"]:  # "pending" would claim a job that nothing here records
+        lines = len(path.read_bytes().splitlines())
+        raise AlpsckError(f"{path}: no readable event in its {lines} line(s): not a job history, or damaged")
     s["note"] = _lost_job_note(run_dir, s["state"])
     if args.json:
         print(jsonout.dumps(s))
