@@ -212,16 +212,35 @@ def test_restore_at_another_world_size_is_refused_clearly(tmp_path: Path) -> Non
     assert meta["rank"] == 1 and meta["world_size"] == 2 and tensors
 
 
+def _wait_until(pred: Any, timeout: float, what: str, procs: list[subprocess.Popen[Any]]) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"no {what} within {timeout:.0f} s (exit codes {[p.poll() for p in procs]})")
+        time.sleep(0.1)
+
+
 def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp_path: Path) -> None:
     run = tmp_path / "run"
     start = 1
     for round_ in range(3):
         logs = [open(tmp_path / f"r{round_}-{r}.log", "w") for r in (0, 1)]  # noqa: SIM115 - closed below
         procs = _launch(tmp_path, 2, "churn", str(run), str(start), stdout=logs)
-        time.sleep(4.0 + round_ * 0.7)
+        log0 = tmp_path / f"r{round_}-0.log"
+
+        def seen(word: str, log: Path = log0) -> bool:
+            return any(line.startswith(word) for line in log.read_text().splitlines())
+
+        # Waits on what rank 0 reports, not on fixed sleeps: start-up under load takes longer.
+        _wait_until(lambda: seen("durable "), 120, "rank 0's first durable save", procs)
+        time.sleep(0.5 + round_ * 0.7)  # each round kills at another moment of the save cycle
         procs[1].send_signal(signal.SIGKILL)  # rank 1 dies mid-save
         procs[1].wait()
-        time.sleep(4.5)  # rank 0 goes on: its saves must time out (commit_timeout_s=3) and fail, not commit
+        # rank 0 goes on: its saves must time out (commit_timeout_s=3) and fail, not commit
+        _wait_until(lambda: seen("failed "), 120, "rank 0's first failed save", procs[:1])
+        time.sleep(1.0)
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait()
         for f in logs:
