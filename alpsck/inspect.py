@@ -112,7 +112,11 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
     if not any(is_run_entry(n) for n in names):
-        raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)")
+        baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
+        hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "
+                "which these tools do not read: load them with alpsck.TorchSaveCheckpointer") if baseline else ""
+        raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)"
+                         + hint)
     return path
 
 

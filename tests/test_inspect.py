@@ -270,6 +270,10 @@ def test_bad_run_directories(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert rc == 2 and "not an alpsck run directory" in err
     rc, _, err = _run(capsys, "prune", str(tmp_path / "other"), "--keep-last", "1")
     assert rc == 2 and "not an alpsck run directory" in err
+    with alpsck.TorchSaveCheckpointer(tmp_path / "torch") as tc:  # the baseline's files are named as such
+        tc.save(4, {"w": torch.ones(2)})
+    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "torch"))
+    assert rc == 2 and "1 torch-step-*.pt file(s) are the torch.save baseline's" in err, err
     (tmp_path / "other" / "LATEST").write_text("3")  # a run dir whose checkpoints are all gone
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path / "other"))
     assert rc == 0 and "no checkpoints" in out
