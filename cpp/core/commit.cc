@@ -165,7 +165,8 @@ Status CheckManifestCrc(std::string_view text) {
 //   6. fsync(step-N.tmp/): the directory entries of the shards and the manifest are durable;
 //   7. rename(step-N.tmp, step-N): THE COMMIT POINT. Before it, recovery ignores the directory
 //      (".tmp" is never valid); after it, the directory holds a complete, durable checkpoint;
-//   8. fsync(RUN_DIR): the rename itself is durable. Only now is the save reported durable.
+//   8. fsync(RUN_DIR): the rename itself is durable. No save is reported durable before this
+//      point (the engine completes the handle after steps 9 and 10).
 // And after, in the engine:
 //   9. LATEST := N, only if N is newer than the step published so far ("newest wins"; a
 //      checkpoint that finishes after a newer one never becomes latest). LATEST is a hint.
