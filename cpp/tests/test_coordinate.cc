@@ -24,7 +24,8 @@ using alpsck_test::TempDir;
 namespace {
 
 std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t world, Env* env = nullptr,
-                                 uint32_t keep_last = 0, double timeout_s = 30, bool direct_io = true) {
+                                 uint32_t keep_last = 0, double timeout_s = 30, bool direct_io = true,
+                                 bool one_history = false) {
   EngineOptions o;
   o.run_dir = dir;
   o.chunk_bytes = 64 << 10;
@@ -35,6 +36,7 @@ std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t
   o.commit_timeout_s = timeout_s;
   o.env = env;
   o.direct_io = direct_io;
+  o.one_history = one_history;
   std::unique_ptr<Engine> e;
   Status s = Engine::Open(o, &e);
   if (!s.ok()) std::fprintf(stderr, "Engine::Open(rank %u): %s\n", rank, s.message().c_str());
@@ -370,17 +372,8 @@ TEST(a_retirement_that_fails_on_rank_0_aborts_the_step_on_every_rank_and_the_ret
   faulty.AddRule(deny);
   std::vector<std::unique_ptr<Engine>> e;
   for (uint32_t r = 0; r < 2; ++r) {
-    EngineOptions o;
-    o.run_dir = d.path();
-    o.chunk_bytes = 64 << 10;
-    o.threads = 2;
-    o.rank = r;
-    o.world_size = 2;
-    o.keep_last = 0;
-    o.commit_timeout_s = 60;
-    o.one_history = true;
-    o.env = r == 0 ? &faulty : nullptr;
-    REQUIRE(Engine::Open(o, &e.emplace_back()).ok());
+    e.push_back(OpenRank(d.path(), r, 2, r == 0 ? &faulty : nullptr, 0, 60, true, /*one_history=*/true));
+    REQUIRE(e.back());
     e.back()->ContinueFrom(4);
   }
   const auto t0 = std::chrono::steady_clock::now();

@@ -27,7 +27,7 @@ using alpsck_test::TempDir;
 namespace {
 
 std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_t max_in_flight = 2,
-                             uint32_t keep_last = 3, uint64_t chunk = 64 << 10) {
+                             uint32_t keep_last = 3, uint64_t chunk = 64 << 10, bool one_history = false) {
   EngineOptions o;
   o.run_dir = dir;
   o.chunk_bytes = chunk;
@@ -35,6 +35,7 @@ std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_
   o.keep_last = keep_last;
   o.threads = 3;
   o.env = env;
+  o.one_history = one_history;
   std::unique_ptr<Engine> e;
   Status s = Engine::Open(o, &e);
   if (!s.ok()) std::fprintf(stderr, "Engine::Open: %s\n", s.message().c_str());
@@ -341,24 +342,11 @@ TEST(a_found_step_is_still_skipped_without_supersede_and_a_refused_retirement_fa
   CHECK_EQ(retired.size(), size_t{1});
 }
 
-std::unique_ptr<Engine> OpenOneHistory(const std::string& dir) {
-  EngineOptions o;
-  o.run_dir = dir;
-  o.chunk_bytes = 64 << 10;
-  o.keep_last = 0;
-  o.threads = 2;
-  o.one_history = true;
-  std::unique_ptr<Engine> e;
-  Status s = Engine::Open(o, &e);
-  if (!s.ok()) std::fprintf(stderr, "Engine::Open: %s\n", s.message().c_str());
-  return e;
-}
-
 TEST(a_rollback_in_the_same_process_saves_the_steps_again_and_retires_its_own_newer_ones) {
   // Found by a review: only directories found at Open were retired, so after save 1-6 and a
   // restore of step 3 in the same process, saves of 4-6 were skipped and restore kept the old 6.
   TempDir d;
-  auto e = OpenOneHistory(d.path());
+  auto e = Open(d.path(), nullptr, 2, 0, 64 << 10, /*one_history=*/true);
   REQUIRE(e);
   std::shared_ptr<SaveHandle> h;
   auto save = [&](uint64_t step, uint32_t seed) {
@@ -399,7 +387,7 @@ TEST(a_superseded_name_left_by_an_earlier_job_is_not_reused) {
     REQUIRE(Env::Default()->Mkdir(taken) == 0);
     REQUIRE(WriteFileSynced(Env::Default(), JoinPath(taken, "x"), "x").ok());  // non-empty: ENOTEMPTY
   }
-  auto e = OpenOneHistory(d.path());
+  auto e = Open(d.path(), nullptr, 2, 0, 64 << 10, /*one_history=*/true);
   REQUIRE(e);
   e->ContinueFrom(1);
   auto a = RandomBytes(777, 3);
