@@ -80,7 +80,7 @@ if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
 fi
 
 section "ruff"
-python3 -m ruff check alpsck tests
+python3 -m ruff check alpsck tests benchmarks
 
 section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
 pkg=$(cd / && python3 -c 'import alpsck, os; print(os.path.dirname(alpsck.__file__))')

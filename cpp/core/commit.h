@@ -16,7 +16,7 @@ namespace alpsck {
 constexpr char kManifestName[] = "MANIFEST.json";
 constexpr char kLatestName[] = "LATEST";
 // Expired checkpoints and abandoned step-N.tmp directories are renamed to free-* (atomic
-// expiry), then reused for new saves (single rank) or removed.
+// expiry), then reused for new saves or removed (engine.h; several ranks: RetainNewest).
 constexpr char kFreePrefix[] = "free-";
 // Checkpoints of an abandoned history (newer than the step a resumed run continues from) are
 // renamed to superseded-step-N-<pid>-<seq> (Engine::Supersede): never restored, kept until pruned.

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "file_io.h"
@@ -261,35 +263,99 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   return Status::Ok();
 }
 
-std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last) {
+namespace {
+
+constexpr char kPendingSuffix[] = ".new";  // free-K.new: expired, expiry not yet durable
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  const size_t n = std::char_traits<char>::length(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+// A free-K directory that a save may take (its expiry is durable).
+bool IsClaimableFreeDir(const std::string& name) {
+  return name.rfind(kFreePrefix, 0) == 0 && !EndsWith(name, kPendingSuffix);
+}
+
+// Keeps only the shard files of an expired checkpoint's directory: its DONE records, manifest and
+// any extra file must not reach the step that reuses it.
+void KeepOnlyShards(Env* env, const std::string& dir) {
+  std::vector<std::string> names;
+  if (env->ListDir(dir, &names) < 0) return;
+  for (const std::string& n : names)
+    if (!(n.rfind("rank-", 0) == 0 && EndsWith(n, ".bin"))) env->Unlink(JoinPath(dir, n));
+}
+
+}  // namespace
+
+std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free) {
   if (keep_last == 0) return "";
   std::vector<std::string> names;
   int r = env->ListDir(run_dir, &names);
   if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
   std::vector<uint64_t> committed;
+  std::vector<std::string> claimable;
   for (const std::string& n : names) {
     uint64_t step = 0;
     if (ParseStepDirName(n, &step) && Exists(env, JoinPath(JoinPath(run_dir, n), kManifestName)))
       committed.push_back(step);
+    else if (IsClaimableFreeDir(n))
+      claimable.push_back(n);
   }
   std::sort(committed.begin(), committed.end());
   std::string warning;
+  auto warn = [&](const Status& s) {
+    if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
+  };
+  static std::atomic<uint64_t> seq{0};
+  std::vector<std::string> pending;  // expired, to become claimable once the expiry is durable
   for (size_t i = 0; i + keep_last < committed.size(); ++i) {
     const std::string path = JoinPath(run_dir, StepDirName(committed[i]));
-    const std::string gone =
-        JoinPath(run_dir, kFreePrefix + std::string("expired-") + std::to_string(committed[i]) + "-" + std::to_string(::getpid()));
+    const std::string base = kFreePrefix + std::to_string(committed[i]) + "-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(seq.fetch_add(1));
+    const std::string gone = JoinPath(run_dir, base + kPendingSuffix);
     // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
     int e = env->Rename(path, gone);
+    if (e < 0) {
+      warn(Status::FromErrno(-e, "rename " + path));
+      continue;
+    }
     // The manifest goes first: should a power loss undo the rename, the directory comes back as
-    // step-N without a manifest (never committed, ignored), not as a manifest naming removed
-    // shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
-    if (e == 0) env->Unlink(JoinPath(gone, kManifestName));
-    Status s = e < 0 ? Status::FromErrno(-e, "retention: rename " + path) : RemoveDirFiles(env, gone);
-    if (!s.ok() && warning.empty()) warning = s.message();
+    // step-N without a manifest (never committed, ignored), not as a manifest naming removed or
+    // overwritten shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
+    env->Unlink(JoinPath(gone, kManifestName));
+    if (pending.size() + claimable.size() < keep_free) {
+      KeepOnlyShards(env, gone);
+      pending.push_back(base);
+    } else {
+      warn(RemoveDirFiles(env, gone));
+    }
   }
   Status s = SyncDir(env, run_dir);
-  if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
+  warn(s);
+  // Only once the expiry is durable may a save take the directory and overwrite its shards in
+  // place (before, a power loss could bring step-N back over half-overwritten shards). A lost
+  // rename below only leaves a free-K.new, which the next Open removes.
+  for (const std::string& b : pending) {
+    if (!s.ok() || env->Rename(JoinPath(run_dir, b + kPendingSuffix), JoinPath(run_dir, b)) < 0)
+      RemoveDirFiles(env, JoinPath(run_dir, b + kPendingSuffix));
+  }
   return warning;
+}
+
+bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir) {
+  std::vector<std::string> names;
+  if (env->ListDir(run_dir, &names) < 0) return false;
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    if (!IsClaimableFreeDir(n)) continue;
+    // Atomic: fails with ENOTEMPTY/EEXIST once another rank has made tmp_dir hold anything (that
+    // rank's claim, or a shard it created), and with ENOENT if another rank took this one.
+    const int r = env->Rename(JoinPath(run_dir, n), tmp_dir);
+    if (r == 0) return true;
+    if (r != -ENOENT) return false;
+  }
+  return false;
 }
 
 }  // namespace alpsck

@@ -86,9 +86,19 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
                   double elapsed_s = 0);
 
-// Retention without recycling (multi-rank runs): keeps the newest keep_last committed steps
-// (0 keeps all), renames older ones away (atomic expiry) and removes them. Returns a warning
-// (empty if none): retention trouble never fails a save.
-std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last);
+// Retention for several ranks (rank 0 runs it after a commit, the DCP backend after its own):
+// keeps the newest keep_last committed steps (0 keeps all) and expires the older ones. Each is
+// renamed to free-K.new (atomic expiry), loses its manifest, then RUN_DIR is fsync'ed. Up to
+// keep_free of them (counting claimable ones already there) keep their shard files and are then
+// renamed to free-K: claimable by ClaimFreeDir. The rest, and any whose expiry could not be made
+// durable, are removed. Returns a warning (empty if none): retention trouble never fails a save.
+std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free = 0);
+
+// Any rank, preparing the shared step-N.tmp of a save: renames a claimable free-K directory to
+// tmp_dir, so that the shards it holds are overwritten in place (no block allocation). True if
+// this call did; false if none was free or tmp_dir already exists with something in it (another
+// rank claimed one, or created its shard): the caller then creates or joins tmp_dir as usual.
+// Safe against every other rank doing the same, and against rank 0 removing free directories.
+bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir);
 
 }  // namespace alpsck

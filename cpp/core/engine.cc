@@ -156,6 +156,7 @@ Status Engine::Init() {
   int r = env_->ListDir(dir, &names);
   if (r < 0) return Status::FromErrno(-r, "list run directory " + dir);
   std::sort(names.begin(), names.end());
+  std::vector<std::string> reusable;  // free-K directories for this process (one rank only)
   for (const std::string& n : names) {
     const std::string p = JoinPath(dir, n);
     uint64_t step = 0;
@@ -167,13 +168,19 @@ Status Engine::Init() {
     const bool tmp = ParseTmpDirName(n, &step);
     const bool free_dir = n.rfind(kFreePrefix, 0) == 0;
     if ((tmp || free_dir) && opts_.rank == 0 && env_->IsDir(p) == 1) {
-      if (opts_.world_size == 1 && free_dirs_.size() < opts_.max_in_flight) {
+      if (opts_.world_size == 1 && reusable.size() < opts_.max_in_flight) {
         std::string f = JoinPath(dir, kFreePrefix + std::to_string(free_seq_++) + "-" + std::to_string(::getpid()));
-        if (env_->Rename(p, f) == 0) free_dirs_.push_back(f);
+        if (env_->Rename(p, f) == 0) reusable.push_back(f);
       } else {
         RemoveDirFiles(env_, p);
       }
     }
+  }
+  // The process that expired these may have died before its fsync of RUN_DIR: make every rename
+  // that took a directory out of the checkpoints durable before its blocks are overwritten.
+  if (!reusable.empty()) {
+    if (SyncDir(env_, dir).ok()) free_dirs_ = std::move(reusable);
+    else for (const std::string& f : reusable) RemoveDirFiles(env_, f);
   }
   std::string latest;
   if (ReadSmallFile(env_, JoinPath(dir, kLatestName), 64, &latest).ok()) published_ = std::strtoll(latest.c_str(), nullptr, 10);
@@ -330,9 +337,12 @@ Status Engine::PrepareDir(Job* j) {
   j->final_dir = JoinPath(dir, StepDirName(j->step));
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
   if (opts_.world_size > 1) {
-    // Shared directory: whoever comes first creates it; remove only what is ours.
-    int r = env_->Mkdir(j->tmp_dir);
-    if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
+    // Shared directory: whoever comes first claims an expired checkpoint's directory for it (its
+    // shards are overwritten in place), or creates it; remove only what is ours.
+    if (!ClaimFreeDir(env_, opts_.run_dir, j->tmp_dir)) {
+      int r = env_->Mkdir(j->tmp_dir);
+      if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
+    }
     for (const std::string& n : {DoneRecordName(opts_.rank), FailedRecordName(opts_.rank)})
       env_->Unlink(JoinPath(j->tmp_dir, n));
   } else {
@@ -819,8 +829,8 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
 void Engine::ApplyRetention(std::string* warning) {
   if (opts_.keep_last == 0) return;
   std::lock_guard<std::mutex> rl(retention_mu_);
-  if (opts_.world_size > 1) {  // no recycling: the other ranks create step-N.tmp themselves
-    std::string w = RetainNewest(env_, opts_.run_dir, opts_.keep_last);
+  if (opts_.world_size > 1) {  // through the file system: any rank may claim a free directory
+    std::string w = RetainNewest(env_, opts_.run_dir, opts_.keep_last, opts_.max_in_flight);
     if (!w.empty() && warning->empty()) *warning = w;
     return;
   }

@@ -31,7 +31,10 @@
 // ranks for rank 0's commit (or abort). A handle completes, on every rank, only once the whole
 // checkpoint is committed (or failed). Housekeeping at Open (removing abandoned step-N.tmp and
 // free-* directories) is rank 0's alone: the caller must let rank 0 open before the other ranks
-// save (the Python layer uses a barrier). Expired checkpoints are removed, not recycled.
+// save (the Python layer uses a barrier). Expired checkpoints are recycled through the file
+// system: rank 0's retention turns up to max_in_flight of them into free-K directories once their
+// expiry is durable, and whichever rank prepares a save's step-N.tmp first renames one to that
+// name, so every rank overwrites its shard in place (RetainNewest, ClaimFreeDir).
 // kDeferred saves (the DCP backend) stop after the DONE record: the handle completes when the
 // shard is durable, and the caller commits the step (CommitStep in coordinate.h).
 //

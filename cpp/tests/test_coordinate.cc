@@ -3,6 +3,7 @@
 // so the same holds for processes on several nodes.
 #include <cerrno>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -100,7 +101,7 @@ TEST(three_ranks_commit_once_with_every_shard) {
     CHECK(Exists(JoinPath(JoinPath(d.path(), StepDirName(step)), kManifestName)));
   }
   auto infos = Scan(d.path());
-  REQUIRE(infos.size() == 2);  // keep_last 2: step 10 expired, and removed (not recycled)
+  REQUIRE(infos.size() == 2);  // keep_last 2: step 10 expired (kept as a free-K directory for reuse)
   for (const auto& i : infos) {
     CHECK(i.state == CheckpointState::kCommitted);
     CHECK_EQ(i.ranks, 3u);
@@ -110,10 +111,87 @@ TEST(three_ranks_commit_once_with_every_shard) {
   for (uint32_t r = 0; r < 3; ++r) CHECK(ShardHolds(d.path(), 30, r, Data(30, r)));
   std::vector<std::string> names;
   REQUIRE(Env::Default()->ListDir(d.path(), &names) == 0);
-  for (const auto& n : names) CHECK(n.rfind("free-", 0) != 0 && n.find(".tmp") == std::string::npos);
+  size_t free_dirs = 0;
+  for (const auto& n : names) {
+    CHECK(n.find(".tmp") == std::string::npos && n.find(".new") == std::string::npos);
+    free_dirs += n.rfind("free-", 0) == 0;
+  }
+  CHECK_EQ(free_dirs, size_t{1});
   std::string latest;
   REQUIRE(ReadSmallFile(Env::Default(), JoinPath(d.path(), kLatestName), 64, &latest).ok());
   CHECK_EQ(latest, std::string("30\n"));
+}
+
+uint64_t Inode(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+std::vector<std::string> FreeDirs(const std::string& dir) {
+  std::vector<std::string> names, out;
+  if (Env::Default()->ListDir(dir, &names) == 0)
+    for (const auto& n : names)
+      if (n.rfind("free-", 0) == 0) out.push_back(n);
+  return out;
+}
+
+TEST(every_rank_overwrites_an_expired_checkpoints_shard_in_place) {
+  TempDir d;
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 3; ++r) e.push_back(OpenRank(d.path(), r, 3, nullptr, 1));  // keep_last 1
+  for (auto& x : e) REQUIRE(x);
+  std::map<uint64_t, std::vector<uint64_t>> inodes;  // step -> each rank's shard's inode
+  for (uint64_t step = 1; step <= 6; ++step) {
+    for (const Status& s : SaveAll(e, step)) {
+      if (!s.ok()) std::fprintf(stderr, "save of step %d: %s\n", static_cast<int>(step), s.message().c_str());
+      REQUIRE(s.ok());
+    }
+    for (uint32_t r = 0; r < 3; ++r) {
+      CHECK(ShardHolds(d.path(), step, r, Data(step, r)));
+      inodes[step].push_back(Inode(JoinPath(JoinPath(d.path(), StepDirName(step)), ShardFileName(r))));
+    }
+    // The expired step became at most max_in_flight free-K directories holding only shards: no
+    // manifest, and no DONE record that could pass for a rank's record of the next step.
+    const auto free_dirs = FreeDirs(d.path());
+    CHECK(free_dirs.size() <= 2);
+    for (const auto& f : free_dirs) {
+      CHECK(f.find(".new") == std::string::npos);
+      std::vector<std::string> names;
+      REQUIRE(Env::Default()->ListDir(JoinPath(d.path(), f), &names) == 0);
+      CHECK_EQ(names.size(), size_t{3});
+      for (const auto& n : names) CHECK(n.rfind("rank-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".bin") == 0);
+    }
+  }
+  // Step s+2 took the directory of step s, expired when s+1 committed: the same files, overwritten.
+  for (uint64_t step = 3; step <= 6; ++step)
+    for (uint32_t r = 0; r < 3; ++r) {
+      CHECK(inodes[step][r] != 0);
+      CHECK_EQ(inodes[step][r], inodes[step - 2][r]);
+    }
+  auto infos = Scan(d.path());
+  REQUIRE(infos.size() == 1);
+  CHECK_EQ(infos[0].step, uint64_t{6});
+  CHECK(infos[0].verified);
+}
+
+TEST(a_free_directory_is_claimed_once_and_never_over_a_started_step) {
+  TempDir d;
+  const std::string run = d.path();
+  const std::string free_dir = JoinPath(run, "free-1-1-0");
+  REQUIRE(Env::Default()->Mkdir(free_dir) == 0);
+  REQUIRE(Env::Default()->Mkdir(JoinPath(run, "free-2-1-0.new")) == 0);  // expiry not yet durable
+  const std::string tmp = JoinPath(run, TmpDirName(5));
+  REQUIRE(Env::Default()->Mkdir(tmp) == 0);
+  REQUIRE(alpsck_test::WriteText(JoinPath(tmp, ShardFileName(1)), "x"));  // rank 1 has started step 5
+  CHECK(!ClaimFreeDir(Env::Default(), run, tmp));
+  CHECK(Exists(free_dir));
+  CHECK(Exists(JoinPath(tmp, ShardFileName(1))));
+  const std::string tmp6 = JoinPath(run, TmpDirName(6));
+  CHECK(ClaimFreeDir(Env::Default(), run, tmp6));  // the claimable one, not the pending one
+  CHECK(!Exists(free_dir));
+  CHECK(Exists(tmp6));
+  CHECK(!ClaimFreeDir(Env::Default(), run, JoinPath(run, TmpDirName(7))));  // only free-2-1-0.new is left
+  CHECK(Exists(JoinPath(run, "free-2-1-0.new")));
 }
 
 TEST(a_rank_that_fails_aborts_the_step_everywhere_and_the_next_step_commits) {
