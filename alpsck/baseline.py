@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alpsck import tree
+from alpsck.durable import fsync_path
 from alpsck.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -46,14 +47,6 @@ _NAME_RE = re.compile(r"torch-step-([0-9]{9,})\.pt")
 def checkpoint_path(run_dir: str | os.PathLike[str], step: int) -> Path:
     """Where the checkpoint of ``step`` lives."""
     return Path(run_dir) / f"torch-step-{step:09d}.pt"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class TorchSaveCheckpointer:
@@ -108,7 +101,7 @@ class TorchSaveCheckpointer:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
-            _fsync_dir(self.run_dir)
+            fsync_path(self.run_dir)
         except OSError as e:
             tmp.unlink(missing_ok=True)
             cls = DiskFullError if e.errno in (errno.ENOSPC, errno.EDQUOT) else CheckpointWriteError

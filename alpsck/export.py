@@ -48,6 +48,7 @@ from typing import Any, BinaryIO
 import torch
 
 from . import tree
+from .durable import fsync_path
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir
 from .shards import DCP_META_FORMAT, CheckpointShards, shard_name
@@ -232,16 +233,11 @@ def _write_torch(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], thr
 
 
 def _fsync_dir(path: Path) -> None:
+    """Best effort: the export file itself is already durable; some file systems refuse a directory fsync."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
+        fsync_path(path)
     except OSError:
         pass
-    finally:
-        os.close(fd)
 
 
 def _is_dcp(info: dict[str, Any], rank: int) -> bool:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import _core, jsonout, tree
+from .durable import fsync_path
 from .errors import (
     AlpsckError,
     CheckpointError,
@@ -686,14 +687,6 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
     return remove, warnings, sorted(kept_steps)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _deleting_name(run_dir: Path, name: str) -> Path:
     base = run_dir / f"{DELETING_PREFIX}{name}"
     target, n = base, 1
@@ -736,7 +729,7 @@ def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = Fa
                 raise _denied(p, "cannot rename it") from None
             renamed.append((p, target, why))
         if renamed:
-            _fsync_dir(path)
+            fsync_path(path)
         # 2. delete the files
         freed = 0
         for p, target, why in renamed:
@@ -750,7 +743,7 @@ def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = Fa
             freed += sizes.get(p, 0)
             print(f"removed {p} ({_human(sizes.get(p, 0))}): {why}")
         if renamed:
-            _fsync_dir(path)
+            fsync_path(path)
         print(f"freed {_human(freed)}; keeping step(s) {', '.join(map(str, kept)) or 'none'}")
     return 0
 

@@ -19,6 +19,7 @@ import torch
 
 from .. import _core
 from ..checkpointer import Checkpointer
+from ..durable import fsync_path
 
 
 def drop_page_cache(directory: Path) -> None:
@@ -30,14 +31,6 @@ def drop_page_cache(directory: Path) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Method:
@@ -134,7 +127,7 @@ class TorchSaveMethod(Method):
             torch.save(self.state, f)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_path(self.dir)
+        fsync_path(self.dir)
         d = time.perf_counter() - t0
         self.last = path
         return d, d
@@ -157,8 +150,8 @@ class SafetensorsMethod(Method):
         path = self.dir / f"step-{step}.safetensors"
         t0 = time.perf_counter()
         save_file(self.state, str(path))
-        _fsync_path(path)
-        _fsync_path(self.dir)
+        fsync_path(path)
+        fsync_path(self.dir)
         d = time.perf_counter() - t0
         self.last = path
         return d, d
@@ -195,7 +188,7 @@ class DcpMethod(Method):
             else:
                 dcp.save(self.state, checkpoint_id=cid)
                 t1 = time.perf_counter()
-            _fsync_path(self.dir)
+            fsync_path(self.dir)
         self.last = cid
         return t1 - t0, time.perf_counter() - t0
 

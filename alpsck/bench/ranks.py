@@ -34,8 +34,9 @@ from typing import Any
 
 import torch
 
+from ..durable import fsync_path
 from ..errors import AlpsckError
-from .methods import _fsync_path, drop_page_cache
+from .methods import drop_page_cache
 from .run import _machine
 from .state import state_bytes, transformer_state
 
@@ -146,8 +147,8 @@ def _save(method: str, state: dict[str, Any], d: Path, step: int, rank: int, cfg
     ckpt = _ckpt(method, d, step)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt, sync_files=True, thread_count=int(method.split("t=")[1])))
     if rank == 0:  # the rename of .metadata and the new directory, durable too
-        _fsync_path(ckpt)
-        _fsync_path(ckpt.parent)
+        fsync_path(ckpt)
+        fsync_path(ckpt.parent)
 
 
 def _load(method: str, state: dict[str, Any], d: Path, step: int) -> None:
