@@ -202,6 +202,18 @@ def test_numbers_out_of_range_name_the_key(tail: str, match: str) -> None:
         parse_config(GOOD + tail)
 
 
+def test_the_thread_limit_is_the_engines_own(tmp_path: Path) -> None:
+    """The config's limit is read from the engine, not restated: the largest value it accepts opens an
+    engine, and one more is refused by both."""
+    from alpsck import _core
+
+    assert parse_config(GOOD + f"checkpoint:\n  threads: {_core.MAX_THREADS}\n").checkpoint.threads == _core.MAX_THREADS
+    with pytest.raises(ConfigError, match=f"between 1 and {_core.MAX_THREADS}"):
+        parse_config(GOOD + f"checkpoint:\n  threads: {_core.MAX_THREADS + 1}\n")
+    with pytest.raises(ValueError, match=f"threads must be at most {_core.MAX_THREADS}"):
+        _core.Engine(str(tmp_path / "run"), threads=_core.MAX_THREADS + 1)
+
+
 def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"<config>:2: not valid YAML"):
         parse_config("name: t\n  bad: [\n")

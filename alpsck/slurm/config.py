@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from .. import _core
 from ..errors import ConfigError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -31,7 +32,6 @@ _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _ENTRY_FN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _SIGNALS = ("USR1", "USR2")
 _UINT32_MAX = 2**32 - 1
-_MAX_THREADS = 1024  # the engine's limit on writer threads
 # sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
 # option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
 _CONTROLLED = {
@@ -393,14 +393,14 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("checkpoint.every_steps", "must be at least 1 (or omit it)")
     if ck.every_seconds is not None and not (0 < ck.every_seconds < math.inf):  # .nan compared false: never due
         raise loc.err("checkpoint.every_seconds", f"{ck.every_seconds!r}: must be a positive number (or omit it)")
-    # The engine's own limits (uint32 counts, at most 1024 writer threads): the Checkpointer would
+    # The engine's own limits (uint32 counts, at most _core.MAX_THREADS writer threads): the Checkpointer would
     # refuse them only in the job, after it waited in the queue.
     if not 1 <= ck.max_in_flight <= _UINT32_MAX:
         raise loc.err("checkpoint.max_in_flight", f"must be between 1 and {_UINT32_MAX}")
     if not 0 <= ck.keep_last <= _UINT32_MAX:
         raise loc.err("checkpoint.keep_last", f"must be between 0 (keep all) and {_UINT32_MAX}")
-    if ck.threads is not None and not 1 <= ck.threads <= _MAX_THREADS:
-        raise loc.err("checkpoint.threads", f"must be between 1 and {_MAX_THREADS}")
+    if ck.threads is not None and not 1 <= ck.threads <= _core.MAX_THREADS:
+        raise loc.err("checkpoint.threads", f"must be between 1 and {_core.MAX_THREADS}")
     if rq.signal not in _SIGNALS:
         raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:

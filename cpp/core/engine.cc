@@ -114,7 +114,8 @@ Engine::Engine(const EngineOptions& opts) : opts_(opts), env_(opts.env ? opts.en
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
   if (opts.max_in_flight == 0) return Status::Invalid("max_in_flight must be at least 1");
-  if (opts.threads > 1024) return Status::Invalid("threads must be at most 1024");
+  if (opts.threads > kMaxWriterThreads)
+    return Status::Invalid("threads must be at most " + std::to_string(kMaxWriterThreads));
   if (opts.world_size == 0 || opts.rank >= opts.world_size)
     return Status::Invalid("rank " + std::to_string(opts.rank) + " is not below world_size " + std::to_string(opts.world_size));
   std::unique_ptr<Engine> e(new Engine(opts));

@@ -63,6 +63,8 @@
 
 namespace alpsck {
 
+constexpr uint32_t kMaxWriterThreads = 1024;  // EngineOptions::threads (exported to Python as MAX_THREADS)
+
 struct EngineOptions {
   std::string run_dir;            // must exist or its parent must (created then)
   uint32_t threads = 0;           // writer threads; 0: 8 (I/O concurrency, not CPU count, is what

@@ -501,6 +501,7 @@ NB_MODULE(_core, m) {
         "CRC32C of a contiguous buffer, continuing from crc.");
   m.def("crc32c_backend", &Crc32cBackendName, "The CRC32C implementation chosen for this CPU.");
   m.def("page_size", &PageSize);
+  m.attr("MAX_THREADS") = kMaxWriterThreads;  // the engine's limit on writer threads
   m.attr("checkpoint_format") = kManifestFormat;  // what this build writes (MANIFEST.json "format")
   m.def("cache_line_size", &CacheLineSize);
   m.def("allowed_cpus", &AllowedCpus, "CPUs this process may run on (its cpuset).");
