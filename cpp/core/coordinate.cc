@@ -222,7 +222,11 @@ Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const 
   Status verdict;
   const bool finished = PollUntil(timeout_s, [&] {
     if (Exists(env, JoinPath(final_dir, kManifestName)) && (!mine || CommitHolds(env, final_dir, *mine))) return true;
-    return AbortVerdict(env, tmp_dir, step, &verdict);
+    if (AbortVerdict(env, tmp_dir, step, &verdict)) return true;
+    // Committed and already expired: with keep_last below the saves in flight, rank 0 may commit
+    // newer steps and retire this one before this rank looks. Only the commit rename takes this
+    // attempt's directory away while its ranks wait (an aborted one keeps its ABORTED verdict).
+    return env->IsDir(tmp_dir) == -ENOENT;
   });
   if (!verdict.ok()) return verdict;
   if (!finished)

@@ -16,7 +16,9 @@
 //      directory is never committed;
 //   3. every other rank polls for step-N/MANIFEST.json (committed) or step-N.tmp/ABORTED; on
 //      seeing the manifest it fsyncs RUN_DIR itself before reporting the save durable (the
-//      rename is visible before the coordinator's own fsync has made it durable).
+//      rename is visible before the coordinator's own fsync has made it durable). A step-N.tmp
+//      that is gone also means committed: rank 0 may have committed newer steps and expired
+//      step-N before this rank looked (keep_last below the saves in flight).
 //
 // Retry: the ranks may save an aborted step again. Attempt K > 0 of a step uses step-N.aK.tmp
 // (TmpDirName) instead of step-N.tmp; each Engine counts its saves of the step, so the ranks
@@ -70,8 +72,9 @@ void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why);
 // True when the coordinator aborted tmp_dir (a step's attempt); *verdict then says why (kAborted).
 bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* verdict);
 
-// Step 3: polls until step-N is committed and RUN_DIR synced (OK), or tmp_dir (this rank's
-// attempt at it) is aborted, or timeout_s passes (kAborted, with why). With `mine` (this rank's
+// Step 3: polls until step-N is committed (its manifest seen, or tmp_dir renamed away: committed
+// and maybe already expired) and RUN_DIR synced (OK), or tmp_dir (this rank's attempt at it) is
+// aborted, or timeout_s passes (kAborted, with why). With `mine` (this rank's
 // sealed shard), only a manifest that lists exactly that shard counts: a step-N of an earlier
 // history that rank 0 has yet to retire (Engine::Supersede) is not this save's commit. Every
 // save's index carries a unique save_id, so even the same bytes saved again differ in index_crc.

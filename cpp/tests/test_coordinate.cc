@@ -194,6 +194,25 @@ TEST(a_free_directory_is_claimed_once_and_never_over_a_started_step) {
   CHECK(Exists(JoinPath(run, "free-2-1-0.new")));
 }
 
+TEST(a_waiting_rank_takes_a_vanished_step_dir_for_a_commit_that_already_expired) {
+  // With keep_last below the saves in flight, rank 0 can commit step 3, then newer steps, and
+  // expire step 3 before a slow rank looks: neither step-3/ nor step-3.tmp/ is there any more.
+  // That rank used to wait for the timeout and fail a save that had been committed.
+  TempDir d;
+  const std::string run = d.path();
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(WaitForCommit(Env::Default(), run, 3, JoinPath(run, TmpDirName(3)), 30).ok());
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  // Still waiting while the attempt's directory is there, uncommitted; an abort is an abort.
+  const std::string tmp = JoinPath(run, TmpDirName(4));
+  REQUIRE(Env::Default()->Mkdir(tmp) == 0);
+  Status s = WaitForCommit(Env::Default(), run, 4, tmp, 0.2);
+  CHECK(!s.ok() && s.message().find("not committed") != std::string::npos);
+  AbortStep(Env::Default(), tmp, "rank 1 ran out of disk");
+  s = WaitForCommit(Env::Default(), run, 4, tmp, 30);
+  CHECK(!s.ok() && s.message().find("rank 1 ran out of disk") != std::string::npos);
+}
+
 TEST(a_rank_that_fails_aborts_the_step_everywhere_and_the_next_step_commits) {
   TempDir d;
   FaultEnv faulty;

@@ -683,9 +683,18 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
         }
         // The moment the save is reported durable goes into the log: crash points after it
         // must keep a checkpoint at least this new.
-        waiters.emplace_back([rec, h] {
+        waiters.emplace_back([rec, h, rank, &mu, &ok] {
           h->Wait(-1);
-          if (h->status().ok()) rec->Mark("durable", h->step());
+          if (h->status().ok()) {
+            rec->Mark("durable", h->step());
+            return;
+          }
+          // Every save here is meant to succeed (the aborted attempt was waited for above): a
+          // failure, a commit timeout included, is a bug the power-loss states would not show.
+          std::fprintf(stderr, "save %llu rank %u failed: %s\n", static_cast<unsigned long long>(h->step()), rank,
+                       h->status().message().c_str());
+          std::lock_guard<std::mutex> fl(mu);
+          ok = false;
         });
         l.unlock();
         if (sc.widen_expiry_race) race.AwaitExpiry(expiries, [&] { return h->Done(); });
