@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync the file or directory at ``path`` (raises OSError, naming the path, if that fails)."""
+    """fsync the file or directory at ``path``; raises OSError if it cannot be opened or synced."""
     fd = os.open(Path(path), os.O_RDONLY)
     try:
         os.fsync(fd)
