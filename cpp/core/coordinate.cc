@@ -287,7 +287,7 @@ void KeepOnlyShards(Env* env, const std::string& dir) {
   std::vector<std::string> names;
   if (env->ListDir(dir, &names) < 0) return;
   for (const std::string& n : names)
-    if (!(n.rfind("rank-", 0) == 0 && EndsWith(n, ".bin"))) env->Unlink(JoinPath(dir, n));
+    if (!IsShardName(n)) env->Unlink(JoinPath(dir, n));
 }
 
 }  // namespace

@@ -339,8 +339,10 @@ Status Engine::PrepareDir(Job* j) {
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
   if (opts_.world_size > 1) {
     // Shared directory: whoever comes first claims an expired checkpoint's directory for it (its
-    // shards are overwritten in place), or creates it; remove only what is ours.
-    if (!ClaimFreeDir(env_, opts_.run_dir, j->tmp_dir)) {
+    // shards are overwritten in place), or creates it; remove only what is ours. Without
+    // retention (keep_last 0, and the DCP backend's engines) no free-K directory ever appears,
+    // so the listing of RUN_DIR is skipped.
+    if (opts_.keep_last == 0 || !ClaimFreeDir(env_, opts_.run_dir, j->tmp_dir)) {
       int r = env_->Mkdir(j->tmp_dir);
       if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
     }
