@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,7 +108,23 @@ def test_paths_expand_a_leading_tilde(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_the_python_in_the_job_command_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", "/opt/my tools/bin/python3")
     text = sbatch_script(parse_config(GOOD))
-    assert "_log.out '/opt/my tools/bin/python3' -u -m submitit.core._submit " in text
+    assert "_log.out '/opt/my tools/bin/python3' -u -c " in text and "' -u -m submitit.core._submit " in text
+
+
+def test_the_job_python_never_imports_a_package_from_the_working_directory(tmp_path: Path) -> None:
+    """The README's quickstart runs from a checkout: its alpsck/ (no compiled core) shadowed the
+    installed package in the job, as a json/ here shadows the standard library's for ``-m``."""
+    from alpsck.slurm.launch import job_python
+
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("raise ImportError('imported from the working directory')\n")
+    (tmp_path / "doc.json").write_text('{"a": [1, 2]}')
+    plain = subprocess.run(f"{shlex.quote(sys.executable)} -u -m json.tool doc.json", shell=True, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode != 0 and "imported from the working directory" in plain.stderr  # the trap is real
+    ours = subprocess.run(f"{job_python(shlex.quote(sys.executable))} -u -m json.tool doc.json", shell=True,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ours.returncode == 0 and json.loads(ours.stdout) == {"a": [1, 2]}, ours.stderr
 
 
 def test_the_local_job_command_runs_the_environment_lines_in_bash_then_this_python(

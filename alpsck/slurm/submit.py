@@ -36,9 +36,10 @@ from typing import Any
 
 import submitit
 
-from ..errors import SlurmError, UsageError
+from ..errors import ConfigError, SlurmError, UsageError
 from . import history
 from .config import JobConfig
+from .launch import job_python, start_local_controller, user_paths
 from .runner import REQUEST_FILE, JobRunner
 
 
@@ -104,6 +105,50 @@ def local_unused(cfg: JobConfig) -> list[str]:
             f"outside {what}"
             for key, value, what in (("container", env.container, "the container"), ("uenv", env.uenv, "the uenv"))
             if value]
+
+
+# Run by ``check_entry`` in the job's environment: argv = [module, function, *user paths].
+_IMPORT_CHECK = (
+    "import importlib, sys\n"
+    "del sys.path[0]\n"
+    "mod, fn, *paths = sys.argv[1:]\n"
+    "sys.path[0:0] = paths\n"
+    "obj = getattr(importlib.import_module(mod), fn, None)\n"
+    "if not callable(obj):\n"
+    "    sys.exit(f'{mod} has no function {fn}')\n"
+)
+ENTRY_CHECK_TIMEOUT_S = 180
+
+
+def check_entry(cfg: JobConfig) -> str | None:
+    """Refuse an entry that cannot start, before it costs an allocation: a script that does not
+    compile, a ``module:function`` that does not import in the job's environment (its venv and
+    setup lines, from the directory the job runs in). Returns a note when the check could not run
+    (inside a container or uenv, which exist only on the compute nodes; an import that takes
+    longer than ENTRY_CHECK_TIMEOUT_S); raises ConfigError naming the entry when it fails."""
+    entry = cfg.entry
+    if entry.script is not None:
+        try:
+            compile(Path(entry.script).read_bytes(), entry.script, "exec")
+        except (SyntaxError, ValueError) as e:
+            raise ConfigError(f"{cfg.source}: entry.script: {entry.script} does not compile: {e}") from None
+        return None
+    if cfg.environment.container or cfg.environment.uenv:
+        return "not checked whether entry.function imports: its container or uenv exists only in the job"
+    assert entry.function is not None
+    mod, fn = entry.function.split(":")
+    argv = [*shlex.split(local_python(cfg)), "-c", _IMPORT_CHECK, mod, fn,
+            *user_paths(cfg.config_dir, cfg.workdir or os.getcwd())]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=ENTRY_CHECK_TIMEOUT_S,
+                           cwd=cfg.workdir or None, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"not checked whether entry.function imports: importing {mod} took over {ENTRY_CHECK_TIMEOUT_S} s"
+    if r.returncode != 0:
+        lines = [ln for ln in (r.stderr or r.stdout).strip().splitlines() if ln.strip()]
+        raise ConfigError(f"{cfg.source}: entry.function: {entry.function} does not import in the job's environment: "
+                          f"{lines[-1] if lines else f'exit code {r.returncode}'} (submit with --no-check to skip this)")
+    return None
 
 
 def signal_delay(cfg: JobConfig) -> int:
@@ -196,6 +241,20 @@ def live_jobs(run_dir: str | Path) -> list[tuple[str, str]] | None:
     return out
 
 
+class _LocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, with a controller that restarts a requeued task as often as the
+    job asks (submitit's own stops after 6 starts: the quickstart on a slow machine needs more)."""
+
+    def _submit_command(self, command: str) -> submitit.LocalJob[Any]:
+        ntasks = self.parameters.get("tasks_per_node", 1)
+        process = start_local_controller(
+            self.folder, command, tasks=ntasks,
+            cuda_devices=",".join(str(k) for k in range(self.parameters.get("gpus_per_node", 0))),
+            timeout_min=self.parameters.get("timeout_min", 2.0), signal_delay_s=self.parameters.get("signal_delay_s", 30),
+            stderr_to_stdout=True)
+        return submitit.LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+
+
 class _ScriptOnlyExecutor(submitit.SlurmExecutor):
     """A SlurmExecutor that only writes the script (--dry-run): it needs no ``srun`` here, where
     submitit's own refuses to start without one."""
@@ -209,7 +268,7 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     folder = Path(cfg.run_dir) / "submitit"
     ex: submitit.Executor
     if local:
-        ex = submitit.LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=local_python(cfg))
+        ex = _LocalExecutor(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(local_python(cfg)))
         # gpus_per_node too: without it submitit hides every GPU (CUDA_VISIBLE_DEVICES="")
         ex.update_parameters(timeout_min=max(1, math.ceil(cfg.slurm.time_minutes)),
                              signal_delay_s=signal_delay(cfg), tasks_per_node=cfg.slurm.tasks_per_node,
@@ -220,7 +279,7 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
                          "commands are installed, or use --local")
     cls = _ScriptOnlyExecutor if script_only else submitit.SlurmExecutor
     # python goes into the job's command line as shell text (submitit quotes only its default)
-    ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=shlex.quote(sys.executable))
+    ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(shlex.quote(sys.executable)))
     ex.update_parameters(**slurm_parameters(cfg))
     return ex
 
