@@ -128,16 +128,24 @@ def test_a_stop_the_entry_saw_requeues(tmp_path: Path) -> None:
     assert "requeue 999" in calls
 
 
-def test_a_crash_past_the_local_executors_restart_limit_fails(tmp_path: Path) -> None:
-    """submitit's local controller starts a task at most 6 times: on the 6th start a crash must
-    end the job as failed (it used to log "requeued", and the job stayed requeued for good)."""
+@pytest.mark.parametrize("progress", [False, True], ids=["earlier-starts-crashed", "earlier-requeues-progressed"])
+def test_only_starts_without_progress_count_against_max_restarts(tmp_path: Path, progress: bool) -> None:
+    """Two earlier starts: both crashed (charged), or both ended in a requeue after the newest
+    checkpoint advanced (free). With max_restarts 2, a third crash fails the run in the first case
+    and is requeued in the second (each start a different error: no repeated-error verdict)."""
     run = tmp_path / "run"
-    for i in range(5):
-        history.append(run, "started", job_id="L1", restart=i, step=i)  # five earlier starts
-    r, events, _ = _run(tmp_path, "crashes", local=True, extra="  give_up_after_no_progress: 50\n")
-    assert r.returncode == 1, r.stderr
-    assert events[-1]["event"] == "failed" and events[-1].get("will_requeue") is False, events
-    assert history.state_of(events) == "failed"
+    for i in range(2):
+        history.append(run, "started", job_id="L1", restart=i, step=i)
+        if progress:
+            history.append(run, "requeued", job_id="L1", reason="timeout", step=i + 1, progress=True)
+    r, events, _ = _run(tmp_path, "crashes", local=True, extra="  max_restarts: 2\n  give_up_after_no_progress: 50\n")
+    failed = events[-1] if events[-1]["event"] == "failed" else [e for e in events if e["event"] == "failed"][-1]
+    assert failed.get("will_requeue") is progress, events
+    if progress:
+        assert events[-1]["event"] == "requeued" and events[-1]["progress"] is False  # this crash is charged
+    else:
+        assert r.returncode == 1 and "requeue.max_restarts is 2" in failed["not_requeued"], events
+        assert history.state_of(events) == "failed"
 
 
 def test_status_of_what_is_no_job_history_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

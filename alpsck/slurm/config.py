@@ -142,6 +142,8 @@ class JobConfig:
     checkpoint: CheckpointConfig
     requeue: RequeueConfig
     source: str = "<config>"
+    workdir: str = ""               # where `alpsck submit` ran: the base of relative paths, and the job's cwd
+    config_dir: str | None = None   # the config file's directory (the job imports entry modules from it too)
 
 
 # key -> (type, validator or None); nested sections handled below
@@ -368,6 +370,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         if v is not None:
             # ~ too: the batch script quotes the path, so its shell would not expand it
             v = os.path.expanduser(_expand(v, f"environment.{k}", loc))
+            if k == "venv" and not os.path.isabs(v):  # relative paths: to where `alpsck submit` runs
+                v = os.path.join(os.getcwd(), v)
             if not re.fullmatch(r"[^\s'\"`$;&|<>\\\x00]{1,1024}", v):
                 raise loc.err(f"environment.{k}", f"{v!r} must be a plain path or name (no spaces or shell characters)")
             setattr(env, k, v)
@@ -381,10 +385,11 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("entry", "give exactly one of entry.function ('module:function') or entry.script (a .py file)")
     if entry.function is not None and not _ENTRY_FN.fullmatch(entry.function):
         raise loc.err("entry.function", f"{entry.function!r} is not 'package.module:function'")
+    workdir = Path.cwd()  # one base for every relative path in a config: where `alpsck submit` runs
     if entry.script is not None:
         sp = Path(_expand(entry.script, "entry.script", loc)).expanduser()
-        if not sp.is_absolute() and base_dir is not None:
-            sp = base_dir / sp
+        if not sp.is_absolute():
+            sp = workdir / sp
         if not sp.is_file():
             raise loc.err("entry.script", f"{sp} does not exist")
         entry.script = str(sp)
@@ -426,7 +431,7 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("run_dir", "empty: leave it out for runs/<name>, or write . for the directory you submit from")
     run_dir = Path(_expand(raw_run_dir, "run_dir", loc)).expanduser()
     if not run_dir.is_absolute():  # relative to where `alpsck submit` runs, like sbatch's own paths
-        run_dir = Path.cwd() / run_dir
+        run_dir = workdir / run_dir
     if any(c in str(run_dir) for c in "\n\r"):
         raise loc.err("run_dir", "contains a newline")
     # The job's log paths (--output) hold the run dir: SLURM reads % there as a pattern (%j, %x...)
@@ -438,4 +443,5 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         if c in str(run_dir):
             raise loc.err("run_dir", f"{str(run_dir)!r} contains {what}")
     return JobConfig(name=name, run_dir=str(run_dir), slurm=slurm, environment=env, entry=entry, checkpoint=ck,
-                     requeue=rq, source=source)
+                     requeue=rq, source=source, workdir=str(workdir),
+                     config_dir=None if base_dir is None else str(base_dir))

@@ -5,8 +5,10 @@ On each start (rank 0 writes history; every rank runs the entry):
 1. install stop handlers (replacing submitit's, which would checkpoint inside the signal
    handler) and the maintenance watcher;
 2. record ``started`` with the restart count and the step it resumes from; end with
-   ``gave_up`` if the restart budget is spent, or if the last ``give_up_after_no_progress``
-   starts all resumed from the same step (a job that crashes at every start). With several
+   ``gave_up`` if the restart budget is spent (:func:`charged_starts`: a requeue after which
+   the newest checkpoint had advanced costs nothing; a crash or a stop without progress costs
+   one), or if the last ``give_up_after_no_progress`` starts all resumed from the same step (a
+   job that crashes at every start). With several
    tasks, rank 0 decides and writes its decision to ``RUN_DIR/.start-decision``; the other
    ranks wait for it, so that all of them run (from the same step) or none;
 3. export the torch.distributed environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
@@ -21,8 +23,10 @@ On each start (rank 0 writes history; every rank runs the entry):
      ``final_checkpoint``, ``cancelled``, no requeue;
    - returned normally without seeing a stop (one that came during the last step included):
      ``finished``;
-   - raised: ``failed``, then requeue if ``requeue.on_failure``, the job was not cancelled, and
-     the restart budget (the same one as a stop's) remains; else exit 1.
+   - raised: ``failed``, then requeue if ``requeue.on_failure``, the job was not cancelled, the
+     restart budget (the same one as a stop's) remains, and the error can change on a retry:
+     an ImportError, SyntaxError or config error, or the same error as the previous start with
+     no checkpoint in between, ends the run ``failed`` at once; else exit 1.
 
 Requeue: under submitit's local executor, exit with its requeue code (144), which restarts the
 task. Under SLURM, ``scontrol requeue $SLURM_JOB_ID`` from rank 0; where that fails (Slurm
@@ -33,6 +37,7 @@ exit with code 3: the batch script's EXIT trap, which runs on the host, requeues
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -44,13 +49,14 @@ import traceback
 from typing import Any
 
 from .. import _core
+from ..errors import ConfigError, UsageError
 from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current
+from .launch import user_paths
 from .stop import StopController, scontrol_available
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
-LOCAL_MAX_RESTARTS = 5    # submitit's local controller starts a task at most 6 times (run(max_retry=6))
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
 REQUEST_FILE = ".requeue-request"
 DECISION_FILE = ".start-decision"
@@ -63,6 +69,24 @@ def newest_step(run_dir: str) -> int | None:
     except OSError:
         return None
     return max(good) if good else None
+
+
+# Errors that a new start meets again: a requeue would only spend another allocation on them.
+DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (ImportError, SyntaxError, ConfigError, UsageError)
+
+
+def charged_starts(events: list[dict[str, Any]], job_id: str) -> int:
+    """How many of this job's recorded starts count against ``requeue.max_restarts``: all of them
+    but those that ended in a requeue after the newest checkpoint advanced (``requeued`` with
+    ``progress: true``). A start that left no ending (killed, its node lost) counts."""
+    mine = [e for e in events if e.get("job_id") == job_id]
+    starts = sum(1 for e in mine if e["event"] == "started")
+    free = sum(1 for e in mine if e["event"] == "requeued" and e.get("progress") is True)
+    return max(0, starts - free)
+
+
+def _error_text(err: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
 
 
 def _env_int(*names: str, default: int = 0) -> int:
@@ -142,21 +166,26 @@ class JobRunner:
         cfg = self.config
         job_id, rank, world = self._ids()
         rq = cfg.requeue
-        stop = StopController(job_id, timeout_signal=rq.signal, maintenance=rq.on_maintenance and rank == 0,
+        # A local job has no SLURM reservation to watch (a cluster on the same machine is not its own).
+        stop = StopController(job_id, timeout_signal=rq.signal,
+                              maintenance=rq.on_maintenance and rank == 0 and not self._local(),
                               margin_s=rq.maintenance_margin_s, poll_s=rq.maintenance_poll_s)
         stop.install()
         log = (lambda event, **kw: history.append(cfg.run_dir, event, job_id=job_id, **kw)) if rank == 0 else (
             lambda event, **kw: None)
         events = history.read(cfg.run_dir)
         restart = self._restart_count(job_id, events)
+        self._events = events
+        self._charged = charged_starts(events, job_id)  # earlier starts only
         if rank == 0:
             resume = newest_step(cfg.run_dir)
             log("started", restart=restart, step=resume, rank=rank, world_size=world)
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
             same = [e for e in starts[-rq.give_up_after_no_progress:] if e.get("step") == resume]
             verdict = None
-            if restart > rq.max_restarts:  # requeued by someone else (e.g. preemption) past the budget
-                verdict = f"restart {restart} is past requeue.max_restarts ({rq.max_restarts})"
+            if self._charged > rq.max_restarts:  # requeued by someone else (e.g. preemption) past the budget
+                verdict = (f"{self._charged} earlier starts crashed or made no progress: more than requeue.max_restarts "
+                           f"({rq.max_restarts})")
             elif len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
                 verdict = f"no progress: the last {len(same)} starts all resumed from step {resume}"
             if world > 1:
@@ -200,20 +229,20 @@ class JobRunner:
             return result
         if rank != 0:
             return result
-        budget, why = self._budget()
-        if restart >= budget:
-            return self._give_up(log, f"stopped ({reason}) after {restart} restarts; {why}")
-        return self._requeue(log, reason, step)
-
-    def _budget(self) -> tuple[int, str]:
-        """How many restarts this job may have, and what sets that limit."""
-        rq = self.config.requeue
-        if self._local() and LOCAL_MAX_RESTARTS < rq.max_restarts:
-            return LOCAL_MAX_RESTARTS, "submitit's local executor restarts a task at most 5 times"
-        return rq.max_restarts, f"requeue.max_restarts is {rq.max_restarts}"
+        progress = step is not None and (resume is None or step > resume)
+        if not progress and self._charged + 1 > rq.max_restarts:
+            return self._give_up(log, f"stopped ({reason}) with no checkpoint newer than step {resume}; "
+                                      f"{self._charged + 1} starts crashed or made no progress, and requeue.max_restarts "
+                                      f"is {rq.max_restarts}")
+        return self._requeue(log, reason, step, progress=progress)
 
     def _run_entry(self, ctx: JobContext) -> Any:
         entry = self.config.entry
+        # The user's modules: where `alpsck submit` ran and beside the config (alpsck itself is
+        # imported by now, from the installed package: see launch.job_python).
+        for d in reversed(user_paths(self.config.config_dir, self.config.workdir or os.getcwd())):
+            if d not in sys.path:
+                sys.path.insert(0, d)
         if entry.function:
             mod, fn = entry.function.split(":")
             return getattr(importlib.import_module(mod), fn)(ctx)
@@ -231,22 +260,43 @@ class JobRunner:
         print(f"alpsck: giving up: {message}", file=sys.stderr, flush=True)
         raise SystemExit(1)
 
-    def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
+    def _retry_verdict(self, ctx: JobContext, err: BaseException, message: str, step: int | None) -> str | None:
+        """Why a failed start is not worth another allocation, or None when a retry may succeed."""
         rq = self.config.requeue
-        # Never requeue a job the user cancelled, even if it then failed (say, in its final save);
-        # the event keeps the error, since the final checkpoint may be missing.
-        cancelled = ctx.stop.cancelled()
-        will = rq.on_failure and not cancelled and ctx.restart < self._budget()[0] and ctx.rank == 0
-        log("failed", message="".join(traceback.format_exception_only(type(err), err)).strip()[-2000:],
-            step=newest_step(self.config.run_dir), will_requeue=will, **({"cancelled": True} if cancelled else {}))
+        if ctx.stop.cancelled():  # never requeue what the user cancelled, even if it then failed
+            return "the job was cancelled"
+        if not rq.on_failure:
+            return "requeue.on_failure is false"
+        if isinstance(err, DETERMINISTIC_ERRORS):
+            return f"{type(err).__name__} fails the same way at every start"
+        if self._charged + 1 > rq.max_restarts:
+            return f"{self._charged + 1} starts crashed or made no progress, and requeue.max_restarts is {rq.max_restarts}"
+        prev = next((e for e in reversed(self._events) if e["event"] == "failed" and e.get("job_id") == ctx.job_id), None)
+        if prev is not None and prev.get("message") == message and step == ctx.resume_step:
+            return "the previous start failed with the same error, and no checkpoint was written in between"
+        return None
+
+    def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
+        message = _error_text(err)
+        step = newest_step(self.config.run_dir)
+        why_not = self._retry_verdict(ctx, err, message, step)
+        will = why_not is None and ctx.rank == 0
+        # The event keeps the error, also for a cancelled job (its final checkpoint may be missing).
+        log("failed", message=message, step=step, will_requeue=will,
+            **({"cancelled": True} if ctx.stop.cancelled() else {}), **({"not_requeued": why_not} if why_not else {}))
         traceback.print_exception(type(err), err, err.__traceback__)
         if will:
-            return self._requeue(log, "failure", newest_step(self.config.run_dir))
+            return self._requeue(log, "failure", step, progress=False)
+        if why_not:
+            print(f"alpsck: not requeued: {why_not}", file=sys.stderr, flush=True)
         raise SystemExit(1)
 
-    def _requeue(self, log: Any, reason: str, step: int | None) -> None:
+    def _requeue(self, log: Any, reason: str, step: int | None, *, progress: bool) -> None:
+        """Requeue this job; ``progress``: the newest checkpoint advanced during this start, so
+        the requeue does not count against ``requeue.max_restarts``."""
         sys.stdout.flush()
         sys.stderr.flush()
+        log = functools.partial(log, progress=progress)
         if self._local():
             log("requeued", reason=reason, step=step, mechanism="local")
             os._exit(LOCAL_REQUEUE_EXIT)  # submitit's local controller restarts the task
