@@ -151,16 +151,24 @@ def test_scancel_takes_a_final_checkpoint_and_does_not_requeue(cluster: None, tm
     assert json.loads(ck.stdout)["latest_valid"] == final["step"]
 
 
-def test_crash_at_every_start_stops_after_its_budget(cluster: None, tmp_path: Path) -> None:
-    (tmp_path / "crash_entry.py").write_text("def crash(job):\n    raise RuntimeError('boom')\n")
+def test_the_same_crash_at_two_starts_ends_the_run_failed_with_the_error(cluster: None, tmp_path: Path) -> None:
+    """The first crash may be transient (requeued); the same error again with no checkpoint in
+    between is not: the run ends failed at the second start, not after the whole budget. The
+    module sits beside the config (no PYTHONPATH), as a user's own training would."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "crash_entry.py").write_text("def crash(job):\n    raise RuntimeError('boom')\n")
     run = tmp_path / "run"
-    cfg = job_config(tmp_path / "job.yaml", run, steps=10, time="5", delay=60, entry="crash_entry:crash",
-                     max_restarts=2, no_progress=5)
-    job = submit(cfg, env={"PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"})
+    cfg = job_config(conf / "job.yaml", run, steps=10, time="5", delay=60, entry="crash_entry:crash",
+                     max_restarts=5, no_progress=5)
+    job = submit(cfg)
     assert wait_done(run, job, 300) == "failed", events(run)
     fails = events(run, "failed")
-    assert len(fails) == 3 and [f["will_requeue"] for f in fails] == [True, True, False]
-    assert len(events(run, "requeued")) == 2
+    assert [f["will_requeue"] for f in fails] == [True, False] and len(events(run, "requeued")) == 1
+    assert "RuntimeError: boom" in fails[-1]["message"] and "same error" in fails[-1]["not_requeued"]
+    assert fails[-1]["time"] - events(run, "started")[-1]["time"] < 60
+    r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True, timeout=120)
+    assert ": failed " in r.stdout and "RuntimeError: boom" in r.stdout, r.stdout
 
 
 def test_a_job_sbatch_refuses_is_a_one_line_error_naming_sbatchs_reason(cluster: None, tmp_path: Path) -> None:
@@ -205,7 +213,7 @@ def test_a_second_job_on_a_live_jobs_run_dir_is_refused(cluster: None, tmp_path:
         subprocess.run(["scancel", second], timeout=30)
 
 
-def test_status_notes_a_job_slurm_no_longer_knows(cluster: None, tmp_path: Path) -> None:
+def test_status_calls_a_job_slurm_no_longer_knows_failed(cluster: None, tmp_path: Path) -> None:
     # A job that died with its node (or a cluster restarted under it) records no end.
     from alpsck.slurm import history
 
@@ -214,7 +222,7 @@ def test_status_notes_a_job_slurm_no_longer_knows(cluster: None, tmp_path: Path)
     r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(tmp_path)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    assert ": running " in r.stdout and "note: SLURM no longer queues or runs job 987654321" in r.stdout, r.stdout
+    assert ": failed " in r.stdout and "note: job 987654321 no longer exists" in r.stdout, r.stdout
     # An squeue that gives no answer (controller busy or down) proves nothing: no note then.
     fake = tmp_path / "bin"
     fake.mkdir()

@@ -58,7 +58,7 @@ class _Job:
         monkeypatch.setenv("ALPSCK_NO_SCONTROL", "1")  # nothing reaches a real cluster
         monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID" if local else "SLURM_JOB_ID", "L1" if local else "999")
         monkeypatch.setattr(stop_mod, "job_state", lambda job_id, run=None: self.state)
-        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step: self.requeues.append(reason))
+        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step, **kw: self.requeues.append(reason))
         module = types.ModuleType("alpsck_test_entry")
         module.main = entry  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "alpsck_test_entry", module)
@@ -165,20 +165,33 @@ def test_a_stop_the_loop_saw_takes_a_final_checkpoint_and_requeues(tmp_path: Pat
     assert job.events() == ["started", "signal", "final_checkpoint"] and job.requeues == ["timeout"]
 
 
-@pytest.mark.parametrize(("earlier_starts", "requeued"), [(4, True), (5, False)])
-def test_a_crash_is_requeued_only_within_the_local_executors_restarts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None, earlier_starts: int, requeued: bool) -> None:
-    """submitit's local controller starts a task at most 6 times: a crash on the 6th start must end
-    the job as failed, not log "requeued" for a restart that never comes."""
-    def entry(ctx: JobContext) -> None:
-        raise RuntimeError("boom")
+@pytest.mark.parametrize("saves", [True, False], ids=["progress", "no-progress"])
+def test_a_stop_after_progress_is_requeued_whatever_the_restarts_before(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None, saves: bool) -> None:
+    """Six earlier time-limit requeues that each advanced the checkpoint (free), max_restarts 1: a
+    seventh stop is requeued when this start committed a newer step too; a stop with no newer
+    checkpoint is charged, and a second charged start is past the budget (gave_up)."""
+    import torch
 
-    job = _Job(tmp_path, monkeypatch, entry, local=True)  # requeue.max_restarts: 20, the default
-    for i in range(earlier_starts):  # distinct steps: no "no progress" verdict
-        history.append(job.run_dir, "started", job_id="L1", restart=i, step=i)
-    assert job() == (0 if requeued else 1)
-    assert job.requeues == (["failure"] if requeued else [])
-    assert events(job.run_dir, "failed")[-1]["will_requeue"] is requeued
+    def entry(ctx: JobContext) -> None:
+        if saves:
+            with ctx.checkpointer() as ck:
+                ck.save(7, {"x": torch.zeros(4)}).wait()
+        _send(ctx.stop, signal.SIGUSR2)
+        assert ctx.stop_requested()
+
+    job = _Job(tmp_path, monkeypatch, entry, local=True, requeue="  max_restarts: 1\n  give_up_after_no_progress: 50\n")
+    history.append(job.run_dir, "started", job_id="L1", restart=0)
+    history.append(job.run_dir, "requeued", job_id="L1", reason="timeout", step=None, progress=False)  # charged
+    for i in range(6):
+        history.append(job.run_dir, "started", job_id="L1", restart=i + 1, step=i)
+        history.append(job.run_dir, "requeued", job_id="L1", reason="timeout", step=i + 1, progress=True)
+    rc = job()
+    if saves:
+        assert rc == 0 and job.requeues == ["timeout"], job.events()
+    else:
+        assert rc == 1 and job.requeues == [] and job.events()[-1] == "gave_up"
+        assert "requeue.max_restarts is 1" in events(job.run_dir, "gave_up")[-1]["message"]
 
 
 def _submit_local(cfg: Path) -> subprocess.CompletedProcess[str]:
@@ -206,25 +219,76 @@ def test_local_executor_timeout_requeue_cycle_is_bit_exact(tmp_path: Path) -> No
     assert (tmp_path / "run" / "loss.csv").read_text() == clean_losses(tmp_path, steps)
 
 
-def test_crash_at_every_start_gives_up_with_a_clear_message(tmp_path: Path) -> None:
-    cfg = job_config(tmp_path / "job.yaml", tmp_path / "run", steps=100, time="1", delay=20,
-                     extra_args=["--fail-at-step", "1000000"], entry="tests_crash_entry:crash", no_progress=2)
-    (tmp_path / "tests_crash_entry.py").write_text("def crash(job):\n    raise RuntimeError('boom at start')\n")
-    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--local"], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:" +
-                                                        __import__("os").environ.get("PYTHONPATH", "")})
-    assert r.returncode == 1
-    ev = events(tmp_path / "run")
-    assert final_state(tmp_path / "run") == "gave_up"
-    assert [e["event"] for e in ev].count("failed") == 2
-    gave = events(tmp_path / "run", "gave_up")[0]
-    assert "no progress" in gave["message"]
-    status = subprocess.run([sys.executable, "-m", "alpsck", "status", str(tmp_path / "run"), "--json"],
-                            capture_output=True, text=True, timeout=60)
+def _user_layout(tmp_path: Path, module: str, yaml_tail: str = "") -> tuple[Path, Path, Path]:
+    """A user's layout: ``conf/job.yaml`` with ``conf/mytrain.py`` beside it, submitted from
+    ``work/``, which holds a source tree named ``alpsck`` without the compiled core (a checkout,
+    as the README's quickstart is run from). (work dir, config, run dir)"""
+    work, conf = tmp_path / "work", tmp_path / "conf"
+    (work / "alpsck").mkdir(parents=True)
+    (work / "alpsck" / "__init__.py").write_text("raise ImportError('the source tree was imported, not the install')\n")
+    conf.mkdir()
+    (conf / "mytrain.py").write_text(module)
+    cfg = conf / "job.yaml"
+    cfg.write_text(f"name: user\nrun_dir: run\nslurm:\n  time: '1'\nentry:\n  function: mytrain:main\n"
+                   f"requeue:\n  signal_delay_s: 20\n  on_maintenance: false\n{yaml_tail}")
+    return work, cfg, work / "run"
+
+
+def _alpsck(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """The installed ``alpsck`` command (``python -m alpsck`` would import ``cwd``'s source tree:
+    that is Python's rule for ``-m``, which no package can change), with no PYTHONPATH."""
+    script = Path(sys.executable).parent / "alpsck"
+    assert script.is_file(), f"{script}: the console script is not installed (pip install .)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_a_module_beside_the_config_runs_from_a_directory_holding_an_alpsck_source_tree(tmp_path: Path) -> None:
+    """The job imports the installed alpsck (the working directory's alpsck/ raises on import) and
+    the user's mytrain.py beside the config, with no PYTHONPATH."""
+    work, cfg, run = _user_layout(tmp_path, "import os\n\ndef main(job):\n"
+                                            "    open(os.path.join(job.run_dir, 'ran'), 'w').write(os.getcwd())\n")
+    r = _alpsck(["submit", str(cfg), "--local"], work)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert final_state(run) == "finished" and (run / "ran").read_text() == str(work)  # the job runs where submit ran
+    assert f"run dir: {run}" in r.stdout and "ended: finished" in r.stdout
+
+
+def test_an_entry_that_raises_at_every_start_ends_failed_showing_the_error(tmp_path: Path) -> None:
+    work, cfg, run = _user_layout(tmp_path, "def main(job):\n    raise RuntimeError('boom at start')\n")
+    r = _alpsck(["submit", str(cfg)], work)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert final_state(run) == "failed" and "RuntimeError: boom at start" in r.stdout, r.stdout
+    fails = events(run, "failed")
+    assert [f["will_requeue"] for f in fails] == [True, False]  # the same error twice: not worth a third start
+    assert fails[-1]["time"] - events(run, "started")[-1]["time"] < 60
     import json
 
-    doc = json.loads(status.stdout)
-    assert doc["state"] == "gave_up" and any(e["event"] == "failed" and "boom" in e["message"] for e in doc["events"])
+    doc = json.loads(_alpsck(["status", str(run), "--json"], work, 120).stdout)
+    assert doc["state"] == "failed" and any("boom at start" in line for line in doc["log_tail"])
+
+
+def test_an_entry_that_does_not_import_is_refused_at_submit_or_fails_at_its_first_start(tmp_path: Path) -> None:
+    work, cfg, run = _user_layout(tmp_path, "import no_such_module_here\n\ndef main(job):\n    pass\n")
+    r = _alpsck(["submit", str(cfg)], work)
+    assert r.returncode == 2 and not run.exists(), r.stdout + r.stderr
+    assert "entry.function: mytrain:main does not import" in r.stderr and "no_such_module_here" in r.stderr
+    r = _alpsck(["submit", str(cfg), "--no-check"], work)
+    assert r.returncode == 1 and final_state(run) == "failed", r.stdout + r.stderr
+    fails = events(run, "failed")
+    assert len(fails) == 1 and "ModuleNotFoundError" in fails[0]["message"] and "no_such_module_here" in r.stdout
+    assert len(events(run, "started")) == 1
+
+
+def test_a_job_that_dies_before_it_starts_is_reported_failed_not_pending(tmp_path: Path) -> None:
+    """A setup line that exits: the job never reaches the runner, so it records nothing itself."""
+    work, cfg, run = _user_layout(tmp_path, "def main(job):\n    pass\n",
+                                  "environment:\n  setup: ['echo no GPU on this node >&2; exit 7']\n")
+    r = _alpsck(["submit", str(cfg), "--no-check"], work)
+    assert r.returncode == 1 and "ended: failed" in r.stdout and "no GPU on this node" in r.stdout, r.stdout
+    assert final_state(run) == "failed" and events(run, "failed")[-1]["recorded_by"] == "alpsck submit"
+    st = _alpsck(["status", str(run)], work, 120)
+    assert ": failed " in st.stdout, st.stdout
 
 
 _ENV_ENTRY = """\

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import time
+import os
+import shlex
+import sys
 from pathlib import Path
 
 from .. import jsonout
 from ..errors import AlpsckError
-from . import history
+from . import history, watch
 
 
 def _submit(args: argparse.Namespace) -> int:
     from .config import load_config
     from .runner import newest_step
-    from .submit import sbatch_script, slurm_unavailable, submit
+    from .submit import check_entry, sbatch_script, slurm_unavailable, submit
 
     cfg = load_config(args.config)
     if args.dry_run:
@@ -26,49 +27,58 @@ def _submit(args: argparse.Namespace) -> int:
     if not is_local:
         why = slurm_unavailable()
         if why is not None:
-            print(f"alpsck: no SLURM here ({why}): running through submitit's local executor", flush=True)
+            say = sys.stderr if args.json else sys.stdout
+            print(f"alpsck: no SLURM here ({why}): running through submitit's local executor", file=say, flush=True)
             is_local = True
+    if not args.no_check:
+        note = check_entry(cfg)
+        if note:
+            print(f"alpsck: {note}", file=sys.stderr, flush=True)
+    since = len(history.read(cfg.run_dir))
     job = submit(cfg, local=is_local)
+    log = watch.log_path(cfg.run_dir, str(job.job_id))
     if args.json:
-        print(json.dumps({"job_id": str(job.job_id), "run_dir": cfg.run_dir}), flush=True)
+        print(json.dumps({"job_id": str(job.job_id), "run_dir": cfg.run_dir, "log": str(log)}), flush=True)
     else:
-        print(f"submitted job {job.job_id}; run dir {cfg.run_dir}", flush=True)
+        print(f"submitted job {job.job_id}\n  run dir: {cfg.run_dir}\n  log:     {log}", flush=True)
         resume = newest_step(cfg.run_dir)
         if resume is not None:
-            print(f"the run dir holds checkpoints: the job resumes from step {resume}, its newest (or, if that "
-                  "one proves corrupt, the newest valid one)", flush=True)
-        print(f"follow it with: alpsck status {cfg.run_dir}", flush=True)
-    if args.wait or (is_local and not args.no_wait):
-        while not job.done():
-            time.sleep(2)
-        state = history.state_of(history.read(cfg.run_dir))
-        if not args.json:
-            print(f"job {job.job_id} ended: {state}")
-        return 0 if state == "finished" else 1
-    return 0
-
-
-def _lost_job_note(run_dir: Path, state: str) -> str | None:
-    """For a history that says the job is still on: a note when SLURM no longer knows that job.
-
-    A job killed with its node, or on a cluster since restarted, records no end; its history
-    would say "running" forever.
-    """
-    from .submit import live_jobs, slurm_unavailable
-
-    if state not in ("pending", "running", "requeued"):
-        return None
-    last = next((e for e in reversed(history.read(run_dir)) if e["event"] == "submitted"), None)
-    if last is None or last.get("backend") != "slurm" or slurm_unavailable() is not None:
-        return None
-    live = live_jobs(run_dir)
-    if live is None or any(job_id == str(last.get("job_id")) for job_id, _ in live):
-        return None  # no answer from squeue, or the job is there
-    return (f"SLURM no longer queues or runs job {last.get('job_id')}: it ended without recording how (its node "
-            f"failed, or the cluster was restarted). Submit again to resume from the newest checkpoint")
+            print(f"  the run dir holds checkpoints: the job resumes from step {resume}, its newest (or, if that one "
+                  "proves corrupt, the newest valid one)", flush=True)
+        print(f"  follow it with: alpsck status {shlex.quote(cfg.run_dir)}", flush=True)
+    if not (args.wait or (is_local and not args.no_wait)):
+        return 0
+    quiet = open(os.devnull, "w") if args.json else sys.stdout  # noqa: SIM115 - closed below
+    try:
+        watch.Follower(cfg.run_dir, newest_step, quiet, since).wait(job.done, interval=1.0)
+    finally:
+        if quiet is not sys.stdout:
+            quiet.close()
+    rec = watch.reconcile(cfg.run_dir)
+    if is_local and history.state_of(history.read(cfg.run_dir)) in watch.LIVE_STATES:
+        # The job is gone and never recorded its end (it died before the runner, or was killed):
+        # record it, so that status and later submits see a failed job, not a pending one.
+        history.append(cfg.run_dir, "failed", job_id=str(job.job_id), step=newest_step(cfg.run_dir),
+                       message=watch.error_line(rec["log_tail"]) or "the job ended without recording how",
+                       will_requeue=False, recorded_by="alpsck submit")
+        rec = watch.reconcile(cfg.run_dir)
+    state = rec["state"]
+    if not args.json:
+        print(f"job {job.job_id} ended: {state}")
+        if state != "finished":
+            last = next((e for e in reversed(history.read(cfg.run_dir)) if e["event"] in ("failed", "gave_up")), None)
+            if last is not None and last.get("message"):
+                print(f"  {last['event']}: {last['message']}")
+            tail = rec["log_tail"] or watch.log_tail(log)
+            if tail:
+                print(f"  last lines of {log}:")
+                print("\n".join(f"    {line}" for line in tail))
+    return 0 if state == "finished" else 1
 
 
 def _status(args: argparse.Namespace) -> int:
+    from .runner import newest_step
+
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise AlpsckError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}")
@@ -81,7 +91,12 @@ def _status(args: argparse.Namespace) -> int:
     if not s["events"]:  # "pending" would claim a job that nothing here records
         lines = len(path.read_bytes().splitlines())
         raise AlpsckError(f"{path}: no readable event in its {lines} line(s): not a job history, or damaged")
-    s["note"] = _lost_job_note(run_dir, s["state"])
+    rec = watch.reconcile(run_dir, s["events"])
+    s.update(state=rec["state"], note=rec["note"], log=rec["log"], log_tail=rec["log_tail"])
+    # During a start, the newest committed checkpoint says more than the events (written at a start's ends).
+    on_disk = newest_step(str(run_dir))
+    if on_disk is not None and (s["last_step"] is None or on_disk > s["last_step"]):
+        s["last_step"] = on_disk
     if args.json:
         print(jsonout.dumps(s))
         return 0
@@ -90,10 +105,12 @@ def _status(args: argparse.Namespace) -> int:
     if s["note"]:
         print(f"  note: {s['note']}")
     for e in s["events"]:
-        when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        extra = " ".join(f"{k}={e[k]}" for k in ("reason", "step", "seconds", "restart", "mechanism", "message")
-                         if e.get(k) is not None)
-        print(f"  {when}  {e['event']:<17} {extra}")
+        print(f"  {watch.describe(e)}")
+    if s["log"]:
+        print(f"  log: {s['log']}")
+    if s["log_tail"]:
+        print("  last lines of the log:")
+        print("\n".join(f"    {line}" for line in s["log_tail"]))
     return 0
 
 
@@ -105,6 +122,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--json", action="store_true", help='print one line {"job_id": ..., "run_dir": ...}')
     s.add_argument("--wait", action="store_true", help="wait until the job has finished (default for local runs)")
     s.add_argument("--no-wait", action="store_true", help="return at once, also for local runs")
+    s.add_argument("--no-check", action="store_true", help="do not check that the entry imports before submitting")
     s.set_defaults(func=_submit)
     st = sub.add_parser("status", help="the timeline of a submitted job (history.jsonl)")
     st.add_argument("run_dir")

@@ -1,0 +1,132 @@
+"""What a submitted job is doing now: its history reconciled with whether it still lives, its log,
+and the lines ``alpsck submit`` prints while it waits.
+
+``history.state_of`` reads the job's own record. A job that died without writing its end (it
+could not start at all, a SIGKILL, a lost node) would stay ``pending`` or ``running`` there
+forever; :func:`reconcile` asks the backend whether the job still exists (the local executor's
+controller process; SLURM's queue) and calls such a job ``failed``, with the end of its log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from . import history
+
+# History states in which the job is still supposed to exist.
+LIVE_STATES = ("pending", "running", "requeued")
+_FIELDS = ("reason", "step", "seconds", "restart", "mechanism", "message", "not_requeued")
+
+
+def log_path(run_dir: str | os.PathLike[str], job_id: str) -> Path:
+    """The job's log (rank 0; stdout and stderr together), written by submitit."""
+    return Path(run_dir) / "submitit" / f"{job_id}_0_log.out"
+
+
+def log_tail(path: Path, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines of a log ([] when there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def describe(e: dict[str, Any]) -> str:
+    """One event as a timeline line: time, event, its fields."""
+    when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+    extra = " ".join(f"{k}={e[k]}" for k in _FIELDS if e.get(k) is not None)
+    return f"{when}  {e['event']:<17} {extra}".rstrip()
+
+
+def last_submission(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((e for e in reversed(events) if e["event"] == "submitted"), None)
+
+
+def local_job_alive(job_id: str, run_dir: str | os.PathLike[str]) -> bool:
+    """Whether the local executor's controller of ``job_id`` (its pid) still runs this run dir's job."""
+    if not job_id.isdigit():
+        return False
+    try:
+        cmdline = Path(f"/proc/{job_id}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    folder = os.fsencode(str(Path(run_dir) / "submitit"))
+    return any(os.path.abspath(arg) == os.path.abspath(folder) for arg in cmdline if arg)
+
+
+def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> bool | None:
+    """Whether the submitted job still exists; None when nobody can tell (SLURM not answering)."""
+    job_id = str(submission.get("job_id"))
+    if submission.get("backend") == "local":
+        return local_job_alive(job_id, run_dir)
+    from .submit import live_jobs, slurm_unavailable
+
+    if slurm_unavailable() is not None:
+        return None
+    live = live_jobs(run_dir)
+    if live is None:
+        return None
+    return any(i == job_id for i, _ in live)
+
+
+def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The job's state: ``state`` (one of history.STATES), ``note`` (or None), ``log`` (path of the
+    newest job's log, or None), ``log_tail`` (its last lines, for a failure)."""
+    events = history.read(run_dir) if events is None else events
+    state = history.state_of(events)
+    sub = last_submission(events)
+    log = log_path(run_dir, str(sub["job_id"])) if sub is not None else None
+    out: dict[str, Any] = {"state": state, "note": None, "log": str(log) if log else None, "log_tail": []}
+    if state in LIVE_STATES and sub is not None and job_alive(run_dir, sub) is False:
+        out["state"] = "failed"
+        how = "could not start (see its log)" if state == "pending" else "ended without recording how"
+        out["note"] = (f"job {sub['job_id']} no longer exists: it {how} (killed, its node lost, or the cluster "
+                       "restarted). Submit again to resume from the newest checkpoint")
+    if out["state"] == "failed" and log is not None:
+        out["log_tail"] = log_tail(log)
+    return out
+
+
+def error_line(tail: list[str]) -> str | None:
+    """The line of a log tail that names the error (a traceback's last line), if any."""
+    for line in reversed(tail):
+        text = line.strip()
+        if text and not text.startswith(("alpsck:", "File ", "^", "~")) and (":" in text or "Error" in text):
+            return text
+    return None
+
+
+class Follower:
+    """Prints what a job does while ``alpsck submit`` waits: one line per new history event, and
+    one per newly committed checkpoint (from the run directory's scan)."""
+
+    def __init__(self, run_dir: str, newest: Callable[[str], int | None], out: IO[str], since: int) -> None:
+        self.run_dir, self.newest, self.out, self.seen = run_dir, newest, out, since
+        self.step = newest(run_dir)
+
+    def poll(self) -> None:
+        step = self.newest(self.run_dir)  # first: a stop's final checkpoint is durable before its events
+        if step is not None and step != self.step:
+            now = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+            self.out.write(f"{now}  {'checkpoint':<17} step={step} (durable)\n")
+            self.step = step
+        events = history.read(self.run_dir)
+        for e in events[self.seen:]:
+            self.out.write(describe(e) + "\n")
+        self.seen = max(self.seen, len(events))
+        self.out.flush()
+
+    def wait(self, done: Callable[[], bool], interval: float = 1.0) -> None:
+        while not done():
+            self.poll()
+            time.sleep(interval)
+        self.poll()
