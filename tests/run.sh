@@ -11,7 +11,10 @@
 # Arguments are pytest options for both pytest runs (-m slow, -k NAME, -x).
 # Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static, clang-14 with
 # libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) (CI installs them; a missing
-# tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops).
+# tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops);
+# ALPSCK_SKIP_README=1 leaves out the verbatim README runs (5.), which clone the committed HEAD.
+#   5. the README's main command, verbatim, from a fresh clone in a fresh venv, once with no SLURM and
+#      once on the local cluster (tests/readme_quickstart.sh), alongside everything else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -36,6 +39,16 @@ else
   echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
 fi
 jobs_dir=$(mktemp -d)
+# The README's main command, verbatim, in a fresh clone and a fresh venv: with no SLURM and on the
+# local cluster (tests/readme_quickstart.sh). Light, paced jobs: they run alongside everything.
+readme_pids=()
+if [ "${ALPSCK_SKIP_README:-0}" != 1 ]; then
+  for mode in local slurm; do
+    if [ "$mode" = slurm ] && [ "$cluster" != 1 ]; then continue; fi
+    bash tests/readme_quickstart.sh "$mode" >"$jobs_dir/readme-$mode.log" 2>&1 &
+    readme_pids+=("$mode:$!")
+  done
+fi
 cd "$jobs_dir"
 python3 -m pytest -q "${job_tests[@]}" -p no:cacheprovider --basetemp="$jobs_dir/tmp" --durations=10 "$@" \
   >"$jobs_dir/log" 2>&1 &
@@ -43,6 +56,7 @@ jobs_pid=$!
 cd "$root"
 cleanup() {
   kill "$jobs_pid" 2>/dev/null || true
+  for entry in "${readme_pids[@]}"; do kill "${entry#*:}" 2>/dev/null || true; done
   if [ "$cluster" = 1 ]; then bash "$root/slurm/local-cluster/stop.sh" >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
@@ -100,7 +114,18 @@ rest_rc=0
 (cd "$(mktemp -d)" && python3 -m pytest -q "$root/tests" "${job_tests[@]/#/--ignore=}" -p no:cacheprovider \
    --durations=10 "$@") || rest_rc=$?
 [ "$rest_rc" = 5 ] && rest_rc=0
-if [ "$jobs_rc" != 0 ] || [ "$rest_rc" != 0 ]; then
-  echo "tests/run.sh: pytest failed (job tests: exit $jobs_rc, the rest: exit $rest_rc)" >&2
+section "the README's main command, verbatim (fresh clone, fresh venv): no SLURM, then the local SLURM"
+readme_failed=()
+for entry in "${readme_pids[@]}"; do
+  mode=${entry%%:*}
+  rc=0
+  wait "${entry#*:}" || rc=$?
+  echo "---- $mode ----"
+  tail -n 40 "$jobs_dir/readme-$mode.log"
+  [ "$rc" = 0 ] || readme_failed+=("$mode")
+done
+if [ "$jobs_rc" != 0 ] || [ "$rest_rc" != 0 ] || [ ${#readme_failed[@]} -gt 0 ]; then
+  echo "tests/run.sh: failed (pytest job tests: exit $jobs_rc, the rest: exit $rest_rc;" \
+       "README main command: ${readme_failed[*]:-ok})" >&2
   exit 1
 fi

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The README's main command, as a new user runs it: taken from the README's "Set-up" section (the
+# first ```bash block under that heading, never a copy), pasted into a shell from the root of a
+# fresh clone of this repository, in a fresh venv. Then checked: the quickstart ended `finished`
+# after at least 2 requeues, within 12 minutes of its submission, with one loss for every step.
+#
+#   tests/readme_quickstart.sh local   # no SLURM: submitit's local executor (the embedded default)
+#   tests/readme_quickstart.sh slurm   # the local one-node SLURM (slurm/local-cluster/start.sh first)
+#
+# "local" hides a running cluster behind stand-in SLURM commands that fail as on a machine with
+# slurm-wlm installed and no controller (the no-SLURM path `alpsck submit` takes there). The clone
+# is of the committed HEAD: uncommitted changes are not in it.
+set -euo pipefail
+mode=${1:?usage: tests/readme_quickstart.sh local|slurm}
+root=$(cd "$(dirname "$0")/.." && pwd)
+limit_s=720  # 12 minutes from submission to finished
+
+cmd=$(awk '/^## Set-up/ {inside=1; next} inside && /^## / {exit} inside && /^```bash$/ {grab=1; next}
+           grab && /^```$/ {exit} grab {print}' "$root/README.md")
+[ -n "$cmd" ] || { echo "readme_quickstart: no \`\`\`bash block under '## Set-up' in README.md" >&2; exit 1; }
+echo "README main command: $cmd"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/alpsck-readme-$mode.XXXXXX")
+git clone -q "$root" "$work/clone"
+python3 -m venv "$work/venv"
+if [ "$mode" = local ]; then
+  mkdir "$work/no-slurm"
+  for tool in sinfo sbatch srun squeue scontrol scancel sacct; do
+    printf '#!/bin/sh\necho "%s: error: Unable to contact slurm controller (no cluster for this run)" >&2\nexit 1\n' \
+      "$tool" >"$work/no-slurm/$tool"
+    chmod +x "$work/no-slurm/$tool"
+  done
+  export PATH="$work/no-slurm:$PATH"
+elif [ "$mode" != slurm ]; then
+  echo "readme_quickstart: mode must be local or slurm, not '$mode'" >&2; exit 2
+fi
+
+cd "$work/clone"
+# shellcheck disable=SC1091
+. "$work/venv/bin/activate"
+unset PYTHONPATH
+start=$(date +%s)
+set +e
+timeout $((limit_s + 900)) bash -c "$cmd" 2>&1 | grep -v "^WARNING: Location" | tee "$work/out.log"
+rc=${PIPESTATUS[0]}
+set -e
+run=runs/quickstart
+[ "$rc" = 0 ] || { echo "readme_quickstart ($mode): the README's command exited $rc" >&2; exit 1; }
+
+if [ "$mode" = slurm ]; then  # sbatch returned: wait for the job as a user would, with alpsck status
+  while :; do
+    state=$(alpsck status "$run" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])')
+    case "$state" in finished|failed|cancelled|gave_up) break;; esac
+    [ $(( $(date +%s) - start )) -lt $((limit_s + 600)) ] || break
+    sleep 5
+  done
+fi
+
+alpsck status "$run"
+python3 - "$run" "$limit_s" "$mode" <<'EOF'
+import json, subprocess, sys, yaml
+run, limit, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+doc = json.loads(subprocess.run(["alpsck", "status", run, "--json"], capture_output=True, text=True, check=True).stdout)
+args = yaml.safe_load(open("slurm/examples/quickstart.yaml"))["entry"]["args"]
+steps = int(args[args.index("--training-steps") + 1])
+ev = doc["events"]
+submitted = [e["time"] for e in ev if e["event"] == "submitted"][-1]
+ended = [e["time"] for e in ev if e["event"] == "finished"]
+rows = [line.split(",")[0] for line in open(f"{run}/loss.csv").read().split("\n")[1:] if line]
+problems = []
+if doc["state"] != "finished":
+    problems.append(f"state {doc['state']}, not finished")
+if doc["requeues"] < 2:
+    problems.append(f"{doc['requeues']} requeues, fewer than 2")
+if sorted(map(int, rows)) != list(range(1, steps + 1)):
+    problems.append(f"loss.csv holds {len(rows)} rows, not one for each of steps 1..{steps}")
+took = (ended[-1] - submitted) if ended else float("inf")
+if took > limit:
+    problems.append(f"took {took:.0f} s from submission to finished, over {limit:.0f} s")
+if problems:
+    sys.exit(f"readme_quickstart ({mode}): " + "; ".join(problems))
+print(f"readme_quickstart ({mode}): README main command verbatim: finished after {doc['requeues']} requeues, "
+      f"{doc['starts']} starts, {len(rows)} losses, {took:.0f} s from submission to finished")
+EOF
+rm -rf "$work"
