@@ -227,7 +227,7 @@ def _user_layout(tmp_path: Path, module: str, yaml_tail: str = "") -> tuple[Path
     (work / "alpsck").mkdir(parents=True)
     (work / "alpsck" / "__init__.py").write_text("raise ImportError('the source tree was imported, not the install')\n")
     conf.mkdir()
-    (conf / "mytrain.py").write_text(module)
+    (conf / "mytrain.py").write_text("import alpsck  # the installed one, whatever the working directory holds\n" + module)
     cfg = conf / "job.yaml"
     cfg.write_text(f"name: user\nrun_dir: run\nslurm:\n  time: '1'\nentry:\n  function: mytrain:main\n"
                    f"requeue:\n  signal_delay_s: 20\n  on_maintenance: false\n{yaml_tail}")

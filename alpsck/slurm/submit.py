@@ -111,6 +111,7 @@ def local_unused(cfg: JobConfig) -> list[str]:
 _IMPORT_CHECK = (
     "import importlib, sys\n"
     "del sys.path[0]\n"
+    "import alpsck\n"  # the installed one, first, as in the job: the user's paths may hold a source tree
     "mod, fn, *paths = sys.argv[1:]\n"
     "sys.path[0:0] = paths\n"
     "obj = getattr(importlib.import_module(mod), fn, None)\n"
