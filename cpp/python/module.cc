@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
@@ -22,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "build_info.h"
 #include "coordinate.h"
 #include "crc32c.h"
 #include "engine.h"
@@ -500,6 +502,15 @@ NB_MODULE(_core, m) {
         nb::sig("def crc32c(data: bytes | bytearray | memoryview | torch.Tensor, crc: int = 0) -> int"),
         "CRC32C of a contiguous buffer, continuing from crc.");
   m.def("crc32c_backend", &Crc32cBackendName, "The CRC32C implementation chosen for this CPU.");
+  m.def("build_info", [] {
+        const BuildInfo& b = GetBuildInfo();
+        return std::map<std::string, std::string>{
+            {"tuning", b.tuning}, {"arch_flags", b.arch_flags}, {"compiler", b.compiler}, {"arch", b.arch},
+            {"build_type", b.build_type}, {"crc32c_hardware", b.crc32c_hardware}};
+      },
+      "What the core was built for: tuning ('neoverse-v2': tuned for NVIDIA Grace, or 'portable'), the "
+      "arch_flags that tuning used, compiler, arch (target processor), build_type, crc32c_hardware (the "
+      "hardware CRC32C backend built in: 'sse42', 'armv8-crc' or 'none'; crc32c_backend() says which runs).");
   m.def("page_size", &PageSize);
   m.attr("MAX_THREADS") = kMaxWriterThreads;  // the engine's limit on writer threads
   m.attr("checkpoint_format") = kManifestFormat;  // what this build writes (MANIFEST.json "format")

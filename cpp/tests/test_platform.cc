@@ -1,10 +1,12 @@
 // Platform facts are read at run time; staging memory is aligned, pre-faulted and bounded.
 #include <atomic>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <unistd.h>
 #include <vector>
 
+#include "build_info.h"
 #include "platform.h"
 #include "staging_pool.h"
 #include "testing.h"
@@ -19,6 +21,24 @@ TEST(page_size_is_the_systems) {
   if (const char* want = std::getenv("ALPSCK_EXPECT_PAGE_SIZE")) CHECK_EQ(ps, std::strtoull(want, nullptr, 10));
   std::fprintf(stderr, "page size %llu, cache line %llu\n", static_cast<unsigned long long>(ps),
                static_cast<unsigned long long>(CacheLineSize()));
+}
+
+TEST(build_info_names_the_tuning) {
+  const BuildInfo& b = GetBuildInfo();
+  std::fprintf(stderr, "tuning %s (%s), %s, %s, %s, crc32c hardware %s\n", b.tuning, b.arch_flags, b.compiler,
+               b.arch, b.build_type, b.crc32c_hardware);
+  const std::string tuning = b.tuning;
+  CHECK(tuning == "neoverse-v2" || tuning == "portable");
+  CHECK_EQ(std::string(b.arch_flags).empty(), tuning == "portable");
+#if defined(__aarch64__)
+  CHECK_EQ(std::string(b.crc32c_hardware), std::string("armv8-crc"));
+#elif defined(__x86_64__)
+  CHECK_EQ(tuning, std::string("portable"));
+  CHECK_EQ(std::string(b.crc32c_hardware), std::string("sse42"));
+#endif
+  // What the build was asked for (tests/run.sh: neoverse-v2 for the aarch64 cross build with
+  // ALPSCK_TUNE_GRACE=ON, portable for the native x86 builds with the default AUTO).
+  if (const char* want = std::getenv("ALPSCK_EXPECT_TUNING")) CHECK_EQ(tuning, std::string(want));
 }
 
 TEST(cache_line_is_sane) {
