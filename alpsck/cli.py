@@ -22,19 +22,23 @@ COMMAND_MODULES = (
     "alpsck.export",       # export, prune
     "alpsck.bench.cli",    # bench
     "alpsck.slurm.cli",    # submit, status
+    "alpsck.doctor",       # doctor
 )
 
 
 def version_line() -> str:
-    """``alpsck --version``: the package, the checkpoint format it writes, and what the core chose here."""
+    """``alpsck --version``: the package, the checkpoint format it writes, the CPU tuning the core was
+    built with (``neoverse-v2`` or ``portable``), and what the core chose here."""
     from . import __version__, _core
 
-    return (f"alpsck {__version__} (writes {_core.checkpoint_format}; crc32c: {_core.crc32c_backend()}; "
-            f"page size {_core.page_size()})")
+    return (f"alpsck {__version__} (writes {_core.checkpoint_format}; core tuning: {_core.build_info()['tuning']}; "
+            f"crc32c: {_core.crc32c_backend()}; page size {_core.page_size()})")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="alpsck", description="Checkpoint-and-requeue toolkit for PyTorch on SLURM.")
+    # Raw: argparse would wrap the --version line at the terminal's width (it is one line, for grep).
+    p = argparse.ArgumentParser(prog="alpsck", description="Checkpoint-and-requeue toolkit for PyTorch on SLURM.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
