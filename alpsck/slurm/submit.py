@@ -204,7 +204,7 @@ def slurm_unavailable() -> str | None:
         return f"sinfo failed: {e}"
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"no SLURM controller answers (sinfo: {last})"
+        return f"no SLURM controller answers ({last if last.startswith('sinfo') else 'sinfo: ' + last})"
     return None
 
 

@@ -72,7 +72,7 @@ def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> bo
 
     if slurm_unavailable() is not None:
         return None
-    live = live_jobs(run_dir)
+    live = live_jobs(os.fspath(run_dir))
     if live is None:
         return None
     return any(i == job_id for i, _ in live)
