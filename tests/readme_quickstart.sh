@@ -41,7 +41,7 @@ cd "$work/clone"
 unset PYTHONPATH
 start=$(date +%s)
 set +e
-timeout $((limit_s + 900)) bash -c "$cmd" 2>&1 | grep -v "^WARNING: Location" | tee "$work/out.log"
+timeout $((limit_s + 900)) bash -c "$cmd" 2>&1 | grep --line-buffered -v "^WARNING: Location" | tee "$work/out.log"
 rc=${PIPESTATUS[0]}
 set -e
 run=runs/quickstart
