@@ -316,20 +316,10 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
     return 1 if (verify and bad) else 0
 
 
-class _Ref:
-    """A tensor reference in a decoded tree (no data is read)."""
-
-    def __init__(self, key: str, spec: tree.TensorSpec) -> None:
-        self.key, self.spec = key, spec
-
-    def describe(self) -> str:
-        return f"<tensor {self.key} {tree.dtype_name(self.spec.dtype)} {list(self.spec.shape)}>"
-
-
 def _plain(v: Any) -> Any:
     """A JSON-able rendering of a decoded scalar (tensor references become their description)."""
-    if isinstance(v, _Ref):
-        return v.describe()
+    if isinstance(v, tree.TensorRef):
+        return f"<tensor {v.key} {tree.dtype_name(v.dtype)} {list(v.shape)}>"
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, (list, tuple)):
@@ -360,18 +350,13 @@ def summarize_state(tree_doc: dict[str, Any]) -> dict[str, Any]:
 
     Decodes with the tree's own validating decoder; tensors are only references (nothing is read).
     """
-    def resolve(key: str, spec: tree.TensorSpec, path: str) -> _Ref:
-        return _Ref(key, spec)
-
-    dec = tree._Decoder(resolve)
-    entries = tree._entries(tree_doc)
+    entries = tree.decode_refs(tree_doc)
     kinds = {key: kind for key, (kind, _, _) in entries.items()}
     lrs: list[dict[str, Any]] = []
     rng: dict[str, list[str]] = {}
     data: dict[str, dict[str, Any]] = {}
     values: dict[str, Any] = {}
-    for key, (kind, value, _) in entries.items():
-        decoded = dec.value(value, key)
+    for key, (kind, decoded, _) in entries.items():
         if kind == "value" and (decoded is None or isinstance(decoded, (bool, int, float, str))):
             values[key] = decoded
         for path, d in _walk(decoded, key):
