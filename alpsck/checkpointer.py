@@ -33,6 +33,20 @@ or turn a save of the same step into a no-op. Without a restore, a save retires 
 of its own and later steps that an earlier run left. The restored step itself is kept, and
 saving it again is a no-op.
 
+A save that a resumed run could not restore is refused before anything is written. The
+Checkpointer records what ``restore()`` checks of the state it is given (the state a freshly
+started process builds), or, without a restore, of the state at the first ``save()``:
+:func:`alpsck.tree.skeleton`. Each later ``save()`` checks its tree against that record as
+``restore()`` would (:func:`alpsck.tree.check_fits`) and raises StateMismatchError naming the key
+path when it would fail: a plain value whose type changed (a float that became a dict or a 1-d
+tensor; a float that became a 0-d tensor is fine, restore converts it), a top-level tensor or a
+module tensor whose shape or dtype changed, module keys that appeared or vanished, an optimizer
+whose parameter groups changed. An optimizer's per-parameter state (Adam's ``exp_avg``
+appearing at the first step), schedulers, RNG and loaders are not compared (restore loads those
+into fresh objects), nor are entries added to or left out of the state. The check is local to
+each rank (no collective: a save never waits for the others); ranks running the same code refuse
+the same save.
+
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
 (:mod:`alpsck.tree`), tensors are raw bytes checked against their CRC32C.
@@ -191,6 +205,9 @@ class Checkpointer:
         self._engine: _core.Engine | None = None
         self._lock_fd: int | None = None
         self._continued_from: int | None = None  # the step restore() continued from (-1: none valid)
+        # What restore() checks of the state a fresh process builds (module docstring), and when it was recorded.
+        self._recorded: dict[str, tuple[str, Any]] | None = None
+        self._recorded_at = ""
         engine_args = (threads, chunk_bytes, max_in_flight, keep_last, staging_bytes, direct_io, pin_cpus,
                        copy_threads, commit_timeout_s, _faults)
         # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
@@ -288,11 +305,16 @@ class Checkpointer:
         stall: on small machines, writes racing the copy slow it down. ``urgent=True``
         overlaps copy and writes for the shortest time to durable (a final checkpoint before a
         preemption deadline).
+
+        Raises StateMismatchError, with nothing written, when a resumed run could not restore
+        this checkpoint into the state recorded at ``restore()`` or the first ``save()`` (module
+        docstring).
         """
         if step < 0:
             raise UsageError(f"step must be non-negative, not {step}")
         self._reap()
         cap = tree.capture(state)
+        self._check_restorable(step, state, cap.tree)
         owners = self._owners_of(cap.tensors)
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
                            "tree": cap.tree}, allow_nan=False)
@@ -308,6 +330,21 @@ class Checkpointer:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
         return handle
+
+    def _check_restorable(self, step: int, state: Mapping[str, Any], tree_doc: dict[str, Any]) -> None:
+        """StateMismatchError if restoring ``tree_doc`` into the recorded state would fail (module docstring)."""
+        if self._recorded is None:
+            self._recorded, self._recorded_at = tree.skeleton(state), "the first save()"
+            return
+        try:
+            tree.check_fits(self._recorded, tree_doc)
+        except StateMismatchError as e:
+            raise StateMismatchError(
+                f"{self.run_dir}: step {step} not saved (nothing was written): a resumed run would fail to restore "
+                f"it. Such a run builds the state as it was at {self._recorded_at}, and restoring this save into "
+                f"that fails: {e} (the checkpoint: the state now; live: the state at {self._recorded_at}). Keep "
+                "each entry's type (a number and a 0-d tensor convert both ways) and each tensor's shape and "
+                "dtype") from None
 
     def _report_retired(self, step: int) -> None:
         """Warn about the abandoned history's checkpoints the save of ``step`` retired (module docstring)."""
@@ -421,6 +458,10 @@ class Checkpointer:
         self.wait_snapshot()
         if self._engine is not None:
             self._engine.wait_all()
+        try:  # the state a fresh process builds, which every later save must fit (module docstring)
+            self._recorded, self._recorded_at = tree.skeleton(state), "restore()"
+        except Exception:  # restore_into reports an unusable state to every rank; the first save records it
+            self._recorded = None
         restored = restore_into(self.run_dir, state, step=step, threads=self.engine.threads, ranks=self.ranks)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
