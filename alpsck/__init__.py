@@ -10,15 +10,18 @@ Quick use::
             train_step()
             if step % 50 == 0:
                 ckpt.save(step, state)       # returns after the snapshot; persists in background
+
+``alpsck.peek(run_dir)`` reads a checkpoint's non-tensor state without a model (tensors described
+by :class:`alpsck.tree.TensorRef`), e.g. ``alpsck.peek("runs/x")["model_args"]``.
 """
 
 from __future__ import annotations
 
 from . import errors
 from .baseline import TorchSaveCheckpointer
-from .checkpointer import Checkpointer, restore_into
+from .checkpointer import Checkpointer, peek, restore_into
 from .rng import RNGState
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "RNGState", "TorchSaveCheckpointer", "errors", "restore_into", "__version__"]
+__all__ = ["Checkpointer", "RNGState", "TorchSaveCheckpointer", "errors", "peek", "restore_into", "__version__"]

@@ -54,6 +54,7 @@ from any thread. Nothing read back is ever unpickled: non-tensor state is tagged
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -81,7 +82,7 @@ from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 from .staging import Stager, guarded_pointers
 
 TREE_FORMAT = META_FORMAT  # kept for callers of the first version
-__all__ = ["Checkpointer", "CoreSave", "read_checkpoint", "read_meta", "restore_into"]
+__all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
 
 
 def lock_run_dir(run_dir: Path, rank: int) -> int:
@@ -503,6 +504,63 @@ def read_checkpoint(
         e.live_touched = any(tensors[k] is live.get(k) for k in tensors)  # type: ignore[attr-defined]
         raise
     return shards.meta, tensors
+
+
+def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0, *,
+         verify: bool = False) -> dict[str, Any]:
+    """The non-tensor state of a run's newest valid checkpoint (or of ``step``), before any model exists.
+
+    Returns ``{state key: value}`` as ``restore()`` would decode it (tuples, bytes, dtypes, ...;
+    a module's entry is its state_dict, a stateful object's its state_dict), with every tensor,
+    0-d ones included, replaced by a :class:`alpsck.tree.TensorRef` (``key``, ``dtype``, ``shape``):
+    no tensor byte is read. ``rank`` picks whose tree (RNG streams and data positions differ per
+    rank). Typical use: ``args = alpsck.peek("runs/x")["model_args"]`` to build the model a
+    checkpoint needs.
+
+    It picks the checkpoint as ``restore()`` does: the newest committed one whose shard opens, its
+    index and state tree checked (a corrupt or unreadable one is skipped with a RuntimeWarning
+    naming why). Corruption inside tensor data is found only with ``verify=True``, which reads and
+    CRC-checks every shard of the candidate (all of its bytes: slow for a big checkpoint), as a
+    restore does; without it a checkpoint whose tensor bytes are damaged can be the one peeked,
+    and a restore then falls back to the one before it. With ``step``, only that checkpoint is
+    considered. Raises NoCheckpointError when none is valid (also when ``run_dir`` does not
+    exist), UsageError when ``rank`` is not one of the checkpoint's ranks.
+
+    A reader: it takes no lock and changes nothing, so it may run while a job writes the run
+    directory. Nothing is unpickled: the tree is tagged JSON decoded by :mod:`alpsck.tree`.
+    """
+    from .inspect import _data_error  # the CRC check of every shard that prune and inspect use
+
+    if rank < 0:
+        raise UsageError(f"rank must be 0 or more, not {rank}")
+    try:
+        infos = {i["step"]: i for i in _core.scan(str(run_dir))}
+    except CheckpointIOError as e:
+        if e.errno == errno.ENOENT:
+            raise NoCheckpointError(f"{run_dir}: no such directory, so no checkpoint") from None
+        raise
+    if step is not None and step not in infos:
+        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    for i in infos.values():
+        if i["status"] in UNUSABLE and step in (None, i["step"]):
+            warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning, stacklevel=2)
+    for s in sorted(infos, reverse=True):
+        info = infos[s]
+        if info["status"] != "committed" or step not in (None, s):
+            continue
+        if info.get("ranks") and rank >= info["ranks"]:
+            raise UsageError(f"{run_dir}: the checkpoint of step {s} has {info['ranks']} rank(s); there is no rank {rank}")
+        try:
+            entries = tree.decode_refs(CheckpointShards(info["path"], rank).meta["tree"])
+            bad = _data_error(info) if verify else None
+        except CheckpointError as e:
+            bad = ("unreadable" if isinstance(e, CheckpointIOError) else "corrupt", str(e))
+        if bad is not None:
+            warnings.warn(f"skipping {bad[0]} checkpoint {run_dir}/step {s}: {bad[1]}", RuntimeWarning, stacklevel=2)
+            continue
+        return {key: value for key, (_kind, value, _md) in entries.items()}
+    raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid" if step is not None
+                            else f"{run_dir}: no valid checkpoint")
 
 
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
