@@ -1,9 +1,16 @@
 """``alpsck export``: one checkpoint's tensors as ONE standard file (safetensors or torch.save format).
 
-``alpsck export RUN_DIR OUT [--step N] [--format {safetensors,torch}] [--rank R]`` writes the
-tensors of the newest valid checkpoint (or of step N) under their tree keys
+``alpsck export RUN_DIR OUT [--step N] [--format {safetensors,torch}] [--rank R] [--subtree KEY]``
+writes the tensors of the newest valid checkpoint (or of step N) under their tree keys
 (``"model/layers.0.attention.wq.weight"``, ``"optim/state/0/exp_avg"``, ...). Non-tensor state is
-not exported (use ``alpsck inspect-checkpoints --step N`` to see it).
+not exported (use ``alpsck inspect-checkpoints --step N`` or :func:`alpsck.peek` to see it).
+
+``--subtree KEY`` writes only the tensors under the top-level state key KEY, named by their path
+below it: for a module that is its ``state_dict`` key (``"layers.0.attention.wq.weight"``), so
+``model.load_state_dict(torch.load(OUT, weights_only=True))`` (or
+``safetensors.torch.load_file(OUT)``) loads it; under an optimizer ``"state/0/exp_avg"``. A KEY
+that is a single tensor is written under the name KEY. A KEY the checkpoint does not have, or one
+that holds no tensor, is refused naming the keys it has.
 
 Both formats are *streamed*: the file's header is written from the state tree's tensor specs,
 then the tensors are read (every chunk CRC-checked, :meth:`_core.ShardReader.read_into`) in
@@ -77,15 +84,50 @@ _SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".b
 
 
 class _Item:
-    """One tensor to export: tree key, spec, and byte size (checked against the shard's extent)."""
+    """One tensor to export: tree key, spec, byte size (checked against the shard's extent) and its
+    name in the file (the tree key, or its path below ``--subtree``)."""
 
-    def __init__(self, key: str, spec: tree.TensorSpec) -> None:
+    def __init__(self, key: str, spec: tree.TensorSpec, name: str | None = None) -> None:
         self.key, self.spec, self.nbytes = key, spec, spec.nbytes
+        self.name = key if name is None else name
 
 
-def _plan(shards: CheckpointShards) -> list[_Item]:
-    """The checkpoint's tensors in on-disk order (sizes were validated by CheckpointShards)."""
-    return [_Item(key, shards.specs[key]) for key in shards.keys_in_file_order()]
+def _refs_below(value: Any, path: str = "") -> Iterator[tuple[str, tree.TensorRef]]:
+    """(path below the entry, reference) of every tensor in a decoded entry, nested keys joined with ``/``."""
+    if isinstance(value, tree.TensorRef):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, x in value.items():
+            yield from _refs_below(x, f"{path}/{k}" if path else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, x in enumerate(value):
+            yield from _refs_below(x, f"{path}/{i}" if path else str(i))
+
+
+def _plan(shards: CheckpointShards, subtree: str | None = None) -> list[_Item]:
+    """The checkpoint's tensors (only those under ``subtree``, named below it) in on-disk order
+    (sizes were validated by CheckpointShards)."""
+    order = shards.keys_in_file_order()
+    if subtree is None:
+        return [_Item(key, shards.specs[key]) for key in order]
+    entries = tree.decode_refs(shards.meta["tree"])
+    if subtree not in entries:
+        raise UsageError(f"--subtree {subtree!r}: the checkpoint has no such top-level key; it has "
+                         f"{', '.join(map(repr, entries)) or 'none'}")
+    names: dict[str, str] = {}  # tree key -> name in the file
+    taken: set[str] = set()
+    for path, ref in _refs_below(entries[subtree][1]):
+        name = path or subtree
+        if name in taken:  # {"b/c": t1, "b": {"c": t2}}: the tree key's ~N suffix tells them apart
+            name = ref.key.removeprefix(f"{subtree}/")
+        if ref.key not in names:
+            names[ref.key] = name
+            taken.add(name)
+    if not names:
+        with_tensors = [k for k, (_kind, v, _md) in entries.items() if any(True for _ in _refs_below(v))]
+        raise UsageError(f"--subtree {subtree!r} holds no tensor; keys with tensors: "
+                         f"{', '.join(map(repr, with_tensors)) or 'none'}")
+    return [_Item(key, shards.specs[key], names[key]) for key in order if key in names]
 
 
 def _stream(shards: CheckpointShards, items: list[_Item], threads: int,
@@ -132,11 +174,11 @@ def _safetensors_header(items: list[_Item], metadata: dict[str, str]) -> bytes:
     for it in items:
         code = SAFETENSORS_DTYPES.get(it.spec.dtype)
         if code is None:
-            raise UsageError(f"tensor {it.key!r}: dtype {tree.dtype_name(it.spec.dtype)} has no safetensors code; "
+            raise UsageError(f"tensor {it.name!r}: dtype {tree.dtype_name(it.spec.dtype)} has no safetensors code; "
                              "use --format torch")
-        if it.key == "__metadata__":
+        if it.name == "__metadata__":
             raise UsageError("a tensor is named '__metadata__', which safetensors reserves; use --format torch")
-        header[it.key] = {"dtype": code, "shape": list(it.spec.shape), "data_offsets": [offset, offset + it.nbytes]}
+        header[it.name] = {"dtype": code, "shape": list(it.spec.shape), "data_offsets": [offset, offset + it.nbytes]}
         offset += it.nbytes
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned, as safetensors writes it
@@ -190,7 +232,7 @@ class _StubPickler(pickle.Pickler):
 
 
 def _torch_pickle(items: list[_Item]) -> bytes:
-    stubs = {it.key: _TensorStub(_StorageStub(str(k), it.spec.dtype, it.spec.numel), it.spec.shape)
+    stubs = {it.name: _TensorStub(_StorageStub(str(k), it.spec.dtype, it.spec.numel), it.spec.shape)
              for k, it in enumerate(items)}
     out = io.BytesIO()
     _StubPickler(out, protocol=2).dump(stubs)
@@ -313,8 +355,9 @@ def format_for(out: Path, fmt: str | None) -> str:
 
 
 def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str | None = None, rank: int = 0,
-                      threads: int = 4, batch_bytes: int | None = None) -> dict[str, Any]:
-    """Write one checkpoint's tensors to ``out`` (see the module docstring); returns what was written.
+                      threads: int = 4, batch_bytes: int | None = None, subtree: str | None = None) -> dict[str, Any]:
+    """Write one checkpoint's tensors (only those under ``subtree``, if given) to ``out`` (see the
+    module docstring); returns what was written.
 
     Returns ``{"path", "bytes", "step", "format", "tensors"}``.
     """
@@ -335,8 +378,10 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     for info in candidates:
         try:
             shards = CheckpointShards(info["path"], rank, open_shard)
-            meta, items = shards.meta, _plan(shards)
+            meta, items = shards.meta, _plan(shards, subtree)
             metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
+            if subtree is not None:
+                metadata["alpsck.subtree"] = subtree
             fh, tmp = _create_tmp(out_path)
             try:
                 with fh:
@@ -375,7 +420,7 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
 
 
 def _export_cmd(a: argparse.Namespace) -> int:
-    r = export_checkpoint(a.run_dir, a.out, a.step, a.format, a.rank, a.threads)
+    r = export_checkpoint(a.run_dir, a.out, a.step, a.format, a.rank, a.threads, subtree=a.subtree)
     print(f"exported step {r['step']} ({r['tensors']} tensors, {r['format']}) to {r['path']}: "
           f"{human(r['bytes'])} ({r['bytes']} bytes)")
     return 0
@@ -405,4 +450,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                          "suffix (.safetensors; .pt/.pth/.bin)")
     ex.add_argument("--rank", type=int, default=0, help="shard to export (default 0)")
     ex.add_argument("--threads", type=_threads, default=4, help="reader threads, 1-256 (default 4)")
+    ex.add_argument("--subtree", metavar="KEY",
+                    help="only the tensors under top-level state key KEY, named below it: --subtree model writes the "
+                         "model's plain state_dict (model.load_state_dict(torch.load(OUT, weights_only=True)))")
     ex.set_defaults(func=_export_cmd)
