@@ -252,6 +252,11 @@ def test_a_module_beside_the_config_runs_from_a_directory_holding_an_alpsck_sour
     assert r.returncode == 0, r.stdout + r.stderr
     assert final_state(run) == "finished" and (run / "ran").read_text() == str(work)  # the job runs where submit ran
     assert f"run dir: {run}" in r.stdout and "ended: finished" in r.stdout
+    again = _alpsck(["submit", str(cfg), "--local"], work)  # a finished run: nothing would happen
+    assert again.returncode == 2 and "this run has finished" in again.stderr and "--continue" in again.stderr
+    assert len(events(run, "submitted")) == 1
+    again = _alpsck(["submit", str(cfg), "--local", "--continue"], work)
+    assert again.returncode == 0 and len(events(run, "submitted")) == 2, again.stdout + again.stderr
 
 
 def test_an_entry_that_raises_at_every_start_ends_failed_showing_the_error(tmp_path: Path) -> None:

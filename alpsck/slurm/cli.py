@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from .. import jsonout
-from ..errors import AlpsckError
+from ..errors import AlpsckError, UsageError
 from . import history, watch
 
 
@@ -23,6 +23,10 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sbatch_script(cfg), end="")
         return 0
+    if history.state_of(history.read(cfg.run_dir)) == "finished" and not args.resume_finished:
+        raise UsageError(f"{cfg.run_dir}: this run has finished (newest checkpoint: step {newest_step(cfg.run_dir)}); a "
+                         "new job would resume there and end at once. To train further, raise the step count and "
+                         "submit with --continue; to start afresh, give the config another run_dir")
     is_local = bool(args.local)
     if not is_local:
         why = slurm_unavailable()
@@ -123,6 +127,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--wait", action="store_true", help="wait until the job has finished (default for local runs)")
     s.add_argument("--no-wait", action="store_true", help="return at once, also for local runs")
     s.add_argument("--no-check", action="store_true", help="do not check that the entry imports before submitting")
+    s.add_argument("--continue", dest="resume_finished", action="store_true",
+                   help="submit on a run dir whose run has finished (to train past its old step count)")
     s.set_defaults(func=_submit)
     st = sub.add_parser("status", help="the timeline of a submitted job (history.jsonl)")
     st.add_argument("run_dir")

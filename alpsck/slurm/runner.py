@@ -222,7 +222,7 @@ class JobRunner:
             return result
         step = newest_step(cfg.run_dir)
         seconds = round(time.time() - stop.signal_time, 3) if stop.signal_time else None
-        log("signal", reason=reason, time_of_signal=stop.signal_time)
+        log("signal", reason=reason, time_of_signal=stop.signal_time, step=step)
         log("final_checkpoint", reason=reason, step=step, seconds=seconds)
         if reason == "cancel":
             log("cancelled", step=step)
