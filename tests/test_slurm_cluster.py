@@ -91,6 +91,30 @@ def test_time_limit_requeues_at_least_twice_and_is_bit_exact(cluster: None, tmp_
     assert committed and all(i["shards"] == ["rank-00000.bin", "rank-00001.bin"] for i in committed)
 
 
+def test_a_time_limit_signal_in_the_first_second_of_a_start_is_a_stop_not_a_failure(cluster: None,
+                                                                                    tmp_path: Path) -> None:
+    """USR2 about 1 s after the job enters RUNNING, while submitit is still unpickling the runner
+    (importing torch): it used to kill the job (FAILED, no requeue). Now the launcher records it,
+    the loop stops at its first step, and the job requeues and finishes with the exact losses."""
+    steps = steps_for_seconds(20)
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps)
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="3", delay=60, every=20))
+
+    def running() -> bool:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() == "RUNNING"
+
+    wait_for(running, 120, f"job {job} to run", poll=0.1)
+    time.sleep(1.0)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    assert wait_done(run, job, 600) == "finished", events(run)
+    signals = events(run, "signal")
+    assert signals and signals[0]["reason"] == "timeout" and events(run, "requeued")[0]["reason"] == "timeout"
+    assert signals[0]["time_of_signal"] - events(run, "started")[0]["time"] < 10  # it came early in that start
+    assert (run / "loss.csv").read_text() == clean
+
+
 def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script(cluster: None, tmp_path: Path) -> None:
     steps = steps_for_seconds(50)
     run = tmp_path / "run"

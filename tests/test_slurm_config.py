@@ -386,3 +386,26 @@ def test_submit_falls_back_to_local_only_without_a_working_slurm(monkeypatch: py
     assert why is not None and "no SLURM controller answers" in why and "Unable to contact" in why
     (bin_dir / "sinfo").write_text("#!/bin/sh\necho debug\n")
     assert slurm_unavailable() is None
+
+
+def test_the_job_python_survives_a_stop_signal_before_the_runner_and_hands_it_over(tmp_path: Path) -> None:
+    """USR2 (the time-limit signal) during the seconds submitit spends importing torch used to kill
+    the job (FAILED, no requeue): the launcher records it for the runner instead."""
+    import signal
+    import time
+
+    from alpsck.slurm.launch import job_python
+
+    (tmp_path / "slow_start.py").write_text(
+        "import sys, time\ntime.sleep(3)\nprint([n for n, _ in getattr(sys, '_alpsck_early_signals', [])])\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    for cmd, survives in ((f"{shlex.quote(sys.executable)} -u -m slow_start", False),
+                          (f"{job_python(shlex.quote(sys.executable))} -u -m slow_start", True)):
+        p = subprocess.Popen(["bash", "-c", f"exec {cmd}"], stdout=subprocess.PIPE, text=True, env=env)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGUSR2)
+        out, _ = p.communicate(timeout=60)
+        if survives:
+            assert p.returncode == 0 and out.strip() == f"[{int(signal.SIGUSR2)}]", (p.returncode, out)
+        else:
+            assert p.returncode == -signal.SIGUSR2  # the trap is real: a bare python dies

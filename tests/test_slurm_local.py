@@ -92,6 +92,22 @@ def test_a_scancel_during_the_final_checkpoint_is_a_cancel_not_a_requeue(
     assert events(job.run_dir, "final_checkpoint")[0]["reason"] == "cancel"
 
 
+def test_a_signal_the_launcher_recorded_before_the_handlers_is_a_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
+    """The time-limit signal came while submitit was still unpickling (alpsck.slurm.launch kept
+    it): the loop sees the stop at its first poll, and the runner requeues."""
+    monkeypatch.setattr(sys, "_alpsck_early_signals", [(int(signal.SIGUSR1), time.time()),
+                                                       (int(signal.SIGUSR2), time.time())], raising=False)
+
+    def entry(ctx: JobContext) -> int:
+        assert ctx.stop_requested() and ctx.stop_reason == "timeout"
+        return 0
+
+    job = _Job(tmp_path, monkeypatch, entry)
+    assert job() == 0
+    assert job.requeues == ["timeout"] and sys._alpsck_early_signals == []  # type: ignore[attr-defined]
+
+
 def test_a_later_sigterm_that_is_a_preemption_keeps_the_stop_a_requeue(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
     def entry(ctx: JobContext) -> str:

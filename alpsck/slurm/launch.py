@@ -24,7 +24,16 @@ from pathlib import Path
 # Python source run with ``-c``, one line (it sits in the batch script's srun line); its argv is
 # what submitit appended: ``-u -m MODULE ARGS...``. It drops sys.path[0] (the working directory),
 # then runs MODULE as ``-m`` would.
-_BOOTSTRAP = ('import runpy, sys; del sys.path[0]; a = sys.argv[1:]; a = a[1:] if a[:1] == ["-u"] else a; '
+# It also records the stop signals (USR1, USR2, TERM) that come before the runner's handlers exist:
+# submitit unpickles the runner, which imports torch, for a few seconds first, and a signal's
+# default action there ends the job (FAILED, no requeue). The runner's StopController takes them in
+# (EARLY_SIGNALS, a list of (signal number, unix time) on the sys module).
+EARLY_SIGNALS = "_alpsck_early_signals"
+_BOOTSTRAP = ('import runpy, signal, sys, time; del sys.path[0]; '
+              f'E = sys.{EARLY_SIGNALS} = []; '
+              '[signal.signal(s, lambda n, f: E.append((n, time.time()))) '
+              'for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)]; '
+              'a = sys.argv[1:]; a = a[1:] if a[:1] == ["-u"] else a; '
               '(a[:1] == ["-m"] and len(a) > 1) or sys.exit("alpsck job launcher: expected -m MODULE ARGS"); '
               'sys.argv = a[1:]; runpy.run_module(a[1], run_name="__main__", alter_sys=True)')
 

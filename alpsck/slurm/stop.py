@@ -26,10 +26,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+
+from .launch import EARLY_SIGNALS
 
 Runner = Callable[[list[str]], str]
 
@@ -125,6 +128,11 @@ class StopController:
         """Install the signal handlers (main thread only) and start the maintenance watcher."""
         signal.signal(self.timeout_signal, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+        # Signals the job launcher recorded before these handlers existed (alpsck.slurm.launch).
+        early = getattr(sys, EARLY_SIGNALS, None)
+        if isinstance(early, list):
+            self._signals.extend(e for e in early if e[0] in (self.timeout_signal, signal.SIGTERM))
+            early.clear()
         if self._maintenance and scontrol_available():
             self._watcher = threading.Thread(target=self._watch, name="alpsck-maintenance", daemon=True)
             self._watcher.start()
