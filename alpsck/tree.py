@@ -145,12 +145,16 @@ class TensorRef:
     shape: tuple[int, ...]
 
     @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.dtype, self.shape)
+
+    @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return self.spec.numel
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return self.spec.nbytes
 
     def __repr__(self) -> str:
         return f"TensorRef({self.key!r}, {_TENSOR_DTYPE_NAMES.get(self.dtype, str(self.dtype))}, {list(self.shape)})"

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from corrupt import flip_byte
 from manifests import reseal, sealed
 
 import alpsck
@@ -507,13 +508,6 @@ def test_manifest_truncation_missing_file_and_traversal_fall_back_with_a_named_w
         _restore_exact(tmp_path, 1)
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x04]))
-
 
 @pytest.mark.parametrize("where", ["data", "index", "footer", "truncated"])
 def test_shard_corruption_falls_back_with_a_warning_naming_it(tmp_path: Path, where: str) -> None:
@@ -525,11 +519,11 @@ def test_shard_corruption_falls_back_with_a_warning_naming_it(tmp_path: Path, wh
     expect = {"data": "CRC mismatch in chunk 7", "index": "index CRC mismatch", "footer": "footer CRC mismatch",
               "truncated": "rank-00000.bin"}[where]
     if where == "data":
-        _flip(shard, 7 * (64 << 10) + 100)
+        flip_byte(shard, 7 * (64 << 10) + 100)
     elif where == "index":
-        _flip(shard, index_offset + 5)
+        flip_byte(shard, index_offset + 5)
     elif where == "footer":
-        _flip(shard, size - 30)
+        flip_byte(shard, size - 30)
     else:
         os.truncate(shard, size - 4096)
     _fallback_warns(tmp_path, expect)

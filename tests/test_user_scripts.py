@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from corrupt import flip_byte
 from safetensors.torch import load_file
 from torch import nn
 
@@ -194,13 +195,6 @@ def test_adam_state_appearing_after_the_first_step_is_not_refused(tmp_path: Path
 # --------------------------------------------------------------------------- peek
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x04]))
-
 
 def _saved_run(run: Path) -> None:
     state = _state()
@@ -240,7 +234,7 @@ def test_peek_skips_a_corrupt_newest_checkpoint_like_restore(tmp_path: Path) -> 
     _saved_run(tmp_path)
     shard = tmp_path / "step-000000002" / "rank-00000.bin"
     footer = shard.read_bytes()[-64:]
-    _flip(shard, int.from_bytes(footer[16:24], "little") + 5)  # a byte of the index, which holds the tree
+    flip_byte(shard, int.from_bytes(footer[16:24], "little") + 5)  # a byte of the index, which holds the tree
     with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint .*step-000000002.*index CRC mismatch"):
         assert alpsck.peek(tmp_path)["iter_num"] == 1
     with pytest.warns(RuntimeWarning, match="index CRC"), pytest.raises(NoCheckpointError, match="step 2 is not valid"):
@@ -249,7 +243,7 @@ def test_peek_skips_a_corrupt_newest_checkpoint_like_restore(tmp_path: Path) -> 
 
 def test_peek_verify_skips_corrupt_tensor_data(tmp_path: Path) -> None:
     _saved_run(tmp_path)
-    _flip(tmp_path / "step-000000002" / "rank-00000.bin", 100)  # in the first tensor's bytes
+    flip_byte(tmp_path / "step-000000002" / "rank-00000.bin", 100)  # in the first tensor's bytes
     assert alpsck.peek(tmp_path)["iter_num"] == 2  # the tree is intact; tensor data is not read
     with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint.*step 2.*CRC"):
         assert alpsck.peek(tmp_path, verify=True)["iter_num"] == 1
