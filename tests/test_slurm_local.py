@@ -277,7 +277,7 @@ def test_a_module_beside_the_config_runs_from_a_directory_holding_an_alpsck_sour
 
 def test_an_entry_that_raises_at_every_start_ends_failed_showing_the_error(tmp_path: Path) -> None:
     work, cfg, run = _user_layout(tmp_path, "def main(job):\n    raise RuntimeError('boom at start')\n")
-    r = _alpsck(["submit", str(cfg)], work)
+    r = _alpsck(["submit", str(cfg), "--local"], work)
     assert r.returncode == 1, r.stdout + r.stderr
     assert final_state(run) == "failed" and "RuntimeError: boom at start" in r.stdout, r.stdout
     fails = events(run, "failed")
@@ -291,10 +291,10 @@ def test_an_entry_that_raises_at_every_start_ends_failed_showing_the_error(tmp_p
 
 def test_an_entry_that_does_not_import_is_refused_at_submit_or_fails_at_its_first_start(tmp_path: Path) -> None:
     work, cfg, run = _user_layout(tmp_path, "import no_such_module_here\n\ndef main(job):\n    pass\n")
-    r = _alpsck(["submit", str(cfg)], work)
+    r = _alpsck(["submit", str(cfg), "--local"], work)
     assert r.returncode == 2 and not run.exists(), r.stdout + r.stderr
     assert "entry.function: mytrain:main does not import" in r.stderr and "no_such_module_here" in r.stderr
-    r = _alpsck(["submit", str(cfg), "--no-check"], work)
+    r = _alpsck(["submit", str(cfg), "--local", "--no-check"], work)
     assert r.returncode == 1 and final_state(run) == "failed", r.stdout + r.stderr
     fails = events(run, "failed")
     assert len(fails) == 1 and "ModuleNotFoundError" in fails[0]["message"] and "no_such_module_here" in r.stdout
@@ -305,7 +305,7 @@ def test_a_job_that_dies_before_it_starts_is_reported_failed_not_pending(tmp_pat
     """A setup line that exits: the job never reaches the runner, so it records nothing itself."""
     work, cfg, run = _user_layout(tmp_path, "def main(job):\n    pass\n",
                                   "environment:\n  setup: ['echo no GPU on this node >&2; exit 7']\n")
-    r = _alpsck(["submit", str(cfg), "--no-check"], work)
+    r = _alpsck(["submit", str(cfg), "--local", "--no-check"], work)
     assert r.returncode == 1 and "ended: failed" in r.stdout and "no GPU on this node" in r.stdout, r.stdout
     assert final_state(run) == "failed" and events(run, "failed")[-1]["recorded_by"] == "alpsck submit"
     st = _alpsck(["status", str(run)], work, 120)
