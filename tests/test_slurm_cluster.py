@@ -237,6 +237,24 @@ def test_a_second_job_on_a_live_jobs_run_dir_is_refused(cluster: None, tmp_path:
         subprocess.run(["scancel", second], timeout=30)
 
 
+def test_a_job_scancelled_while_pending_shows_cancelled(cluster: None, tmp_path: Path) -> None:
+    """Its history holds only "submitted" (no start ever ran): SLURM's own record names the end."""
+    run = tmp_path / "run"
+    cfg = job_config(tmp_path / "job.yaml", run, steps=10)
+    cfg.write_text(cfg.read_text().replace("slurm:\n", "slurm:\n  extra: {begin: now+1hour}\n", 1))
+    job = submit(cfg)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+
+    def shown() -> dict[str, object] | None:
+        r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True,
+                           text=True, timeout=120)
+        doc = json.loads(r.stdout)
+        return doc if doc["state"] != "pending" else None
+
+    doc = wait_for(shown, 60, "status to see the cancel")
+    assert doc["state"] == "cancelled" and doc["slurm"]["state"] == "CANCELLED", doc
+
+
 def test_status_calls_a_job_slurm_no_longer_knows_failed(cluster: None, tmp_path: Path) -> None:
     # A job that died with its node (or a cluster restarted under it) records no end.
     from alpsck.slurm import history

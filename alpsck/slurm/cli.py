@@ -96,7 +96,7 @@ def _status(args: argparse.Namespace) -> int:
         lines = len(path.read_bytes().splitlines())
         raise AlpsckError(f"{path}: no readable event in its {lines} line(s): not a job history, or damaged")
     rec = watch.reconcile(run_dir, s["events"])
-    s.update(state=rec["state"], note=rec["note"], log=rec["log"], log_tail=rec["log_tail"])
+    s.update(state=rec["state"], note=rec["note"], log=rec["log"], log_tail=rec["log_tail"], slurm=rec["slurm"])
     # During a start, the newest committed checkpoint says more than the events (written at a start's ends).
     on_disk = newest_step(str(run_dir))
     if on_disk is not None and (s["last_step"] is None or on_disk > s["last_step"]):

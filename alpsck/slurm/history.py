@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 HISTORY = "history.jsonl"
-STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up")
+STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up", "timeout")
+# (timeout: SLURM ended the job at its time limit with no requeue recorded; see alpsck.slurm.watch.reconcile)
 
 
 def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,19 +79,50 @@ def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> bo
     return any(i == job_id for i, _ in live)
 
 
+def slurm_record(job_id: str) -> dict[str, str] | None:
+    """How SLURM recorded the job's end: ``{"state": JobState, "exit_code": "N:S"}`` from ``sacct``
+    (the accounting database; where accounting is off, the job-completion log, ``sacct -c``), or
+    None when neither knows the job or cannot be asked."""
+    for argv in (["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode"],
+                 ["sacct", "-c", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode"]):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        rows = [line.split("|") for line in r.stdout.splitlines() if line.count("|") == 2]
+        rows = [row for row in rows if row[0] == job_id]
+        if r.returncode == 0 and rows:
+            state = rows[-1][1].split()[0]  # "CANCELLED by 0" -> CANCELLED
+            return {"state": state, "exit_code": rows[-1][2]}
+    return None
+
+
+# What SLURM's final JobState means for a job whose history records no end.
+_SLURM_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
+
+
 def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The job's state: ``state`` (one of history.STATES), ``note`` (or None), ``log`` (path of the
-    newest job's log, or None), ``log_tail`` (its last lines, for a failure)."""
+    newest job's log, or None), ``log_tail`` (its last lines, for a failure), ``slurm`` (SLURM's
+    record of the job's end, ``{"state", "exit_code"}``, when it has ended and SLURM tells)."""
     events = history.read(run_dir) if events is None else events
     state = history.state_of(events)
     sub = last_submission(events)
     log = log_path(run_dir, str(sub["job_id"])) if sub is not None else None
-    out: dict[str, Any] = {"state": state, "note": None, "log": str(log) if log else None, "log_tail": []}
+    out: dict[str, Any] = {"state": state, "note": None, "log": str(log) if log else None, "log_tail": [],
+                           "slurm": None}
     if state in LIVE_STATES and sub is not None and job_alive(run_dir, sub) is False:
-        out["state"] = "failed"
-        how = "could not start (see its log)" if state == "pending" else "ended without recording how"
-        out["note"] = (f"job {sub['job_id']} no longer exists: it {how} (killed, its node lost, or the cluster "
-                       "restarted). Submit again to resume from the newest checkpoint")
+        record = slurm_record(str(sub["job_id"])) if sub.get("backend") == "slurm" else None
+        out["slurm"] = record
+        out["state"] = _SLURM_ENDS.get(record["state"], "failed") if record else "failed"
+        if out["state"] == "cancelled":
+            out["note"] = f"job {sub['job_id']} was cancelled ({'before it started' if state == 'pending' else state})"
+        else:
+            how = "could not start (see its log)" if state == "pending" else "ended without recording how"
+            said = f"SLURM: {record['state']}, exit code {record['exit_code']}" if record else \
+                "killed, its node lost, or the cluster restarted"
+            out["note"] = (f"job {sub['job_id']} no longer exists: it {how} ({said}). Submit again to resume from "
+                           "the newest checkpoint")
     if out["state"] == "failed" and log is not None:
         out["log_tail"] = log_tail(log)
     return out
