@@ -108,7 +108,7 @@ def test_paths_expand_a_leading_tilde(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_the_python_in_the_job_command_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "executable", "/opt/my tools/bin/python3")
     text = sbatch_script(parse_config(GOOD))
-    assert "_log.out '/opt/my tools/bin/python3' -u -c " in text and "' -u -m submitit.core._submit " in text
+    assert " --kill-on-bad-exit=1 '/opt/my tools/bin/python3' -u -c " in text and "' -u -m submitit.core._submit " in text
 
 
 def test_the_job_python_never_imports_a_package_from_the_working_directory(tmp_path: Path) -> None:
@@ -294,6 +294,28 @@ def _normalised_script(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     cfg = load_config(ROOT / "slurm" / "examples" / "quickstart.yaml")
     text = sbatch_script(cfg)
     return text.replace(str(tmp_path), "<CWD>").replace(sys.executable, "<PYTHON>")
+
+
+@pytest.mark.parametrize("example", ["alps-gh200", "alps-gh200-uenv"])
+def test_the_alps_examples_scripts_match_golden(monkeypatch: pytest.MonkeyPatch, example: str) -> None:
+    """As CSCS documents: the container or uenv on srun (per step), never on the batch script; the
+    tasks run python3 from it, not a host path; one GPU per task; srun repeats --cpus-per-task and
+    ends the step when a task dies; no --wckey."""
+    monkeypatch.setenv("SCRATCH", "/capstor/scratch/cscs/user")
+    monkeypatch.setenv("HOME", "/users/user")
+    text = sbatch_script(load_config(ROOT / "slurm" / "examples" / f"{example}.yaml"))
+    golden = GOLDEN.parent / f"{example}.sbatch"
+    if os.environ.get("ALPSCK_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text(), "sbatch script changed; review, then ALPSCK_UPDATE_GOLDEN=1 pytest ..."
+    params = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert not any(p.startswith(("#SBATCH --environment", "#SBATCH --uenv", "#SBATCH --wckey")) for p in params)
+    assert "#SBATCH --gpus-per-task=1" in params and "#SBATCH --ntasks-per-node=4" in params
+    assert "--cpus-per-task=72" in srun and "--kill-on-bad-exit=1" in srun and sys.executable not in srun
+    assert " python3 -u -c " in srun
+    assert ("--environment=/users/user/.edf/pytorch.toml" in srun) == (example == "alps-gh200")
+    assert ("--uenv=pytorch/v2.6.0:v1" in srun) == (example == "alps-gh200-uenv")
 
 
 def test_sbatch_script_matches_golden(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

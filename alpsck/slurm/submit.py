@@ -14,7 +14,8 @@ The sbatch script is submitit's, with our settings:
   signal through SUBMITIT_PREEMPT_SIGNAL) and ``--open-mode=append`` (from submitit; a requeued
   job must not truncate its own log);
 - ``--requeue``;
-- the container (``--environment``) and uenv options;
+- srun with the container (``--environment``) or uenv per step, ``--cpus-per-task`` and
+  ``--kill-on-bad-exit=1`` (:func:`srun_arguments`); no ``--wckey``;
 - the venv activation and the user's setup lines;
 - an EXIT trap that requeues the job when the job asked for it through
   ``RUN_DIR/.requeue-request`` (the fallback where ``scontrol`` is missing inside a container:
@@ -157,6 +158,32 @@ def signal_delay(cfg: JobConfig) -> int:
     return int(cfg.requeue.signal_delay_s or 60)
 
 
+def job_interpreter(cfg: JobConfig) -> str:
+    """The Python the job's tasks run, as shell words: this one, or, inside a container or a uenv
+    (which exist only on the compute nodes, with their own Python), ``python3`` from the
+    environment's PATH, never a path of the submitting host."""
+    if cfg.environment.container or cfg.environment.uenv:
+        return "python3"
+    return shlex.quote(sys.executable)
+
+
+def srun_arguments(cfg: JobConfig) -> list[str]:
+    """Options of the srun that starts the tasks (on Alps as CSCS documents them):
+
+    - the container (``--environment``) or uenv (``--uenv``) per job step, not on the batch
+      script: the batch script stays on the host, where its EXIT trap can run ``scontrol requeue``;
+    - ``--cpus-per-task`` again: srun does not inherit it from sbatch (Slurm 22.05 and later);
+    - ``--kill-on-bad-exit=1``: one task that dies ends the step, instead of leaving the others
+      hanging in a collective until the time limit.
+    """
+    args = [f"--cpus-per-task={cfg.slurm.cpus_per_task}", "--kill-on-bad-exit=1"]
+    if cfg.environment.container:
+        args.append(f"--environment={cfg.environment.container}")
+    if cfg.environment.uenv:
+        args.append(f"--uenv={cfg.environment.uenv}")
+    return args
+
+
 def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     s = cfg.slurm
     delay = signal_delay(cfg)
@@ -166,10 +193,6 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     for key in ("account", "qos", "reservation"):
         if getattr(s, key):
             extra[key] = getattr(s, key)
-    if cfg.environment.container:
-        extra["environment"] = cfg.environment.container
-    if cfg.environment.uenv:
-        extra["uenv"] = cfg.environment.uenv
     extra.update({k: (True if v == "" else v) for k, v in s.extra.items()})
     params: dict[str, Any] = {
         "job_name": cfg.name,
@@ -180,11 +203,16 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
         "signal_delay_s": delay,
         "setup": setup_lines(cfg),
         "additional_parameters": extra,
+        "srun_args": srun_arguments(cfg),
         "stderr_to_stdout": True,
+        "wckey": None,  # submitit's default "submitit" would book every job to that accounting key
     }
     if s.partition:
         params["partition"] = s.partition
-    if s.gpus_per_node:
+    if s.gpus_per_node and s.gpus_per_node % s.tasks_per_node == 0:
+        # One GPU (or an equal share) bound to each task, as on Alps: --gpus-per-task
+        params["gpus_per_task"] = s.gpus_per_node // s.tasks_per_node
+    elif s.gpus_per_node:
         params["gpus_per_node"] = s.gpus_per_node
     if s.mem:
         params["mem"] = s.mem
@@ -280,7 +308,7 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
                          "commands are installed, or use --local")
     cls = _ScriptOnlyExecutor if script_only else submitit.SlurmExecutor
     # python goes into the job's command line as shell text (submitit quotes only its default)
-    ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(shlex.quote(sys.executable)))
+    ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
     ex.update_parameters(**slurm_parameters(cfg))
     return ex
 
