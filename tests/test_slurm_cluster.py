@@ -115,6 +115,21 @@ def test_a_time_limit_signal_in_the_first_second_of_a_start_is_a_stop_not_a_fail
     assert (run / "loss.csv").read_text() == clean
 
 
+def test_a_usr2_sent_to_the_batch_shell_does_not_end_the_job(cluster: None, tmp_path: Path) -> None:
+    """scancel --batch --signal=USR2 reaches only the batch shell: it used to kill it (FAILED, the
+    history said cancelled). The job now trains on and finishes with the exact losses."""
+    steps = steps_for_seconds(20)
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps)
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="3", delay=60, every=20))
+    wait_for(lambda: events(run, "started"), 120, f"job {job} to start", poll=0.2)
+    time.sleep(2.0)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job], check=True, timeout=30)
+    assert wait_done(run, job, 600) == "finished", events(run)
+    assert not events(run, "failed") and not events(run, "cancelled")
+    assert (run / "loss.csv").read_text() == clean
+
+
 def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script(cluster: None, tmp_path: Path) -> None:
     steps = steps_for_seconds(50)
     run = tmp_path / "run"

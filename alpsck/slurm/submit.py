@@ -72,8 +72,16 @@ def environment_lines(cfg: JobConfig) -> list[str]:
     return lines
 
 
+# Batch-script lines: ``scancel --batch --signal=USR1|USR2`` reaches only the batch shell, whose
+# default action for them ends the job FAILED (no final checkpoint, no requeue). The shell ignores
+# them: the tasks take their own signals (``--signal`` without ``B:``, ``scancel --signal`` without
+# ``--batch``), and the job launcher sets its handlers whatever it inherits. A trap that forwarded
+# them would run only after srun returned (bash defers traps while a foreground command runs).
+BATCH_SIGNAL_LINES = ["trap '' USR1 USR2  # scancel --batch --signal=USR1/USR2 must not end the job"]
+
+
 def setup_lines(cfg: JobConfig) -> list[str]:
-    return [f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
+    return [f"mkdir -p {shlex.quote(cfg.run_dir)}", *BATCH_SIGNAL_LINES, *requeue_trap_lines(cfg.run_dir),
             # submitit in the job must expect the configured signal too, or an early one finds no
             # handler (USR1's default action ends the process)
             f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *environment_lines(cfg)]
