@@ -115,6 +115,75 @@ def test_a_time_limit_signal_in_the_first_second_of_a_start_is_a_stop_not_a_fail
     assert (run / "loss.csv").read_text() == clean
 
 
+SIGNALS = {  # name: scancel arguments
+    "usr2-to-the-tasks": ["--signal=USR2"],
+    "term-to-the-tasks": ["--signal=TERM"],      # the preemption path: the job stays RUNNING
+    "usr2-to-the-batch-shell": ["--batch", "--signal=USR2"],
+    "term-to-the-batch-shell": ["--batch", "--signal=TERM"],
+}
+
+
+def test_a_signal_at_any_moment_of_a_start_still_ends_in_the_exact_losses(cluster: None, tmp_path: Path) -> None:
+    """Three jobs per kind of signal, each signalled 0.3-2.5 s after SLURM shows it RUNNING: before
+    the launcher, during submitit's unpickling, the imports, the first steps. Every one finishes
+    with the uninterrupted run's losses: a time-limit or preemption signal to the tasks leads to a
+    checkpoint (or nothing to save) and a requeue; one to the batch shell changes nothing."""
+    import random
+    import threading
+
+    steps = steps_for_seconds(8)
+    clean = clean_losses(tmp_path, steps)
+    rng = random.Random(os.getpid())
+    jobs: dict[str, tuple[str, Path]] = {}
+    sent: dict[str, float] = {}
+    timers: list[threading.Timer] = []
+    submitted = threading.Event()
+
+    def watch() -> None:  # from before the first submission: every job is seen as it enters RUNNING
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and not (submitted.is_set() and len(sent) == len(jobs)):
+            ids = list(jobs)
+            if ids:
+                out = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True,
+                                     text=True, timeout=30).stdout
+                for line in out.splitlines():
+                    job, state = line.split()
+                    if state == "RUNNING" and job not in sent:
+                        delay = sent[job] = round(rng.uniform(0.3, 2.5), 2)
+                        t = threading.Timer(delay, subprocess.run, args=(["scancel", *SIGNALS[jobs[job][0]], job],),
+                                            kwargs={"timeout": 30})
+                        t.start()
+                        timers.append(t)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for kind in SIGNALS:
+            for i in range(3):
+                run = tmp_path / f"{kind}-{i}"
+                cfg = job_config(tmp_path / f"{kind}-{i}.yaml", run, steps=steps, time="5", every=8)
+                cfg.write_text(cfg.read_text().replace("slurm:\n", "slurm:\n  extra: {hold: true}\n", 1))
+                job = submit(cfg)  # held: it runs once the watcher knows it
+                jobs[job] = (kind, run)
+        subprocess.run(["scontrol", "release", *jobs], check=True, timeout=60)
+    finally:
+        submitted.set()
+        watcher.join()
+    for t in timers:
+        t.join()
+    assert len(sent) == len(jobs), f"not every job ran: {sent}"
+    for job, (kind, run) in jobs.items():
+        assert wait_done(run, job, 900) == "finished", (kind, sent[job], events(run))
+        assert not events(run, "failed") and not events(run, "cancelled"), (kind, sent[job], events(run))
+        assert (run / "loss.csv").read_text() == clean, (kind, sent[job])
+        if kind.endswith("batch-shell"):
+            assert not events(run, "requeued"), (kind, events(run))
+    # Most signals to the tasks found a task to stop (one sent before srun started its step is lost).
+    stopped = [job for job, (kind, run) in jobs.items() if kind.endswith("tasks") and events(run, "requeued")]
+    assert len(stopped) >= 3, {job: (jobs[job][0], sent[job]) for job in jobs}
+
+
 def test_a_usr2_sent_to_the_batch_shell_does_not_end_the_job(cluster: None, tmp_path: Path) -> None:
     """scancel --batch --signal=USR2 reaches only the batch shell: it used to kill it (FAILED, the
     history said cancelled). The job now trains on and finishes with the exact losses."""
@@ -145,10 +214,12 @@ def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script
         assert wait_done(run, job, 600) == "finished", events(run)
     finally:
         subprocess.run(["scancel", urgent], timeout=30)
+    # The job could not tell preemption from scancel ("term"); the batch script, on the host, could.
     req = events(run, "requeued")
     assert len(req) == 1 and req[0]["reason"] == "preemption" and req[0]["mechanism"] == "batch-script", events(run)
+    assert req[0]["recorded_by"] == "batch script"
     final = events(run, "final_checkpoint")[0]
-    assert final["reason"] == "preemption" and final["seconds"] < 30  # inside GraceTime
+    assert final["reason"] == "term" and final["seconds"] < 30  # inside GraceTime
     assert not (run / ".requeue-request").exists()
     assert (run / "loss.csv").read_text() == clean
 
@@ -188,6 +259,83 @@ def test_scancel_takes_a_final_checkpoint_and_does_not_requeue(cluster: None, tm
     ck = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run), "--verify", "--json"],
                         capture_output=True, text=True, timeout=120)
     assert json.loads(ck.stdout)["latest_valid"] == final["step"]
+
+
+def test_in_a_container_scancel_is_a_cancel_with_no_requeue_and_no_leftover_request(cluster: None,
+                                                                                     tmp_path: Path) -> None:
+    """No scontrol in the job (as inside an Alps container): the job checkpoints on SIGTERM and
+    asks the batch script, which (on the host) sees the cancel, does not requeue, records it."""
+    run = tmp_path / "run"
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps_for_seconds(300), time="15", every=10**9),
+                 env={"ALPSCK_NO_SCONTROL": "1"})
+    wait_for(lambda: events(run, "started"), 300, "the job to start")
+    time.sleep(8)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    assert wait_done(run, job, 120) == "cancelled", events(run)
+    assert not events(run, "requeued") and events(run)[-1]["recorded_by"] == "batch script"
+    final = events(run, "final_checkpoint")[0]
+    assert final["reason"] == "term" and isinstance(final["step"], int) and final["step"] > 0
+    assert events(run, "cancelled")[0]["step"] == final["step"]
+    assert not (run / ".requeue-request").exists()
+    time.sleep(15)  # a requeued job would be back in the queue by now
+    assert not in_queue(job)
+
+
+def test_a_hand_scontrol_requeue_shows_requeued_and_the_job_resumes(cluster: None, tmp_path: Path) -> None:
+    """It used to read as a cancel (COMPLETING, as scancel gives): the job recorded cancelled and
+    SLURM started it again anyway."""
+    run = tmp_path / "run"
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps_for_seconds(300), time="15", every=10**9))
+    try:
+        wait_for(lambda: events(run, "started"), 300, "the job to start")
+        time.sleep(8)
+        subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+        req = wait_for(lambda: events(run, "requeued"), 60, "the requeue to be recorded", poll=0.5)
+        assert req[0]["reason"] == "requeue" and req[0]["mechanism"] == "slurm", events(run)
+        assert events(run, "final_checkpoint")[0]["reason"] == "requeue" and not events(run, "cancelled")
+        st = json.loads(subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"],
+                                       capture_output=True, text=True, timeout=120).stdout)
+        assert st["state"] in ("requeued", "running"), st
+        again = wait_for(lambda: len(events(run, "started")) >= 2 and events(run, "started"), 180, "the next start")
+        assert again[1]["restart"] == 1 and again[1]["step"] == req[0]["step"], events(run)
+    finally:
+        subprocess.run(["scancel", job], timeout=30)
+
+
+def test_a_job_that_exits_hard_at_every_start_shows_failed_with_its_exit_code(cluster: None, tmp_path: Path) -> None:
+    """os._exit(7): no Python handler runs, the history stops at "started"; status asks SLURM."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "hard_exit.py").write_text("import os\n\ndef main(job):\n    os._exit(7)\n")
+    run = tmp_path / "run"
+    job = submit(job_config(conf / "job.yaml", run, steps=10, time="5", entry="hard_exit:main"))
+    wait_for(lambda: not in_queue(job), 180, f"job {job} to end", poll=1)
+    ended = time.monotonic()
+
+    def shown() -> dict[str, object] | None:
+        r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True,
+                           text=True, timeout=120)
+        doc = json.loads(r.stdout)
+        return doc if doc["state"] == "failed" else None
+
+    doc = wait_for(shown, 60, "status to show the failure")
+    assert time.monotonic() - ended < 60
+    assert doc["slurm"] == {"state": "FAILED", "exit_code": "7:0"}, doc
+    assert [e["event"] for e in events(run)] == ["submitted", "started"]
+
+
+def test_sigalrm_to_the_batch_shell_ends_the_job_and_status_says_how(cluster: None, tmp_path: Path) -> None:
+    """Fatal by choice (docs/slurm.md): no final checkpoint, and status reports SLURM's record."""
+    run = tmp_path / "run"
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps_for_seconds(300), time="15", every=10**9))
+    wait_for(lambda: events(run, "started"), 300, "the job to start")
+    subprocess.run(["scancel", "--batch", "--signal=ALRM", job], check=True, timeout=30)
+    wait_for(lambda: not in_queue(job), 120, f"job {job} to end", poll=1)
+    doc = wait_for(lambda: (d := json.loads(subprocess.run(
+        [sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True, text=True,
+        timeout=120).stdout)) and d["state"] not in ("running", "pending") and d, 60, "status to see the end")
+    assert doc["state"] in ("failed", "cancelled") and doc["slurm"] is not None, doc
+    assert not events(run, "requeued")
 
 
 def test_the_same_crash_at_two_starts_ends_the_run_failed_with_the_error(cluster: None, tmp_path: Path) -> None:

@@ -52,12 +52,15 @@ class _Job:
                  local: bool = False, requeue: str = "") -> None:
         self.run_dir = tmp_path / "run"
         self.state = "RUNNING"
+        self.reason = "None"
+        self.restarts = 0
         self.requeues: list[str] = []
         for k in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
             monkeypatch.delenv(k)
         monkeypatch.setenv("ALPSCK_NO_SCONTROL", "1")  # nothing reaches a real cluster
         monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID" if local else "SLURM_JOB_ID", "L1" if local else "999")
-        monkeypatch.setattr(stop_mod, "job_state", lambda job_id, run=None: self.state)
+        monkeypatch.setattr(stop_mod, "job_fields", lambda job_id, run=None: {
+            "JobState": self.state, "Reason": self.reason, "Restarts": str(self.restarts)})
         monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step, **kw: self.requeues.append(reason))
         module = types.ModuleType("alpsck_test_entry")
         module.main = entry  # type: ignore[attr-defined]

@@ -32,12 +32,12 @@ def _signal(sig):
 def scancel_during_the_final_checkpoint(job):
     _signal(signal.SIGUSR2)                       # the time limit approaches
     assert job.stop_requested() and job.stop_reason == "timeout"
-    STATE.write_text("CANCELLED\n")               # the user runs scancel while the final save runs
+    STATE.write_text("JobState=CANCELLED\n")      # the user runs scancel while the final save runs
     _signal(signal.SIGTERM)
     return "saved"
 
 def cancelled_then_the_final_save_fails(job):
-    STATE.write_text("CANCELLED\n")
+    STATE.write_text("JobState=CANCELLED\n")
     _signal(signal.SIGTERM)
     assert job.stop_requested() and job.stop_reason == "cancel"
     raise OSError(28, "No space left on device (final checkpoint)")
@@ -56,20 +56,37 @@ def stopped_early(job):
 
 def crashes(job):
     raise RuntimeError("boom")
+
+def sigterm_stop(job):
+    """SIGTERM, whatever the fake scontrol says it means; a checkpoint, then the stop."""
+    import torch
+    with job.checkpointer() as ck:
+        ck.save(5, {"w": torch.ones(3)}).wait()
+    _signal(signal.SIGTERM)
+    assert job.stop_requested()
+    with job.checkpointer() as ck:
+        ck.save(6, {"w": torch.ones(3)}).wait()
+    return job.stop_reason
+
+def interrupted(job):
+    _signal(signal.SIGINT)                        # scancel --signal=INT: KeyboardInterrupt
+    time.sleep(1)
 '''
 
 
-def _run(tmp_path: Path, entry: str, *, local: bool = False, extra: str = "") -> tuple[subprocess.CompletedProcess[str],
-                                                                                       list[dict[str, object]], str]:
+def _run(tmp_path: Path, entry: str, *, local: bool = False, extra: str = "", fields: str = "JobState=RUNNING",
+         env_extra: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], list[dict[str, object]], str]:
+    """Run one start of ``entry``; the fake scontrol answers ``show job`` with ``fields`` (until the
+    entry changes them)."""
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     log, state = tmp_path / "scontrol.log", tmp_path / "state"
-    state.write_text("RUNNING\n")
+    state.write_text(fields + "\n")
     scontrol = fake / "scontrol"
     scontrol.write_text(f"""#!/bin/sh
 echo "$*" >> {log}
 case "$1 $2" in
-  "show job") echo "JobId=$4 JobState=$(cat {state}) EndTime=2099-01-01T00:00:00";;
+  "show job") echo "JobId=$4 JobName=t $(cat {state}) EndTime=2099-01-01T00:00:00";;
   "show reservation") echo "No reservations in the system";;
 esac
 exit 0
@@ -86,6 +103,7 @@ exit 0
     env.update({"PATH": f"{fake}{os.pathsep}{env['PATH']}", "FAKE_SLURM_STATE": str(state),
                 "PYTHONPATH": os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])})
     env.update({"SUBMITIT_LOCAL_JOB_ID": "L1"} if local else {"SLURM_JOB_ID": "999"})
+    env.update(env_extra or {})
     r = subprocess.run([sys.executable, "-c", code, cfg], env=env, capture_output=True, text=True, timeout=120,
                        cwd=tmp_path)
     return r, history.read(run), log.read_text() if log.exists() else ""
@@ -180,3 +198,57 @@ def test_status_survives_a_damaged_history(tmp_path: Path) -> None:
         raise AssertionError(f"{name} is not JSON")
 
     json.loads(r.stdout, parse_constant=refuse)
+
+
+def test_a_hand_scontrol_requeue_is_a_requeue_not_a_cancel(tmp_path: Path) -> None:
+    """``scontrol requeue`` by hand: SIGTERM with JobState=COMPLETING (as scancel gives) but the
+    restart count already up. It used to read as a cancel; SLURM then started the job again."""
+    r, events, calls = _run(tmp_path, "sigterm_stop", fields="JobState=COMPLETING Reason=None Restarts=1")
+    assert r.returncode == 0, r.stderr
+    assert _events(events)[-3:] == ["signal", "final_checkpoint", "requeued"], events
+    assert events[-1]["reason"] == "requeue" and events[-1]["mechanism"] == "slurm" and events[-1]["step"] == 6
+    assert "requeue" not in calls.split()  # SLURM requeued it already
+
+
+def test_the_time_limit_itself_is_a_timeout_stop(tmp_path: Path) -> None:
+    """SIGTERM at the time limit (the --signal warning came too late or not at all): the final
+    checkpoint, then a requeue, not a cancel."""
+    r, events, calls = _run(tmp_path, "sigterm_stop", fields="JobState=COMPLETING Reason=TimeLimit Restarts=0")
+    assert r.returncode == 0, r.stderr
+    assert events[-1]["event"] == "requeued" and events[-1]["reason"] == "timeout", events
+    assert "requeue 999" in calls
+
+
+def test_in_a_container_sigterm_leaves_the_verdict_to_the_batch_script(tmp_path: Path) -> None:
+    """No scontrol (ALPSCK_NO_SCONTROL, as inside an Alps container): the job cannot tell scancel
+    from preemption, so it records ``term``, writes the request for this start (job id and
+    SLURM_RESTART_COUNT first), records no requeue itself, and exits 3."""
+    r, events, calls = _run(tmp_path, "sigterm_stop", env_extra={"ALPSCK_NO_SCONTROL": "1", "SLURM_RESTART_COUNT": "2"})
+    assert r.returncode == 3, r.stderr
+    assert _events(events)[-2:] == ["signal", "final_checkpoint"] and events[-1]["reason"] == "term", events
+    lines = (tmp_path / "run" / ".requeue-request").read_text().splitlines()
+    assert lines[0] == "999 2"
+    verdicts = {ln.split(" ", 1)[0]: json.loads(ln.split(" ", 1)[1]) for ln in lines[1:]}
+    assert set(verdicts) == {"preemption", "timeout", "cancel", "requeue"}
+    assert verdicts["preemption"]["event"] == "requeued" and verdicts["preemption"]["reason"] == "preemption"
+    assert verdicts["timeout"]["reason"] == "timeout" and verdicts["cancel"]["event"] == "cancelled"
+    assert verdicts["requeue"]["mechanism"] == "slurm"
+    assert all(v["step"] == 6 and v["job_id"] == "999" for v in verdicts.values())
+    assert calls == ""
+
+
+def test_a_stale_request_is_removed_when_the_next_start_begins(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".requeue-request").write_text("999 0\npreemption {}\n")
+    r, events, _ = _run(tmp_path, "signalled_during_the_last_step", env_extra={"SLURM_RESTART_COUNT": "1"})
+    assert r.returncode == 0, r.stderr
+    assert not (run / ".requeue-request").exists()
+
+
+def test_sigint_to_the_tasks_is_an_interrupt_that_is_not_requeued(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "interrupted")
+    assert r.returncode == 1
+    failed = events[-1]
+    assert failed["event"] == "failed" and failed["not_requeued"] == "interrupted (SIGINT)", events
+    assert "requeue" not in calls.split()

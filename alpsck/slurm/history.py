@@ -2,9 +2,10 @@
 
 Events (``event`` field): submitted, started, signal, final_checkpoint, requeued, resumed,
 finished, failed, cancelled, gave_up. Each carries ``time`` (unix seconds), ``job_id`` and,
-where it applies, ``reason`` (timeout, preemption, maintenance, cancel, failure), ``step``,
-``seconds``, ``restart``, ``host``, ``message``. Appends are single ``write`` calls of one line
-with O_APPEND, so concurrent writers (several ranks) never interleave within a line.
+where it applies, ``reason`` (timeout, preemption, maintenance, cancel, requeue, term, failure:
+see :mod:`alpsck.slurm.stop`), ``step``, ``seconds``, ``restart``, ``host``, ``message``. Appends
+are single ``write`` calls of one line with O_APPEND, so concurrent writers (several ranks, the
+batch script's EXIT trap) never interleave within a line.
 """
 
 from __future__ import annotations
@@ -22,16 +23,27 @@ STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "
 # (timeout: SLURM ended the job at its time limit with no requeue recorded; see alpsck.slurm.watch.reconcile)
 
 
-def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:
-    """Append one event (durably) and return it."""
+def record(event: str, **fields: Any) -> dict[str, Any]:
+    """One event as it is stored: ``time``, ``event``, the fields that are not None, ``host``."""
     rec: dict[str, Any] = {"time": round(time.time(), 3), "event": event}
     rec.update({k: v for k, v in fields.items() if v is not None})
     rec.setdefault("host", socket.gethostname())
-    line = (json.dumps(rec, sort_keys=False) + "\n").encode()
+    return rec
+
+
+def line(rec: dict[str, Any]) -> str:
+    """The stored form of an event: one line of JSON (no newline inside it)."""
+    return json.dumps(rec, sort_keys=False)
+
+
+def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:
+    """Append one event (durably) and return it."""
+    rec = record(event, **fields)
+    data = (line(rec) + "\n").encode()
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     fd = os.open(Path(run_dir) / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, line)
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -29,10 +29,14 @@ On each start (rank 0 writes history; every rank runs the entry):
      no checkpoint in between, ends the run ``failed`` at once; else exit 1.
 
 Requeue: under submitit's local executor, exit with its requeue code (144), which restarts the
-task. Under SLURM, ``scontrol requeue $SLURM_JOB_ID`` from rank 0; where that fails (Slurm
-commands are not available inside an Alps container), write ``RUN_DIR/.requeue-request`` and
-exit with code 3: the batch script's EXIT trap, which runs on the host, requeues the job (see
-:func:`alpsck.slurm.submit.requeue_trap_lines`).
+task. Under SLURM, ``scontrol requeue $SLURM_JOB_ID`` from rank 0, unless SLURM requeued the job
+already (reason ``requeue``: it starts again by itself). Where scontrol fails (Slurm commands
+are not available inside an Alps container), rank 0 writes ``RUN_DIR/.requeue-request``
+(:func:`request_text`) and exits with code 3: the batch script's EXIT trap, which runs on the
+host, asks scontrol what the job's end is (:func:`alpsck.slurm.stop.term_verdict_shell`),
+requeues it or not, appends the matching event that the request carries to the history, and
+removes the request (:func:`alpsck.slurm.submit.requeue_trap_lines`). A request left by a batch
+shell that was killed is removed at the next start.
 """
 
 from __future__ import annotations
@@ -83,6 +87,33 @@ def charged_starts(events: list[dict[str, Any]], job_id: str) -> int:
     starts = sum(1 for e in mine if e["event"] == "started")
     free = sum(1 for e in mine if e["event"] == "requeued" and e.get("progress") is True)
     return max(0, starts - free)
+
+
+def request_text(job_id: str, slurm_restarts: int, reason: str, step: int | None, progress: bool) -> str:
+    """The requeue request for the batch script: a first line naming the start it comes from
+    (``JOB_ID RESTARTS``), then one line per verdict of :func:`alpsck.slurm.stop.term_verdict`:
+    the verdict, a space, and the history event the batch script appends when it finds that
+    verdict. The shell copies a line; it never interprets one."""
+    lines = [f"{job_id} {slurm_restarts}"]
+    for verdict in ("preemption", "timeout", "cancel", "requeue"):
+        if verdict == "cancel":
+            rec = history.record("cancelled", job_id=job_id, step=step, recorded_by="batch script")
+        else:
+            # "term": the job could not ask scontrol; the batch script's verdict names the cause.
+            why = verdict if reason == "term" or verdict == "requeue" else reason
+            rec = history.record("requeued", job_id=job_id, progress=progress, reason=why, step=step,
+                                 mechanism="slurm" if verdict == "requeue" else "batch-script",
+                                 recorded_by="batch script")
+        lines.append(f"{verdict} {history.line(rec)}")
+    return "\n".join(lines) + "\n"
+
+
+def remove_request(run_dir: str) -> None:
+    """Remove a requeue request (a stale one: its batch shell was killed before its EXIT trap)."""
+    try:
+        os.unlink(os.path.join(run_dir, REQUEST_FILE))
+    except FileNotFoundError:
+        pass
 
 
 def _error_text(err: BaseException) -> str:
@@ -140,6 +171,7 @@ class JobRunner:
 
     def __init__(self, config: JobConfig) -> None:
         self.config = config
+        self._stop: StopController | None = None
 
     # -- environment ----------------------------------------------------------------------------
 
@@ -148,10 +180,28 @@ class JobRunner:
         return "SUBMITIT_LOCAL_JOB_ID" in os.environ
 
     def _ids(self) -> tuple[str, int, int]:
+        """Job id, global rank, task count. In a submitit job (SUBMITIT_EXECUTOR is set: slurm or
+        local) submitit's own JobEnvironment says; outside one (the runner started by hand or by
+        a test) the SLURM, submitit-local and torchrun variables do. SLURM_RESTART_COUNT, which
+        JobEnvironment does not expose, is read directly (:meth:`_slurm_restarts`)."""
+        if os.environ.get("SUBMITIT_EXECUTOR"):
+            import submitit
+
+            env = submitit.JobEnvironment()
+            return str(env.job_id), env.global_rank, env.num_tasks
         job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
         rank = _env_int("SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "RANK")
         world = _env_int("SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "WORLD_SIZE", default=1)
         return job_id, rank, world
+
+    @staticmethod
+    def _slurm_restarts() -> int:
+        """SLURM's restart count of this start (SLURM sets it only once the job was requeued)."""
+        return _env_int("SLURM_RESTART_COUNT")
+
+    def _requeued_by_slurm(self) -> bool:
+        stop = self._stop
+        return stop is not None and stop.settle() == "requeue"
 
     def _restart_count(self, job_id: str, events: list[dict[str, Any]]) -> int:
         if "SLURM_RESTART_COUNT" in os.environ:
@@ -169,8 +219,10 @@ class JobRunner:
         # A local job has no SLURM reservation to watch (a cluster on the same machine is not its own).
         stop = StopController(job_id, timeout_signal=rq.signal,
                               maintenance=rq.on_maintenance and rank == 0 and not self._local(),
-                              margin_s=rq.maintenance_margin_s, poll_s=rq.maintenance_poll_s)
+                              margin_s=rq.maintenance_margin_s, poll_s=rq.maintenance_poll_s,
+                              slurm_restarts=self._slurm_restarts())
         stop.install()
+        self._stop = stop
         log = (lambda event, **kw: history.append(cfg.run_dir, event, job_id=job_id, **kw)) if rank == 0 else (
             lambda event, **kw: None)
         events = history.read(cfg.run_dir)
@@ -178,6 +230,7 @@ class JobRunner:
         self._events = events
         self._charged = charged_starts(events, job_id)  # earlier starts only
         if rank == 0:
+            remove_request(cfg.run_dir)
             resume = newest_step(cfg.run_dir)
             log("started", restart=restart, step=resume, rank=rank, world_size=world)
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
@@ -265,6 +318,8 @@ class JobRunner:
         rq = self.config.requeue
         if ctx.stop.cancelled():  # never requeue what the user cancelled, even if it then failed
             return "the job was cancelled"
+        if isinstance(err, KeyboardInterrupt):  # scancel --signal=INT: the user interrupted the job
+            return "interrupted (SIGINT)"
         if not rq.on_failure:
             return "requeue.on_failure is false"
         if isinstance(err, DETERMINISTIC_ERRORS):
@@ -301,6 +356,10 @@ class JobRunner:
             log("requeued", reason=reason, step=step, mechanism="local")
             os._exit(LOCAL_REQUEUE_EXIT)  # submitit's local controller restarts the task
         job_id = os.environ.get("SLURM_JOB_ID", "")
+        if reason == "requeue" or (reason == "failure" and self._requeued_by_slurm()):
+            # scontrol requeue by hand (or an admin): SLURM starts the job again by itself.
+            log("requeued", reason="requeue", step=step, mechanism="slurm")
+            os._exit(0)
         if scontrol_available():
             try:
                 subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60, capture_output=True)
@@ -308,9 +367,13 @@ class JobRunner:
                 os._exit(0)
             except (OSError, subprocess.SubprocessError) as e:
                 print(f"alpsck: scontrol requeue failed ({e}); asking the batch script", file=sys.stderr)
-        with open(os.path.join(self.config.run_dir, REQUEST_FILE), "w") as f:
-            f.write(job_id + "\n")
+        path = os.path.join(self.config.run_dir, REQUEST_FILE)
+        remove_request(self.config.run_dir)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(request_text(job_id, self._slurm_restarts(), reason, step, progress))
             f.flush()
             os.fsync(f.fileno())
-        log("requeued", reason=reason, step=step, mechanism="batch-script")
+        # The batch script records the outcome (requeued, or cancelled) from the request.
+        print(f"alpsck: asked the batch script to requeue job {job_id} ({reason})", file=sys.stderr, flush=True)
         os._exit(REQUEUE_EXIT)

@@ -1,4 +1,4 @@
-"""Stop requests: time limit, preemption, cancel and maintenance, noticed at a step boundary.
+"""Stop requests: time limit, preemption, cancel, requeue and maintenance, noticed at a step boundary.
 
 Signal handlers only record that a signal came (they run between bytecodes on the main thread
 and must not do I/O). The training loop asks :meth:`StopController.requested` at each step
@@ -6,14 +6,18 @@ boundary; on the first positive answer the reason is settled:
 
 - the time-limit signal (USR2 by default, sent by SLURM's ``--signal``, or by submitit's local
   executor before its timeout) means ``timeout``;
-- SIGTERM means ``preemption`` if the job is still RUNNING (PreemptMode=REQUEUE with a GraceTime
-  signals the steps while the job stays RUNNING), ``cancel`` if it is COMPLETING or CANCELLED
-  (what ``scancel`` does); where ``scontrol`` cannot be reached (inside an Alps container), it is
-  taken as ``preemption``, the safe side: checkpoint and requeue;
+- SIGTERM is read from SLURM's view of the job (:func:`term_verdict`): ``preemption`` while the
+  job is still RUNNING (PreemptMode=REQUEUE with a GraceTime signals the steps and keeps the job
+  RUNNING; ``scancel --signal=TERM`` too), ``cancel`` when it is COMPLETING or CANCELLED (what
+  ``scancel`` does), ``timeout`` when SLURM ends it at its time limit (Reason=TimeLimit), and
+  ``requeue`` when its restart count went up (``scontrol requeue`` by hand or by an admin: SLURM
+  starts it again by itself). Where ``scontrol`` cannot be reached (inside an Alps container) it
+  is ``term``: the job checkpoints and leaves the verdict to the batch script, which runs on the
+  host and asks scontrol the same question (:func:`term_verdict_shell`);
 - a MAINT reservation that starts before the job would end, and within ``margin_s``, is
   ``maintenance`` (a watcher thread polls ``scontrol show reservation``).
 
-A later SIGTERM upgrades any reason to ``cancel`` only if scontrol confirms a cancel; the
+A later SIGTERM changes any reason to ``cancel`` (or ``requeue``) only if scontrol says so; the
 runner calls :meth:`StopController.settle` before it decides, so a ``scancel`` that comes
 during the final checkpoint of a time-limit stop is a cancel, not a requeue.
 """
@@ -46,22 +50,76 @@ def scontrol_available() -> bool:
     return os.environ.get("ALPSCK_NO_SCONTROL") != "1" and shutil.which("scontrol") is not None
 
 
-def job_field(job_id: str, name: str, run: Runner = run_cmd) -> str | None:
-    """One ``Name=value`` field of ``scontrol show job``; None when scontrol is missing or fails."""
+def job_fields(job_id: str, run: Runner = run_cmd) -> dict[str, str] | None:
+    """The ``Name=value`` fields of ``scontrol show job`` (the first of each name: free text such
+    as a comment comes later); None when scontrol is missing or fails."""
     if not scontrol_available():
         return None
     try:
         out = run(["scontrol", "show", "job", "-o", job_id])
     except (OSError, subprocess.SubprocessError):
         return None
+    fields: dict[str, str] = {}
     for field in out.split():
-        if field.startswith(name + "="):
-            return field.split("=", 1)[1]
-    return None
+        name, eq, value = field.partition("=")
+        if eq and name not in fields:
+            fields[name] = value
+    return fields or None
 
 
-def job_state(job_id: str, run: Runner = run_cmd) -> str | None:
-    return job_field(job_id, "JobState", run)
+def job_field(job_id: str, name: str, run: Runner = run_cmd) -> str | None:
+    """One field of ``scontrol show job``; None when scontrol is missing or fails."""
+    fields = job_fields(job_id, run)
+    return fields.get(name) if fields else None
+
+
+# JobStates in which SLURM is ending the job (scontrol prints COMPLETING until its steps are gone).
+_ENDING = ("COMPLETING", "CANCELLED", "TIMEOUT", "DEADLINE")
+
+
+def term_verdict(fields: dict[str, str] | None, slurm_restarts: int) -> str:
+    """What a SIGTERM means, from scontrol's fields of the job and the ``SLURM_RESTART_COUNT`` this
+    start began with: ``requeue`` (someone requeued the job: its Restarts went up), ``timeout``
+    (SLURM is ending it at its time limit), ``cancel`` (scancel), ``preemption`` (the job is still
+    RUNNING), or ``term`` when scontrol cannot tell. Measured on Slurm 22.05: scancel gives
+    COMPLETING then CANCELLED with Reason=None; ``scontrol requeue`` gives COMPLETING with Restarts
+    already one up; the time limit gives COMPLETING with Reason=TimeLimit; preemption in GraceTime
+    keeps RUNNING. The batch script's twin is :func:`term_verdict_shell`; the tests drive both
+    through one table."""
+    if not fields or "JobState" not in fields:
+        return "term"
+    restarts = fields.get("Restarts", "")
+    if restarts.isdigit() and int(restarts) > slurm_restarts:
+        return "requeue"
+    state = fields["JobState"]
+    if state in _ENDING:
+        return "timeout" if state in ("TIMEOUT", "DEADLINE") or fields.get("Reason") == "TimeLimit" else "cancel"
+    return "preemption"
+
+
+def term_verdict_shell() -> list[str]:
+    """Bash lines defining ``alpsck_term_verdict``: :func:`term_verdict` for the batch script, on
+    the host, for this job (``$SLURM_JOB_ID``, ``$SLURM_RESTART_COUNT``). It prints
+    ``preemption`` where scontrol gives no answer: the job asked for a requeue, so try it."""
+    ending = "|".join(_ENDING)
+    return [
+        "alpsck_term_verdict() {",
+        '  local fields state reason restarts',
+        '  fields=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null | tr -s " " "\\n")',
+        '  state=$(printf "%s\\n" "$fields" | sed -n "s/^JobState=//p" | head -n 1)',
+        '  reason=$(printf "%s\\n" "$fields" | sed -n "s/^Reason=//p" | head -n 1)',
+        '  restarts=$(printf "%s\\n" "$fields" | sed -n "s/^Restarts=//p" | head -n 1)',
+        '  case "$restarts" in',
+        '    ""|*[!0-9]*) ;;',
+        '    *) if [ "$restarts" -gt "${SLURM_RESTART_COUNT:-0}" ]; then echo requeue; return; fi ;;',
+        "  esac",
+        '  case "$state" in',
+        f'    {ending})',
+        '      case "$state/$reason" in TIMEOUT/*|DEADLINE/*|*/TimeLimit) echo timeout ;; *) echo cancel ;; esac ;;',
+        "    *) echo preemption ;;",
+        "  esac",
+        "}",
+    ]
 
 
 def _parse_time(text: str) -> float | None:
@@ -106,8 +164,9 @@ class StopController:
     """Collects stop requests; see the module docstring. One per job process."""
 
     def __init__(self, job_id: str, *, timeout_signal: str = "USR2", maintenance: bool = False,
-                 margin_s: float = 300, poll_s: float = 60, run: Runner = run_cmd) -> None:
+                 margin_s: float = 300, poll_s: float = 60, slurm_restarts: int = 0, run: Runner = run_cmd) -> None:
         self.job_id = job_id
+        self.slurm_restarts = slurm_restarts  # SLURM_RESTART_COUNT of this start (term_verdict)
         self.timeout_signal = getattr(signal, f"SIG{timeout_signal}")
         self._run = run
         self._signals: list[tuple[int, float]] = []  # appended by handlers (list.append is atomic)
@@ -161,16 +220,13 @@ class StopController:
     def requested(self) -> bool:
         """True once a stop was requested; settles the reason on first call after a signal."""
         if self._reason is not None:
-            self._maybe_upgrade_to_cancel()
+            self._reread_later_terms()
             return True
         with self._lock:
             maint_at = self._maint_at
         if self._signals:
             signum, at = self._signals[0]
-            if signum == self.timeout_signal:
-                self._reason = "timeout"
-            else:
-                self._reason = "cancel" if self._scancelled() else "preemption"
+            self._reason = "timeout" if signum == self.timeout_signal else self._term_verdict()
             self.signal_time = at
             self._seen = 1
             return True
@@ -181,15 +237,18 @@ class StopController:
             return True
         return False
 
-    def _maybe_upgrade_to_cancel(self) -> None:
+    def _term_verdict(self) -> str:
+        return term_verdict(job_fields(self.job_id, self._run), self.slurm_restarts)
+
+    def _reread_later_terms(self) -> None:
+        """A SIGTERM after the reason was settled overrides it when it is a cancel (or SLURM's own
+        requeue): the final checkpoint is taken either way, the requeue is not."""
         for signum, _ in self._signals[self._seen:]:
             self._seen += 1
-            if signum == signal.SIGTERM and self._reason != "cancel" and self._scancelled():
-                self._reason = "cancel"
-
-    def _scancelled(self) -> bool:
-        """scontrol says the job is being cancelled (what ``scancel`` does; preemption keeps it RUNNING)."""
-        return job_state(self.job_id, self._run) in ("COMPLETING", "CANCELLED")
+            if signum == signal.SIGTERM and self._reason != "cancel":
+                verdict = self._term_verdict()
+                if verdict in ("cancel", "requeue"):
+                    self._reason = verdict
 
     def settle(self) -> str | None:
         """The reason, with signals that came after it was settled taken into account (a SIGTERM
@@ -198,7 +257,7 @@ class StopController:
         None when the loop never saw a stop: a signal it did not poll for (it came during the
         last step) leaves a finished run, and only the loop knows whether it stopped early."""
         if self._reason is not None:
-            self._maybe_upgrade_to_cancel()
+            self._reread_later_terms()
         return self._reason
 
     def cancelled(self) -> bool:
@@ -206,7 +265,8 @@ class StopController:
         ``scancel`` (its final save, or a peer rank that went away) must not be requeued."""
         if self.settle() == "cancel":
             return True
-        return self._reason is None and any(s == signal.SIGTERM for s, _ in self._signals) and self._scancelled()
+        return (self._reason is None and any(s == signal.SIGTERM for s, _ in self._signals)
+                and self._term_verdict() == "cancel")
 
     @property
     def reason(self) -> str | None:

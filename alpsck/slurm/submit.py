@@ -42,17 +42,31 @@ from . import history
 from .config import JobConfig
 from .launch import job_python, start_local_controller, user_paths
 from .runner import REQUEST_FILE, JobRunner
+from .stop import term_verdict_shell
 
 
 def requeue_trap_lines(run_dir: str) -> list[str]:
-    """Batch-script lines: on exit, requeue this job if it left a requeue request for it."""
+    """Batch-script lines: on exit, act on the job's requeue request (:func:`runner.request_text`)
+    if it comes from this start: ask scontrol, on the host, how the job is ending
+    (:func:`stop.term_verdict_shell`), requeue it unless it was cancelled or SLURM requeued it
+    already, append the request's event for that verdict to the history, and remove the request.
+    The request's content is only compared and copied, never run."""
     req = shlex.quote(str(Path(run_dir) / REQUEST_FILE))
+    hist = shlex.quote(str(Path(run_dir) / history.HISTORY))
     return [
+        *term_verdict_shell(),
         "alpsck_requeue_on_request() {",
-        f'  if [ -f {req} ] && [ "$(cat {req})" = "$SLURM_JOB_ID" ]; then',
-        f"    rm -f {req}",
-        '    scontrol requeue "$SLURM_JOB_ID"',
+        "  local verdict event",
+        f'  [ -e {req} ] || [ -L {req} ] || return 0',
+        f'  if [ -f {req} ] && [ ! -L {req} ] && [ "$(head -n 1 {req})" = "$SLURM_JOB_ID ${{SLURM_RESTART_COUNT:-0}}" ]; then',
+        "    verdict=$(alpsck_term_verdict)",
+        f'    event=$(sed -n "s/^$verdict //p" {req} | head -n 1)',
+        '    case "$verdict" in',
+        '      preemption|timeout) scontrol requeue "$SLURM_JOB_ID" || event= ;;',
+        "    esac",
+        f'    if [ -n "$event" ] && [ ! -L {hist} ]; then printf "%s\\n" "$event" >> {hist}; fi',
         "  fi",
+        f"  rm -f {req}",
         "}",
         "trap alpsck_requeue_on_request EXIT",
     ]
@@ -72,16 +86,25 @@ def environment_lines(cfg: JobConfig) -> list[str]:
     return lines
 
 
-# Batch-script lines: ``scancel --batch --signal=USR1|USR2`` reaches only the batch shell, whose
-# default action for them ends the job FAILED (no final checkpoint, no requeue). The shell ignores
-# them: the tasks take their own signals (``--signal`` without ``B:``, ``scancel --signal`` without
-# ``--batch``), and the job launcher sets its handlers whatever it inherits. A trap that forwarded
-# them would run only after srun returned (bash defers traps while a foreground command runs).
-BATCH_SIGNAL_LINES = ["trap '' USR1 USR2  # scancel --batch --signal=USR1/USR2 must not end the job"]
+# How the batch shell takes the signals SLURM can send it (docs/slurm.md has the whole table):
+# - USR1, USR2 (``scancel --batch --signal=...``): ignored. Their default action would end the
+#   job FAILED; the tasks take their own signals (``--signal`` without ``B:``, ``scancel
+#   --signal`` without ``--batch``), and the job launcher sets its handlers whatever it inherits.
+# - HUP: ignored (a closed session must not end the job); INT: ignored (bash would only defer it
+#   until srun returns, then go on: measured); QUIT: bash always ignores it.
+# - TERM (scancel, the time limit, ``scontrol requeue``: sent to the steps and the batch shell
+#   together): trapped, so the shell waits for the step's final checkpoint (bash runs a trap only
+#   after the foreground srun returns), and the EXIT trap then decides on the requeue request.
+#   Without it bash would run the EXIT trap at once, before the request exists.
+# - ALRM and the other terminating signals: fatal by choice (an explicit signal to the batch shell asks to
+#   end it): the job ends without a final checkpoint, and ``alpsck status`` reports SLURM's record.
+BATCH_SIGNAL_LINES = ["trap '' USR1 USR2 HUP INT  # scancel --batch --signal=USR1/USR2/HUP/INT must not end the job",
+                      "trap : TERM  # wait for the step's final checkpoint; the EXIT trap decides"]
 
 
 def setup_lines(cfg: JobConfig) -> list[str]:
-    return [f"mkdir -p {shlex.quote(cfg.run_dir)}", *BATCH_SIGNAL_LINES, *requeue_trap_lines(cfg.run_dir),
+    # The signal lines first: until bash has run them, a signal to the batch shell ends the job.
+    return [*BATCH_SIGNAL_LINES, f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
             # submitit in the job must expect the configured signal too, or an early one finds no
             # handler (USR1's default action ends the process)
             f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *environment_lines(cfg)]
