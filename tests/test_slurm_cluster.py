@@ -334,8 +334,13 @@ def test_sigalrm_to_the_batch_shell_ends_the_job_and_status_says_how(cluster: No
     doc = wait_for(lambda: (d := json.loads(subprocess.run(
         [sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True, text=True,
         timeout=120).stdout)) and d["state"] not in ("running", "pending") and d, 60, "status to see the end")
-    assert doc["state"] in ("failed", "cancelled") and doc["slurm"] is not None, doc
+    # The job saw SLURM end it (a SIGTERM while COMPLETING, as a scancel gives) and may record a
+    # cancel; SLURM's own record says how the batch shell died.
+    assert doc["state"] in ("failed", "cancelled") and doc["slurm"] == {"state": "FAILED", "exit_code": "0:14"}, doc
     assert not events(run, "requeued")
+    text = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True,
+                          timeout=120).stdout
+    assert "SLURM: FAILED, exit code 0:14" in text, text
 
 
 def test_the_same_crash_at_two_starts_ends_the_run_failed_with_the_error(cluster: None, tmp_path: Path) -> None:

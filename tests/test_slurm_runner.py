@@ -252,3 +252,49 @@ def test_sigint_to_the_tasks_is_an_interrupt_that_is_not_requeued(tmp_path: Path
     failed = events[-1]
     assert failed["event"] == "failed" and failed["not_requeued"] == "interrupted (SIGINT)", events
     assert "requeue" not in calls.split()
+
+
+# Every transition seen in the scenarios on the local SLURM: (the events, whether the job still
+# exists, SLURM's record of its end) -> the state status shows.
+_S = {"event": "submitted", "job_id": "7", "backend": "slurm"}
+_ST = {"event": "started", "job_id": "7"}
+_RQ = {"event": "requeued", "job_id": "7", "reason": "timeout"}
+STATE_TABLE = [
+    ("pending, queued", [_S], True, None, "pending"),
+    ("pending, SLURM cannot tell", [_S], None, None, "pending"),
+    ("scancelled while pending", [_S], False, {"state": "CANCELLED", "exit_code": "0:0"}, "cancelled"),
+    ("could not start", [_S], False, {"state": "FAILED", "exit_code": "1:0"}, "failed"),
+    ("vanished with no record", [_S, _ST], False, None, "failed"),
+    ("running", [_S, _ST], True, None, "running"),
+    ("os._exit at a start", [_S, _ST], False, {"state": "FAILED", "exit_code": "7:0"}, "failed"),
+    ("killed at the time limit", [_S, _ST], False, {"state": "TIMEOUT", "exit_code": "0:0"}, "timeout"),
+    ("requeued, pending again", [_S, _ST, _RQ], True, None, "requeued"),
+    ("requeued, then scancelled while pending", [_S, _ST, _RQ], False, {"state": "CANCELLED", "exit_code": "0:0"},
+     "cancelled"),
+    ("requeued by hand", [_S, _ST, {**_RQ, "reason": "requeue", "mechanism": "slurm"}], True, None, "requeued"),
+    ("restarted after a requeue", [_S, _ST, _RQ, _ST], True, None, "running"),
+    ("a crash that will be requeued", [_S, _ST, {"event": "failed", "job_id": "7", "will_requeue": True}, _RQ],
+     True, None, "requeued"),
+    ("failed, not requeued", [_S, _ST, {"event": "failed", "job_id": "7", "will_requeue": False}],
+     False, {"state": "FAILED", "exit_code": "1:0"}, "failed"),
+    ("finished", [_S, _ST, {"event": "finished", "job_id": "7"}], False, {"state": "COMPLETED", "exit_code": "0:0"},
+     "finished"),
+    ("cancelled, recorded by the batch script", [_S, _ST, {"event": "cancelled", "job_id": "7"}], False,
+     {"state": "CANCELLED", "exit_code": "0:15"}, "cancelled"),
+    ("gave up", [_S, _ST, {"event": "gave_up", "job_id": "7"}], False, {"state": "FAILED", "exit_code": "1:0"},
+     "gave_up"),
+    ("signalled, final checkpoint under way", [_S, _ST, {"event": "signal", "job_id": "7"}], True, None, "running"),
+]
+
+
+@pytest.mark.parametrize(("events", "alive", "slurm", "want"), [row[1:] for row in STATE_TABLE],
+                         ids=[row[0] for row in STATE_TABLE])
+def test_the_status_state_machine(events: list[dict[str, object]], alive: bool | None,
+                                  slurm: dict[str, object] | None, want: str) -> None:
+    from alpsck.slurm import watch
+
+    evs = [{"time": 1000.0 + i, **e} for i, e in enumerate(events)]
+    state, note = watch.decide(history.state_of(evs), alive, slurm, "7")
+    assert state == want and state in history.STATES
+    # A note says why exactly when the history's own state was overruled (the job is gone).
+    assert (note is not None) == (alive is False and history.state_of(evs) in watch.LIVE_STATES)

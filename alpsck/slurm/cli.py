@@ -108,6 +108,9 @@ def _status(args: argparse.Namespace) -> int:
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
     if s["note"]:
         print(f"  note: {s['note']}")
+    if s["slurm"]:
+        code = s["slurm"]["exit_code"]
+        print(f"  SLURM: {s['slurm']['state']}{'' if code is None else f', exit code {code}'}")
     for e in s["events"]:
         print(f"  {watch.describe(e)}")
     if s["log"]:

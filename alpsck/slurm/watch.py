@@ -64,19 +64,21 @@ def local_job_alive(job_id: str, run_dir: str | os.PathLike[str]) -> bool:
     return any(os.path.abspath(arg) == os.path.abspath(folder) for arg in cmdline if arg)
 
 
-def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> bool | None:
-    """Whether the submitted job still exists; None when nobody can tell (SLURM not answering)."""
+def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> tuple[bool | None, str | None]:
+    """Whether the submitted job still exists (None when nobody can tell: SLURM not answering),
+    and, for a live SLURM job, its JobState in the queue (PENDING, RUNNING, COMPLETING...)."""
     job_id = str(submission.get("job_id"))
     if submission.get("backend") == "local":
-        return local_job_alive(job_id, run_dir)
+        return local_job_alive(job_id, run_dir), None
     from .submit import live_jobs, slurm_unavailable
 
     if slurm_unavailable() is not None:
-        return None
+        return None, None
     live = live_jobs(os.fspath(run_dir))
     if live is None:
-        return None
-    return any(i == job_id for i, _ in live)
+        return None, None
+    state = next((st for i, st in live if i == job_id), None)
+    return state is not None, state
 
 
 def slurm_record(job_id: str) -> dict[str, str] | None:
@@ -101,28 +103,48 @@ def slurm_record(job_id: str) -> dict[str, str] | None:
 _SLURM_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
 
 
+def decide(recorded: str, alive: bool | None, slurm: dict[str, Any] | None, job_id: str) -> tuple[str, str | None]:
+    """The state machine of ``alpsck status``: the state and a note, from the state the history
+    records (:func:`history.state_of`), whether the job still exists (None: cannot tell) and
+    SLURM's record of its end (None: not a SLURM job, not ended, or SLURM does not say).
+
+    An end the history records (finished, failed, cancelled, gave_up) stands. A job the history
+    says is still on (pending, running, requeued) stays so while it exists or nobody can tell;
+    once it is gone, SLURM's record names the end: CANCELLED is cancelled (a scancel while pending,
+    after a requeue), TIMEOUT timeout, anything else, or no record, failed."""
+    if recorded not in LIVE_STATES or alive is not False:
+        return recorded, None
+    state = _SLURM_ENDS.get(slurm["state"], "failed") if slurm else "failed"
+    if state == "cancelled":
+        return state, f"job {job_id} was cancelled ({'before it started' if recorded == 'pending' else recorded})"
+    how = "could not start (see its log)" if recorded == "pending" else "ended without recording how"
+    said = (f"SLURM: {slurm['state']}, exit code {slurm['exit_code']}" if slurm else
+            "killed, its node lost, or the cluster restarted")
+    return state, f"job {job_id} no longer exists: it {how} ({said}). Submit again to resume from the newest checkpoint"
+
+
 def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The job's state: ``state`` (one of history.STATES), ``note`` (or None), ``log`` (path of the
-    newest job's log, or None), ``log_tail`` (its last lines, for a failure), ``slurm`` (SLURM's
-    record of the job's end, ``{"state", "exit_code"}``, when it has ended and SLURM tells)."""
+    """The job's state: ``state`` (one of history.STATES, by :func:`decide`), ``note`` (or None),
+    ``log`` (path of the newest job's log, or None), ``log_tail`` (its last lines, for a failure),
+    ``slurm``: for a SLURM job, SLURM's view, ``{"state", "exit_code"}``: its JobState in the queue
+    while it lives (exit code None), SLURM's record of its end once it has ended (None where
+    SLURM does not tell)."""
     events = history.read(run_dir) if events is None else events
-    state = history.state_of(events)
+    recorded = history.state_of(events)
     sub = last_submission(events)
     log = log_path(run_dir, str(sub["job_id"])) if sub is not None else None
-    out: dict[str, Any] = {"state": state, "note": None, "log": str(log) if log else None, "log_tail": [],
+    out: dict[str, Any] = {"state": recorded, "note": None, "log": str(log) if log else None, "log_tail": [],
                            "slurm": None}
-    if state in LIVE_STATES and sub is not None and job_alive(run_dir, sub) is False:
-        record = slurm_record(str(sub["job_id"])) if sub.get("backend") == "slurm" else None
-        out["slurm"] = record
-        out["state"] = _SLURM_ENDS.get(record["state"], "failed") if record else "failed"
-        if out["state"] == "cancelled":
-            out["note"] = f"job {sub['job_id']} was cancelled ({'before it started' if state == 'pending' else state})"
-        else:
-            how = "could not start (see its log)" if state == "pending" else "ended without recording how"
-            said = f"SLURM: {record['state']}, exit code {record['exit_code']}" if record else \
-                "killed, its node lost, or the cluster restarted"
-            out["note"] = (f"job {sub['job_id']} no longer exists: it {how} ({said}). Submit again to resume from "
-                           "the newest checkpoint")
+    if sub is None:
+        return out
+    job_id = str(sub["job_id"])
+    alive, queue_state = job_alive(run_dir, sub)
+    if sub.get("backend") == "slurm":
+        if alive:
+            out["slurm"] = {"state": queue_state, "exit_code": None}
+        elif alive is False:
+            out["slurm"] = slurm_record(job_id)
+    out["state"], out["note"] = decide(recorded, alive, out["slurm"] if alive is False else None, job_id)
     if out["state"] == "failed" and log is not None:
         out["log_tail"] = log_tail(log)
     return out
