@@ -315,7 +315,26 @@ def test_the_alps_examples_scripts_match_golden(monkeypatch: pytest.MonkeyPatch,
     assert "--cpus-per-task=72" in srun and "--kill-on-bad-exit=1" in srun and sys.executable not in srun
     assert " python3 -u -c " in srun
     assert ("--environment=/users/user/.edf/pytorch.toml" in srun) == (example == "alps-gh200")
-    assert ("--uenv=pytorch/v2.6.0:v1" in srun) == (example == "alps-gh200-uenv")
+    assert ("--uenv=pytorch/v2.6.0:v1 --view=default" in srun) == (example == "alps-gh200-uenv")
+    # The batch shell outlives the signals SLURM sends it, and its EXIT trap acts on the request.
+    assert text.index("trap '' USR1 USR2 HUP INT") < text.index("mkdir -p")
+    assert "trap : TERM" in text and "trap alpsck_requeue_on_request EXIT" in text
+
+
+def test_a_uenv_gets_the_default_view_unless_told(tmp_path: Path) -> None:
+    """Without --view a uenv is only mounted, and python3 would be the node's own (CSCS: use the
+    default view); a view without a uenv names the key."""
+    from alpsck.slurm.submit import srun_arguments
+
+    base = GOOD + "environment:\n  uenv: pytorch/v2.8.0:v1\n"
+    assert srun_arguments(parse_config(base))[-2:] == ["--uenv=pytorch/v2.8.0:v1", "--view=default"]
+    assert srun_arguments(parse_config(base + "  view: modules\n"))[-1] == "--view=modules"
+    with pytest.raises(ConfigError, match=r"environment\.view.*environment\.uenv"):
+        parse_config(GOOD + "environment:\n  view: default\n")
+    with pytest.raises(ConfigError, match=r"environment\.view"):
+        parse_config(base + "  view: 'a b'\n")
+    with pytest.raises(ConfigError, match=r"slurm\.extra\.view.*environment\.view"):
+        parse_config(GOOD.replace("slurm:\n", "slurm:\n  extra: {view: default}\n", 1))
 
 
 def test_sbatch_script_matches_golden(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ _CONTROLLED = {
     "cpus-per-task": "use slurm.cpus_per_task", "partition": "use slurm.partition",
     "gpus-per-node": "use slurm.gpus_per_node", "mem": "use slurm.mem", "constraint": "use slurm.constraint",
     "account": "use slurm.account", "qos": "use slurm.qos", "reservation": "use slurm.reservation",
-    "environment": "use environment.container", "uenv": "use environment.uenv",
+    "environment": "use environment.container", "uenv": "use environment.uenv", "view": "use environment.view",
     "wrap": "the entry runs through submitit", "array": "one job per config",
 }
 # sbatch takes any unambiguous abbreviation of a long option (--sig is --signal); these options
@@ -100,6 +100,7 @@ class SlurmConfig:
 class EnvironmentConfig:
     container: str | None = None  # Alps Container Engine EDF (srun/sbatch --environment)
     uenv: str | None = None       # --uenv
+    view: str | None = None       # --view of the uenv ("default" when a uenv is given)
     venv: str | None = None       # a virtual environment to activate
     setup: list[str] = field(default_factory=list)
 
@@ -255,7 +256,7 @@ _TYPES: dict[str, dict[str, str]] = {
     "slurm": {"partition": "str", "account": "str", "qos": "str", "reservation": "str", "nodes": "int",
               "tasks_per_node": "int", "gpus_per_node": "int", "cpus_per_task": "int", "time": "str",
               "constraint": "str", "mem": "str", "extra": "dict"},
-    "environment": {"container": "str", "uenv": "str", "venv": "str", "setup": "list[str]"},
+    "environment": {"container": "str", "uenv": "str", "view": "str", "venv": "str", "setup": "list[str]"},
     "entry": {"function": "str", "script": "str", "args": "list[str]"},
     "checkpoint": {"every_steps": "int", "every_seconds": "float", "max_in_flight": "int", "threads": "int",
                    "keep_last": "int"},
@@ -365,7 +366,11 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("slurm.gpus_per_node", "must be 0 or more")
     slurm.extra = {str(k): _extra_value(f"slurm.extra.{k}", k, v, loc) for k, v in slurm.extra.items()}
 
-    for k in ("container", "uenv", "venv"):
+    if env.view is not None and env.uenv is None:
+        raise loc.err("environment.view", "a view of a uenv: give environment.uenv too")
+    if env.uenv is not None and env.view is None:
+        env.view = "default"  # CSCS: the default view puts the uenv's python3, CUDA and NCCL on the PATH
+    for k in ("container", "uenv", "view", "venv"):
         v = getattr(env, k)
         if v is not None:
             # ~ too: the batch script quotes the path, so its shell would not expand it

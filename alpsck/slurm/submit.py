@@ -201,7 +201,7 @@ def job_interpreter(cfg: JobConfig) -> str:
 def srun_arguments(cfg: JobConfig) -> list[str]:
     """Options of the srun that starts the tasks (on Alps as CSCS documents them):
 
-    - the container (``--environment``) or uenv (``--uenv``) per job step, not on the batch
+    - the container (``--environment``) or uenv (``--uenv`` and its ``--view``) per job step, not on the batch
       script: the batch script stays on the host, where its EXIT trap can run ``scontrol requeue``;
     - ``--cpus-per-task`` again: srun does not inherit it from sbatch (Slurm 22.05 and later);
     - ``--kill-on-bad-exit=1``: one task that dies ends the step, instead of leaving the others
@@ -211,7 +211,8 @@ def srun_arguments(cfg: JobConfig) -> list[str]:
     if cfg.environment.container:
         args.append(f"--environment={cfg.environment.container}")
     if cfg.environment.uenv:
-        args.append(f"--uenv={cfg.environment.uenv}")
+        # Without a view the uenv is only mounted: python3 would be the node's own.
+        args += [f"--uenv={cfg.environment.uenv}", f"--view={cfg.environment.view}"]
     return args
 
 
