@@ -298,3 +298,22 @@ def test_the_status_state_machine(events: list[dict[str, object]], alive: bool |
     assert state == want and state in history.STATES
     # A note says why exactly when the history's own state was overruled (the job is gone).
     assert (note is not None) == (alive is False and history.state_of(evs) in watch.LIVE_STATES)
+
+
+@pytest.mark.parametrize(("retries", "earlier", "requeued"), [
+    (0, 0, False), (1, 0, True), (1, 1, False), (2, 1, True), (2, 2, False), (3, 2, True)])
+def test_same_error_retries_bounds_the_requeues_of_a_repeating_crash(tmp_path: Path, retries: int, earlier: int,
+                                                                    requeued: bool) -> None:
+    """``earlier`` starts already failed with this error and no checkpoint since: the crash is
+    requeued while fewer than ``requeue.same_error_retries`` did."""
+    run = tmp_path / "run"
+    for i in range(earlier):
+        history.append(run, "started", job_id="L1", restart=i)
+        history.append(run, "failed", job_id="L1", message="RuntimeError: boom", will_requeue=True)
+        history.append(run, "requeued", job_id="L1", reason="failure", progress=False)
+    r, events, _ = _run(tmp_path, "crashes", local=True,
+                        extra=f"  same_error_retries: {retries}\n  max_restarts: 50\n  give_up_after_no_progress: 50\n")
+    failed = [e for e in events if e["event"] == "failed"][-1]
+    assert failed["message"] == "RuntimeError: boom" and failed["will_requeue"] is requeued, events
+    if not requeued:
+        assert r.returncode == 1 and "same_error_retries is" in failed["not_requeued"], failed

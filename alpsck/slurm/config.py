@@ -130,6 +130,7 @@ class RequeueConfig:
     maintenance_margin_s: int = 300
     maintenance_poll_s: int = 60
     on_failure: bool = True
+    same_error_retries: int = 1  # requeues of a start that failed as the one before, with no checkpoint between
     give_up_after_no_progress: int = 3
 
 
@@ -262,7 +263,7 @@ _TYPES: dict[str, dict[str, str]] = {
                    "keep_last": "int"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
-                "give_up_after_no_progress": "int"},
+                "same_error_retries": "int", "give_up_after_no_progress": "int"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 
@@ -422,6 +423,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("requeue.signal_delay_s", f"must be between 1 and the time limit ({slurm.time_minutes * 60:.0f} s)")
     if rq.max_restarts < 0:
         raise loc.err("requeue.max_restarts", "must be 0 or more")
+    if rq.same_error_retries < 0:
+        raise loc.err("requeue.same_error_retries", "must be 0 or more")
     if rq.give_up_after_no_progress < 1:
         raise loc.err("requeue.give_up_after_no_progress", "must be at least 1")
     if rq.maintenance_margin_s < 0:

@@ -326,9 +326,21 @@ class JobRunner:
             return f"{type(err).__name__} fails the same way at every start"
         if self._charged + 1 > rq.max_restarts:
             return f"{self._charged + 1} starts crashed or made no progress, and requeue.max_restarts is {rq.max_restarts}"
-        prev = next((e for e in reversed(self._events) if e["event"] == "failed" and e.get("job_id") == ctx.job_id), None)
-        if prev is not None and prev.get("message") == message and step == ctx.resume_step:
-            return "the previous start failed with the same error, and no checkpoint was written in between"
+        # Earlier starts of this job that failed with this error, newest first, with no checkpoint
+        # since (each recorded this same newest step): a retry would meet it again.
+        streak = 0
+        if step == ctx.resume_step:
+            for e in reversed(self._events):
+                if e["event"] != "failed" or e.get("job_id") != ctx.job_id:
+                    continue
+                if e.get("message") != message or e.get("step") != step:
+                    break
+                streak += 1
+        if step == ctx.resume_step and streak >= rq.same_error_retries:
+            if streak == 0:
+                return "it failed before writing a checkpoint, and requeue.same_error_retries is 0"
+            return (f"the {streak} start(s) before failed with the same error, and no checkpoint was written in "
+                    f"between (requeue.same_error_retries is {rq.same_error_retries})")
         return None
 
     def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
