@@ -209,3 +209,27 @@ def test_request_text_is_json_per_verdict(tmp_path: Path) -> None:
         rec = json.loads(doc)
         assert rec["job_id"] == "7" and "step" not in rec and rec["recorded_by"] == "batch script", rec
         assert rec.get("reason") == {"preemption": "timeout", "timeout": "timeout", "requeue": "requeue"}.get(verdict)
+
+
+def test_the_sigterm_our_own_requeue_brings_does_not_cut_the_exit_trap_short(tmp_path: Path) -> None:
+    """With proctrack/linuxproc (the local cluster) or pgid, the SIGTERM that follows a requeue
+    reaches every process of the batch step, the EXIT trap's scontrol and sed too; the trap
+    ignores it, so the requeue that went through is recorded."""
+    run = tmp_path / "run"
+    run.mkdir()
+    history.append(run, "started", job_id="4242", restart=0)
+    (run / REQUEST_FILE).write_text(request_text("4242", 0, "timeout", 17, True))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("""#!/bin/bash
+case "$1" in
+  show) echo "JobId=4242 JobName=t JobState=RUNNING Reason=None Restarts=0";;
+  requeue) kill -TERM 0; sleep 0.2; exit 0;;
+esac
+""")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    script = "\n".join([*BATCH_SIGNAL_LINES, *requeue_trap_lines(str(run)), "true"])
+    subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=60, start_new_session=True)
+    assert [e["event"] for e in history.read(run)] == ["started", "requeued"]
+    assert not (run / REQUEST_FILE).exists()

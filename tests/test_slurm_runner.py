@@ -68,6 +68,10 @@ def sigterm_stop(job):
         ck.save(6, {"w": torch.ones(3)}).wait()
     return job.stop_reason
 
+def requeued_by_hand_then_crash(job):
+    _signal(signal.SIGTERM)                       # scontrol requeue by hand; the loop never polls
+    raise RuntimeError("NCCL peer went away")
+
 def interrupted(job):
     _signal(signal.SIGINT)                        # scancel --signal=INT: KeyboardInterrupt
     time.sleep(1)
@@ -317,3 +321,26 @@ def test_same_error_retries_bounds_the_requeues_of_a_repeating_crash(tmp_path: P
     assert failed["message"] == "RuntimeError: boom" and failed["will_requeue"] is requeued, events
     if not requeued:
         assert r.returncode == 1 and "same_error_retries is" in failed["not_requeued"], failed
+
+
+def test_a_crash_after_a_hand_requeue_the_loop_never_saw_does_not_requeue_again(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "requeued_by_hand_then_crash", fields="JobState=COMPLETING Reason=None Restarts=1")
+    assert "requeue" not in calls.split(), calls
+    assert events[-1]["event"] == "requeued" and events[-1]["mechanism"] == "slurm", events
+
+
+def test_a_local_job_never_asks_slurm_what_a_sigterm_means(tmp_path: Path) -> None:
+    """Its job id is a pid, which SLURM may know as another job (here: one being cancelled)."""
+    r, events, calls = _run(tmp_path, "sigterm_stop", local=True, fields="JobState=CANCELLED Reason=None Restarts=0")
+    assert events[-1]["event"] == "requeued" and events[-1]["reason"] == "preemption", events
+    assert "show job" not in calls
+
+
+def test_a_term_stop_on_the_host_leaves_the_requeue_to_the_batch_script(tmp_path: Path) -> None:
+    """scontrol gave no answer when the SIGTERM came ("term"), and answers later: the job still
+    writes the request, so that the batch script asks again, instead of a requeue here
+    overriding what may be a scancel."""
+    r, events, calls = _run(tmp_path, "sigterm_stop", fields="Reason=None")  # no JobState: no verdict
+    assert r.returncode == 3, r.stderr
+    assert events[-1]["event"] == "final_checkpoint" and events[-1]["reason"] == "term", events
+    assert "requeue" not in calls.split() and (tmp_path / "run" / ".requeue-request").exists()

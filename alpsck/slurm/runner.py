@@ -114,6 +114,8 @@ def remove_request(run_dir: str) -> None:
         os.unlink(os.path.join(run_dir, REQUEST_FILE))
     except FileNotFoundError:
         pass
+    except OSError as e:  # a directory in its place, no permission: the request written later fails loudly
+        print(f"alpsck: cannot remove {os.path.join(run_dir, REQUEST_FILE)}: {e}", file=sys.stderr, flush=True)
 
 
 def _error_text(err: BaseException) -> str:
@@ -200,8 +202,7 @@ class JobRunner:
         return _env_int("SLURM_RESTART_COUNT")
 
     def _requeued_by_slurm(self) -> bool:
-        stop = self._stop
-        return stop is not None and stop.settle() == "requeue"
+        return self._stop is not None and self._stop.requeued_by_slurm()
 
     def _restart_count(self, job_id: str, events: list[dict[str, Any]]) -> int:
         if "SLURM_RESTART_COUNT" in os.environ:
@@ -220,7 +221,7 @@ class JobRunner:
         stop = StopController(job_id, timeout_signal=rq.signal,
                               maintenance=rq.on_maintenance and rank == 0 and not self._local(),
                               margin_s=rq.maintenance_margin_s, poll_s=rq.maintenance_poll_s,
-                              slurm_restarts=self._slurm_restarts())
+                              slurm_restarts=self._slurm_restarts(), slurm=not self._local())
         stop.install()
         self._stop = stop
         log = (lambda event, **kw: history.append(cfg.run_dir, event, job_id=job_id, **kw)) if rank == 0 else (
@@ -372,7 +373,9 @@ class JobRunner:
             # scontrol requeue by hand (or an admin): SLURM starts the job again by itself.
             log("requeued", reason="requeue", step=step, mechanism="slurm")
             os._exit(0)
-        if scontrol_available():
+        # "term": scontrol did not answer when the SIGTERM came; the batch script asks it again,
+        # rather than a requeue here overriding what may be a scancel.
+        if scontrol_available() and reason != "term":
             try:
                 subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60, capture_output=True)
                 log("requeued", reason=reason, step=step, mechanism="scontrol")

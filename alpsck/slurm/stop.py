@@ -164,8 +164,10 @@ class StopController:
     """Collects stop requests; see the module docstring. One per job process."""
 
     def __init__(self, job_id: str, *, timeout_signal: str = "USR2", maintenance: bool = False,
-                 margin_s: float = 300, poll_s: float = 60, slurm_restarts: int = 0, run: Runner = run_cmd) -> None:
+                 margin_s: float = 300, poll_s: float = 60, slurm_restarts: int = 0, slurm: bool = True,
+                 run: Runner = run_cmd) -> None:
         self.job_id = job_id
+        self.slurm = slurm  # False under the local executor: a SIGTERM is then a preemption, never asked of SLURM
         self.slurm_restarts = slurm_restarts  # SLURM_RESTART_COUNT of this start (term_verdict)
         self.timeout_signal = getattr(signal, f"SIG{timeout_signal}")
         self._run = run
@@ -238,7 +240,14 @@ class StopController:
         return False
 
     def _term_verdict(self) -> str:
+        if not self.slurm:  # a job id of the local executor is a pid: SLURM may know another job by it
+            return "preemption"
         return term_verdict(job_fields(self.job_id, self._run), self.slurm_restarts)
+
+    def _unpolled_term(self, verdict: str) -> bool:
+        """A SIGTERM came that the loop never polled for, and SLURM's view of it is ``verdict``."""
+        return (self._reason is None and any(s == signal.SIGTERM for s, _ in self._signals)
+                and self._term_verdict() == verdict)
 
     def _reread_later_terms(self) -> None:
         """A SIGTERM after the reason was settled overrides it when it is a cancel (or SLURM's own
@@ -263,10 +272,12 @@ class StopController:
     def cancelled(self) -> bool:
         """Whether the job was cancelled, seen by the loop or not: a job that fails after a
         ``scancel`` (its final save, or a peer rank that went away) must not be requeued."""
-        if self.settle() == "cancel":
-            return True
-        return (self._reason is None and any(s == signal.SIGTERM for s, _ in self._signals)
-                and self._term_verdict() == "cancel")
+        return self.settle() == "cancel" or self._unpolled_term("cancel")
+
+    def requeued_by_slurm(self) -> bool:
+        """Whether SLURM requeued the job itself (``scontrol requeue`` by hand), seen by the loop or
+        not: a job that then fails must not requeue itself again."""
+        return self.settle() == "requeue" or self._unpolled_term("requeue")
 
     @property
     def reason(self) -> str | None:

@@ -56,6 +56,7 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
     return [
         *term_verdict_shell(),
         "alpsck_requeue_on_request() {",
+        "  trap '' TERM  # the SIGTERM our own requeue (or a scancel) brings must not kill scontrol or sed here",
         "  local verdict event",
         f'  [ -e {req} ] || [ -L {req} ] || return 0',
         f'  if [ -f {req} ] && [ ! -L {req} ] && [ "$(head -n 1 {req})" = "$SLURM_JOB_ID ${{SLURM_RESTART_COUNT:-0}}" ]; then',
