@@ -13,7 +13,8 @@ boundary; on the first positive answer the reason is settled:
   ``requeue`` when its restart count went up (``scontrol requeue`` by hand or by an admin: SLURM
   starts it again by itself). Where ``scontrol`` cannot be reached (inside an Alps container) it
   is ``term``: the job checkpoints and leaves the verdict to the batch script, which runs on the
-  host and asks scontrol the same question (:func:`term_verdict_shell`);
+  host and asks scontrol the same question (:func:`term_verdict_shell`). Under the local executor
+  (``slurm=False``) a SIGTERM is ``preemption``;
 - a MAINT reservation that starts before the job would end, and within ``margin_s``, is
   ``maintenance`` (a watcher thread polls ``scontrol show reservation``).
 
