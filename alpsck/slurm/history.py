@@ -1,11 +1,12 @@
 """RUN_DIR/history.jsonl: one JSON event per line, appended and fsync'ed; and the timeline view.
 
-Events (``event`` field): submitted, started, signal, final_checkpoint, requeued, resumed,
-finished, failed, cancelled, gave_up. Each carries ``time`` (unix seconds), ``job_id`` and,
-where it applies, ``reason`` (timeout, preemption, maintenance, cancel, requeue, term, failure:
-see :mod:`alpsck.slurm.stop`), ``step``, ``seconds``, ``restart``, ``host``, ``message``. Appends
-are single ``write`` calls of one line with O_APPEND, so concurrent writers (several ranks, the
-batch script's EXIT trap) never interleave within a line.
+Events (``event`` field): submitted, started, signal, final_checkpoint, requeued, finished,
+failed, cancelled, gave_up (a start that resumes says so in ``started``'s ``step``). Each carries
+``time`` (unix seconds), ``job_id`` and, where it applies, ``reason`` (timeout, preemption,
+maintenance, cancel, requeue, term, failure: see :mod:`alpsck.slurm.stop`), ``step``,
+``seconds``, ``restart``, ``host``, ``message``. Appends are single ``write`` calls of one line
+with O_APPEND, so concurrent writers (several ranks, the batch script's EXIT trap) never
+interleave within a line.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def state_of(events: list[dict[str, Any]]) -> str:
             return "failed"
         if ev == "requeued":
             return "requeued"
-        if ev in ("started", "resumed", "signal", "final_checkpoint"):
+        if ev in ("started", "signal", "final_checkpoint"):
             return "running"
         if ev == "submitted":
             return "pending"
