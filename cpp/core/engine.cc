@@ -209,6 +209,7 @@ void Engine::Close() {
     if (closed_) return;
     closed_ = true;
   }
+  admit_cv_.notify_all();  // a Save waiting for an in-flight slot fails now (it re-checks closed_)
   WaitAll();
   {
     std::lock_guard<std::mutex> l(q_mu_);
@@ -423,7 +424,10 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
       return Status::Ok();
     }
     if (in_flight_steps_.count(step)) return Status::Invalid("step " + std::to_string(step) + " is already being saved");
-    admit_cv_.wait(l, [&] { return in_flight_ < opts_.max_in_flight; });
+    admit_cv_.wait(l, [&] { return closed_ || in_flight_ < opts_.max_in_flight; });
+    // Close() during the wait: WaitAll may already have seen nothing in flight, and the writers
+    // stop next, so this save must not start.
+    if (closed_) return Status::Error(Code::kAborted, "engine is closed");
     ++in_flight_;
     in_flight_steps_.insert(step);
     if (opts_.world_size > 1) job->attempt = attempts_[step]++;

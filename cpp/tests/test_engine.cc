@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -762,6 +763,36 @@ TEST(external_fill_misuse_fails_the_save_and_keeps_the_previous_checkpoint) {
   REQUIRE(h->Wait(60) && h->status().ok());
   CHECK(Matches(d.path(), 6, "a", a));
   e->Close();  // nothing left in flight
+}
+
+TEST(close_fails_a_save_blocked_on_its_in_flight_slot) {
+  // max_in_flight 1 and a slow fdatasync: the second Save waits for a slot. Close() during that
+  // wait must fail it ("engine is closed"), not let it in after WaitAll saw nothing in flight
+  // (its chunks would then reach stopped writers, and its handle would never complete).
+  TempDir d;
+  FaultEnv env;
+  FaultRule slow;
+  slow.op = FaultRule::Op::kFDataSync;
+  slow.error = 0;
+  slow.delay_us = 300000;
+  slow.count = UINT64_MAX;
+  env.AddRule(slow);
+  auto e = Open(d.path(), &env, 1, 0);
+  REQUIRE(e);
+  auto a = RandomBytes(4096, 21);
+  std::shared_ptr<SaveHandle> first;
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &first).ok());
+  Status second_status;
+  std::shared_ptr<SaveHandle> second;
+  std::thread t([&] { second_status = e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &second); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the second Save now waits for the slot
+  e->Close();
+  t.join();
+  CHECK(first->Done() && first->status().ok());
+  CHECK(second_status.code() == Code::kAborted);
+  CHECK(!second || (second->Wait(5) && !second->status().ok()));
+  CHECK(!Exists(JoinPath(d.path(), "step-000000002")));
+  CHECK(Matches(d.path(), 1, "a", a));
 }
 
 ALPSCK_TEST_MAIN()
