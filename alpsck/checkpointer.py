@@ -81,7 +81,6 @@ from .ranks import Ranks, assign_owners
 from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 from .staging import Stager, guarded_pointers
 
-TREE_FORMAT = META_FORMAT  # kept for callers of the first version
 __all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
 
 

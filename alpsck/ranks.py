@@ -75,12 +75,6 @@ class Ranks:
         group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
         return cls(rank, world_size, group)
 
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            import torch.distributed as dist
-
-            dist.barrier(group=self.group)
-
     def all_true(self, ok: bool) -> bool:
         """True when ``ok`` holds on every rank (a collective)."""
         if self.world_size == 1:

@@ -514,8 +514,6 @@ NB_MODULE(_core, m) {
   m.def("page_size", &PageSize);
   m.attr("MAX_THREADS") = kMaxWriterThreads;  // the engine's limit on writer threads
   m.attr("checkpoint_format") = kManifestFormat;  // what this build writes (MANIFEST.json "format")
-  m.def("cache_line_size", &CacheLineSize);
-  m.def("allowed_cpus", &AllowedCpus, "CPUs this process may run on (its cpuset).");
   m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = 4, "progress"_a = nb::none(),
         "Classify every checkpoint directory of run_dir (ascending steps).");
 
