@@ -43,6 +43,16 @@ std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_
   return e;
 }
 
+// Every fdatasync sleeps delay_us first (and succeeds): saves stay in flight that long.
+void SlowFDataSync(FaultEnv* env, uint64_t delay_us) {
+  FaultRule slow;
+  slow.op = FaultRule::Op::kFDataSync;
+  slow.error = 0;
+  slow.delay_us = delay_us;
+  slow.count = UINT64_MAX;
+  env->AddRule(slow);
+}
+
 std::string Latest(const std::string& dir) {
   std::string s;
   ReadSmallFile(Env::Default(), JoinPath(dir, kLatestName), 100, &s);
@@ -143,12 +153,7 @@ TEST(out_of_order_completion_never_publishes_an_older_step) {
 TEST(max_in_flight_applies_back_pressure) {
   TempDir d;
   FaultEnv env;
-  FaultRule slow;
-  slow.op = FaultRule::Op::kFDataSync;
-  slow.error = 0;
-  slow.delay_us = 100000;
-  slow.count = UINT64_MAX;
-  env.AddRule(slow);
+  SlowFDataSync(&env, 100000);
   auto e = Open(d.path(), &env, 2, 0);
   REQUIRE(e);
   auto a = RandomBytes(4096, 6);
@@ -771,12 +776,7 @@ TEST(close_fails_a_save_blocked_on_its_in_flight_slot) {
   // (its chunks would then reach stopped writers, and its handle would never complete).
   TempDir d;
   FaultEnv env;
-  FaultRule slow;
-  slow.op = FaultRule::Op::kFDataSync;
-  slow.error = 0;
-  slow.delay_us = 300000;
-  slow.count = UINT64_MAX;
-  env.AddRule(slow);
+  SlowFDataSync(&env, 300000);
   auto e = Open(d.path(), &env, 1, 0);
   REQUIRE(e);
   auto a = RandomBytes(4096, 21);
