@@ -369,7 +369,7 @@ class JobRunner:
             log("requeued", reason=reason, step=step, mechanism="local")
             os._exit(LOCAL_REQUEUE_EXIT)  # submitit's local controller restarts the task
         job_id = os.environ.get("SLURM_JOB_ID", "")
-        if reason == "requeue" or (reason == "failure" and self._requeued_by_slurm()):
+        if self._requeued_by_slurm():  # a "requeue" stop, or a crash after an unpolled requeue
             # scontrol requeue by hand (or an admin): SLURM starts the job again by itself.
             log("requeued", reason="requeue", step=step, mechanism="slurm")
             os._exit(0)

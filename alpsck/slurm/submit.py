@@ -97,8 +97,9 @@ def environment_lines(cfg: JobConfig) -> list[str]:
 #   together): trapped, so the shell waits for the step's final checkpoint (bash runs a trap only
 #   after the foreground srun returns), and the EXIT trap then decides on the requeue request.
 #   Without it bash would run the EXIT trap at once, before the request exists.
-# - ALRM and the other terminating signals: fatal by choice (an explicit signal to the batch shell asks to
-#   end it): the job ends without a final checkpoint, and ``alpsck status`` reports SLURM's record.
+# - ALRM and the other terminating signals: fatal by choice (an explicit signal to the batch
+#   shell asks to end it): the job ends without a final checkpoint, and ``alpsck status`` reports
+#   SLURM's record.
 BATCH_SIGNAL_LINES = ["trap '' USR1 USR2 HUP INT  # scancel --batch --signal=USR1/USR2/HUP/INT must not end the job",
                       "trap : TERM  # wait for the step's final checkpoint; the EXIT trap decides"]
 

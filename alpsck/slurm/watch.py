@@ -106,7 +106,8 @@ _SLURM_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "time
 def decide(recorded: str, alive: bool | None, slurm: dict[str, Any] | None, job_id: str) -> tuple[str, str | None]:
     """The state machine of ``alpsck status``: the state and a note, from the state the history
     records (:func:`history.state_of`), whether the job still exists (None: cannot tell) and
-    SLURM's record of its end (None: not a SLURM job, not ended, or SLURM does not say).
+    SLURM's view of the job (read only once the job is gone, as its record of the end; None: not a
+    SLURM job, or SLURM does not say).
 
     An end the history records (finished, failed, cancelled, gave_up) stands. A job the history
     says is still on (pending, running, requeued) stays so while it exists or nobody can tell;
@@ -144,7 +145,7 @@ def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | No
             out["slurm"] = {"state": queue_state, "exit_code": None}
         elif alive is False:
             out["slurm"] = slurm_record(job_id)
-    out["state"], out["note"] = decide(recorded, alive, out["slurm"] if alive is False else None, job_id)
+    out["state"], out["note"] = decide(recorded, alive, out["slurm"], job_id)
     if out["state"] == "failed" and log is not None:
         out["log_tail"] = log_tail(log)
     return out
