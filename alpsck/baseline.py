@@ -107,7 +107,7 @@ class TorchSaveCheckpointer:
             cls = DiskFullError if e.errno in (errno.ENOSPC, errno.EDQUOT) else CheckpointWriteError
             raise cls(e.errno, f"saving step {step} to {final}: {e.strerror or e}") from e
         self._retire(keep=step)
-        return CompletedSave(step)
+        return CompletedSave(step, str(final))
 
     def _retire(self, keep: int) -> None:
         steps = self.steps()

@@ -77,6 +77,9 @@ from .errors import (
     StateMismatchError,
     UsageError,
 )
+from .handles import FutureMixin
+from .options import DEFAULTS
+from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 from .staging import Stager, guarded_pointers
@@ -92,7 +95,7 @@ def lock_run_dir(run_dir: Path, rank: int) -> int:
     over at once (and its stale content replaced). A live owner makes this raise
     RunDirLockedError naming its job and host. Returns the fd to keep open while writing.
     """
-    path = run_dir / (".lock" if rank == 0 else f".lock-rank-{rank:05d}")
+    path = run_dir / _core.lock_file_name(rank)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -113,15 +116,15 @@ def lock_run_dir(run_dir: Path, rank: int) -> int:
     return fd
 
 
-class CoreSave:
-    """Handle of one checkpoint persisting in the background (see :class:`alpsck.handles.SaveHandle`)."""
+class CoreSave(FutureMixin):
+    """Handle of one checkpoint persisting in the background: a future (:class:`alpsck.handles.SaveHandle`)."""
 
     def __init__(self, handle: _core.SaveHandle) -> None:
         self._h = handle
         self.reported = False  # its error already reached the caller (through wait())
 
     @property
-    def step(self) -> int:
+    def step(self) -> int:  # type: ignore[override]
         return int(self._h.step)
 
     def done(self) -> bool:
@@ -138,8 +141,7 @@ class CoreSave:
         if not finished:
             raise TimeoutError(f"checkpoint of step {self.step} not durable after {timeout} s")
 
-    def result(self) -> dict[str, Any]:
-        """Sizes and timings of the finished save (``snapshot_seconds``, ``durable_seconds``, ...)."""
+    def _value(self) -> dict[str, Any]:
         return dict(self._h.result())
 
 
@@ -148,18 +150,13 @@ class Checkpointer:
 
     Args:
         run_dir: directory of this run's checkpoints (created if missing).
-        max_in_flight: checkpoints persisting at once before ``save()`` waits.
-        threads: writer threads (default 8: the storage's queue depth matters, not the CPU count).
-        chunk_bytes: unit of writing, CRC and pipelining (default 8 MiB).
-        keep_last: committed checkpoints kept (0 keeps all).
-        staging_bytes: staging memory; default max_in_flight x the state size (at the first save;
-            grown by a larger later save, except on the pipelined path).
-        direct_io: use O_DIRECT where the file system allows (a fallback is warned about).
-        pin_cpus: pin writer threads to these CPUs (e.g. the cores of the GPU's NUMA node).
-        copy_threads: threads taking the snapshot copy (default: min(4, CPUs of this process)).
+        max_in_flight, threads, chunk_bytes, keep_last, staging_bytes, direct_io, pin_cpus,
+            copy_threads, commit_timeout_s: the engine's options. Their defaults, limits and
+            meaning are defined once, in the core (``alpsck.options.SPECS``; the table in
+            docs/python-api.md); None takes the default. A value out of range raises UsageError
+            naming it.
         rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
         replicated: top-level state keys whose tensors are identical on every rank (written once).
-        commit_timeout_s: how long a multi-rank commit waits for the other ranks' shards.
         overlap_copy: None (default): pipelined snapshots for states holding CUDA tensors, the
             core's blocking copy for CPU states. True: also CPU states take the pipelined path
             (the optimizers' tensors are copied while training goes on). False: never (CUDA
@@ -170,25 +167,29 @@ class Checkpointer:
         self,
         run_dir: str | os.PathLike[str],
         *,
-        max_in_flight: int = 2,
+        max_in_flight: int = DEFAULTS["max_in_flight"],
         threads: int | None = None,
         chunk_bytes: int | None = None,
-        keep_last: int = 3,
+        keep_last: int = DEFAULTS["keep_last"],
         staging_bytes: int | None = None,
-        direct_io: bool = True,
+        direct_io: bool = DEFAULTS["direct_io"],
         pin_cpus: Sequence[int] | None = None,
         copy_threads: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         replicated: Sequence[str] = (),
-        commit_timeout_s: float = 600.0,
+        commit_timeout_s: float = DEFAULTS["commit_timeout_s"],
         overlap_copy: bool | None = None,
         _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
-        if max_in_flight < 1:
-            raise UsageError(f"max_in_flight must be at least 1, not {max_in_flight}")
-        if keep_last < 0:
-            raise UsageError(f"keep_last must be 0 (keep all) or more, not {keep_last}")
+        # None: the core's default (alpsck.options). Every value is checked here, before anything is touched.
+        given = {"max_in_flight": max_in_flight, "threads": threads, "chunk_bytes": chunk_bytes,
+                 "keep_last": keep_last, "staging_bytes": staging_bytes, "direct_io": direct_io,
+                 "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
+                 "copy_threads": copy_threads, "commit_timeout_s": commit_timeout_s}
+        opts = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
+        for name, value in opts.items():
+            check_option(name, value)
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
         self.run_dir = Path(run_dir)
@@ -208,8 +209,7 @@ class Checkpointer:
         # What restore() checks of the state a fresh process builds (module docstring), and when it was recorded.
         self._recorded: dict[str, tuple[str, Any]] | None = None
         self._recorded_at = ""
-        engine_args = (threads, chunk_bytes, max_in_flight, keep_last, staging_bytes, direct_io, pin_cpus,
-                       copy_threads, commit_timeout_s, _faults)
+        engine_args = (opts, _faults)
         # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
         # others only after it succeeded; then every rank must have opened (two agreements).
         for first in (True, False):
@@ -225,7 +225,7 @@ class Checkpointer:
                 if error is not None:
                     raise error
                 raise CheckpointError(f"{self.run_dir}: another rank could not open its checkpointer (see its log)")
-        if direct_io and not self.engine.direct_io:
+        if opts["direct_io"] and not self.engine.direct_io:
             warnings.warn(
                 f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
                 "fdatasyncs instead (durable, but slower and through the page cache)",
@@ -234,25 +234,15 @@ class Checkpointer:
             )
         self._pending: list[CoreSave] = []
 
-    def _open_engine(self, threads: int | None, chunk_bytes: int | None, max_in_flight: int, keep_last: int,
-                     staging_bytes: int | None, direct_io: bool, pin_cpus: Sequence[int] | None,
-                     copy_threads: int | None, commit_timeout_s: float, faults: Sequence[dict[str, Any]]) -> None:
+    def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]]) -> None:
         self._lock_fd = lock_run_dir(self.run_dir, self.rank)
         try:
             self._engine = _core.Engine(
                 str(self.run_dir),
-                threads=threads or 0,
-                chunk_bytes=chunk_bytes or 0,
-                max_in_flight=max_in_flight,
-                keep_last=keep_last,
-                staging_bytes=staging_bytes or 0,
-                pin_cpus=list(pin_cpus or []),
-                direct_io=direct_io,
+                **opts,
                 rank=self.rank,
                 faults=[dict(f) for f in faults],  # test hook: inject I/O errors (see cpp/core/env.h)
-                copy_threads=copy_threads or 0,
                 world_size=self.world_size,
-                commit_timeout_s=commit_timeout_s,
                 one_history=True,  # each save retires the abandoned history first (module docstring)
             )
         except BaseException:
@@ -462,7 +452,7 @@ class Checkpointer:
             self._recorded, self._recorded_at = tree.skeleton(state), "restore()"
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
             self._recorded = None
-        restored = restore_into(self.run_dir, state, step=step, threads=self.engine.threads, ranks=self.ranks)
+        restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
         return restored
@@ -471,7 +461,7 @@ class Checkpointer:
 def read_checkpoint(
     path: str | os.PathLike[str],
     rank: int = 0,
-    threads: int = 4,
+    threads: int = DEFAULTS["read_threads"],
     into: Mapping[str, torch.Tensor] | None = None,
     fits: Callable[[dict[str, Any]], bool] | None = None,
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -577,7 +567,7 @@ def restore_into(
     state: MutableMapping[str, Any],
     *,
     step: int | None = None,
-    threads: int = 4,
+    threads: int = DEFAULTS["read_threads"],
     rank: int = 0,
     ranks: Ranks | None = None,
 ) -> int | None:

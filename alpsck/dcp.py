@@ -103,6 +103,8 @@ from .dcp_json import (
     extent_name,
 )
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from .options import DEFAULTS
+from .options import check as check_option
 from .shards import UNUSABLE, shard_name
 
 __all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter"]
@@ -111,7 +113,7 @@ DEFAULT_READ_BATCH_BYTES = 512 << 20
 
 
 def _step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / f"step-{step:09d}"  # as the core names it (StepDirName)
+    return run_dir / _core.step_dir_name(step)
 
 
 def _same_dir(a: str | os.PathLike[str], b: Path) -> bool:
@@ -164,11 +166,10 @@ class AlpsckStorageWriter(StorageWriter):
         run_dir: the run directory (created if missing). Use one that no :class:`alpsck.Checkpointer`
             has open: both take its writer lock.
         step: the checkpoint's step; it must not be committed yet.
-        threads: writer threads of each rank's engine (default 8).
-        chunk_bytes: unit of writing and CRC (default 8 MiB).
+        threads, chunk_bytes, commit_timeout_s: the engine's options (None: the defaults in
+            alpsck.options, as for the Checkpointer).
         keep_last: after the commit, keep the newest ``keep_last`` committed checkpoints of the run
             directory, DCP or not (0 keeps all).
-        commit_timeout_s: how long the commit waits for every rank's shard.
         direct_io: O_DIRECT where the file system allows.
 
     Tensors are written from their own memory (no snapshot copy): DCP keeps them unchanged until
@@ -177,19 +178,19 @@ class AlpsckStorageWriter(StorageWriter):
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], step: int, *, threads: int | None = None,
-                 chunk_bytes: int | None = None, keep_last: int = 0, commit_timeout_s: float = 600.0,
+                 chunk_bytes: int | None = None, keep_last: int = 0, commit_timeout_s: float | None = None,
                  direct_io: bool = True) -> None:
         super().__init__()
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise UsageError(f"step must be a non-negative integer, not {step!r}")
-        if keep_last < 0:
-            raise UsageError(f"keep_last must be 0 (keep all) or more, not {keep_last}")
         self.run_dir = Path(run_dir)
         self.step = step
-        self.threads = threads
-        self.chunk_bytes = chunk_bytes
+        self.threads = DEFAULTS["threads"] if threads is None else threads
+        self.chunk_bytes = DEFAULTS["chunk_bytes"] if chunk_bytes is None else chunk_bytes
         self.keep_last = keep_last
-        self.commit_timeout_s = commit_timeout_s
+        self.commit_timeout_s = DEFAULTS["commit_timeout_s"] if commit_timeout_s is None else commit_timeout_s
+        for name in ("threads", "chunk_bytes", "keep_last", "commit_timeout_s"):
+            check_option(name, getattr(self, name))
         self.direct_io = direct_io
         self.save_id = str(uuid.uuid4())
         self.rank = 0
@@ -232,7 +233,7 @@ class AlpsckStorageWriter(StorageWriter):
         if not kwargs.get("use_collectives", True):
             raise UsageError("AlpsckStorageWriter commits one checkpoint for all ranks: use_collectives=False is not "
                              "supported")
-        if (_step_dir(self.run_dir, self.step) / "MANIFEST.json").exists():
+        if (_step_dir(self.run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
             raise UsageError(f"{self.run_dir}: step {self.step} is already committed; a step is written once "
                              "(make a writer for a new step)")
 
@@ -266,8 +267,8 @@ class AlpsckStorageWriter(StorageWriter):
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = _RunDirLock(self.run_dir, rank)
             try:
-                self._engine = _core.Engine(str(self.run_dir), threads=self.threads or 0,
-                                            chunk_bytes=self.chunk_bytes or 0, max_in_flight=1, keep_last=0,
+                self._engine = _core.Engine(str(self.run_dir), threads=self.threads,
+                                            chunk_bytes=self.chunk_bytes, max_in_flight=1, keep_last=0,
                                             direct_io=self.direct_io, rank=rank, world_size=world,
                                             commit_timeout_s=self.commit_timeout_s)
             except BaseException:
@@ -415,7 +416,7 @@ class AlpsckStorageReader(StorageReader):
     DCP's CheckpointException); destinations already filled by then keep the new values.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], step: int | None = None, *, threads: int = 4,
+    def __init__(self, run_dir: str | os.PathLike[str], step: int | None = None, *, threads: int = DEFAULTS["read_threads"],
                  read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES, direct_io: bool = True) -> None:
         super().__init__()
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
@@ -493,7 +494,7 @@ class AlpsckStorageReader(StorageReader):
         """The Metadata of one committed checkpoint: ``dcp-metadata.json`` checked against the manifest."""
         path = Path(info["path"])
         try:
-            manifest = json.loads(_read_small(path / "MANIFEST.json", MAX_METADATA_BYTES))
+            manifest = json.loads(_read_small(path / _core.run_dir_names["manifest"], MAX_METADATA_BYTES))
             entry = next(x for x in manifest["extra"] if x.get("name") == METADATA_FILE)
             want_bytes, want_crc = int(entry["bytes"]), int(entry["crc"])
         except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:

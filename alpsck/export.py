@@ -58,6 +58,8 @@ from . import tree
 from .durable import fsync_path
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir
+from .options import DEFAULTS, SPECS
+from .options import problem as option_problem
 from .shards import DCP_META_FORMAT, CheckpointShards, shard_name
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
@@ -355,7 +357,8 @@ def format_for(out: Path, fmt: str | None) -> str:
 
 
 def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str | None = None, rank: int = 0,
-                      threads: int = 4, batch_bytes: int | None = None, subtree: str | None = None) -> dict[str, Any]:
+                      threads: int = DEFAULTS["read_threads"], batch_bytes: int | None = None,
+                      subtree: str | None = None) -> dict[str, Any]:
     """Write one checkpoint's tensors (only those under ``subtree``, if given) to ``out`` (see the
     module docstring); returns what was written.
 
@@ -431,8 +434,9 @@ def _threads(text: str) -> int:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= n <= 256:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 256, not {n}")
+    why = option_problem("read_threads", n)
+    if why is not None:
+        raise argparse.ArgumentTypeError(why)
     return n
 
 
@@ -449,7 +453,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     help="safetensors, or torch (loadable with torch.load(OUT, weights_only=True)); default from OUT's "
                          "suffix (.safetensors; .pt/.pth/.bin)")
     ex.add_argument("--rank", type=int, default=0, help="shard to export (default 0)")
-    ex.add_argument("--threads", type=_threads, default=4, help="reader threads, 1-256 (default 4)")
+    ex.add_argument("--threads", type=_threads, default=DEFAULTS["read_threads"],
+                    help=f"reader threads, {SPECS['read_threads']['min']}-{SPECS['read_threads']['max']} "
+                         f"(default {DEFAULTS['read_threads']})")
     ex.add_argument("--subtree", metavar="KEY",
                     help="only the tensors under top-level state key KEY, named below it: --subtree model writes the "
                          "model's plain state_dict (model.load_state_dict(torch.load(OUT, weights_only=True)))")

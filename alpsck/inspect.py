@@ -35,7 +35,6 @@ import datetime as dt
 import errno
 import json
 import os
-import re
 import shutil
 import socket
 import sys
@@ -55,14 +54,19 @@ from .errors import (
     RunDirLockedError,
     UsageError,
 )
+from .options import DEFAULTS
 from .shards import UNUSABLE, CheckpointShards
 
 _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
-LOCK_NAME = ".lock"
-DELETING_PREFIX = ".deleting-"
-SUPERSEDED_PREFIX = "superseded-"
-_STEP_DIR = re.compile(r"step-([0-9]{1,19})")  # the core's ParseStepDirName
-_SUPERSEDED_DIR = re.compile(re.escape(SUPERSEDED_PREFIX) + _STEP_DIR.pattern + r"-[0-9]+-[0-9]+")
+# The run directory's names belong to the core (cpp/core/run_dir.h); these are its.
+LOCK_NAME = _core.run_dir_names["lock"]
+DELETING_PREFIX = _core.run_dir_names["deleting_prefix"]
+
+
+def entry_kind(name: str) -> str:
+    """What a run directory's entry is, by name (the core's ParseRunDirName): 'step', 'attempt',
+    'aborted', 'free', 'free-pending', 'superseded', 'latest', 'lock', 'history', 'deleting' or 'other'."""
+    return str(_core.parse_run_dir_name(name)[0])
 
 
 def _human(n: float) -> str:
@@ -85,8 +89,7 @@ def _denied(path: str | os.PathLike[str], what: str) -> CheckpointError:
 
 def is_run_entry(name: str) -> bool:
     """Whether ``name`` is one of the entries alpsck itself keeps in a run directory."""
-    return (name.startswith(("step-", "free-", SUPERSEDED_PREFIX, DELETING_PREFIX))
-            or name in ("LATEST", "history.jsonl", LOCK_NAME))
+    return entry_kind(name) != "other"
 
 
 def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -128,10 +131,10 @@ def superseded_dirs(run_dir: Path) -> list[dict[str, Any]]:
     """
     found = []
     for n in os.listdir(run_dir):
-        m = _SUPERSEDED_DIR.fullmatch(n)
+        kind, step, _ = _core.parse_run_dir_name(n)
         p = run_dir / n
-        if m and p.is_dir() and not p.is_symlink():
-            found.append({"step": int(m.group(1)), "path": str(p), "bytes": _dir_bytes(p)})
+        if kind == "superseded" and p.is_dir() and not p.is_symlink():
+            found.append({"step": step, "path": str(p), "bytes": _dir_bytes(p)})
     return sorted(found, key=lambda d: (d["step"], d["path"]))
 
 
@@ -147,7 +150,7 @@ def _superseded_line(found: list[dict[str, Any]], limit: int = 10) -> str:
 def scan_run_dir(
     run_dir: str | os.PathLike[str],
     verify: bool = False,
-    threads: int = 4,
+    threads: int = DEFAULTS["read_threads"],
     progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``_core.scan`` after :func:`check_run_dir`, with permission errors turned into clear messages."""
@@ -652,7 +655,7 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
                 remove.append((p, f"committed step {i['step']}, beyond the newest {keep_last}"))
         elif i["status"] == "unreadable":  # maybe intact: never removed on an access error
             warnings.append(f"kept unreadable checkpoint {p} (fix its access and run prune again): {i['error']}")
-        elif i["status"] == "incomplete" and not _STEP_DIR.fullmatch(p.name):  # step-N.tmp: in flight or abandoned
+        elif i["status"] == "incomplete" and entry_kind(p.name) != "step":  # an attempt: in flight, abandoned or aborted
             remove.append((p, f"incomplete step {i['step']}: {i['error']}"))
         elif newest_valid is not None and i["step"] < newest_valid:
             remove.append((p, f"{i['status']} step {i['step']}: {i['error']}"))
@@ -663,11 +666,12 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
     names = sorted(os.listdir(run_dir))
     for n in names:
         p = run_dir / n
-        if n.startswith("free-") and p.is_dir() and not p.is_symlink():
+        kind = entry_kind(n)
+        if kind in ("free", "free-pending") and p.is_dir() and not p.is_symlink():
             remove.append((p, "expired (free-*) directory"))
-        elif _SUPERSEDED_DIR.fullmatch(n) and p.is_dir() and not p.is_symlink():
+        elif kind == "superseded" and p.is_dir() and not p.is_symlink():
             remove.append((p, "superseded (abandoned history)"))
-        elif n.startswith(DELETING_PREFIX) and (p.is_dir() or p.is_file()) and not p.is_symlink():
+        elif kind == "deleting" and (p.is_dir() or p.is_file()) and not p.is_symlink():
             remove.append((p, "left over by an interrupted prune"))
     return remove, warnings, sorted(kept_steps)
 

@@ -33,7 +33,7 @@ UNUSABLE = frozenset({"corrupt", "unreadable"})
 
 def shard_name(rank: int) -> str:
     """File name of rank ``rank``'s shard inside a checkpoint directory."""
-    return f"rank-{rank:05d}.bin"
+    return str(_core.shard_file_name(rank))
 
 
 def read_meta(reader: _core.ShardReader, shard: Path) -> tuple[dict[str, Any], dict[str, tree.TensorSpec]]:

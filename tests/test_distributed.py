@@ -25,7 +25,7 @@ import alpsck
 from alpsck import _core
 
 WORKER = r"""
-import datetime, json, os, sys, time, warnings, torch, torch.distributed as dist, alpsck
+import datetime, json, os, shutil, sys, time, warnings, torch, torch.distributed as dist, alpsck
 torch.set_num_threads(1)
 mode, run_dir = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("GLOO_TIMEOUT_S", 1800))))
@@ -83,13 +83,25 @@ elif mode == "retry":      # rank 1's first save of step 2 fails; every rank sav
         print("first attempt: saved", flush=True)
     except alpsck.errors.CheckpointError as e:
         print(f"first attempt: {type(e).__name__}: {e}", flush=True)
-    if rank == 1:
-        os.rmdir(blocker)
+    if rank == 1:  # the blocker moved with the aborted attempt (step-2.aborted) unless it was already removed
+        for attempt_dir in ("step-000000002.tmp", "step-000000002.aborted"):
+            shutil.rmtree(os.path.join(run_dir, attempt_dir, f"rank-{rank:05d}.bin"), ignore_errors=True)
     dist.barrier()
     ck.save(2, state(2)).wait()
     ck.save(3, state(3)).wait()
     ck.close()
     print(json.dumps({"rank": rank, "retried": True}), flush=True)
+elif mode == "skew":       # rank 0 saves ~big_bytes, rank 1 a few KB; commit_timeout_s 0.3 on odd steps, 60 on even
+    reps, big_bytes = int(sys.argv[3]), int(sys.argv[4])
+    state = {"w": torch.ones(big_bytes // 4) if rank == 0 else torch.arange(256, dtype=torch.float32)}
+    for step in range(1, reps + 1):
+        with alpsck.Checkpointer(run_dir, keep_last=0, commit_timeout_s=0.3 if step % 2 else 60, max_in_flight=1) as ck:
+            try:
+                ck.save(step, state).wait()
+                out = {"step": step, "ok": True}
+            except alpsck.errors.CheckpointError as e:
+                out = {"step": step, "ok": False, "error": str(e)}
+        print(json.dumps(out), flush=True)
 elif mode == "restore-or-fail":  # the step restored or the error restore raised, then the script's next collective
     state = {"model": {k: torch.zeros_like(v) for k, v in model_state(0).items()}, "local": torch.zeros(3000),
              "step": 0, "who": -1}
@@ -290,6 +302,33 @@ def test_every_rank_can_save_a_step_again_after_one_rank_failed_it(tmp_path: Pat
         local = torch.empty(3000)
         _core.ShardReader(str(run / "step-000000002" / f"rank-{r:05d}.bin")).read_into([("local", local.view(torch.uint8))])
         assert torch.equal(local, torch.full((3000,), float(100 * r + 2)))
+
+
+def test_skewed_ranks_with_a_tiny_commit_timeout_report_one_verdict_that_the_disk_agrees_with(tmp_path: Path) -> None:
+    """Rank 0 saves ~1.5 GB, rank 1 a few KB, commit_timeout_s=0.3 (odd steps): rank 1 gives up long
+    before rank 0's shard is durable. It used to report failure while rank 0 went on to commit the
+    step (a split verdict) and leave a step-N.a1.tmp on retry. Now every step has one verdict on
+    both ranks, inspect-checkpoints agrees with it, and nothing of any attempt is left. (Even steps
+    wait 60 s and commit: both outcomes in one run.)"""
+    run = tmp_path / "run"
+    reps, big = 20, int(os.environ.get("ALPSCK_SKEW_BYTES", 1_500_000_000))
+    outs = _outputs(_launch(tmp_path, 2, "skew", str(run), str(reps), str(big)))
+    results = [[json.loads(line) for line in o.splitlines() if line.startswith("{")] for o in outs]
+    assert [len(r) for r in results] == [reps, reps], outs
+    verdicts = {}
+    for r0, r1 in zip(*results, strict=True):
+        assert r0["ok"] == r1["ok"], (r0, r1)
+        verdicts[r0["step"]] = r0["ok"]
+        if not r0["ok"]:  # both name the one reason the winner recorded
+            assert "was aborted: rank " in r0["error"] and "was aborted: rank " in r1["error"], (r0, r1)
+    # Both outcomes happened (0.3 s is far too short for rank 0's 1.5 GB; 60 s is not).
+    assert not all(verdicts.values()) and any(verdicts.values()), verdicts
+    inspected = json.loads(subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run), "--json"],
+                                          capture_output=True, text=True, check=True).stdout)
+    committed = sorted(c["step"] for c in inspected["checkpoints"] if c["status"] == "committed")
+    assert committed == sorted(step for step, ok in verdicts.items() if ok)
+    left = sorted(p.name for p in run.iterdir() if _core.parse_run_dir_name(p.name)[0] not in ("step", "latest", "lock"))
+    assert left == [], left
 
 
 def test_restore_skips_a_checkpoint_one_rank_cannot_read_on_every_rank(tmp_path: Path) -> None:

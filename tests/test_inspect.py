@@ -584,7 +584,7 @@ def test_prune_keeps_a_manifest_less_step_dir_newer_than_the_newest_valid(tmp_pa
 
 def _supersede(run: Path, step: int, pid: int = 4321, seq: int = 0) -> str:
     """What the core does to a step of an abandoned history on the first save after resuming from an older one."""
-    name = f"{ins.SUPERSEDED_PREFIX}step-{step:09d}-{pid}-{seq}"
+    name = f"superseded-step-{step:09d}-{pid}-{seq}"
     os.rename(run / f"step-{step:09d}", run / name)
     return name
 
@@ -644,7 +644,7 @@ def test_prune_removes_superseded_directories(tmp_path: Path, capsys: pytest.Cap
         (1, "committed"), (2, "committed"), (3, "committed")]
     # an interrupted prune of one (renamed, not yet deleted) is finished by the next
     _save(tmp_path, [6])
-    os.rename(tmp_path / _supersede(tmp_path, 6), tmp_path / f".deleting-{ins.SUPERSEDED_PREFIX}step-000000006-1-0")
+    os.rename(tmp_path / _supersede(tmp_path, 6), tmp_path / ".deleting-superseded-step-000000006-1-0")
     rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10")
     assert rc == 0, err
     assert not any(n.startswith(".deleting-") for n in _listing(tmp_path))

@@ -212,9 +212,10 @@ def test_a_trailing_newline_is_refused_naming_the_key(patch: tuple[str, str], ke
     ("checkpoint:\n  every_seconds: .nan\n", r"<config>:8: checkpoint\.every_seconds: nan: must be a positive number"),
     ("checkpoint:\n  every_seconds: .inf\n", r"checkpoint\.every_seconds: inf: must be a positive number"),
     # the Checkpointer refused these only in the job, after it waited in the queue
-    ("checkpoint:\n  threads: 1025\n", r"<config>:8: checkpoint\.threads: must be between 1 and 1024"),
-    ("checkpoint:\n  keep_last: 4294967296\n", r"checkpoint\.keep_last: must be between 0 \(keep all\) and 4294967295"),
-    ("checkpoint:\n  max_in_flight: 4294967296\n", r"checkpoint\.max_in_flight: must be between 1 and 4294967295"),
+    ("checkpoint:\n  threads: 1025\n", r"<config>:8: checkpoint\.threads: 1025: must be between 1 and 1024"),
+    ("checkpoint:\n  keep_last: 4294967296\n", r"checkpoint\.keep_last: 4294967296: must be between 0 and 4294967295 \(0: keep all\)"),
+    ("checkpoint:\n  max_in_flight: 4294967296\n", r"checkpoint\.max_in_flight: 4294967296: must be between 1 and 1024"),
+    ("checkpoint:\n  threads: 0\n", r"checkpoint\.threads: 0: must be between 1 and 1024"),
 ])
 def test_numbers_out_of_range_name_the_key(tail: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
@@ -229,7 +230,7 @@ def test_the_thread_limit_is_the_engines_own(tmp_path: Path) -> None:
     assert parse_config(GOOD + f"checkpoint:\n  threads: {_core.MAX_THREADS}\n").checkpoint.threads == _core.MAX_THREADS
     with pytest.raises(ConfigError, match=f"between 1 and {_core.MAX_THREADS}"):
         parse_config(GOOD + f"checkpoint:\n  threads: {_core.MAX_THREADS + 1}\n")
-    with pytest.raises(ValueError, match=f"threads must be at most {_core.MAX_THREADS}"):
+    with pytest.raises(ValueError, match=f"threads is {_core.MAX_THREADS + 1}: it must be between 1 and {_core.MAX_THREADS}"):
         _core.Engine(str(tmp_path / "run"), threads=_core.MAX_THREADS + 1)
 
 

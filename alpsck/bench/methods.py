@@ -121,7 +121,7 @@ class TorchSaveMethod(Method):
     name = "torch.save+fsync"
 
     def save(self, step: int) -> tuple[float, float]:
-        path = self.dir / f"step-{step}.pt"
+        path = self.dir / f"ckpt-{step}.pt"
         t0 = time.perf_counter()
         with open(path, "wb") as f:
             torch.save(self.state, f)
@@ -147,7 +147,7 @@ class SafetensorsMethod(Method):
     def save(self, step: int) -> tuple[float, float]:
         from safetensors.torch import save_file
 
-        path = self.dir / f"step-{step}.safetensors"
+        path = self.dir / f"ckpt-{step}.safetensors"
         t0 = time.perf_counter()
         save_file(self.state, str(path))
         fsync_path(path)
@@ -177,7 +177,7 @@ class DcpMethod(Method):
     def save(self, step: int) -> tuple[float, float]:
         import torch.distributed.checkpoint as dcp
 
-        cid = str(self.dir / f"step-{step}")
+        cid = str(self.dir / f"ckpt-{step}")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t0 = time.perf_counter()

@@ -346,20 +346,20 @@ class _DcpAsyncSaver(_Saver):
         self.t0, self.t_done = t0, []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.fut = dcp.async_save(self.tr.flat_tensors(), checkpoint_id=str(self.dir / f"step-{step:09d}"))
+            self.fut = dcp.async_save(self.tr.flat_tensors(), checkpoint_id=str(self.dir / f"dcp-{step:09d}"))
         self.fut.add_done_callback(lambda _f, box=self.t_done: box.append(time.perf_counter()))
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         self.steps.append(step)
         for s in self.committed()[:-3]:
-            shutil.rmtree(self.dir / f"step-{s:09d}", ignore_errors=True)
+            shutil.rmtree(self.dir / f"dcp-{s:09d}", ignore_errors=True)
         return stall
 
     def drain(self) -> None:
         self._finish()
 
     def committed(self) -> list[int]:
-        return sorted(int(p.name[5:]) for p in self.dir.glob("step-*") if (p / ".metadata").exists())
+        return sorted(int(p.name[4:]) for p in self.dir.glob("dcp-*") if (p / ".metadata").exists())
 
     def close(self) -> None:
         self._finish()

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from .. import _core
 from ..durable import fsync_path
 from ..errors import AlpsckError
 from .methods import drop_page_cache
@@ -133,7 +134,7 @@ def table(r: RanksResult) -> str:
 
 
 def _ckpt(method: str, d: Path, step: int) -> Path:
-    return d / (f"step-{step:09d}" if method.startswith("alpsck") else f"step-{step}")
+    return d / (_core.step_dir_name(step) if method.startswith("alpsck") else f"ckpt-{step}")
 
 
 def _save(method: str, state: dict[str, Any], d: Path, step: int, rank: int, cfg: dict[str, Any]) -> None:
@@ -200,7 +201,8 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
             if rank == 0:  # keep one checkpoint (outside the timing)
                 for old in d.iterdir():
-                    if old.is_dir() and old.name.startswith("step-") and old != _ckpt(method, d, step):
+                    ours = old.name.startswith("ckpt-") or _core.parse_run_dir_name(old.name)[0] == "step"
+                    if old.is_dir() and ours and old != _ckpt(method, d, step):
                         shutil.rmtree(old)
         results.append({"method": method, "save_seconds": saves[1:], "load_seconds": loads[1:]})
         dist.barrier()

@@ -23,15 +23,15 @@ from typing import Any
 
 import yaml
 
-from .. import _core
 from ..errors import ConfigError
+from ..options import DEFAULTS
+from ..options import problem as option_problem
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account, qos, constraint lists...
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _ENTRY_FN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _SIGNALS = ("USR1", "USR2")
-_UINT32_MAX = 2**32 - 1
 # sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
 # option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
 _CONTROLLED = {
@@ -116,9 +116,9 @@ class EntryConfig:
 class CheckpointConfig:
     every_steps: int | None = 50
     every_seconds: float | None = None
-    max_in_flight: int = 2
-    threads: int | None = None
-    keep_last: int = 3
+    max_in_flight: int = DEFAULTS["max_in_flight"]  # the engine's options: defaults from alpsck.options
+    threads: int = DEFAULTS["threads"]
+    keep_last: int = DEFAULTS["keep_last"]
 
 
 @dataclass
@@ -404,14 +404,12 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("checkpoint.every_steps", "must be at least 1 (or omit it)")
     if ck.every_seconds is not None and not (0 < ck.every_seconds < math.inf):  # .nan compared false: never due
         raise loc.err("checkpoint.every_seconds", f"{ck.every_seconds!r}: must be a positive number (or omit it)")
-    # The engine's own limits (uint32 counts, at most _core.MAX_THREADS writer threads): the Checkpointer would
-    # refuse them only in the job, after it waited in the queue.
-    if not 1 <= ck.max_in_flight <= _UINT32_MAX:
-        raise loc.err("checkpoint.max_in_flight", f"must be between 1 and {_UINT32_MAX}")
-    if not 0 <= ck.keep_last <= _UINT32_MAX:
-        raise loc.err("checkpoint.keep_last", f"must be between 0 (keep all) and {_UINT32_MAX}")
-    if ck.threads is not None and not 1 <= ck.threads <= _core.MAX_THREADS:
-        raise loc.err("checkpoint.threads", f"must be between 1 and {_core.MAX_THREADS}")
+    # The engine's own limits (alpsck.options): the Checkpointer would refuse them only in the job, after it
+    # waited in the queue.
+    for option in ("max_in_flight", "threads", "keep_last"):
+        why = option_problem(option, getattr(ck, option))
+        if why is not None:
+            raise loc.err(f"checkpoint.{option}", why)
     if rq.signal not in _SIGNALS:
         raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:

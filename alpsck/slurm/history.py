@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-HISTORY = "history.jsonl"
+from .. import _core
+
+HISTORY = _core.run_dir_names["history"]  # the run directory's names belong to the core (run_dir.h)
 STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up", "timeout")
 # (timeout: SLURM ended the job at its time limit with no requeue recorded; see alpsck.slurm.watch.reconcile)
 

@@ -38,16 +38,9 @@ Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& id
   return Status::Ok();
 }
 
-bool IsShardName(const std::string& n) {
-  if (n.size() < 14 || n.rfind("rank-", 0) != 0 || n.compare(n.size() - 4, 4, ".bin") != 0) return false;
-  for (size_t i = 5; i + 4 < n.size(); ++i)
-    if (n[i] < '0' || n[i] > '9') return false;
-  return true;
-}
-
 bool IsExtraFileName(const std::string& n) {
   if (n.empty() || n.size() > 64 || n[0] == '.' || n == kManifestName || n.rfind("rank-", 0) == 0 ||
-      n == "ABORTED")
+      n == kAbortedName)
     return false;
   for (char c : n)
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
@@ -152,28 +145,11 @@ Status CheckManifestCrc(std::string_view text) {
   return Status::Ok();
 }
 
-// The commit protocol. Steps 1-4 ran per shard before this (SealShard):
-//   1. every data chunk written (pwrite, O_DIRECT where possible), each with its CRC32C;
-//   2. the tail (index JSON with the CRCs, then the footer) written after the data, and the
-//      file truncated to its exact size;
-//   3. fdatasync(shard): data, index and footer are durable;
-//   4. the shard file closed.
-// (With several ranks, each rank seals its own shard and the coordinator collects them first:
-// see coordinate.h.) Then, here:
-//   5. extra files (if any), then MANIFEST.json, written into step-N.tmp/ and fsync'ed (the
-//      directory is not visible as a checkpoint yet, so no temporary names are needed inside it);
-//   6. fsync(step-N.tmp/): the directory entries of the shards and the manifest are durable;
-//   7. rename(step-N.tmp, step-N): THE COMMIT POINT. Before it, recovery ignores the directory
-//      (".tmp" is never valid); after it, the directory holds a complete, durable checkpoint;
-//   8. fsync(RUN_DIR): the rename itself is durable. No save is reported durable before this
-//      point (the engine completes the handle after steps 9 and 10).
-// And after, in the engine:
-//   9. LATEST := N, only if N is newer than the step published so far ("newest wins"; a
-//      checkpoint that finishes after a newer one never becomes latest). LATEST is a hint.
-//  10. retention: expired checkpoints are renamed away (free-K/) for reuse, never the newest
-//      keep_last committed ones.
-// A crash at any point leaves the previous committed checkpoints untouched: nothing before
-// step 7 is visible, and step 7 is one atomic rename.
+// Steps 5-8 of the commit protocol (docs/commit-protocol.md, "One save, start to finish"): extra
+// files and MANIFEST.json into step-N.tmp/ (each fsync'ed), fsync(step-N.tmp/), the rename that
+// commits, fsync(RUN_DIR). Steps 1-4 ran per shard before (SealShard); 9-10 (LATEST, retention)
+// follow in the engine. A crash anywhere leaves the earlier checkpoints untouched: nothing before
+// the rename is visible, and the rename is atomic.
 Status CommitCheckpoint(Env* env, const CommitRequest& req) {
   const double created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (const ExtraFile& x : req.extra_files) {

@@ -9,18 +9,11 @@
 
 #include "env.h"
 #include "format.h"
+#include "run_dir.h"
 #include "status.h"
 
 namespace alpsck {
 
-constexpr char kManifestName[] = "MANIFEST.json";
-constexpr char kLatestName[] = "LATEST";
-// Expired checkpoints and abandoned step-N.tmp directories are renamed to free-* (atomic
-// expiry), then reused for new saves or removed (engine.h; several ranks: RetainNewest).
-constexpr char kFreePrefix[] = "free-";
-// Checkpoints of an abandoned history (newer than the step a resumed run continues from) are
-// renamed to superseded-step-N-<pid>-<seq> (Engine::Supersede): never restored, kept until pruned.
-constexpr char kSupersededPrefix[] = "superseded-";
 constexpr uint64_t kMaxManifestBytes = 16ull << 20;
 // Manifest formats: /2 carries its own CRC32C (below); /1 (older builds) has none and is still read.
 constexpr char kManifestFormat[] = "alpsck-checkpoint/2";
@@ -56,8 +49,6 @@ struct CommitRequest {
   double write_seconds = 0;  // from the start of the save to every shard durable
 };
 
-// rank-NNNNN.bin (5+ digits): a manifest can never name a path outside its directory.
-bool IsShardName(const std::string& n);
 // Extra files: [A-Za-z0-9._-], 1-64 characters, not starting with '.', not the manifest, a
 // shard or a coordination record.
 bool IsExtraFileName(const std::string& n);

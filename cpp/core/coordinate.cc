@@ -36,18 +36,8 @@ bool PollUntil(double timeout_s, Fn fn) {
   }
 }
 
-std::string RankFileName(uint32_t rank, const char* suffix) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "rank-%05u.%s", rank, suffix);
-  return buf;
-}
-
-bool Exists(Env* env, const std::string& path) { return env->IsDir(path) >= 0; }
 
 }  // namespace
-
-std::string DoneRecordName(uint32_t rank) { return RankFileName(rank, "done"); }
-std::string FailedRecordName(uint32_t rank) { return RankFileName(rank, "failed"); }
 
 std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r) {
   Json j = Json::Object();
@@ -98,47 +88,135 @@ Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, cons
   return PublishRecord(env, tmp_dir, DoneRecordName(rank), EncodeShardRecord(rank, r));
 }
 
-void WriteFailedRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const std::string& why) {
-  if (PublishRecord(env, tmp_dir, FailedRecordName(rank), why + "\n").ok()) return;
-  // The disk may be what failed (ENOSPC): an empty record, which needs no data block, still says it.
-  const std::string path = JoinPath(tmp_dir, FailedRecordName(rank));
-  int fd = env->Open(path + ".tmp", O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd >= 0 && env->Close(fd) == 0) env->Rename(path + ".tmp", path);
+std::string Attempt::tmp_dir() const { return JoinPath(run_dir, TmpDirName(step, attempt)); }
+std::string Attempt::aborted_dir() const { return JoinPath(run_dir, AbortedDirName(step, attempt)); }
+std::string Attempt::final_dir() const { return JoinPath(run_dir, StepDirName(step)); }
+
+namespace {
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
 }
 
-Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, double timeout_s,
-                     std::vector<ShardRecord>* records) {
+// The abort verdict of an aborted attempt: its reason, once the winner has written it (it does so
+// right after its rename, so a reader that comes in between waits a moment for it).
+Status AbortedStatus(Env* env, const Attempt& a) {
+  std::string why;
+  const std::string path = JoinPath(a.aborted_dir(), kAbortedName);
+  PollUntil(2.0, [&] { return ReadSmallFile(env, path, kMaxRecordBytes, &why).ok() || env->IsDir(a.aborted_dir()) < 0; });
+  while (!why.empty() && why.back() == '\n') why.pop_back();
+  return Status::Error(Code::kAborted, "step " + std::to_string(a.step) + " was aborted: " +
+                                           (why.empty() ? std::string("(no reason recorded)") : why));
+}
+
+// "; no shard from rank(s) 2, 5" for the ranks whose DONE record is not in the attempt's directory
+// (rank 0, the coordinator, publishes none: its own record stays with it).
+std::string MissingRanks(Env* env, const Attempt& a, uint32_t world_size) {
+  std::vector<std::string> names;
+  if (env->ListDir(a.tmp_dir(), &names) < 0) return "";
+  std::string which;
+  for (uint32_t r = 1; r < world_size && which.size() < 200; ++r)
+    if (std::find(names.begin(), names.end(), DoneRecordName(r)) == names.end())
+      which += (which.empty() ? "" : ", ") + std::to_string(r);
+  return which.empty() ? "" : "; no shard from rank(s) " + which;
+}
+
+}  // namespace
+
+Verdict ReadVerdict(Env* env, const Attempt& a, Status* why) {
+  // The aborted name first (a slow rank may have re-created the attempt's directory after the
+  // abort), then the attempt's directory, then the aborted name again: a rename between the
+  // first two looks is seen by the third.
+  for (int look = 0; look < 2; ++look) {
+    if (env->IsDir(a.aborted_dir()) == 1) {
+      *why = AbortedStatus(env, a);
+      return Verdict::kAborted;
+    }
+    if (look == 0 && env->IsDir(a.tmp_dir()) != -ENOENT) return Verdict::kPending;
+  }
+  return Verdict::kCommitted;
+}
+
+Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why, Status* why_out, bool* won) {
+  const std::string tmp = a.tmp_dir(), aborted = a.aborted_dir();
+  const int r = env->Rename(tmp, aborted);
+  if (won) *won = r == 0;
+  if (r == 0) {
+    // Won: the reason, then the shards go (their blocks are freed now; a rank still writing holds
+    // an unlinked file). Records stay: a rank's .seen joins them.
+    PublishRecord(env, aborted, kAbortedName, "rank " + std::to_string(rank) + ": " + why + "\n");
+    std::vector<std::string> names;
+    if (env->ListDir(aborted, &names) == 0)
+      for (const std::string& n : names)
+        if (IsShardName(n) || n == kManifestName) env->Unlink(JoinPath(aborted, n));
+    *why_out = Status::Error(Code::kAborted, "step " + std::to_string(a.step) + " was aborted: rank " +
+                                                 std::to_string(rank) + ": " + why);
+    return Verdict::kAborted;
+  }
+  // ENOENT: decided already. EEXIST/ENOTEMPTY: the aborted name exists, so this directory is one
+  // a slow rank re-created after the abort: remove this rank's part of it.
+  if (r == -EEXIST || r == -ENOTEMPTY) {
+    env->Unlink(JoinPath(tmp, ShardFileName(rank)));
+    env->Unlink(JoinPath(tmp, DoneRecordName(rank)));
+    env->Rmdir(tmp);  // the last one out (fails harmlessly while others' files are there)
+  }
+  if (r == -ENOENT || r == -EEXIST || r == -ENOTEMPTY) {
+    Status verdict;
+    const Verdict v = ReadVerdict(env, a, &verdict);
+    if (v == Verdict::kAborted) {
+      *why_out = verdict;
+      return v;
+    }
+    if (v == Verdict::kCommitted) return v;
+  }
+  *why_out = Status::FromErrno(-r, "abort step " + std::to_string(a.step) + ": rename " + tmp + " -> " + aborted +
+                                       " (this rank gives up: " + why + ")");
+  return Verdict::kAborted;
+}
+
+void SawAbort(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size) {
+  const std::string dir = a.aborted_dir();
+  int fd = env->Open(JoinPath(dir, SeenRecordName(rank)), O_WRONLY | O_CREAT, 0644);
+  if (fd < 0) return;  // gone (the others saw it all) or unwritable: rank 0's next Open removes it
+  env->Close(fd);
+  std::vector<std::string> names;
+  if (env->ListDir(dir, &names) < 0) return;
+  uint32_t seen = 0;
+  for (uint32_t r = 0; r < world_size; ++r)
+    if (std::find(names.begin(), names.end(), SeenRecordName(r)) != names.end()) ++seen;
+  if (seen == world_size) RemoveDirFiles(env, dir);  // two ranks may both get here: both remove
+}
+
+Status WaitForShards(Env* env, const Attempt& a, uint32_t world_size, double timeout_s,
+                     std::vector<ShardRecord>* records, const ShardRecord* own) {
+  const std::string tmp_dir = a.tmp_dir();
   records->assign(world_size, ShardRecord());
   std::vector<bool> have(world_size, false);
   uint32_t missing = world_size;
+  if (own) {
+    (*records)[0] = *own;
+    have[0] = true;
+    --missing;
+  }
+  if (missing == 0) return Status::Ok();  // one rank: nobody else to wait for
   Status failure;
   const bool finished = PollUntil(timeout_s, [&] {
+    if (ReadVerdict(env, a, &failure) == Verdict::kAborted) return true;
     std::vector<std::string> names;
     int r = env->ListDir(tmp_dir, &names);
     if (r < 0) {
       failure = Status::FromErrno(-r, "list " + tmp_dir);
+      if (r == -ENOENT && ReadVerdict(env, a, &failure) != Verdict::kAborted)
+        failure = Status::Error(Code::kAborted, tmp_dir + " vanished before its commit");
       return true;
     }
     for (const std::string& n : names) {
-      if (n == kAbortedName) {
-        std::string why;
-        ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &why);
-        failure = Status::Error(Code::kAborted, tmp_dir + " was aborted: " + why);
-        return true;
-      }
       unsigned rank = 0;
       char suffix[8] = {0};
       if (std::sscanf(n.c_str(), "rank-%u.%7s", &rank, suffix) != 2 || rank >= world_size) continue;
-      const std::string s(suffix);
-      if (s == "failed" && n == FailedRecordName(rank)) {
-        std::string why;
-        ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &why);
-        while (!why.empty() && why.back() == '\n') why.pop_back();
-        failure = Status::Error(Code::kAborted, "rank " + std::to_string(rank) + " failed to write its shard: " +
-                                                    (why.empty() ? std::string("(no reason recorded)") : why));
-        return true;
-      }
-      if (s != "done" || n != DoneRecordName(rank) || have[rank]) continue;
+      if (n != DoneRecordName(rank) || have[rank]) continue;
       std::string text;
       Status st = ReadSmallFile(env, JoinPath(tmp_dir, n), kMaxRecordBytes, &text);
       if (st.ok()) st = DecodeShardRecord(text, rank, &(*records)[rank]);
@@ -165,201 +243,58 @@ Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, 
     std::string which;
     for (uint32_t r = 0; r < world_size && which.size() < 200; ++r)
       if (!have[r]) which += (which.empty() ? "" : ", ") + std::to_string(r);
-    return Status::Error(Code::kAborted, tmp_dir + ": no shard from rank(s) " + which + " after " +
-                                             std::to_string(static_cast<int64_t>(timeout_s)) + " s");
+    return Status::Error(Code::kAborted, "no shard from rank(s) " + which + " after " + Seconds(timeout_s) + " s");
   }
   return Status::Ok();
 }
 
-void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why) {
-  if (env->IsDir(tmp_dir) != 1) return;
-  // ABORTED first, so a rank that is still waiting sees the verdict before the files vanish.
-  PublishRecord(env, tmp_dir, kAbortedName, why + "\n");
-  std::vector<std::string> names;
-  if (env->ListDir(tmp_dir, &names) == 0)
-    for (const std::string& n : names)
-      if (n != kAbortedName) env->Unlink(JoinPath(tmp_dir, n));
-}
-
-bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* verdict) {
-  const std::string aborted = JoinPath(tmp_dir, kAbortedName);
-  if (!Exists(env, aborted)) return false;
-  std::string why;
-  ReadSmallFile(env, aborted, kMaxRecordBytes, &why);
-  while (!why.empty() && why.back() == '\n') why.pop_back();
-  *verdict = Status::Error(Code::kAborted, "step " + std::to_string(step) + " was aborted by the coordinator: " + why);
-  return true;
-}
-
-namespace {
-
-// True when final_dir's manifest lists `mine` as one of its shards (name, size and index CRC).
-bool CommitHolds(Env* env, const std::string& final_dir, const ShardRecord& mine) {
-  std::string text;
-  if (!ReadSmallFile(env, JoinPath(final_dir, kManifestName), kMaxManifestBytes, &text).ok()) return false;
-  Json m;
-  if (!ParseJson(text, &m).ok()) return false;
-  const Json* files = m.find("files");
-  const std::vector<Json>* fa = files ? files->get_array() : nullptr;
-  if (!fa) return false;
-  for (const Json& f : *fa) {
-    const Json* name = f.find("name");
-    const Json* bytes = f.find("bytes");
-    const Json* crc = f.find("index_crc");
-    uint64_t b = 0, c = 0;
-    if (name && name->get_string() && *name->get_string() == mine.name && bytes && bytes->get_u64(&b) &&
-        b == mine.bytes && crc && crc->get_u64(&c) && c == mine.index_crc)
-      return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const std::string& tmp_dir,
-                     double timeout_s, const ShardRecord* mine) {
-  const std::string final_dir = JoinPath(run_dir, StepDirName(step));
-  Status verdict;
-  const bool finished = PollUntil(timeout_s, [&] {
-    if (Exists(env, JoinPath(final_dir, kManifestName)) && (!mine || CommitHolds(env, final_dir, *mine))) return true;
-    if (AbortVerdict(env, tmp_dir, step, &verdict)) return true;
-    // Committed and already expired: with keep_last below the saves in flight, rank 0 may commit
-    // newer steps and retire this one before this rank looks. Only the commit rename takes this
-    // attempt's directory away while its ranks wait (an aborted one keeps its ABORTED verdict).
-    return env->IsDir(tmp_dir) == -ENOENT;
-  });
-  if (!verdict.ok()) return verdict;
-  if (!finished)
-    return Status::Error(Code::kAborted, "step " + std::to_string(step) + " was not committed by the coordinator (rank 0) within " +
-                                             std::to_string(static_cast<int64_t>(timeout_s)) + " s");
+Status WaitForCommit(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size, double timeout_s) {
+  Status why;
+  Verdict v = Verdict::kPending;
+  PollUntil(timeout_s, [&] { return (v = ReadVerdict(env, a, &why)) != Verdict::kPending; });
+  if (v == Verdict::kPending)  // this rank gives up, unless the commit wins the rename
+    v = Abort(env, a, rank, "no commit from rank 0 within " + Seconds(timeout_s) + " s" + MissingRanks(env, a, world_size),
+              &why);
+  if (v == Verdict::kAborted) return why;
   // The rename that committed the step is visible before the coordinator's fsync of RUN_DIR has
   // made it durable: sync it from here too, so this rank never reports durable a commit that a
   // power loss could still undo (the crash-state checker found this window).
-  return SyncDir(env, run_dir);
+  return SyncDir(env, a.run_dir);
 }
 
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
                   double elapsed_s) {
   const Clock::time_point t0 = Clock::now();
+  const Attempt a{run_dir, step, 0};  // DCP: a fresh engine per save, attempt 0
   CommitRequest req;
   req.run_dir = run_dir;
-  req.final_dir = JoinPath(run_dir, StepDirName(step));
-  req.tmp_dir = JoinPath(run_dir, TmpDirName(step));  // DCP: a fresh engine per save, attempt 0
+  req.final_dir = a.final_dir();
+  req.tmp_dir = a.tmp_dir();
   req.step = step;
   for (const auto& [name, content] : extra_files) {
     ALPSCK_RETURN_IF_ERROR(CheckExtraFile(name, content.size()));  // before waiting for anyone
     req.extra_files.push_back({name, content});
   }
-  Status s = WaitForShards(env, req.tmp_dir, world_size, timeout_s, &req.shards);
+  Status s = WaitForShards(env, a, world_size, timeout_s, &req.shards);
   if (s.ok()) {
     req.write_seconds = std::max(0.0, elapsed_s) + std::chrono::duration<double>(Clock::now() - t0).count();
     s = CommitCheckpoint(env, req);
   }
   if (!s.ok()) {
-    AbortStep(env, req.tmp_dir, s.message());
-    return s;
+    Status verdict;
+    if (Abort(env, a, 0, s.message(), &verdict) == Verdict::kCommitted)
+      return Status::Error(s.code(), "step " + std::to_string(step) + " is committed, durability unconfirmed: " +
+                                         s.message(), s.err());
+    // The other ranks learn the outcome from the caller (DCP's collectives), not from the disk.
+    RemoveDirFiles(env, a.aborted_dir());
+    return verdict;
   }
   std::string latest;
   if (!ReadSmallFile(env, JoinPath(run_dir, kLatestName), 64, &latest).ok() ||
       std::strtoll(latest.c_str(), nullptr, 10) < static_cast<int64_t>(step))
     PublishLatest(env, run_dir, step);  // a hint: failure to update it never fails the commit
   return Status::Ok();
-}
-
-namespace {
-
-constexpr char kPendingSuffix[] = ".new";  // free-K.new: expired, expiry not yet durable
-
-bool EndsWith(const std::string& s, const char* suffix) {
-  const size_t n = std::char_traits<char>::length(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-
-// A free-K directory that a save may take (its expiry is durable).
-bool IsClaimableFreeDir(const std::string& name) {
-  return name.rfind(kFreePrefix, 0) == 0 && !EndsWith(name, kPendingSuffix);
-}
-
-// Keeps only the shard files of an expired checkpoint's directory: its DONE records, manifest and
-// any extra file must not reach the step that reuses it.
-void KeepOnlyShards(Env* env, const std::string& dir) {
-  std::vector<std::string> names;
-  if (env->ListDir(dir, &names) < 0) return;
-  for (const std::string& n : names)
-    if (!IsShardName(n)) env->Unlink(JoinPath(dir, n));
-}
-
-}  // namespace
-
-std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free) {
-  if (keep_last == 0) return "";
-  std::vector<std::string> names;
-  int r = env->ListDir(run_dir, &names);
-  if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
-  std::vector<uint64_t> committed;
-  std::vector<std::string> claimable;
-  for (const std::string& n : names) {
-    uint64_t step = 0;
-    if (ParseStepDirName(n, &step) && Exists(env, JoinPath(JoinPath(run_dir, n), kManifestName)))
-      committed.push_back(step);
-    else if (IsClaimableFreeDir(n))
-      claimable.push_back(n);
-  }
-  std::sort(committed.begin(), committed.end());
-  std::string warning;
-  auto warn = [&](const Status& s) {
-    if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
-  };
-  static std::atomic<uint64_t> seq{0};
-  std::vector<std::string> pending;  // expired, to become claimable once the expiry is durable
-  for (size_t i = 0; i + keep_last < committed.size(); ++i) {
-    const std::string path = JoinPath(run_dir, StepDirName(committed[i]));
-    const std::string base = kFreePrefix + std::to_string(committed[i]) + "-" + std::to_string(::getpid()) + "-" +
-                             std::to_string(seq.fetch_add(1));
-    const std::string gone = JoinPath(run_dir, base + kPendingSuffix);
-    // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
-    int e = env->Rename(path, gone);
-    if (e < 0) {
-      warn(Status::FromErrno(-e, "rename " + path));
-      continue;
-    }
-    // The manifest goes first: should a power loss undo the rename, the directory comes back as
-    // step-N without a manifest (never committed, ignored), not as a manifest naming removed or
-    // overwritten shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
-    env->Unlink(JoinPath(gone, kManifestName));
-    if (pending.size() + claimable.size() < keep_free) {
-      KeepOnlyShards(env, gone);
-      pending.push_back(base);
-    } else {
-      warn(RemoveDirFiles(env, gone));
-    }
-  }
-  Status s = SyncDir(env, run_dir);
-  warn(s);
-  // Only once the expiry is durable may a save take the directory and overwrite its shards in
-  // place (before, a power loss could bring step-N back over half-overwritten shards). A lost
-  // rename below only leaves a free-K.new, which the next Open removes.
-  for (const std::string& b : pending) {
-    if (!s.ok() || env->Rename(JoinPath(run_dir, b + kPendingSuffix), JoinPath(run_dir, b)) < 0)
-      RemoveDirFiles(env, JoinPath(run_dir, b + kPendingSuffix));
-  }
-  return warning;
-}
-
-bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir) {
-  std::vector<std::string> names;
-  if (env->ListDir(run_dir, &names) < 0) return false;
-  std::sort(names.begin(), names.end());
-  for (const std::string& n : names) {
-    if (!IsClaimableFreeDir(n)) continue;
-    // Atomic: fails with ENOTEMPTY/EEXIST once another rank has made tmp_dir hold anything (that
-    // rank's claim, or a shard it created), and with ENOENT if another rank took this one.
-    const int r = env->Rename(JoinPath(run_dir, n), tmp_dir);
-    if (r == 0) return true;
-    if (r != -ENOENT) return false;
-  }
-  return false;
 }
 
 }  // namespace alpsck

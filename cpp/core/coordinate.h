@@ -1,35 +1,13 @@
-// Coordination of a multi-rank checkpoint: every rank writes its own shard, one commit for all.
+// Coordination of a checkpoint's ranks (one rank is N = 1): each writes its own shard, rank 0
+// commits for all, and every rank reports the one verdict the disk holds. The protocol, its
+// verdict rule and why it closes the split verdict: docs/commit-protocol.md ("Several ranks, one
+// verdict"); the names: run_dir.h.
 //
-// Each rank writes RUN_DIR/step-N.tmp/rank-RRRRR.bin through its own Engine and seals it
-// (commit.h: data, index and footer durable). Then, with no collective and nothing that could
-// block training, the ranks meet through the file system:
-//
-//   1. every rank publishes a DONE record, step-N.tmp/rank-RRRRR.done (its ShardRecord as JSON;
-//      written under a .tmp name and renamed, so it is never seen half-written). A rank whose
-//      save failed publishes rank-RRRRR.failed instead (best effort: it may be the disk that
-//      failed). Records need not be durable: the coordinator fsyncs step-N.tmp/ before it
-//      commits, and a crash before that discards the directory anyway;
-//   2. the coordinator (rank 0) polls the directory until all world_size DONE records are there,
-//      checks each shard's size against its record, and runs the commit protocol (commit.cc)
-//      with every shard in the manifest. A FAILED record, or the timeout, aborts the step: the
-//      coordinator writes step-N.tmp/ABORTED (with the reason), removes the shards, and the
-//      directory is never committed;
-//   3. every other rank polls for step-N/MANIFEST.json (committed) or step-N.tmp/ABORTED; on
-//      seeing the manifest it fsyncs RUN_DIR itself before reporting the save durable (the
-//      rename is visible before the coordinator's own fsync has made it durable). A step-N.tmp
-//      that is gone also means committed: rank 0 may have committed newer steps and expired
-//      step-N before this rank looked (keep_last below the saves in flight).
-//
-// Retry: the ranks may save an aborted step again. Attempt K > 0 of a step uses step-N.aK.tmp
-// (TmpDirName) instead of step-N.tmp; each Engine counts its saves of the step, so the ranks
-// agree on K without a collective as long as every rank retries. An attempt thus never meets an
-// earlier one's ABORTED verdict, nor a late record or shard of it. Once attempt K commits, rank 0
-// removes the earlier attempts' directories: every rank's DONE record for K says it is done with
-// them (a rank saves one attempt of a step at a time).
-//
-// So a checkpoint is committed only when every rank's shard is durable, and a rank killed
-// mid-save leaves a step-N.tmp that recovery never reads. DONE records are not part of the
-// committed checkpoint's contract (the manifest is); they stay in the directory, harmless.
+// In short: ranks > 0 publish a DONE record (WriteDoneRecord); rank 0 waits for them
+// (WaitForShards) and commits by renaming step-N[.aK].tmp to step-N (commit.h); any rank that
+// fails or gives up aborts by renaming it to step-N[.aK].aborted (Abort), and at most one rename
+// wins. Every rank reads the verdict the same way (ReadVerdict), records that it did (SawAbort),
+// and the last one removes the aborted directory.
 //
 // Threading: these are free functions with no shared state; callers run them on their own
 // threads (the engine's committer thread, or the caller of the DCP backend's finish()).
@@ -41,45 +19,58 @@
 #include <vector>
 
 #include "commit.h"
+#include "run_dir.h"
 #include "env.h"
 #include "status.h"
 
 namespace alpsck {
 
-constexpr char kAbortedName[] = "ABORTED";
-
-std::string DoneRecordName(uint32_t rank);    // rank-RRRRR.done
-std::string FailedRecordName(uint32_t rank);  // rank-RRRRR.failed
-
 std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r);
 // Validates a record read from disk: the rank must match and the shard name be that rank's.
 Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* out);
 
+// One attempt at committing a step: its directories' names.
+struct Attempt {
+  std::string run_dir;
+  uint64_t step = 0;
+  uint32_t attempt = 0;
+  std::string tmp_dir() const;      // RUN_DIR/step-N[.aK].tmp
+  std::string aborted_dir() const;  // RUN_DIR/step-N[.aK].aborted
+  std::string final_dir() const;    // RUN_DIR/step-N
+};
+
+enum class Verdict { kPending, kCommitted, kAborted };
+
 // Step 1: the DONE record of a sealed, closed shard (visible whole once it is visible at all).
 Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const ShardRecord& r);
-// Step 1, failure: best effort (errors ignored), so the coordinator aborts without waiting.
-void WriteFailedRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const std::string& why);
 
-// Step 2, waiting part: polls tmp_dir until the DONE records of ranks 0..world_size-1 are all
-// there (then *records holds them, in rank order, each shard's size checked), a FAILED record
-// appears, the directory is ABORTED, or timeout_s passes (kAborted naming the missing ranks).
-Status WaitForShards(Env* env, const std::string& tmp_dir, uint32_t world_size, double timeout_s,
-                     std::vector<ShardRecord>* records);
+// The attempt's verdict as the disk says it (see above). kAborted fills *why (code kAborted).
+Verdict ReadVerdict(Env* env, const Attempt& a, Status* why);
 
-// Step 2, abort: writes ABORTED with the reason and removes every other file of tmp_dir.
-void AbortStep(Env* env, const std::string& tmp_dir, const std::string& why);
+// Tries to abort the attempt (the abort rename), with `why` as the reason when this call wins.
+// Returns the verdict afterwards: kAborted (*why_out says why: this rank's reason or the winner's)
+// or kCommitted (the commit rename won). An error that leaves the attempt undecided (the rename
+// failed otherwise) reads as kAborted with that error: this rank fails its save.
+// *won (if given): whether this call's rename decided it.
+Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why, Status* why_out,
+              bool* won = nullptr);
 
-// True when the coordinator aborted tmp_dir (a step's attempt); *verdict then says why (kAborted).
-bool AbortVerdict(Env* env, const std::string& tmp_dir, uint64_t step, Status* verdict);
+// This rank has read the abort verdict: records it in the aborted directory, and removes the
+// directory once all world_size ranks have.
+void SawAbort(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size);
 
-// Step 3: polls until step-N is committed (its manifest seen, or tmp_dir renamed away: committed
-// and maybe already expired) and RUN_DIR synced (OK), or tmp_dir (this rank's attempt at it) is
-// aborted, or timeout_s passes (kAborted, with why). With `mine` (this rank's
-// sealed shard), only a manifest that lists exactly that shard counts: a step-N of an earlier
-// history that rank 0 has yet to retire (Engine::Supersede) is not this save's commit. Every
-// save's index carries a unique save_id, so even the same bytes saved again differ in index_crc.
-Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const std::string& tmp_dir,
-                     double timeout_s, const ShardRecord* mine = nullptr);
+// Step 2, waiting part: polls the attempt's directory until the DONE records of ranks
+// 0..world_size-1 are all there (then *records holds them, in rank order, each shard's size
+// checked). Fails with kAborted when the attempt is aborted meanwhile, or "no shard from
+// rank(s) ..." when timeout_s passes (the caller then tries Abort: the attempt is still open).
+// own: the caller's own (rank 0's) record, which it need not read from disk (nullptr: read all).
+Status WaitForShards(Env* env, const Attempt& a, uint32_t world_size, double timeout_s,
+                     std::vector<ShardRecord>* records, const ShardRecord* own = nullptr);
+
+// Step 3: polls until the attempt is decided. On a commit, syncs RUN_DIR and returns OK; on an
+// abort, returns the verdict (kAborted). After timeout_s, tries to abort the attempt itself
+// (Abort, its reason naming the ranks whose shard is missing) and returns whichever verdict won.
+Status WaitForCommit(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size, double timeout_s);
 
 // The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for
 // the shards, writes the extra files (name, content) into step-N.tmp, commits with everything in
@@ -88,20 +79,5 @@ Status WaitForCommit(Env* env, const std::string& run_dir, uint64_t step, const 
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
                   double elapsed_s = 0);
-
-// Retention for several ranks (rank 0 runs it after a commit, the DCP backend after its own):
-// keeps the newest keep_last committed steps (0 keeps all) and expires the older ones. Each is
-// renamed to free-K.new (atomic expiry), loses its manifest, then RUN_DIR is fsync'ed. Up to
-// keep_free of them (counting claimable ones already there) keep their shard files and are then
-// renamed to free-K: claimable by ClaimFreeDir. The rest, and any whose expiry could not be made
-// durable, are removed. Returns a warning (empty if none): retention trouble never fails a save.
-std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free = 0);
-
-// Any rank, preparing the shared step-N.tmp of a save: renames a claimable free-K directory to
-// tmp_dir, so that the shards it holds are overwritten in place (no block allocation). True if
-// this call did; false if none was free or tmp_dir already exists with something in it (another
-// rank claimed one, or created its shard): the caller then creates or joins tmp_dir as usual.
-// Safe against every other rank doing the same, and against rank 0 removing free directories.
-bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir);
 
 }  // namespace alpsck

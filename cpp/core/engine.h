@@ -1,12 +1,20 @@
 // Engine: persistent concurrent checkpointing (PCcheck's idea, rebuilt).
 //
-// Save(step, extents) lays the extents out in one shard file, cuts the data into chunks and
-// puts them on ONE shared queue that T writer threads drain (no static split, so no
-// stragglers). Each writer computes a chunk's CRC32C and pwrite()s it at its aligned offset
-// (O_DIRECT where the file system allows). The writer that finishes a checkpoint's last chunk
-// runs the commit protocol (commit.h). Up to max_in_flight checkpoints persist at once; chunks
-// of different checkpoints share the queue in submission order, and a checkpoint that
-// finishes after a newer one never becomes the published latest.
+// One save, top to bottom (the files in this order):
+//   engine.cc          Save(): admission (max_in_flight, the attempt's number), the attempt's
+//                      directory prepared (a recycled free-* claimed, or a fresh one), the layout
+//   pipeline.cc        the snapshot into staging slots (or none: zero-copy, external fill), ONE
+//                      shared chunk queue drained by T writer threads (no static split, so no
+//                      stragglers): each CRC32Cs a chunk and pwrite()s it at its aligned offset
+//                      (O_DIRECT where the file system allows)
+//   engine_commit.cc   the writer of the last chunk seals the shard (commit.h); the committer
+//                      thread runs the attempt's coordination with the other ranks
+//                      (coordinate.h; one rank is N = 1), the commit (commit.h), LATEST,
+//                      retention (run_dir.h), and completes the handle
+//   history.cc         ContinueFrom/Supersede: an abandoned history retired before a save
+// The protocol and its guarantees: docs/commit-protocol.md. Up to max_in_flight checkpoints
+// persist at once; chunks of different checkpoints share the queue in submission order, and a
+// checkpoint that finishes after a newer one never becomes the published latest.
 //
 // Three ways to hand over memory (SaveMode):
 //  - kSnapshot (default): Save copies the bytes into pre-faulted staging slots on copy_threads
@@ -24,19 +32,12 @@
 // Writers return staging slots as soon as their chunk is written, so a pool smaller than the
 // state still streams (the snapshot modes then overlap by necessity).
 //
-// Several ranks (world_size > 1): every rank runs its own Engine on the shared run directory and
-// writes only its shard; the commit is coordinated through the file system (coordinate.h):
-// each rank's writer seals its shard and writes a DONE record, then the engine's committer thread
-// waits — rank 0 for every rank's DONE record, then it commits and applies retention; the other
-// ranks for rank 0's commit (or abort). A handle completes, on every rank, only once the whole
-// checkpoint is committed (or failed). Housekeeping at Open (removing abandoned step-N.tmp and
-// free-* directories) is rank 0's alone: the caller must let rank 0 open before the other ranks
-// save (the Python layer uses a barrier). Expired checkpoints are recycled through the file
-// system: rank 0's retention turns up to max_in_flight of them into free-K directories once their
-// expiry is durable, and whichever rank prepares a save's step-N.tmp first renames one to that
-// name, so every rank overwrites its shard in place (RetainNewest, ClaimFreeDir).
-// kDeferred saves (the DCP backend) stop after the DONE record: the handle completes when the
-// shard is durable, and the caller commits the step (CommitStep in coordinate.h).
+// Several ranks: every rank runs its own Engine on the shared run directory and writes only its
+// shard; a handle completes, on every rank, once the attempt is decided, and every rank reports
+// the same verdict. Housekeeping at Open is rank 0's alone: the caller must let rank 0 open
+// before the other ranks save (the Python layer uses a barrier). kDeferred saves (the DCP backend)
+// stop after the DONE record: the handle completes when the shard is durable, and the caller
+// commits the step (CommitStep in coordinate.h).
 //
 // Threading: Save, WaitAll and Close may be called from any thread; SaveHandle is thread-safe.
 // Close (or the destructor) waits for every in-flight save.
@@ -56,6 +57,7 @@
 #include <vector>
 
 #include "commit.h"
+#include "coordinate.h"
 #include "env.h"
 #include "format.h"
 #include "staging_pool.h"
@@ -63,36 +65,38 @@
 
 namespace alpsck {
 
-constexpr uint32_t kMaxWriterThreads = 1024;  // EngineOptions::threads (exported to Python as MAX_THREADS)
+constexpr uint32_t kMaxWriterThreads = 1024;  // the limit of EngineOptions::threads (options.h)
 
+// Where and who (run_dir, rank, world_size, env, one_history), and the tunable options, whose
+// defaults, limits and meaning are defined once in options.h (the constructor takes the defaults
+// from there; Engine::Open checks the limits).
 struct EngineOptions {
+  EngineOptions();
   std::string run_dir;            // must exist or its parent must (created then)
-  uint32_t threads = 0;           // writer threads; 0: 8 (I/O concurrency, not CPU count, is what
-                                  // the storage needs: fio here peaks at queue depth 16)
-  uint64_t chunk_bytes = 0;       // 0: 8 MiB; rounded up to the alignment
-  uint32_t max_in_flight = 2;     // checkpoints persisting at once
-  uint32_t keep_last = 3;         // committed checkpoints kept; 0 keeps all
-  uint64_t staging_bytes = 0;     // staging pool size; 0: sized at the first copy-mode save
-                                  // to max_in_flight x its data (+ one slot per writer), and
-                                  // grown when a later save is larger (external fills still
-                                  // use only the first mapping: staging_base/staging_bytes)
-  uint32_t copy_threads = 0;      // threads copying a snapshot into staging (the caller is one
-                                  // of them); 0: min(4, allowed CPUs)
-  std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
-  bool direct_io = true;          // try O_DIRECT (a buffered fallback is reported)
   uint32_t rank = 0;
   uint32_t world_size = 1;        // ranks writing this run dir (each with its own Engine)
-  double commit_timeout_s = 600;  // how long a multi-rank commit waits for the other ranks
   bool one_history = false;       // every Save first retires the abandoned history (Supersede)
   Env* env = nullptr;             // nullptr: Env::Default()
+  // options.h:
+  uint32_t max_in_flight;         // checkpoints persisting at once
+  uint32_t threads;               // writer threads
+  uint32_t copy_threads;          // 0: min(4, allowed CPUs)
+  uint64_t chunk_bytes;           // rounded up to the alignment
+  uint32_t keep_last;             // 0 keeps all
+  uint64_t staging_bytes;         // 0: sized at the first copy-mode save to max_in_flight x its data
+                                  // (+ one slot per writer), grown when a later save is larger
+                                  // (external fills still use only the first mapping)
+  bool direct_io;                 // try O_DIRECT (a buffered fallback is reported)
+  std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
+  double commit_timeout_s;        // how long a multi-rank commit waits for the other ranks
 };
 
 enum class SaveMode { kSnapshot, kSnapshotOverlap, kZeroCopy, kExternal };
 
 class ExternalFill;
 
-// kAuto: the engine commits (with world_size > 1: coordinated, see above). kDeferred: the shard
-// is sealed and its DONE record written; someone else commits the step.
+// kAuto: the engine commits (rank 0 for all ranks, see above). kDeferred: the shard is sealed and
+// its DONE record written; someone else commits the step.
 enum class CommitMode { kAuto, kDeferred };
 
 struct SaveExtent {
@@ -210,18 +214,18 @@ class Engine {
   void WriteChunk(Job* j, uint64_t chunk, const char* slot, char* bounce);
   void Push(Task t);
   void ChunkDone(Job* j, uint64_t count = 1);
-  // On the writer that wrote j's last chunk: seal the shard, then commit (one rank), or write
-  // the DONE record and hand j to the committer thread (several ranks).
+  // On the writer that wrote j's last chunk: seal the shard, publish its DONE record (ranks > 0,
+  // and every rank of a deferred commit), and hand j to the committer thread.
   void Finish(Job* j);
   void CommitterLoop();
   // Steps 5-8 of the commit protocol (commit.h) for j with these shards, in rank order.
   Status Commit(Job* j, std::vector<ShardRecord> shards);
-  // Several ranks: tells the others this rank's shard of j will not come (rank 0: aborts).
-  void FailShared(Job* j, const std::string& why);
+  // This rank's part of j failed with s: aborts the attempt (coordinate.h) and
+  // returns the verdict the save reports (s, or the abort that another rank decided first).
+  Status FailShared(Job* j, const Status& s);
   // The common end of every save: publish, retention, complete the handle, free the slot.
   void Complete(std::unique_ptr<Job> j, Status s, SaveResult r);
   Status PrepareDir(Job* j);
-  Status PrepareOwnDir(Job* j);  // one rank: reuse a free directory, or make a fresh one
   // Copies every chunk of j into staging slots on copy_threads threads and queues them (each at
   // once with overlap, else all after the copy — unless the pool runs dry, which forces it).
   void SnapshotChunks(Job* j, bool overlap);
@@ -242,7 +246,7 @@ class Engine {
   bool stopping_ = false;
   std::vector<std::thread> writers_;
 
-  std::mutex c_mu_;                       // the committer's queue (world_size > 1)
+  std::mutex c_mu_;                       // the committer's queue
   std::condition_variable c_cv_;
   std::deque<Job*> commit_queue_;
   bool c_stopping_ = false;
@@ -257,11 +261,10 @@ class Engine {
   std::vector<std::pair<uint64_t, std::string>> retired_log_;  // for TakeRetired
   static constexpr int64_t kNoBase = INT64_MIN;
   int64_t base_ = kNoBase;                // ContinueFrom's step
-  // Several ranks: saves of a step so far (its next attempt), until the step commits. Every rank
+  // Saves of a step so far (its next attempt), until the step commits. Every rank
   // calls Save the same number of times for a step, so the ranks agree without a collective.
   std::map<uint64_t, uint32_t> attempts_;
-  std::vector<std::string> free_dirs_;    // expired checkpoint dirs kept for reuse
-  uint64_t free_seq_ = 0;
+  uint64_t name_seq_ = 0;                 // for SupersededDirName
   int64_t published_ = -1;
   bool closed_ = false;
   std::mutex retention_mu_;

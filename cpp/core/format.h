@@ -92,15 +92,4 @@ void ScatterChunk(const ShardLayout& l, const std::vector<char*>& dsts, uint64_t
 // src + (chunk offset), so it can be written from the caller's memory without a copy.
 const char* DirectSource(const ShardLayout& l, const std::vector<const char*>& srcs, uint64_t i, uint64_t mem_align);
 
-std::string ShardFileName(uint32_t rank);
-std::string StepDirName(uint64_t step);
-// Parses "step-<digits>" (returns true) — anything else, including "step-12.tmp", is false.
-bool ParseStepDirName(std::string_view name, uint64_t* step);
-// Where a save of `step` is written before its commit renames it to StepDirName(step):
-// "step-N.tmp" for attempt 0, "step-N.aK.tmp" for attempt K > 0 (a multi-rank retry of a step
-// whose earlier attempt was aborted gets a directory of its own; coordinate.h).
-std::string TmpDirName(uint64_t step, uint32_t attempt = 0);
-// Parses either form of TmpDirName (returns true, with the step and attempt).
-bool ParseTmpDirName(std::string_view name, uint64_t* step, uint32_t* attempt = nullptr);
-
 }  // namespace alpsck

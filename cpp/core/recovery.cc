@@ -270,12 +270,14 @@ Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t th
       CheckCheckpoint(env, p, step, verify, threads, &info, watched);
       if (cancelled) return Status::Error(Code::kAborted, "scan of " + run_dir + " cancelled");
       out->push_back(std::move(info));
-    } else if (ParseTmpDirName(n, &step) && env->IsDir(p) == 1) {
+    } else if (const RunDirEntry e = ParseRunDirName(n);
+               (e.kind == EntryKind::kAttempt || e.kind == EntryKind::kAborted) && env->IsDir(p) == 1) {
       CheckpointInfo info;
-      info.step = step;
+      info.step = e.step;
       info.path = p;
       info.state = CheckpointState::kIncomplete;
-      info.error = "in flight or abandoned (.tmp)";
+      info.error = e.kind == EntryKind::kAttempt ? "in flight or abandoned (.tmp)"
+                                                 : "an aborted attempt (.aborted), kept until every rank has seen it";
       out->push_back(std::move(info));
     }
   }

@@ -27,9 +27,11 @@
 #include "coordinate.h"
 #include "crc32c.h"
 #include "engine.h"
+#include "options.h"
 #include "env.h"
 #include "platform.h"
 #include "recovery.h"
+#include "run_dir.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -496,6 +498,7 @@ std::vector<nb::dict> Scan(const FsPath& run_dir, bool verify, uint32_t threads,
 NB_MODULE(_core, m) {
   using namespace alpsck;
   m.doc() = "alpsck's C++ checkpoint core (persistent concurrent checkpointing).";
+  const uint32_t read_threads = static_cast<uint32_t>(EngineOptionSpec("read_threads").default_value);
 
   m.def("crc32c", [](Bytes data, uint32_t crc) {
         return Crc32cExtend(crc, data.data(), data.nbytes()); }, "data"_a, "crc"_a = 0,
@@ -514,7 +517,22 @@ NB_MODULE(_core, m) {
   m.def("page_size", &PageSize);
   m.attr("MAX_THREADS") = kMaxWriterThreads;  // the engine's limit on writer threads
   m.attr("checkpoint_format") = kManifestFormat;  // what this build writes (MANIFEST.json "format")
-  m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = 4, "progress"_a = nb::none(),
+  // The run directory's names (run_dir.h owns them; Python spells none of its own).
+  m.def("step_dir_name", &StepDirName, "step"_a, "step-N, as a committed checkpoint's directory is named.");
+  m.def("tmp_dir_name", &TmpDirName, "step"_a, "attempt"_a = 0, "Where attempt K of a save of step N is written.");
+  m.def("lock_file_name", &LockFileName, "rank"_a, "The writer lock of rank R in a run directory.");
+  m.def("shard_file_name", &ShardFileName, "rank"_a, "rank-RRRRR.bin, rank R's shard in a checkpoint directory.");
+  m.def("parse_run_dir_name", [](const std::string& name) {
+        const RunDirEntry e = ParseRunDirName(name);
+        return std::make_tuple(std::string(EntryKindName(e.kind)), e.step, e.attempt);
+      }, "name"_a,
+      "What an entry of a run directory is, from its name alone: (kind, step, attempt). kind is one of "
+      "'step', 'attempt', 'aborted', 'free', 'free-pending', 'superseded', 'latest', 'lock', 'history', "
+      "'deleting' or 'other' (not alpsck's); step and attempt are 0 where the kind has none.");
+  m.attr("run_dir_names") = std::map<std::string, std::string>{
+      {"manifest", kManifestName}, {"latest", kLatestName}, {"lock", kLockName}, {"history", kHistoryName},
+      {"deleting_prefix", kDeletingPrefix}, {"superseded_prefix", kSupersededPrefix}};
+  m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = read_threads, "progress"_a = nb::none(),
         "Classify every checkpoint directory of run_dir (ascending steps).");
 
   m.def("commit_step",
@@ -566,13 +584,46 @@ NB_MODULE(_core, m) {
       .def("fail", &PyFill::fail, "why"_a)
       .def("finish", &PyFill::finish);
 
+  m.def("engine_options", [] {
+        std::vector<nb::dict> out;
+        for (const OptionSpec& s : EngineOptionSpecs()) {
+          nb::dict d;
+          d["name"] = s.name;
+          const bool integral = s.type == OptionType::kInt || s.type == OptionType::kCpuList;
+          auto num = [&](double v) -> nb::object {
+            if (integral) return nb::int_(static_cast<int64_t>(v));
+            return nb::float_(v);
+          };
+          switch (s.type) {
+            case OptionType::kInt: d["type"] = "int"; d["default"] = num(s.default_value); break;
+            case OptionType::kFloat: d["type"] = "float"; d["default"] = num(s.default_value); break;
+            case OptionType::kBool: d["type"] = "bool"; d["default"] = nb::bool_(s.default_value != 0); break;
+            case OptionType::kCpuList: d["type"] = "cpus"; d["default"] = nb::list(); break;
+          }
+          if (s.type != OptionType::kBool) {
+            d["min"] = num(s.min);
+            d["max"] = num(s.max);
+          }
+          d["zero_means"] = s.zero_means ? nb::object(nb::str(s.zero_means)) : nb::none();
+          d["doc"] = s.doc;
+          out.push_back(d);
+        }
+        return out;
+      },
+      "The engine's options, defined once in the core (cpp/core/options.h): a list of {name, type "
+      "('int', 'float', 'bool' or 'cpus': a list of CPU numbers), default, min, max (inclusive), "
+      "zero_means (what 0 means where it is not a plain count, else None), doc}.");
+
+  const EngineOptions defaults;
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
                     uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool>(),
-           "run_dir"_a, "threads"_a = 0, "chunk_bytes"_a = 0, "max_in_flight"_a = 2, "keep_last"_a = 3,
-           "staging_bytes"_a = 0, "pin_cpus"_a = std::vector<int>{}, "direct_io"_a = true, "rank"_a = 0,
-           "faults"_a = std::vector<nb::dict>{}, "copy_threads"_a = 0, "world_size"_a = 1,
-           "commit_timeout_s"_a = 600.0, "one_history"_a = false)
+           "run_dir"_a, "threads"_a = defaults.threads, "chunk_bytes"_a = defaults.chunk_bytes,
+           "max_in_flight"_a = defaults.max_in_flight, "keep_last"_a = defaults.keep_last,
+           "staging_bytes"_a = defaults.staging_bytes, "pin_cpus"_a = defaults.pin_cpus,
+           "direct_io"_a = defaults.direct_io, "rank"_a = 0, "faults"_a = std::vector<nb::dict>{},
+           "copy_threads"_a = defaults.copy_threads, "world_size"_a = 1,
+           "commit_timeout_s"_a = defaults.commit_timeout_s, "one_history"_a = false)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
@@ -608,6 +659,6 @@ NB_MODULE(_core, m) {
       .def_prop_ro("align", &PyReader::align)
       .def_prop_ro("chunk_bytes", &PyReader::chunk_bytes)
       .def_prop_ro("rank", &PyReader::rank)
-      .def("read_into", &PyReader::read_into, "dsts"_a, "threads"_a = 4)
-      .def("verify", &PyReader::verify, "threads"_a = 4);
+      .def("read_into", &PyReader::read_into, "dsts"_a, "threads"_a = read_threads)
+      .def("verify", &PyReader::verify, "threads"_a = read_threads);
 }

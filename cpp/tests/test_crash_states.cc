@@ -459,7 +459,7 @@ TEST(a_waiting_rank_reports_durable_only_once_the_commit_is_durable) {
   REQUIRE(::mkdir(run.c_str(), 0755) == 0);
   RecordingEnv rec;
   HandCommit(&rec, run, 1, f, true, true, /*sync_run_dir=*/false, /*mark_durable=*/false);
-  const Status s = WaitForCommit(&rec, run, 1, JoinPath(run, TmpDirName(1)), 5);
+  const Status s = WaitForCommit(&rec, Attempt{run, 1, 0}, 1, 2, 5);
   CHECK(s.ok());
   rec.Mark("durable", 1);
   CHECK_EQ(ExploreHand(run, &rec), std::string());

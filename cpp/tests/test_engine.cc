@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cerrno>
 #include <cstdio>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "commit.h"
 #include "engine.h"
+#include "options.h"
 #include "file_io.h"
 #include "recovery.h"
 #include "testing.h"
@@ -539,6 +542,60 @@ TEST(fsync_and_rename_failures_never_publish) {
     REQUIRE(ScanRunDir(Env::Default(), d.path(), true, 2, &infos).ok());
     REQUIRE(!infos.empty());
     CHECK(infos.back().step == 1 && infos.back().state == CheckpointState::kCommitted);
+  }
+}
+
+TEST(a_failed_fsync_after_the_commit_rename_fails_the_save_and_says_the_step_is_committed) {
+  // The one outcome the commit cannot take back: the rename happened, the fsync of RUN_DIR that
+  // makes it durable failed. The save is not reported durable, and its error says what is on disk.
+  TempDir d;
+  FaultEnv env;
+  auto e = Open(d.path(), &env, 2, 3);
+  REQUIRE(e);
+  auto a = RandomBytes(100000, 12);
+  FaultRule r;  // the commit's fsyncs: the manifest, step-N.tmp/, then RUN_DIR (the third)
+  r.op = FaultRule::Op::kFSync;
+  r.skip = 2;
+  env.AddRule(r);
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(h->Wait(-1));
+  CHECK(h->status().code() == Code::kIoError);
+  CHECK(h->status().message().find("step 1 is committed, durability unconfirmed") != std::string::npos);
+  CHECK(Exists(JoinPath(JoinPath(d.path(), StepDirName(1)), kManifestName)));
+}
+
+TEST(options_take_their_defaults_from_the_table_and_out_of_range_values_are_refused_by_name) {
+  EngineOptions o;
+  CHECK_EQ(o.threads, static_cast<uint32_t>(EngineOptionSpec("threads").default_value));
+  CHECK_EQ(o.keep_last, static_cast<uint32_t>(EngineOptionSpec("keep_last").default_value));
+  CHECK(CheckEngineOptions(o).ok());
+  TempDir d;
+  struct Case {
+    std::function<void(EngineOptions*)> set;
+    const char* says;
+  };
+  const Case cases[] = {
+      {[](EngineOptions* x) { x->threads = 0; }, "threads is 0: it must be between 1 and 1024"},
+      {[](EngineOptions* x) { x->threads = 5000; }, "threads is 5000"},
+      {[](EngineOptions* x) { x->max_in_flight = 0; }, "max_in_flight is 0"},
+      {[](EngineOptions* x) { x->chunk_bytes = 2ull << 30; }, "chunk_bytes is 2147483648"},
+      {[](EngineOptions* x) { x->commit_timeout_s = 0; }, "commit_timeout_s is 0"},
+      {[](EngineOptions* x) { x->commit_timeout_s = 1e12; }, "commit_timeout_s is 1000000000000"},
+      {[](EngineOptions* x) { x->commit_timeout_s = std::nan(""); }, "commit_timeout_s is not a number"},
+      {[](EngineOptions* x) { x->pin_cpus = {0, -1}; }, "pin_cpus holds -1"},
+      {[](EngineOptions* x) { x->copy_threads = 100000; }, "copy_threads is 100000: it must be between 0 and 1024 (0: auto"},
+  };
+  for (const Case& c : cases) {
+    EngineOptions x;
+    x.run_dir = d.path();
+    c.set(&x);
+    std::unique_ptr<Engine> e;
+    const Status s = Engine::Open(x, &e);
+    CHECK(s.code() == Code::kInvalidArgument);
+    if (s.message().find(c.says) == std::string::npos) std::fprintf(stderr, "got: %s\n", s.message().c_str());
+    CHECK(s.message().find(c.says) != std::string::npos);
+    CHECK(!e);
   }
 }
 

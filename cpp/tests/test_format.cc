@@ -153,32 +153,4 @@ TEST(index_rejects_hostile_documents) {
   CHECK(!DecodeIndex(deep, 4096, &idx).ok());
 }
 
-TEST(step_dir_names) {
-  uint64_t s = 0;
-  CHECK_EQ(StepDirName(150), std::string("step-000000150"));
-  CHECK(ParseStepDirName("step-000000150", &s) && s == 150);
-  CHECK(ParseStepDirName("step-12345678901", &s) && s == 12345678901ull);
-  CHECK(!ParseStepDirName("step-000000150.tmp", &s));
-  CHECK(!ParseStepDirName("step-", &s));
-  CHECK(!ParseStepDirName("step-1a", &s));
-  CHECK(!ParseStepDirName("step-99999999999999999999", &s));
-  CHECK_EQ(ShardFileName(7), std::string("rank-00007.bin"));
-}
-
-TEST(tmp_dir_names_carry_the_attempt_and_round_trip) {
-  CHECK_EQ(TmpDirName(150), std::string("step-000000150.tmp"));
-  CHECK_EQ(TmpDirName(150, 3), std::string("step-000000150.a3.tmp"));
-  for (uint32_t a : {0u, 1u, 9u, 10u, 4294967295u}) {
-    uint64_t s = 0;
-    uint32_t got = 99;
-    CHECK(ParseTmpDirName(TmpDirName(12345678901ull, a), &s, &got) && s == 12345678901ull && got == a);
-  }
-  uint64_t s = 0;
-  CHECK(ParseTmpDirName("step-000000007.tmp", &s) && s == 7);  // the attempt is optional to ask for
-  for (const char* bad : {"step-000000007", "step-000000007.a0.tmp", "step-000000007.a.tmp", "step-000000007.b1.tmp",
-                          "step-000000007.a01.tmp", "step-000000007.a1x.tmp", "step-000000007.a4294967296.tmp",
-                          "step-000000007.a1.a1.tmp", ".tmp", "step-.tmp", "free-1-2.tmp", "step-000000007.tmpx"})
-    CHECK(!ParseTmpDirName(bad, &s));
-}
-
 ALPSCK_TEST_MAIN()

@@ -53,6 +53,7 @@ from alpsck.examples.llama.data import (
 )
 from alpsck.examples.llama.model import ModelArgs, Transformer
 from alpsck.handles import CheckpointerLike
+from alpsck.options import DEFAULTS
 from alpsck.rng import RNGState
 
 log = logging.getLogger("alpsck.examples.llama")
@@ -94,9 +95,9 @@ class TrainConfig:
     load_checkpoint_dir: str | None = None  # None: the newest valid checkpoint in checkpoint_dir
     fail_at_step: int | None = None
     loss_file: str | None = None
-    max_in_flight: int = 2
-    threads: int = 4
-    keep_last: int = 3
+    max_in_flight: int = DEFAULTS["max_in_flight"]  # the Checkpointer's defaults (alpsck.options)
+    threads: int = DEFAULTS["threads"]
+    keep_last: int = DEFAULTS["keep_last"]
     overlap_copy: bool = False  # alpsck: pipelined snapshots for CPU states too (always on for GPU ones)
     data_file: str | None = None
     data_column: str = "text"
@@ -457,6 +458,6 @@ def slurm_entry(job: Any) -> TrainResult:
     cfg = config_from_args(job.argv)
     ck = job.config.checkpoint
     cfg = replace(cfg, checkpoint_dir=job.run_dir, checkpointer="alpsck", load_checkpoint=True, load_checkpoint_dir=None,
-                  max_in_flight=ck.max_in_flight, threads=ck.threads or cfg.threads, keep_last=ck.keep_last,
+                  max_in_flight=ck.max_in_flight, threads=ck.threads, keep_last=ck.keep_last,
                   loss_file=cfg.loss_file or os.path.join(job.run_dir, "loss.csv"))
     return train(cfg, stop_requested=job.stop_requested, checkpoint_due=job.checkpoint_due)

@@ -1,0 +1,98 @@
+"""The engine's options, defined once in the core (``cpp/core/options.h``) and read from there.
+
+One table (name, type, default, limits, meaning) that :class:`alpsck.Checkpointer`, the job
+config's ``checkpoint`` section and the docs' option tables take their defaults and limits from,
+so that a default is stated once and a value out of range is refused by name wherever it enters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _core
+from .errors import UsageError
+
+__all__ = ["DEFAULTS", "SPECS", "check", "problem"]
+
+SPECS: dict[str, dict[str, Any]] = {s["name"]: s for s in _core.engine_options()}
+DEFAULTS: dict[str, Any] = {name: s["default"] for name, s in SPECS.items()}
+
+
+def _range(spec: dict[str, Any]) -> str:
+    zero = f" (0: {spec['zero_means']})" if spec["zero_means"] else ""
+    return f"between {spec['min']:g} and {spec['max']:g}{zero}" if spec["type"] == "float" else \
+        f"between {spec['min']} and {spec['max']}{zero}"
+
+
+def problem(name: str, value: Any) -> str | None:
+    """Why ``value`` is not a valid value of option ``name`` (naming the allowed range), or None."""
+    spec = SPECS[name]
+    kind = spec["type"]
+    if kind == "bool":
+        return None if isinstance(value, bool) else f"{value!r}: must be true or false"
+    if kind == "cpus":
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)):
+            return f"{value!r}: must be a list of CPU numbers"
+        bad = [c for c in value if isinstance(c, bool) or not isinstance(c, int) or not spec["min"] <= c <= spec["max"]]
+        return f"{bad[0]!r} is not a CPU number {_range(spec)}" if bad else None
+    numeric: tuple[type, ...] = (int,) if kind == "int" else (int, float)
+    if isinstance(value, bool) or not isinstance(value, numeric):
+        return f"{value!r}: must be {'an integer' if kind == 'int' else 'a number'}"
+    if not spec["min"] <= value <= spec["max"]:  # NaN compares false: refused too
+        return f"{value!r}: must be {_range(spec)}"
+    return None
+
+
+def check(name: str, value: Any, where: str | None = None) -> None:
+    """Raise UsageError naming ``where`` (default: the option's name) when ``value`` is out of range."""
+    why = problem(name, value)
+    if why is not None:
+        raise UsageError(f"{where or name}: {why}")
+
+
+def _human_bytes(n: int) -> str:
+    for unit, size in (("EiB", 1 << 60), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return str(n)
+
+
+def default_text(name: str) -> str:
+    """The default of option ``name`` as the docs write it."""
+    spec, value = SPECS[name], DEFAULTS[name]
+    if spec["type"] == "cpus":
+        return "none"
+    if value == 0 and spec["zero_means"]:
+        return spec["zero_means"]
+    if name.endswith("_bytes"):
+        return _human_bytes(value)
+    return f"{value:g}" if spec["type"] == "float" else str(value)
+
+
+def range_text(name: str) -> str:
+    """The allowed values of option ``name`` as the docs write them."""
+    spec = SPECS[name]
+    if spec["type"] == "bool":
+        return "true/false"
+    if spec["type"] == "cpus":
+        return f"CPU numbers {spec['min']} .. {spec['max']}"
+    if spec["type"] == "float":
+        return f"{spec['min']:g} .. {spec['max']:g}"
+
+    def num(n: int) -> str:
+        if name.endswith("_bytes"):
+            return _human_bytes(n)
+        return f"2^{(n + 1).bit_length() - 1}-1" if n > 1 << 20 and (n + 1) & n == 0 else str(n)
+
+    zero = f" (0: {'auto' if spec['zero_means'].startswith('auto') else spec['zero_means']})" if spec["zero_means"] else ""
+    return f"{num(spec['min'])} .. {num(spec['max'])}{zero}"
+
+
+def markdown_table() -> str:
+    """The option table of docs/python-api.md, generated from the core's table (tests/test_options.py
+    checks the docs hold exactly this)."""
+    rows = ["| option | default | values | meaning |", "|---|---|---|---|"]
+    for name, spec in SPECS.items():
+        rows.append(f"| `{name}` | {default_text(name)} | {range_text(name)} | {spec['doc']} |")
+    return "\n".join(rows) + "\n"
+

@@ -1,0 +1,49 @@
+// The engine's internals shared by its files (engine.cc: the facade and admission;
+// pipeline.cc: snapshot, writers, external fills; engine_commit.cc: sealing, the commit and the
+// end of a save; history.cc: ContinueFrom and Supersede). Not for use outside the engine.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "coordinate.h"
+#include "engine.h"
+#include "format.h"
+
+namespace alpsck {
+
+using Clock = std::chrono::steady_clock;
+inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// One save, from Save() to its handle's completion.
+struct Engine::Job {
+  std::shared_ptr<SaveHandle> handle;
+  uint64_t step = 0;
+  uint32_t attempt = 0;              // several ranks: the how-manieth save of this step (TmpDirName)
+  Attempt at;                        // its directories (coordinate.h)
+  CommitMode commit = CommitMode::kAuto;
+  SaveResult result;                 // filled as the save goes (for the committer)
+  std::string tmp_dir, final_dir, shard_path;
+  int fd = -1;
+  bool direct = false;
+  ShardIndex index;                  // layout + crcs + meta
+  ShardRecord record;                // this rank's sealed shard (several ranks: to find its commit)
+  std::vector<const char*> srcs;     // zero-copy sources, per extent
+  std::atomic<uint64_t> remaining{0};
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  Status error;
+  Clock::time_point t0, t_snap;
+
+  void Fail(const Status& s) {
+    std::lock_guard<std::mutex> l(err_mu);
+    if (error.ok()) error = s;
+    failed.store(true, std::memory_order_release);
+  }
+};
+
+}  // namespace alpsck

@@ -1,0 +1,103 @@
+#include "options.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "engine.h"
+
+namespace alpsck {
+
+namespace {
+
+constexpr double kU32 = 4294967295.0;
+
+double Default(const char* name) { return EngineOptionSpec(name).default_value; }
+
+}  // namespace
+
+EngineOptions::EngineOptions()
+    : max_in_flight(static_cast<uint32_t>(Default("max_in_flight"))),
+      threads(static_cast<uint32_t>(Default("threads"))),
+      copy_threads(static_cast<uint32_t>(Default("copy_threads"))),
+      chunk_bytes(static_cast<uint64_t>(Default("chunk_bytes"))),
+      keep_last(static_cast<uint32_t>(Default("keep_last"))),
+      staging_bytes(static_cast<uint64_t>(Default("staging_bytes"))),
+      direct_io(Default("direct_io") != 0),
+      commit_timeout_s(Default("commit_timeout_s")) {}
+
+const std::vector<OptionSpec>& EngineOptionSpecs() {
+  static const std::vector<OptionSpec> specs = {
+      {"max_in_flight", OptionType::kInt, 2, 1, 1024, nullptr,
+       "checkpoints persisting at once before save() waits"},
+      {"threads", OptionType::kInt, 8, 1, kMaxWriterThreads, nullptr,
+       "writer threads on the shared chunk queue (I/O concurrency, not the CPU count, is what the storage "
+       "needs: fio here peaks at queue depth 16)"},
+      {"copy_threads", OptionType::kInt, 0, 0, kMaxWriterThreads, "auto: min(4, CPUs this process may use)",
+       "threads taking the snapshot copy (the caller is one of them)"},
+      {"chunk_bytes", OptionType::kInt, 8 << 20, 1, 1 << 30, nullptr,
+       "unit of writing, CRC and pipelining (rounded up to the I/O alignment)"},
+      {"keep_last", OptionType::kInt, 3, 0, kU32, "keep all",
+       "committed checkpoints kept; up to max_in_flight expired ones stay as free-* directories, overwritten "
+       "in place by later saves"},
+      {"staging_bytes", OptionType::kInt, 0, 0, 4611686018427387904.0,
+       "auto: max_in_flight x the state's chunks (+ one per writer), at the first save, grown by a larger one",
+       "pre-faulted staging memory"},
+      {"direct_io", OptionType::kBool, 1, 0, 1, nullptr,
+       "O_DIRECT where the file system allows (a buffered, still fdatasync'ed fallback is reported)"},
+      {"pin_cpus", OptionType::kCpuList, 0, 0, 1023, nullptr,
+       "pin writer i to pin_cpus[i % n] (e.g. the cores of the GPU's NUMA node); empty: no pinning"},
+      {"commit_timeout_s", OptionType::kFloat, 600, 0.001, 604800, nullptr,
+       "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
+      // Not an EngineOptions field: the readers' (restore, verify, export, the DCP reader).
+      {"read_threads", OptionType::kInt, 8, 1, kMaxWriterThreads, nullptr,
+       "threads reading and CRC-checking a shard in restore, verify and export"},
+  };
+  return specs;
+}
+
+const OptionSpec& EngineOptionSpec(const char* name) {
+  for (const OptionSpec& s : EngineOptionSpecs())
+    if (std::strcmp(s.name, name) == 0) return s;
+  std::fprintf(stderr, "alpsck: no engine option named %s\n", name);
+  std::abort();
+}
+
+namespace {
+
+std::string Num(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.15g", v);
+  return buf;
+}
+
+Status Check(const char* name, double value) {
+  const OptionSpec& s = EngineOptionSpec(name);
+  if (value >= s.min && value <= s.max) return Status::Ok();
+  std::string range = Num(s.min) + " and " + Num(s.max);
+  if (s.zero_means) range += " (0: " + std::string(s.zero_means) + ")";
+  return Status::Invalid(std::string(name) + " is " + Num(value) + ": it must be between " + range);
+}
+
+}  // namespace
+
+Status CheckEngineOptions(const EngineOptions& o) {
+  ALPSCK_RETURN_IF_ERROR(Check("max_in_flight", o.max_in_flight));
+  ALPSCK_RETURN_IF_ERROR(Check("threads", o.threads));
+  ALPSCK_RETURN_IF_ERROR(Check("copy_threads", o.copy_threads));
+  ALPSCK_RETURN_IF_ERROR(Check("chunk_bytes", static_cast<double>(o.chunk_bytes)));
+  ALPSCK_RETURN_IF_ERROR(Check("keep_last", o.keep_last));
+  ALPSCK_RETURN_IF_ERROR(Check("staging_bytes", static_cast<double>(o.staging_bytes)));
+  if (!(o.commit_timeout_s == o.commit_timeout_s)) return Status::Invalid("commit_timeout_s is not a number");
+  ALPSCK_RETURN_IF_ERROR(Check("commit_timeout_s", o.commit_timeout_s));
+  for (int cpu : o.pin_cpus) {
+    const OptionSpec& s = EngineOptionSpec("pin_cpus");
+    if (cpu < s.min || cpu > s.max)
+      return Status::Invalid("pin_cpus holds " + std::to_string(cpu) + ": CPU numbers must be between " + Num(s.min) +
+                             " and " + Num(s.max));
+  }
+  return Status::Ok();
+}
+
+}  // namespace alpsck

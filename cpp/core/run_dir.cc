@@ -1,0 +1,280 @@
+#include "run_dir.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "file_io.h"
+
+namespace alpsck {
+
+namespace {
+
+constexpr std::string_view kStepPrefix = "step-";
+constexpr std::string_view kTmpSuffix = ".tmp";
+constexpr std::string_view kAbortedSuffix = ".aborted";
+
+bool StartsWith(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(0, p.size()) == p; }
+bool EndsWith(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
+
+// "step-N" or "step-N.aK" (K > 0, as AttemptSuffix writes it) -> step, attempt.
+bool ParseStepAttempt(std::string_view name, uint64_t* step, uint32_t* attempt) {
+  uint64_t a = 0;
+  const size_t dot = name.rfind('.');
+  if (dot != std::string_view::npos) {
+    std::string_view k = name.substr(dot + 1);
+    if (k.size() < 2 || k.size() > 11 || k[0] != 'a' || k[1] == '0') return false;
+    for (char c : k.substr(1)) {
+      if (c < '0' || c > '9') return false;
+      a = a * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (a > UINT32_MAX) return false;
+    name = name.substr(0, dot);
+  }
+  if (!ParseStepDirName(name, step)) return false;
+  if (attempt) *attempt = static_cast<uint32_t>(a);
+  return true;
+}
+
+std::string AttemptSuffix(uint32_t attempt) { return attempt ? ".a" + std::to_string(attempt) : std::string(); }
+
+std::string RankFileName(uint32_t rank, const char* suffix) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "rank-%05" PRIu32 ".%s", rank, suffix);
+  return buf;
+}
+
+}  // namespace
+
+std::string StepDirName(uint64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "step-%09" PRIu64, step);
+  return buf;
+}
+
+bool ParseStepDirName(std::string_view name, uint64_t* step) {
+  if (name.size() <= kStepPrefix.size() || !StartsWith(name, kStepPrefix)) return false;
+  std::string_view d = name.substr(kStepPrefix.size());
+  if (d.size() > 20) return false;  // UINT64_MAX has 20 digits
+  uint64_t v = 0;
+  for (char c : d) {
+    if (c < '0' || c > '9') return false;
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - digit) / 10) return false;  // beyond 64 bits
+    v = v * 10 + digit;
+  }
+  *step = v;
+  return true;
+}
+
+std::string TmpDirName(uint64_t step, uint32_t attempt) {
+  return StepDirName(step) + AttemptSuffix(attempt) + std::string(kTmpSuffix);
+}
+
+bool ParseTmpDirName(std::string_view name, uint64_t* step, uint32_t* attempt) {
+  if (!EndsWith(name, kTmpSuffix)) return false;
+  name.remove_suffix(kTmpSuffix.size());
+  return ParseStepAttempt(name, step, attempt);
+}
+
+std::string AbortedDirName(uint64_t step, uint32_t attempt) {
+  return StepDirName(step) + AttemptSuffix(attempt) + std::string(kAbortedSuffix);
+}
+
+std::string FreeDirName(uint64_t step, uint64_t pid, uint64_t seq, bool pending) {
+  return kFreePrefix + std::to_string(step) + "-" + std::to_string(pid) + "-" + std::to_string(seq) +
+         (pending ? kFreePendingSuffix : "");
+}
+
+std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq) {
+  return kSupersededPrefix + StepDirName(step) + "-" + std::to_string(pid) + "-" + std::to_string(seq);
+}
+
+RunDirEntry ParseRunDirName(std::string_view name) {
+  RunDirEntry e;
+  if (ParseStepDirName(name, &e.step)) {
+    e.kind = EntryKind::kStep;
+  } else if (ParseTmpDirName(name, &e.step, &e.attempt)) {
+    e.kind = EntryKind::kAttempt;
+  } else if (EndsWith(name, kAbortedSuffix) &&
+             ParseStepAttempt(name.substr(0, name.size() - kAbortedSuffix.size()), &e.step, &e.attempt)) {
+    e.kind = EntryKind::kAborted;
+  } else if (StartsWith(name, kFreePrefix) && name.size() > std::string_view(kFreePrefix).size()) {
+    e.kind = EndsWith(name, kFreePendingSuffix) ? EntryKind::kFreePending : EntryKind::kFree;
+  } else if (StartsWith(name, kSupersededPrefix)) {
+    // superseded-step-N-<pid>-<seq>: the step is what follows the prefix, up to the next '-'.
+    std::string_view rest = name.substr(std::string_view(kSupersededPrefix).size());
+    const size_t dash = rest.find('-', kStepPrefix.size());
+    if (dash != std::string_view::npos && ParseStepDirName(rest.substr(0, dash), &e.step))
+      e.kind = EntryKind::kSuperseded;
+  } else if (name == kLatestName) {
+    e.kind = EntryKind::kLatest;
+  } else if (name == kLockName || StartsWith(name, std::string(kLockName) + "-rank-")) {
+    e.kind = EntryKind::kLock;
+  } else if (name == kHistoryName) {
+    e.kind = EntryKind::kHistory;
+  } else if (StartsWith(name, kDeletingPrefix) && name.size() > std::string_view(kDeletingPrefix).size()) {
+    e.kind = EntryKind::kDeleting;
+  }
+  return e;
+}
+
+const char* EntryKindName(EntryKind k) {
+  switch (k) {
+    case EntryKind::kStep: return "step";
+    case EntryKind::kAttempt: return "attempt";
+    case EntryKind::kAborted: return "aborted";
+    case EntryKind::kFree: return "free";
+    case EntryKind::kFreePending: return "free-pending";
+    case EntryKind::kSuperseded: return "superseded";
+    case EntryKind::kLatest: return "latest";
+    case EntryKind::kLock: return "lock";
+    case EntryKind::kHistory: return "history";
+    case EntryKind::kDeleting: return "deleting";
+    case EntryKind::kOther: break;
+  }
+  return "other";
+}
+
+std::string LockFileName(uint32_t rank) {
+  if (rank == 0) return kLockName;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%s-rank-%05" PRIu32, kLockName, rank);
+  return buf;
+}
+
+std::string ShardFileName(uint32_t rank) { return RankFileName(rank, "bin"); }
+
+bool IsShardName(const std::string& n) {
+  if (n.size() < 14 || n.rfind("rank-", 0) != 0 || n.compare(n.size() - 4, 4, ".bin") != 0) return false;
+  for (size_t i = 5; i + 4 < n.size(); ++i)
+    if (n[i] < '0' || n[i] > '9') return false;
+  return true;
+}
+
+std::string DoneRecordName(uint32_t rank) { return RankFileName(rank, "done"); }
+std::string FailedRecordName(uint32_t rank) { return RankFileName(rank, "failed"); }
+std::string SeenRecordName(uint32_t rank) { return RankFileName(rank, "seen"); }
+
+namespace {
+
+// A free-K directory that a save may take (its expiry is durable).
+bool IsClaimableFreeDir(const std::string& name) { return ParseRunDirName(name).kind == EntryKind::kFree; }
+
+// Keeps only the shard files of an expired checkpoint's directory: its DONE records, manifest and
+// any extra file must not reach the step that reuses it.
+void KeepOnlyShards(Env* env, const std::string& dir) {
+  std::vector<std::string> names;
+  if (env->ListDir(dir, &names) < 0) return;
+  for (const std::string& n : names)
+    if (!IsShardName(n)) env->Unlink(JoinPath(dir, n));
+}
+
+}  // namespace
+
+std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free) {
+  if (keep_last == 0) return "";
+  std::vector<std::string> names;
+  int r = env->ListDir(run_dir, &names);
+  if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
+  std::vector<uint64_t> committed;
+  std::vector<std::string> claimable;
+  for (const std::string& n : names) {
+    uint64_t step = 0;
+    if (ParseStepDirName(n, &step) && env->IsDir(JoinPath(JoinPath(run_dir, n), kManifestName)) >= 0)
+      committed.push_back(step);
+    else if (IsClaimableFreeDir(n))
+      claimable.push_back(n);
+  }
+  std::sort(committed.begin(), committed.end());
+  std::string warning;
+  auto warn = [&](const Status& s) {
+    if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
+  };
+  static std::atomic<uint64_t> seq{0};
+  std::vector<std::pair<std::string, std::string>> pending;  // expired (free-K.new -> free-K) once durable
+  for (size_t i = 0; i + keep_last < committed.size(); ++i) {
+    const std::string path = JoinPath(run_dir, StepDirName(committed[i]));
+    const uint64_t n = seq.fetch_add(1);
+    const std::string gone = JoinPath(run_dir, FreeDirName(committed[i], ::getpid(), n, true));
+    // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
+    int e = env->Rename(path, gone);
+    if (e < 0) {
+      warn(Status::FromErrno(-e, "rename " + path));
+      continue;
+    }
+    // The manifest goes first: should a power loss undo the rename, the directory comes back as
+    // step-N without a manifest (never committed, ignored), not as a manifest naming removed or
+    // overwritten shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
+    env->Unlink(JoinPath(gone, kManifestName));
+    if (pending.size() + claimable.size() < keep_free) {
+      KeepOnlyShards(env, gone);
+      pending.push_back({gone, JoinPath(run_dir, FreeDirName(committed[i], ::getpid(), n))});
+    } else {
+      warn(RemoveDirFiles(env, gone));
+    }
+  }
+  Status s = SyncDir(env, run_dir);
+  warn(s);
+  // Only once the expiry is durable may a save take the directory and overwrite its shards in
+  // place (before, a power loss could bring step-N back over half-overwritten shards). A lost
+  // rename below only leaves a free-K.new, which the next Open removes.
+  for (const auto& [now, claimable_name] : pending) {
+    if (!s.ok() || env->Rename(now, claimable_name) < 0) RemoveDirFiles(env, now);
+  }
+  return warning;
+}
+
+bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir) {
+  std::vector<std::string> names;
+  if (env->ListDir(run_dir, &names) < 0) return false;
+  std::sort(names.begin(), names.end());
+  for (const std::string& n : names) {
+    if (!IsClaimableFreeDir(n)) continue;
+    // Atomic: fails with ENOTEMPTY/EEXIST once another rank has made tmp_dir hold anything (that
+    // rank's claim, or a shard it created), and with ENOENT if another rank took this one.
+    const int r = env->Rename(JoinPath(run_dir, n), tmp_dir);
+    if (r == 0) return true;
+    if (r != -ENOENT) return false;
+  }
+  return false;
+}
+
+void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free) {
+  std::vector<std::string> names;
+  if (env->ListDir(run_dir, &names) < 0) return;
+  std::vector<std::string> kept;
+  for (const std::string& n : names) {
+    const EntryKind kind = ParseRunDirName(n).kind;
+    const std::string p = JoinPath(run_dir, n);
+    if ((kind != EntryKind::kAttempt && kind != EntryKind::kAborted && kind != EntryKind::kFree &&
+         kind != EntryKind::kFreePending) ||
+        env->IsDir(p) != 1)
+      continue;
+    if (kind != EntryKind::kFree || kept.size() >= keep_free) {
+      RemoveDirFiles(env, p);
+      continue;
+    }
+    // Only the shards this world size overwrites: nothing else may reach the step that reuses it.
+    std::vector<std::string> files;
+    if (env->ListDir(p, &files) == 0)
+      for (const std::string& f : files) {
+        bool ours = false;
+        for (uint32_t r = 0; r < world_size && !ours; ++r) ours = f == ShardFileName(r);
+        if (!ours) env->Unlink(JoinPath(p, f));
+      }
+    kept.push_back(p);
+  }
+  if (!kept.empty() && !SyncDir(env, run_dir).ok())
+    for (const std::string& p : kept) RemoveDirFiles(env, p);
+}
+
+}  // namespace alpsck

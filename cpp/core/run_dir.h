@@ -1,0 +1,117 @@
+// The run directory's names: every name alpsck gives an entry of a run directory, or of a
+// checkpoint directory inside it, is made and parsed here and nowhere else (LevelDB's
+// db/filename.h is the model). Python gets them through the binding (_core.run_dir_names,
+// _core.parse_run_dir_name). What each entry means and how it moves is told in docs/format.md.
+//
+//   RUN_DIR/
+//     step-N/                  a committed checkpoint (N zero-padded to 9 digits, up to 19)
+//     step-N.tmp/              attempt 0 of a save of N, before its commit
+//     step-N.aK.tmp/           attempt K > 0 (a multi-rank retry after an abort)
+//     step-N[.aK].aborted/     an attempt the ranks gave up on (its verdict, until every rank saw it)
+//     free-<...>/              an expired checkpoint kept for reuse (claimable)
+//     free-<...>.new/          expired, the expiry not yet durable (never claimed)
+//     superseded-step-N-<pid>-<seq>/   a checkpoint of an abandoned history (never restored)
+//     LATEST                   the newest committed step, a hint
+//     .lock, .lock-rank-RRRRR  the writers' locks
+//     history.jsonl            the job layer's event log
+//     .deleting-<name>         an entry prune is removing
+//   step-N/
+//     MANIFEST.json            the commit record
+//     rank-RRRRR.bin           rank R's shard
+//     rank-RRRRR.done|.failed  coordination records (not part of the checkpoint's contract)
+//     ABORTED                  (in an aborted attempt) why
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "env.h"
+#include "status.h"
+
+namespace alpsck {
+
+constexpr char kManifestName[] = "MANIFEST.json";
+constexpr char kLatestName[] = "LATEST";
+constexpr char kLockName[] = ".lock";
+constexpr char kHistoryName[] = "history.jsonl";
+constexpr char kDeletingPrefix[] = ".deleting-";
+constexpr char kFreePrefix[] = "free-";
+constexpr char kFreePendingSuffix[] = ".new";
+constexpr char kSupersededPrefix[] = "superseded-";
+constexpr char kAbortedName[] = "ABORTED";  // inside an aborted attempt: the reason
+
+enum class EntryKind {
+  kOther,        // not alpsck's
+  kStep,         // step-N
+  kAttempt,      // step-N.tmp, step-N.aK.tmp
+  kAborted,      // step-N.aborted, step-N.aK.aborted
+  kFree,         // free-* (claimable)
+  kFreePending,  // free-*.new
+  kSuperseded,   // superseded-step-N-*
+  kLatest,
+  kLock,         // .lock, .lock-rank-RRRRR
+  kHistory,
+  kDeleting,     // .deleting-*
+};
+
+struct RunDirEntry {
+  EntryKind kind = EntryKind::kOther;
+  uint64_t step = 0;     // kStep, kAttempt, kAborted, kSuperseded
+  uint32_t attempt = 0;  // kAttempt, kAborted
+};
+
+// Classifies one name of RUN_DIR (no file-system access). Unknown names are kOther.
+RunDirEntry ParseRunDirName(std::string_view name);
+const char* EntryKindName(EntryKind k);  // "step", "attempt", ... (stable: Python sees these)
+
+std::string StepDirName(uint64_t step);
+// Parses "step-<digits>" (returns true) — anything else, including "step-12.tmp", is false.
+bool ParseStepDirName(std::string_view name, uint64_t* step);
+// Where a save of `step` is written before its commit renames it to StepDirName(step):
+// "step-N.tmp" for attempt 0, "step-N.aK.tmp" for attempt K > 0 (coordinate.h).
+std::string TmpDirName(uint64_t step, uint32_t attempt = 0);
+// Parses either form of TmpDirName (returns true, with the step and attempt).
+bool ParseTmpDirName(std::string_view name, uint64_t* step, uint32_t* attempt = nullptr);
+// What an attempt's directory is renamed to when the ranks abort it: "step-N[.aK].aborted".
+std::string AbortedDirName(uint64_t step, uint32_t attempt = 0);
+// An expired checkpoint's directory: free-<step>-<pid>-<seq> (claimable); with pending, the
+// same plus ".new" (expired, not yet durably so).
+std::string FreeDirName(uint64_t step, uint64_t pid, uint64_t seq, bool pending = false);
+// superseded-step-N-<pid>-<seq>.
+std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq);
+
+// The writer lock of rank R: .lock for rank 0, .lock-rank-RRRRR for the others.
+std::string LockFileName(uint32_t rank);
+
+// Inside a checkpoint directory.
+std::string ShardFileName(uint32_t rank);     // rank-RRRRR.bin
+bool IsShardName(const std::string& n);       // rank-<5+ digits>.bin: never a path outside its directory
+std::string DoneRecordName(uint32_t rank);    // rank-RRRRR.done
+std::string FailedRecordName(uint32_t rank);  // rank-RRRRR.failed
+std::string SeenRecordName(uint32_t rank);    // rank-RRRRR.seen (in an aborted attempt: rank R read the verdict)
+
+// ---- What happens to the entries (rank 0 runs these; any rank may claim)
+
+// Housekeeping when rank 0 opens a run directory (no save is running yet, on any rank): removes
+// abandoned and aborted attempts and expiries that were never made durable. Expired directories
+// (free-*) are kept for reuse when keep_free > 0, holding only shards of ranks below world_size,
+// and only once a fsync of RUN_DIR made their expiry durable (the process that expired them may
+// have died before its own fsync); otherwise they are removed too.
+void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free);
+
+// Retention: keeps the newest keep_last committed steps (0 keeps all) and expires the older ones.
+// Each is renamed to free-*.new (atomic expiry), loses its manifest, then RUN_DIR is fsync'ed.
+// Up to keep_free of them (counting claimable ones already there) keep their shard files and are
+// then renamed to free-*: claimable by ClaimFreeDir. The rest, and any whose expiry could not be
+// made durable, are removed. Returns a warning (empty if none): retention never fails a save.
+std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free = 0);
+
+// Any rank, preparing the shared step-N.tmp of a save: renames a claimable free-* directory to
+// tmp_dir, so that the shards it holds are overwritten in place (no block allocation). True if
+// this call did; false if none was free or tmp_dir already exists with something in it (another
+// rank claimed one, or created its shard): the caller then creates or joins tmp_dir as usual.
+// Safe against every other rank doing the same, and against rank 0 removing free directories.
+bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir);
+
+}  // namespace alpsck

@@ -1,0 +1,85 @@
+// The run directory's names: made and parsed in one place (run_dir.h), and every name alpsck
+// writes is classified back to what it is; hostile look-alikes are not.
+#include <string>
+
+#include "run_dir.h"
+#include "testing.h"
+
+using namespace alpsck;
+
+TEST(step_dir_names) {
+  uint64_t s = 0;
+  CHECK_EQ(StepDirName(150), std::string("step-000000150"));
+  CHECK(ParseStepDirName("step-000000150", &s) && s == 150);
+  CHECK(ParseStepDirName("step-12345678901", &s) && s == 12345678901ull);
+  CHECK(!ParseStepDirName("step-000000150.tmp", &s));
+  CHECK(!ParseStepDirName("step-", &s));
+  CHECK(!ParseStepDirName("step-1a", &s));
+  CHECK(!ParseStepDirName("step-99999999999999999999", &s));  // 20 digits, beyond 64 bits
+  CHECK(ParseStepDirName(StepDirName(UINT64_MAX), &s) && s == UINT64_MAX);
+  CHECK(!ParseStepDirName("step-18446744073709551616", &s));
+  CHECK_EQ(ShardFileName(7), std::string("rank-00007.bin"));
+}
+
+TEST(tmp_dir_names_carry_the_attempt_and_round_trip) {
+  CHECK_EQ(TmpDirName(150), std::string("step-000000150.tmp"));
+  CHECK_EQ(TmpDirName(150, 3), std::string("step-000000150.a3.tmp"));
+  for (uint32_t a : {0u, 1u, 9u, 10u, 4294967295u}) {
+    uint64_t s = 0;
+    uint32_t got = 99;
+    CHECK(ParseTmpDirName(TmpDirName(12345678901ull, a), &s, &got) && s == 12345678901ull && got == a);
+  }
+  uint64_t s = 0;
+  CHECK(ParseTmpDirName("step-000000007.tmp", &s) && s == 7);  // the attempt is optional to ask for
+  for (const char* bad : {"step-000000007", "step-000000007.a0.tmp", "step-000000007.a.tmp", "step-000000007.b1.tmp",
+                          "step-000000007.a01.tmp", "step-000000007.a1x.tmp", "step-000000007.a4294967296.tmp",
+                          "step-000000007.a1.a1.tmp", ".tmp", "step-.tmp", "free-1-2.tmp", "step-000000007.tmpx"})
+    CHECK(!ParseTmpDirName(bad, &s));
+}
+
+TEST(every_name_alpsck_writes_is_classified_back) {
+  struct Case {
+    std::string name;
+    EntryKind kind;
+    uint64_t step;
+    uint32_t attempt;
+  };
+  const Case cases[] = {
+      {StepDirName(7), EntryKind::kStep, 7, 0},
+      {TmpDirName(7), EntryKind::kAttempt, 7, 0},
+      {TmpDirName(7, 3), EntryKind::kAttempt, 7, 3},
+      {AbortedDirName(7), EntryKind::kAborted, 7, 0},
+      {AbortedDirName(18446744073709551615ull, 4294967295u), EntryKind::kAborted, 18446744073709551615ull, 4294967295u},
+      {FreeDirName(7, 123, 4), EntryKind::kFree, 0, 0},
+      {FreeDirName(7, 123, 4, true), EntryKind::kFreePending, 0, 0},
+      {SupersededDirName(12, 99, 0), EntryKind::kSuperseded, 12, 0},
+      {kLatestName, EntryKind::kLatest, 0, 0},
+      {kLockName, EntryKind::kLock, 0, 0},
+      {LockFileName(3), EntryKind::kLock, 0, 0},
+      {kHistoryName, EntryKind::kHistory, 0, 0},
+      {std::string(kDeletingPrefix) + "step-000000001", EntryKind::kDeleting, 0, 0},
+  };
+  for (const Case& c : cases) {
+    const RunDirEntry e = ParseRunDirName(c.name);
+    CHECK(e.kind == c.kind);
+    CHECK_EQ(e.step, c.step);
+    CHECK_EQ(e.attempt, c.attempt);
+  }
+  for (const char* other : {"", "step-", "step-1x", "step-000000007.a0.aborted", "step-1.aborted.tmp", "free-",
+                            "superseded-", "superseded-step-1", "superseded-x-1-2", "LATEST.tmp", ".lockx",
+                            ".deleting-", "latest", "MANIFEST.json", "rank-00000.bin", "step-1.tmp.aborted"})
+    CHECK(ParseRunDirName(other).kind == EntryKind::kOther);
+  CHECK_EQ(std::string(EntryKindName(EntryKind::kAborted)), std::string("aborted"));
+}
+
+TEST(records_and_shards_are_named_by_rank) {
+  CHECK_EQ(DoneRecordName(3), std::string("rank-00003.done"));
+  CHECK_EQ(LockFileName(0), std::string(".lock"));
+  CHECK_EQ(LockFileName(3), std::string(".lock-rank-00003"));
+  CHECK_EQ(FailedRecordName(3), std::string("rank-00003.failed"));
+  CHECK_EQ(SeenRecordName(123456), std::string("rank-123456.seen"));
+  CHECK(IsShardName(ShardFileName(0)) && IsShardName("rank-123456.bin"));
+  for (const char* bad : {"rank-0.bin", "rank-0000a.bin", "../rank-00000.bin", "rank-00000.bin.tmp"}) CHECK(!IsShardName(bad));
+}
+
+ALPSCK_TEST_MAIN()

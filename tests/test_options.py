@@ -1,0 +1,98 @@
+"""One options type: the engine's options are defined once in the core, and every place that
+states a default or a limit (the Checkpointer, the job config, the DCP backend, the reference
+training, the docs) agrees with that table, and refuses an out-of-range value by name."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+import alpsck
+from alpsck import _core, options
+from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
+from alpsck.errors import ConfigError, UsageError
+from alpsck.examples.llama.train import TrainConfig
+from alpsck.slurm.config import CheckpointConfig, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_core_table_is_the_python_table_and_every_default_is_within_its_limits() -> None:
+    names = [s["name"] for s in _core.engine_options()]
+    assert names == list(options.SPECS) and len(set(names)) == len(names)
+    for name, spec in options.SPECS.items():
+        assert options.problem(name, options.DEFAULTS[name]) is None, name
+        assert spec["doc"], name
+
+
+def test_the_engine_binding_defaults_are_the_table_defaults() -> None:
+    doc = _core.Engine.__init__.__doc__ or ""  # nanobind's signature line names each default
+    for name in ("threads", "chunk_bytes", "max_in_flight", "keep_last", "copy_threads", "commit_timeout_s"):
+        value = options.DEFAULTS[name]
+        assert re.search(rf"\b{name}: \w+ = {re.escape(repr(value))}", doc), (name, value, doc)
+
+
+def test_every_user_facing_default_is_the_table_default() -> None:
+    ck = inspect.signature(alpsck.Checkpointer).parameters
+    for name in ("max_in_flight", "keep_last", "direct_io", "commit_timeout_s"):
+        assert ck[name].default == options.DEFAULTS[name], name
+    for name in ("threads", "chunk_bytes", "staging_bytes", "copy_threads", "pin_cpus"):
+        assert ck[name].default is None, name  # None: the table's default
+    cfg = CheckpointConfig()
+    train = TrainConfig()
+    for name in ("max_in_flight", "threads", "keep_last"):
+        assert getattr(cfg, name) == options.DEFAULTS[name] == getattr(train, name), name
+    w = AlpsckStorageWriter("/nonexistent-never-opened", 1)
+    assert (w.threads, w.chunk_bytes, w.commit_timeout_s) == tuple(
+        options.DEFAULTS[n] for n in ("threads", "chunk_bytes", "commit_timeout_s"))
+    assert AlpsckStorageReader("/nonexistent-never-opened").threads == options.DEFAULTS["read_threads"]
+    for fn in (alpsck.restore_into, alpsck.checkpointer.read_checkpoint):
+        assert inspect.signature(fn).parameters["threads"].default == options.DEFAULTS["read_threads"]
+
+
+def test_the_docs_option_table_is_generated_from_the_core_table() -> None:
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    block = text.split("<!-- options:begin -->\n", 1)[1].split("<!-- options:end -->", 1)[0]
+    assert block == options.markdown_table(), "regenerate it: alpsck.options.markdown_table()"
+
+
+def test_the_config_reference_states_the_table_defaults_and_limits() -> None:
+    text = (ROOT / "docs" / "config.md").read_text()
+    for name in ("max_in_flight", "threads", "keep_last"):
+        row = re.search(rf"^\| `{name}` \| ([^|]+) \| ([^|]+) \|", text, re.M)
+        assert row, name
+        assert (row.group(1).strip(), row.group(2).strip()) == (options.range_text(name), options.default_text(name))
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("threads", 0, "threads: 0: must be between 1 and 1024"),
+    ("threads", 2.5, "threads: 2.5: must be an integer"),
+    ("threads", True, "must be an integer"),
+    ("max_in_flight", 5000, "max_in_flight: 5000: must be between 1 and 1024"),
+    ("keep_last", -1, "keep_last: -1: must be between 0 and 4294967295 (0: keep all)"),
+    ("chunk_bytes", 2**31, "chunk_bytes: 2147483648"),
+    ("commit_timeout_s", math.nan, "commit_timeout_s: nan"),
+    ("commit_timeout_s", 0, "commit_timeout_s: 0: must be between 0.001 and 604800"),
+    ("pin_cpus", [0, -1], "pin_cpus: -1 is not a CPU number between 0 and 1023"),
+    ("pin_cpus", "0-3", "must be a list of CPU numbers"),
+    ("direct_io", "yes", "direct_io: 'yes': must be true or false"),
+])
+def test_the_checkpointer_refuses_an_out_of_range_option_by_name_before_touching_the_run_dir(
+        tmp_path: Path, name: str, value: object, says: str) -> None:
+    run = tmp_path / "run"
+    with pytest.raises(UsageError) as e:
+        alpsck.Checkpointer(run, **{name: value})
+    assert says in str(e.value)
+    assert not run.exists()
+
+
+def test_the_job_config_refuses_an_out_of_range_option_naming_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("name: t\nentry: {function: 'm:f'}\ncheckpoint: {threads: 5000}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(cfg)
+    assert "checkpoint.threads" in str(e.value) and "between 1 and 1024" in str(e.value)
