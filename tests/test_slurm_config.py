@@ -213,7 +213,8 @@ def test_a_trailing_newline_is_refused_naming_the_key(patch: tuple[str, str], ke
     ("checkpoint:\n  every_seconds: .inf\n", r"checkpoint\.every_seconds: inf: must be a positive number"),
     # the Checkpointer refused these only in the job, after it waited in the queue
     ("checkpoint:\n  threads: 1025\n", r"<config>:8: checkpoint\.threads: 1025: must be between 1 and 1024"),
-    ("checkpoint:\n  keep_last: 4294967296\n", r"checkpoint\.keep_last: 4294967296: must be between 0 and 4294967295 \(0: keep all\)"),
+    ("checkpoint:\n  keep_last: 4294967296\n",
+     r"checkpoint\.keep_last: 4294967296: must be between 0 and 4294967295 \(0: keep all\)"),
     ("checkpoint:\n  max_in_flight: 4294967296\n", r"checkpoint\.max_in_flight: 4294967296: must be between 1 and 1024"),
     ("checkpoint:\n  threads: 0\n", r"checkpoint\.threads: 0: must be between 1 and 1024"),
 ])
