@@ -9,7 +9,9 @@ directory fsynced, so a crash leaves either the old set of checkpoints or the ne
 read with ``torch.load(weights_only=True)``: loading never runs code.
 
 Call order: ``restore()`` (optional) → ``save()``* → ``wait()`` → ``close()``. ``save`` blocks
-until the checkpoint is durable. Not thread-safe: use one instance from one thread.
+until the checkpoint is durable. The first save takes the run directory's writer lock (the one
+every alpsck writer takes: RunDirLockedError naming the holder if another has it); ``close()``
+releases it. Not thread-safe: use one instance from one thread.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class TorchSaveCheckpointer:
         self.run_dir = Path(run_dir)
         self.keep_last = keep_last
         self._closed = False
+        self._lock: Any = None  # the run directory's writer lock (alpsck._core.RunDirLock), from the first save
 
     def __enter__(self) -> Self:
         return self
@@ -94,8 +97,12 @@ class TorchSaveCheckpointer:
         }
         final = checkpoint_path(self.run_dir, step)
         tmp = final.with_name(final.name + ".tmp")
-        try:
+        if self._lock is None:  # one writer per run directory, this baseline included
+            from alpsck.checkpointer import lock_run_dir
+
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_run_dir(self.run_dir, 0)
+        try:
             with open(tmp, "wb") as f:
                 torch.save(payload, f)
                 f.flush()
@@ -158,5 +165,8 @@ class TorchSaveCheckpointer:
         """Return at once: every save is durable when ``save`` returns."""
 
     def close(self) -> None:
-        """Mark closed; later saves raise."""
+        """Mark closed and release the run directory's writer lock; later saves raise."""
         self._closed = True
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None

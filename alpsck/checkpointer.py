@@ -55,7 +55,6 @@ from any thread. Nothing read back is ever unpickled: non-tensor state is tagged
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -73,7 +72,6 @@ from .errors import (
     CheckpointIOError,
     CorruptCheckpointError,
     NoCheckpointError,
-    RunDirLockedError,
     StateMismatchError,
     UsageError,
 )
@@ -87,33 +85,15 @@ from .staging import Stager, guarded_pointers
 __all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
 
 
-def lock_run_dir(run_dir: Path, rank: int) -> int:
-    """Take the run directory's writer lock (``.lock``; ``.lock-rank-NNNNN`` for rank > 0).
-
-    An exclusive ``flock`` on the file, which holds ``{"pid", "host", "job_id", "rank"}`` of the
-    owner. The kernel drops it when the owner dies, so a lock left by a dead process is taken
-    over at once (and its stale content replaced). A live owner makes this raise
-    RunDirLockedError naming its job and host. Returns the fd to keep open while writing.
-    """
-    path = run_dir / _core.lock_file_name(rank)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            owner = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except ValueError:
-            owner = {}
-        os.close(fd)
-        raise RunDirLockedError(
-            f"{run_dir} is being written by job {owner.get('job_id') or '?'} (pid {owner.get('pid', '?')}) on host "
-            f"{owner.get('host', '?')}; two writers in one run directory would corrupt each other's retention") from None
+def lock_run_dir(run_dir: Path, rank: int) -> _core.RunDirLock:
+    """Take the run directory's writer lock for this process as ``rank`` (the core's RunDirLock:
+    one writer per run directory, whatever kind; see cpp/core/run_dir.h). A live owner makes this
+    raise RunDirLockedError naming its job, pid and host; a lock name that is a symlink or not a
+    regular file, UsageError (it is never followed or opened). Keep the object while writing;
+    ``release()`` (or dropping it) lets go."""
     me = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
           "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}
-    data = (json.dumps(me) + "\n").encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, data, 0)
-    return fd
+    return _core.RunDirLock(str(run_dir), rank, json.dumps(me))
 
 
 class CoreSave(FutureMixin):
@@ -204,7 +184,7 @@ class Checkpointer:
         self._hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> its hook
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
         self._engine: _core.Engine | None = None
-        self._lock_fd: int | None = None
+        self._lock: _core.RunDirLock | None = None
         self._continued_from: int | None = None  # the step restore() continued from (-1: none valid)
         # What restore() checks of the state a fresh process builds (module docstring), and when it was recorded.
         self._recorded: dict[str, tuple[str, Any]] | None = None
@@ -235,7 +215,7 @@ class Checkpointer:
         self._pending: list[CoreSave] = []
 
     def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]]) -> None:
-        self._lock_fd = lock_run_dir(self.run_dir, self.rank)
+        self._lock = lock_run_dir(self.run_dir, self.rank)
         try:
             self._engine = _core.Engine(
                 str(self.run_dir),
@@ -262,10 +242,9 @@ class Checkpointer:
             if engine is not None:
                 engine.close()
         finally:
-            if self._lock_fd is not None:
-                os.ftruncate(self._lock_fd, 0)  # a clean close leaves no owner behind
-                os.close(self._lock_fd)  # releases the flock
-                self._lock_fd = None
+            if self._lock is not None:
+                self._lock.release()  # a clean close leaves no owner behind
+                self._lock = None
 
     # -- saving -------------------------------------------------------------------------------
 

@@ -62,7 +62,6 @@ import os
 import time
 import uuid
 import warnings
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -116,6 +115,20 @@ def _step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / _core.step_dir_name(step)
 
 
+def _is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:
+    """Whether checkpoint_id names an alpsck run directory (one holding a checkpoint, LATEST or a
+    history) or a step-N directory inside one; never raises."""
+    try:
+        path = Path(checkpoint_id)
+        if not path.is_dir():
+            return False
+        if _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file():
+            return True
+        return any(_core.parse_run_dir_name(n)[0] not in ("other", "lock") for n in os.listdir(path))
+    except (OSError, TypeError, ValueError):
+        return False
+
+
 def _same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
 
@@ -138,25 +151,6 @@ def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
 
 
 # ------------------------------------------------------------------------------ writer
-
-
-class _RunDirLock:
-    """This rank's writer lock on the run directory (released by close() or when collected)."""
-
-    def __init__(self, run_dir: Path, rank: int) -> None:
-        self.fd: int | None = lock_run_dir(run_dir, rank)
-        self._finalizer = weakref.finalize(self, _unlock, self.fd)
-
-    def close(self) -> None:
-        self._finalizer()
-        self.fd = None
-
-
-def _unlock(fd: int) -> None:
-    try:
-        os.ftruncate(fd, 0)  # a clean release leaves no owner behind
-    finally:
-        os.close(fd)
 
 
 class AlpsckStorageWriter(StorageWriter):
@@ -197,7 +191,7 @@ class AlpsckStorageWriter(StorageWriter):
         self.world_size: int | None = None
         self._started = time.monotonic()
         self._engine: _core.Engine | None = None
-        self._lock: _RunDirLock | None = None
+        self._lock: _core.RunDirLock | None = None
 
     # pickled by dcp.async_save's process executor: never the open engine or lock
     def __getstate__(self) -> dict[str, Any]:
@@ -211,7 +205,8 @@ class AlpsckStorageWriter(StorageWriter):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return False  # never chosen automatically: construct it with a run directory and a step
+        """True for an alpsck run directory (or one of its step-N checkpoints), as DCP's contract asks."""
+        return _is_alpsck_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Called by DCP when ``dcp.save(checkpoint_id=...)`` is given: it must be this run directory."""
@@ -265,7 +260,7 @@ class AlpsckStorageWriter(StorageWriter):
     def _open(self, rank: int, world: int) -> _core.Engine:
         if self._engine is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = _RunDirLock(self.run_dir, rank)
+            self._lock = lock_run_dir(self.run_dir, rank)
             try:
                 self._engine = _core.Engine(str(self.run_dir), threads=self.threads,
                                             chunk_bytes=self.chunk_bytes, max_in_flight=1, keep_last=0,
@@ -287,7 +282,7 @@ class AlpsckStorageWriter(StorageWriter):
                 engine.close()
         finally:
             if self._lock is not None:
-                self._lock.close()
+                self._lock.release()
                 self._lock = None
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -370,7 +365,7 @@ class AlpsckStorageWriter(StorageWriter):
             raise UsageError(f"the DCP metadata takes {len(data)} bytes as JSON, more than the {MAX_METADATA_BYTES} "
                              "a checkpoint's extra file may hold")
         decode_metadata(data, METADATA_FILE, step=self.step, world_size=world)  # never commit what load would refuse
-        lock = _RunDirLock(self.run_dir, 0)
+        lock = lock_run_dir(self.run_dir, 0)
         try:
             _core.commit_step(str(self.run_dir), self.step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
                               time.monotonic() - self._started)
@@ -379,7 +374,7 @@ class AlpsckStorageWriter(StorageWriter):
                 if warning:
                     warnings.warn(f"{self.run_dir}: retention: {warning}", RuntimeWarning, stacklevel=2)
         finally:
-            lock.close()
+            lock.release()
 
 
 # ------------------------------------------------------------------------------ reader
@@ -437,7 +432,8 @@ class AlpsckStorageReader(StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return False  # never chosen automatically
+        """True for an alpsck run directory (or one of its step-N checkpoints), as DCP's contract asks."""
+        return _is_alpsck_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Called by DCP when ``dcp.load(checkpoint_id=...)`` is given: it must be this run directory."""

@@ -115,7 +115,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         raise _denied(run_dir, "cannot list it") from None
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
-    if not any(is_run_entry(n) for n in names):
+    if not any(entry_kind(n) not in ("other", "lock") for n in names):  # a writer lock alone (the baseline's) is not one
         baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
         hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "
                 "which these tools do not read: load them with alpsck.TorchSaveCheckpointer") if baseline else ""
@@ -475,7 +475,7 @@ def inspect_one(run_dir: str, step: int | None, show_tensors: bool, as_json: boo
         done = 0
         for r in readers:
             try:
-                r.verify(4)
+                r.verify(DEFAULTS["read_threads"])
             except CorruptCheckpointError as e:
                 desc["verified"], desc["error"], rc = False, str(e), 1
                 break
@@ -528,28 +528,27 @@ def _this_host(name: str) -> bool:
 
 
 def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
-    """Why ``RUN_DIR/.lock`` says a writer may be active (a message naming it), or None.
+    """Why the run directory's writer lock says a writer may be active (a message naming it), or None.
 
-    The Checkpointer holds an ``flock`` on ``.lock`` while it writes and keeps its owner there
-    (JSON ``{"pid", "host", "job_id"}``), emptying it on a clean close. So: no file or an empty
-    one → no writer; an flock held → a writer on this host; content naming another host, whose
-    flock may not be visible from here (Lustre without ``-o flock``), → refuse with advice;
-    content of a process on this host that holds no flock → a crashed writer, stale.
+    A writer holds an ``flock`` on ``RUN_DIR/.lock`` while it writes and keeps its owner there
+    (JSON ``{"pid", "host", "job_id"}``), emptying it on a clean close (the core's RunDirLock). So:
+    no file or an empty one → no writer; an flock held → a writer on this host; content naming
+    another host, whose flock may not be visible from here (Lustre without ``-o flock``), → refuse
+    with advice; content of a process on this host that holds no flock → a crashed writer, stale.
+    A lock name that is a symlink or not a regular file raises UsageError (never followed or opened).
     """
     lock = Path(run_dir) / LOCK_NAME
     try:
-        text = lock.read_text(errors="replace")[:4096]
-    except FileNotFoundError:
-        return None
-    except PermissionError:
-        raise _denied(lock, "cannot read the lock file") from None
-    except IsADirectoryError:
-        text = ""
+        held, text = _core.probe_lock(str(run_dir), 0)
+    except CheckpointIOError as e:
+        if e.errno in _ACCESS_ERRNOS:
+            raise _denied(lock, "cannot read the lock file") from None
+        raise
     fields = _parse_lock(text)
     host = fields.get("host") or fields.get("hostname") or fields.get("node")
     job = fields.get("job_id") or fields.get("jobid") or fields.get("job") or fields.get("slurm_job_id")
     who = f"pid {fields.get('pid', '?')}" + (f", job {job}" if job else "")
-    if _flock_held(lock):
+    if held:
         return f"{lock}: a writer holds it ({who}{f' on {host}' if host else ''})"
     if host and not _this_host(host):
         return (f"{lock} names a writer on host {host} ({who}), which cannot be checked from {socket.gethostname()}; "
@@ -557,47 +556,17 @@ def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def _flock_held(lock: Path) -> bool:
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return False
-    try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
-def _held_flock(run_dir: Path) -> Iterator[None]:
-    """Hold an exclusive flock on RUN_DIR/.lock (when it exists) while pruning; refuse if taken."""
-    lock = run_dir / LOCK_NAME
+def _writer_lock(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's writer lock while pruning: prune writes too, and one writer at a time
+    (RunDirLockedError naming the holder if a writer took it since lock_holder looked)."""
+    from .checkpointer import lock_run_dir
+
+    lock = lock_run_dir(run_dir, 0)
     try:
-        import fcntl
-        fd = os.open(lock, os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunDirLockedError(f"{lock}: another process holds a lock on it; not pruning") from None
-        except OSError:
-            pass
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -616,7 +585,7 @@ def _data_error(info: dict[str, Any]) -> tuple[str, str] | None:
     state ("corrupt", or "unreadable" when reading failed for a reason other than its bytes) and why."""
     try:
         for name in info["shards"]:
-            open_shard(Path(info["path"]) / name).verify(4)
+            open_shard(Path(info["path"]) / name).verify(DEFAULTS["read_threads"])
     except CorruptCheckpointError as e:
         return "corrupt", str(e)
     except CheckpointError as e:  # permission denied, EIO, ESTALE: nothing known about the bytes
@@ -693,7 +662,7 @@ def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = Fa
     holder = lock_holder(path)
     if holder is not None:
         raise RunDirLockedError(f"not pruning {run_dir}: {holder}")
-    with _held_flock(path):
+    with contextlib.nullcontext() if dry_run else _writer_lock(path):
         remove, warnings, kept = plan_prune(path, keep_last, verify)
         for w in warnings:
             print(f"alpsck: warning: {w}", file=sys.stderr)

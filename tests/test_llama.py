@@ -234,7 +234,9 @@ def test_torch_checkpointer_retention_and_corrupt_fallback(tmp_path: Path) -> No
             handle.wait()
             assert handle.done() and handle.step == step
         ckpt.wait()
-    assert [p.name for p in sorted(tmp_path.iterdir())] == ["torch-step-000000020.pt", "torch-step-000000030.pt"]
+    # (.lock: the run directory's writer lock, which the baseline takes too; emptied on close)
+    assert [p.name for p in sorted(tmp_path.iterdir())] == [".lock", "torch-step-000000020.pt", "torch-step-000000030.pt"]
+    assert (tmp_path / ".lock").read_text() == ""
     reader = TorchSaveCheckpointer(tmp_path)
     assert reader.latest_step() == 30
     newest = checkpoint_path(tmp_path, 30)

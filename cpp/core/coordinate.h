@@ -51,7 +51,8 @@ Verdict ReadVerdict(Env* env, const Attempt& a, Status* why);
 // Returns the verdict afterwards: kAborted (*why_out says why: this rank's reason or the winner's)
 // or kCommitted (the commit rename won). An error that leaves the attempt undecided (the rename
 // failed otherwise) reads as kAborted with that error: this rank fails its save.
-// *won (if given): whether this call's rename decided it.
+// *won (if given): whether this call decided it (its rename won, or the attempt's name is not a
+// directory alpsck made, which is never renamed nor written into).
 Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why, Status* why_out,
               bool* won = nullptr);
 

@@ -45,6 +45,9 @@ class Env {
   virtual int ListDir(const std::string& path, std::vector<std::string>* names) = 0;
   // 1 if path is a directory, 0 if something else exists there, -errno otherwise.
   virtual int IsDir(const std::string& path) = 0;
+  // The same without following a symlink at path (lstat): a symlink to a directory is 0. What
+  // alpsck checks before it writes into or deletes in a directory of the run directory.
+  virtual int IsRealDir(const std::string& path) = 0;
 
   // The process-wide POSIX implementation.
   static Env* Default();
@@ -90,6 +93,7 @@ class FaultEnv : public Env {
     return base_->ListDir(path, names);
   }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
+  int IsRealDir(const std::string& path) override { return base_->IsRealDir(path); }
 
  private:
   // 0: no fault; >0: errno to return; -1: short transfer.

@@ -82,6 +82,11 @@ class PosixEnv final : public Env {
     if (::stat(path.c_str(), &st) != 0) return -errno;
     return S_ISDIR(st.st_mode) ? 1 : 0;
   }
+  int IsRealDir(const std::string& path) override {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return -errno;
+    return S_ISDIR(st.st_mode) ? 1 : 0;
+  }
 };
 
 }  // namespace

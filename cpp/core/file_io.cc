@@ -21,6 +21,13 @@ std::string ParentDir(const std::string& path) {
 }
 
 Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_direct, int* fd, bool* direct) {
+  // A file opened for writing is alpsck's own: never written through a symlink. (Reads may follow
+  // one: a checkpoint copied elsewhere and linked back still restores.)
+  if (flags & (O_WRONLY | O_RDWR)) flags |= O_NOFOLLOW;
+  auto fail = [&](int r) {
+    return r == -ELOOP ? Status::Invalid(path + " is a symbolic link: alpsck never writes through one")
+                       : Status::FromErrno(-r, "open " + path);
+  };
   if (want_direct) {
     int r = env->Open(path, flags | O_DIRECT, 0644);
     if (r >= 0) {
@@ -28,10 +35,10 @@ Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_d
       *direct = true;
       return Status::Ok();
     }
-    if (r != -EINVAL) return Status::FromErrno(-r, "open " + path);
+    if (r != -EINVAL) return fail(r);
   }
   int r = env->Open(path, flags, 0644);
-  if (r < 0) return Status::FromErrno(-r, "open " + path);
+  if (r < 0) return fail(r);
   *fd = r;
   *direct = false;
   return Status::Ok();
@@ -82,7 +89,8 @@ Status SyncDir(Env* env, const std::string& dir) {
 }
 
 Status WriteFileSynced(Env* env, const std::string& path, const std::string& data) {
-  int fd = env->Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  int fd = env->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd == -ELOOP) return Status::Invalid(path + " is a symbolic link: alpsck never writes through one");
   if (fd < 0) return Status::FromErrno(-fd, "create " + path);
   ScopedFd g(env, fd);
   ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, data.data(), data.size(), 0, path));
@@ -119,6 +127,9 @@ Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std:
 }
 
 Status RemoveDirFiles(Env* env, const std::string& dir) {
+  const int real = env->IsRealDir(dir);
+  if (real == -ENOENT) return Status::Ok();
+  if (real == 0) return Status::Invalid(dir + " is a symbolic link or not a directory: left alone");
   std::vector<std::string> names;
   int r = env->ListDir(dir, &names);
   if (r < 0) return Status::FromErrno(-r, "list " + dir);

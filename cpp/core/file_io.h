@@ -38,7 +38,8 @@ std::string JoinPath(const std::string& dir, const std::string& name);
 std::string ParentDir(const std::string& path);
 
 // Opens path with flags; when want_direct, first with O_DIRECT and, if the file system refuses
-// it (EINVAL, as tmpfs does), again without. *direct says which one succeeded.
+// it (EINVAL, as tmpfs does), again without. *direct says which one succeeded. Opened for
+// writing, a symlink at path is refused (kInvalidArgument), never written through.
 Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_direct, int* fd, bool* direct);
 
 Status WriteFull(Env* env, int fd, const void* buf, uint64_t n, uint64_t off, const std::string& path);
@@ -50,13 +51,15 @@ Status ReadFull(Env* env, int fd, void* buf, uint64_t n, uint64_t off, const std
 int SyncFd(Env* env, int fd, bool data_only);
 Status SyncDir(Env* env, const std::string& dir);
 // Creates (or truncates) path, writes data, fsyncs and closes it. No rename: for files inside a
-// directory that is not yet visible as committed.
+// directory that is not yet visible as committed. A symlink at path is refused, never followed.
 Status WriteFileSynced(Env* env, const std::string& path, const std::string& data);
 // tmp + fsync + rename + fsync(parent): the file is either old or new after a crash.
 Status WriteFileAtomic(Env* env, const std::string& path, const std::string& data);
 // Reads a whole file of at most max_bytes (larger is kCorrupt).
 Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std::string* out);
 // Removes a directory and the plain files in it (one level; checkpoints have no subdirectories).
+// A symlink at dir is refused and left alone (never followed into); files inside that are
+// symlinks are removed as links, their targets untouched.
 Status RemoveDirFiles(Env* env, const std::string& dir);
 
 }  // namespace alpsck

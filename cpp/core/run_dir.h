@@ -23,8 +23,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "env.h"
 #include "status.h"
@@ -90,6 +92,39 @@ bool IsShardName(const std::string& n);       // rank-<5+ digits>.bin: never a p
 std::string DoneRecordName(uint32_t rank);    // rank-RRRRR.done
 std::string FailedRecordName(uint32_t rank);  // rank-RRRRR.failed
 std::string SeenRecordName(uint32_t rank);    // rank-RRRRR.seen (in an aborted attempt: rank R read the verdict)
+
+// ---- The writer lock
+
+// One writer per run directory, whatever kind (the engine, the DCP backend, the torch.save
+// baseline, prune): an exclusive flock on RUN_DIR/.lock (LockFileName: rank R > 0 has its own),
+// a regular file holding its owner (JSON: pid, host, job_id, rank), emptied on release. The kernel
+// drops the flock when its owner dies, so a lock left by a crash is taken over at once. The name
+// is never followed if it is a symlink, and never opened if it is not a regular file (a FIFO
+// would block the open; a device would be opened), so taking or probing a lock never hangs and
+// never touches anything outside the run directory.
+class RunDirLock {
+ public:
+  // kBusy naming the holder (job, pid, host) when a live process holds it; kInvalidArgument when
+  // the name is a symlink or not a regular file (saying what it is); errno errors otherwise.
+  static Status Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,
+                        std::unique_ptr<RunDirLock>* out);
+  // Whether a live process holds rank's lock, and the owner it recorded ("" when none); the
+  // same refusals as Acquire. Takes nothing and changes nothing.
+  static Status Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner);
+  ~RunDirLock();  // Release()
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  void Release();  // empties the owner record and drops the flock (idempotent)
+  const std::string& path() const { return path_; }
+
+ private:
+  RunDirLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_;
+  std::string path_;
+};
+
+// "{run_dir} is being written by job J (pid P) on host H" from an owner record (fields missing: ?).
+std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json);
 
 // ---- What happens to the entries (rank 0 runs these; any rank may claim)
 

@@ -382,6 +382,25 @@ class PyEngine {
   std::vector<std::pair<std::shared_ptr<SaveHandle>, nb::object>> pending_;
 };
 
+// The run directory's writer lock (run_dir.h), held while the Python object lives or until release().
+class PyLock {
+ public:
+  PyLock(const FsPath& run_dir, uint32_t rank, const std::string& owner_json) {
+    Status s;
+    {
+      nb::gil_scoped_release nogil;
+      s = RunDirLock::Acquire(run_dir, rank, owner_json, &lock_);
+    }
+    if (!s.ok()) RaiseStatus(s, true);
+  }
+  void release() { lock_.reset(); }
+  bool held() const { return lock_ != nullptr; }
+  std::string path() const { return lock_ ? lock_->path() : std::string(); }
+
+ private:
+  std::unique_ptr<RunDirLock> lock_;
+};
+
 class PyReader {
  public:
   PyReader(const FsPath& path, bool direct) {
@@ -649,6 +668,30 @@ NB_MODULE(_core, m) {
       .def_prop_ro("in_flight", [](PyEngine& e) { return e.engine().in_flight(); })
       .def_prop_ro("pending_keepalive", &PyEngine::pending_keepalive)
       .def_prop_ro("faults_injected", &PyEngine::faults_injected);
+
+  nb::class_<PyLock>(m, "RunDirLock",
+                     "The run directory's one writer lock (cpp/core/run_dir.h): taken at construction "
+                     "(RunDirLockedError naming the holder when a live process has it; UsageError when the "
+                     "lock's name is a symlink or not a regular file), released by release() or when collected.")
+      .def(nb::init<const FsPath&, uint32_t, const std::string&>(), "run_dir"_a, "rank"_a, "owner_json"_a)
+      .def("release", &PyLock::release, "Empty the owner record and drop the lock (idempotent).")
+      .def_prop_ro("held", &PyLock::held)
+      .def_prop_ro("path", &PyLock::path);
+  m.def("probe_lock", [](const FsPath& run_dir, uint32_t rank) {
+        bool held = false;
+        std::string owner;
+        Status s;
+        {
+          nb::gil_scoped_release nogil;
+          s = RunDirLock::Probe(run_dir, rank, &held, &owner);
+        }
+        if (!s.ok()) RaiseStatus(s, false);
+        return std::make_pair(held, Text(owner));
+      }, "run_dir"_a, "rank"_a = 0,
+      "(held, owner): whether a live process holds rank's writer lock, and the owner it recorded ('' if "
+      "none). Never blocks, never follows a symlink; a lock name that is not a regular file raises UsageError.");
+  m.def("describe_lock_owner", &DescribeLockOwner, "run_dir"_a, "owner_json"_a,
+        "'RUN_DIR is being written by job J (pid P) on host H' from an owner record.");
 
   nb::class_<PyReader>(m, "ShardReader")
       .def(nb::init<const FsPath&, bool>(), "path"_a, "direct"_a = true)

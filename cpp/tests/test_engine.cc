@@ -1,5 +1,6 @@
 // The engine: concurrent saves, both memory modes, commit ordering ("newest wins"), retention
 // and recycling, back-pressure, and failures that never damage earlier checkpoints.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -597,6 +599,105 @@ TEST(options_take_their_defaults_from_the_table_and_out_of_range_values_are_refu
     CHECK(s.message().find(c.says) != std::string::npos);
     CHECK(!e);
   }
+}
+
+namespace {
+
+// Every file below dir, with its content: what a test compares before and after.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  std::vector<std::string> names;
+  if (Env::Default()->ListDir(dir, &names) != 0) return out;
+  for (const auto& n : names) {
+    const std::string p = JoinPath(dir, n);
+    if (Env::Default()->IsRealDir(p) == 1) {
+      for (const auto& [k, v] : Snapshot(p)) out[n + "/" + k] = v;
+    } else {
+      std::string text;
+      ReadSmallFile(Env::Default(), p, 1 << 24, &text);
+      out[n] = text;
+    }
+  }
+  return out;
+}
+
+Status SaveOne(Engine* e, uint64_t step, const std::vector<char>& a, SaveResult* r = nullptr) {
+  std::shared_ptr<SaveHandle> h;
+  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+  if (!s.ok()) return s;
+  h->Wait(-1);
+  if (r) *r = h->result();
+  return h->status();
+}
+
+}  // namespace
+
+TEST(symlinks_in_the_run_dir_are_never_written_or_deleted_through) {
+  // Sentinels outside the run directory, and a symlink at each name the engine uses in turn:
+  // nothing outside changes, and the engine says what it refused.
+  TempDir d;
+  const std::string run = d.sub("run"), outside = d.sub("outside");
+  REQUIRE(::mkdir(run.c_str(), 0755) == 0 && ::mkdir(outside.c_str(), 0755) == 0);
+  REQUIRE(alpsck_test::WriteText(JoinPath(outside, "sentinel"), "keep me"));
+  REQUIRE(alpsck_test::WriteText(JoinPath(outside, ShardFileName(0)), "not a shard"));
+  REQUIRE(alpsck_test::WriteText(JoinPath(outside, "file"), "a file"));
+  const auto before = Snapshot(outside);
+  auto a = RandomBytes(100000, 3);
+  // A free directory that is a link out (claimable by name), at Open: neither removed through nor claimed.
+  REQUIRE(::symlink(outside.c_str(), JoinPath(run, "free-9-1-0").c_str()) == 0);
+  auto e = Open(run, nullptr, 1, 1);
+  REQUIRE(e);
+  REQUIRE(SaveOne(e.get(), 1, a).ok());
+  // The next save's attempt directory is a link out: refused, by name.
+  REQUIRE(::symlink(outside.c_str(), JoinPath(run, TmpDirName(2)).c_str()) == 0);
+  Status s = SaveOne(e.get(), 2, a);
+  CHECK(s.code() == Code::kInvalidArgument);
+  CHECK(s.message().find(TmpDirName(2) + " is a symbolic link") != std::string::npos);
+  REQUIRE(::unlink(JoinPath(run, TmpDirName(2)).c_str()) == 0);
+  // LATEST's temporary name is a link to a file outside: the save is durable, LATEST is not
+  // updated (a warning says so), and the file outside is not written.
+  REQUIRE(::symlink(JoinPath(outside, "file").c_str(), JoinPath(run, std::string(kLatestName) + ".tmp").c_str()) == 0);
+  SaveResult r;
+  REQUIRE(SaveOne(e.get(), 3, a, &r).ok());
+  CHECK(r.warning.find("LATEST not updated") != std::string::npos);
+  REQUIRE(::unlink(JoinPath(run, std::string(kLatestName) + ".tmp").c_str()) == 0);
+  // A committed checkpoint that is a link to a copy elsewhere: read, never expired by retention
+  // (keep_last 1), its files untouched.
+  const std::string copy = d.sub("copy");
+  REQUIRE(::rename(JoinPath(run, StepDirName(3)).c_str(), copy.c_str()) == 0);
+  REQUIRE(::symlink(copy.c_str(), JoinPath(run, StepDirName(3)).c_str()) == 0);
+  const auto copy_before = Snapshot(copy);
+  for (uint64_t step : {4, 5, 6}) REQUIRE(SaveOne(e.get(), step, a).ok());
+  e.reset();
+  CHECK(Snapshot(copy) == copy_before);
+  CHECK(Env::Default()->IsRealDir(JoinPath(run, StepDirName(3))) == 0);  // still the link
+  std::vector<CheckpointInfo> infos;
+  REQUIRE(ScanRunDir(Env::Default(), run, true, 2, &infos).ok());
+  bool linked_ok = false;
+  for (const auto& i : infos) linked_ok |= i.step == 3 && i.state == CheckpointState::kCommitted;
+  CHECK(linked_ok);
+  // A reopened engine tidies: the link out at free-9-1-0 is left as it is.
+  e = Open(run, nullptr, 1, 1);
+  REQUIRE(e);
+  REQUIRE(SaveOne(e.get(), 7, a).ok());
+  e.reset();
+  CHECK(Snapshot(outside) == before);
+  CHECK(Env::Default()->IsRealDir(JoinPath(run, "free-9-1-0")) == 0);
+  // A shard name in the attempt directory that links out: the write is refused, never done through it.
+  const std::string tmp = JoinPath(run, TmpDirName(8));
+  REQUIRE(::mkdir(tmp.c_str(), 0755) == 0);
+  REQUIRE(::symlink(JoinPath(outside, ShardFileName(0)).c_str(), JoinPath(tmp, ShardFileName(0)).c_str()) == 0);
+  EngineOptions o;  // keep_last 0: no claim, the existing directory is joined as it is
+  o.run_dir = run;
+  o.keep_last = 0;
+  std::unique_ptr<Engine> e2;
+  REQUIRE(Engine::Open(o, &e2).ok());  // (rank 0 tidies step-8.tmp at Open: make it again)
+  REQUIRE(::mkdir(tmp.c_str(), 0755) == 0);
+  REQUIRE(::symlink(JoinPath(outside, ShardFileName(0)).c_str(), JoinPath(tmp, ShardFileName(0)).c_str()) == 0);
+  s = SaveOne(e2.get(), 8, a);
+  CHECK(s.code() == Code::kInvalidArgument && s.message().find("is a symbolic link") != std::string::npos);
+  e2.reset();
+  CHECK(Snapshot(outside) == before);
 }
 
 TEST(bad_run_dirs_are_clear_errors) {

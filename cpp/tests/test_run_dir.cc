@@ -1,8 +1,15 @@
 // The run directory's names: made and parsed in one place (run_dir.h), and every name alpsck
 // writes is classified back to what it is; hostile look-alikes are not.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <functional>
+#include <memory>
 #include <string>
 
+#include "file_io.h"
 #include "run_dir.h"
+#include "test_util.h"
 #include "testing.h"
 
 using namespace alpsck;
@@ -80,6 +87,61 @@ TEST(records_and_shards_are_named_by_rank) {
   CHECK_EQ(SeenRecordName(123456), std::string("rank-123456.seen"));
   CHECK(IsShardName(ShardFileName(0)) && IsShardName("rank-123456.bin"));
   for (const char* bad : {"rank-0.bin", "rank-0000a.bin", "../rank-00000.bin", "rank-00000.bin.tmp"}) CHECK(!IsShardName(bad));
+}
+
+TEST(the_writer_lock_admits_one_writer_and_names_the_holder) {
+  alpsck_test::TempDir d;
+  std::unique_ptr<RunDirLock> a, b;
+  const std::string me = "{\"pid\":" + std::to_string(::getpid()) + ",\"host\":\"h1\",\"job_id\":\"42\",\"rank\":0}";
+  REQUIRE(RunDirLock::Acquire(d.path(), 0, me, &a).ok());
+  Status s = RunDirLock::Acquire(d.path(), 0, "{}", &b);  // a second open file: refused, like another process
+  CHECK(s.code() == Code::kBusy);
+  CHECK(s.message().find("is being written by job 42 (pid " + std::to_string(::getpid()) + ") on host h1") !=
+        std::string::npos);
+  bool held = false;
+  std::string owner;
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner).ok());
+  CHECK(held && owner.find("\"job_id\":\"42\"") != std::string::npos);
+  CHECK(RunDirLock::Acquire(d.path(), 1, "{}", &b).ok());  // rank 1's lock is its own
+  b.reset();
+  a->Release();
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner).ok());
+  CHECK(!held && owner.empty());  // a clean release leaves no owner behind
+  CHECK(RunDirLock::Acquire(d.path(), 0, "{}", &b).ok());
+  CHECK_EQ(DescribeLockOwner("R", "not json"), std::string("R is being written by job ? (pid ?) on host ?"));
+}
+
+TEST(the_writer_lock_never_follows_a_symlink_nor_opens_a_fifo_or_directory) {
+  alpsck_test::TempDir d;
+  const std::string outside = d.sub("outside"), run = d.sub("run");
+  REQUIRE(::mkdir(run.c_str(), 0755) == 0);
+  REQUIRE(alpsck_test::WriteText(outside, "sentinel"));
+  const std::string lock = run + "/" + kLockName;
+  struct Case {
+    std::function<bool()> make;
+    const char* says;
+  };
+  const Case cases[] = {
+      {[&] { return ::symlink(outside.c_str(), lock.c_str()) == 0; }, "a symbolic link"},
+      {[&] { return ::symlink((d.path() + "/nowhere").c_str(), lock.c_str()) == 0; }, "a symbolic link"},
+      {[&] { return ::mkfifo(lock.c_str(), 0644) == 0; }, "a FIFO"},
+      {[&] { return ::mkdir(lock.c_str(), 0755) == 0; }, "a directory"},
+  };
+  for (const Case& c : cases) {
+    REQUIRE(c.make());
+    std::unique_ptr<RunDirLock> l;
+    Status s = RunDirLock::Acquire(run, 0, "{}", &l);
+    CHECK(s.code() == Code::kInvalidArgument);
+    CHECK(s.message().find(c.says) != std::string::npos);
+    bool held = true;
+    std::string owner;
+    CHECK(RunDirLock::Probe(run, 0, &held, &owner).code() == Code::kInvalidArgument);
+    std::string text;
+    REQUIRE(ReadSmallFile(Env::Default(), outside, 100, &text).ok());
+    CHECK_EQ(text, std::string("sentinel"));
+    CHECK(::access((d.path() + "/nowhere").c_str(), F_OK) != 0);  // a dangling link was not created through
+    if (::unlink(lock.c_str()) != 0) ::rmdir(lock.c_str());
+  }
 }
 
 ALPSCK_TEST_MAIN()

@@ -1,0 +1,140 @@
+// RunDirLock (run_dir.h): the run directory's one writer lock.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+
+#include "json.h"
+#include "run_dir.h"
+
+namespace alpsck {
+
+namespace {
+
+constexpr size_t kMaxOwnerBytes = 4096;
+
+const char* KindOf(mode_t m) {
+  if (S_ISLNK(m)) return "a symbolic link";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// Opens RUN_DIR/<rank's lock> without following a symlink and without blocking; refuses
+// anything but a regular file before opening it (and again after, against a swap in between).
+Status OpenLockFile(const std::string& run_dir, uint32_t rank, bool create, int* fd_out, std::string* path) {
+  *fd_out = -1;
+  const std::string name = LockFileName(rank);
+  *path = run_dir + "/" + name;
+  const int dir = ::open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return Status::FromErrno(errno, "open run directory " + run_dir);
+  struct stat st;
+  Status out;
+  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (!S_ISREG(st.st_mode))
+      out = Status::Invalid(*path + " is " + KindOf(st.st_mode) + ", not alpsck's lock file: remove it (alpsck never "
+                            "follows or opens it)");
+  } else if (errno != ENOENT || !create) {
+    out = errno == ENOENT ? Status::FromErrno(ENOENT, *path) : Status::FromErrno(errno, "stat " + *path);
+  }
+  if (out.ok()) {
+    const int flags = (create ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+    const int fd = ::openat(dir, name.c_str(), flags, 0644);
+    if (fd < 0) {
+      out = errno == ELOOP ? Status::Invalid(*path + " is a symbolic link, not alpsck's lock file: remove it")
+                           : Status::FromErrno(errno, "open " + *path);
+    } else if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      out = Status::Invalid(*path + " is not a regular file, not alpsck's lock file: remove it");
+      ::close(fd);
+    } else {
+      *fd_out = fd;
+    }
+  }
+  ::close(dir);
+  return out;
+}
+
+std::string ReadOwner(int fd) {
+  std::string text(kMaxOwnerBytes, '\0');
+  const ssize_t n = ::pread(fd, &text[0], text.size(), 0);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return text;
+}
+
+}  // namespace
+
+std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json) {
+  Json j;
+  auto field = [&](const char* key) -> std::string {
+    const Json* v = j.find(key);
+    if (!v) return "?";
+    if (const std::string* s = v->get_string()) return s->empty() ? "?" : *s;
+    uint64_t u = 0;
+    if (v->get_u64(&u)) return std::to_string(u);
+    return "?";
+  };
+  if (!ParseJson(owner_json, &j, JsonLimits{4, kMaxOwnerBytes}).ok() || !j.is_object()) j = Json::Object();
+  return run_dir + " is being written by job " + field("job_id") + " (pid " + field("pid") + ") on host " +
+         field("host");
+}
+
+Status RunDirLock::Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,
+                           std::unique_ptr<RunDirLock>* out) {
+  int fd = -1;
+  std::string path;
+  ALPSCK_RETURN_IF_ERROR(OpenLockFile(run_dir, rank, true, &fd, &path));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    const std::string owner = ReadOwner(fd);
+    ::close(fd);
+    if (e == EWOULDBLOCK)
+      return Status::Error(Code::kBusy, DescribeLockOwner(run_dir, owner) +
+                                            "; two writers in one run directory would corrupt each other's "
+                                            "checkpoints and retention");
+    return Status::FromErrno(e, "lock " + path);
+  }
+  const std::string text = owner_json + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
+    const int e = errno;
+    ::close(fd);
+    return Status::FromErrno(e, "record the owner in " + path);
+  }
+  out->reset(new RunDirLock(fd, path));
+  return Status::Ok();
+}
+
+Status RunDirLock::Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner) {
+  *held = false;
+  owner->clear();
+  int fd = -1;
+  std::string path;
+  Status s = OpenLockFile(run_dir, rank, false, &fd, &path);
+  if (s.code() == Code::kNotFound) return Status::Ok();  // no lock file: nobody has written here
+  ALPSCK_RETURN_IF_ERROR(s);
+  *owner = ReadOwner(fd);
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+  } else if (errno == EWOULDBLOCK) {
+    *held = true;
+  }
+  ::close(fd);
+  return Status::Ok();
+}
+
+void RunDirLock::Release() {
+  if (fd_ < 0) return;
+  if (::ftruncate(fd_, 0) != 0) {  // a clean release leaves no owner behind (best effort)
+  }
+  ::close(fd_);  // drops the flock
+  fd_ = -1;
+}
+
+RunDirLock::~RunDirLock() { Release(); }
+
+}  // namespace alpsck
