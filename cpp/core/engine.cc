@@ -215,7 +215,6 @@ Status Engine::PrepareDir(Job* j) {
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
                     std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill) {
-  const bool copy = mode != SaveMode::kZeroCopy;  // the bytes go through staging slots
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
@@ -293,39 +292,14 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     s = Supersede(step, &retired);
     if (!s.ok()) return abandon(s);
   }
-  if (copy) {
-    std::lock_guard<std::mutex> l(pool_init_mu_);
-    const uint64_t slots = std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
-    if (!pool_.initialized()) {
-      s = pool_.Init(chunk_bytes_, slots);
-      if (!s.ok()) return abandon(s);
-    } else if (!opts_.staging_bytes && !external && slots > pool_.slots()) {
-      // A first save before the optimizer had state sized the pool for a third of the state:
-      // follow the largest save, so later ones are not throttled to the writers' pace. Failure
-      // only costs that: the smaller pool still streams.
-      pool_.Grow(slots - pool_.slots());
-    }
-  }
-
-  // One extra count held by this thread until every chunk is queued, so the commit can never
-  // start early (and an empty state still commits, through a finalize task).
-  const uint64_t n = layout.num_chunks();
-  job->remaining.store(n + 1);
+  s = ReserveStaging(layout, mode);
+  if (!s.ok()) return abandon(s);
+  // One extra count held until every chunk is queued, so the commit can never start early (and an
+  // empty state still commits, through a finalize task).
+  job->remaining.store(layout.num_chunks() + 1);
   Job* j = job.release();
   *handle = j->handle;
-  if (external) {
-    j->srcs.clear();
-    *fill = std::make_shared<ExternalFill>(this, j);  // holds the extra count until Finish
-    return Status::Ok();
-  }
-  if (copy) {
-    SnapshotChunks(j, mode == SaveMode::kSnapshotOverlap);
-  } else {
-    for (uint64_t i = 0; i < n; ++i) Push({j, i, nullptr});
-  }
-  j->t_snap = Clock::now();
-  if (copy) j->srcs.clear();  // the caller's memory is no longer referenced
-  ChunkDone(j);
+  Feed(j, mode, fill);
   return Status::Ok();
 }
 

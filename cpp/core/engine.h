@@ -226,6 +226,10 @@ class Engine {
   // The common end of every save: publish, retention, complete the handle, free the slot.
   void Complete(std::unique_ptr<Job> j, Status s, SaveResult r);
   Status PrepareDir(Job* j);
+  // The save modes (pipeline.cc): staging sized for a save of this layout (none for zero-copy),
+  // then the chunks handed to the writers as the mode says (or a filler returned for kExternal).
+  Status ReserveStaging(const ShardLayout& layout, SaveMode mode);
+  void Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill);
   // Copies every chunk of j into staging slots on copy_threads threads and queues them (each at
   // once with overlap, else all after the copy — unless the pool runs dry, which forces it).
   void SnapshotChunks(Job* j, bool overlap);

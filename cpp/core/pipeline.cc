@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,42 @@
 #include "platform.h"
 
 namespace alpsck {
+
+// ---------------------------------------------------------------- the save modes (engine.h)
+
+Status Engine::ReserveStaging(const ShardLayout& layout, SaveMode mode) {
+  if (mode == SaveMode::kZeroCopy) return Status::Ok();  // written from the caller's memory
+  std::lock_guard<std::mutex> l(pool_init_mu_);
+  const uint64_t slots = std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
+  if (!pool_.initialized()) return pool_.Init(chunk_bytes_, slots);
+  if (!opts_.staging_bytes && mode != SaveMode::kExternal && slots > pool_.slots()) {
+    // A first save before the optimizer had state sized the pool for a third of the state: follow
+    // the largest save, so later ones are not throttled to the writers' pace. Failure only costs
+    // that: the smaller pool still streams.
+    pool_.Grow(slots - pool_.slots());
+  }
+  return Status::Ok();
+}
+
+void Engine::Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {
+  switch (mode) {
+    case SaveMode::kExternal:  // the caller fills and submits; the filler holds the extra count
+      j->srcs.clear();
+      *fill = std::make_shared<ExternalFill>(this, j);
+      return;
+    case SaveMode::kZeroCopy:
+      for (uint64_t i = 0; i < j->index.layout.num_chunks(); ++i) Push({j, i, nullptr});
+      j->t_snap = Clock::now();
+      break;
+    case SaveMode::kSnapshot:
+    case SaveMode::kSnapshotOverlap:
+      SnapshotChunks(j, mode == SaveMode::kSnapshotOverlap);
+      j->t_snap = Clock::now();
+      j->srcs.clear();  // the caller's memory is no longer referenced
+      break;
+  }
+  ChunkDone(j);  // this thread's extra count
+}
 
 void Engine::SnapshotChunks(Job* j, bool overlap) {
   const ShardLayout& layout = j->index.layout;
