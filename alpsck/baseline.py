@@ -38,6 +38,7 @@ from alpsck.errors import (
     DiskFullError,
 )
 from alpsck.handles import CompletedSave
+from alpsck.options import check_step
 
 if TYPE_CHECKING:  # typing.Self is 3.11+ (torch depends on typing_extensions); annotations are not evaluated
     from typing_extensions import Self
@@ -86,8 +87,7 @@ class TorchSaveCheckpointer:
         this baseline is always synchronous)."""
         if self._closed:
             raise CheckpointError("save() on a closed checkpointer")
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
+        check_step(step)
         captured = tree.capture(state)
         payload = {
             "format": FORMAT,

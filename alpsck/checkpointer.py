@@ -76,7 +76,7 @@ from .errors import (
     UsageError,
 )
 from .handles import FutureMixin
-from .options import DEFAULTS
+from .options import DEFAULTS, check_run_dir_arg, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
@@ -172,6 +172,7 @@ class Checkpointer:
             check_option(name, value)
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
+        check_run_dir_arg(run_dir)
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
@@ -279,8 +280,10 @@ class Checkpointer:
         this checkpoint into the state recorded at ``restore()`` or the first ``save()`` (module
         docstring).
         """
-        if step < 0:
-            raise UsageError(f"step must be non-negative, not {step}")
+        check_step(step)
+        if not isinstance(state, Mapping):
+            raise UsageError(f"state must be a mapping of names to tensors, modules, optimizers and values, "
+                             f"not {type(state).__name__}")
         self._reap()
         cap = tree.capture(state)
         self._check_restorable(step, state, cap.tree)
@@ -565,6 +568,11 @@ def restore_into(
     When none is left and one rank's live tensors were already overwritten, every rank raises
     CorruptCheckpointError.
     """
+    check_run_dir_arg(run_dir)
+    check_step(step, allow_none=True)
+    if not isinstance(state, MutableMapping):
+        raise UsageError(f"state must be a mapping of names to tensors, modules, optimizers and values, "
+                         f"not {type(state).__name__}")
     if ranks is None and rank != 0:  # once the only way to pick a rank; alone, a process is rank 0 of 1
         raise UsageError(f"restore_into(rank={rank}) without ranks=: a process restoring alone is rank 0 of a "
                          "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "

@@ -102,7 +102,7 @@ from .dcp_json import (
     extent_name,
 )
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
-from .options import DEFAULTS
+from .options import DEFAULTS, check_step
 from .options import check as check_option
 from .shards import UNUSABLE, shard_name
 
@@ -175,8 +175,7 @@ class AlpsckStorageWriter(StorageWriter):
                  chunk_bytes: int | None = None, keep_last: int = 0, commit_timeout_s: float | None = None,
                  direct_io: bool = True) -> None:
         super().__init__()
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise UsageError(f"step must be a non-negative integer, not {step!r}")
+        check_step(step)
         self.run_dir = Path(run_dir)
         self.step = step
         self.threads = DEFAULTS["threads"] if threads is None else threads
@@ -414,8 +413,7 @@ class AlpsckStorageReader(StorageReader):
     def __init__(self, run_dir: str | os.PathLike[str], step: int | None = None, *, threads: int = DEFAULTS["read_threads"],
                  read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES, direct_io: bool = True) -> None:
         super().__init__()
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-            raise UsageError(f"step must be None or a non-negative integer, not {step!r}")
+        check_step(step, allow_none=True)
         self.run_dir = Path(run_dir)
         self.requested_step = step
         self.threads = threads

@@ -96,3 +96,25 @@ def markdown_table() -> str:
         rows.append(f"| `{name}` | {default_text(name)} | {range_text(name)} | {spec['doc']} |")
     return "\n".join(rows) + "\n"
 
+
+
+# ------------------------------------------------------------------ inputs every entry point checks alike
+
+MAX_STEP = 2**63 - 1  # steps are int64 on disk (LATEST, the history) and in the core's bookkeeping
+
+
+def check_step(step: Any, what: str = "step", allow_none: bool = False) -> None:
+    """Raise UsageError naming ``what`` unless ``step`` is an int in 0 .. 2^63-1 (or None, if allowed)."""
+    if step is None and allow_none:
+        return
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        none = "None or " if allow_none else ""
+        raise UsageError(f"{what} must be {none}an integer between 0 and 2^63-1, not {step!r}")
+
+
+def check_run_dir_arg(run_dir: Any) -> None:
+    """Raise UsageError unless ``run_dir`` is a usable path: a non-empty str or os.PathLike."""
+    import os
+
+    if not isinstance(run_dir, (str, os.PathLike)) or not os.fspath(run_dir):
+        raise UsageError(f"run_dir must be a non-empty path, not {run_dir!r}")

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import alpsck
 from alpsck import _core, options
@@ -96,3 +97,37 @@ def test_the_job_config_refuses_an_out_of_range_option_naming_the_key(tmp_path: 
     with pytest.raises(ConfigError) as e:
         load_config(cfg)
     assert "checkpoint.threads" in str(e.value) and "between 1 and 1024" in str(e.value)
+
+
+@pytest.mark.parametrize("step", [-1, 2**63, 2**64, 1.5, True, "3", None])
+def test_a_step_out_of_int64_or_not_an_integer_is_refused_by_every_writer(tmp_path: Path, step: object) -> None:
+    state = {"w": torch.ones(2)}
+    with alpsck.Checkpointer(tmp_path / "run", keep_last=0) as ck:
+        with pytest.raises(UsageError, match=r"step must be an integer between 0 and 2\^63-1"):
+            ck.save(step, state)  # type: ignore[arg-type]
+        if step is not None:
+            with pytest.raises(UsageError, match=r"step must be None or an integer between 0 and 2\^63-1"):
+                ck.restore(state, step=step)  # type: ignore[arg-type]
+        ck.save(2**63 - 1, state).wait()  # the largest is fine
+        assert ck.restore({"w": torch.zeros(2)}) == 2**63 - 1
+    with pytest.raises(UsageError, match="step must be"):
+        AlpsckStorageWriter(tmp_path / "dcp", step)  # type: ignore[arg-type]
+    from alpsck.baseline import TorchSaveCheckpointer
+
+    with TorchSaveCheckpointer(tmp_path / "torch") as base, pytest.raises(UsageError, match="step must be"):
+        base.save(step, state)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("state", [[1, 2], None, "x", 3])
+def test_a_state_that_is_not_a_mapping_is_refused_naming_its_type(tmp_path: Path, state: object) -> None:
+    with alpsck.Checkpointer(tmp_path, keep_last=0) as ck:
+        with pytest.raises(UsageError, match=f"state must be a mapping .* not {type(state).__name__}"):
+            ck.save(1, state)  # type: ignore[arg-type]
+        with pytest.raises(UsageError, match="state must be a mapping"):
+            ck.restore(state)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("run_dir", ["", None, 5])
+def test_an_empty_or_unusable_run_dir_is_refused(run_dir: object) -> None:
+    with pytest.raises(UsageError, match="run_dir must be a non-empty path"):
+        alpsck.Checkpointer(run_dir)  # type: ignore[arg-type]
