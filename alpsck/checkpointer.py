@@ -124,6 +124,10 @@ class CoreSave(FutureMixin):
     def _value(self) -> dict[str, Any]:
         return dict(self._h.result())
 
+    def _settle(self) -> None:
+        # A callback's waiting is not the caller's: the error still reaches the next save()/wait().
+        self._h.wait(None)
+
 
 class Checkpointer:
     """Persistent concurrent checkpointing of a whole training state (see the module docstring).

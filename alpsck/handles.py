@@ -59,6 +59,10 @@ class FutureMixin:
     def _value(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def _settle(self) -> None:
+        """Wait until done without counting as the caller having seen the error (for callbacks)."""
+        self.wait()
+
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait until durable (TimeoutError after ``timeout`` s); raise the save's error, or return
         its sizes and timings (``snapshot_seconds``, ``durable_seconds``, ``bytes``, ``path``, ...)."""
@@ -91,7 +95,7 @@ class FutureMixin:
 
         def watch() -> None:
             with contextlib.suppress(Exception):  # its error is for result()/exception() to report
-                self.wait()
+                self._settle()
             call()
 
         threading.Thread(target=watch, name=f"alpsck-save-{self.step}-callback", daemon=True).start()

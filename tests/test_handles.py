@@ -54,6 +54,17 @@ def test_a_failed_save_raises_from_result_and_is_returned_by_exception(tmp_path:
         ck.wait()  # the error reached the caller through the handle: not raised a second time
 
 
+def test_a_callback_does_not_swallow_the_error_the_caller_never_looked_at(tmp_path: Path) -> None:
+    with alpsck.Checkpointer(tmp_path, keep_last=0,
+                             _faults=[{"op": "pwrite", "error": errno.ENOSPC, "count": 1000}]) as ck:
+        h = ck.save(1, _state(1.0))
+        done = threading.Event()
+        h.add_done_callback(lambda f: done.set())
+        assert done.wait(60)
+        with pytest.raises(DiskFullError):
+            ck.wait()  # the callback saw it done; the error is still the caller's to hear
+
+
 def test_a_timeout_is_a_timeout_not_an_error_of_the_save(tmp_path: Path) -> None:
     with alpsck.Checkpointer(tmp_path, keep_last=0,
                              _faults=[{"op": "pwrite", "error": 0, "count": 1000, "delay_us": 300_000}]) as ck:

@@ -36,7 +36,6 @@ bool PollUntil(double timeout_s, Fn fn) {
   }
 }
 
-
 }  // namespace
 
 std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r) {

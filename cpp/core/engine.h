@@ -171,8 +171,8 @@ class Engine {
   //    lands beside or below a newer checkpoint of another history). Rank 0 renames each to
   //    superseded-step-N-<pid>-<seq> (a free name) and fsyncs RUN_DIR before returning, so no
   //    later commit is durable while an abandoned newer checkpoint still is; the other ranks only
-  //    forget them (a waiting rank recognises its own commit by its shard record, never a
-  //    retired step's manifest). *retired gets (step, new path; empty on ranks > 0), newest
+  //    forget them (a waiting rank reads its commit from its attempt's directory, never from a
+  //    step-N's manifest: coordinate.h). *retired gets (step, new path; empty on ranks > 0), newest
   //    first; TakeRetired() hands out every retirement so far once. An error (a rename refused)
   //    leaves the step unsaveable.
   //  - With EngineOptions::one_history, Save(step) runs Supersede itself, after its step

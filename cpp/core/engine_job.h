@@ -31,7 +31,7 @@ struct Engine::Job {
   int fd = -1;
   bool direct = false;
   ShardIndex index;                  // layout + crcs + meta
-  ShardRecord record;                // this rank's sealed shard (several ranks: to find its commit)
+  ShardRecord record;                // this rank's sealed shard (rank 0: its own entry in the manifest)
   std::vector<const char*> srcs;     // zero-copy sources, per extent
   std::atomic<uint64_t> remaining{0};
   std::atomic<bool> failed{false};
