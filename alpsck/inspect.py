@@ -630,7 +630,7 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
             remove.append((p, f"{i['status']} step {i['step']}: {i['error']}"))
         else:  # corrupt, or a step-N without MANIFEST.json: kept, like a newer corrupt one
             why = "newer than the newest valid one" if newest_valid is not None else "no valid checkpoint exists"
-            what = "corrupt checkpoint" if i["status"] == "corrupt" else "uncommitted step directory"
+            what = "corrupt checkpoint" if i["status"] == "corrupt" else "damaged checkpoint"
             warnings.append(f"kept {what} {p} ({why}) for inspection: {i['error']}")
     names = sorted(os.listdir(run_dir))
     for n in names:

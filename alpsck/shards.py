@@ -26,9 +26,11 @@ from .errors import CorruptCheckpointError
 META_FORMAT = "alpsck-tree/1"  # the meta document in each shard index: {format, step, rank, world_size, tree}
 DCP_META_FORMAT = "alpsck-dcp/1"  # ... of a shard written by the DCP backend (alpsck.dcp): no tree
 MAX_RANKS = 1 << 20
-#: Scan states (``_core.scan``) of checkpoints restore skips: damaged ("corrupt") or, for a reason
-#: that says nothing about their bytes (permission denied, EIO, ESTALE), impossible to read ("unreadable").
-UNUSABLE = frozenset({"corrupt", "unreadable"})
+#: Scan states (``_core.scan``) of checkpoints restore skips with a warning and inspect reports: bytes
+#: that fail their checks ("corrupt"), a step-N directory whose manifest is gone ("damaged"), or, for a
+#: reason that says nothing about their bytes (permission denied, EIO, ESTALE), impossible to read
+#: ("unreadable").
+UNUSABLE = frozenset({"corrupt", "damaged", "unreadable"})
 
 
 def shard_name(rank: int) -> str:

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -501,8 +502,12 @@ def test_manifest_truncation_missing_file_and_traversal_fall_back_with_a_named_w
     _fallback_warns(tmp_path, "name must be rank-NNNNN.bin")
     path.write_bytes(b"[" * 100_000 + b"]" * 100_000)  # deeply nested
     _fallback_warns(tmp_path, "MANIFEST.json")
-    path.unlink()  # never committed: skipped (not corrupt), quietly
-    assert _statuses(tmp_path)[2]["status"] == "incomplete"
+    path.unlink()  # a committed step-N lost its manifest: damaged, skipped with a warning (#24)
+    assert _statuses(tmp_path)[2]["status"] == "damaged"
+    _fallback_warns(tmp_path, "damaged", "no MANIFEST.json")
+    (tmp_path / "step-000000002.tmp").mkdir()  # an attempt (in flight or abandoned) is skipped quietly
+    shutil.rmtree(tmp_path / "step-000000002")
+    assert [c["status"] for c in _core.scan(str(tmp_path)) if c["step"] == 2] == ["incomplete"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _restore_exact(tmp_path, 1)

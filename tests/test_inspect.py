@@ -58,7 +58,7 @@ def _truncate(run_dir: Path, step: int) -> None:
 
 @pytest.fixture(scope="module")
 def mixed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Steps 1, 2 good; 3 bit-flipped in its data; 4 truncated; step-5.tmp; step-6 without MANIFEST.json."""
+    """Steps 1, 2 good; 3 bit-flipped in its data; 4 truncated; step-5.tmp; step-6 without MANIFEST.json (damaged)."""
     run = tmp_path_factory.mktemp("mixed")
     _save(run, [1, 2, 3, 4])
     _flip_data_byte(run, 3)
@@ -78,7 +78,7 @@ def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.Capture
                for c in doc["checkpoints"])
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
         (1, "committed"), (2, "committed"), (3, "committed"),  # the quick check reads no data: 3 looks fine
-        (4, "corrupt"), (5, "incomplete"), (6, "incomplete")]
+        (4, "corrupt"), (5, "incomplete"), (6, "damaged")]
     assert doc["latest_valid"] == 3
     assert "footer" in doc["checkpoints"][3]["error"]
     assert "MANIFEST" in doc["checkpoints"][5]["error"]

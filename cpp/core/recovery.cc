@@ -21,6 +21,7 @@ const char* CheckpointStateName(CheckpointState s) {
     case CheckpointState::kIncomplete: return "incomplete";
     case CheckpointState::kCorrupt: return "corrupt";
     case CheckpointState::kUnreadable: return "unreadable";
+    case CheckpointState::kDamaged: return "damaged";
   }
   return "unknown";
 }
@@ -166,8 +167,9 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
   Status s = ReadSmallFile(env, JoinPath(dir, kManifestName), kMaxManifestBytes, &text);
   if (!s.ok()) {
     if (s.code() == Code::kNotFound) {
-      info->state = CheckpointState::kIncomplete;
-      info->error = "no MANIFEST.json (never committed)";
+      info->state = CheckpointState::kDamaged;
+      info->error = "no MANIFEST.json: a step directory without its manifest (deleted, a copy still in progress, "
+                    "or an expiry a crash interrupted); never restored";
     } else {
       failed(s, "MANIFEST.json: " + s.message());
     }

@@ -2,9 +2,10 @@
 //
 // A checkpoint directory step-N/ is COMMITTED iff its MANIFEST.json parses and every shard it
 // names exists with the recorded size, a valid footer and an index whose CRC matches (the quick
-// check, reading only tails); with verify, every chunk's CRC32C is checked as well. Directories
-// named step-N.tmp are INCOMPLETE (in flight or abandoned) and never read. Anything else that
-// fails is CORRUPT, with a message naming the file and what was wrong. Nothing on disk is trusted:
+// check, reading only tails); with verify, every chunk's CRC32C is checked as well. A step-N/
+// without its manifest is DAMAGED. Attempt directories (step-N.tmp, step-N.aborted) are INCOMPLETE
+// (in flight, abandoned or aborted) and never read. Anything else that fails is CORRUPT, with a
+// message naming the file and what was wrong. Nothing on disk is trusted:
 // names in manifests must be plain rank-NNNNN.bin names (no paths), every size is bounds-checked.
 #pragma once
 
@@ -23,7 +24,10 @@ namespace alpsck {
 
 // kUnreadable: reading it failed for a reason that says nothing about its bytes (permission
 // denied, EIO, ESTALE, out of file descriptors): never used, never deleted by prune either.
-enum class CheckpointState { kCommitted, kIncomplete, kCorrupt, kUnreadable };
+// kDamaged: a step-N directory (committed by its name: only the commit rename makes one) whose
+// manifest is gone: deleted by hand, a copy still in progress, or an expiry that a crash undid
+// halfway. Never restored; reported, unlike an attempt (.tmp, .aborted), which is kIncomplete.
+enum class CheckpointState { kCommitted, kIncomplete, kCorrupt, kUnreadable, kDamaged };
 const char* CheckpointStateName(CheckpointState s);
 
 struct CheckpointInfo {

@@ -58,7 +58,7 @@ TEST(classifies_good_incomplete_and_corrupt) {
   TempDir d;
   REQUIRE(!MakeRun(d.path(), {10, 20, 30, 40, 50}).empty());
   // 20: bit flip in the data (found only by verify); 30: truncated; 40: manifest removed
-  // (never committed); plus an abandoned .tmp directory.
+  // (damaged: a step-N is committed by its name); plus an abandoned .tmp directory.
   REQUIRE(alpsck_test::FlipBit(Shard(d.path(), 20), 1000));
   REQUIRE(alpsck_test::Truncate(Shard(d.path(), 30), 4096));
   REQUIRE(::unlink(JoinPath(JoinPath(d.path(), StepDirName(40)), kManifestName).c_str()) == 0);
@@ -69,7 +69,8 @@ TEST(classifies_good_incomplete_and_corrupt) {
   CHECK(quick[0].state == CheckpointState::kCommitted);
   CHECK(quick[1].state == CheckpointState::kCommitted);  // data flip invisible without verify
   CHECK(quick[2].state == CheckpointState::kCorrupt);
-  CHECK(quick[3].state == CheckpointState::kIncomplete);
+  CHECK(quick[3].state == CheckpointState::kDamaged && quick[3].error.find("no MANIFEST.json") == 0);
+  CHECK_EQ(std::string(CheckpointStateName(quick[3].state)), std::string("damaged"));
   CHECK(quick[4].state == CheckpointState::kCommitted);
   CHECK(quick[5].state == CheckpointState::kIncomplete && quick[5].step == 60);
   CHECK_EQ(quick[0].extents, uint64_t{3});
