@@ -223,6 +223,30 @@ def test_numbers_out_of_range_name_the_key(tail: str, match: str) -> None:
         parse_config(GOOD + tail)
 
 
+@pytest.mark.parametrize(("slurm_line", "match"), [
+    # nonsense SLURM would refuse (#24): counts it cannot hold, a time limit of centuries
+    ("  nodes: 1000000000000000000000000000000\n", r"<config>:4: slurm\.nodes: 10+: more than SLURM can count"),
+    ("  gpus_per_node: 4294967296\n", r"slurm\.gpus_per_node: 4294967296: more than SLURM can count"),
+    ("  tasks_per_node: 4294967294\n", r"slurm\.tasks_per_node: 4294967294: more than SLURM can count"),
+])
+def test_slurm_counts_beyond_what_slurm_holds_name_the_key(slurm_line: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_config(GOOD.replace("slurm:\n", "slurm:\n" + slurm_line))
+
+
+def test_a_time_limit_of_centuries_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"slurm\.time: bad time '36500-00:00:00': more than 365 days"):
+        parse_config(GOOD.replace('time: "00:02:00"', "time: 36500-00:00:00"))
+    assert parse_config(GOOD.replace('time: "00:02:00"', "time: 365-00:00:00")).slurm.time_minutes == 365 * 1440
+
+
+def test_a_config_nested_10000_deep_is_one_error_naming_the_line_not_a_recursion_traceback() -> None:
+    for deep in ("x: " + "[" * 10_000 + "]" * 10_000 + "\n",
+                 "".join("  " * i + f"k{i}:\n" for i in range(200)) + "  " * 200 + "v: 1\n"):
+        with pytest.raises(ConfigError, match=r"<config>:\d+: lists and mappings nested deeper than 64 levels"):
+            parse_config(GOOD + deep)
+
+
 def test_the_thread_limit_is_the_engines_own(tmp_path: Path) -> None:
     """The config's limit is read from the engine, not restated: the largest value it accepts opens an
     engine, and one more is refused by both."""

@@ -32,6 +32,11 @@ _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account,
 _TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _ENTRY_FN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 _SIGNALS = ("USR1", "USR2")
+_MAX_TIME_MINUTES = 365 * 1440
+# SLURM keeps node, task and CPU counts as uint32 with 0xfffffffe/0xffffffff as "unset"/"infinite":
+# anything from there up is refused by sbatch, and far less already by any real cluster.
+_MAX_SLURM_COUNT = 2**32 - 3
+_MAX_YAML_DEPTH = 64  # nesting of lists and mappings a config may have (a job config needs 4)
 # sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
 # option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
 _CONTROLLED = {
@@ -73,6 +78,8 @@ def parse_time_minutes(text: str) -> float:
     total = d * 1440 + h * 60 + mi + s / 60
     if total <= 0:
         raise ValueError(f"bad time {text!r}: must be positive")
+    if total > _MAX_TIME_MINUTES:
+        raise ValueError(f"bad time {text!r}: more than 365 days")
     return total
 
 
@@ -153,6 +160,24 @@ _SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "environment": EnvironmentCo
                               "checkpoint": CheckpointConfig, "requeue": RequeueConfig}
 
 
+def _check_depth(text: str, source: str) -> None:
+    """ConfigError naming the line where lists and mappings nest deeper than _MAX_YAML_DEPTH. The
+    scanner is iterative; the composer and the constructors recurse (a RecursionError traceback)."""
+    depth = 0
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, (yaml.BlockMappingStartToken, yaml.BlockSequenceStartToken,
+                                  yaml.FlowMappingStartToken, yaml.FlowSequenceStartToken)):
+                depth += 1
+                if depth > _MAX_YAML_DEPTH:
+                    raise ConfigError(f"{source}:{token.start_mark.line + 1}: lists and mappings nested deeper than "
+                                      f"{_MAX_YAML_DEPTH} levels")
+            elif isinstance(token, (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)):
+                depth -= 1
+    except yaml.YAMLError:
+        return  # the composer reports it, with its line
+
+
 def _yaml_error(e: yaml.YAMLError, source: str, loc: _Loc | None = None) -> ConfigError:
     mark = getattr(e, "problem_mark", None)
     where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -179,6 +204,7 @@ class _Loc:
         self.lines: dict[str, int] = {}
         self.raw: dict[str, str] = {}  # scalars as written, before YAML resolved their type
         self._walked: set[int] = set()
+        _check_depth(text, source)  # before anything recursive reads it
         try:
             node = yaml.compose(text, Loader=yaml.SafeLoader)
         except yaml.YAMLError as e:
@@ -365,6 +391,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
             raise loc.err(f"slurm.{k}", "must be at least 1")
     if slurm.gpus_per_node < 0:
         raise loc.err("slurm.gpus_per_node", "must be 0 or more")
+    for k in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node"):
+        if getattr(slurm, k) > _MAX_SLURM_COUNT:
+            raise loc.err(f"slurm.{k}", f"{getattr(slurm, k)}: more than SLURM can count ({_MAX_SLURM_COUNT})")
     slurm.extra = {str(k): _extra_value(f"slurm.extra.{k}", k, v, loc) for k, v in slurm.extra.items()}
 
     if env.view is not None and env.uenv is None:
