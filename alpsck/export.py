@@ -57,7 +57,7 @@ import torch
 from . import tree
 from .durable import fsync_path
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
-from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir
+from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir, writer_lock
 from .options import DEFAULTS, SPECS
 from .options import problem as option_problem
 from .shards import DCP_META_FORMAT, CheckpointShards, shard_name
@@ -324,9 +324,10 @@ def _create_tmp(out: Path) -> tuple[BinaryIO, Path]:
                           "remove them; nothing was written")
 
 
-def _check_not_in_run(out: Path, run_dir: str) -> None:
+def _check_not_in_run(out: Path, run_dir: str) -> bool:
     """Refuse an OUT that is one of the run directory's own files or lies in one of its checkpoints
-    (``RUN/LATEST``, ``RUN/step-N/rank-00000.bin``, ...): replacing it would lose run state."""
+    (``RUN/LATEST``, ``RUN/step-N/rank-00000.bin``, ...): replacing it would lose run state. True
+    when OUT lies elsewhere in the run directory (export then writes there as its writer)."""
     real_run = Path(os.path.realpath(run_dir))
     real_out = Path(os.path.realpath(out.parent)) / out.name
     if real_out.is_relative_to(real_run):
@@ -334,6 +335,8 @@ def _check_not_in_run(out: Path, run_dir: str) -> None:
         if is_run_entry(first):
             raise UsageError(f"{out}: {first} belongs to the run directory {run_dir} (its checkpoints and their "
                              "bookkeeping), which export would overwrite; give a path outside them")
+        return True
+    return False
 
 
 def _check_out(out: Path) -> None:
@@ -371,7 +374,14 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     infos = scan_run_dir(run_dir)
-    _check_not_in_run(out_path, run_dir)
+    # Writing into the run directory makes export one of its writers: the one writer lock, held
+    # while it writes (RunDirLockedError naming a training that has it).
+    with writer_lock(run_dir) if _check_not_in_run(out_path, run_dir) else contextlib.nullcontext():
+        return _export(run_dir, infos, out_path, step, fmt, rank, threads, batch_bytes, subtree)
+
+
+def _export(run_dir: str, infos: list[dict[str, Any]], out_path: Path, step: int | None, fmt: str, rank: int,
+            threads: int, batch_bytes: int | None, subtree: str | None) -> dict[str, Any]:
     first = pick_checkpoint(infos, run_dir, step)
     if first["status"] != "committed":
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "

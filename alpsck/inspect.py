@@ -557,12 +557,12 @@ def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
 
 
 @contextlib.contextmanager
-def _writer_lock(run_dir: Path) -> Iterator[None]:
-    """Hold the run directory's writer lock while pruning: prune writes too, and one writer at a time
-    (RunDirLockedError naming the holder if a writer took it since lock_holder looked)."""
+def writer_lock(run_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the run directory's writer lock for the block (prune, an export into the run directory):
+    they write too, and one writer at a time (RunDirLockedError naming the holder)."""
     from .checkpointer import lock_run_dir
 
-    lock = lock_run_dir(run_dir, 0)
+    lock = lock_run_dir(Path(run_dir), 0)
     try:
         yield
     finally:
@@ -662,7 +662,7 @@ def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = Fa
     holder = lock_holder(path)
     if holder is not None:
         raise RunDirLockedError(f"not pruning {run_dir}: {holder}")
-    with contextlib.nullcontext() if dry_run else _writer_lock(path):
+    with contextlib.nullcontext() if dry_run else writer_lock(path):
         remove, warnings, kept = plan_prune(path, keep_last, verify)
         for w in warnings:
             print(f"alpsck: warning: {w}", file=sys.stderr)

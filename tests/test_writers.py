@@ -100,3 +100,19 @@ def test_a_lock_name_that_is_not_a_regular_file_is_refused_at_once_and_nothing_o
     assert not (tmp_path / "nowhere").exists()
     with pytest.raises(UsageError):
         _core.probe_lock(str(run))
+
+
+def test_an_export_into_the_run_dir_is_a_writer_and_waits_its_turn(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, keep_last=0) as ck:
+        ck.save(1, _state(1.0)).wait()
+        capsys.readouterr()
+        assert cli.main(["export", str(run), str(run / "weights.safetensors")]) == 2
+        assert "is being written by" in capsys.readouterr().err
+        assert not (run / "weights.safetensors").exists()
+        assert cli.main(["export", str(run), str(tmp_path / "weights.safetensors")]) == 0  # elsewhere: no lock
+    assert cli.main(["export", str(run), str(run / "weights.safetensors")]) == 0  # the writer is gone
+    assert (run / "weights.safetensors").is_file()
+    with alpsck.Checkpointer(run, keep_last=0) as ck:  # and export released the lock
+        ck.save(2, _state(2.0)).wait()
