@@ -1,0 +1,119 @@
+"""Hostile run directories: a symlink pointing out, or a FIFO, at each name alpsck uses, in turn.
+Every tool (save with retention, restore, prune, inspect --verify, export) must leave the files
+outside the run directory byte-identical, finish within 30 s (a FIFO opened for reading or writing
+would block forever), and never show a user a Python traceback. Written to find defects (#24)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import alpsck
+from alpsck import _core
+
+STEP = _core.step_dir_name
+
+# One process per case runs every tool in turn (torch is imported once), timing each; an error
+# the tools raise on purpose (AlpsckError) is a refusal, anything else escapes as a traceback.
+DRIVER = """
+import sys, time, torch, alpsck
+from alpsck import cli
+run, out = sys.argv[1], sys.argv[2]
+
+def save():
+    with alpsck.Checkpointer(run, keep_last=1, max_in_flight=1) as ck:
+        for step in (3, 4):
+            ck.save(step, {"w": torch.full((5000,), float(step))}).wait()
+
+def restore():
+    alpsck.restore_into(run, {"w": torch.zeros(5000)})
+
+tools = {"save": save, "restore": restore,
+         "inspect": lambda: cli.main(["inspect-checkpoints", run, "--verify"]),
+         "export": lambda: cli.main(["export", run, out]),
+         "prune": lambda: cli.main(["prune", run, "--keep-last", "1"])}
+for name, tool in tools.items():
+    t0 = time.monotonic()
+    try:
+        tool()
+    except alpsck.errors.AlpsckError as e:
+        print("refused:", name, e)
+    print(f"took {name} {time.monotonic() - t0:.1f}", flush=True)
+"""
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, keep_last=0) as ck:
+        for step in (1, 2):
+            ck.save(step, {"w": torch.full((5000,), float(step))}).wait()
+    return run
+
+
+def _outside(tmp_path: Path) -> Path:
+    out = tmp_path / "outside"
+    out.mkdir()
+    (out / "sentinel").write_text("keep me")
+    (out / "rank-00000.bin").write_bytes(b"not a shard" * 100)
+    (out / "MANIFEST.json").write_text('{"not": "a manifest"}')
+    return out
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _place(run: Path, name: str, kind: str, outside: Path) -> None:
+    target = run / name
+    if target.is_dir() and not target.is_symlink():
+        for f in target.iterdir():
+            f.unlink()
+        target.rmdir()
+    elif target.exists() or target.is_symlink():
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif name.endswith((".bin", ".json")) or name in ("LATEST", "LATEST.tmp", ".lock", "history.jsonl"):
+        target.symlink_to(outside / Path(name).name if (outside / Path(name).name).exists() else outside / "sentinel")
+    else:
+        target.symlink_to(outside)
+
+
+NAMES = [
+    STEP(2),                                   # the newest committed checkpoint (a link: read, never expired)
+    STEP(1),                                   # a committed checkpoint retention would expire
+    _core.tmp_dir_name(3),                     # the next save's attempt directory
+    STEP(2).replace("step-", "step-") + ".aborted",
+    "free-1-99-0",                             # a recycled directory a save would claim
+    "LATEST",
+    "LATEST.tmp",
+    ".lock",
+    f"{STEP(2)}/rank-00000.bin",               # a committed shard
+    f"{STEP(2)}/MANIFEST.json",
+]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+@pytest.mark.parametrize("name", NAMES)
+def test_no_tool_touches_anything_outside_or_hangs(tmp_path: Path, name: str, kind: str) -> None:
+    run = _run_dir(tmp_path)
+    outside = _outside(tmp_path)
+    _place(run, name, kind, outside)
+    before = _tree(outside)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    try:  # five tools, each bounded at 30 s below: a hang anywhere ends here
+        r = subprocess.run([sys.executable, "-c", DRIVER, str(run), str(tmp_path / "w.safetensors")],
+                           capture_output=True, text=True, timeout=150, env=env)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"a tool hung with a {kind} at {name}: {e.stdout!r}")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, f"a {kind} at {name}:\n{r.stdout}\n{r.stderr}"
+    took = {line.split()[1]: float(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("took ")}
+    assert set(took) == {"save", "restore", "inspect", "export", "prune"}, r.stdout
+    assert all(t < 30 for t in took.values()), took
+    assert _tree(outside) == before, f"a file outside the run directory changed ({kind} at {name}):\n{r.stdout}"
