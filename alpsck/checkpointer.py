@@ -76,7 +76,7 @@ from .errors import (
     UsageError,
 )
 from .handles import FutureMixin
-from .options import DEFAULTS, check_run_dir_arg, check_step
+from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
@@ -285,9 +285,7 @@ class Checkpointer:
         docstring).
         """
         check_step(step)
-        if not isinstance(state, Mapping):
-            raise UsageError(f"state must be a mapping of names to tensors, modules, optimizers and values, "
-                             f"not {type(state).__name__}")
+        check_state(state)
         self._reap()
         cap = tree.capture(state)
         self._check_restorable(step, state, cap.tree)
@@ -574,9 +572,7 @@ def restore_into(
     """
     check_run_dir_arg(run_dir)
     check_step(step, allow_none=True)
-    if not isinstance(state, MutableMapping):
-        raise UsageError(f"state must be a mapping of names to tensors, modules, optimizers and values, "
-                         f"not {type(state).__name__}")
+    check_state(state, mutable=True)
     if ranks is None and rank != 0:  # once the only way to pick a rank; alone, a process is rank 0 of 1
         raise UsageError(f"restore_into(rank={rank}) without ranks=: a process restoring alone is rank 0 of a "
                          "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "

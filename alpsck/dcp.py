@@ -102,6 +102,7 @@ from .dcp_json import (
     extent_name,
 )
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from .inspect import holds_run_state
 from .options import DEFAULTS, check_step
 from .options import check as check_option
 from .shards import UNUSABLE, shard_name
@@ -124,7 +125,7 @@ def _is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:
             return False
         if _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file():
             return True
-        return any(_core.parse_run_dir_name(n)[0] not in ("other", "lock") for n in os.listdir(path))
+        return holds_run_state(os.listdir(path))
     except (OSError, TypeError, ValueError):
         return False
 

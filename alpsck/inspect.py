@@ -39,7 +39,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -92,6 +92,12 @@ def is_run_entry(name: str) -> bool:
     return entry_kind(name) != "other"
 
 
+def holds_run_state(names: Iterable[str]) -> bool:
+    """Whether a directory with these entries is an alpsck run directory: any entry alpsck keeps,
+    except a writer lock alone (the torch.save baseline's directories have one)."""
+    return any(entry_kind(n) not in ("other", "lock") for n in names)
+
+
 def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     """The run directory as a Path, or a one-line AlpsckError saying why it is not usable.
 
@@ -115,7 +121,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         raise _denied(run_dir, "cannot list it") from None
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
-    if not any(entry_kind(n) not in ("other", "lock") for n in names):  # a writer lock alone (the baseline's) is not one
+    if not holds_run_state(names):
         baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
         hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "
                 "which these tools do not read: load them with alpsck.TorchSaveCheckpointer") if baseline else ""

@@ -7,6 +7,8 @@ so that a default is stated once and a value out of range is refused by name whe
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from . import _core
@@ -112,9 +114,14 @@ def check_step(step: Any, what: str = "step", allow_none: bool = False) -> None:
         raise UsageError(f"{what} must be {none}an integer between 0 and 2^63-1, not {step!r}")
 
 
+def check_state(state: Any, mutable: bool = False) -> None:
+    """Raise UsageError unless ``state`` is a mapping (a mutable one for a restore), naming its type."""
+    if not isinstance(state, MutableMapping if mutable else Mapping):
+        raise UsageError(f"state must be a mapping of names to tensors, modules, optimizers and values, "
+                         f"not {type(state).__name__}")
+
+
 def check_run_dir_arg(run_dir: Any) -> None:
     """Raise UsageError unless ``run_dir`` is a usable path: a non-empty str or os.PathLike."""
-    import os
-
     if not isinstance(run_dir, (str, os.PathLike)) or not os.fspath(run_dir):
         raise UsageError(f"run_dir must be a non-empty path, not {run_dir!r}")

@@ -110,16 +110,25 @@ Status AbortedStatus(Env* env, const Attempt& a) {
                                            (why.empty() ? std::string("(no reason recorded)") : why));
 }
 
+// "no shard from rank(s) 2, 5" for the ranks among [first, world_size) that `missing` names
+// (the list cut at about 200 characters); "" when there are none.
+template <typename Missing>
+std::string NoShardFrom(uint32_t first, uint32_t world_size, Missing missing) {
+  std::string which;
+  for (uint32_t r = first; r < world_size && which.size() < 200; ++r)
+    if (missing(r)) which += (which.empty() ? "" : ", ") + std::to_string(r);
+  return which.empty() ? "" : "no shard from rank(s) " + which;
+}
+
 // "; no shard from rank(s) 2, 5" for the ranks whose DONE record is not in the attempt's directory
 // (rank 0, the coordinator, publishes none: its own record stays with it).
 std::string MissingRanks(Env* env, const Attempt& a, uint32_t world_size) {
   std::vector<std::string> names;
   if (env->ListDir(a.tmp_dir(), &names) < 0) return "";
-  std::string which;
-  for (uint32_t r = 1; r < world_size && which.size() < 200; ++r)
-    if (std::find(names.begin(), names.end(), DoneRecordName(r)) == names.end())
-      which += (which.empty() ? "" : ", ") + std::to_string(r);
-  return which.empty() ? "" : "; no shard from rank(s) " + which;
+  const std::string which = NoShardFrom(1, world_size, [&](uint32_t r) {
+    return std::find(names.begin(), names.end(), DoneRecordName(r)) == names.end();
+  });
+  return which.empty() ? "" : "; " + which;
 }
 
 }  // namespace
@@ -247,10 +256,8 @@ Status WaitForShards(Env* env, const Attempt& a, uint32_t world_size, double tim
   });
   if (!failure.ok()) return failure;
   if (!finished) {
-    std::string which;
-    for (uint32_t r = 0; r < world_size && which.size() < 200; ++r)
-      if (!have[r]) which += (which.empty() ? "" : ", ") + std::to_string(r);
-    return Status::Error(Code::kAborted, "no shard from rank(s) " + which + " after " + Seconds(timeout_s) + " s");
+    return Status::Error(Code::kAborted, NoShardFrom(0, world_size, [&](uint32_t r) { return !have[r]; }) + " after " +
+                                             Seconds(timeout_s) + " s");
   }
   return Status::Ok();
 }

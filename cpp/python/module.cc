@@ -690,8 +690,6 @@ NB_MODULE(_core, m) {
       }, "run_dir"_a, "rank"_a = 0,
       "(held, owner): whether a live process holds rank's writer lock, and the owner it recorded ('' if "
       "none). Never blocks, never follows a symlink; a lock name that is not a regular file raises UsageError.");
-  m.def("describe_lock_owner", &DescribeLockOwner, "run_dir"_a, "owner_json"_a,
-        "'RUN_DIR is being written by job J (pid P) on host H' from an owner record.");
 
   nb::class_<PyReader>(m, "ShardReader")
       .def(nb::init<const FsPath&, bool>(), "path"_a, "direct"_a = true)

@@ -48,6 +48,16 @@ std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_
   return e;
 }
 
+// One snapshot save of extent "a", waited for: its final status (and result).
+Status SaveOne(Engine* e, uint64_t step, const std::vector<char>& a, SaveResult* r = nullptr) {
+  std::shared_ptr<SaveHandle> h;
+  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+  if (!s.ok()) return s;
+  h->Wait(-1);
+  if (r) *r = h->result();
+  return h->status();
+}
+
 // Every fdatasync sleeps delay_us first (and succeeds): saves stay in flight that long.
 void SlowFDataSync(FaultEnv* env, uint64_t delay_us) {
   FaultRule slow;
@@ -559,11 +569,9 @@ TEST(a_failed_fsync_after_the_commit_rename_fails_the_save_and_says_the_step_is_
   r.op = FaultRule::Op::kFSync;
   r.skip = 2;
   env.AddRule(r);
-  std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
-  REQUIRE(h->Wait(-1));
-  CHECK(h->status().code() == Code::kIoError);
-  CHECK(h->status().message().find("step 1 is committed, durability unconfirmed") != std::string::npos);
+  const Status s = SaveOne(e.get(), 1, a);
+  CHECK(s.code() == Code::kIoError);
+  CHECK(s.message().find("step 1 is committed, durability unconfirmed") != std::string::npos);
   CHECK(Exists(JoinPath(JoinPath(d.path(), StepDirName(1)), kManifestName)));
 }
 
@@ -619,15 +627,6 @@ std::map<std::string, std::string> Snapshot(const std::string& dir) {
     }
   }
   return out;
-}
-
-Status SaveOne(Engine* e, uint64_t step, const std::vector<char>& a, SaveResult* r = nullptr) {
-  std::shared_ptr<SaveHandle> h;
-  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
-  if (!s.ok()) return s;
-  h->Wait(-1);
-  if (r) *r = h->result();
-  return h->status();
 }
 
 }  // namespace
