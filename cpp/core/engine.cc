@@ -103,6 +103,8 @@ Status Engine::Init() {
   }
   if (d < 0) return Status::FromErrno(-d, "run directory " + dir);
   if (d == 0) return Status::Invalid("run directory " + dir + " exists but is not a directory");
+  // From here on, nothing below RUN_DIR is reached through a symlink (env.h).
+  confined_ = std::make_unique<ConfinedRoot>(env_, dir);
 
   // Probe: can this file system do O_DIRECT, and with which alignment? Also proves the
   // directory is writable before the first save.

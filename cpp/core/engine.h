@@ -237,6 +237,7 @@ class Engine {
 
   EngineOptions opts_;
   Env* env_;
+  std::unique_ptr<ConfinedRoot> confined_;  // from Init on: RUN_DIR is confined in env_
   uint64_t align_ = 4096;
   uint64_t chunk_bytes_ = 0;
   bool direct_io_ = true;

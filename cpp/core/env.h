@@ -15,9 +15,18 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace alpsck {
+
+// What fstat says of an open file, the fields alpsck decides on.
+struct FileStat {
+  uint64_t size = 0;
+  uint64_t nlink = 0;  // hard links: a file linked elsewhere too is never overwritten in place
+  uint64_t uid = 0;
+  uint32_t mode = 0;   // st_mode (type and permission bits)
+};
 
 struct DirectIoInfo {
   uint64_t mem_align = 0;     // required buffer alignment (0: unknown)
@@ -36,6 +45,7 @@ class Env {
   virtual int FAllocate(int fd, uint64_t len) = 0;  // -EOPNOTSUPP where the FS cannot
   virtual int FTruncate(int fd, uint64_t len) = 0;
   virtual int FileSize(int fd, uint64_t* size) = 0;
+  virtual int FStat(int fd, FileStat* st) = 0;
   virtual int DirectIo(int fd, DirectIoInfo* info) = 0;  // statx(STATX_DIOALIGN)
   virtual int Rename(const std::string& from, const std::string& to) = 0;
   virtual int Mkdir(const std::string& path) = 0;
@@ -49,8 +59,32 @@ class Env {
   // alpsck checks before it writes into or deletes in a directory of the run directory.
   virtual int IsRealDir(const std::string& path) = 0;
 
+  // Confinement (what keeps alpsck inside a run directory). Between Confine(root) and the matching
+  // Unconfine(root) (calls nest and count), every path strictly below `root` is resolved one
+  // component at a time from a descriptor of `root`, never following a symbolic link below it
+  // (openat/renameat/unlinkat/mkdirat with O_NOFOLLOW, O_DIRECTORY for every directory on the
+  // way): a symlink where alpsck expects its own entry fails with -ELOOP (or -ENOTDIR for another
+  // kind of file on the way), also when it was swapped in after a check. `root` itself is the
+  // user's path and may contain symlinks. The default does nothing (an Env without the *at calls).
+  virtual void Confine(const std::string& root) { (void)root; }
+  virtual void Unconfine(const std::string& root) { (void)root; }
+
   // The process-wide POSIX implementation.
   static Env* Default();
+};
+
+// Confines `root` in `env` for its lifetime (Env::Confine/Unconfine). Every writer of a run
+// directory holds one: the Engine, and each binding that changes a run directory on its own.
+class ConfinedRoot {
+ public:
+  ConfinedRoot(Env* env, std::string root) : env_(env), root_(std::move(root)) { env_->Confine(root_); }
+  ~ConfinedRoot() { env_->Unconfine(root_); }
+  ConfinedRoot(const ConfinedRoot&) = delete;
+  ConfinedRoot& operator=(const ConfinedRoot&) = delete;
+
+ private:
+  Env* env_;
+  std::string root_;
 };
 
 // What a FaultEnv does to the matching call.
@@ -84,9 +118,12 @@ class FaultEnv : public Env {
   int FAllocate(int fd, uint64_t len) override;
   int FTruncate(int fd, uint64_t len) override { return base_->FTruncate(fd, len); }
   int FileSize(int fd, uint64_t* size) override { return base_->FileSize(fd, size); }
+  int FStat(int fd, FileStat* st) override { return base_->FStat(fd, st); }
   int DirectIo(int fd, DirectIoInfo* info) override { return base_->DirectIo(fd, info); }
   int Rename(const std::string& from, const std::string& to) override;
   int Mkdir(const std::string& path) override;
+  void Confine(const std::string& root) override { base_->Confine(root); }
+  void Unconfine(const std::string& root) override { base_->Unconfine(root); }
   int Unlink(const std::string& path) override { return base_->Unlink(path); }
   int Rmdir(const std::string& path) override { return base_->Rmdir(path); }
   int ListDir(const std::string& path, std::vector<std::string>* names) override {

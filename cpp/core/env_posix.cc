@@ -1,21 +1,72 @@
-// The POSIX Env: one syscall per method, -errno on failure.
+// The POSIX Env: one syscall per method, -errno on failure; below a confined root (env.h), the
+// *at form of that syscall on a descriptor of the parent reached without following symlinks.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "env.h"
 
 namespace alpsck {
 namespace {
 
+// A descriptor closed at scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// openat for a directory below a confined root: a symlink there is -ELOOP (O_DIRECTORY alone
+// would say -ENOTDIR), so every caller can name it for what it is.
+int OpenDirNoFollow(int parent, const char* name, int flags) {
+  int fd = ::openat(parent, name, flags | O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) return fd;
+  int err = errno;
+  struct stat st;
+  if (err == ENOTDIR && ::fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) err = ELOOP;
+  return -err;
+}
+
+// A path split at a confined root: `parent` is a descriptor of the directory that holds `leaf`,
+// reached from the root without following a symlink. Unconfined paths keep parent AT_FDCWD and
+// the whole path as leaf, so every method is one *at call either way.
+struct Resolved {
+  Fd held;
+  int parent = AT_FDCWD;
+  std::string leaf;
+  bool confined = false;
+};
+
 class PosixEnv final : public Env {
  public:
   int Open(const std::string& path, int flags, mode_t mode) override {
-    int fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
+    if (r.confined && (flags & O_DIRECTORY)) return OpenDirNoFollow(r.parent, r.leaf.c_str(), flags & ~O_ACCMODE);
+    if (r.confined) flags |= O_NOFOLLOW;
+    int fd = ::openat(r.parent, r.leaf.c_str(), flags | O_CLOEXEC, mode);
     return fd >= 0 ? fd : -errno;
   }
   int Close(int fd) override { return ::close(fd) == 0 ? 0 : -errno; }
@@ -38,9 +89,18 @@ class PosixEnv final : public Env {
     return ::ftruncate(fd, static_cast<off_t>(len)) == 0 ? 0 : -errno;
   }
   int FileSize(int fd, uint64_t* size) override {
+    FileStat st;
+    if (int e = FStat(fd, &st)) return e;
+    *size = st.size;
+    return 0;
+  }
+  int FStat(int fd, FileStat* out) override {
     struct stat st;
     if (::fstat(fd, &st) != 0) return -errno;
-    *size = static_cast<uint64_t>(st.st_size);
+    out->size = static_cast<uint64_t>(st.st_size);
+    out->nlink = static_cast<uint64_t>(st.st_nlink);
+    out->uid = static_cast<uint64_t>(st.st_uid);
+    out->mode = static_cast<uint32_t>(st.st_mode);
     return 0;
   }
   int DirectIo(int fd, DirectIoInfo* info) override {
@@ -59,15 +119,39 @@ class PosixEnv final : public Env {
     return 0;
   }
   int Rename(const std::string& from, const std::string& to) override {
-    return ::rename(from.c_str(), to.c_str()) == 0 ? 0 : -errno;
+    Resolved a, b;
+    if (int e = Resolve(from, &a)) return e;
+    if (int e = Resolve(to, &b)) return e;
+    return ::renameat(a.parent, a.leaf.c_str(), b.parent, b.leaf.c_str()) == 0 ? 0 : -errno;
   }
-  int Mkdir(const std::string& path) override { return ::mkdir(path.c_str(), 0755) == 0 ? 0 : -errno; }
-  int Unlink(const std::string& path) override { return ::unlink(path.c_str()) == 0 ? 0 : -errno; }
-  int Rmdir(const std::string& path) override { return ::rmdir(path.c_str()) == 0 ? 0 : -errno; }
+  int Mkdir(const std::string& path) override {
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
+    return ::mkdirat(r.parent, r.leaf.c_str(), 0755) == 0 ? 0 : -errno;
+  }
+  int Unlink(const std::string& path) override {
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
+    return ::unlinkat(r.parent, r.leaf.c_str(), 0) == 0 ? 0 : -errno;
+  }
+  int Rmdir(const std::string& path) override {
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
+    return ::unlinkat(r.parent, r.leaf.c_str(), AT_REMOVEDIR) == 0 ? 0 : -errno;
+  }
   int ListDir(const std::string& path, std::vector<std::string>* names) override {
     names->clear();
-    DIR* d = ::opendir(path.c_str());
-    if (!d) return -errno;
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
+    int fd = r.confined ? OpenDirNoFollow(r.parent, r.leaf.c_str(), 0)
+                        : ::openat(r.parent, r.leaf.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return r.confined ? fd : -errno;
+    DIR* d = ::fdopendir(fd);
+    if (!d) {
+      int err = errno;
+      ::close(fd);
+      return -err;
+    }
     errno = 0;
     while (struct dirent* e = ::readdir(d)) {
       if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
@@ -78,15 +162,88 @@ class PosixEnv final : public Env {
     return err ? -err : 0;
   }
   int IsDir(const std::string& path) override {
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) return -errno;
+    if (::fstatat(r.parent, r.leaf.c_str(), &st, r.confined ? AT_SYMLINK_NOFOLLOW : 0) != 0) return -errno;
     return S_ISDIR(st.st_mode) ? 1 : 0;
   }
   int IsRealDir(const std::string& path) override {
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
     struct stat st;
-    if (::lstat(path.c_str(), &st) != 0) return -errno;
+    if (::fstatat(r.parent, r.leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
     return S_ISDIR(st.st_mode) ? 1 : 0;
   }
+
+  void Confine(const std::string& root) override {
+    std::lock_guard<std::mutex> l(mu_);
+    roots_.push_back(Trim(root));
+  }
+  void Unconfine(const std::string& root) override {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = std::find(roots_.begin(), roots_.end(), Trim(root));
+    if (it != roots_.end()) roots_.erase(it);
+  }
+
+ private:
+  static std::string Trim(std::string root) {
+    while (root.size() > 1 && root.back() == '/') root.pop_back();
+    return root;
+  }
+
+  // The longest confined root that `path` lies strictly below, or "" when none.
+  std::string RootOf(const std::string& path) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::string best;
+    for (const std::string& root : roots_) {
+      const size_t n = root == "/" ? 0 : root.size();
+      if (root.size() > best.size() && path.size() > n + 1 && path.compare(0, n, root, 0, n) == 0 && path[n] == '/')
+        best = root;
+    }
+    return best;
+  }
+
+  // Splits `path` (see Resolved). Below a root: walks every component but the last with
+  // O_DIRECTORY|O_NOFOLLOW, refusing "." and ".." (alpsck never makes such paths; anything that
+  // does is not walked past the root). 0 or -errno.
+  int Resolve(const std::string& path, Resolved* r) {
+    const std::string root = RootOf(path);
+    if (root.empty()) {
+      r->leaf = path;
+      return 0;
+    }
+    std::vector<std::string> parts;
+    size_t pos = root == "/" ? 1 : root.size() + 1;
+    while (pos <= path.size()) {
+      size_t next = path.find('/', pos);
+      if (next == std::string::npos) next = path.size();
+      if (next > pos) parts.push_back(path.substr(pos, next - pos));
+      pos = next + 1;
+    }
+    if (parts.empty()) {  // the root itself, written with trailing slashes
+      r->leaf = path;
+      return 0;
+    }
+    for (const std::string& p : parts)
+      if (p == "." || p == "..") return -EINVAL;
+    Fd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC));
+    if (dir.get() < 0) return -errno;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      const int fd = OpenDirNoFollow(dir.get(), parts[i].c_str(), 0);
+      if (fd < 0) return fd;
+      Fd next(fd);
+      dir = std::move(next);
+    }
+    r->parent = dir.get();
+    r->held = std::move(dir);
+    r->leaf = parts.back();
+    r->confined = true;
+    return 0;
+  }
+
+  std::mutex mu_;
+  std::vector<std::string> roots_;  // a multiset: Confine calls nest
 };
 
 }  // namespace

@@ -61,6 +61,9 @@ class RecordingEnv : public Env {
   int FAllocate(int fd, uint64_t len) override;
   int FTruncate(int fd, uint64_t len) override;
   int FileSize(int fd, uint64_t* size) override { return base_->FileSize(fd, size); }
+  int FStat(int fd, FileStat* st) override { return base_->FStat(fd, st); }
+  void Confine(const std::string& root) override { base_->Confine(root); }
+  void Unconfine(const std::string& root) override { base_->Unconfine(root); }
   int DirectIo(int fd, DirectIoInfo* info) override { return base_->DirectIo(fd, info); }
   int Rename(const std::string& from, const std::string& to) override;
   int Mkdir(const std::string& path) override;

@@ -1,6 +1,8 @@
 #include "file_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <vector>
@@ -20,27 +22,67 @@ std::string ParentDir(const std::string& path) {
   return path.substr(0, p);
 }
 
+namespace {
+
+std::string FileKind(uint32_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+int OpenOnce(Env* env, const std::string& path, int flags, bool want_direct, bool* direct) {
+  if (want_direct) {
+    int r = env->Open(path, flags | O_DIRECT, 0644);
+    if (r != -EINVAL) {
+      *direct = r >= 0;
+      return r;
+    }
+  }
+  *direct = false;
+  return env->Open(path, flags, 0644);
+}
+
+}  // namespace
+
 Status OpenMaybeDirect(Env* env, const std::string& path, int flags, bool want_direct, int* fd, bool* direct) {
-  // A file opened for writing is alpsck's own: never written through a symlink. (Reads may follow
-  // one: a checkpoint copied elsewhere and linked back still restores.)
-  if (flags & (O_WRONLY | O_RDWR)) flags |= O_NOFOLLOW;
+  const bool write = flags & (O_WRONLY | O_RDWR);
+  // A file opened for writing is alpsck's own: never written through a symlink, never a FIFO or
+  // a device (O_NONBLOCK: opening one must not hang), and never a file that is also linked
+  // somewhere else or belongs to someone else, since alpsck writes shards in place when it
+  // recycles a directory: such a name is unlinked and made afresh. O_TRUNC is applied only after
+  // those checks. (Reads may follow a symlink: a checkpoint copied elsewhere and linked back
+  // still restores.)
+  const bool trunc = flags & O_TRUNC;
+  if (write) flags = (flags & ~O_TRUNC) | O_NOFOLLOW | O_NONBLOCK;
   auto fail = [&](int r) {
     return r == -ELOOP ? Status::Invalid(path + " is a symbolic link: alpsck never writes through one")
                        : Status::FromErrno(-r, "open " + path);
   };
-  if (want_direct) {
-    int r = env->Open(path, flags | O_DIRECT, 0644);
-    if (r >= 0) {
-      *fd = r;
-      *direct = true;
-      return Status::Ok();
-    }
-    if (r != -EINVAL) return fail(r);
-  }
-  int r = env->Open(path, flags, 0644);
+  int r = OpenOnce(env, path, flags, want_direct, direct);
   if (r < 0) return fail(r);
+  if (write) {
+    FileStat st;
+    int e = env->FStat(r, &st);
+    if (e == 0 && !S_ISREG(st.mode)) {
+      env->Close(r);
+      return Status::Invalid(path + " is " + FileKind(st.mode) + ": alpsck writes only its own regular files");
+    }
+    if (e == 0 && (st.nlink > 1 || st.uid != static_cast<uint64_t>(::geteuid()))) {
+      env->Close(r);
+      e = env->Unlink(path);
+      if (e < 0) return Status::FromErrno(-e, path + " is linked elsewhere or not ours, and cannot be replaced");
+      r = OpenOnce(env, path, flags | O_CREAT | O_EXCL, want_direct, direct);
+      if (r < 0) return fail(r);
+      e = 0;
+    }
+    if (e < 0 || (trunc && (e = env->FTruncate(r, 0)) < 0)) {
+      env->Close(r);
+      return Status::FromErrno(-e, "open " + path);
+    }
+  }
   *fd = r;
-  *direct = false;
   return Status::Ok();
 }
 
@@ -89,9 +131,9 @@ Status SyncDir(Env* env, const std::string& dir) {
 }
 
 Status WriteFileSynced(Env* env, const std::string& path, const std::string& data) {
-  int fd = env->Open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK, 0644);
-  if (fd == -ELOOP) return Status::Invalid(path + " is a symbolic link: alpsck never writes through one");
-  if (fd < 0) return Status::FromErrno(-fd, "create " + path);
+  int fd = -1;
+  bool direct = false;
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_TRUNC, false, &fd, &direct));
   ScopedFd g(env, fd);
   ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, data.data(), data.size(), 0, path));
   int r = SyncFd(env, fd, false);

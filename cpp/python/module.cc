@@ -562,6 +562,7 @@ NB_MODULE(_core, m) {
           Status s;
           {
             nb::gil_scoped_release nogil;
+            ConfinedRoot confined(Env::Default(), run_dir);
             s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s, elapsed_s);
           }
           if (!s.ok()) RaiseStatus(s, true);
@@ -575,6 +576,7 @@ NB_MODULE(_core, m) {
           std::string warning;
           {
             nb::gil_scoped_release nogil;
+            ConfinedRoot confined(Env::Default(), run_dir);
             warning = RetainNewest(Env::Default(), run_dir, keep_last);
           }
           return Text(warning);

@@ -566,6 +566,9 @@ class ExpiryRaceEnv : public Env {
   int FAllocate(int fd, uint64_t len) override { return base_->FAllocate(fd, len); }
   int FTruncate(int fd, uint64_t len) override { return base_->FTruncate(fd, len); }
   int FileSize(int fd, uint64_t* size) override { return base_->FileSize(fd, size); }
+  int FStat(int fd, FileStat* st) override { return base_->FStat(fd, st); }
+  void Confine(const std::string& root) override { base_->Confine(root); }
+  void Unconfine(const std::string& root) override { base_->Unconfine(root); }
   int DirectIo(int fd, DirectIoInfo* info) override { return base_->DirectIo(fd, info); }
   int Mkdir(const std::string& path) override { return base_->Mkdir(path); }
   int Unlink(const std::string& path) override { return base_->Unlink(path); }
