@@ -1,6 +1,10 @@
 // Multi-rank checkpoints: one Engine per rank on a shared run directory, one commit for all
 // (coordinate.h). Ranks run as threads here; the protocol only meets through the file system,
 // so the same holds for processes on several nodes.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <map>
@@ -591,6 +595,48 @@ TEST(a_retirement_that_fails_on_rank_0_aborts_the_step_on_every_rank_and_the_ret
   std::vector<std::string> names;
   REQUIRE(Env::Default()->ListDir(d.path(), &names) == 0);
   for (const auto& n : names) CHECK(n.find(".tmp") == std::string::npos);  // no attempt left behind
+}
+
+// Several ranks in one recycled directory that someone tampered with: rank 0's shard hard-linked
+// to a file outside, rank 1's a symlink out. Nothing outside changes; rank 0 writes a new file,
+// rank 1 refuses and aborts the step for both (one verdict), the aborted attempt goes (the link
+// itself, never its target), the checkpoint before stays valid and the next step commits.
+TEST(ranks_in_a_tampered_recycled_directory_never_write_outside_and_agree) {
+  TempDir d, out;
+  const std::string linked = out.sub("linked.bin"), target = out.sub("target.bin");
+  const std::string keep = "outside bytes, not a shard";
+  for (const std::string& p : {linked, target}) {
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0 && ::write(fd, keep.data(), keep.size()) == static_cast<ssize_t>(keep.size()));
+    ::close(fd);
+  }
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2, nullptr, 1));
+  for (auto& x : e) REQUIRE(x);
+  for (uint64_t step : {1, 2})
+    for (const Status& s : SaveAll(e, step)) CHECK(s.ok());
+  const std::vector<std::string> free_dirs = FreeDirs(d.path());
+  REQUIRE(free_dirs.size() == 1u);
+  const std::string fd0 = JoinPath(JoinPath(d.path(), free_dirs[0]), ShardFileName(0));
+  const std::string fd1 = JoinPath(JoinPath(d.path(), free_dirs[0]), ShardFileName(1));
+  REQUIRE(::unlink(fd0.c_str()) == 0 && ::link(linked.c_str(), fd0.c_str()) == 0);
+  REQUIRE(::unlink(fd1.c_str()) == 0 && ::symlink(target.c_str(), fd1.c_str()) == 0);
+  auto st = SaveAll(e, 3);
+  CHECK(!st[0].ok() && !st[1].ok());
+  CHECK(st[1].message().find("symbolic link") != std::string::npos);
+  CHECK(st[0].code() == Code::kAborted);
+  for (const std::string& p : {linked, target}) {
+    std::string got;
+    REQUIRE(ReadSmallFile(Env::Default(), p, 1024, &got).ok());
+    CHECK_EQ(got, keep);
+  }
+  CHECK(!Exists(JoinPath(d.path(), StepDirName(3))));
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 2, r, Data(2, r)));
+  for (const Status& s : SaveAll(e, 4)) CHECK(s.ok());
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 4, r, Data(4, r)));
+  std::vector<std::string> left;
+  REQUIRE(Env::Default()->ListDir(d.path(), &left) == 0);
+  for (const auto& n : left) CHECK(n.rfind(StepDirName(3), 0) != 0);
 }
 
 TEST(rank_must_be_below_world_size) {
