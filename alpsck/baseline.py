@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alpsck import tree
-from alpsck.durable import fsync_path
+from alpsck.durable import fsync_path, open_own
 from alpsck.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -103,7 +103,7 @@ class TorchSaveCheckpointer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = lock_run_dir(self.run_dir, 0)
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(open_own(tmp), "wb") as f:
                 torch.save(payload, f)
                 f.flush()
                 os.fsync(f.fileno())

@@ -101,6 +101,7 @@ from .dcp_json import (
     encode_value,
     extent_name,
 )
+from .durable import read_small
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import holds_run_state
 from .options import DEFAULTS, check_step
@@ -381,8 +382,7 @@ class AlpsckStorageWriter(StorageWriter):
 
 
 def _read_small(path: Path, limit: int) -> bytes:
-    with open(path, "rb") as fh:
-        data = fh.read(limit + 1)
+    data = read_small(path, limit)
     if len(data) > limit:
         raise CorruptCheckpointError(f"{path}: larger than {limit} bytes")
     return data

@@ -1,15 +1,73 @@
-"""fsync by path: the Python side's one way to make a file's data or a directory's entries durable."""
+"""The Python side's file primitives for a run directory: fsync by path, and opening a file of
+alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
     """fsync the file or directory at ``path``; raises OSError if it cannot be opened or synced."""
-    fd = os.open(Path(path), os.O_RDONLY)
+    fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def open_own(path: str | os.PathLike[str], *, append: bool = False) -> int:
+    """Open ``path`` for writing as a file of alpsck's own and return the descriptor.
+
+    Never through a symlink (O_NOFOLLOW), never a FIFO or a device (O_NONBLOCK, then a type
+    check; OSError EINVAL names the kind), never a file hard-linked elsewhere or owned by someone
+    else: for a write from the start such a name is replaced by a new file (the other name keeps
+    its bytes); for an append (a log that must keep its lines) it is refused. Truncates only after
+    the checks."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if append else 0)
+    for attempt in range(2):
+        try:
+            fd = os.open(path, flags | (os.O_EXCL if attempt else 0), 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise OSError(errno.ELOOP, "a symbolic link: alpsck never writes through one", str(path)) from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file: alpsck writes only its own files", str(path))
+        if st.st_nlink == 1 and st.st_uid == os.geteuid():
+            if not append:
+                os.ftruncate(fd, 0)
+            return fd
+        os.close(fd)
+        if append:
+            raise OSError(errno.EPERM, "linked elsewhere too, or not ours: alpsck will not append to it", str(path))
+        os.unlink(path)
+    raise OSError(errno.EEXIST, "replaced while alpsck opened it", str(path))
+
+
+def read_small(path: str | os.PathLike[str], limit: int, *, tail: bool = False) -> bytes:
+    """The bytes of a small file of the run directory, at most ``limit + 1`` of them (a caller
+    that gets more knows the file is over its limit), or with ``tail`` its last ``limit`` bytes.
+    A FIFO or a device there is OSError EINVAL, never a hang (O_NONBLOCK, then a type check).
+    Symlinks are followed: reads may."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if tail:
+            os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
+        chunks, left = [], limit + (0 if tail else 1)
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        return b"".join(chunks)
     finally:
         os.close(fd)

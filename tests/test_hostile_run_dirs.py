@@ -1,7 +1,8 @@
-"""Hostile run directories: a symlink pointing out, or a FIFO, at each name alpsck uses, in turn.
-Every tool (save with retention, restore, prune, inspect --verify, export) must leave the files
-outside the run directory byte-identical, finish within 30 s (a FIFO opened for reading or writing
-would block forever), and never show a user a Python traceback. Written to find defects (#24)."""
+"""Hostile run directories: a symlink pointing out, a FIFO, or a hard link to a file outside, at
+each name alpsck uses, in turn. Every tool (save with retention, restore, the DCP writer and
+reader, the job log, inspect --verify, export, prune) must leave the files outside the run
+directory byte-identical, finish within 30 s (a FIFO opened for reading or writing would block
+forever), and never show a user a Python traceback. Written to find defects (#24)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ STEP = _core.step_dir_name
 # the tools raise on purpose (AlpsckError) is a refusal, anything else escapes as a traceback.
 DRIVER = """
 import sys, time, torch, alpsck
+import torch.distributed.checkpoint as dcp
 from alpsck import cli
+from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
+from alpsck.slurm import history
 run, out = sys.argv[1], sys.argv[2]
 
 def save():
@@ -33,7 +37,15 @@ def save():
 def restore():
     alpsck.restore_into(run, {"w": torch.zeros(5000)})
 
-tools = {"save": save, "restore": restore,
+def dcp_tool():
+    dcp.save({"w": torch.full((5000,), 5.0)}, storage_writer=AlpsckStorageWriter(run, step=5, keep_last=1))
+    dcp.load({"w": torch.zeros(5000)}, storage_reader=AlpsckStorageReader(run))
+
+def history_tool():
+    history.append(run, "running", job_id="1")
+    history.read(run)
+
+tools = {"save": save, "restore": restore, "dcp": dcp_tool, "history": history_tool,
          "inspect": lambda: cli.main(["inspect-checkpoints", run, "--verify"]),
          "export": lambda: cli.main(["export", run, out]),
          "prune": lambda: cli.main(["prune", run, "--keep-last", "1"])}
@@ -43,6 +55,9 @@ for name, tool in tools.items():
         tool()
     except alpsck.errors.AlpsckError as e:
         print("refused:", name, e)
+    except dcp.api.CheckpointException as e:  # DCP wraps what its storage raised, with a trace
+        assert all(isinstance(exc, alpsck.errors.AlpsckError) for exc, _ in e.failures.values()), e
+        print("refused:", name, *(exc for exc, _ in e.failures.values()))
     print(f"took {name} {time.monotonic() - t0:.1f}", flush=True)
 """
 
@@ -77,10 +92,13 @@ def _place(run: Path, name: str, kind: str, outside: Path) -> None:
     elif target.exists() or target.is_symlink():
         target.unlink()
     target.parent.mkdir(parents=True, exist_ok=True)
+    source = outside / Path(name).name if (outside / Path(name).name).exists() else outside / "sentinel"
     if kind == "fifo":
         os.mkfifo(target)
+    elif kind == "hardlink":  # a file alpsck writes in place (a recycled shard) or appends to
+        os.link(source, target)
     elif name.endswith((".bin", ".json")) or name in ("LATEST", "LATEST.tmp", ".lock", "history.jsonl"):
-        target.symlink_to(outside / Path(name).name if (outside / Path(name).name).exists() else outside / "sentinel")
+        target.symlink_to(source)
     else:
         target.symlink_to(outside)
 
@@ -95,25 +113,29 @@ NAMES = [
     "LATEST.tmp",
     ".lock",
     f"{STEP(2)}/rank-00000.bin",               # a committed shard
+    f"{STEP(1)}/rank-00000.bin",               # the shard of the checkpoint retention recycles in place
+    "free-1-99-0/rank-00000.bin",              # the shard of a recycled directory a save would claim
     f"{STEP(2)}/MANIFEST.json",
+    "history.jsonl",                           # the job's log (appended to)
 ]
+FILES = [n for n in NAMES if n.endswith((".bin", ".json", ".jsonl")) or n.startswith("LATEST")]
 
 
-@pytest.mark.parametrize("kind", ["symlink", "fifo"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "kind"), [(n, k) for n in NAMES for k in ("symlink", "fifo")]
+                         + [(n, "hardlink") for n in FILES])
 def test_no_tool_touches_anything_outside_or_hangs(tmp_path: Path, name: str, kind: str) -> None:
     run = _run_dir(tmp_path)
     outside = _outside(tmp_path)
     _place(run, name, kind, outside)
     before = _tree(outside)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    try:  # five tools, each bounded at 30 s below: a hang anywhere ends here
+    try:  # seven tools, each bounded at 30 s below: a hang anywhere ends here
         r = subprocess.run([sys.executable, "-c", DRIVER, str(run), str(tmp_path / "w.safetensors")],
-                           capture_output=True, text=True, timeout=150, env=env)
+                           capture_output=True, text=True, timeout=210, env=env)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"a tool hung with a {kind} at {name}: {e.stdout!r}")
     assert r.returncode == 0 and "Traceback" not in r.stderr, f"a {kind} at {name}:\n{r.stdout}\n{r.stderr}"
     took = {line.split()[1]: float(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("took ")}
-    assert set(took) == {"save", "restore", "inspect", "export", "prune"}, r.stdout
+    assert set(took) == {"save", "restore", "dcp", "history", "inspect", "export", "prune"}, r.stdout
     assert all(t < 30 for t in took.values()), took
     assert _tree(outside) == before, f"a file outside the run directory changed ({kind} at {name}):\n{r.stdout}"

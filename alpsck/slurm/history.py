@@ -15,15 +15,18 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from .. import _core
+from ..durable import open_own, read_small
 
 HISTORY = _core.run_dir_names["history"]  # the run directory's names belong to the core (run_dir.h)
 STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up", "timeout")
 # (timeout: SLURM ended the job at its time limit with no requeue recorded; see alpsck.slurm.watch.reconcile)
+MAX_BYTES = 1 << 28  # what read() takes of the log: ~1 million events
 
 
 def record(event: str, **fields: Any) -> dict[str, Any]:
@@ -40,16 +43,21 @@ def line(rec: dict[str, Any]) -> str:
 
 
 def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:
-    """Append one event (durably) and return it."""
+    """Append one event (durably) and return it. A log that cannot be written (a symlink or a
+    FIFO in its place, a full disk) is a warning on stderr, not the end of the job it records."""
     rec = record(event, **fields)
     data = (line(rec) + "\n").encode()
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
-    fd = os.open(Path(run_dir) / HISTORY, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    path = Path(run_dir) / HISTORY
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        fd = open_own(path, append=True)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        print(f"alpsck: warning: cannot record {event!r} in {path}: {e.strerror or e}", file=sys.stderr, flush=True)
     return rec
 
 
@@ -60,7 +68,11 @@ def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     events = []
-    for line in path.read_text(errors="replace").splitlines():
+    try:
+        text = read_small(path, MAX_BYTES).decode(errors="replace")
+    except OSError:
+        return []
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
         except (ValueError, RecursionError):

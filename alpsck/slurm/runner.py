@@ -53,6 +53,7 @@ import traceback
 from typing import Any
 
 from .. import _core
+from ..durable import open_own, read_small
 from ..errors import ConfigError, UsageError
 from . import history
 from .config import JobConfig
@@ -133,7 +134,7 @@ def _env_int(*names: str, default: int = 0) -> int:
 def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None) -> None:
     """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
     path = os.path.join(run_dir, DECISION_FILE)
-    with open(path + ".tmp", "w") as f:
+    with os.fdopen(open_own(path + ".tmp"), "w") as f:
         json.dump({"job_id": job_id, "restart": restart, "resume": resume, "give_up": give_up}, f)
     os.replace(path + ".tmp", path)
 
@@ -144,8 +145,7 @@ def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float) -> 
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with open(path) as f:
-                d = json.load(f)
+            d = json.loads(read_small(path, 1 << 16))
             if isinstance(d, dict) and d.get("job_id") == job_id and d.get("restart") == restart:
                 resume, give_up = d.get("resume"), d.get("give_up")
                 if (resume is None or isinstance(resume, int)) and (give_up is None or isinstance(give_up, str)):

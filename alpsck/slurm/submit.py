@@ -65,7 +65,10 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
         '    case "$verdict" in',
         '      preemption|timeout) scontrol requeue "$SLURM_JOB_ID" || event= ;;',
         "    esac",
-        f'    if [ -n "$event" ] && [ ! -L {hist} ]; then printf "%s\\n" "$event" >> {hist}; fi',
+        # Appended only to a regular file or none: never through a symlink, never into a FIFO (a hang).
+        f'    if [ -n "$event" ] && [ ! -L {hist} ] && {{ [ ! -e {hist} ] || [ -f {hist} ]; }}; then',
+        f'      printf "%s\\n" "$event" >> {hist}',
+        "    fi",
         "  fi",
         f"  rm -f {req}",
         "}",

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ..durable import read_small
 from . import history
 
 # History states in which the job is still supposed to exist.
@@ -32,10 +33,7 @@ def log_path(run_dir: str | os.PathLike[str], job_id: str) -> Path:
 def log_tail(path: Path, lines: int = 15) -> list[str]:
     """The last ``lines`` lines of a log ([] when there is none)."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 64 * 1024))
-            text = f.read().decode(errors="replace")
+        text = read_small(path, 64 * 1024, tail=True).decode(errors="replace")
     except OSError:
         return []
     return text.splitlines()[-lines:]
