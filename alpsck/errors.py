@@ -56,5 +56,10 @@ class UsageError(AlpsckError, ValueError):
     """An API was called with arguments it cannot accept (bad names, sizes, options)."""
 
 
+class StateTypeError(UsageError, TypeError):
+    """The state holds something alpsck cannot checkpoint: a value of an unknown type, a tensor of
+    another layout, device or dtype, a key that is not a string. The message names where."""
+
+
 class SlurmError(AlpsckError):
     """A SLURM command failed or SLURM is not reachable."""

@@ -58,8 +58,7 @@ from . import tree
 from .durable import fsync_path
 from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir, writer_lock
-from .options import DEFAULTS, SPECS
-from .options import problem as option_problem
+from .options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
 from .shards import DCP_META_FORMAT, CheckpointShards, shard_name
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
@@ -439,17 +438,6 @@ def _export_cmd(a: argparse.Namespace) -> int:
     return 0
 
 
-def _threads(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    why = option_problem("read_threads", n)
-    if why is not None:
-        raise argparse.ArgumentTypeError(why)
-    return n
-
-
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ex = sub.add_parser(
         "export", help="write a checkpoint's tensors as one safetensors or torch.save file",
@@ -458,12 +446,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "max(largest tensor, 64 MiB), for both formats. Written to OUT.tmp, fsync'ed, renamed.")
     ex.add_argument("run_dir")
     ex.add_argument("out")
-    ex.add_argument("--step", type=int, help="export this checkpoint (default: the newest valid one)")
+    ex.add_argument("--step", type=arg_step, help="export this checkpoint (default: the newest valid one)")
     ex.add_argument("--format", choices=FORMATS,
                     help="safetensors, or torch (loadable with torch.load(OUT, weights_only=True)); default from OUT's "
                          "suffix (.safetensors; .pt/.pth/.bin)")
-    ex.add_argument("--rank", type=int, default=0, help="shard to export (default 0)")
-    ex.add_argument("--threads", type=_threads, default=DEFAULTS["read_threads"],
+    ex.add_argument("--rank", type=arg_rank, default=0, help="shard to export (default 0)")
+    ex.add_argument("--threads", type=arg_option("read_threads"), default=DEFAULTS["read_threads"],
                     help=f"reader threads, {SPECS['read_threads']['min']}-{SPECS['read_threads']['max']} "
                          f"(default {DEFAULTS['read_threads']})")
     ex.add_argument("--subtree", metavar="KEY",

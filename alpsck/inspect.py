@@ -54,7 +54,7 @@ from .errors import (
     RunDirLockedError,
     UsageError,
 )
-from .options import DEFAULTS
+from .options import DEFAULTS, arg_int, arg_rank, arg_step
 from .shards import UNUSABLE, CheckpointShards
 
 _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
@@ -730,10 +730,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ins.add_argument("run_dir")
     ins.add_argument("--verify", action="store_true", help="re-read every byte and check every CRC (exit 1 on corruption)")
     ins.add_argument("--json", action="store_true", help="print one JSON document")
-    ins.add_argument("--step", type=int, help="describe checkpoint N: state summary (step, lr, RNG streams, data position)")
+    ins.add_argument("--step", type=arg_step, help="describe checkpoint N: state summary (step, lr, RNG streams, data position)")
     ins.add_argument("--tensors", action="store_true",
                      help="list the tensors (name, dtype, shape, bytes) of --step N (default: the newest valid checkpoint)")
-    ins.add_argument("--rank", type=int, default=0, help="shard to describe with --step/--tensors (default 0)")
+    ins.add_argument("--rank", type=arg_rank, default=0, help="shard to describe with --step/--tensors (default 0)")
     ins.set_defaults(func=_inspect_cmd)
 
     pr = sub.add_parser(
@@ -744,7 +744,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "kept for inspection; unreadable ones are never removed). Refuses while RUN_DIR/.lock names a live "
                     "process.")
     pr.add_argument("run_dir")
-    pr.add_argument("--keep-last", type=int, required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
+    pr.add_argument("--keep-last", type=arg_int(1), required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
     pr.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     pr.add_argument("--verify", action="store_true",
                     help="check every checkpoint's CRCs, not only those of the checkpoints kept (which are always "

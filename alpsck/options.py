@@ -7,8 +7,10 @@ so that a default is stated once and a value out of range is refused by name whe
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from . import _core
@@ -123,5 +125,66 @@ def check_state(state: Any, mutable: bool = False) -> None:
 
 def check_run_dir_arg(run_dir: Any) -> None:
     """Raise UsageError unless ``run_dir`` is a usable path: a non-empty str or os.PathLike."""
-    if not isinstance(run_dir, (str, os.PathLike)) or not os.fspath(run_dir):
-        raise UsageError(f"run_dir must be a non-empty path, not {run_dir!r}")
+    path = os.fspath(run_dir) if isinstance(run_dir, (str, os.PathLike)) else None
+    if not path or not isinstance(path, (str, bytes)) or ("\0" in path if isinstance(path, str) else b"\0" in path):
+        raise UsageError(f"run_dir must be a non-empty path without NUL bytes, not {run_dir!r}")
+
+
+# ------------------------------------------------------------------ command-line argument types
+# argparse `type=` callables: a value out of range is argparse's one-line error naming the option,
+# exit 2, before any work starts.
+
+MAX_RANK = 2**32 - 2  # ranks are uint32 on disk, below a world size of at most 2^32 - 1
+
+
+def arg_int(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """A whole number in [lo, hi] (hi None: no upper bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            raise argparse.ArgumentTypeError(f"{n} is out of range: " + (f"at least {lo}" if hi is None else f"{lo} to {hi}"))
+        return n
+
+    return parse
+
+
+def arg_real(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = False) -> Callable[[str], float]:
+    """A finite number between lo and hi (each end open or closed)."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        below = x <= lo if lo_open else x < lo
+        above = x >= hi if hi_open else x > hi
+        if not math.isfinite(x) or below or above:
+            raise argparse.ArgumentTypeError(f"{text} is out of range: {'(' if lo_open else '['}{lo:.4g}, {hi:.4g}"
+                                             f"{')' if hi_open else ']'}")
+        return x
+
+    return parse
+
+
+def arg_option(name: str) -> Callable[[str], int]:
+    """A whole number that engine option ``name`` accepts (its range from the core's table)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        why = problem(name, n)
+        if why is not None:
+            raise argparse.ArgumentTypeError(why)
+        return n
+
+    return parse
+
+
+arg_step = arg_int(0, MAX_STEP)
+arg_rank = arg_int(0, MAX_RANK)

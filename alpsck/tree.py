@@ -78,7 +78,9 @@ from torch import nn
 from alpsck.errors import (
     CorruptCheckpointError,
     StateMismatchError,
+    StateTypeError,
     UnsafeCheckpointError,
+    UsageError,
 )
 
 try:
@@ -188,11 +190,11 @@ class Captured:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """The tree name of a checkpointable tensor dtype; TypeError if it is not allowed."""
+    """The tree name of a checkpointable tensor dtype; StateTypeError if it is not allowed."""
     try:
         return _TENSOR_DTYPE_NAMES[dtype]
     except KeyError:
-        raise TypeError(f"tensor dtype {dtype} cannot be checkpointed") from None
+        raise StateTypeError(f"tensor dtype {dtype} cannot be checkpointed") from None
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -239,14 +241,17 @@ class _Encoder:
 
     def tensor(self, t: torch.Tensor, path: str) -> dict[str, Any]:
         if _is_dtensor(t):
-            raise TypeError(f"{path}: a DTensor (FSDP2 / tensor-parallel sharded state): save it per shard with "
+            raise StateTypeError(f"{path}: a DTensor (FSDP2 / tensor-parallel sharded state): save it per shard with "
                             "torch.distributed.checkpoint through alpsck.dcp.AlpsckStorageWriter, which also reshards "
                             "on load; the Checkpointer's tree holds plain (replicated or per-rank) tensors")
+        if t.is_nested:
+            raise StateTypeError(f"{path}: cannot checkpoint a nested tensor: save its components "
+                                 "(t.unbind()) or its values and offsets")
         if t.layout != torch.strided or t.is_quantized or t.device.type == "meta":
-            raise TypeError(f"{path}: cannot checkpoint a {t.layout} / {t.device.type} tensor")
+            raise StateTypeError(f"{path}: cannot checkpoint a {t.layout} / {t.device.type} tensor")
         name = _TENSOR_DTYPE_NAMES.get(t.dtype)
         if name is None:
-            raise TypeError(f"{path}: tensor dtype {t.dtype} cannot be checkpointed")
+            raise StateTypeError(f"{path}: tensor dtype {t.dtype} cannot be checkpointed")
         t = plain(t)
         key, n = path, 1
         while key in self.tensors:
@@ -257,7 +262,7 @@ class _Encoder:
 
     def value(self, v: Any, path: str, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
-            raise ValueError(f"{path}: nested more than {MAX_DEPTH} levels (a cycle?)")
+            raise UsageError(f"{path}: nested more than {MAX_DEPTH} levels (a cycle?)")
         if v is None or isinstance(v, bool):
             return v
         if isinstance(v, int):
@@ -292,11 +297,11 @@ class _Encoder:
             return self.value(v.item(), path, depth + 1)
         if np is not None and isinstance(v, np.ndarray):
             return self.value(v.tolist(), path, depth + 1)
-        raise TypeError(f"{path}: cannot checkpoint a value of type {type(v).__module__}.{type(v).__qualname__}")
+        raise StateTypeError(f"{path}: cannot checkpoint a value of type {type(v).__module__}.{type(v).__qualname__}")
 
 
 def capture(state: Mapping[str, Any]) -> Captured:
-    """Split ``state`` into live tensors and a JSON-safe tree. TypeError names an unsupported path.
+    """Split ``state`` into live tensors and a JSON-safe tree. StateTypeError names an unsupported path.
 
     Runs ``state_dict()`` of every stateful entry; call it between training steps on the thread
     that owns the state.
@@ -305,7 +310,7 @@ def capture(state: Mapping[str, Any]) -> Captured:
     entries: dict[str, Any] = {}
     for key, obj in state.items():
         if not isinstance(key, str) or not key:
-            raise TypeError(f"state keys must be non-empty str, got {key!r}")
+            raise StateTypeError(f"state keys must be non-empty str, got {key!r}")
         kind = _kind_of(obj)
         entry: dict[str, Any] = {"kind": kind}
         if kind == "module":

@@ -10,12 +10,14 @@ FileSystemWriter (:mod:`.ranks`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import jsonout
 from ..errors import AlpsckError
+from ..options import arg_int, arg_real
 
 if TYPE_CHECKING:  # imported lazily: it pulls in torch, and `alpsck --help` should stay quick
     from .overhead import OverheadConfig
@@ -29,6 +31,13 @@ def _ints(text: str) -> list[int]:
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return vals
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 def _methods(text: str) -> list[str]:
@@ -122,7 +131,8 @@ def bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b = sub.add_parser("bench", help="measure alpsck against torch.save, DCP, safetensors and the raw disk")
     b.add_argument("--dir", default=".", help="directory on the storage to measure (e.g. your Lustre scratch)")
-    b.add_argument("--size-gib", type=float, default=1.0, help="state size in GiB (default 1)")
+    b.add_argument("--size-gib", type=arg_real(0, _memory_gib()), default=1.0,
+                   help="state size in GiB, at most this machine's memory (default 1)")
     b.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     b.add_argument("--plot", metavar="PNG", help="also write a PNG chart (needs matplotlib)")
     b.add_argument("--full", action="store_true", help="sweep threads 2,4,8 x chunk 4,16 MiB x in-flight 1,2")
@@ -131,29 +141,32 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("--in-flight", type=_ints, help="max_in_flight values to try, e.g. 1,2")
     b.add_argument("--copy-threads", type=_ints, help="snapshot copy threads to try, e.g. 1,2")
     b.add_argument("--no-peers", action="store_true", help="skip torch.save, DCP and safetensors")
-    b.add_argument("--repeats", type=int, default=3, help="measured saves per method after one warm-up (median)")
-    b.add_argument("--iter-seconds", type=float, default=1.0, help="your iteration time, for the advice")
-    b.add_argument("--slowdown", type=float, default=0.03, help="tolerated training slowdown, for the advice")
-    b.add_argument("--mtbf-hours", type=float, default=24.0, help="mean time between failures, for Young/Daly")
+    b.add_argument("--repeats", type=arg_int(1, 1000), default=3, help="measured saves per method after one warm-up (median)")
+    b.add_argument("--iter-seconds", type=arg_real(0, 1e6), default=1.0, help="your iteration time, for the advice")
+    b.add_argument("--slowdown", type=arg_real(0, 1, hi_open=True), default=0.03,
+                   help="tolerated training slowdown, for the advice")
+    b.add_argument("--mtbf-hours", type=arg_real(0, 1e7), default=24.0, help="mean time between failures, for Young/Daly")
     o = b.add_argument_group("training overhead (--overhead)", "iterations/s of the reference Llama training with a "
                              "checkpoint every k iterations, against none; --dir, --json, --plot (overhead % vs k), "
                              "--in-flight (alpsck max_in_flight values) and --threads apply too")
     d = _overhead_defaults()
     o.add_argument("--overhead", action="store_true", help="run the training-overhead benchmark instead")
     o.add_argument("--ks", type=_ints, help=f"checkpoint intervals in iterations (default {','.join(map(str, d.ks))})")
-    o.add_argument("--iters", type=int, default=d.iters, help=f"timed iterations per configuration (default {d.iters})")
-    o.add_argument("--warmup", type=int, default=d.warmup, help=f"untimed iterations first (default {d.warmup})")
-    o.add_argument("--rounds", type=int, default=d.rounds,
+    o.add_argument("--iters", type=arg_int(1), default=d.iters, help=f"timed iterations per configuration (default {d.iters})")
+    o.add_argument("--warmup", type=arg_int(0), default=d.warmup, help=f"untimed iterations first (default {d.warmup})")
+    o.add_argument("--rounds", type=arg_int(1, 1000), default=d.rounds,
                    help="repeat the sweep, interleaved; each configuration reports its median round (default 1)")
     o.add_argument("--methods", type=_methods, help="alpsck,alpsck-overlap,torch,dcp-async (default alpsck,torch)")
-    o.add_argument("--model-dim", type=int, default=d.dim, help=f"model width (default {d.dim})")
-    o.add_argument("--model-layers", type=int, default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")
-    o.add_argument("--model-heads", type=int, default=d.n_heads, help=f"attention heads (default {d.n_heads})")
-    o.add_argument("--model-kv-heads", type=int, default=d.n_kv_heads, help="key/value heads (default: = heads)")
-    o.add_argument("--vocab-size", type=int, default=d.vocab_size, help=f"vocabulary (default {d.vocab_size})")
-    o.add_argument("--seq-len", type=int, default=d.sequence_length, help=f"tokens per sequence (default {d.sequence_length})")
-    o.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sequences per iteration (default {d.batch_size})")
-    o.add_argument("--seed", type=int, default=d.seed, help="model and data seed")
+    o.add_argument("--model-dim", type=arg_int(1), default=d.dim, help=f"model width (default {d.dim})")
+    o.add_argument("--model-layers", type=arg_int(1), default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")
+    o.add_argument("--model-heads", type=arg_int(1), default=d.n_heads, help=f"attention heads (default {d.n_heads})")
+    o.add_argument("--model-kv-heads", type=arg_int(1), default=d.n_kv_heads, help="key/value heads (default: = heads)")
+    o.add_argument("--vocab-size", type=arg_int(1), default=d.vocab_size, help=f"vocabulary (default {d.vocab_size})")
+    o.add_argument("--seq-len", type=arg_int(1), default=d.sequence_length,
+                   help=f"tokens per sequence (default {d.sequence_length})")
+    o.add_argument("--batch-size", type=arg_int(1), default=d.batch_size,
+                   help=f"sequences per iteration (default {d.batch_size})")
+    o.add_argument("--seed", type=arg_int(0, 2**64 - 1), default=d.seed, help="model and data seed")
     o.add_argument("--device", default=d.device, help="cpu, or cuda: train on the GPU and measure the pipelined "
                    "device-to-host snapshot against a plain pinned copy (default cpu)")
     r = b.add_argument_group("ranks (--ranks)", "aggregate torch.distributed.checkpoint save/load throughput of 1, 2, 4 "

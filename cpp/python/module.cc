@@ -62,7 +62,7 @@ struct type_caster<FsPath> {
     }
     value.bytes.assign(PyBytes_AS_STRING(b), static_cast<size_t>(PyBytes_GET_SIZE(b)));
     Py_DECREF(b);
-    return true;
+    return value.bytes.find('\0') == std::string::npos;  // a NUL would cut the path short in C
   }
   static handle from_cpp(const FsPath& p, rv_policy, cleanup_list*) noexcept {
     return PyUnicode_DecodeFSDefaultAndSize(p.bytes.data(), static_cast<Py_ssize_t>(p.bytes.size()));
@@ -541,8 +541,8 @@ NB_MODULE(_core, m) {
   m.def("tmp_dir_name", &TmpDirName, "step"_a, "attempt"_a = 0, "Where attempt K of a save of step N is written.");
   m.def("lock_file_name", &LockFileName, "rank"_a, "The writer lock of rank R in a run directory.");
   m.def("shard_file_name", &ShardFileName, "rank"_a, "rank-RRRRR.bin, rank R's shard in a checkpoint directory.");
-  m.def("parse_run_dir_name", [](const std::string& name) {
-        const RunDirEntry e = ParseRunDirName(name);
+  m.def("parse_run_dir_name", [](const FsPath& name) {
+        const RunDirEntry e = ParseRunDirName(name.bytes);
         return std::make_tuple(std::string(EntryKindName(e.kind)), e.step, e.attempt);
       }, "name"_a,
       "What an entry of a run directory is, from its name alone: (kind, step, attempt). kind is one of "
