@@ -149,7 +149,7 @@ Verdict ReadVerdict(Env* env, const Attempt& a, Status* why) {
 
 Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why, Status* why_out, bool* won) {
   const std::string tmp = a.tmp_dir(), aborted = a.aborted_dir();
-  if (env->IsRealDir(tmp) == 0) {
+  if (env->IsOwnDir(tmp) == 0) {
     // Not an attempt directory alpsck made (a symlink, say): never renamed nor written into. No
     // rank can have written there (PrepareDir refuses it), so this rank's reason is the verdict.
     if (won) *won = true;
@@ -193,7 +193,7 @@ Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why,
 
 void SawAbort(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size) {
   const std::string dir = a.aborted_dir();
-  if (env->IsRealDir(dir) != 1) return;  // gone (the others saw it all), or not ours to write in
+  if (env->IsOwnDir(dir) != 1) return;  // gone (the others saw it all), or not ours to write in
   int fd = env->Open(JoinPath(dir, SeenRecordName(rank)), O_WRONLY | O_CREAT, 0644);
   if (fd < 0) return;  // gone (the others saw it all) or unwritable: rank 0's next Open removes it
   env->Close(fd);

@@ -205,8 +205,8 @@ Status Engine::PrepareDir(Job* j) {
     int r = env_->Mkdir(j->tmp_dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
   }
-  if (env_->IsRealDir(j->tmp_dir) != 1)  // something else took the name: never write through it
-    return Status::Invalid(j->tmp_dir + " is a symbolic link or not a directory: alpsck will not write through it");
+  if (env_->IsOwnDir(j->tmp_dir) != 1)  // something else took the name: never write through it
+    return Status::Invalid(j->tmp_dir + " is a symbolic link, not a directory, or not ours: alpsck will not write through it");
   ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
   const uint64_t want = j->index.layout.data_padded + align_;
   int r = env_->FAllocate(j->fd, want);

@@ -108,7 +108,7 @@ void Engine::CommitterLoop() {
       for (uint32_t a = 0; s.ok() && a < j->attempt; ++a) {
         const Attempt old{opts_.run_dir, j->step, a};
         for (const std::string& d : {old.tmp_dir(), old.aborted_dir()})
-          if (env_->IsRealDir(d) == 1) RemoveDirFiles(env_, d);
+          if (env_->IsOwnDir(d) == 1) RemoveDirFiles(env_, d);
       }
     } else {
       s = WaitForCommit(env_, j->at, opts_.rank, opts_.world_size, opts_.commit_timeout_s);

@@ -55,9 +55,11 @@ class Env {
   virtual int ListDir(const std::string& path, std::vector<std::string>* names) = 0;
   // 1 if path is a directory, 0 if something else exists there, -errno otherwise.
   virtual int IsDir(const std::string& path) = 0;
-  // The same without following a symlink at path (lstat): a symlink to a directory is 0. What
-  // alpsck checks before it writes into or deletes in a directory of the run directory.
-  virtual int IsRealDir(const std::string& path) = 0;
+  // 1 only for a directory (not a symlink to one: lstat) owned by this process's effective user;
+  // 0 if something else exists there. What alpsck checks before it writes into, recycles or
+  // deletes in a directory of the run directory: another user's directory in a shared run
+  // directory is never alpsck's to touch.
+  virtual int IsOwnDir(const std::string& path) = 0;
 
   // Confinement (what keeps alpsck inside a run directory). Between Confine(root) and the matching
   // Unconfine(root) (calls nest and count), every path strictly below `root` is resolved one
@@ -130,7 +132,7 @@ class FaultEnv : public Env {
     return base_->ListDir(path, names);
   }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
-  int IsRealDir(const std::string& path) override { return base_->IsRealDir(path); }
+  int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
 
  private:
   // 0: no fault; >0: errno to return; -1: short transfer.

@@ -168,12 +168,12 @@ class PosixEnv final : public Env {
     if (::fstatat(r.parent, r.leaf.c_str(), &st, r.confined ? AT_SYMLINK_NOFOLLOW : 0) != 0) return -errno;
     return S_ISDIR(st.st_mode) ? 1 : 0;
   }
-  int IsRealDir(const std::string& path) override {
+  int IsOwnDir(const std::string& path) override {
     Resolved r;
     if (int e = Resolve(path, &r)) return e;
     struct stat st;
     if (::fstatat(r.parent, r.leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
-    return S_ISDIR(st.st_mode) ? 1 : 0;
+    return S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() ? 1 : 0;
   }
 
   void Confine(const std::string& root) override {

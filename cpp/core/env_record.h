@@ -73,7 +73,7 @@ class RecordingEnv : public Env {
     return base_->ListDir(path, names);
   }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
-  int IsRealDir(const std::string& path) override { return base_->IsRealDir(path); }
+  int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
 
  private:
   Env* base_;

@@ -169,9 +169,9 @@ Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std:
 }
 
 Status RemoveDirFiles(Env* env, const std::string& dir) {
-  const int real = env->IsRealDir(dir);
+  const int real = env->IsOwnDir(dir);
   if (real == -ENOENT) return Status::Ok();
-  if (real == 0) return Status::Invalid(dir + " is a symbolic link or not a directory: left alone");
+  if (real == 0) return Status::Invalid(dir + " is a symbolic link, not a directory, or not ours: left alone");
   std::vector<std::string> names;
   int r = env->ListDir(dir, &names);
   if (r < 0) return Status::FromErrno(-r, "list " + dir);

@@ -190,7 +190,7 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
   for (const std::string& n : names) {
     uint64_t step = 0;
     const std::string p = JoinPath(run_dir, n);
-    const bool real = env->IsRealDir(p) == 1;  // a symlinked checkpoint is never expired nor recycled
+    const bool real = env->IsOwnDir(p) == 1;  // a symlinked or foreign checkpoint is never expired nor recycled
     if (ParseStepDirName(n, &step) && real && env->IsDir(JoinPath(p, kManifestName)) >= 0)
       committed.push_back(step);
     else if (IsClaimableFreeDir(n) && real)
@@ -240,7 +240,7 @@ bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_d
   if (env->ListDir(run_dir, &names) < 0) return false;
   std::sort(names.begin(), names.end());
   for (const std::string& n : names) {
-    if (!IsClaimableFreeDir(n) || env->IsRealDir(JoinPath(run_dir, n)) != 1) continue;
+    if (!IsClaimableFreeDir(n) || env->IsOwnDir(JoinPath(run_dir, n)) != 1) continue;
     // Atomic: fails with ENOTEMPTY/EEXIST once another rank has made tmp_dir hold anything (that
     // rank's claim, or a shard it created), and with ENOENT if another rank took this one.
     const int r = env->Rename(JoinPath(run_dir, n), tmp_dir);
@@ -259,7 +259,7 @@ void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint3
     const std::string p = JoinPath(run_dir, n);
     if ((kind != EntryKind::kAttempt && kind != EntryKind::kAborted && kind != EntryKind::kFree &&
          kind != EntryKind::kFreePending) ||
-        env->IsRealDir(p) != 1)  // a symlink or anything else at such a name: left alone
+        env->IsOwnDir(p) != 1)  // a symlink or anything else at such a name: left alone
       continue;
     if (kind != EntryKind::kFree || kept.size() >= keep_free) {
       RemoveDirFiles(env, p);

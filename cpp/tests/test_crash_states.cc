@@ -575,7 +575,7 @@ class ExpiryRaceEnv : public Env {
   int Rmdir(const std::string& path) override { return base_->Rmdir(path); }
   int ListDir(const std::string& path, std::vector<std::string>* names) override { return base_->ListDir(path, names); }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
-  int IsRealDir(const std::string& path) override { return base_->IsRealDir(path); }
+  int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
 
  private:
   Env* base_;

@@ -618,7 +618,7 @@ std::map<std::string, std::string> Snapshot(const std::string& dir) {
   if (Env::Default()->ListDir(dir, &names) != 0) return out;
   for (const auto& n : names) {
     const std::string p = JoinPath(dir, n);
-    if (Env::Default()->IsRealDir(p) == 1) {
+    if (Env::Default()->IsOwnDir(p) == 1) {
       for (const auto& [k, v] : Snapshot(p)) out[n + "/" + k] = v;
     } else {
       std::string text;
@@ -669,7 +669,7 @@ TEST(symlinks_in_the_run_dir_are_never_written_or_deleted_through) {
   for (uint64_t step : {4, 5, 6}) REQUIRE(SaveOne(e.get(), step, a).ok());
   e.reset();
   CHECK(Snapshot(copy) == copy_before);
-  CHECK(Env::Default()->IsRealDir(JoinPath(run, StepDirName(3))) == 0);  // still the link
+  CHECK(Env::Default()->IsOwnDir(JoinPath(run, StepDirName(3))) == 0);  // still the link
   std::vector<CheckpointInfo> infos;
   REQUIRE(ScanRunDir(Env::Default(), run, true, 2, &infos).ok());
   bool linked_ok = false;
@@ -681,7 +681,7 @@ TEST(symlinks_in_the_run_dir_are_never_written_or_deleted_through) {
   REQUIRE(SaveOne(e.get(), 7, a).ok());
   e.reset();
   CHECK(Snapshot(outside) == before);
-  CHECK(Env::Default()->IsRealDir(JoinPath(run, "free-9-1-0")) == 0);
+  CHECK(Env::Default()->IsOwnDir(JoinPath(run, "free-9-1-0")) == 0);
   // A shard name in the attempt directory that links out: the write is refused, never done through it.
   const std::string tmp = JoinPath(run, TmpDirName(8));
   REQUIRE(::mkdir(tmp.c_str(), 0755) == 0);

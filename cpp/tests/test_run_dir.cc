@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -142,6 +143,37 @@ TEST(the_writer_lock_never_follows_a_symlink_nor_opens_a_fifo_or_directory) {
     CHECK(::access((d.path() + "/nowhere").c_str(), F_OK) != 0);  // a dangling link was not created through
     if (::unlink(lock.c_str()) != 0) ::rmdir(lock.c_str());
   }
+}
+
+// Retention and tidying touch only directories of this process's user: in a shared (group
+// writable) run directory, another user's free-K is never claimed and another user's leftover
+// attempt never emptied. Needs a directory owned by someone else: as root (CI), one is chowned to
+// nobody; otherwise "/" stands in for it.
+TEST(directories_of_another_user_are_never_claimed_nor_emptied) {
+  alpsck_test::TempDir d;
+  Env* env = Env::Default();
+  CHECK_EQ(env->IsOwnDir(d.path()), 1);
+  if (::geteuid() != 0) {
+    std::fprintf(stderr, "not root: no foreign directory can be made here; checking / instead\n");
+    CHECK_EQ(env->IsOwnDir("/"), 0);
+    return;
+  }
+  const std::string free_dir = d.sub(FreeDirName(1, 99, 0)), tmp = d.sub(TmpDirName(5, 0));
+  const std::string attempt = d.sub(TmpDirName(3, 0));
+  for (const std::string& p : {free_dir, attempt}) {
+    REQUIRE(::mkdir(p.c_str(), 0777) == 0);
+    REQUIRE(WriteFileSynced(env, JoinPath(p, ShardFileName(0)), "theirs").ok());
+    REQUIRE(::chown(p.c_str(), 65534, 65534) == 0);
+  }
+  CHECK_EQ(env->IsOwnDir(free_dir), 0);
+  CHECK(!ClaimFreeDir(env, d.path(), tmp));
+  CHECK(alpsck_test::Exists(JoinPath(free_dir, ShardFileName(0))));
+  CHECK(!RemoveDirFiles(env, attempt).ok());
+  TidyRunDir(env, d.path(), 1, 2);
+  CHECK(alpsck_test::Exists(JoinPath(attempt, ShardFileName(0))));
+  CHECK(alpsck_test::Exists(JoinPath(free_dir, ShardFileName(0))));
+  REQUIRE(::chown(free_dir.c_str(), 0, 0) == 0);  // the same directory, ours: claimed
+  CHECK(ClaimFreeDir(env, d.path(), tmp));
 }
 
 ALPSCK_TEST_MAIN()
