@@ -352,11 +352,11 @@ def test_restore_skips_a_checkpoint_one_rank_cannot_read_on_every_rank(tmp_path:
 
 def test_a_rank_whose_restore_fails_otherwise_stops_every_rank(tmp_path: Path) -> None:
     """Rank 1's state does not fit the checkpoint (StateMismatchError), or cannot be captured at all
-    (TypeError): rank 1 raises its error, rank 0 a CheckpointError naming rank 1; neither restores
+    (StateTypeError): rank 1 raises its error, rank 0 a CheckpointError naming rank 1; neither restores
     alone, nor waits for the other."""
     run = tmp_path / "run"
     _outputs(_launch(tmp_path, 2, "save", str(run)))
-    for variant, error, says in (("mismatch", "StateMismatchError", "local"), ("unsupported", "TypeError", "handle")):
+    for variant, error, says in (("mismatch", "StateMismatchError", "local"), ("unsupported", "StateTypeError", "handle")):
         start = time.monotonic()
         outs = _outputs(_launch(tmp_path, 2, "restore-or-fail", str(run), variant, env={"GLOO_TIMEOUT_S": "20"}))
         assert time.monotonic() - start < 60, f"{variant}: restore waited for the gloo timeout"
@@ -366,7 +366,7 @@ def test_a_rank_whose_restore_fails_otherwise_stops_every_rank(tmp_path: Path) -
         assert "step 3 failed on rank 1" in results[0]["message"], results[0]
     # With no checkpoint to try, too: rank 0 does not go on as if nothing were wrong while rank 1 raises.
     results = _restore_results(tmp_path, tmp_path / "empty", "unsupported")
-    assert results[1].get("error") == "TypeError" and results[0].get("error") == "CheckpointError", results
+    assert results[1].get("error") == "StateTypeError" and results[0].get("error") == "CheckpointError", results
     assert "rank 1 cannot restore into its state" in str(results[0]["message"]), results
 
 

@@ -26,7 +26,10 @@ from alpsck.errors import CheckpointIOError
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """Run the real ``alpsck`` command line in-process: (exit code, stdout, stderr)."""
     capsys.readouterr()
-    rc = cli.main(list(argv))
+    try:
+        rc = cli.main(list(argv))
+    except SystemExit as e:  # argparse refused an argument (exit 2, its message on stderr)
+        rc = int(e.code or 0)
     out = capsys.readouterr()
     return rc, out.out, out.err
 
