@@ -439,7 +439,56 @@ class Checkpointer:
         restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
+        try:
+            self.prepare(state)
+        except Exception as e:  # only a head start is lost: the first save sizes its memory itself
+            warnings.warn(f"{self.run_dir}: staging memory not prepared ahead of the first save: {e}", RuntimeWarning,
+                          stacklevel=2)
         return restored
+
+    def prepare(self, state: Mapping[str, Any]) -> None:
+        """Size and fault in the staging memory for saves of ``state``, on a background thread.
+
+        Returns at once. Without it the first ``save()`` of a process allocates and faults its
+        staging memory while training waits (16-26x the stall of the saves after it). ``restore()``
+        calls it, so a training that restores first needs nothing more; call it after building the
+        state when you do not restore, and again when the state grew or shrank a lot. An optimizer
+        that has no state yet (before its first step) is counted at what its state will be (Adam:
+        two tensors per parameter). With ``staging_bytes`` set it does nothing.
+        """
+        check_state(state)
+        cap = tree.capture(state)
+        owners = self._owners_of(cap.tensors)
+        sizes = [t.numel() * t.element_size() for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
+        sizes += _optimizer_state_to_come(state)
+        self.engine.prepare(sizes)
+
+
+# Tensors per parameter of each optimizer's state (torch.optim's, after its first step), by class
+# name; an optimizer not listed counts as 2 (Adam's), over- rather than under-sized.
+_STATE_TENSORS_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2,
+                            "Rprop": 2, "Adagrad": 1, "RMSprop": 1, "ASGD": 2, "SparseAdam": 2}
+
+
+def _optimizer_state_to_come(state: Mapping[str, Any]) -> list[int]:
+    """Byte sizes of the state tensors that each optimizer of ``state`` with no state yet will
+    create at its first step (plain SGD none; a momentum buffer, Adam's two moments per parameter)."""
+    sizes: list[int] = []
+    for obj in state.values():
+        if not isinstance(obj, torch.optim.Optimizer) or obj.state:
+            continue
+        name = type(obj).__name__
+        for group in obj.param_groups:
+            k = _STATE_TENSORS_PER_PARAM.get(name, 2)
+            if name == "SGD" and not group.get("momentum"):
+                k = 0
+            if name == "RMSprop":
+                k += bool(group.get("momentum")) + bool(group.get("centered"))
+            params = [p for p in group["params"] if p.requires_grad]
+            sizes += [p.numel() * p.element_size() for p in params for _ in range(k)]
+            if name != "SGD":  # and a 0-d float32 step count per parameter
+                sizes += [4] * len(params)
+    return sizes
 
 
 def read_checkpoint(

@@ -219,3 +219,62 @@ def test_saves_without_an_optimizer_step_between_them_do_not_pile_up(tmp_path: P
         assert all(r() is None for r in seen)  # nothing of a finished snapshot stays alive
         _train(m, opt)  # the hook has nothing left to wait for
     _assert_restores_to(tmp_path, want, 40)
+
+
+def _wait_for_slots(ck: alpsck.Checkpointer, timeout: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout
+    while ck.engine.staging_slots == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ck.engine.staging_slots
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "sgd-momentum", "none"])
+def test_restore_prepares_the_staging_pool_the_saves_will_use(tmp_path: Path, optimizer: str) -> None:
+    """restore() sizes the staging pool in the background for the saves to come, counting the state
+    an optimizer will have after its first step: the first save (after that step) then finds its
+    memory ready and neither allocates nor grows it (issue #25's first-save penalty)."""
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 256))
+    opts: dict[str, Any] = {"adamw": lambda p: torch.optim.AdamW(p), "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+                            "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)}
+    state: dict[str, Any] = {"model": model}
+    if optimizer in opts:
+        state["optimizer"] = opts[optimizer](model.parameters())
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=64 << 10, threads=2, max_in_flight=2) as ck:
+        assert ck.restore(state) is None
+        prepared = _wait_for_slots(ck)
+        assert prepared > 0
+        if "optimizer" in state:
+            model(torch.randn(4, 512)).sum().backward()
+            state["optimizer"].step()
+        ck.save(1, state).wait()
+        assert ck.engine.staging_slots == prepared  # the first save used the prepared pool as it was
+        ck.save(2, state).wait()
+        assert ck.engine.staging_slots == prepared
+
+
+def test_prepare_grows_and_shrinks_the_pool_with_the_state(tmp_path: Path) -> None:
+    from alpsck import _core
+
+    def extents(n: int) -> list[tuple[str, torch.Tensor]]:
+        return [("w", torch.ones(n, dtype=torch.uint8))]
+
+    def settled(engine: _core.Engine, want: int) -> int:
+        deadline = time.monotonic() + 30
+        while engine.staging_slots != want and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return engine.staging_slots
+
+    engine = _core.Engine(str(tmp_path), chunk_bytes=1 << 20, threads=2, max_in_flight=1, keep_last=0)
+    try:
+        engine.save(1, extents(1 << 20)).wait()  # 1 MiB: one chunk, plus one slot per writer
+        first = engine.staging_slots
+        assert first == 1 + 2
+        engine.prepare([16 << 20])  # 16 MiB to come: grown in the background
+        assert settled(engine, 16 + 2) == 16 + 2
+        engine.save(2, extents(16 << 20)).wait()
+        assert engine.staging_slots == 16 + 2  # the save found it ready
+        engine.prepare([1 << 20])  # smaller again: the grown mapping goes; the first always stays
+        assert settled(engine, first) == first
+        engine.save(3, extents(1 << 20)).wait()
+    finally:
+        engine.close()

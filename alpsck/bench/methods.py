@@ -62,6 +62,7 @@ class AlpsckMethod(Method):
         # overwrites them in place, alpsck's steady state. The two warm-up saves get it there.
         self.ck = Checkpointer(directory, threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=max_in_flight,
                                keep_last=1, copy_threads=copy_threads)
+        self.ck.restore(state)  # as a training starts: no checkpoint yet (and the staging memory is prepared)
         self.warmups = 2
         self.urgent = urgent
         self.name = (f"alpsck t={threads} c={chunk_mib}M f={max_in_flight} cp={self.ck.engine.copy_threads}"

@@ -174,7 +174,11 @@ void Engine::Close() {
   }
   c_cv_.notify_all();
   if (committer_.joinable()) committer_.join();
-  pool_.Close();
+  pool_.Close();  // also ends a Prepare still faulting the pool in
+  {
+    std::lock_guard<std::mutex> l(prepare_mu_);
+    if (preparer_.joinable()) preparer_.join();
+  }
 }
 
 void Engine::WaitAll() {

@@ -19,10 +19,45 @@ namespace alpsck {
 
 // ---------------------------------------------------------------- the save modes (engine.h)
 
+uint64_t Engine::SlotsFor(const ShardLayout& layout) const {
+  return std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
+}
+
+void Engine::Prepare(const std::vector<uint64_t>& sizes) {
+  if (opts_.staging_bytes) return;  // a fixed pool, made at Open
+  std::vector<std::pair<std::string, uint64_t>> named;
+  named.reserve(sizes.size());
+  for (uint64_t n : sizes) named.emplace_back("x" + std::to_string(named.size()), n);  // names only index
+  ShardLayout layout;
+  if (!PlanLayout(named, align_, chunk_bytes_, kDefaultPackAlign, &layout).ok()) return;
+  const uint64_t slots = SlotsFor(layout);
+  std::lock_guard<std::mutex> l(prepare_mu_);
+  if (preparer_.joinable()) preparer_.join();
+  {
+    std::lock_guard<std::mutex> c(mu_);
+    if (closed_) return;
+  }
+  preparer_ = std::thread([this, slots] {
+    std::unique_lock<std::mutex> p(pool_init_mu_);
+    if (!pool_.initialized()) {
+      // Mapped under the lock, faulted outside it: a save that starts meanwhile finds the pool
+      // sized and copies into each slot as soon as it is faulted. Failure: the first save tries
+      // again on its own path.
+      if (!pool_.Reserve(chunk_bytes_, slots).ok()) return;
+      p.unlock();
+      pool_.Fill();
+    } else if (slots > pool_.slots()) {
+      pool_.Grow(slots - pool_.slots());
+    } else {
+      pool_.Shrink(slots);
+    }
+  });
+}
+
 Status Engine::ReserveStaging(const ShardLayout& layout, SaveMode mode) {
   if (mode == SaveMode::kZeroCopy) return Status::Ok();  // written from the caller's memory
   std::lock_guard<std::mutex> l(pool_init_mu_);
-  const uint64_t slots = std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
+  const uint64_t slots = SlotsFor(layout);
   if (!pool_.initialized()) return pool_.Init(chunk_bytes_, slots);
   if (!opts_.staging_bytes && mode != SaveMode::kExternal && slots > pool_.slots()) {
     // A first save before the optimizer had state sized the pool for a third of the state: follow

@@ -29,8 +29,12 @@ class PrefaultedMemory {
   PrefaultedMemory(const PrefaultedMemory&) = delete;
   PrefaultedMemory& operator=(const PrefaultedMemory&) = delete;
 
-  // Returns false (errno set) when the mapping fails.
+  // Maps and faults in `bytes` (rounded up to pages). Returns false (errno set) when the mapping fails.
   bool Allocate(uint64_t bytes);
+  // The two halves of Allocate: Map reserves the address range, Fault touches every page of
+  // [offset, offset + len) (a caller may hand out parts as they are faulted).
+  bool Map(uint64_t bytes);
+  void Fault(uint64_t offset, uint64_t len);
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
 

@@ -1,21 +1,44 @@
 #include "staging_pool.h"
 
+#include <algorithm>
 #include <cerrno>
 
 namespace alpsck {
 
 Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots) {
+  ALPSCK_RETURN_IF_ERROR(Reserve(slot_bytes, slots));
+  Fill();
+  return Status::Ok();
+}
+
+Status StagingPool::Reserve(uint64_t slot_bytes, uint64_t slots) {
   if (slot_bytes == 0 || slots == 0) return Status::Invalid("staging pool needs at least one slot of non-zero size");
   if (slots > (1ull << 40) / slot_bytes) return Status::Invalid("staging pool larger than 1 TiB");
-  if (!mem_.Allocate(slot_bytes * slots))
+  if (!mem_.Map(slot_bytes * slots))
     return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes * slots) + " bytes of staging memory");
   std::lock_guard<std::mutex> l(mu_);
   slot_bytes_ = slot_bytes;
   slots_ = slots;
   free_.clear();
-  for (uint64_t i = slots; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes);
   closed_ = false;
   return Status::Ok();
+}
+
+void StagingPool::Fill() {
+  uint64_t slot_bytes, n;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    slot_bytes = slot_bytes_;
+    n = mem_.size() / slot_bytes;  // the first mapping's slots (Grow may add others meanwhile)
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (closed_) return;
+    }
+    mem_.Fault(i * slot_bytes, slot_bytes);
+    Release(mem_.data() + i * slot_bytes);
+  }
 }
 
 Status StagingPool::Grow(uint64_t more) {
@@ -34,6 +57,28 @@ Status StagingPool::Grow(uint64_t more) {
   more_.push_back(std::move(m));
   cv_.notify_all();
   return Status::Ok();
+}
+
+void StagingPool::Shrink(uint64_t target) {
+  std::vector<PrefaultedMemory> gone;
+  {
+    std::lock_guard<std::mutex> g(grow_mu_);
+    std::lock_guard<std::mutex> l(mu_);
+    while (!more_.empty()) {
+      const PrefaultedMemory& m = more_.back();
+      const uint64_t n = m.size() / slot_bytes_;
+      if (slots_ - n < target) break;
+      auto inside = [&](char* p) { return p >= m.data() && p < m.data() + m.size(); };
+      uint64_t free_here = 0;
+      for (char* p : free_) free_here += inside(p);
+      if (free_here != n) break;  // a slot of it is in use: next time
+      free_.erase(std::remove_if(free_.begin(), free_.end(), inside), free_.end());
+      slots_ -= n;
+      gone.push_back(std::move(more_.back()));
+      more_.pop_back();
+    }
+  }
+  // unmapped here, outside the locks
 }
 
 char* StagingPool::TakeLocked(bool first_mapping) {

@@ -23,8 +23,18 @@ namespace alpsck {
 class StagingPool {
  public:
   Status Init(uint64_t slot_bytes, uint64_t slots);
+  // Init in two halves, for a pool made in the background: Reserve maps the memory (the pool is
+  // initialized, with no free slot yet); Fill faults it in slot by slot, each slot free as soon as
+  // it is faulted, so a save that comes meanwhile starts copying into the ready ones (Acquire
+  // waits for the rest). Fill stops early once the pool is closed.
+  Status Reserve(uint64_t slot_bytes, uint64_t slots);
+  void Fill();
   // Adds `more` slots (pre-faulted, in a new mapping); slots in use are not moved.
   Status Grow(uint64_t more);
+  // Releases Grow's mappings, newest first, while the pool keeps at least `target` slots and all
+  // of a mapping's slots are free (one in use keeps its mapping until a later call). The first
+  // mapping always stays.
+  void Shrink(uint64_t target);
   bool initialized() const { return mem_.data() != nullptr; }
   // Blocks until a slot is free; nullptr once the pool is closed. first_mapping: a slot of the
   // first mapping (Init's) only.

@@ -296,6 +296,12 @@ class PyEngine {
 
   void continue_from(int64_t step) { engine().ContinueFrom(step); }
 
+  // Engine::Prepare: size and fault in the staging pool in the background.
+  void prepare(const std::vector<uint64_t>& sizes) {
+    nb::gil_scoped_release nogil;
+    engine().Prepare(sizes);
+  }
+
   // What the saves so far retired (EngineOptions::one_history: Save runs Supersede itself).
   std::vector<std::pair<uint64_t, FsPath>> take_retired() {
     std::vector<std::pair<uint64_t, FsPath>> out;
@@ -653,6 +659,10 @@ NB_MODULE(_core, m) {
            "The whole staging pool as one uint8 CPU tensor (zero-copy; keeps the memory alive past close).")
       .def_prop_ro("staging_address", [](PyEngine& e) {
         return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(e.engine().staging_base())); })
+      .def("prepare", &PyEngine::prepare, "sizes"_a,
+           "Size the staging pool for saves of extents of these byte sizes and fault it in on a background "
+           "thread (returns at once); see Engine::Prepare.")
+      .def_prop_ro("staging_slots", [](PyEngine& e) { return e.engine().staging_slots(); })
       .def("continue_from", &PyEngine::continue_from, "step"_a,
            "The run continues from this restored step (-1: from nothing); see Engine::ContinueFrom.")
       .def("take_retired", &PyEngine::take_retired,
