@@ -952,4 +952,33 @@ TEST(close_fails_a_save_blocked_on_its_in_flight_slot) {
   CHECK(Matches(d.path(), 1, "a", a));
 }
 
+// Prepare sizes and faults the staging pool on a background thread: a save that starts while it
+// is still faulting copies into the slots already faulted and waits for the rest (the pool is
+// never allocated twice), saves after it find the pool as sized, and Close during a Prepare
+// returns without faulting the rest.
+TEST(prepare_faults_the_pool_in_the_background_and_a_save_meanwhile_uses_it) {
+  TempDir d;
+  auto e = Open(d.path());  // max_in_flight 2, 3 writers, 64 KiB chunks
+  REQUIRE(e);
+  const std::vector<char> a = RandomBytes(8 << 20, 7);
+  e->Prepare({a.size()});
+  CHECK(SaveOne(e.get(), 1, a).ok());  // at once: the pool is likely still being faulted
+  const uint64_t want = 2 * (a.size() / (64 << 10)) + 3;
+  CHECK_EQ(e->staging_slots(), want);
+  CHECK(SaveOne(e.get(), 2, a).ok());
+  CHECK_EQ(e->staging_slots(), want);
+  CHECK(Matches(d.path(), 1, "a", a) && Matches(d.path(), 2, "a", a));
+  e->Prepare({a.size() * 4});  // grows (a new mapping) ...
+  e->Prepare({a.size()});      // ... and shrinks back once the grown slots are free
+  CHECK(SaveOne(e.get(), 3, a).ok());
+  CHECK(Matches(d.path(), 3, "a", a));
+  TempDir d2;
+  auto big = Open(d2.path());
+  REQUIRE(big);
+  big->Prepare({uint64_t{256} << 20});  // 512 MiB of slots to fault: Close must not wait for them all
+  const auto t0 = std::chrono::steady_clock::now();
+  big->Close();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+}
+
 ALPSCK_TEST_MAIN()
