@@ -240,6 +240,10 @@ class Engine {
   Status ReserveStaging(const ShardLayout& layout, SaveMode mode);
   // The pool slots a copy-mode save of `layout` wants: max_in_flight saves of it, one per writer.
   uint64_t SlotsFor(const ShardLayout& layout) const;
+  // The one place the pool is sized (pool_init_mu_ held through *l): made if there is none
+  // (mapped under the lock, faulted after releasing it), else grown to `slots` (grow) or shrunk
+  // to it (shrink). Only making it can fail.
+  Status FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l);
   void Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill);
   // Copies every chunk of j into staging slots on copy_threads threads and queues them (each at
   // once with overlap, else all after the copy — unless the pool runs dry, which forces it).

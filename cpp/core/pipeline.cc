@@ -38,34 +38,33 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
     if (closed_) return;
   }
   preparer_ = std::thread([this, slots] {
-    std::unique_lock<std::mutex> p(pool_init_mu_);
-    if (!pool_.initialized()) {
-      // Mapped under the lock, faulted outside it: a save that starts meanwhile finds the pool
-      // sized and copies into each slot as soon as it is faulted. Failure: the first save tries
-      // again on its own path.
-      if (!pool_.Reserve(chunk_bytes_, slots).ok()) return;
-      p.unlock();
-      pool_.Fill();
-    } else if (slots > pool_.slots()) {
-      pool_.Grow(slots - pool_.slots());
-    } else {
-      pool_.Shrink(slots);
-    }
+    std::unique_lock<std::mutex> l(pool_init_mu_);
+    FitPool(slots, true, true, &l);  // failure only costs the head start: the first save tries again
   });
+}
+
+Status Engine::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l) {
+  if (!pool_.initialized()) {
+    // Mapped under the lock, faulted outside it: a save that starts meanwhile finds the pool
+    // sized and copies into each slot as soon as it is faulted.
+    ALPSCK_RETURN_IF_ERROR(pool_.Reserve(chunk_bytes_, slots));
+    l->unlock();
+    pool_.Fill();
+  } else if (grow && slots > pool_.slots()) {
+    pool_.Grow(slots - pool_.slots());  // failure only costs speed: the smaller pool still streams
+  } else if (shrink) {
+    pool_.Shrink(slots);
+  }
+  return Status::Ok();
 }
 
 Status Engine::ReserveStaging(const ShardLayout& layout, SaveMode mode) {
   if (mode == SaveMode::kZeroCopy) return Status::Ok();  // written from the caller's memory
-  std::lock_guard<std::mutex> l(pool_init_mu_);
-  const uint64_t slots = SlotsFor(layout);
-  if (!pool_.initialized()) return pool_.Init(chunk_bytes_, slots);
-  if (!opts_.staging_bytes && mode != SaveMode::kExternal && slots > pool_.slots()) {
-    // A first save before the optimizer had state sized the pool for a third of the state: follow
-    // the largest save, so later ones are not throttled to the writers' pace. Failure only costs
-    // that: the smaller pool still streams.
-    pool_.Grow(slots - pool_.slots());
-  }
-  return Status::Ok();
+  std::unique_lock<std::mutex> l(pool_init_mu_);
+  // Grown for a save larger than the pool (a first save before the optimizer had state sized it
+  // for a third of the state), so later ones are not throttled to the writers' pace; never for a
+  // fixed pool (staging_bytes) or an external fill, which uses the first mapping only.
+  return FitPool(SlotsFor(layout), !opts_.staging_bytes && mode != SaveMode::kExternal, false, &l);
 }
 
 void Engine::Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {
