@@ -289,10 +289,9 @@ class Checkpointer:
         self._reap()
         cap = tree.capture(state)
         self._check_restorable(step, state, cap.tree)
-        owners = self._owners_of(cap.tensors)
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
                            "tree": cap.tree}, allow_nan=False)
-        mine = [(key, t) for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
+        mine = self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
         try:
             if self.overlap_copy or (cuda and self.overlap_copy is None):
@@ -360,6 +359,11 @@ class Checkpointer:
         """
         if self._stager is not None:
             self._stager.wait_copies()
+
+    def _mine(self, tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """The tensors this rank writes: its own, and the replicated ones assigned to it."""
+        owners = self._owners_of(tensors)
+        return [(key, t) for key, t in tensors.items() if owners.get(key, self.rank) == self.rank]
 
     def _owners_of(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
         """Owner rank of each replicated tensor (the others are written by every rank)."""
@@ -457,9 +461,7 @@ class Checkpointer:
         two tensors per parameter). With ``staging_bytes`` set it does nothing.
         """
         check_state(state)
-        cap = tree.capture(state)
-        owners = self._owners_of(cap.tensors)
-        sizes = [t.numel() * t.element_size() for key, t in cap.tensors.items() if owners.get(key, self.rank) == self.rank]
+        sizes = [t.numel() * t.element_size() for _, t in self._mine(tree.capture(state).tensors)]
         sizes += _optimizer_state_to_come(state)
         self.engine.prepare(sizes)
 

@@ -137,14 +137,18 @@ def check_run_dir_arg(run_dir: Any) -> None:
 MAX_RANK = 2**32 - 2  # ranks are uint32 on disk, below a world size of at most 2^32 - 1
 
 
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
 def arg_int(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """A whole number in [lo, hi] (hi None: no upper bound)."""
 
     def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        n = _whole(text)
         if n < lo or (hi is not None and n > hi):
             raise argparse.ArgumentTypeError(f"{n} is out of range: " + (f"at least {lo}" if hi is None else f"{lo} to {hi}"))
         return n
@@ -174,10 +178,7 @@ def arg_option(name: str) -> Callable[[str], int]:
     """A whole number that engine option ``name`` accepts (its range from the core's table)."""
 
     def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        n = _whole(text)
         why = problem(name, n)
         if why is not None:
             raise argparse.ArgumentTypeError(why)

@@ -65,13 +65,11 @@ def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All events; a torn line (a crash mid-append) or a foreign one is skipped: an event is an
     object with a string ``event`` and a finite number ``time`` (status formats both)."""
     path = Path(run_dir) / HISTORY
-    if not path.is_file():
-        return []
-    events = []
-    try:
+    try:  # none, or not a regular file (a FIFO, a directory): no events
         text = read_small(path, MAX_BYTES).decode(errors="replace")
     except OSError:
         return []
+    events = []
     for line in text.splitlines():
         try:
             rec = json.loads(line)
