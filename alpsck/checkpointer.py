@@ -135,7 +135,7 @@ class Checkpointer:
     Args:
         run_dir: directory of this run's checkpoints (created if missing).
         max_in_flight, threads, chunk_bytes, keep_last, staging_bytes, direct_io, pin_cpus,
-            copy_threads, commit_timeout_s: the engine's options. Their defaults, limits and
+            background_nice, copy_threads, commit_timeout_s: the engine's options. Their defaults, limits and
             meaning are defined once, in the core (``alpsck.options.SPECS``; the table in
             docs/python-api.md); None takes the default. A value out of range raises UsageError
             naming it.
@@ -158,6 +158,7 @@ class Checkpointer:
         staging_bytes: int | None = None,
         direct_io: bool = DEFAULTS["direct_io"],
         pin_cpus: Sequence[int] | None = None,
+        background_nice: int | None = None,
         copy_threads: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -170,7 +171,8 @@ class Checkpointer:
         given = {"max_in_flight": max_in_flight, "threads": threads, "chunk_bytes": chunk_bytes,
                  "keep_last": keep_last, "staging_bytes": staging_bytes, "direct_io": direct_io,
                  "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
-                 "copy_threads": copy_threads, "commit_timeout_s": commit_timeout_s}
+                 "background_nice": background_nice, "copy_threads": copy_threads,
+                 "commit_timeout_s": commit_timeout_s}
         opts = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
         for name, value in opts.items():
             check_option(name, value)

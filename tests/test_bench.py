@@ -27,43 +27,44 @@ def _env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def overhead_result(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     d = tmp_path_factory.mktemp("overhead")
-    cfg = OverheadConfig(ks=[1, 5], iters=10, warmup=2, methods=["alpsck", "alpsck-overlap", "torch"], dim=64,
-                         n_layers=2, n_heads=4,
-                         batch_size=2, sequence_length=32)
+    cfg = OverheadConfig(ks=[1, 5], iters=20, warmup=2, block=10, methods=["alpsck", "alpsck-overlap", "torch"], dim=64,
+                         n_layers=2, n_heads=4, batch_size=2, sequence_length=32)
     messages: list[str] = []
     return d, run_overhead(d, cfg, progress=messages.append), messages
 
 
-def test_overhead_runs_every_configuration(overhead_result) -> None:  # type: ignore[no-untyped-def]
+def test_overhead_runs_every_configuration_in_paired_blocks(overhead_result) -> None:  # type: ignore[no-untyped-def]
     d, r, messages = overhead_result
     assert messages, "progress was reported"
-    assert [s.method for s in r.runs if s.k is None] == ["none", "none"]
-    timed = {(s.method, s.k): s for s in r.runs if s.k is not None}
+    timed = {(s.method, s.k): s for s in r.runs}
     assert set(timed) == {(m, k) for m in ("alpsck f=2", "alpsck f=2 overlap", "torch.save") for k in (1, 5)}
     for s in r.runs:
-        assert s.iterations == 10 and s.its > 0 and s.seconds > 0
-        assert s.its == pytest.approx(s.iterations / s.seconds)
+        # Blocks of 10 (a multiple of k), 2 pairs: 20 iterations with checkpoints and 20 without.
+        assert s.block == 10 and s.iterations == 20 and s.seconds > 0
+        assert s.its == pytest.approx(s.iterations / s.seconds) and s.its_off > 0
+        assert s.overhead_pct == pytest.approx((1 - s.its / s.its_off) * 100)
+        assert len(s.pair_overheads_pct) == 2
+        assert min(s.pair_overheads_pct) - 1e-9 <= s.overhead_pct <= max(s.pair_overheads_pct) + 1e-9
     assert r.model["state_bytes"] > 0 and r.model["params"] > 0
-    # Overhead is relative to the no-checkpoint runs (the median of the first and the last).
-    base_its = sum(s.its for s in r.runs if s.k is None) / 2
-    assert r.baseline_its == pytest.approx(base_its) and r.baseline_runs == [s.its for s in r.runs if s.k is None]
-    for s in timed.values():
-        assert s.overhead_pct == pytest.approx((1 - s.its / base_its) * 100)
-    # Checkpoints after timed iterations 1, 1+k, ...: 10 with k=1, 2 with k=5.
+    assert min(s.its_off for s in r.runs) <= r.baseline_its <= max(s.its_off for s in r.runs)
+    # Checkpoints after block iterations 1, 1+k, ... of the blocks with checkpoints only.
     for (_, k), s in timed.items():
-        assert s.checkpoints == len(s.saved_steps) == 10 // k
+        assert s.checkpoints == len(s.saved_steps) == 20 // k
         assert s.stall_mean > 0 and s.stall_max >= s.stall_mean
         assert s.persist_seconds is not None and s.persist_seconds > 0
         # What one copy cost the loop: the stall at least, against the plain copy of the state.
         assert s.exposed_copy_seconds is not None and s.exposed_copy_seconds >= s.stall_mean
         assert s.after_save_iter_median is not None and s.rss_growth_bytes is not None
+        # The first pair has the block with checkpoints first: its steps are the run's first ones.
+        first = s.saved_steps[: 10 // k]
+        assert first == list(range(first[0], first[0] + 10, k))
+        # The second pair goes off-on: after the first pair's off block and its own, 20 steps without saves.
+        assert s.saved_steps[10 // k] == first[0] + 30
     assert r.device == "cpu" and r.copy_limit_seconds is not None and r.copy_limit_seconds > 0
-    # Checkpoints really reached the disk: committed ones while the loop ran, the last one after the drain.
-    for (method, k), s in timed.items():
-        assert s.committed_before_drain, s
-        if method == "torch.save" or k == 1:  # synchronous, or 10 saves with at most 2 in flight
-            assert set(s.committed_before_drain) & set(s.saved_steps), s
-        assert s.committed_after_drain[-1] == s.saved_steps[-1]
+    # Checkpoints reached the disk while the blocks ran; each block with checkpoints ends with all durable.
+    for s in timed.values():
+        assert s.committed_before_drain and set(s.committed_before_drain) <= set(s.saved_steps) | {s.saved_steps[0] - 1}, s
+        assert s.committed_after_drain[-1] == s.saved_steps[-1], s
         assert set(s.committed_after_drain) <= set(s.saved_steps) | {s.saved_steps[0] - 1}
     assert not list(d.iterdir()), "the scratch run dirs are removed"
 
@@ -71,7 +72,7 @@ def test_overhead_runs_every_configuration(overhead_result) -> None:  # type: ig
 def test_overhead_targets_json_table_plot(overhead_result, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     _, r, _ = overhead_result
     doc = json.loads(json.dumps(r.to_json()))
-    assert doc["runs"][0]["method"] == "none" and doc["baseline_its"] > 0
+    assert doc["runs"][0]["method"] == "alpsck f=2" and doc["baseline_its"] > 0 and doc["drift_pct"] >= 0
     t, t_overlap = doc["targets"]
     assert t_overlap["method"] == "alpsck f=2 overlap"
     assert t["method"] == "alpsck f=2" and t["max_in_flight"] == 2 and t["persist_seconds"] > 0
@@ -79,12 +80,14 @@ def test_overhead_targets_json_table_plot(overhead_result, tmp_path: Path) -> No
     e1 = t["every_1"]
     assert e1["threshold_seconds"] == pytest.approx(t["persist_seconds"] / 2)
     assert e1["condition_held"] == (e1["iteration_seconds"] > e1["threshold_seconds"])
-    assert e1["met"] == (e1["overhead_pct"] <= 10.0)
+    assert e1["met"] == (e1["overhead_pct"] <= 5.0) and len(e1["pairs_pct"]) == 2
     assert e1["reliable"] == ((e1["other_cpu_cores"] or 0.0) <= 0.2)
     text = table(r)
     assert "alpsck f=2" in text and "torch.save" in text and "every iteration" in text and "felt copy" in text
+    assert "pairs %" in text and "without" in text
     png = tmp_path / "overhead.png"
-    assert plot(r, png)  # matplotlib is a test dependency: the plot is drawn in CI and png.stat().st_size > 0
+    assert plot(r, png)  # matplotlib is a test dependency: the plot is drawn in CI
+    assert png.stat().st_size > 0
 
 
 def test_overhead_rejects_k_beyond_iters(tmp_path: Path) -> None:
@@ -116,17 +119,38 @@ def test_save_restore_bench_cli_json(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("alpsck-bench-")], "its scratch dir is removed"
 
 
+def test_bench_size_sweep_json_and_plot(tmp_path: Path) -> None:
+    png = tmp_path / "sizes.png"
+    cmd = [sys.executable, "-m", "alpsck", "bench", "--size-gib", "0.01,0.02", "--threads", "2", "--chunk-mib", "1",
+           "--in-flight", "1", "--repeats", "1", "--no-peers", "--json", "--plot", str(png)]
+    p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    docs = json.loads(p.stdout)["sizes"]
+    assert [round(d["state_bytes"] / 2**30, 2) for d in docs] == [0.01, 0.02]
+    assert png.stat().st_size > 0 and "plot written" in p.stderr
+    # Each size out of range is named; a sweep is refused where one size is meant.
+    for bad, why in (("0.5,0", "--size-gib"), ("1,nan", "--size-gib")):
+        q = subprocess.run([sys.executable, "-m", "alpsck", "bench", "--size-gib", bad], cwd=tmp_path, env=_env(),
+                           capture_output=True, text=True, timeout=60)
+        assert q.returncode == 2 and why in q.stderr, q.stderr
+    q = subprocess.run([sys.executable, "-m", "alpsck", "bench", "--ranks", "1", "--size-gib", "0.01,0.02", "--dir",
+                        str(tmp_path)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    assert q.returncode != 0 and "one --size-gib" in q.stderr, q.stderr
+
+
 def test_overhead_cli_json(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "alpsck", "bench", "--overhead", "--dir", str(tmp_path), "--ks", "2", "--iters", "4",
-           "--warmup", "1", "--model-dim", "32", "--model-layers", "1", "--model-heads", "2", "--batch-size", "1",
-           "--seq-len", "16", "--methods", "alpsck", "--rounds", "2", "--json"]
+           "--block", "2", "--warmup", "1", "--model-dim", "32", "--model-layers", "1", "--model-heads", "2",
+           "--batch-size", "1", "--seq-len", "16", "--methods", "alpsck", "--rounds", "2", "--json"]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    # A no-checkpoint run first and after each of the 2 rounds; the configuration reports its median round.
-    assert [(r["method"], r["k"]) for r in doc["runs"]] == [("none", None)] * 3 + [("alpsck f=2", 2)]
-    assert doc["rounds"] == 2 and len(doc["runs"][-1]["its_rounds"]) == 2
-    assert doc["runs"][-1]["its"] == min(doc["runs"][-1]["its_rounds"])  # lower median of two
+    # One configuration, measured in both rounds; it reports its median round (the lower of two).
+    assert [(r["method"], r["k"]) for r in doc["runs"]] == [("alpsck f=2", 2)]
+    run = doc["runs"][0]
+    assert doc["rounds"] == 2 and len(run["overhead_rounds"]) == 2
+    assert run["overhead_pct"] == min(run["overhead_rounds"])
+    assert run["block"] == 2 and run["iterations"] == 4 and len(run["pair_overheads_pct"]) == 2
     assert doc["model"]["dim"] == 32 and doc["iters"] == 4
     assert "[overhead]" in p.stderr  # progress goes to stderr
 

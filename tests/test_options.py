@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,8 @@ def test_the_config_reference_states_the_table_defaults_and_limits() -> None:
     ("pin_cpus", [0, -1], "pin_cpus: -1 is not a CPU number between 0 and 1023"),
     ("pin_cpus", "0-3", "must be a list of CPU numbers"),
     ("direct_io", "yes", "direct_io: 'yes': must be true or false"),
+    ("background_nice", 20, "background_nice: 20: must be between 0 and 19"),
+    ("background_nice", -5, "background_nice: -5: must be between 0 and 19"),
 ])
 def test_the_checkpointer_refuses_an_out_of_range_option_by_name_before_touching_the_run_dir(
         tmp_path: Path, name: str, value: object, says: str) -> None:
@@ -216,3 +220,39 @@ def test_a_run_dir_entry_whose_name_is_not_utf8_is_listed_as_foreign_not_a_crash
         if "--json" in argv:
             assert json.loads(r.stdout)["latest_valid"] == 1
     assert os.path.isdir(os.fsencode(run) + b"/step-\xff")  # not alpsck's: left alone
+
+
+def _thread_nices() -> dict[int, int]:
+    """Nice value of every thread of this process, from /proc (field 19 of stat; the name may hold spaces)."""
+    out = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[int(task.name)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return out
+
+
+@pytest.mark.parametrize("nice", [0, 7, None])
+def test_background_nice_lowers_the_writer_and_committer_threads_and_nothing_else(tmp_path: Path,
+                                                                                  nice: int | None) -> None:
+    """The writers and the committer run at background_nice; the caller's thread (training) keeps its own."""
+    before = _thread_nices()
+    mine = os.getpriority(os.PRIO_PROCESS, 0)  # the calling thread's nice
+    ck = alpsck.Checkpointer(tmp_path / "run", threads=3, background_nice=nice)
+    try:
+        ck.save(1, {"w": torch.arange(1000.0)})
+        ck.wait()
+        want = options.DEFAULTS["background_nice"] if nice is None else nice
+        deadline = time.monotonic() + 10  # each thread nices itself as it starts
+        while True:
+            new = {t: n for t, n in _thread_nices().items() if t not in before}
+            if sorted(new.values()).count(want) >= 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert len(new) >= 4, new  # 3 writers and the committer
+        assert list(new.values()).count(want) >= 4, new
+        assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "the caller's own thread is left alone"
+    finally:
+        ck.close()

@@ -40,6 +40,15 @@ def _memory_gib() -> float:
         return 1 << 20
 
 
+def _sizes(text: str) -> list[float]:
+    """``--size-gib``: one size or a comma-separated sweep, each checked against this machine's memory."""
+    one = arg_real(0, _memory_gib())
+    vals = [one(x) for x in text.split(",") if x]
+    if not vals:
+        raise argparse.ArgumentTypeError(f"expected sizes in GiB, e.g. 1 or 0.25,0.5,1,2, got {text!r}")
+    return vals
+
+
 def _methods(text: str) -> list[str]:
     from .overhead import METHODS
 
@@ -62,7 +71,7 @@ def overhead(args: argparse.Namespace) -> int:
     if args.threads and len(args.threads) > 1:
         raise AlpsckError("--overhead takes one --threads value (writer threads of every alpsck run)")
     d = OverheadConfig()
-    cfg = OverheadConfig(ks=args.ks or d.ks, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
+    cfg = OverheadConfig(ks=args.ks or d.ks, iters=args.iters, warmup=args.warmup, rounds=args.rounds, block=args.block,
                          methods=args.methods or d.methods,
                          in_flight=args.in_flight or d.in_flight, threads=args.threads[0] if args.threads else None,
                          dim=args.model_dim, n_layers=args.model_layers, n_heads=args.model_heads,
@@ -93,7 +102,9 @@ def ranks(args: argparse.Namespace) -> int:
         raise AlpsckError(f"{', '.join(unused)}: not used by --ranks")
     if args.threads and len(args.threads) > 1:
         raise AlpsckError("--ranks takes one --threads value (writer threads of each rank's alpsck engine)")
-    result = run_ranks(Path(args.dir), int(args.size_gib * 2**30), args.ranks, repeats=args.repeats,
+    if len(args.size_gib) > 1:
+        raise AlpsckError("--ranks takes one --size-gib (the total state of all ranks)")
+    result = run_ranks(Path(args.dir), int(args.size_gib[0] * 2**30), args.ranks, repeats=args.repeats,
                        alpsck_threads=args.threads[0] if args.threads else None, dcp_threads=args.dcp_threads)
     print(jsonout.dumps(result.to_json()) if args.json else table(result))
     return 0
@@ -112,16 +123,19 @@ def bench(args: argparse.Namespace) -> int:
     threads, chunks, flights = args.threads, args.chunk_mib, args.in_flight
     if args.full:
         threads, chunks, flights = threads or [2, 4, 8], chunks or [4, 16], flights or [1, 2]
-    result = run(Path(args.dir), int(args.size_gib * 2**30), threads=threads or [4, 8], chunks_mib=chunks or [8],
-                 in_flight=flights or [2], copy_threads=args.copy_threads, urgent=[False, True],
-                 peers=not args.no_peers, repeats=args.repeats,
-                 iter_seconds=args.iter_seconds, slowdown=args.slowdown, mtbf_hours=args.mtbf_hours)
-    if args.json:
-        print(jsonout.dumps(result.to_json()))
+    results = [run(Path(args.dir), int(gib * 2**30), threads=threads or [4, 8], chunks_mib=chunks or [8],
+                   in_flight=flights or [2], copy_threads=args.copy_threads, urgent=[False, True],
+                   peers=not args.no_peers, repeats=args.repeats,
+                   iter_seconds=args.iter_seconds, slowdown=args.slowdown, mtbf_hours=args.mtbf_hours)
+               for gib in args.size_gib]
+    if args.json:  # one size: its document; a sweep: {"sizes": [one document per size]}
+        print(jsonout.dumps(results[0].to_json() if len(results) == 1 else {"sizes": [r.to_json() for r in results]}))
     else:
-        print(report.table(result))
+        print("\n\n".join(report.table(r) for r in results))
     if args.plot:
-        if report.plot(result, Path(args.plot)):
+        drawn = report.plot(results[0], Path(args.plot)) if len(results) == 1 else report.plot_sizes(results,
+                                                                                                     Path(args.plot))
+        if drawn:
             print(f"plot written to {args.plot}", file=sys.stderr)
         else:
             print("no plot: matplotlib is not installed (pip install matplotlib)", file=sys.stderr)
@@ -131,8 +145,9 @@ def bench(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b = sub.add_parser("bench", help="measure alpsck against torch.save, DCP, safetensors and the raw disk")
     b.add_argument("--dir", default=".", help="directory on the storage to measure (e.g. your Lustre scratch)")
-    b.add_argument("--size-gib", type=arg_real(0, _memory_gib()), default=1.0,
-                   help="state size in GiB, at most this machine's memory (default 1)")
+    b.add_argument("--size-gib", type=_sizes, default=[1.0],
+                   help="state size in GiB, at most this machine's memory (default 1); a list such as 0.25,0.5,1,2 "
+                   "runs the bench at each size, and --plot then draws stall and durable time against size")
     b.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     b.add_argument("--plot", metavar="PNG", help="also write a PNG chart (needs matplotlib)")
     b.add_argument("--full", action="store_true", help="sweep threads 2,4,8 x chunk 4,16 MiB x in-flight 1,2")
@@ -156,6 +171,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--warmup", type=arg_int(0), default=d.warmup, help=f"untimed iterations first (default {d.warmup})")
     o.add_argument("--rounds", type=arg_int(1, 1000), default=d.rounds,
                    help="repeat the sweep, interleaved; each configuration reports its median round (default 1)")
+    o.add_argument("--block", type=arg_int(1, 100000), default=d.block,
+                   help=f"iterations per block with or without checkpoints, at least (default {d.block})")
     o.add_argument("--methods", type=_methods, help="alpsck,alpsck-overlap,torch,dcp-async (default alpsck,torch)")
     o.add_argument("--model-dim", type=arg_int(1), default=d.dim, help=f"model width (default {d.dim})")
     o.add_argument("--model-layers", type=arg_int(1), default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")

@@ -67,3 +67,51 @@ def plot(r: BenchResult, path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def _series(results: list[BenchResult]) -> dict[str, list[tuple[float, float, float]]]:
+    """Per method, (GiB, stall s, durable s) at each size: alpsck's best setting as one line, each peer."""
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for r in results:
+        gib = r.state_bytes / 2**30
+        for m in r.measurements:
+            if m.method.startswith("alpsck") and m.method != r.best or m.method.startswith("core "):
+                continue
+            name = "alpsck (best setting)" if m.method == r.best else m.method
+            out.setdefault(name, []).append((gib, m.stall, m.durable))
+    return out
+
+
+def plot_sizes(results: list[BenchResult], path: Path) -> bool:
+    """Stall and time to durable against state size (log-log), alpsck and each peer, with the raw
+    O_DIRECT write and the pre-faulted copy of each size. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    results = sorted(results, key=lambda r: r.state_bytes)
+    gibs = [r.state_bytes / 2**30 for r in results]
+    fig, (a_stall, a_dur) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for name, pts in _series(results).items():
+        style = {"lw": 2.5} if name.startswith("alpsck") else {"lw": 1.2}
+        a_stall.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, **style)
+        a_dur.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=name, **style)
+    a_stall.plot(gibs, [r.copy_seconds for r in results], "k:", lw=1, label="one copy into pre-faulted memory")
+    a_dur.plot(gibs, [r.state_bytes / r.raw_write_bps for r in results], "k--", lw=1, label="raw O_DIRECT write")
+    for ax, what in ((a_stall, "stall: time inside save() (s)"), (a_dur, "time from save() to durable (s)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(gibs, [f"{g:g}" for g in gibs])
+        ax.set_xlabel("state size (GiB)")
+        ax.set_ylabel(what)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"checkpoint stall and time to durable against size ({results[0].machine['cpus']} CPUs, "
+                 f"{results[0].directory.rsplit('/', 1)[0]})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -88,6 +88,7 @@ struct EngineOptions {
                                   // (external fills still use only the first mapping)
   bool direct_io;                 // try O_DIRECT (a buffered fallback is reported)
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
+  uint32_t background_nice;       // nice value of the writer, committer and pool-faulting threads
   double commit_timeout_s;        // how long a multi-rank commit waits for the other ranks
 };
 
@@ -219,6 +220,8 @@ class Engine {
 
   explicit Engine(const EngineOptions& opts);
   Status Init();
+  // A background thread's start: pinned to pin_cpus[index % n] (if any), niced to background_nice.
+  void EnterBackground(uint32_t index) const;
   void WriterLoop(uint32_t index);
   void WriteChunk(Job* j, uint64_t chunk, const char* slot, char* bounce);
   void Push(Task t);

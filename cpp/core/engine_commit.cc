@@ -88,6 +88,7 @@ Status Engine::Commit(Job* j, std::vector<ShardRecord> shards) {
 }
 
 void Engine::CommitterLoop() {
+  EnterBackground(0);
   for (;;) {
     std::unique_ptr<Job> j;
     {

@@ -25,6 +25,7 @@ EngineOptions::EngineOptions()
       keep_last(static_cast<uint32_t>(Default("keep_last"))),
       staging_bytes(static_cast<uint64_t>(Default("staging_bytes"))),
       direct_io(Default("direct_io") != 0),
+      background_nice(static_cast<uint32_t>(Default("background_nice"))),
       commit_timeout_s(Default("commit_timeout_s")) {}
 
 const std::vector<OptionSpec>& EngineOptionSpecs() {
@@ -48,6 +49,10 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
        "O_DIRECT where the file system allows (a buffered, still fdatasync'ed fallback is reported)"},
       {"pin_cpus", OptionType::kCpuList, 0, 0, 1023, nullptr,
        "pin writer i to pin_cpus[i % n] (e.g. the cores of the GPU's NUMA node); empty: no pinning"},
+      {"background_nice", OptionType::kInt, 0, 0, 19, nullptr,
+       "nice value of the background threads (writers, committer, staging pool fault-in): above 0, on a node "
+       "whose cores are all busy the kernel runs training threads first (it measured no gain on the reference "
+       "training, whose cost is the copy and memory traffic, not CPU time: docs/benchmarks.md)"},
       {"commit_timeout_s", OptionType::kFloat, 600, 0.001, 604800, nullptr,
        "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
       // Not an EngineOptions field: the readers' (restore, verify, export, the DCP reader).
@@ -89,6 +94,7 @@ Status CheckEngineOptions(const EngineOptions& o) {
   ALPSCK_RETURN_IF_ERROR(Check("chunk_bytes", static_cast<double>(o.chunk_bytes)));
   ALPSCK_RETURN_IF_ERROR(Check("keep_last", o.keep_last));
   ALPSCK_RETURN_IF_ERROR(Check("staging_bytes", static_cast<double>(o.staging_bytes)));
+  ALPSCK_RETURN_IF_ERROR(Check("background_nice", o.background_nice));
   if (!(o.commit_timeout_s == o.commit_timeout_s)) return Status::Invalid("commit_timeout_s is not a number");
   ALPSCK_RETURN_IF_ERROR(Check("commit_timeout_s", o.commit_timeout_s));
   for (int cpu : o.pin_cpus) {

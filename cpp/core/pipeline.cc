@@ -38,6 +38,7 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
     if (closed_) return;
   }
   preparer_ = std::thread([this, slots] {
+    EnterBackground(0);
     std::unique_lock<std::mutex> l(pool_init_mu_);
     FitPool(slots, true, true, &l);  // failure only costs the head start: the first save tries again
   });
@@ -240,8 +241,13 @@ uint64_t ExternalFill::submitted() const {
   return count_;
 }
 
-void Engine::WriterLoop(uint32_t index) {
+void Engine::EnterBackground(uint32_t index) const {
   if (!opts_.pin_cpus.empty()) PinCurrentThread(opts_.pin_cpus[index % opts_.pin_cpus.size()]);
+  if (opts_.background_nice) NiceCurrentThread(static_cast<int>(opts_.background_nice));
+}
+
+void Engine::WriterLoop(uint32_t index) {
+  EnterBackground(index);
   PrefaultedMemory bounce;  // for zero-copy chunks that need gathering; allocated on first use
   for (;;) {
     Task t;

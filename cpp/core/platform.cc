@@ -6,7 +6,11 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/syscall.h>
+#endif
 
 namespace alpsck {
 
@@ -57,6 +61,15 @@ bool PinCurrentThread(int cpu) {
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
   return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+bool NiceCurrentThread(int nice) {
+#ifdef __linux__
+  return setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), nice) == 0;
+#else
+  (void)nice;
+  return false;
+#endif
 }
 
 PrefaultedMemory::~PrefaultedMemory() { Release(); }

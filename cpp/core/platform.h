@@ -15,6 +15,10 @@ uint64_t CacheLineSize();
 std::vector<int> AllowedCpus();
 // Pins the calling thread to one CPU; false if the kernel refuses (CPU not in the cpuset).
 bool PinCurrentThread(int cpu);
+// Gives the calling thread (not the process: Linux keeps a nice value per thread) the nice value
+// `nice` (0 .. 19): under contention the kernel then hands the CPU to normal threads first.
+// False where the kernel refuses or the platform has no per-thread nice.
+bool NiceCurrentThread(int nice);
 
 inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
