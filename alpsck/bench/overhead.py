@@ -690,7 +690,7 @@ def plot(r: OverheadResult, path: Path) -> bool:
     ax.set_xscale("log")
     ax.set_xticks(r.ks, [str(k) for k in r.ks])
     ax.set_xlabel("checkpoint every k iterations")
-    ax.set_ylabel("throughput cost vs no checkpointing (%); bars: pairs of blocks")
+    ax.set_ylabel("throughput cost (%); bars: pairs of blocks")
     ax.set_title(f"{r.model['params'] / 1e6:.0f} M-parameter Llama, {r.model['state_bytes'] / 1e6:.0f} MB state, "
                  f"{1 / r.baseline_its:.2f} s/iteration")
     ax.legend(fontsize=8)

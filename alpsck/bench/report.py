@@ -90,6 +90,7 @@ def plot_sizes(results: list[BenchResult], path: Path) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
     except ImportError:
         return False
     results = sorted(results, key=lambda r: r.state_bytes)
@@ -104,7 +105,8 @@ def plot_sizes(results: list[BenchResult], path: Path) -> bool:
     for ax, what in ((a_stall, "stall: time inside save() (s)"), (a_dur, "time from save() to durable (s)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xticks(gibs, [f"{g:g}" for g in gibs])
+        ax.set_xticks(gibs, [f"{g:.3g}" for g in gibs])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("state size (GiB)")
         ax.set_ylabel(what)
         ax.legend(fontsize=7)
