@@ -56,6 +56,7 @@ GIL. One writer per checkpoint: a step is written once (a committed step raises 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -194,6 +195,10 @@ class AlpsckStorageWriter(StorageWriter):
         self._engine: _core.Engine | None = None
         self._lock: _core.RunDirLock | None = None
 
+    def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
+        with contextlib.suppress(Exception):
+            self.close()
+
     # pickled by dcp.async_save's process executor: never the open engine or lock
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -221,11 +226,21 @@ class AlpsckStorageWriter(StorageWriter):
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """All ranks, first: records this rank; a committed step is refused before anything is written."""
+        """All ranks, first: records this rank; a committed step is refused before anything is written.
+
+        A save that failed between the global plan and ``write_data`` (a planner's ``finish_plan``
+        raising, say) left the coordinator's engine and lock open: they are released here, so a
+        reused writer, or one in dcp.async_save's long-lived process, never blocks on itself.
+        """
+        self.close()
         self.rank = int(kwargs.get("rank") or 0)
         self._started = time.monotonic()  # the manifest's write_seconds counts from here
         if is_coordinator != (self.rank == 0):
-            raise UsageError(f"the coordinator must be rank 0 (this is rank {self.rank})")
+            who = (f"rank {self.rank} was made the coordinator" if is_coordinator else
+                   "rank 0 was not made the coordinator")
+            raise UsageError(f"AlpsckStorageWriter needs rank 0 as the coordinator, and {who}: the deprecated "
+                             "save_state_dict(coordinator_rank=...) is not supported; use dcp.save, whose coordinator "
+                             "is rank 0")
         if not kwargs.get("use_collectives", True):
             raise UsageError("AlpsckStorageWriter commits one checkpoint for all ranks: use_collectives=False is not "
                              "supported")
@@ -292,14 +307,14 @@ class AlpsckStorageWriter(StorageWriter):
         One extent per write item: a tensor chunk's raw bytes (written from the tensor's memory),
         or a non-tensor value as JSON. The shard's DONE record tells the coordinator it is there.
         """
-        info = plan.storage_data
-        if not isinstance(info, _RankPlan):
-            raise UsageError("the plan carries no alpsck rank assignment: was prepare_global_plan of an "
-                             "AlpsckStorageWriter run?")
-        if info.rank != self.rank:
-            raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
-        self.world_size = info.world_size
-        try:
+        try:  # every way out releases the engine and the lock (the coordinator's were opened by the plan)
+            info = plan.storage_data
+            if not isinstance(info, _RankPlan):
+                raise UsageError("the plan carries no alpsck rank assignment: was prepare_global_plan of an "
+                                 "AlpsckStorageWriter run?")
+            if info.rank != self.rank:
+                raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
+            self.world_size = info.world_size
             extents: list[tuple[str, torch.Tensor]] = []
             results: list[WriteResult] = []
             names: set[str] = set()

@@ -6,6 +6,7 @@ the other tests load in this process at world size 1 (no process group) from a c
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -345,6 +346,48 @@ def test_writer_takes_the_run_dir_lock_and_writes_a_step_once(tmp_path: Path) ->
         dcp.save(sd, storage_writer=AlpsckStorageWriter(tmp_path, 3))
     with Checkpointer(tmp_path, keep_last=0):  # the DCP save released the lock
         pass
+
+
+def test_a_save_failing_between_plan_and_write_releases_the_lock(tmp_path: Path) -> None:
+    """The coordinator opens its engine (and the run dir's lock) in prepare_global_plan; a planner
+    failing after that (finish_plan) never reaches write_data. The lock must not outlive the save:
+    the same writer saves again, and a dropped writer frees the run dir."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    class FailingPlanner(DefaultSavePlanner):
+        def finish_plan(self, new_plan: Any) -> Any:
+            raise ValueError("planner failed after the global plan")
+
+    sd = {"w": torch.arange(4.0)}
+    writer = AlpsckStorageWriter(tmp_path, 3)
+    with pytest.raises(CheckpointException, match="planner failed"):
+        dcp.save(sd, storage_writer=writer, planner=FailingPlanner())
+    dcp.save(sd, storage_writer=writer)  # reused: its own leftover lock does not block it
+    with Checkpointer(tmp_path, keep_last=0):
+        pass
+    other = AlpsckStorageWriter(tmp_path, 4)
+    with pytest.raises(CheckpointException, match="planner failed"):
+        dcp.save(sd, storage_writer=other, planner=FailingPlanner())
+    del other
+    gc.collect()  # the failed save's traceback held it in a cycle
+    with Checkpointer(tmp_path, keep_last=0):  # the dropped writer's lock is gone
+        pass
+    # A plan without alpsck's rank assignment fails inside write_data's cleanup as well.
+    third = AlpsckStorageWriter(tmp_path, 5)
+    third.set_up_storage_writer(True, rank=0)
+    third.prepare_global_plan([dcp.SavePlan([])])
+    with pytest.raises(UsageError, match="no alpsck rank assignment"):
+        third.write_data(dcp.SavePlan([]), DefaultSavePlanner())
+    with Checkpointer(tmp_path, keep_last=0):
+        pass
+
+
+def test_a_coordinator_other_than_rank_0_is_refused_naming_the_deprecated_argument(tmp_path: Path) -> None:
+    w = AlpsckStorageWriter(tmp_path, 3)
+    with pytest.raises(UsageError, match=r"rank 1 was made the coordinator.*coordinator_rank"):
+        w.set_up_storage_writer(True, rank=1)
+    with pytest.raises(UsageError, match=r"rank 0 was not made the coordinator.*coordinator_rank"):
+        w.set_up_storage_writer(False, rank=0)
 
 
 def test_metadata_too_large_to_commit_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
