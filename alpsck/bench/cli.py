@@ -76,7 +76,8 @@ def overhead(args: argparse.Namespace) -> int:
                          in_flight=args.in_flight or d.in_flight, threads=args.threads[0] if args.threads else None,
                          dim=args.model_dim, n_layers=args.model_layers, n_heads=args.model_heads,
                          n_kv_heads=args.model_kv_heads, vocab_size=args.vocab_size, sequence_length=args.seq_len,
-                         batch_size=args.batch_size, seed=args.seed, device=args.device)
+                         batch_size=args.batch_size, seed=args.seed, device=args.device,
+                         torch_threads=args.torch_threads)
     result = run_overhead(Path(args.dir), cfg)
     if args.json:
         print(jsonout.dumps(result.to_json()))
@@ -184,6 +185,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     o.add_argument("--batch-size", type=arg_int(1), default=d.batch_size,
                    help=f"sequences per iteration (default {d.batch_size})")
     o.add_argument("--seed", type=arg_int(0, 2**64 - 1), default=d.seed, help="model and data seed")
+    o.add_argument("--torch-threads", type=arg_int(1), help="the training's torch threads (default: torch's, one per "
+                   "core); fewer leave cores to alpsck's writers, as a GPU training leaves the CPU's")
     o.add_argument("--device", default=d.device, help="cpu, or cuda: train on the GPU and measure the pipelined "
                    "device-to-host snapshot against a plain pinned copy (default cpu)")
     r = b.add_argument_group("ranks (--ranks)", "aggregate torch.distributed.checkpoint save/load throughput of 1, 2, 4 "

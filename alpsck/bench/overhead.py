@@ -92,6 +92,7 @@ class OverheadConfig:
     batch_size: int = 8
     seed: int = 0
     device: str = "cpu"
+    torch_threads: int | None = None  # the training's intra-op threads; None: torch's default (every core)
 
     def validate(self) -> None:
         from ..errors import UsageError
@@ -542,6 +543,9 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
     """Measure every configuration of ``cfg`` below ``directory`` (a scratch folder, removed after)."""
     cfg.validate()
     say = progress or (lambda msg: print(f"[overhead] {msg}", file=sys.stderr, flush=True))
+    threads_before = torch.get_num_threads()
+    if cfg.torch_threads is not None:  # fewer than the cores: the rest are free for alpsck's background
+        torch.set_num_threads(cfg.torch_threads)
     base = directory / f"alpsck-overhead-{os.getpid()}"
     base.mkdir(parents=True, exist_ok=True)
     try:
@@ -584,6 +588,7 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
         return OverheadResult(str(directory), _machine(), model, cfg.iters, cfg.warmup, list(cfg.ks), base_its, drift,
                               runs, _targets(runs), cfg.rounds, cfg.device, copy_limit, cfg.block)
     finally:
+        torch.set_num_threads(threads_before)
         shutil.rmtree(base, ignore_errors=True)
 
 
