@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import math
 import re
 from collections import OrderedDict
@@ -124,6 +125,7 @@ _TAG_FIELDS: dict[str, frozenset[str]] = {
     "dict": frozenset({"items"}),
     "tuple": frozenset({"items"}),
     "bytes": frozenset({"b64"}),
+    "bytesio": frozenset({"b64"}),  # an io.BytesIO (DCP trainers keep train state in them): its bytes
     "float": frozenset({"v"}),
     "bigint": frozenset({"v"}),
     "dtype": frozenset({"v"}),
@@ -279,6 +281,8 @@ class _Encoder:
             return self.tensor(v, path)
         if isinstance(v, (bytes, bytearray, memoryview)):
             return {TAG: "bytes", "b64": base64.b64encode(bytes(v)).decode("ascii")}
+        if isinstance(v, io.BytesIO):  # its whole buffer; it comes back as a new BytesIO at position 0
+            return {TAG: "bytesio", "b64": base64.b64encode(v.getbuffer()).decode("ascii")}
         if isinstance(v, torch.dtype):
             return {TAG: "dtype", "v": str(v).removeprefix("torch.")}
         if isinstance(v, torch.device):
@@ -388,14 +392,15 @@ class _Decoder:
             return out
         if tag == "tensor":
             return self.tensor(node, path)
-        v = node["v"] if tag != "bytes" else node["b64"]
+        v = node["b64"] if tag in ("bytes", "bytesio") else node["v"]
         if not isinstance(v, str):
             raise CorruptCheckpointError(f"{path}: {tag} value must be a string, got {_short(v)}")
-        if tag == "bytes":
+        if tag in ("bytes", "bytesio"):
             try:
-                return base64.b64decode(v, validate=True)
+                raw = base64.b64decode(v, validate=True)
             except (binascii.Error, ValueError):
                 raise CorruptCheckpointError(f"{path}: invalid base64") from None
+            return raw if tag == "bytes" else io.BytesIO(raw)
         if tag == "float" and v in _FLOAT_SPECIALS:
             return _FLOAT_SPECIALS[v]
         if tag == "bigint" and _BIGINT_RE.fullmatch(v):
@@ -532,6 +537,8 @@ def _value_class(v: Any) -> str:
         return "str"
     if isinstance(v, (bytes, bytearray, memoryview)):
         return "bytes"
+    if isinstance(v, io.BytesIO):
+        return "BytesIO"
     if isinstance(v, torch.dtype):
         return "dtype"
     if isinstance(v, torch.device):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from typing import Any
@@ -80,6 +81,7 @@ def test_all_dtypes_and_nested_values_roundtrip() -> None:
     value = {
         "tuple": (1, (2, "x"), []),
         "bytes": b"\x00\xffabc",
+        "buffer": io.BytesIO(b"\x00\x80abc"),
         "floats": [math.inf, -math.inf, 1.5, -0.0, 1e308],
         "big": [2**63, -(2**63) - 1, 2**200, 2**63 - 1],
         "int_keys": {0: "a", 7: {"b": None}},
@@ -103,6 +105,8 @@ def test_all_dtypes_and_nested_values_roundtrip() -> None:
     got = state["value"]
     assert got["tuple"] == (1, (2, "x"), []) and isinstance(got["tuple"][1], tuple)
     assert got["bytes"] == b"\x00\xffabc"
+    assert isinstance(got["buffer"], io.BytesIO) and got["buffer"].getvalue() == b"\x00\x80abc"
+    assert got["buffer"] is not value["buffer"] and got["buffer"].tell() == 0
     assert got["floats"][:2] == [math.inf, -math.inf] and math.copysign(1, got["floats"][3]) == -1
     assert got["big"] == value["big"]
     assert got["int_keys"] == {0: "a", 7: {"b": None}}
@@ -158,6 +162,8 @@ def test_unknown_tags_are_refused(evil: dict[str, Any], tmp_path: Any, monkeypat
     {"__t": "tuple"},
     {"__t": "tuple", "items": 3},
     {"__t": "bytes", "b64": "!!"},
+    {"__t": "bytesio", "b64": "!!"},
+    {"__t": "bytesio", "v": "AA=="},
     {"__t": "float", "v": "1e9999"},
     {"__t": "bigint", "v": "12a"},
     {"__t": "dtype", "v": "os"},
