@@ -38,20 +38,30 @@ layouts raise :class:`UnsafeCheckpointError`, inconsistent sizes and offsets
 items: ints, floats, strings, tuples, dicts ... that DCP would ``torch.save``) are stored as
 alpsck's tagged JSON (:mod:`alpsck.tree`), taken from the planner's ``lookup_object`` (so
 DCP's own pickle of them is never written); a value JSON cannot hold (a custom class, a tuple
-holding tensors) fails the save with :class:`UsageError`. On load a value is decoded from JSON
-and handed to ``planner.load_bytes`` as a ``torch.save`` of the decoded plain value, made here
-in memory: what the planner unpickles was never read from disk.
+holding tensors) fails the save with :class:`UsageError`; ``bytes`` and ``io.BytesIO`` values
+(torchtitan's dataloader and train state) are stored as their bytes. On load a value is decoded
+from JSON and set where DefaultLoadPlanner would set it, with no pickle at all; a planner with
+its own ``load_bytes`` gets a ``torch.save`` of the decoded plain value, made here in memory:
+what it unpickles was never read from disk.
 
 Locking: a writer takes the run directory's per-rank writer lock
-(:func:`alpsck.checkpointer.lock_run_dir`) for as long as its engine is open (coordinator: from
-``prepare_global_plan`` to the end of ``write_data``; other ranks: during ``write_data``) and the
-coordinator again for the commit and retention in ``finish``. So a DCP save and an open
+(:func:`alpsck.checkpointer.lock_run_dir`) while it writes: the coordinator in
+``prepare_global_plan`` (its engine's start-up tidies the directory; the generation is chosen),
+every rank during ``write_data``, and the coordinator again for the commit and retention in
+``finish``. No lock is held between those calls, so a save that DCP abandons in between leaves none. So a DCP save and an open
 :class:`alpsck.Checkpointer` (or another job) on the same run directory fail with
 :class:`RunDirLockedError` instead of removing each other's directories. Readers take no lock.
 
 Threading: a writer or reader serves one save or load at a time, driven by DCP on one thread per
 rank (``async_save`` runs the whole save on its background thread). Long core calls release the
-GIL. One writer per checkpoint: a step is written once (a committed step raises UsageError).
+GIL. In a run directory a step is written once (a committed step raises UsageError).
+
+Checkpoint-directory mode (``dcp.save(..., checkpoint_id="folder/step-10")``, as torchtitan names
+its checkpoints): the named directory is a run directory of its own, each save the next generation
+of it; ``finish`` commits the generation, then writes the ``.metadata`` marker DCP trainers look
+for (JSON, ``alpsck.dcp_json.MARKER_BYTES``), then removes the older generations, so an overwrite
+leaves the old checkpoint loadable until the new one is committed. The coordinator picks the
+generation under the lock in ``prepare_global_plan`` and sends it to every rank in its plan.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import time
 import uuid
 import warnings
@@ -69,6 +80,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -90,6 +103,9 @@ from torch.futures import Future
 from . import _core, tree
 from .checkpointer import lock_run_dir
 from .dcp_json import (
+    MARKER_BYTES,
+    MARKER_FILE,
+    MARKER_FORMAT,
     MAX_METADATA_BYTES,
     METADATA_FILE,
     SHARD_FORMAT,
@@ -102,9 +118,9 @@ from .dcp_json import (
     encode_value,
     extent_name,
 )
-from .durable import read_small
+from .durable import fsync_path, open_own, read_small
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
-from .inspect import holds_run_state
+from .inspect import entry_kind
 from .options import DEFAULTS, check_step
 from .options import check as check_option
 from .shards import UNUSABLE, shard_name
@@ -112,22 +128,54 @@ from .shards import UNUSABLE, shard_name
 __all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter"]
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
+_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
 
 
 def _step_dir(run_dir: Path, step: int) -> Path:
     return run_dir / _core.step_dir_name(step)
 
 
+def _is_committed_step_dir(path: Path) -> bool:
+    """``run/step-N`` with its manifest: one committed checkpoint of a run directory."""
+    return _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file()
+
+
+def _holds_alpsck_state(path: Path) -> bool:
+    """Whether directory ``path`` is alpsck's: a LATEST, a history, an attempt ... or a step-N that holds a
+    manifest. A bare ``step-10`` (a FileSystemWriter checkpoint, or a folder of named checkpoints) is not."""
+    for name in os.listdir(path):
+        kind = entry_kind(name)
+        if kind == "step":
+            if (path / name / _core.run_dir_names["manifest"]).is_file():
+                return True
+        elif kind not in ("other", "lock"):
+            return True
+    return False
+
+
 def _is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:
-    """Whether checkpoint_id names an alpsck run directory (one holding a checkpoint, LATEST or a
-    history) or a step-N directory inside one; never raises."""
+    """Whether checkpoint_id names an alpsck run directory, a checkpoint directory written by
+    AlpsckStorageWriter, or a committed step-N inside one; never raises."""
     try:
         path = Path(checkpoint_id)
-        if not path.is_dir():
+        return path.is_dir() and (_is_committed_step_dir(path) or _holds_alpsck_state(path))
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
+    """Whether a writer can write a checkpoint at checkpoint_id: alpsck's already, an empty directory,
+    or a path not there yet whose nearest existing parent is a writable directory (DCP's rule)."""
+    try:
+        if "://" in os.fspath(checkpoint_id):
             return False
-        if _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file():
-            return True
-        return holds_run_state(os.listdir(path))
+        path = Path(checkpoint_id).absolute()
+        if path.exists():
+            return _is_alpsck_checkpoint_id(path) or (path.is_dir() and not os.listdir(path))
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
     except (OSError, TypeError, ValueError):
         return False
 
@@ -136,12 +184,49 @@ def _same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
 
 
+def _foreign_metadata(path: Path) -> str | None:
+    """Why the ``.metadata`` at ``path`` is not alpsck's marker (a FileSystemWriter checkpoint's
+    pickle, say), or None: absent or alpsck's. Never unpickles anything."""
+    try:
+        data = read_small(path / MARKER_FILE, 4096)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{path / MARKER_FILE} cannot be read ({e.strerror or e})"
+    try:
+        if json.loads(data).get("format") == MARKER_FORMAT:
+            return None
+    except (ValueError, AttributeError):
+        pass
+    what = "a pickle: a FileSystemWriter checkpoint" if data[:1] == b"\x80" else "not alpsck's"
+    return f"{path / MARKER_FILE} is {what}"
+
+
+_MARKER_NAMES = (MARKER_FILE, MARKER_FILE + ".tmp")
+
+
+def _write_marker(path: Path) -> None:
+    """Make ``path/.metadata`` alpsck's marker, durably (tmp file, fsync, rename, fsync of the directory)."""
+    if _foreign_metadata(path) is None and (path / MARKER_FILE).is_file():
+        return
+    tmp = path / _MARKER_NAMES[1]
+    fd = open_own(tmp)
+    try:
+        os.write(fd, MARKER_BYTES)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path / MARKER_FILE)
+    fsync_path(path)
+
+
 @dataclass(frozen=True)
 class _RankPlan:
     """What the coordinator tells each rank in its plan's ``storage_data``."""
 
     rank: int
     world_size: int
+    step: int  # the step (run-directory mode) or generation (checkpoint-directory mode) the save writes
 
 
 def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
@@ -157,30 +242,48 @@ def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
 
 
 class AlpsckStorageWriter(StorageWriter):
-    """DCP StorageWriter: checkpoint ``step`` of ``run_dir``, one alpsck shard per rank, one atomic commit.
+    """DCP StorageWriter: one alpsck shard per rank, one atomic commit.
+
+    Two ways to name the checkpoint (docs/python-api.md, "DCP"):
+
+    - **run-directory mode**, ``AlpsckStorageWriter(run_dir, step)``: checkpoint ``step`` of the
+      alpsck run directory ``run_dir``, beside the Checkpointer's (``run_dir/step-00000000N``). A
+      step is written once.
+    - **checkpoint-directory mode**, ``AlpsckStorageWriter()`` with ``dcp.save(...,
+      checkpoint_id="folder/step-10")`` (or ``AlpsckStorageWriter("folder/step-10")``): the
+      checkpoint is that directory, as with DCP's FileSystemWriter and torchtitan. alpsck keeps a
+      small run directory there (each save a new generation, committed atomically, then the older
+      generations removed) and a ``.metadata`` marker (JSON) where DCP trainers look for one. Saving
+      again to the same id overwrites it (``overwrite=False``: refused), and the old checkpoint stays
+      loadable until the new one commits. A ``checkpoint_id`` other than the writer's run directory
+      switches a writer to this mode.
 
     Args:
-        run_dir: the run directory (created if missing). Use one that no :class:`alpsck.Checkpointer`
-            has open: both take its writer lock.
-        step: the checkpoint's step; it must not be committed yet.
+        run_dir: the run directory (run-directory mode), or the checkpoint directory (with no step).
+            Use one that no :class:`alpsck.Checkpointer` has open: both take its writer lock.
+        step: the checkpoint's step in run-directory mode; it must not be committed yet.
         threads, chunk_bytes, commit_timeout_s: the engine's options (None: the defaults in
             alpsck.options, as for the Checkpointer).
-        keep_last: after the commit, keep the newest ``keep_last`` committed checkpoints of the run
-            directory, DCP or not (0 keeps all).
+        keep_last: run-directory mode: after the commit, keep the newest ``keep_last`` committed
+            checkpoints of the run directory, DCP or not (0 keeps all).
         direct_io: O_DIRECT where the file system allows.
+        overwrite: checkpoint-directory mode: whether a save may replace a committed checkpoint
+            (DCP's default, True).
 
     Tensors are written from their own memory (no snapshot copy): DCP keeps them unchanged until
     ``write_data`` returns (``dcp.async_save`` stages a copy first). See the module docstring for
     the call order, locking and the no-pickle policy.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], step: int, *, threads: int | None = None,
-                 chunk_bytes: int | None = None, keep_last: int = 0, commit_timeout_s: float | None = None,
-                 direct_io: bool = True) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
+                 threads: int | None = None, chunk_bytes: int | None = None, keep_last: int = 0,
+                 commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool = True) -> None:
         super().__init__()
-        check_step(step)
-        self.run_dir = Path(run_dir)
-        self.step = step
+        check_step(step, allow_none=True)
+        if step is not None and run_dir is None:
+            raise UsageError("AlpsckStorageWriter: step= needs the run directory it belongs to")
+        self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
+        self.step = step  # None: checkpoint-directory mode
         self.threads = DEFAULTS["threads"] if threads is None else threads
         self.chunk_bytes = DEFAULTS["chunk_bytes"] if chunk_bytes is None else chunk_bytes
         self.keep_last = keep_last
@@ -188,9 +291,11 @@ class AlpsckStorageWriter(StorageWriter):
         for name in ("threads", "chunk_bytes", "keep_last", "commit_timeout_s"):
             check_option(name, getattr(self, name))
         self.direct_io = direct_io
+        self.overwrite = overwrite
         self.save_id = str(uuid.uuid4())
         self.rank = 0
         self.world_size: int | None = None
+        self._writing: int | None = None  # the step this save writes: self.step, or the coordinator's generation
         self._started = time.monotonic()
         self._engine: _core.Engine | None = None
         self._lock: _core.RunDirLock | None = None
@@ -206,27 +311,49 @@ class AlpsckStorageWriter(StorageWriter):
         return state
 
     @property
+    def named(self) -> bool:
+        """Checkpoint-directory mode: the checkpoint is the directory DCP's checkpoint_id names."""
+        return self.step is None
+
+    @property
     def checkpoint_id(self) -> str:
-        return str(_step_dir(self.run_dir, self.step))
+        if self.run_dir is None:
+            return ""
+        return str(self.run_dir if self.step is None else _step_dir(self.run_dir, self.step))
+
+    def _dir(self) -> Path:
+        if self.run_dir is None:
+            raise UsageError("AlpsckStorageWriter() was given no checkpoint directory: pass checkpoint_id= to "
+                             "dcp.save (or a path to AlpsckStorageWriter)")
+        return self.run_dir
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True for an alpsck run directory (or one of its step-N checkpoints), as DCP's contract asks."""
-        return _is_alpsck_checkpoint_id(checkpoint_id)
+        """True where this writer can save: an alpsck run or checkpoint directory, an empty directory, or a
+        path not there yet under a writable directory; False for URLs and for other directories that
+        hold files (a FileSystemWriter checkpoint, say)."""
+        return _may_become_checkpoint(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        """Called by DCP when ``dcp.save(checkpoint_id=...)`` is given: it must be this run directory."""
+        """A new save begins (DCP calls this with ``dcp.save(checkpoint_id=...)``): the run directory or
+        this writer's step keep run-directory mode; any other path is the checkpoint directory to write."""
         self.close()
-        if checkpoint_id is not None and not _same_dir(checkpoint_id, self.run_dir):
-            raise UsageError(f"checkpoint_id {os.fspath(checkpoint_id)!r}: this writer saves step {self.step} of "
-                             f"{self.run_dir}; pass checkpoint_id=None or make a writer for the other directory")
+        if checkpoint_id is not None:
+            if "://" in os.fspath(checkpoint_id):
+                raise UsageError(f"checkpoint_id {os.fspath(checkpoint_id)!r}: alpsck writes to a file system path")
+            keep = self.run_dir is not None and self.step is not None and (
+                _same_dir(checkpoint_id, self.run_dir) or _same_dir(checkpoint_id, _step_dir(self.run_dir, self.step)))
+            if not keep:
+                self.run_dir, self.step = Path(checkpoint_id), None
         self.save_id = str(uuid.uuid4())
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """All ranks, first: records this rank; a committed step is refused before anything is written.
+        """All ranks, first: records this rank; refuses, before anything is written, a committed step
+        (run-directory mode), or an existing checkpoint with ``overwrite=False`` or one that is not
+        alpsck's (checkpoint-directory mode).
 
         A save that failed between the global plan and ``write_data`` (a planner's ``finish_plan``
         raising, say) left the coordinator's engine and lock open: they are released here, so a
@@ -234,6 +361,7 @@ class AlpsckStorageWriter(StorageWriter):
         """
         self.close()
         self.rank = int(kwargs.get("rank") or 0)
+        self._writing = self.step
         self._started = time.monotonic()  # the manifest's write_seconds counts from here
         if is_coordinator != (self.rank == 0):
             who = (f"rank {self.rank} was made the coordinator" if is_coordinator else
@@ -244,9 +372,29 @@ class AlpsckStorageWriter(StorageWriter):
         if not kwargs.get("use_collectives", True):
             raise UsageError("AlpsckStorageWriter commits one checkpoint for all ranks: use_collectives=False is not "
                              "supported")
-        if (_step_dir(self.run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
-            raise UsageError(f"{self.run_dir}: step {self.step} is already committed; a step is written once "
-                             "(make a writer for a new step)")
+        run_dir = self._dir()
+        if self.step is not None:
+            if (_step_dir(run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
+                raise UsageError(f"{run_dir}: step {self.step} is already committed; a step is written once "
+                                 "(make a writer for a new step)")
+        else:
+            self._check_overwrite(run_dir)
+
+    def _check_overwrite(self, path: Path) -> None:
+        """Checkpoint-directory mode: refuse a directory holding someone else's files, or (overwrite=False)
+        a committed checkpoint; DCP's wording, so its callers' checks match."""
+        if not path.exists():
+            return
+        if not path.is_dir():
+            raise UsageError(f"checkpoint_id {str(path)!r} is not a directory")
+        why = _foreign_metadata(path)
+        foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in _MARKER_NAMES)
+        if why is None and foreign:
+            why = f"{path} holds files alpsck did not write ({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})"
+        if why is not None:
+            raise UsageError(f"{why}; alpsck does not write over it: remove it or choose another checkpoint_id")
+        if not self.overwrite and any(i["status"] == "committed" for i in _core.scan(str(path))):
+            raise UsageError(f"Checkpoint already exists and self.overwrite=False: {path}")
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         """All ranks: refuses tensors alpsck cannot store (dtype, layout) before anything is written."""
@@ -268,17 +416,30 @@ class AlpsckStorageWriter(StorageWriter):
         for plan in plans:
             if plan.planner_data is not None:
                 encode_planner_data(plan.planner_data)  # fails now rather than in finish()
-        out = [replace(plan, storage_data=_RankPlan(i, world)) for i, plan in enumerate(plans)]
         self.world_size = world
         self._open(0, world)
-        return out
+        try:
+            if self.step is None:  # the next generation, chosen under the lock after the engine tidied the directory
+                self._check_overwrite(self._dir())
+                taken = [i["step"] for i in _core.scan(str(self._dir()))]
+                self._writing = max(taken, default=0) + 1
+        finally:
+            # The engine stays open (its start-up tidied the directory, which must not happen again while
+            # the other ranks write); the lock is taken again in write_data, so a save that fails in between
+            # (DCP's finish_plan, or a subclass's write_data) leaves no lock behind.
+            self._unlock()
+        assert self._writing is not None
+        return [replace(plan, storage_data=_RankPlan(i, world, self._writing)) for i, plan in enumerate(plans)]
 
     def _open(self, rank: int, world: int) -> _core.Engine:
+        """This rank's engine, with the run directory's lock held (taken again if it was let go)."""
+        run_dir = self._dir()
+        if self._lock is None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._lock = lock_run_dir(run_dir, rank)
         if self._engine is None:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._lock = lock_run_dir(self.run_dir, rank)
             try:
-                self._engine = _core.Engine(str(self.run_dir), threads=self.threads,
+                self._engine = _core.Engine(str(run_dir), threads=self.threads,
                                             chunk_bytes=self.chunk_bytes, max_in_flight=1, keep_last=0,
                                             direct_io=self.direct_io, rank=rank, world_size=world,
                                             commit_timeout_s=self.commit_timeout_s)
@@ -286,9 +447,14 @@ class AlpsckStorageWriter(StorageWriter):
                 self.close()
                 raise
             if self.direct_io and not self._engine.direct_io:
-                warnings.warn(f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
+                warnings.warn(f"{run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
                               "fdatasyncs instead", RuntimeWarning, stacklevel=3)
         return self._engine
+
+    def _unlock(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def close(self) -> None:
         """Close this rank's engine and drop its lock (done by write_data/finish; safe to call twice)."""
@@ -297,9 +463,7 @@ class AlpsckStorageWriter(StorageWriter):
             if engine is not None:
                 engine.close()
         finally:
-            if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+            self._unlock()
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """All ranks: writes this rank's shard and returns once it is sealed and durable (not committed).
@@ -314,7 +478,7 @@ class AlpsckStorageWriter(StorageWriter):
                                  "AlpsckStorageWriter run?")
             if info.rank != self.rank:
                 raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
-            self.world_size = info.world_size
+            self.world_size, step = info.world_size, info.step
             extents: list[tuple[str, torch.Tensor]] = []
             results: list[WriteResult] = []
             names: set[str] = set()
@@ -332,13 +496,13 @@ class AlpsckStorageWriter(StorageWriter):
                 extents.append((name, data))
                 results.append(WriteResult(index=item.index, size_in_bytes=data.numel(),
                                            storage_data=ExtentRef(self.rank, name, data.numel(), kind)))
-            meta = json.dumps({"format": SHARD_FORMAT, "step": self.step, "rank": self.rank,
+            meta = json.dumps({"format": SHARD_FORMAT, "step": step, "rank": self.rank,
                                "world_size": info.world_size})
             engine = self._open(self.rank, info.world_size)
-            handle = engine.save(self.step, extents, meta, "zerocopy", extents, "deferred")
+            handle = engine.save(step, extents, meta, "zerocopy", extents, "deferred")
             handle.wait()
             if handle.result()["skipped"]:
-                raise UsageError(f"{self.run_dir}: step {self.step} is already committed; a step is written once")
+                raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
         finally:
             self.close()
         fut: Future[list[WriteResult]] = Future()
@@ -361,8 +525,12 @@ class AlpsckStorageWriter(StorageWriter):
 
         :func:`alpsck._core.commit_step` checks that every rank's shard is durable (its DONE
         record), writes the metadata file and the manifest, renames ``step-N.tmp`` to ``step-N``
-        (the commit point) and publishes LATEST.
+        (the commit point) and publishes LATEST. In checkpoint-directory mode the ``.metadata``
+        marker follows, and only then are the older generations (the overwritten checkpoint) removed.
         """
+        step, run_dir = self._writing, self._dir()
+        if step is None:
+            raise UsageError("finish() before prepare_global_plan()")
         storage: dict[MetadataIndex, ExtentRef] = {}
         for rank_results in results:
             for r in rank_results:
@@ -376,19 +544,22 @@ class AlpsckStorageWriter(StorageWriter):
             from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
 
             metadata.version = CURRENT_DCP_VERSION
-        data = encode_metadata(metadata, step=self.step, world_size=world)
+        data = encode_metadata(metadata, step=step, world_size=world)
         if len(data) > MAX_METADATA_BYTES:
             raise UsageError(f"the DCP metadata takes {len(data)} bytes as JSON, more than the {MAX_METADATA_BYTES} "
                              "a checkpoint's extra file may hold")
-        decode_metadata(data, METADATA_FILE, step=self.step, world_size=world)  # never commit what load would refuse
-        lock = lock_run_dir(self.run_dir, 0)
+        decode_metadata(data, METADATA_FILE, step=step, world_size=world)  # never commit what load would refuse
+        lock = lock_run_dir(run_dir, 0)
         try:
-            _core.commit_step(str(self.run_dir), self.step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
+            _core.commit_step(str(run_dir), step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
                               time.monotonic() - self._started)
-            if self.keep_last:
-                warning = _core.retain_newest(str(self.run_dir), self.keep_last)
+            keep = 1 if self.named else self.keep_last
+            if self.named:
+                _write_marker(run_dir)
+            if keep:
+                warning = _core.retain_newest(str(run_dir), keep)
                 if warning:
-                    warnings.warn(f"{self.run_dir}: retention: {warning}", RuntimeWarning, stacklevel=2)
+                    warnings.warn(f"{run_dir}: retention: {warning}", RuntimeWarning, stacklevel=2)
         finally:
             lock.release()
 
@@ -403,6 +574,15 @@ def _read_small(path: Path, limit: int) -> bytes:
     return data
 
 
+def _set_value(planner: LoadPlanner, req: ReadItem, value: Any) -> None:
+    """DefaultLoadPlanner.load_bytes's assignment, given the value itself rather than a pickle of it."""
+    assert isinstance(planner, DefaultLoadPlanner)
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
+    else:
+        planner.state_dict[req.dest_index.fqn] = value
+
+
 def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
     for d, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
         if o != 0 or n != t.shape[d]:
@@ -414,27 +594,35 @@ class AlpsckStorageReader(StorageReader):
     """DCP StorageReader for checkpoints written by :class:`AlpsckStorageWriter`, at any world size.
 
     Args:
-        run_dir: the run directory.
-        step: the checkpoint to load; None: the newest committed one that has DCP metadata (a newer
-            one that fails its checks is skipped with a warning naming what was wrong).
+        run_dir: a run directory, a checkpoint directory (checkpoint-directory mode), or one
+            committed ``run/step-00000000N``; None: the ``checkpoint_id`` given to ``dcp.load``.
+        step: the checkpoint to load from a run directory; None: the newest committed one that has
+            DCP metadata (a newer one that fails its checks is skipped with a warning naming what
+            was wrong).
         threads: reader threads per shard (chunks are CRC-checked on them).
         read_batch_bytes: at most this many bytes of extents are read per batch (bounds the
             temporary memory of chunks that cannot be read straight into their destination).
         direct_io: O_DIRECT reads.
+        fallback: a checkpoint directory none of whose generations is valid (``folder/step-20``) is
+            skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``);
+            False raises instead.
 
-    A chunk that fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as
-    DCP's CheckpointException); destinations already filled by then keep the new values.
+    Each load picks its checkpoint afresh (a reused reader sees saves committed since). A chunk that
+    fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
+    CheckpointException); destinations already filled by then keep the new values.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], step: int | None = None, *, threads: int = DEFAULTS["read_threads"],
-                 read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES, direct_io: bool = True) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
+                 threads: int = DEFAULTS["read_threads"], read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES,
+                 direct_io: bool = True, fallback: bool = True) -> None:
         super().__init__()
         check_step(step, allow_none=True)
-        self.run_dir = Path(run_dir)
+        self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
         self.requested_step = step
         self.threads = threads
         self.read_batch_bytes = read_batch_bytes
         self.direct_io = direct_io
+        self.fallback = fallback
         self.load_id = str(uuid.uuid4())
         self.step: int | None = None          # the step read_metadata picked
         self.path: Path | None = None         # its directory
@@ -442,47 +630,73 @@ class AlpsckStorageReader(StorageReader):
 
     @property
     def checkpoint_id(self) -> str:
-        return str(self.path or self.run_dir)
+        return str(self.path or self.run_dir or "")
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True for an alpsck run directory (or one of its step-N checkpoints), as DCP's contract asks."""
+        """True for an alpsck run directory, checkpoint directory, or committed step-N inside one."""
         return _is_alpsck_checkpoint_id(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        """Called by DCP when ``dcp.load(checkpoint_id=...)`` is given: it must be this run directory."""
-        if checkpoint_id is not None and not _same_dir(checkpoint_id, self.run_dir):
-            raise UsageError(f"checkpoint_id {os.fspath(checkpoint_id)!r}: this reader loads from {self.run_dir}")
+        """A new load begins (DCP calls this with ``dcp.load(checkpoint_id=...)``): the run directory keeps
+        ``step``; any other path is read instead (a checkpoint directory, or a run directory's newest)."""
+        if checkpoint_id is not None and (self.run_dir is None or not _same_dir(checkpoint_id, self.run_dir)):
+            self.run_dir, self.requested_step = Path(checkpoint_id), None
         self.load_id = str(uuid.uuid4())
         self.step = self.path = self._metadata = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """All ranks: picks the checkpoint and returns its validated Metadata (see the class docstring).
+        """All ranks: picks the checkpoint (afresh on every call) and returns its validated Metadata.
 
         DCP asks again with ``rank=`` after a failure (for its rank-local metadata files); alpsck
         has one global file, so that retry fails at once instead of repeating the search.
         """
         if kwargs.get("rank") is not None:
             raise UsageError(f"alpsck keeps one {METADATA_FILE} per checkpoint, no rank-local metadata")
-        if self._metadata is None:
-            self._metadata = self._pick()
-        md = self._metadata
+        md = self._metadata = self._pick()
         md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
         return md
 
     def _pick(self) -> Metadata:
-        infos = sorted(_core.scan(str(self.run_dir)), key=lambda i: i["step"], reverse=True)
-        if self.requested_step is not None:
-            info = next((i for i in infos if i["step"] == self.requested_step), None)
-            if info is None:
-                raise NoCheckpointError(f"{self.run_dir}: no checkpoint of step {self.requested_step}")
-            if info["status"] != "committed":
-                raise CorruptCheckpointError(f"{info['path']}: {info['status']}: {info['error']}")
-            if METADATA_FILE not in info["extra_files"]:
-                raise UsageError(f"{info['path']}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
-                                 "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
-            return self._load(info)
+        if self.run_dir is None:
+            raise UsageError("AlpsckStorageReader() was given no checkpoint: pass checkpoint_id= to dcp.load (or a "
+                             "path to AlpsckStorageReader)")
+        where, step = self.run_dir, self.requested_step
+        if step is None and _is_committed_step_dir(where):  # run/step-00000000N: that step of its run directory
+            where, step = where.parent, _core.parse_run_dir_name(where.name)[1]
+        if step is not None:
+            return self._pick_step(where, step)
         skipped: list[str] = []
+        try:
+            md = self._pick_newest(where, skipped)
+        except NoCheckpointError:
+            if not (self.fallback and skipped):
+                raise
+            md = self._pick_sibling(where, skipped)
+        for why in skipped:
+            warnings.warn(f"skipping checkpoint: {why}", RuntimeWarning, stacklevel=4)
+        return md
+
+    def _pick_step(self, run_dir: Path, step: int) -> Metadata:
+        info = next((i for i in _core.scan(str(run_dir)) if i["step"] == step), None)
+        if info is None:
+            raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+        if info["status"] != "committed":
+            raise CorruptCheckpointError(f"{info['path']}: {info['status']}: {info['error']}")
+        if METADATA_FILE not in info["extra_files"]:
+            raise UsageError(f"{info['path']}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
+                             "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
+        return self._load(info)
+
+    def _pick_newest(self, run_dir: Path, skipped: list[str]) -> Metadata:
+        """The newest valid DCP checkpoint of ``run_dir`` (a generation, in a checkpoint directory);
+        what was skipped on the way is appended to ``skipped``."""
+        if not run_dir.exists():
+            raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
+        why = _foreign_metadata(run_dir)
+        if why is not None:
+            raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
+        infos = sorted(_core.scan(str(run_dir)), key=lambda i: i["step"], reverse=True)
         for info in infos:
             if info["status"] in UNUSABLE:
                 skipped.append(f"{info['path']}: {info['status']}: {info['error']}")
@@ -490,15 +704,36 @@ class AlpsckStorageReader(StorageReader):
             if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:
                 continue
             try:
-                md = self._load(info)
+                return self._load(info)
             except CorruptCheckpointError as e:  # UnsafeCheckpointError included
                 skipped.append(str(e))
-                continue
-            for why in skipped:
-                warnings.warn(f"skipping checkpoint: {why}", RuntimeWarning, stacklevel=4)
-            return md
-        raise NoCheckpointError(f"{self.run_dir}: no valid DCP checkpoint" +
+        raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint" +
                                 (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+
+    def _pick_sibling(self, named: Path, skipped: list[str]) -> Metadata:
+        """``folder/step-20`` held no valid checkpoint: the newest valid ``folder/step-M``, M < 20 (the
+        same name with a lower number), as a run directory falls back to its last good step."""
+        m = _NUMBERED.match(named.name)
+        siblings: list[tuple[int, Path]] = []
+        if m is not None:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(named.parent):
+                    s = _NUMBERED.match(entry.name)
+                    if (s is not None and (s[1], s[3]) == (m[1], m[3]) and int(s[2]) < int(m[2])
+                            and entry.is_dir(follow_symlinks=False)):
+                        siblings.append((int(s[2]), Path(entry.path)))
+        for _, path in sorted(siblings, reverse=True):
+            if not _holds_alpsck_state(path):
+                continue
+            before = len(skipped)
+            try:
+                md = self._pick_newest(path, skipped)
+            except (NoCheckpointError, UsageError):
+                continue
+            skipped[:] = [f"{named} held no valid checkpoint ({'; '.join(skipped[:before])}); loading {path} instead"]
+            return md
+        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped)}), and no "
+                                "valid one of a lower number beside it")
 
     def _load(self, info: dict[str, Any]) -> Metadata:
         """The Metadata of one committed checkpoint: ``dcp-metadata.json`` checked against the manifest."""
@@ -619,10 +854,14 @@ class AlpsckStorageReader(StorageReader):
                 dest.copy_(src)
                 planner.commit_tensor(req, dest)
         for ref, reqs, buf in values:
-            value = decode_value(buf.numpy().tobytes(), f"{shard}:{ref.extent}")
-            pickled = io.BytesIO()
-            torch.save(value, pickled)  # made here from plain values decoded from JSON, for planner.load_bytes
+            raw = buf.numpy().tobytes()
             for req in reqs:
+                value = decode_value(raw, f"{shard}:{ref.extent}")  # a fresh object for each destination
+                if type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
+                    _set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
+                    continue
+                pickled = io.BytesIO()
+                torch.save(value, pickled)  # made here from plain values decoded from JSON, for a custom load_bytes
                 pickled.seek(0)
                 planner.load_bytes(req, pickled)
 

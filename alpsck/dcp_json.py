@@ -48,6 +48,13 @@ METADATA_FILE = "dcp-metadata.json"      # the extra file committed with the sha
 METADATA_FORMAT = "alpsck-dcp-metadata/1"
 SHARD_FORMAT = DCP_META_FORMAT  # the meta document in each shard's index
 VALUE_FORMAT = "alpsck-dcp-value/1"      # one non-tensor value, tagged JSON
+# A checkpoint directory named by DCP's checkpoint_id (``folder/step-N``) also holds ``.metadata``, where
+# DCP trainers look for a checkpoint: alpsck's marker, JSON (never the pickle FileSystemWriter writes there).
+MARKER_FILE = ".metadata"
+MARKER_FORMAT = "alpsck-dcp-checkpoint/1"
+MARKER_BYTES = (json.dumps({"format": MARKER_FORMAT, "reader": "alpsck.dcp.AlpsckStorageReader",
+                            "note": "written by alpsck; load with AlpsckStorageReader (docs/format.md)"},
+                           indent=1) + "\n").encode()
 MAX_METADATA_BYTES = 16 << 20            # the core's limit on a committed extra file (kMaxManifestBytes)
 MAX_VALUE_BYTES = 64 << 20               # one non-tensor value
 MAX_NAME_BYTES = 4096                    # the core's limit on an extent name

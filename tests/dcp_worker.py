@@ -5,6 +5,9 @@ Started once per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gl
 * ``save``: world size 2; saves steps 5, 10 and 15 of :func:`reference` (the last with
   keep_last=2) through AlpsckStorageWriter, with DTensors sharded Shard(0) and Shard(1),
   replicated plain tensors, bf16 tensors and non-tensor values.
+* ``named``: world size 2; torchtitan's naming: ``dcp.save(..., checkpoint_id=FOLDER/step-N)`` with one
+  reused ``AlpsckStorageWriter()``: step-5, step-10, step-10 again holding reference(11) (an
+  overwrite), and step-15 through ``dcp.async_save`` on a gloo group.
 * ``load``: any world size; loads the newest checkpoint into DTensors sharded differently
   (Shard(1) where the save had Shard(0), and the other way round) and checks every value bit for bit.
 
@@ -86,6 +89,17 @@ def main() -> int:
         for step in (5, 10, 15):
             state = sharded(reference(step), 0, 1, None)
             dcp.save(state, storage_writer=AlpsckStorageWriter(run_dir, step, keep_last=2 if step == 15 else 0))
+        dist.barrier()
+        dist.destroy_process_group()
+        print(f"OK rank {rank}")
+        return 0
+    if mode == "named":
+        writer = AlpsckStorageWriter()
+        for name, step in (("step-5", 5), ("step-10", 10), ("step-10", 11)):
+            dcp.save(sharded(reference(step), 0, 1, None), checkpoint_id=os.path.join(run_dir, name),
+                     storage_writer=writer)
+        dcp.async_save(sharded(reference(15), 0, 1, None), checkpoint_id=os.path.join(run_dir, "step-15"),
+                       storage_writer=writer, process_group=dist.new_group(backend="gloo")).result()
         dist.barrier()
         dist.destroy_process_group()
         print(f"OK rank {rank}")

@@ -322,17 +322,20 @@ def test_async_save_with_the_thread_executor_and_odd_tensors(tmp_path: Path) -> 
 
 
 def test_validate_checkpoint_id_is_true_for_an_alpsck_run_dir_and_its_checkpoints(tmp_path: Path) -> None:
+    """The reader: only where an alpsck checkpoint is. The writer, as DCP's FileSystemWriter: also where
+    one can be made (a new path, an empty directory); checkpoint-directory mode: tests/test_dcp_named.py."""
     run = tmp_path / "run"
-    for cls in (AlpsckStorageWriter, AlpsckStorageReader):
-        assert not cls.validate_checkpoint_id(run)  # not there yet
+    assert AlpsckStorageWriter.validate_checkpoint_id(run) and not AlpsckStorageReader.validate_checkpoint_id(run)
     dcp.save({"w": torch.ones(3)}, storage_writer=AlpsckStorageWriter(run, 5))
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
     for cls in (AlpsckStorageWriter, AlpsckStorageReader):
         assert cls.validate_checkpoint_id(run) and cls.validate_checkpoint_id(str(run))
         assert cls.validate_checkpoint_id(run / _core.step_dir_name(5))
-        for other in (tmp_path / "empty", tmp_path / "file", tmp_path / "missing", "s3://bucket/x"):
+        for other in (tmp_path / "file", "s3://bucket/x"):
             assert not cls.validate_checkpoint_id(other), other
+    for other in (tmp_path / "empty", tmp_path / "missing"):
+        assert AlpsckStorageWriter.validate_checkpoint_id(other) and not AlpsckStorageReader.validate_checkpoint_id(other)
 
 
 def test_writer_takes_the_run_dir_lock_and_writes_a_step_once(tmp_path: Path) -> None:

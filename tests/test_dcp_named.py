@@ -1,0 +1,328 @@
+"""alpsck.dcp in checkpoint-directory mode: DCP's checkpoint_id names the checkpoint (``folder/step-N``).
+
+What a torchtitan-shaped trainer does with DCP's FileSystemWriter must work the same with alpsck's
+writer and reader: unpadded step names it chooses, discovery of the newest step by listing the
+folder and looking for ``step-N/.metadata``, saving again over a step, reusing one writer and one
+reader, and purging old steps with ``rmtree``. On top, what DCP's own writer does not give: an
+overwrite that a crash at any point leaves either old or new, never torn, and a corrupt newest
+checkpoint skipped for the last good one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from dcp_worker import check, reference, template
+from test_dcp import _ranks
+from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+
+from alpsck import Checkpointer, _core
+from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
+from alpsck.dcp_json import MARKER_FILE, MARKER_FORMAT
+from alpsck.errors import CorruptCheckpointError, NoCheckpointError, UsageError
+
+
+@pytest.fixture(autouse=True)
+def _quiet_no_dist() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _latest_step(folder: Path) -> int:
+    """torchtitan's discovery: an unanchored ``step-(\\d+)`` over the listing, counted where
+    ``.metadata`` is a file; -1: start from scratch."""
+    if not folder.is_dir():
+        return -1
+    steps = [int(m.group(1)) for name in os.listdir(folder)
+             if (m := re.search(r"step-(\d+)", name)) and (folder / name / ".metadata").is_file()]
+    return max(steps, default=-1)
+
+
+def _old_purge(folder: Path, keep: int) -> None:
+    """An older torchtitan purge: ``int(re.search(...).group(1))`` on every entry (crashes on a foreign
+    one), then ``rmtree(ignore_errors=True)`` of all but the newest ``keep``."""
+    steps = sorted(int(re.search(r"step-(\d+)", name).group(1)) for name in os.listdir(folder))  # type: ignore[union-attr]
+    for step in steps[:-keep]:
+        shutil.rmtree(folder / f"step-{step}", ignore_errors=True)
+
+
+def _load_named(checkpoint_id: Path, reader: AlpsckStorageReader | None = None) -> dict[str, Any]:
+    state = template()
+    dcp.load(state, checkpoint_id=checkpoint_id, storage_reader=reader or AlpsckStorageReader())
+    return state
+
+
+def test_torchtitan_naming_discovery_overwrite_and_purge(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint"
+    writer, reader = AlpsckStorageWriter(), AlpsckStorageReader()
+    assert _latest_step(folder) == -1
+    for step in (1, 10, 20):
+        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
+        assert writer.checkpoint_id == str(folder / f"step-{step}")
+    # The folder holds only the trainer's names; each has a .metadata where a DCP trainer looks.
+    assert sorted(os.listdir(folder)) == ["step-1", "step-10", "step-20"]
+    for step in (1, 10, 20):
+        marker = json.loads((folder / f"step-{step}" / MARKER_FILE).read_bytes())
+        assert marker["format"] == MARKER_FORMAT and marker["reader"] == "alpsck.dcp.AlpsckStorageReader"
+    assert _latest_step(folder) == 20
+    assert check(_load_named(folder / "step-20", reader), 20) == []
+    assert check(_load_named(folder / "step-10", reader), 10) == []  # the same reader, another id
+    # Saving over step-10 (a resumed run reaching it again) replaces it: one generation stays.
+    dcp.save(reference(11), checkpoint_id=folder / "step-10", storage_writer=writer)
+    assert check(_load_named(folder / "step-10", reader), 11) == []
+    committed = [i for i in _core.scan(str(folder / "step-10")) if i["status"] == "committed"]
+    assert [i["step"] for i in committed] == [2]
+    # A reused reader without a new id sees what was committed since its last load.
+    dcp.save(reference(12), checkpoint_id=folder / "step-10", storage_writer=writer)
+    state = template()
+    dcp.load(state, storage_reader=reader)
+    assert check(state, 12) == []
+    # The older torchtitan purge meets nothing but step-N entries, and rmtree removes a checkpoint whole.
+    _old_purge(folder, keep=2)
+    assert sorted(os.listdir(folder)) == ["step-10", "step-20"] and _latest_step(folder) == 20
+    # The trainer's folder is not itself mistaken for an alpsck run directory.
+    assert not AlpsckStorageReader.validate_checkpoint_id(folder)
+    assert not AlpsckStorageWriter.validate_checkpoint_id(folder)
+    with Checkpointer(folder / "step-20", keep_last=0):  # no save left the lock behind
+        pass
+
+
+def test_overwrite_false_refuses_with_dcps_wording_and_foreign_checkpoints_are_left_alone(tmp_path: Path) -> None:
+    ckpt = tmp_path / "step-3"
+    dcp.save(reference(3), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter(overwrite=False))
+    with pytest.raises(CheckpointException, match="Checkpoint already exists"):
+        dcp.save(reference(4), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter(overwrite=False))
+    assert check(_load_named(ckpt), 3) == []
+    # A FileSystemWriter checkpoint: alpsck neither writes over it nor unpickles its .metadata.
+    fs = tmp_path / "fs" / "step-7"
+    dcp.save(reference(7), storage_writer=FileSystemWriter(fs))
+    before = {p.name: p.read_bytes() for p in fs.iterdir()}
+    with pytest.raises(CheckpointException, match=r"a pickle: a FileSystemWriter checkpoint.*does not write over"):
+        dcp.save(reference(8), checkpoint_id=fs, storage_writer=AlpsckStorageWriter())
+    assert {p.name: p.read_bytes() for p in fs.iterdir()} == before
+    with pytest.raises(CheckpointException, match="load it with DCP's FileSystemReader"):
+        _load_named(fs)
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "README").write_text("mine")
+    with pytest.raises(CheckpointException, match="holds files alpsck did not write"):
+        dcp.save(reference(8), checkpoint_id=other, storage_writer=AlpsckStorageWriter())
+    assert os.listdir(other) == ["README"]
+
+
+def test_validate_checkpoint_id_follows_dcps_rules(tmp_path: Path) -> None:
+    fs_folder = tmp_path / "titan"
+    dcp.save(reference(1), storage_writer=FileSystemWriter(fs_folder / "step-10"))
+    named = tmp_path / "mine" / "step-10"
+    dcp.save(reference(1), checkpoint_id=named, storage_writer=AlpsckStorageWriter())
+    (tmp_path / "empty").mkdir()
+    W, R = AlpsckStorageWriter.validate_checkpoint_id, AlpsckStorageReader.validate_checkpoint_id
+    # A writer may create a checkpoint where DCP's FileSystemWriter may: new paths under a writable dir,
+    # an empty dir; and its own. Never over a directory of someone else's files, nor at a URL.
+    assert W(named) and W(tmp_path / "new" / "deeper" / "step-1") and W(tmp_path / "empty")
+    assert not W(fs_folder) and not W(fs_folder / "step-10") and not W("s3://bucket/step-1")
+    # A reader only where alpsck's checkpoint is: the unpadded step-10 of a FileSystemWriter folder is not.
+    assert R(named) and R(named / _core.step_dir_name(1))
+    assert not R(fs_folder) and not R(fs_folder / "step-10") and not R(tmp_path / "empty")
+    assert not R(tmp_path / "missing") and not R("s3://bucket/step-1")
+
+
+def test_a_corrupt_named_checkpoint_falls_back_to_the_last_good_one(tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    writer = AlpsckStorageWriter()
+    for step in (10, 20, 30):
+        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
+    gen = folder / "step-30" / _core.step_dir_name(1)
+    meta = gen / "dcp-metadata.json"
+    raw = bytearray(meta.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    meta.write_bytes(bytes(raw))
+    with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint \(.*CRC mismatch\); loading .*step-20 instead"):
+        reader = AlpsckStorageReader()
+        assert check(_load_named(folder / "step-30", reader), 20) == []
+    assert reader.path is not None and reader.path.parent == folder / "step-20"
+    # DCP wraps what read_metadata raised in its own AssertionError; alpsck's message is inside.
+    with pytest.raises(CheckpointException, match=r"step-30: no valid DCP checkpoint \(skipped: .*CRC mismatch"):
+        _load_named(folder / "step-30", AlpsckStorageReader(fallback=False))
+    with pytest.raises(NoCheckpointError, match=r"step-30: no valid DCP checkpoint .*no valid one of a lower number"):
+        AlpsckStorageReader(folder / "step-30", fallback=True).read_metadata() if _damage_all(folder) else None
+    with pytest.raises(NoCheckpointError, match="step-99: no valid DCP checkpoint"):
+        AlpsckStorageReader(folder / "step-99").read_metadata()
+
+
+def _damage_all(folder: Path) -> bool:
+    """Truncate the DCP metadata of every checkpoint in ``folder``."""
+    for meta in folder.glob("step-*/step-*/dcp-metadata.json"):
+        meta.write_bytes(meta.read_bytes()[:-1])
+    return True
+
+
+def test_reader_without_a_checkpoint_names_the_argument(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="pass checkpoint_id= to dcp.load"):
+        AlpsckStorageReader().read_metadata()
+    w = AlpsckStorageWriter()
+    with pytest.raises(UsageError, match="pass checkpoint_id= to dcp.save"):
+        w.set_up_storage_writer(True, rank=0)
+    with pytest.raises(UsageError, match="step= needs the run directory"):
+        AlpsckStorageWriter(None, 3)
+
+
+def test_run_dir_mode_is_unchanged_by_a_checkpoint_id_naming_it(tmp_path: Path) -> None:
+    """``AlpsckStorageWriter(run, 5)`` with checkpoint_id the run dir or its own step dir keeps the padded
+    layout beside the Checkpointer's; another id switches that writer to checkpoint-directory mode."""
+    run = tmp_path / "run"
+    dcp.save(reference(5), checkpoint_id=run, storage_writer=AlpsckStorageWriter(run, 5))
+    w = AlpsckStorageWriter(run, 6)
+    dcp.save(reference(6), checkpoint_id=run / _core.step_dir_name(6), storage_writer=w)
+    assert sorted(i["step"] for i in _core.scan(str(run))) == [5, 6]
+    dcp.save(reference(7), checkpoint_id=tmp_path / "elsewhere", storage_writer=w)
+    assert w.named and check(_load_named(tmp_path / "elsewhere"), 7) == []
+    assert check(_load_named(run / _core.step_dir_name(5)), 5) == []  # a committed step names itself
+
+
+def test_saved_at_2_ranks_by_name_with_overwrite_and_async_loads_at_1(tmp_path: Path) -> None:
+    folder = tmp_path / "titan"
+    outs = _ranks("named", folder, 2)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"]
+    assert sorted(os.listdir(folder)) == ["step-10", "step-15", "step-5"] and _latest_step(folder) == 15
+    for name, step in (("step-5", 5), ("step-10", 11), ("step-15", 15)):
+        info = [i for i in _core.scan(str(folder / name), verify=True) if i["status"] == "committed"]
+        assert len(info) == 1 and info[0]["ranks"] == 2 and info[0]["verified"], name
+        assert check(_load_named(folder / name), step) == [], name
+
+
+_OVERWRITER = textwrap.dedent("""
+    import os, sys, warnings
+    import torch, torch.distributed.checkpoint as dcp
+    from alpsck.dcp import AlpsckStorageWriter
+    warnings.filterwarnings("ignore")
+    ckpt, n = sys.argv[1], int(sys.argv[2])
+    writer = AlpsckStorageWriter(threads=2, chunk_bytes=1 << 20)
+    i = 0
+    while True:
+        i += 1
+        dcp.save({"w": torch.full((n,), float(i)), "i": torch.tensor(i)}, checkpoint_id=ckpt, storage_writer=writer)
+        print(i, flush=True)
+""")
+
+
+def test_overwrite_killed_at_any_point_leaves_old_or_new_never_torn(tmp_path: Path) -> None:
+    """SIGKILL a process that saves over one checkpoint id again and again: after every kill the id
+    loads, whole (every element the same save's), at least as new as the last save it reported."""
+    ckpt = tmp_path / "step-10"
+    n = 16 << 20  # 64 MiB of float32: a save takes long enough to be killed inside it
+    script = tmp_path / "overwriter.py"
+    script.write_text(_OVERWRITER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    last = 0
+    for kill_after in (0.35, 0.8, 1.3):
+        p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(n)], stdout=subprocess.PIPE, text=True,
+                             env=env)
+        assert p.stdout is not None
+        first = p.stdout.readline()  # one save done: the kill lands in a later one
+        assert first.strip(), "the overwriter saved nothing"
+        time.sleep(kill_after)
+        p.send_signal(signal.SIGKILL)
+        out = first + p.stdout.read()
+        p.wait()
+        reported = int(out.split()[-1])
+        state = {"w": torch.zeros(n), "i": torch.tensor(0)}
+        dcp.load(state, checkpoint_id=ckpt, storage_reader=AlpsckStorageReader(fallback=False))
+        i = int(state["i"])
+        assert i >= reported and torch.equal(state["w"], torch.full((n,), float(i))), (i, reported)
+        assert i >= last
+        last = i
+    committed = [i for i in _core.scan(str(ckpt)) if i["status"] == "committed"]
+    assert 1 <= len(committed) <= 2  # a kill between the commit and the removal of the old generation: two
+    state = {"w": torch.zeros(n), "i": torch.tensor(0)}
+    dcp.save({"w": torch.full((n,), -1.0), "i": torch.tensor(-1)}, checkpoint_id=ckpt,
+             storage_writer=AlpsckStorageWriter())  # the next save tidies what the kills left
+    dcp.load(state, checkpoint_id=ckpt, storage_reader=AlpsckStorageReader())
+    assert int(state["i"]) == -1
+    assert [e for e in os.listdir(ckpt) if e.endswith(".tmp")] == []
+    assert len([i for i in _core.scan(str(ckpt)) if i["status"] == "committed"]) == 1
+
+
+def test_a_corrupt_overwrite_is_never_loaded_in_place_of_a_good_generation(tmp_path: Path) -> None:
+    """Two generations left by a kill between commit and clean-up, the newer damaged: the older loads."""
+    ckpt = tmp_path / "step-4"
+    dcp.save(reference(4), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+    keep = tmp_path / "gen1"
+    shutil.copytree(ckpt / _core.step_dir_name(1), keep)
+    dcp.save(reference(5), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+    shutil.copytree(keep, ckpt / _core.step_dir_name(1))  # as if the kill came before retention
+    shard = ckpt / _core.step_dir_name(2) / "dcp-metadata.json"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+        assert check(_load_named(ckpt), 4) == []
+    with pytest.raises(CorruptCheckpointError):
+        AlpsckStorageReader(ckpt, 2).read_metadata()
+
+
+def test_bytes_and_bytesio_values_round_trip_without_any_pickle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchtitan's state: a dataloader's per-rank bytes (a pickle the dataloader itself reads) and a
+    train state of BytesIO buffers. They come back as bytes and BytesIO, and loading unpickles nothing."""
+    import io
+    import pickle
+
+    losses = io.BytesIO()
+    torch.save([1.5, 2.25], losses)
+    losses.seek(3)  # a position other than 0: the whole buffer is saved, and restored at 0
+    blob = pickle.dumps({"epoch": 3, "offset": 17})
+    sd = {"model.w": torch.arange(6.0), "dataloader": {"dp_rank_0": blob, "world_size": 1},
+          "train_state": {"step": torch.tensor(40), "global_avg_losses": losses, "log_steps": io.BytesIO(b"")},
+          "lr_scheduler": {"last_epoch": 40, "base_lrs": [3e-4], "warmup": None}}
+    dcp.save(sd, checkpoint_id=tmp_path / "step-40", storage_writer=AlpsckStorageWriter())
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a pickle was loaded")
+
+    for target, name in ((pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")):
+        monkeypatch.setattr(target, name, refuse)
+    state: dict[str, Any] = {"model.w": torch.zeros(6), "dataloader": {"dp_rank_0": b"", "world_size": 0},
+                             "train_state": {"step": torch.tensor(0), "global_avg_losses": io.BytesIO(),
+                                             "log_steps": io.BytesIO()},
+                             "lr_scheduler": {"last_epoch": 0, "base_lrs": [0.0], "warmup": 1}}
+    dcp.load(state, checkpoint_id=tmp_path / "step-40", storage_reader=AlpsckStorageReader())
+    monkeypatch.undo()
+    assert torch.equal(state["model.w"], torch.arange(6.0)) and int(state["train_state"]["step"]) == 40
+    assert state["dataloader"] == {"dp_rank_0": blob, "world_size": 1}
+    got = state["train_state"]["global_avg_losses"]
+    assert isinstance(got, io.BytesIO) and got.tell() == 0 and got.getvalue() == losses.getvalue()
+    assert torch.load(got, weights_only=False) == [1.5, 2.25]  # the trainer's own unpickling, as it does
+    assert isinstance(state["train_state"]["log_steps"], io.BytesIO) and state["train_state"]["log_steps"].getvalue() == b""
+    assert state["lr_scheduler"] == {"last_epoch": 40, "base_lrs": [3e-4], "warmup": None}
+
+
+def test_a_planner_with_its_own_load_bytes_gets_the_value_as_dcp_would_give_it(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
+    seen: list[Any] = []
+
+    class Recording(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            seen.append((read_item.dest_index.fqn, torch.load(value, weights_only=True)))
+            super().load_bytes(read_item, (value.seek(0), value)[1])
+
+    dcp.save({"w": torch.ones(2), "lr": 0.5, "name": "adamw"}, checkpoint_id=tmp_path / "c",
+             storage_writer=AlpsckStorageWriter())
+    state: dict[str, Any] = {"w": torch.zeros(2), "lr": 0.0, "name": ""}
+    dcp.load(state, checkpoint_id=tmp_path / "c", storage_reader=AlpsckStorageReader(), planner=Recording())
+    assert sorted(seen) == [("lr", 0.5), ("name", "adamw")] and state["lr"] == 0.5 and state["name"] == "adamw"
