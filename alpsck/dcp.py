@@ -103,9 +103,7 @@ from torch.futures import Future
 from . import _core, tree
 from .checkpointer import lock_run_dir
 from .dcp_json import (
-    MARKER_BYTES,
-    MARKER_FILE,
-    MARKER_FORMAT,
+    MARKER_NAMES,
     MAX_METADATA_BYTES,
     METADATA_FILE,
     SHARD_FORMAT,
@@ -117,8 +115,10 @@ from .dcp_json import (
     encode_planner_data,
     encode_value,
     extent_name,
+    marker_problem,
+    write_marker,
 )
-from .durable import fsync_path, open_own, read_small
+from .durable import read_small
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import entry_kind
 from .options import DEFAULTS, check_step
@@ -182,42 +182,6 @@ def _may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
 
 def _same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
-
-
-def _foreign_metadata(path: Path) -> str | None:
-    """Why the ``.metadata`` at ``path`` is not alpsck's marker (a FileSystemWriter checkpoint's
-    pickle, say), or None: absent or alpsck's. Never unpickles anything."""
-    try:
-        data = read_small(path / MARKER_FILE, 4096)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"{path / MARKER_FILE} cannot be read ({e.strerror or e})"
-    try:
-        if json.loads(data).get("format") == MARKER_FORMAT:
-            return None
-    except (ValueError, AttributeError):
-        pass
-    what = "a pickle: a FileSystemWriter checkpoint" if data[:1] == b"\x80" else "not alpsck's"
-    return f"{path / MARKER_FILE} is {what}"
-
-
-_MARKER_NAMES = (MARKER_FILE, MARKER_FILE + ".tmp")
-
-
-def _write_marker(path: Path) -> None:
-    """Make ``path/.metadata`` alpsck's marker, durably (tmp file, fsync, rename, fsync of the directory)."""
-    if _foreign_metadata(path) is None and (path / MARKER_FILE).is_file():
-        return
-    tmp = path / _MARKER_NAMES[1]
-    fd = open_own(tmp)
-    try:
-        os.write(fd, MARKER_BYTES)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path / MARKER_FILE)
-    fsync_path(path)
 
 
 @dataclass(frozen=True)
@@ -387,8 +351,8 @@ class AlpsckStorageWriter(StorageWriter):
             return
         if not path.is_dir():
             raise UsageError(f"checkpoint_id {str(path)!r} is not a directory")
-        why = _foreign_metadata(path)
-        foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in _MARKER_NAMES)
+        why = marker_problem(path)
+        foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in MARKER_NAMES)
         if why is None and foreign:
             why = f"{path} holds files alpsck did not write ({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})"
         if why is not None:
@@ -555,7 +519,7 @@ class AlpsckStorageWriter(StorageWriter):
                               time.monotonic() - self._started)
             keep = 1 if self.named else self.keep_last
             if self.named:
-                _write_marker(run_dir)
+                write_marker(run_dir)
             if keep:
                 warning = _core.retain_newest(str(run_dir), keep)
                 if warning:
@@ -693,7 +657,7 @@ class AlpsckStorageReader(StorageReader):
         what was skipped on the way is appended to ``skipped``."""
         if not run_dir.exists():
             raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
-        why = _foreign_metadata(run_dir)
+        why = marker_problem(run_dir)
         if why is not None:
             raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
         infos = sorted(_core.scan(str(run_dir)), key=lambda i: i["step"], reverse=True)

@@ -98,6 +98,25 @@ def holds_run_state(names: Iterable[str]) -> bool:
     return any(entry_kind(n) not in ("other", "lock") for n in names)
 
 
+def _refuse_folder_of_named_checkpoints(path: Path, names: list[str]) -> None:
+    """A trainer's folder of DCP checkpoints written by alpsck (``folder/step-10``, each a run directory of
+    its own with a ``.metadata`` marker) is not a run directory: its ``step-N`` would read as damaged."""
+    steps = [n for n in names if entry_kind(n) == "step"]
+    if not steps or any(entry_kind(n) not in ("step", "other", "lock") for n in names):
+        return
+    if any((path / n / _core.run_dir_names["manifest"]).exists() or not (path / n / ".metadata").is_file()
+           for n in steps):
+        return
+    from .dcp_json import marker_problem  # torch's DCP types: imported only here
+
+    if any(marker_problem(path / n) is not None for n in steps):
+        return
+    newest = max(steps, key=lambda n: _core.parse_run_dir_name(n)[1])
+    raise UsageError(f"{path}: a folder of DCP checkpoints written by AlpsckStorageWriter ({len(steps)}: "
+                     f"{', '.join(sorted(steps)[:3])}{' ...' if len(steps) > 3 else ''}), each a run directory of its "
+                     f"own; name one, e.g. {path / newest}")
+
+
 def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
     """The run directory as a Path, or a one-line AlpsckError saying why it is not usable.
 
@@ -121,6 +140,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         raise _denied(run_dir, "cannot list it") from None
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
+    _refuse_folder_of_named_checkpoints(path, names)
     if not holds_run_state(names):
         baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
         hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "

@@ -326,3 +326,29 @@ def test_a_planner_with_its_own_load_bytes_gets_the_value_as_dcp_would_give_it(t
     state: dict[str, Any] = {"w": torch.zeros(2), "lr": 0.0, "name": ""}
     dcp.load(state, checkpoint_id=tmp_path / "c", storage_reader=AlpsckStorageReader(), planner=Recording())
     assert sorted(seen) == [("lr", 0.5), ("name", "adamw")] and state["lr"] == 0.5 and state["name"] == "adamw"
+
+
+def test_the_tools_name_a_checkpoint_of_a_trainers_folder_instead_of_calling_them_damaged(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoint"
+    writer = AlpsckStorageWriter()
+    for step in (1, 10):
+        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
+    for cmd in (["inspect-checkpoints", str(folder)], ["prune", str(folder), "--keep-last", "1"]):
+        p = subprocess.run([sys.executable, "-m", "alpsck", *cmd], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and f"name one, e.g. {folder / 'step-10'}" in p.stderr, p.stderr
+    assert sorted(os.listdir(folder)) == ["step-1", "step-10"]
+    p = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(folder / "step-10"), "--verify"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "committed" in p.stdout, p.stdout + p.stderr
+
+
+def test_symlinks_at_the_markers_names_never_lead_a_write_outside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    for name in (".metadata", ".metadata.tmp"):
+        ckpt = tmp_path / f"ck{name}"
+        ckpt.mkdir()
+        (ckpt / name).symlink_to(outside)
+        with pytest.raises(CheckpointException):
+            dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+        assert outside.read_text() == "precious" and (ckpt / name).is_symlink()
