@@ -46,14 +46,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _ranks(mode: str, run_dir: Path, world: int) -> list[str]:
-    """Run the worker on ``world`` ranks; every rank must exit 0. Returns their outputs."""
+def _ranks(mode: str, run_dir: Path, world: int, script: Path = WORKER) -> list[str]:
+    """Run ``script mode run_dir`` (the worker) on ``world`` ranks; every rank must exit 0. Returns their outputs."""
     port = _free_port()
     procs = []
     for rank in range(world):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), mode, str(run_dir)], env=env,
+        procs.append(subprocess.Popen([sys.executable, str(script), mode, str(run_dir)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
     try:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from test_dcp import _ranks
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
@@ -274,3 +275,12 @@ def test_load_is_in_place(backend: Backend, tmp_path: Path) -> None:
     assert into["model"] is msd and into["lr"] == 0.1
     for k, v in target.state_dict().items():  # the module's own parameters received the values
         assert torch.equal(v, model.state_dict()[k]), k
+
+
+# -- the 2-rank cases (tests/dcp_contract_worker.py): resharding on load into a checkpoint saved again and
+# again, sharded <-> plain tensors, ranks listing their keys in another order with collectives in Stateful
+
+
+def test_two_ranks(backend: Backend, tmp_path: Path) -> None:
+    outs = _ranks(backend.name, tmp_path, 2, script=Path(__file__).with_name("dcp_contract_worker.py"))
+    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
