@@ -67,21 +67,23 @@ generation under the lock in ``prepare_global_plan`` and sends it to every rank 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
+import math
 import os
 import re
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -202,6 +204,88 @@ def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
     return encode_value(lookup(item.index), item.index.fqn)
 
 
+@dataclass(frozen=True)
+class _Extent:
+    """One write item of this rank's shard: its extent name, its size, and how to get its bytes (a flat
+    uint8 CPU tensor; for a tensor item, the planner's resolve_data, called only then)."""
+
+    name: str
+    nbytes: int
+    resolve: Callable[[], torch.Tensor]
+    tensor: Callable[[], torch.Tensor] | None = None  # a tensor item: the planner's tensor, before flattening
+
+
+def _chunk_nbytes(item: WriteItem) -> int:
+    td = item.tensor_data
+    assert td is not None  # prepare_local_plan checked it
+    return math.prod(td.chunk.sizes) * td.properties.dtype.itemsize
+
+
+def _in_place(planner: SavePlanner, extents: list[_Extent]) -> list[tuple[str, torch.Tensor]] | None:
+    """The extents as views of the tensors' own memory, when that costs no copy: DCP's default
+    resolve_data (a lookup, allocating nothing) giving CPU tensors whose bytes are contiguous. None
+    otherwise (device tensors, views, a planner whose resolve_data may allocate): they are resolved
+    one at a time while the shard is written (:func:`_save_resolving_lazily`), as DCP's contract asks."""
+    if type(planner).resolve_data is not DefaultSavePlanner.resolve_data:
+        return None
+    out: list[tuple[str, torch.Tensor]] = []
+    for e in extents:
+        if e.tensor is None:
+            out.append((e.name, e.resolve()))
+            continue
+        t = e.tensor().detach()
+        if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
+            return None
+        out.append((e.name, t.reshape(-1).view(torch.uint8)))
+    return out
+
+
+def _save_resolving_lazily(engine: _core.Engine, step: int, extents: list[_Extent], meta: str) -> Any:
+    """Write the shard through the engine's staging slots, chunk by chunk: each extent is resolved when
+    its first byte is needed and dropped after its last one is copied, so resolving (a device-to-host
+    copy, a planner's allocation) overlaps the writes and at most the extents spanning one chunk are
+    held at once. Returns the save's handle."""
+    handle, fill = engine.save_external(step, [(e.name, e.nbytes) for e in extents], meta, "deferred")
+    if not fill.needed:
+        return handle
+    by_name = {e.name: e for e in extents}
+    cb = int(fill.chunk_bytes)
+    pieces: list[list[tuple[str, int, int, int]]] = [[] for _ in range(int(fill.num_chunks))]  # name, src, dst, n
+    last: dict[str, int] = {}
+    for name, offset, size in fill.extents:
+        pos, end = int(offset), int(offset) + int(size)
+        while pos < end:
+            i = pos // cb
+            n = min(end, (i + 1) * cb) - pos
+            pieces[i].append((name, pos - int(offset), pos - i * cb, n))
+            last[name] = i
+            pos += n
+    pool = engine.staging_tensor()
+    live: dict[str, torch.Tensor] = {}
+    try:
+        for i, chunk in enumerate(pieces):
+            slot = fill.acquire(i, block=True)
+            if slot is None:
+                break  # the save failed (a write error): its handle says why
+            for name, src, dst, n in chunk:
+                data = live.get(name)
+                if data is None:
+                    data = live[name] = by_name[name].resolve()
+                    if data.numel() != by_name[name].nbytes:
+                        raise UsageError(f"extent {name!r}: {data.numel()} bytes resolved for "
+                                         f"{by_name[name].nbytes} planned")
+                pool[int(slot) + dst: int(slot) + dst + n].copy_(data[src: src + n])
+                if last[name] == i:
+                    del live[name]
+            fill.submit(i, slot)
+    except BaseException as e:
+        fill.fail(f"resolving the DCP write items of step {step} failed: {type(e).__name__}: {e}")
+        raise
+    finally:
+        fill.finish()
+    return handle
+
+
 # ------------------------------------------------------------------------------ writer
 
 
@@ -234,9 +318,12 @@ class AlpsckStorageWriter(StorageWriter):
         overwrite: checkpoint-directory mode: whether a save may replace a committed checkpoint
             (DCP's default, True).
 
-    Tensors are written from their own memory (no snapshot copy): DCP keeps them unchanged until
-    ``write_data`` returns (``dcp.async_save`` stages a copy first). See the module docstring for
-    the call order, locking and the no-pickle policy.
+    CPU tensors that DCP's default planner hands over contiguous are written from their own memory
+    (no snapshot copy): DCP keeps them unchanged until ``write_data`` returns (``dcp.async_save``
+    stages a copy first). Anything else (device tensors, views, a planner whose ``resolve_data``
+    allocates) is resolved one item at a time while the shard is written, through a few staging
+    slots, so resolving overlaps writing and never holds the whole state at once. See the module
+    docstring for the call order, locking and the no-pickle policy.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
@@ -403,8 +490,10 @@ class AlpsckStorageWriter(StorageWriter):
             self._lock = lock_run_dir(run_dir, rank)
         if self._engine is None:
             try:
-                self._engine = _core.Engine(str(run_dir), threads=self.threads,
-                                            chunk_bytes=self.chunk_bytes, max_in_flight=1, keep_last=0,
+                # staging_bytes: slots for the items resolved while writing (mapped now, touched only then)
+                self._engine = _core.Engine(str(run_dir), threads=self.threads, chunk_bytes=self.chunk_bytes,
+                                            staging_bytes=(self.threads + 2) * self.chunk_bytes,
+                                            max_in_flight=1, keep_last=0,
                                             direct_io=self.direct_io, rank=rank, world_size=world,
                                             commit_timeout_s=self.commit_timeout_s)
             except BaseException:
@@ -432,8 +521,8 @@ class AlpsckStorageWriter(StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """All ranks: writes this rank's shard and returns once it is sealed and durable (not committed).
 
-        One extent per write item: a tensor chunk's raw bytes (written from the tensor's memory),
-        or a non-tensor value as JSON. The shard's DONE record tells the coordinator it is there.
+        One extent per write item: a tensor chunk's raw bytes (from the tensor's memory, or resolved
+        while writing: the class docstring), or a non-tensor value as JSON. The shard's DONE record tells the coordinator it is there.
         """
         try:  # every way out releases the engine and the lock (the coordinator's were opened by the plan)
             info = plan.storage_data
@@ -443,27 +532,33 @@ class AlpsckStorageWriter(StorageWriter):
             if info.rank != self.rank:
                 raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
             self.world_size, step = info.world_size, info.step
-            extents: list[tuple[str, torch.Tensor]] = []
+            extents: list[_Extent] = []
             results: list[WriteResult] = []
             names: set[str] = set()
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO:
                     kind = "json"
                     data = torch.frombuffer(bytearray(_encode_value(planner, item)), dtype=torch.uint8)
+                    extent = _Extent(extent_name(item.index, kind), data.numel(), lambda data=data: data)
                 else:
                     kind = "tensor"
-                    data = self._tensor_bytes(planner, item)
-                name = extent_name(item.index, kind)
-                if name in names:
-                    raise UsageError(f"{item.index.fqn}: written twice by rank {self.rank} (extent {name!r})")
-                names.add(name)
-                extents.append((name, data))
-                results.append(WriteResult(index=item.index, size_in_bytes=data.numel(),
-                                           storage_data=ExtentRef(self.rank, name, data.numel(), kind)))
+                    tensor = functools.partial(self._resolved, planner, item)
+                    extent = _Extent(extent_name(item.index, kind), _chunk_nbytes(item),
+                                     lambda tensor=tensor: tree.flat_bytes(tensor()), tensor)
+                if extent.name in names:
+                    raise UsageError(f"{item.index.fqn}: written twice by rank {self.rank} (extent {extent.name!r})")
+                names.add(extent.name)
+                extents.append(extent)
+                results.append(WriteResult(index=item.index, size_in_bytes=extent.nbytes,
+                                           storage_data=ExtentRef(self.rank, extent.name, extent.nbytes, kind)))
             meta = json.dumps({"format": SHARD_FORMAT, "step": step, "rank": self.rank,
                                "world_size": info.world_size})
             engine = self._open(self.rank, info.world_size)
-            handle = engine.save(step, extents, meta, "zerocopy", extents, "deferred")
+            direct = _in_place(planner, extents)
+            if direct is not None:  # written from the tensors' own memory
+                handle = engine.save(step, direct, meta, "zerocopy", direct, "deferred")
+            else:
+                handle = _save_resolving_lazily(engine, step, extents, meta)
             handle.wait()
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
@@ -473,7 +568,9 @@ class AlpsckStorageWriter(StorageWriter):
         fut.set_result(results)
         return fut
 
-    def _tensor_bytes(self, planner: SavePlanner, item: WriteItem) -> torch.Tensor:
+    @staticmethod
+    def _resolved(planner: SavePlanner, item: WriteItem) -> torch.Tensor:
+        """The planner's tensor for a tensor item, checked against the plan."""
         td = item.tensor_data
         assert td is not None  # prepare_local_plan checked it
         t = planner.resolve_data(item)
@@ -482,7 +579,8 @@ class AlpsckStorageWriter(StorageWriter):
         if t.dtype != td.properties.dtype or tuple(t.shape) != tuple(td.chunk.sizes):
             raise UsageError(f"{item.index.fqn}: the planner resolved a {t.dtype} {list(t.shape)} tensor for a "
                              f"{td.properties.dtype} {list(td.chunk.sizes)} chunk")
-        return tree.flat_bytes(t)
+        return t
+
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator, last: commits the step with ``dcp-metadata.json`` (atomic), then applies retention.

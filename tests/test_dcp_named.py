@@ -352,3 +352,38 @@ def test_symlinks_at_the_markers_names_never_lead_a_write_outside(tmp_path: Path
         with pytest.raises(CheckpointException):
             dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
         assert outside.read_text() == "precious" and (ckpt / name).is_symlink()
+
+
+def test_resolve_data_is_called_lazily_one_item_at_a_time(tmp_path: Path) -> None:
+    """DCP's contract: a planner's resolve_data may allocate, so a writer calls it as it writes. With a
+    planner that clones every tensor it resolves, at most the items of one chunk are alive at once, and
+    the checkpoint is bit for bit the state."""
+    import weakref
+
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    alive: set[int] = set()
+    most = 0
+
+    class Cloning(DefaultSavePlanner):
+        def resolve_data(self, write_item: Any) -> Any:
+            nonlocal most
+            data = super().resolve_data(write_item)
+            if isinstance(data, torch.Tensor):
+                data = data.clone()
+                alive.add(id(data))
+                weakref.finalize(data, alive.discard, id(data))
+                most = max(most, len(alive))
+            return data
+
+    g = torch.Generator().manual_seed(5)
+    sd = {f"w{i}": torch.randn(256, 300, generator=g) for i in range(8)}  # 300 KiB each, 64 KiB chunks
+    sd["t"] = torch.randn(40, 30, generator=g).t()  # a view: resolved through the slots too
+    dcp.save(sd, checkpoint_id=tmp_path / "c", storage_writer=AlpsckStorageWriter(chunk_bytes=64 << 10),
+             planner=Cloning())
+    assert 1 <= most <= 2, most
+    into = {k: torch.zeros_like(v) for k, v in sd.items()}
+    into["t"] = torch.zeros(30, 40)
+    dcp.load(into, checkpoint_id=tmp_path / "c", storage_reader=AlpsckStorageReader())
+    for k, v in sd.items():
+        assert torch.equal(into[k], v), k

@@ -3,7 +3,8 @@
 The same total state (a transformer-like state, :mod:`.state`) is split over W ranks as DTensors
 sharded on dim 0 (each rank builds its own shards with ``DTensor.from_local``: no communication),
 and saved and loaded through ``torch.distributed.checkpoint`` with alpsck's backend
-(:mod:`alpsck.dcp`) and with DCP's FileSystemWriter/Reader (``sync_files=True``: every file
+(:mod:`alpsck.dcp`, each checkpoint named by ``checkpoint_id`` as torchtitan names them) and with
+DCP's FileSystemWriter/Reader (``sync_files=True``: every file
 fsync'ed; the checkpoint directory and its parent are fsync'ed after the save too, inside the
 timing, so both are durable when the clock stops). Every configuration runs in one process group
 of W processes (gloo; CPU tensors), started by this module as ``python -m alpsck.bench.ranks``.
@@ -34,7 +35,6 @@ from typing import Any
 
 import torch
 
-from .. import _core
 from ..durable import fsync_path
 from ..errors import AlpsckError
 from .methods import drop_page_cache
@@ -133,8 +133,10 @@ def table(r: RanksResult) -> str:
 # ------------------------------------------------------------------------------ one rank
 
 
-def _ckpt(method: str, d: Path, step: int) -> Path:
-    return d / (_core.step_dir_name(step) if method.startswith("alpsck") else f"ckpt-{step}")
+def _ckpt(d: Path, step: int) -> Path:
+    """Each checkpoint in a directory of its own, named by DCP's checkpoint_id, for both backends
+    (alpsck's checkpoint-directory mode: as torchtitan names them)."""
+    return d / f"ckpt-{step}"
 
 
 def _save(method: str, state: dict[str, Any], d: Path, step: int, rank: int, cfg: dict[str, Any]) -> None:
@@ -142,11 +144,12 @@ def _save(method: str, state: dict[str, Any], d: Path, step: int, rank: int, cfg
 
     from ..dcp import AlpsckStorageWriter
 
+    ckpt = _ckpt(d, step)
     if method.startswith("alpsck"):
-        dcp.save(state, storage_writer=AlpsckStorageWriter(d, step, threads=cfg["alpsck_threads"]))
+        dcp.save(state, checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter(threads=cfg["alpsck_threads"]))
         return
-    ckpt = _ckpt(method, d, step)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(ckpt, sync_files=True, thread_count=int(method.split("t=")[1])))
+    dcp.save(state, checkpoint_id=ckpt,
+             storage_writer=dcp.FileSystemWriter(ckpt, sync_files=True, thread_count=int(method.split("t=")[1])))
     if rank == 0:  # the rename of .metadata and the new directory, durable too
         fsync_path(ckpt)
         fsync_path(ckpt.parent)
@@ -157,8 +160,9 @@ def _load(method: str, state: dict[str, Any], d: Path, step: int) -> None:
 
     from ..dcp import AlpsckStorageReader
 
-    reader = AlpsckStorageReader(d, step) if method.startswith("alpsck") else dcp.FileSystemReader(_ckpt(method, d, step))
-    dcp.load(state, storage_reader=reader)
+    ckpt = _ckpt(d, step)
+    reader = AlpsckStorageReader() if method.startswith("alpsck") else dcp.FileSystemReader(ckpt)
+    dcp.load(state, checkpoint_id=ckpt, storage_reader=reader)
 
 
 def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -201,8 +205,7 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
             if rank == 0:  # keep one checkpoint (outside the timing)
                 for old in d.iterdir():
-                    ours = old.name.startswith("ckpt-") or _core.parse_run_dir_name(old.name)[0] == "step"
-                    if old.is_dir() and ours and old != _ckpt(method, d, step):
+                    if old.is_dir() and old.name.startswith("ckpt-") and old != _ckpt(d, step):
                         shutil.rmtree(old)
         results.append({"method": method, "save_seconds": saves[1:], "load_seconds": loads[1:]})
         dist.barrier()
