@@ -141,7 +141,8 @@ def test_bench_size_sweep_json_and_plot(tmp_path: Path) -> None:
 def test_overhead_cli_json(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "alpsck", "bench", "--overhead", "--dir", str(tmp_path), "--ks", "2", "--iters", "4",
            "--block", "2", "--warmup", "1", "--model-dim", "32", "--model-layers", "1", "--model-heads", "2",
-           "--batch-size", "1", "--seq-len", "16", "--methods", "alpsck", "--rounds", "2", "--json"]
+           "--batch-size", "1", "--seq-len", "16", "--methods", "alpsck", "--rounds", "2", "--torch-threads", "1",
+           "--json"]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
@@ -152,6 +153,7 @@ def test_overhead_cli_json(tmp_path: Path) -> None:
     assert run["overhead_pct"] == min(run["overhead_rounds"])
     assert run["block"] == 2 and run["iterations"] == 4 and len(run["pair_overheads_pct"]) == 2
     assert doc["model"]["dim"] == 32 and doc["iters"] == 4
+    assert doc["machine"]["torch_threads"] == 1  # --torch-threads: the training's threads during the run
     assert "[overhead]" in p.stderr  # progress goes to stderr
 
 
