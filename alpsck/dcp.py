@@ -48,9 +48,10 @@ Locking: a writer takes the run directory's per-rank writer lock
 (:func:`alpsck.checkpointer.lock_run_dir`) while it writes: the coordinator in
 ``prepare_global_plan`` (its engine's start-up tidies the directory; the generation is chosen),
 every rank during ``write_data``, and the coordinator again for the commit and retention in
-``finish``. No lock is held between those calls, so a save that DCP abandons in between leaves none. So a DCP save and an open
-:class:`alpsck.Checkpointer` (or another job) on the same run directory fail with
-:class:`RunDirLockedError` instead of removing each other's directories. Readers take no lock.
+``finish``. No lock is held between those calls, so a save that DCP abandons in between leaves
+none. A DCP save and an open :class:`alpsck.Checkpointer` (or another job) on the same run
+directory fail with :class:`RunDirLockedError` instead of removing each other's directories.
+Readers take no lock.
 
 Threading: a writer or reader serves one save or load at a time, driven by DCP on one thread per
 rank (``async_save`` runs the whole save on its background thread). Long core calls release the
@@ -153,6 +154,11 @@ def _holds_alpsck_state(path: Path) -> bool:
         elif kind not in ("other", "lock"):
             return True
     return False
+
+
+def _is_marked(path: Path) -> bool:
+    """A checkpoint directory AlpsckStorageWriter wrote (checkpoint-directory mode): it has alpsck's marker."""
+    return (path / MARKER_NAMES[0]).is_file() and marker_problem(path) is None
 
 
 def _is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -292,7 +298,7 @@ def _save_resolving_lazily(engine: _core.Engine, step: int, extents: list[_Exten
 class AlpsckStorageWriter(StorageWriter):
     """DCP StorageWriter: one alpsck shard per rank, one atomic commit.
 
-    Two ways to name the checkpoint (docs/python-api.md, "DCP"):
+    Two ways to name the checkpoint (docs/python-api.md, "Resharding"; docs/dcp.md):
 
     - **run-directory mode**, ``AlpsckStorageWriter(run_dir, step)``: checkpoint ``step`` of the
       alpsck run directory ``run_dir``, beside the Checkpointer's (``run_dir/step-00000000N``). A
@@ -407,8 +413,8 @@ class AlpsckStorageWriter(StorageWriter):
         alpsck's (checkpoint-directory mode).
 
         A save that failed between the global plan and ``write_data`` (a planner's ``finish_plan``
-        raising, say) left the coordinator's engine and lock open: they are released here, so a
-        reused writer, or one in dcp.async_save's long-lived process, never blocks on itself.
+        raising, say) left the coordinator's engine open (not its lock): it is closed here, so a
+        reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
         self.rank = int(kwargs.get("rank") or 0)
@@ -522,9 +528,10 @@ class AlpsckStorageWriter(StorageWriter):
         """All ranks: writes this rank's shard and returns once it is sealed and durable (not committed).
 
         One extent per write item: a tensor chunk's raw bytes (from the tensor's memory, or resolved
-        while writing: the class docstring), or a non-tensor value as JSON. The shard's DONE record tells the coordinator it is there.
+        while writing: the class docstring), or a non-tensor value as JSON. The shard's DONE record
+        tells the coordinator it is there.
         """
-        try:  # every way out releases the engine and the lock (the coordinator's were opened by the plan)
+        try:  # every way out releases the engine and the lock (the coordinator's engine was opened by the plan)
             info = plan.storage_data
             if not isinstance(info, _RankPlan):
                 raise UsageError("the plan carries no alpsck rank assignment: was prepare_global_plan of an "
@@ -580,7 +587,6 @@ class AlpsckStorageWriter(StorageWriter):
             raise UsageError(f"{item.index.fqn}: the planner resolved a {t.dtype} {list(t.shape)} tensor for a "
                              f"{td.properties.dtype} {list(td.chunk.sizes)} chunk")
         return t
-
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator, last: commits the step with ``dcp-metadata.json`` (atomic), then applies retention.
@@ -666,8 +672,9 @@ class AlpsckStorageReader(StorageReader):
             temporary memory of chunks that cannot be read straight into their destination).
         direct_io: O_DIRECT reads.
         fallback: a checkpoint directory none of whose generations is valid (``folder/step-20``) is
-            skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``);
-            False raises instead.
+            skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``),
+            checkpoint directories both; False raises instead. A run directory never falls back to
+            another run directory.
 
     Each load picks its checkpoint afresh (a reused reader sees saves committed since). A chunk that
     fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
@@ -732,7 +739,7 @@ class AlpsckStorageReader(StorageReader):
         try:
             md = self._pick_newest(where, skipped)
         except NoCheckpointError:
-            if not (self.fallback and skipped):
+            if not (self.fallback and skipped and _is_marked(where)):  # never from one run directory to another
                 raise
             md = self._pick_sibling(where, skipped)
         for why in skipped:
@@ -785,7 +792,7 @@ class AlpsckStorageReader(StorageReader):
                             and entry.is_dir(follow_symlinks=False)):
                         siblings.append((int(s[2]), Path(entry.path)))
         for _, path in sorted(siblings, reverse=True):
-            if not _holds_alpsck_state(path):
+            if not _is_marked(path):
                 continue
             before = len(skipped)
             try:

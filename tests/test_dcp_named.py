@@ -387,3 +387,18 @@ def test_resolve_data_is_called_lazily_one_item_at_a_time(tmp_path: Path) -> Non
     dcp.load(into, checkpoint_id=tmp_path / "c", storage_reader=AlpsckStorageReader())
     for k, v in sd.items():
         assert torch.equal(into[k], v), k
+
+
+def test_a_run_directory_never_falls_back_to_another_run(tmp_path: Path) -> None:
+    """runs/exp2 with every checkpoint corrupt must not load runs/exp1: only checkpoint directories
+    (alpsck's .metadata marker) fall back to a lower-numbered sibling."""
+    for name, step in (("exp1", 1), ("exp2", 2)):
+        dcp.save(reference(step), storage_writer=AlpsckStorageWriter(tmp_path / name, step))
+    _damage_all_runs(tmp_path / "exp2")
+    with pytest.raises(NoCheckpointError, match="exp2: no valid DCP checkpoint"):
+        AlpsckStorageReader(tmp_path / "exp2").read_metadata()
+
+
+def _damage_all_runs(run: Path) -> None:
+    for meta in run.glob("step-*/dcp-metadata.json"):
+        meta.write_bytes(meta.read_bytes()[:-1])
