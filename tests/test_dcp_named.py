@@ -231,7 +231,6 @@ def test_overwrite_killed_at_any_point_leaves_old_or_new_never_torn(tmp_path: Pa
     script = tmp_path / "overwriter.py"
     script.write_text(_OVERWRITER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    last = 0
     for kill_after in (0.35, 0.8, 1.3):
         p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(n)], stdout=subprocess.PIPE, text=True,
                              env=env)
@@ -246,9 +245,8 @@ def test_overwrite_killed_at_any_point_leaves_old_or_new_never_torn(tmp_path: Pa
         state = {"w": torch.zeros(n), "i": torch.tensor(0)}
         dcp.load(state, checkpoint_id=ckpt, storage_reader=AlpsckStorageReader(fallback=False))
         i = int(state["i"])
+        # Each process counts from 1 and reported one save before the kill: what loads is its own, whole.
         assert i >= reported and torch.equal(state["w"], torch.full((n,), float(i))), (i, reported)
-        assert i >= last
-        last = i
     committed = [i for i in _core.scan(str(ckpt)) if i["status"] == "committed"]
     assert 1 <= len(committed) <= 2  # a kill between the commit and the removal of the old generation: two
     state = {"w": torch.zeros(n), "i": torch.tensor(0)}
