@@ -121,7 +121,7 @@ from .dcp_json import (
     marker_problem,
     write_marker,
 )
-from .durable import read_small
+from .durable import fsync_path, read_small
 from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from .inspect import entry_kind
 from .options import DEFAULTS, check_step
@@ -219,6 +219,19 @@ class _Extent:
     nbytes: int
     resolve: Callable[[], torch.Tensor]
     tensor: Callable[[], torch.Tensor] | None = None  # a tensor item: the planner's tensor, before flattening
+
+
+def _make_dirs_durably(path: Path) -> None:
+    """``mkdir -p path``, each directory it creates made durable in its parent (a checkpoint directory
+    is new at every save in checkpoint-directory mode: its commit must not vanish with its name)."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for d in reversed(missing):
+        fsync_path(d.parent)
 
 
 def _chunk_nbytes(item: WriteItem) -> int:
@@ -492,7 +505,7 @@ class AlpsckStorageWriter(StorageWriter):
         """This rank's engine, with the run directory's lock held (taken again if it was let go)."""
         run_dir = self._dir()
         if self._lock is None:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            _make_dirs_durably(run_dir)
             self._lock = lock_run_dir(run_dir, rank)
         if self._engine is None:
             try:
