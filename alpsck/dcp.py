@@ -63,44 +63,40 @@ of it; ``finish`` commits the generation, then writes the ``.metadata`` marker D
 for (JSON, ``alpsck.dcp_json.MARKER_BYTES``), then removes the older generations, so an overwrite
 leaves the old checkpoint loadable until the new one is committed. The coordinator picks the
 generation under the lock in ``prepare_global_plan`` and sends it to every rank in its plan.
+
+Modules: this one holds the writer; :mod:`alpsck.dcp_read` the reader (exported here);
+:mod:`alpsck.dcp_paths` what a checkpoint_id names; :mod:`alpsck.dcp_json` the JSON formats.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import json
 import math
 import os
-import re
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
     StorageMeta,
-    TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import (
-    LoadPlan,
-    LoadPlanner,
-    ReadItem,
     SavePlan,
     SavePlanner,
     WriteItem,
     WriteItemType,
 )
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from . import _core, tree
@@ -113,7 +109,6 @@ from .dcp_json import (
     ExtentRef,
     check_properties,
     decode_metadata,
-    decode_value,
     encode_metadata,
     encode_planner_data,
     encode_value,
@@ -121,75 +116,15 @@ from .dcp_json import (
     marker_problem,
     write_marker,
 )
-from .durable import fsync_path, read_small
-from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from .dcp_paths import make_dirs_durably, may_become_checkpoint, same_dir, step_dir
+from .dcp_read import AlpsckStorageReader
+from .errors import UsageError
 from .inspect import entry_kind
 from .options import DEFAULTS, check_step
 from .options import check as check_option
-from .shards import UNUSABLE, shard_name
 
 __all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter"]
 
-DEFAULT_READ_BATCH_BYTES = 512 << 20
-_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
-
-
-def _step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / _core.step_dir_name(step)
-
-
-def _is_committed_step_dir(path: Path) -> bool:
-    """``run/step-N`` with its manifest: one committed checkpoint of a run directory."""
-    return _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file()
-
-
-def _holds_alpsck_state(path: Path) -> bool:
-    """Whether directory ``path`` is alpsck's: a LATEST, a history, an attempt ... or a step-N that holds a
-    manifest. A bare ``step-10`` (a FileSystemWriter checkpoint, or a folder of named checkpoints) is not."""
-    for name in os.listdir(path):
-        kind = entry_kind(name)
-        if kind == "step":
-            if (path / name / _core.run_dir_names["manifest"]).is_file():
-                return True
-        elif kind not in ("other", "lock"):
-            return True
-    return False
-
-
-def _is_marked(path: Path) -> bool:
-    """A checkpoint directory AlpsckStorageWriter wrote (checkpoint-directory mode): it has alpsck's marker."""
-    return (path / MARKER_NAMES[0]).is_file() and marker_problem(path) is None
-
-
-def _is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:
-    """Whether checkpoint_id names an alpsck run directory, a checkpoint directory written by
-    AlpsckStorageWriter, or a committed step-N inside one; never raises."""
-    try:
-        path = Path(checkpoint_id)
-        return path.is_dir() and (_is_committed_step_dir(path) or _holds_alpsck_state(path))
-    except (OSError, TypeError, ValueError):
-        return False
-
-
-def _may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
-    """Whether a writer can write a checkpoint at checkpoint_id: alpsck's already, an empty directory,
-    or a path not there yet whose nearest existing parent is a writable directory (DCP's rule)."""
-    try:
-        if "://" in os.fspath(checkpoint_id):
-            return False
-        path = Path(checkpoint_id).absolute()
-        if path.exists():
-            return _is_alpsck_checkpoint_id(path) or (path.is_dir() and not os.listdir(path))
-        parent = path.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
-    except (OSError, TypeError, ValueError):
-        return False
-
-
-def _same_dir(a: str | os.PathLike[str], b: Path) -> bool:
-    return Path(a).resolve() == b.resolve()
 
 
 @dataclass(frozen=True)
@@ -221,17 +156,12 @@ class _Extent:
     tensor: Callable[[], torch.Tensor] | None = None  # a tensor item: the planner's tensor, before flattening
 
 
-def _make_dirs_durably(path: Path) -> None:
-    """``mkdir -p path``, each directory it creates made durable in its parent (a checkpoint directory
-    is new at every save in checkpoint-directory mode: its commit must not vanish with its name)."""
-    missing: list[Path] = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    path.mkdir(parents=True, exist_ok=True)
-    for d in reversed(missing):
-        fsync_path(d.parent)
+def _given(data: torch.Tensor) -> torch.Tensor:
+    return data
+
+
+def _flat_bytes_of(tensor: Callable[[], torch.Tensor]) -> torch.Tensor:
+    return tree.flat_bytes(tensor())
 
 
 def _chunk_nbytes(item: WriteItem) -> int:
@@ -283,9 +213,11 @@ def _save_resolving_lazily(engine: _core.Engine, step: int, extents: list[_Exten
     live: dict[str, torch.Tensor] = {}
     try:
         for i, chunk in enumerate(pieces):
-            slot = fill.acquire(i, block=True)
-            if slot is None:
+            got = fill.acquire(i, block=True)
+            if got is None:
                 break  # the save failed (a write error): its handle says why
+            assert isinstance(got, int)
+            slot = got
             for name, src, dst, n in chunk:
                 data = live.get(name)
                 if data is None:
@@ -293,7 +225,7 @@ def _save_resolving_lazily(engine: _core.Engine, step: int, extents: list[_Exten
                     if data.numel() != by_name[name].nbytes:
                         raise UsageError(f"extent {name!r}: {data.numel()} bytes resolved for "
                                          f"{by_name[name].nbytes} planned")
-                pool[int(slot) + dst: int(slot) + dst + n].copy_(data[src: src + n])
+                pool[slot + dst: slot + dst + n].copy_(data[src: src + n])
                 if last[name] == i:
                     del live[name]
             fill.submit(i, slot)
@@ -389,7 +321,7 @@ class AlpsckStorageWriter(StorageWriter):
     def checkpoint_id(self) -> str:
         if self.run_dir is None:
             return ""
-        return str(self.run_dir if self.step is None else _step_dir(self.run_dir, self.step))
+        return str(self.run_dir if self.step is None else step_dir(self.run_dir, self.step))
 
     def _dir(self) -> Path:
         if self.run_dir is None:
@@ -402,7 +334,7 @@ class AlpsckStorageWriter(StorageWriter):
         """True where this writer can save: an alpsck run or checkpoint directory, an empty directory, or a
         path not there yet under a writable directory; False for URLs and for other directories that
         hold files (a FileSystemWriter checkpoint, say)."""
-        return _may_become_checkpoint(checkpoint_id)
+        return may_become_checkpoint(checkpoint_id)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """A new save begins (DCP calls this with ``dcp.save(checkpoint_id=...)``): the run directory or
@@ -412,7 +344,7 @@ class AlpsckStorageWriter(StorageWriter):
             if "://" in os.fspath(checkpoint_id):
                 raise UsageError(f"checkpoint_id {os.fspath(checkpoint_id)!r}: alpsck writes to a file system path")
             keep = self.run_dir is not None and self.step is not None and (
-                _same_dir(checkpoint_id, self.run_dir) or _same_dir(checkpoint_id, _step_dir(self.run_dir, self.step)))
+                same_dir(checkpoint_id, self.run_dir) or same_dir(checkpoint_id, step_dir(self.run_dir, self.step)))
             if not keep:
                 self.run_dir, self.step = Path(checkpoint_id), None
         self.save_id = str(uuid.uuid4())
@@ -444,7 +376,7 @@ class AlpsckStorageWriter(StorageWriter):
                              "supported")
         run_dir = self._dir()
         if self.step is not None:
-            if (_step_dir(run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
+            if (step_dir(run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
                 raise UsageError(f"{run_dir}: step {self.step} is already committed; a step is written once "
                                  "(make a writer for a new step)")
         else:
@@ -505,7 +437,7 @@ class AlpsckStorageWriter(StorageWriter):
         """This rank's engine, with the run directory's lock held (taken again if it was let go)."""
         run_dir = self._dir()
         if self._lock is None:
-            _make_dirs_durably(run_dir)
+            make_dirs_durably(run_dir)
             self._lock = lock_run_dir(run_dir, rank)
         if self._engine is None:
             try:
@@ -559,12 +491,12 @@ class AlpsckStorageWriter(StorageWriter):
                 if item.type == WriteItemType.BYTE_IO:
                     kind = "json"
                     data = torch.frombuffer(bytearray(_encode_value(planner, item)), dtype=torch.uint8)
-                    extent = _Extent(extent_name(item.index, kind), data.numel(), lambda data=data: data)
+                    extent = _Extent(extent_name(item.index, kind), data.numel(), functools.partial(_given, data))
                 else:
                     kind = "tensor"
                     tensor = functools.partial(self._resolved, planner, item)
                     extent = _Extent(extent_name(item.index, kind), _chunk_nbytes(item),
-                                     lambda tensor=tensor: tree.flat_bytes(tensor()), tensor)
+                                     functools.partial(_flat_bytes_of, tensor), tensor)
                 if extent.name in names:
                     raise UsageError(f"{item.index.fqn}: written twice by rank {self.rank} (extent {extent.name!r})")
                 names.add(extent.name)
@@ -643,316 +575,3 @@ class AlpsckStorageWriter(StorageWriter):
                     warnings.warn(f"{run_dir}: retention: {warning}", RuntimeWarning, stacklevel=2)
         finally:
             lock.release()
-
-
-# ------------------------------------------------------------------------------ reader
-
-
-def _read_small(path: Path, limit: int) -> bytes:
-    data = read_small(path, limit)
-    if len(data) > limit:
-        raise CorruptCheckpointError(f"{path}: larger than {limit} bytes")
-    return data
-
-
-def _set_value(planner: LoadPlanner, req: ReadItem, value: Any) -> None:
-    """DefaultLoadPlanner.load_bytes's assignment, given the value itself rather than a pickle of it."""
-    assert isinstance(planner, DefaultLoadPlanner)
-    if planner.flatten_state_dict:
-        set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
-    else:
-        planner.state_dict[req.dest_index.fqn] = value
-
-
-def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
-    for d, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
-        if o != 0 or n != t.shape[d]:
-            t = t.narrow(d, o, n)
-    return t
-
-
-class AlpsckStorageReader(StorageReader):
-    """DCP StorageReader for checkpoints written by :class:`AlpsckStorageWriter`, at any world size.
-
-    Args:
-        run_dir: a run directory, a checkpoint directory (checkpoint-directory mode), or one
-            committed ``run/step-00000000N``; None: the ``checkpoint_id`` given to ``dcp.load``.
-        step: the checkpoint to load from a run directory; None: the newest committed one that has
-            DCP metadata (a newer one that fails its checks is skipped with a warning naming what
-            was wrong).
-        threads: reader threads per shard (chunks are CRC-checked on them).
-        read_batch_bytes: at most this many bytes of extents are read per batch (bounds the
-            temporary memory of chunks that cannot be read straight into their destination).
-        direct_io: O_DIRECT reads.
-        fallback: a checkpoint directory none of whose generations is valid (``folder/step-20``) is
-            skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``),
-            checkpoint directories both; False raises instead. A run directory never falls back to
-            another run directory.
-
-    Each load picks its checkpoint afresh (a reused reader sees saves committed since). A chunk that
-    fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
-    CheckpointException); destinations already filled by then keep the new values.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
-                 threads: int = DEFAULTS["read_threads"], read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES,
-                 direct_io: bool = True, fallback: bool = True) -> None:
-        super().__init__()
-        check_step(step, allow_none=True)
-        self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
-        self.requested_step = step
-        self.threads = threads
-        self.read_batch_bytes = read_batch_bytes
-        self.direct_io = direct_io
-        self.fallback = fallback
-        self.load_id = str(uuid.uuid4())
-        self.step: int | None = None          # the step read_metadata picked
-        self.path: Path | None = None         # its directory
-        self._metadata: Metadata | None = None
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.path or self.run_dir or "")
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        """True for an alpsck run directory, checkpoint directory, or committed step-N inside one."""
-        return _is_alpsck_checkpoint_id(checkpoint_id)
-
-    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        """A new load begins (DCP calls this with ``dcp.load(checkpoint_id=...)``): the run directory keeps
-        ``step``; any other path is read instead (a checkpoint directory, or a run directory's newest)."""
-        if checkpoint_id is not None and (self.run_dir is None or not _same_dir(checkpoint_id, self.run_dir)):
-            self.run_dir, self.requested_step = Path(checkpoint_id), None
-        self.load_id = str(uuid.uuid4())
-        self.step = self.path = self._metadata = None
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """All ranks: picks the checkpoint (afresh on every call) and returns its validated Metadata.
-
-        DCP asks again with ``rank=`` after a failure (for its rank-local metadata files); alpsck
-        has one global file, so that retry fails at once instead of repeating the search.
-        """
-        if kwargs.get("rank") is not None:
-            raise UsageError(f"alpsck keeps one {METADATA_FILE} per checkpoint, no rank-local metadata")
-        md = self._metadata = self._pick()
-        md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
-        return md
-
-    def _pick(self) -> Metadata:
-        if self.run_dir is None:
-            raise UsageError("AlpsckStorageReader() was given no checkpoint: pass checkpoint_id= to dcp.load (or a "
-                             "path to AlpsckStorageReader)")
-        where, step = self.run_dir, self.requested_step
-        if step is None and _is_committed_step_dir(where):  # run/step-00000000N: that step of its run directory
-            where, step = where.parent, _core.parse_run_dir_name(where.name)[1]
-        if step is not None:
-            return self._pick_step(where, step)
-        skipped: list[str] = []
-        try:
-            md = self._pick_newest(where, skipped)
-        except NoCheckpointError:
-            if not (self.fallback and skipped and _is_marked(where)):  # never from one run directory to another
-                raise
-            md = self._pick_sibling(where, skipped)
-        for why in skipped:
-            warnings.warn(f"skipping checkpoint: {why}", RuntimeWarning, stacklevel=4)
-        return md
-
-    def _pick_step(self, run_dir: Path, step: int) -> Metadata:
-        info = next((i for i in _core.scan(str(run_dir)) if i["step"] == step), None)
-        if info is None:
-            raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
-        if info["status"] != "committed":
-            raise CorruptCheckpointError(f"{info['path']}: {info['status']}: {info['error']}")
-        if METADATA_FILE not in info["extra_files"]:
-            raise UsageError(f"{info['path']}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
-                             "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
-        return self._load(info)
-
-    def _pick_newest(self, run_dir: Path, skipped: list[str]) -> Metadata:
-        """The newest valid DCP checkpoint of ``run_dir`` (a generation, in a checkpoint directory);
-        what was skipped on the way is appended to ``skipped``."""
-        if not run_dir.exists():
-            raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
-        why = marker_problem(run_dir)
-        if why is not None:
-            raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
-        infos = sorted(_core.scan(str(run_dir)), key=lambda i: i["step"], reverse=True)
-        for info in infos:
-            if info["status"] in UNUSABLE:
-                skipped.append(f"{info['path']}: {info['status']}: {info['error']}")
-                continue
-            if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:
-                continue
-            try:
-                return self._load(info)
-            except CorruptCheckpointError as e:  # UnsafeCheckpointError included
-                skipped.append(str(e))
-        raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint" +
-                                (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
-
-    def _pick_sibling(self, named: Path, skipped: list[str]) -> Metadata:
-        """``folder/step-20`` held no valid checkpoint: the newest valid ``folder/step-M``, M < 20 (the
-        same name with a lower number), as a run directory falls back to its last good step."""
-        m = _NUMBERED.match(named.name)
-        siblings: list[tuple[int, Path]] = []
-        if m is not None:
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(named.parent):
-                    s = _NUMBERED.match(entry.name)
-                    if (s is not None and (s[1], s[3]) == (m[1], m[3]) and int(s[2]) < int(m[2])
-                            and entry.is_dir(follow_symlinks=False)):
-                        siblings.append((int(s[2]), Path(entry.path)))
-        for _, path in sorted(siblings, reverse=True):
-            if not _is_marked(path):
-                continue
-            before = len(skipped)
-            try:
-                md = self._pick_newest(path, skipped)
-            except (NoCheckpointError, UsageError):
-                continue
-            skipped[:] = [f"{named} held no valid checkpoint ({'; '.join(skipped[:before])}); loading {path} instead"]
-            return md
-        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped)}), and no "
-                                "valid one of a lower number beside it")
-
-    def _load(self, info: dict[str, Any]) -> Metadata:
-        """The Metadata of one committed checkpoint: ``dcp-metadata.json`` checked against the manifest."""
-        path = Path(info["path"])
-        try:
-            manifest = json.loads(_read_small(path / _core.run_dir_names["manifest"], MAX_METADATA_BYTES))
-            entry = next(x for x in manifest["extra"] if x.get("name") == METADATA_FILE)
-            want_bytes, want_crc = int(entry["bytes"]), int(entry["crc"])
-        except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
-            raise CorruptCheckpointError(f"{path}/MANIFEST.json: no valid entry for {METADATA_FILE} ({e!r})") from e
-        data = _read_small(path / METADATA_FILE, MAX_METADATA_BYTES)
-        if len(data) != want_bytes or _core.crc32c(data) != want_crc:
-            raise CorruptCheckpointError(f"{path / METADATA_FILE}: size or CRC32C differs from the manifest")
-        md = decode_metadata(data, str(path / METADATA_FILE), step=info["step"], world_size=info["ranks"])
-        self.step, self.path = int(info["step"]), path
-        return md
-
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """All ranks: the metadata must be the one this reader's read_metadata returned."""
-        if metadata is not self._metadata or self.path is None:
-            raise UsageError("AlpsckStorageReader reads only the metadata its own read_metadata() returned")
-
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return replace(plan, storage_data=self.step)
-
-    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        """Coordinator: every rank must have picked the same checkpoint (a save may have landed in between)."""
-        steps = sorted({p.storage_data for p in plans}, key=str)
-        if len(steps) > 1:
-            raise UsageError(f"{self.run_dir}: the ranks picked different checkpoints (steps {steps}); pass step= to "
-                             "AlpsckStorageReader")
-        return plans
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """All ranks: reads what ``plan`` asks for, shard by shard, each shard opened once."""
-        md, path = self._metadata, self.path
-        if md is None or path is None:
-            raise UsageError("read_data before read_metadata")
-        storage: dict[MetadataIndex, ExtentRef] = md.storage_data
-        by_rank: dict[int, dict[str, list[ReadItem]]] = {}
-        refs: dict[str, ExtentRef] = {}
-        for req in plan.items:
-            ref = storage.get(req.storage_index)
-            if ref is None:
-                raise CorruptCheckpointError(f"{path}: no stored data for {req.storage_index.fqn!r} at "
-                                             f"{req.storage_index.offset}")
-            by_rank.setdefault(ref.rank, {}).setdefault(ref.extent, []).append(req)
-            refs[f"{ref.rank}/{ref.extent}"] = ref
-        for rank in sorted(by_rank):
-            shard = path / shard_name(rank)
-            reader = _core.ShardReader(str(shard), self.direct_io)
-            layout = {name: (offset, size) for name, offset, size in reader.extents}
-            wanted = by_rank[rank]
-            for name in wanted:
-                have = layout.get(name)
-                if have is None or have[1] != refs[f"{rank}/{name}"].nbytes:
-                    raise CorruptCheckpointError(
-                        f"{shard}: extent {name!r} " + ("is missing" if have is None else
-                                                        f"has {have[1]} bytes, the metadata says "
-                                                        f"{refs[f'{rank}/{name}'].nbytes}"))
-            batch: list[tuple[ExtentRef, list[ReadItem]]] = []
-            size = 0
-            for name in sorted(wanted, key=lambda n: layout[n][0]):
-                ref = refs[f"{rank}/{name}"]
-                batch.append((ref, wanted[name]))
-                size += ref.nbytes
-                if size >= self.read_batch_bytes:
-                    self._read_batch(reader, shard, batch, planner, md)
-                    batch, size = [], 0
-            if batch:
-                self._read_batch(reader, shard, batch, planner, md)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
-
-    def _read_batch(self, reader: _core.ShardReader, shard: Path, batch: list[tuple[ExtentRef, list[ReadItem]]],
-                    planner: LoadPlanner, md: Metadata) -> None:
-        """One read_into call for the batch's extents, then the copies into the destinations and the commits."""
-        dsts: list[tuple[str, torch.Tensor]] = []
-        direct: list[tuple[ReadItem, torch.Tensor]] = []  # read straight into the destination
-        values: list[tuple[ExtentRef, list[ReadItem], torch.Tensor]] = []
-        copies: list[tuple[list[ReadItem], torch.Tensor, torch.Tensor | None]] = []  # (reqs, chunk, resolved dest)
-        for ref, reqs in batch:
-            if ref.kind == "json":
-                buf = torch.empty(ref.nbytes, dtype=torch.uint8)
-                if ref.nbytes:
-                    dsts.append((ref.extent, buf))
-                values.append((ref, reqs, buf))
-                continue
-            tmd = md.state_dict_metadata[reqs[0].storage_index.fqn]
-            assert isinstance(tmd, TensorStorageMetadata)  # decode_metadata checked every storage entry
-            sizes = tuple(tmd.chunks[self._chunk_index(tmd, reqs[0])].sizes)
-            dtype = tmd.properties.dtype
-            resolved: torch.Tensor | None = None
-            req = reqs[0]
-            if len(reqs) == 1 and not any(req.storage_offsets) and tuple(req.lengths) == sizes:
-                resolved = planner.resolve_tensor(req).detach()
-                if (resolved.device.type == "cpu" and resolved.dtype == dtype and resolved.is_contiguous()
-                        and tuple(resolved.shape) == sizes):
-                    if ref.nbytes:
-                        dsts.append((ref.extent, resolved.reshape(-1).view(torch.uint8)))
-                    direct.append((req, resolved))
-                    continue
-            chunk = torch.empty(sizes, dtype=dtype)
-            if ref.nbytes:
-                dsts.append((ref.extent, chunk.reshape(-1).view(torch.uint8)))
-            copies.append((reqs, chunk, resolved))
-        reader.read_into(dsts, self.threads)
-        for req, dest in direct:
-            planner.commit_tensor(req, dest)
-        for reqs, chunk, resolved in copies:
-            for req in reqs:
-                src = _narrow(chunk, req.storage_offsets, req.lengths)
-                dest = resolved if resolved is not None else planner.resolve_tensor(req).detach()
-                if dest.shape != src.shape:
-                    raise CorruptCheckpointError(f"{shard}: {req.storage_index.fqn!r}: the stored region "
-                                                 f"{list(src.shape)} does not fit the destination {list(dest.shape)}")
-                dest.copy_(src)
-                planner.commit_tensor(req, dest)
-        for ref, reqs, buf in values:
-            raw = buf.numpy().tobytes()
-            for req in reqs:
-                value = decode_value(raw, f"{shard}:{ref.extent}")  # a fresh object for each destination
-                if type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
-                    _set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
-                    continue
-                pickled = io.BytesIO()
-                torch.save(value, pickled)  # made here from plain values decoded from JSON, for a custom load_bytes
-                pickled.seek(0)
-                planner.load_bytes(req, pickled)
-
-    @staticmethod
-    def _chunk_index(tmd: TensorStorageMetadata, req: ReadItem) -> int:
-        hint = req.storage_index.index
-        if hint is not None and 0 <= hint < len(tmd.chunks) and tmd.chunks[hint].offsets == req.storage_index.offset:
-            return hint
-        for i, c in enumerate(tmd.chunks):
-            if c.offsets == req.storage_index.offset:
-                return i
-        raise CorruptCheckpointError(f"{req.storage_index.fqn!r}: no chunk at {req.storage_index.offset}")

@@ -1,0 +1,88 @@
+"""Where a DCP checkpoint lives: what the checkpoint_id forms name, for the writer and the reader.
+
+A DCP ``checkpoint_id`` names either an alpsck run directory (run-directory mode, with the step given
+to the writer), one of its committed ``step-00000000N``, or a checkpoint directory of its own
+(checkpoint-directory mode: ``folder/step-10``, marked by alpsck's ``.metadata``). Nothing here
+imports the writer or the reader.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import _core
+from .dcp_json import MARKER_NAMES, marker_problem
+from .durable import fsync_path
+from .inspect import entry_kind
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / _core.step_dir_name(step)
+
+
+def is_committed_step_dir(path: Path) -> bool:
+    """``run/step-N`` with its manifest: one committed checkpoint of a run directory."""
+    return _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file()
+
+
+def holds_alpsck_state(path: Path) -> bool:
+    """Whether directory ``path`` is alpsck's: a LATEST, a history, an attempt ... or a step-N that holds a
+    manifest. A bare ``step-10`` (a FileSystemWriter checkpoint, or a folder of named checkpoints) is not."""
+    for name in os.listdir(path):
+        kind = entry_kind(name)
+        if kind == "step":
+            if (path / name / _core.run_dir_names["manifest"]).is_file():
+                return True
+        elif kind not in ("other", "lock"):
+            return True
+    return False
+
+
+def is_marked(path: Path) -> bool:
+    """A checkpoint directory AlpsckStorageWriter wrote (checkpoint-directory mode): it has alpsck's marker."""
+    return (path / MARKER_NAMES[0]).is_file() and marker_problem(path) is None
+
+
+def is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:
+    """Whether checkpoint_id names an alpsck run directory, a checkpoint directory written by
+    AlpsckStorageWriter, or a committed step-N inside one; never raises."""
+    try:
+        path = Path(checkpoint_id)
+        return path.is_dir() and (is_committed_step_dir(path) or holds_alpsck_state(path))
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
+    """Whether a writer can write a checkpoint at checkpoint_id: alpsck's already, an empty directory,
+    or a path not there yet whose nearest existing parent is a writable directory (DCP's rule)."""
+    try:
+        if "://" in os.fspath(checkpoint_id):
+            return False
+        path = Path(checkpoint_id).absolute()
+        if path.exists():
+            return is_alpsck_checkpoint_id(path) or (path.is_dir() and not os.listdir(path))
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def same_dir(a: str | os.PathLike[str], b: Path) -> bool:
+    return Path(a).resolve() == b.resolve()
+
+
+def make_dirs_durably(path: Path) -> None:
+    """``mkdir -p path``, each directory it creates made durable in its parent (a checkpoint directory
+    is new at every save in checkpoint-directory mode: its commit must not vanish with its name)."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for d in reversed(missing):
+        fsync_path(d.parent)

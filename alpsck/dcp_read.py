@@ -1,0 +1,345 @@
+"""The DCP StorageReader on the alpsck core: :class:`AlpsckStorageReader` (exported by :mod:`alpsck.dcp`,
+whose docstring has the call order and the no-pickle policy)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import uuid
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from . import _core
+from .dcp_json import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value, marker_problem
+from .dcp_paths import is_alpsck_checkpoint_id, is_committed_step_dir, is_marked, same_dir
+from .durable import read_small
+from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from .options import DEFAULTS, check_step
+from .shards import UNUSABLE, shard_name
+
+DEFAULT_READ_BATCH_BYTES = 512 << 20
+_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    data = read_small(path, limit)
+    if len(data) > limit:
+        raise CorruptCheckpointError(f"{path}: larger than {limit} bytes")
+    return data
+
+
+def _set_value(planner: LoadPlanner, req: ReadItem, value: Any) -> None:
+    """DefaultLoadPlanner.load_bytes's assignment, given the value itself rather than a pickle of it."""
+    assert isinstance(planner, DefaultLoadPlanner)
+    if planner.flatten_state_dict:
+        set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
+    else:
+        planner.state_dict[req.dest_index.fqn] = value
+
+
+def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
+    for d, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
+        if o != 0 or n != t.shape[d]:
+            t = t.narrow(d, o, n)
+    return t
+
+
+class AlpsckStorageReader(StorageReader):
+    """DCP StorageReader for checkpoints written by :class:`AlpsckStorageWriter`, at any world size.
+
+    Args:
+        run_dir: a run directory, a checkpoint directory (checkpoint-directory mode), or one
+            committed ``run/step-00000000N``; None: the ``checkpoint_id`` given to ``dcp.load``.
+        step: the checkpoint to load from a run directory; None: the newest committed one that has
+            DCP metadata (a newer one that fails its checks is skipped with a warning naming what
+            was wrong).
+        threads: reader threads per shard (chunks are CRC-checked on them).
+        read_batch_bytes: at most this many bytes of extents are read per batch (bounds the
+            temporary memory of chunks that cannot be read straight into their destination).
+        direct_io: O_DIRECT reads.
+        fallback: a checkpoint directory none of whose generations is valid (``folder/step-20``) is
+            skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``),
+            checkpoint directories both; False raises instead. A run directory never falls back to
+            another run directory.
+
+    Each load picks its checkpoint afresh (a reused reader sees saves committed since). A chunk that
+    fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
+    CheckpointException); destinations already filled by then keep the new values.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
+                 threads: int = DEFAULTS["read_threads"], read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES,
+                 direct_io: bool = True, fallback: bool = True) -> None:
+        super().__init__()
+        check_step(step, allow_none=True)
+        self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
+        self.requested_step = step
+        self.threads = threads
+        self.read_batch_bytes = read_batch_bytes
+        self.direct_io = direct_io
+        self.fallback = fallback
+        self.load_id = str(uuid.uuid4())
+        self.step: int | None = None          # the step read_metadata picked
+        self.path: Path | None = None         # its directory
+        self._metadata: Metadata | None = None
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.path or self.run_dir or "")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True for an alpsck run directory, checkpoint directory, or committed step-N inside one."""
+        return is_alpsck_checkpoint_id(checkpoint_id)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """A new load begins (DCP calls this with ``dcp.load(checkpoint_id=...)``): the run directory keeps
+        ``step``; any other path is read instead (a checkpoint directory, or a run directory's newest)."""
+        if checkpoint_id is not None and (self.run_dir is None or not same_dir(checkpoint_id, self.run_dir)):
+            self.run_dir, self.requested_step = Path(checkpoint_id), None
+        self.load_id = str(uuid.uuid4())
+        self.step = self.path = self._metadata = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """All ranks: picks the checkpoint (afresh on every call) and returns its validated Metadata.
+
+        DCP asks again with ``rank=`` after a failure (for its rank-local metadata files); alpsck
+        has one global file, so that retry fails at once instead of repeating the search.
+        """
+        if kwargs.get("rank") is not None:
+            raise UsageError(f"alpsck keeps one {METADATA_FILE} per checkpoint, no rank-local metadata")
+        md = self._metadata = self._pick()
+        md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
+        return md
+
+    def _pick(self) -> Metadata:
+        if self.run_dir is None:
+            raise UsageError("AlpsckStorageReader() was given no checkpoint: pass checkpoint_id= to dcp.load (or a "
+                             "path to AlpsckStorageReader)")
+        where, step = self.run_dir, self.requested_step
+        if step is None and is_committed_step_dir(where):  # run/step-00000000N: that step of its run directory
+            where, step = where.parent, _core.parse_run_dir_name(where.name)[1]
+        if step is not None:
+            return self._pick_step(where, step)
+        skipped: list[str] = []
+        try:
+            md = self._pick_newest(where, skipped)
+        except NoCheckpointError:
+            if not (self.fallback and skipped and is_marked(where)):  # never from one run directory to another
+                raise
+            md = self._pick_sibling(where, skipped)
+        for why in skipped:
+            warnings.warn(f"skipping checkpoint: {why}", RuntimeWarning, stacklevel=4)
+        return md
+
+    def _pick_step(self, run_dir: Path, step: int) -> Metadata:
+        info = next((i for i in _core.scan(str(run_dir)) if i["step"] == step), None)
+        if info is None:
+            raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+        if info["status"] != "committed":
+            raise CorruptCheckpointError(f"{info['path']}: {info['status']}: {info['error']}")
+        if METADATA_FILE not in info["extra_files"]:
+            raise UsageError(f"{info['path']}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
+                             "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
+        return self._load(info)
+
+    def _pick_newest(self, run_dir: Path, skipped: list[str]) -> Metadata:
+        """The newest valid DCP checkpoint of ``run_dir`` (a generation, in a checkpoint directory);
+        what was skipped on the way is appended to ``skipped``."""
+        if not run_dir.exists():
+            raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
+        why = marker_problem(run_dir)
+        if why is not None:
+            raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
+        infos = sorted(_core.scan(str(run_dir)), key=lambda i: i["step"], reverse=True)
+        for info in infos:
+            if info["status"] in UNUSABLE:
+                skipped.append(f"{info['path']}: {info['status']}: {info['error']}")
+                continue
+            if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:
+                continue
+            try:
+                return self._load(info)
+            except CorruptCheckpointError as e:  # UnsafeCheckpointError included
+                skipped.append(str(e))
+        raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint" +
+                                (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+
+    def _pick_sibling(self, named: Path, skipped: list[str]) -> Metadata:
+        """``folder/step-20`` held no valid checkpoint: the newest valid ``folder/step-M``, M < 20 (the
+        same name with a lower number), as a run directory falls back to its last good step."""
+        m = _NUMBERED.match(named.name)
+        siblings: list[tuple[int, Path]] = []
+        if m is not None:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(named.parent):
+                    s = _NUMBERED.match(entry.name)
+                    if (s is not None and (s[1], s[3]) == (m[1], m[3]) and int(s[2]) < int(m[2])
+                            and entry.is_dir(follow_symlinks=False)):
+                        siblings.append((int(s[2]), Path(entry.path)))
+        for _, path in sorted(siblings, reverse=True):
+            if not is_marked(path):
+                continue
+            before = len(skipped)
+            try:
+                md = self._pick_newest(path, skipped)
+            except (NoCheckpointError, UsageError):
+                continue
+            skipped[:] = [f"{named} held no valid checkpoint ({'; '.join(skipped[:before])}); loading {path} instead"]
+            return md
+        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped)}), and no "
+                                "valid one of a lower number beside it")
+
+    def _load(self, info: dict[str, Any]) -> Metadata:
+        """The Metadata of one committed checkpoint: ``dcp-metadata.json`` checked against the manifest."""
+        path = Path(info["path"])
+        try:
+            manifest = json.loads(_read_small(path / _core.run_dir_names["manifest"], MAX_METADATA_BYTES))
+            entry = next(x for x in manifest["extra"] if x.get("name") == METADATA_FILE)
+            want_bytes, want_crc = int(entry["bytes"]), int(entry["crc"])
+        except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+            raise CorruptCheckpointError(f"{path}/MANIFEST.json: no valid entry for {METADATA_FILE} ({e!r})") from e
+        data = _read_small(path / METADATA_FILE, MAX_METADATA_BYTES)
+        if len(data) != want_bytes or _core.crc32c(data) != want_crc:
+            raise CorruptCheckpointError(f"{path / METADATA_FILE}: size or CRC32C differs from the manifest")
+        md = decode_metadata(data, str(path / METADATA_FILE), step=info["step"], world_size=info["ranks"])
+        self.step, self.path = int(info["step"]), path
+        return md
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """All ranks: the metadata must be the one this reader's read_metadata returned."""
+        if metadata is not self._metadata or self.path is None:
+            raise UsageError("AlpsckStorageReader reads only the metadata its own read_metadata() returned")
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return replace(plan, storage_data=self.step)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Coordinator: every rank must have picked the same checkpoint (a save may have landed in between)."""
+        steps = sorted({p.storage_data for p in plans}, key=str)
+        if len(steps) > 1:
+            raise UsageError(f"{self.run_dir}: the ranks picked different checkpoints (steps {steps}); pass step= to "
+                             "AlpsckStorageReader")
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """All ranks: reads what ``plan`` asks for, shard by shard, each shard opened once."""
+        md, path = self._metadata, self.path
+        if md is None or path is None:
+            raise UsageError("read_data before read_metadata")
+        storage: dict[MetadataIndex, ExtentRef] = md.storage_data
+        by_rank: dict[int, dict[str, list[ReadItem]]] = {}
+        refs: dict[str, ExtentRef] = {}
+        for req in plan.items:
+            ref = storage.get(req.storage_index)
+            if ref is None:
+                raise CorruptCheckpointError(f"{path}: no stored data for {req.storage_index.fqn!r} at "
+                                             f"{req.storage_index.offset}")
+            by_rank.setdefault(ref.rank, {}).setdefault(ref.extent, []).append(req)
+            refs[f"{ref.rank}/{ref.extent}"] = ref
+        for rank in sorted(by_rank):
+            shard = path / shard_name(rank)
+            reader = _core.ShardReader(str(shard), self.direct_io)
+            layout = {name: (offset, size) for name, offset, size in reader.extents}
+            wanted = by_rank[rank]
+            for name in wanted:
+                have = layout.get(name)
+                if have is None or have[1] != refs[f"{rank}/{name}"].nbytes:
+                    raise CorruptCheckpointError(
+                        f"{shard}: extent {name!r} " + ("is missing" if have is None else
+                                                        f"has {have[1]} bytes, the metadata says "
+                                                        f"{refs[f'{rank}/{name}'].nbytes}"))
+            batch: list[tuple[ExtentRef, list[ReadItem]]] = []
+            size = 0
+            for name in sorted(wanted, key=lambda n: layout[n][0]):
+                ref = refs[f"{rank}/{name}"]
+                batch.append((ref, wanted[name]))
+                size += ref.nbytes
+                if size >= self.read_batch_bytes:
+                    self._read_batch(reader, shard, batch, planner, md)
+                    batch, size = [], 0
+            if batch:
+                self._read_batch(reader, shard, batch, planner, md)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_batch(self, reader: _core.ShardReader, shard: Path, batch: list[tuple[ExtentRef, list[ReadItem]]],
+                    planner: LoadPlanner, md: Metadata) -> None:
+        """One read_into call for the batch's extents, then the copies into the destinations and the commits."""
+        dsts: list[tuple[str, torch.Tensor]] = []
+        direct: list[tuple[ReadItem, torch.Tensor]] = []  # read straight into the destination
+        values: list[tuple[ExtentRef, list[ReadItem], torch.Tensor]] = []
+        copies: list[tuple[list[ReadItem], torch.Tensor, torch.Tensor | None]] = []  # (reqs, chunk, resolved dest)
+        for ref, reqs in batch:
+            if ref.kind == "json":
+                buf = torch.empty(ref.nbytes, dtype=torch.uint8)
+                if ref.nbytes:
+                    dsts.append((ref.extent, buf))
+                values.append((ref, reqs, buf))
+                continue
+            tmd = md.state_dict_metadata[reqs[0].storage_index.fqn]
+            assert isinstance(tmd, TensorStorageMetadata)  # decode_metadata checked every storage entry
+            sizes = tuple(tmd.chunks[self._chunk_index(tmd, reqs[0])].sizes)
+            dtype = tmd.properties.dtype
+            resolved: torch.Tensor | None = None
+            req = reqs[0]
+            if len(reqs) == 1 and not any(req.storage_offsets) and tuple(req.lengths) == sizes:
+                resolved = planner.resolve_tensor(req).detach()
+                if (resolved.device.type == "cpu" and resolved.dtype == dtype and resolved.is_contiguous()
+                        and tuple(resolved.shape) == sizes):
+                    if ref.nbytes:
+                        dsts.append((ref.extent, resolved.reshape(-1).view(torch.uint8)))
+                    direct.append((req, resolved))
+                    continue
+            chunk = torch.empty(sizes, dtype=dtype)
+            if ref.nbytes:
+                dsts.append((ref.extent, chunk.reshape(-1).view(torch.uint8)))
+            copies.append((reqs, chunk, resolved))
+        reader.read_into(dsts, self.threads)
+        for req, dest in direct:
+            planner.commit_tensor(req, dest)
+        for reqs, chunk, resolved in copies:
+            for req in reqs:
+                src = _narrow(chunk, req.storage_offsets, req.lengths)
+                dest = resolved if resolved is not None else planner.resolve_tensor(req).detach()
+                if dest.shape != src.shape:
+                    raise CorruptCheckpointError(f"{shard}: {req.storage_index.fqn!r}: the stored region "
+                                                 f"{list(src.shape)} does not fit the destination {list(dest.shape)}")
+                dest.copy_(src)
+                planner.commit_tensor(req, dest)
+        for ref, reqs, buf in values:
+            raw = buf.numpy().tobytes()
+            for req in reqs:
+                value = decode_value(raw, f"{shard}:{ref.extent}")  # a fresh object for each destination
+                if type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
+                    _set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
+                    continue
+                pickled = io.BytesIO()
+                torch.save(value, pickled)  # made here from plain values decoded from JSON, for a custom load_bytes
+                pickled.seek(0)
+                planner.load_bytes(req, pickled)
+
+    @staticmethod
+    def _chunk_index(tmd: TensorStorageMetadata, req: ReadItem) -> int:
+        hint = req.storage_index.index
+        if hint is not None and 0 <= hint < len(tmd.chunks) and tmd.chunks[hint].offsets == req.storage_index.offset:
+            return hint
+        for i, c in enumerate(tmd.chunks):
+            if c.offsets == req.storage_index.offset:
+                return i
+        raise CorruptCheckpointError(f"{req.storage_index.fqn!r}: no chunk at {req.storage_index.offset}")
