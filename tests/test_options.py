@@ -114,8 +114,11 @@ def test_a_step_out_of_int64_or_not_an_integer_is_refused_by_every_writer(tmp_pa
                 ck.restore(state, step=step)  # type: ignore[arg-type]
         ck.save(2**63 - 1, state).wait()  # the largest is fine
         assert ck.restore({"w": torch.zeros(2)}) == 2**63 - 1
-    with pytest.raises(UsageError, match="step must be"):
-        AlpsckStorageWriter(tmp_path / "dcp", step)  # type: ignore[arg-type]
+    if step is None:  # no step: the DCP writer's checkpoint-directory mode (the path is the checkpoint)
+        assert AlpsckStorageWriter(tmp_path / "dcp", step).named
+    else:
+        with pytest.raises(UsageError, match="step must be"):
+            AlpsckStorageWriter(tmp_path / "dcp", step)  # type: ignore[arg-type]
     from alpsck.baseline import TorchSaveCheckpointer
 
     with TorchSaveCheckpointer(tmp_path / "torch") as base, pytest.raises(UsageError, match="step must be"):
