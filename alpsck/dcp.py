@@ -116,8 +116,9 @@ from .dcp_json import (
     marker_problem,
     write_marker,
 )
-from .dcp_paths import make_dirs_durably, may_become_checkpoint, same_dir, step_dir
+from .dcp_paths import may_become_checkpoint, same_dir, step_dir
 from .dcp_read import AlpsckStorageReader
+from .durable import make_dirs_durably
 from .errors import UsageError
 from .inspect import entry_kind
 from .options import DEFAULTS, check_step

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from . import _core
 from .dcp_json import MARKER_NAMES, marker_problem
-from .durable import fsync_path
 from .inspect import entry_kind
 
 
@@ -73,16 +72,3 @@ def may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
 
 def same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
-
-
-def make_dirs_durably(path: Path) -> None:
-    """``mkdir -p path``, each directory it creates made durable in its parent (a checkpoint directory
-    is new at every save in checkpoint-directory mode: its commit must not vanish with its name)."""
-    missing: list[Path] = []
-    p = path
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    path.mkdir(parents=True, exist_ok=True)
-    for d in reversed(missing):
-        fsync_path(d.parent)

@@ -1,5 +1,6 @@
-"""The Python side's file primitives for a run directory: fsync by path, and opening a file of
-alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc)."""
+"""The Python side's file primitives for a run directory: fsync by path, opening a file of
+alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc), and
+creating directories durably."""
 
 from __future__ import annotations
 
@@ -71,3 +72,16 @@ def read_small(path: str | os.PathLike[str], limit: int, *, tail: bool = False) 
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def make_dirs_durably(path: Path) -> None:
+    """``mkdir -p path``, each directory it creates made durable in its parent, so what is committed
+    inside later does not vanish with its name (a DCP checkpoint directory is new at every save)."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for d in reversed(missing):
+        fsync_path(d.parent)
