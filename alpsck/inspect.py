@@ -107,9 +107,9 @@ def _refuse_folder_of_named_checkpoints(path: Path, names: list[str]) -> None:
     if any((path / n / _core.run_dir_names["manifest"]).exists() or not (path / n / ".metadata").is_file()
            for n in steps):
         return
-    from .dcp_json import marker_problem  # torch's DCP types: imported only here
+    from .dcp_paths import is_marked  # torch's DCP types: imported only for such a folder
 
-    if any(marker_problem(path / n) is not None for n in steps):
+    if not all(is_marked(path / n) for n in steps):
         return
     newest = max(steps, key=lambda n: _core.parse_run_dir_name(n)[1])
     raise UsageError(f"{path}: a folder of DCP checkpoints written by AlpsckStorageWriter ({len(steps)}: "

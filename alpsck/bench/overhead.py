@@ -412,7 +412,7 @@ def _new_saver(cfg: OverheadConfig, run_dir: Path, tr: _Training, method: str, i
     return _DcpAsyncSaver(run_dir, tr)
 
 
-def block_length(cfg: OverheadConfig, k: int) -> int:
+def _block_length(cfg: OverheadConfig, k: int) -> int:
     """Iterations per block: at least ``cfg.block``, and a whole number of intervals."""
     return k * max(1, math.ceil(cfg.block / k))
 
@@ -426,7 +426,7 @@ def _paired_run(cfg: OverheadConfig, base: Path, method: str, k: int, in_flight:
     none spills into the next block, at the cost of counting that wait as if training stood still.
     """
     label = f"{method} every {k}"
-    b = block_length(cfg, k)
+    b = _block_length(cfg, k)
     pairs = max(1, round(cfg.iters / b))
     tr = _Training(cfg, cfg.warmup + 2 * pairs * b + 1)
     run_dir = base / f"{method.replace(' ', '_').replace('=', '')}-k{k}"
@@ -675,12 +675,10 @@ def _caveat(e: dict[str, Any]) -> str:
 
 def plot(r: OverheadResult, path: Path) -> bool:
     """Overhead % against k (log x), one line per method. False when matplotlib is missing."""
-    try:
-        import matplotlib
+    from .report import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(s.method for s in r.runs):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .run import BenchResult
 
@@ -41,14 +42,22 @@ def table(r: BenchResult) -> str:
     return "\n".join(lines)
 
 
-def plot(r: BenchResult, path: Path) -> bool:
-    """Bar chart of stall / durable / restore per method. False when matplotlib is missing."""
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing to files (the Agg backend), or None when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(r: BenchResult, path: Path) -> bool:
+    """Bar chart of stall / durable / restore per method. False when matplotlib is missing."""
+    plt = pyplot()
+    if plt is None:
         return False
     names = [m.method for m in r.measurements]
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 4.5))
@@ -85,14 +94,10 @@ def _series(results: list[BenchResult]) -> dict[str, list[tuple[float, float, fl
 def plot_sizes(results: list[BenchResult], path: Path) -> bool:
     """Stall and time to durable against state size (log-log), alpsck and each peer, with the raw
     O_DIRECT write and the pre-faulted copy of each size. False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import NullFormatter
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
+    from matplotlib.ticker import NullFormatter
     results = sorted(results, key=lambda r: r.state_bytes)
     gibs = [r.state_bytes / 2**30 for r in results]
     fig, (a_stall, a_dur) = plt.subplots(1, 2, figsize=(11, 4.5))
