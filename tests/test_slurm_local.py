@@ -383,3 +383,51 @@ def test_the_local_executor_warns_about_the_container_and_uenv_it_cannot_use(
         "the job runs on this machine, outside the container",
         "alpsck: warning: env.yaml: environment.uenv (prgenv/24.7) is not used by the local executor: the job runs "
         "on this machine, outside the uenv"]
+
+
+_REQUEUE_CHILD = """
+import sys
+from alpsck.slurm import history
+from alpsck.slurm.config import parse_config
+from alpsck.slurm.runner import JobRunner
+from alpsck.slurm.stop import StopController
+
+run_dir = sys.argv[1]
+runner = JobRunner(parse_config(f"name: t\\nrun_dir: {run_dir}\\nentry:\\n  function: m:f\\n"))
+runner._stop = StopController("4242", slurm_restarts=0)
+runner._stop.install()
+runner._stop.request("timeout")
+runner._requeue(lambda event, **kw: history.append(run_dir, event, job_id="4242", **kw), "timeout", 7, progress=True)
+"""
+
+
+@pytest.mark.parametrize("signals", ["kill -TERM $PPID", "kill -TERM $PPID $$; sleep 0.2", "kill -TERM $PPID; kill -KILL $$"],
+                         ids=["term-after-exit", "term-before-exit", "scontrol-killed-after-it-took-effect"])
+def test_a_requeue_that_slurm_answers_with_sigterm_is_recorded_as_the_runners(tmp_path: Path, signals: str) -> None:
+    """A successful ``scontrol requeue`` makes SLURM send SIGTERM to the job's processes, scontrol
+    included, often before it has exited. Seen on the real cluster: the runner took that for a
+    failed requeue and fell back to the batch script's request. The stand-in scontrol does what
+    SLURM does: raises the restart count, then SIGTERMs the runner and itself, then exits 0. One
+    that dies anyway (SIGKILL cannot be ignored) took effect too: the restart count says so."""
+    bin_dir, run_dir = tmp_path / "bin", tmp_path / "run"
+    bin_dir.mkdir()
+    run_dir.mkdir()
+    restarts = tmp_path / "restarts"
+    restarts.write_text("0")
+    (bin_dir / "scontrol").write_text(f"""#!/bin/sh
+case "$1" in
+  requeue) [ "$2" = 4242 ] || exit 9; echo 1 > '{restarts}'; {signals}; exit 0;;
+  show) echo "JobId=4242 JobState=COMPLETING Reason=None Restarts=$(cat '{restarts}')"; exit 0;;
+esac
+exit 1
+""")
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "ALPSCK_"))}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", SLURM_JOB_ID="4242")
+    proc = subprocess.run([sys.executable, "-c", _REQUEUE_CHILD, str(run_dir)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    requeued = [e for e in history.read(run_dir) if e["event"] == "requeued"]
+    assert [(e["reason"], e["mechanism"], e["step"], e["progress"]) for e in requeued] == [
+        ("timeout", "scontrol", 7, True)], proc.stderr
+    assert not (run_dir / ".requeue-request").exists() and "asking the batch script" not in proc.stderr

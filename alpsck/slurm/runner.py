@@ -59,7 +59,7 @@ from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current
 from .launch import user_paths
-from .stop import StopController, scontrol_available
+from .stop import StopController, job_fields, scontrol_available, scontrol_requeue, term_verdict
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
@@ -377,10 +377,14 @@ class JobRunner:
         # rather than a requeue here overriding what may be a scancel.
         if scontrol_available() and reason != "term":
             try:
-                subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60, capture_output=True)
+                scontrol_requeue(job_id)
                 log("requeued", reason=reason, step=step, mechanism="scontrol")
                 os._exit(0)
             except (OSError, subprocess.SubprocessError) as e:
+                if term_verdict(job_fields(job_id), self._slurm_restarts()) == "requeue":
+                    # It failed after it took effect (the job's restart count is up): our requeue.
+                    log("requeued", reason=reason, step=step, mechanism="scontrol")
+                    os._exit(0)
                 print(f"alpsck: scontrol requeue failed ({e}); asking the batch script", file=sys.stderr)
         path = os.path.join(self.config.run_dir, REQUEST_FILE)
         remove_request(self.config.run_dir)

@@ -51,6 +51,18 @@ def scontrol_available() -> bool:
     return os.environ.get("ALPSCK_NO_SCONTROL") != "1" and shutil.which("scontrol") is not None
 
 
+def scontrol_requeue(job_id: str, timeout: float = 60) -> None:
+    """``scontrol requeue JOB`` from inside the job; raises OSError/SubprocessError when it fails.
+
+    SLURM answers a successful requeue by signalling every process of the job's steps with
+    SIGTERM, scontrol itself included, often before scontrol has exited: seen as a requeue that
+    "died with SIGTERM" although it took effect. scontrol therefore runs with SIGTERM ignored
+    (a disposition exec keeps), as the batch script's own requeue does. The job id is an
+    argument of the shell, never part of its text."""
+    subprocess.run(["/bin/sh", "-c", 'trap "" TERM; exec scontrol requeue "$1"', "alpsck-requeue", job_id],
+                   capture_output=True, text=True, check=True, timeout=timeout)
+
+
 def job_fields(job_id: str, run: Runner = run_cmd) -> dict[str, str] | None:
     """The ``Name=value`` fields of ``scontrol show job`` (the first of each name: free text such
     as a comment comes later); None when scontrol is missing or fails."""
