@@ -67,6 +67,7 @@ from typing import Any
 import torch
 
 from . import _core, tree
+from .durable import make_dirs_durably
 from .errors import (
     CheckpointError,
     CheckpointIOError,
@@ -203,7 +204,7 @@ class Checkpointer:
             error: BaseException | None = None
             if (self.rank == 0) == first:
                 try:
-                    self.run_dir.mkdir(parents=True, exist_ok=True)
+                    make_dirs_durably(self.run_dir)  # a power loss must not take a new run dir's name
                     self._open_engine(*engine_args)
                 except Exception as e:
                     error = e

@@ -630,3 +630,27 @@ def test_signal_storm_during_the_final_checkpoint_leaves_exactly_one_valid_final
     back = {"w": torch.empty(1_000_000), "step": 0}
     assert alpsck.restore_into(run, back) == final and torch.equal(back["w"], torch.full((1_000_000,), float(final)))
     assert len(sent) > 50
+
+
+def test_a_new_run_directory_is_made_durable_in_its_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every commit fsyncs inside the run directory; the names of the run directory and of the
+    parents the Checkpointer creates must be durable too, or a power loss after the first commit
+    could take every checkpoint with them."""
+    import alpsck.durable
+
+    synced: list[Path] = []
+    real = alpsck.durable.fsync_path
+
+    def record(path: Any) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(alpsck.durable, "fsync_path", record)
+    run = tmp_path / "new" / "run"
+    with alpsck.Checkpointer(run) as ck:
+        ck.save(1, {"w": torch.ones(4)})
+    assert synced == [tmp_path, tmp_path / "new"]
+    synced.clear()
+    with alpsck.Checkpointer(run) as ck:  # it exists: nothing to do
+        ck.save(2, {"w": torch.ones(4)})
+    assert synced == []

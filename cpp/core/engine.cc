@@ -99,6 +99,8 @@ Status Engine::Init() {
   if (d == -ENOENT) {
     int r = env_->Mkdir(dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create run directory " + dir);
+    // Its name durable in its parent, or a power loss could take every checkpoint committed inside.
+    if (r == 0) ALPSCK_RETURN_IF_ERROR(SyncDir(env_, ParentDir(dir)));
     d = env_->IsDir(dir);
   }
   if (d < 0) return Status::FromErrno(-d, "run directory " + dir);

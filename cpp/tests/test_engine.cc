@@ -19,6 +19,7 @@
 
 #include "commit.h"
 #include "engine.h"
+#include "env_record.h"
 #include "options.h"
 #include "file_io.h"
 #include "recovery.h"
@@ -123,6 +124,32 @@ TEST(copy_mode_snapshot_is_isolated_from_later_mutation) {
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
   CHECK(Matches(d.path(), 1, "a", orig));
+}
+
+TEST(a_run_dir_the_engine_creates_is_made_durable_in_its_parent) {
+  // Else a power loss after the first commit could take the run dir's name, and every checkpoint with it.
+  TempDir d;
+  const std::string run = JoinPath(d.path(), "run");
+  RecordingEnv rec;
+  auto e = Open(run, &rec);
+  REQUIRE(e);
+  const std::vector<RecordedOp> ops = rec.Ops();
+  size_t mk = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].kind == RecordedOp::Kind::kMkdir && ops[i].path == run) mk = i;
+  REQUIRE(mk < ops.size());
+  int parent_fd = -1;
+  bool synced = false;
+  for (size_t i = mk + 1; i < ops.size() && !synced; ++i) {
+    if (ops[i].kind == RecordedOp::Kind::kOpen && ops[i].path == d.path()) parent_fd = ops[i].fd;
+    synced = parent_fd >= 0 && ops[i].kind == RecordedOp::Kind::kFSync && ops[i].fd == parent_fd;
+  }
+  CHECK(synced);
+  // Opened again on the existing directory: nothing created, nothing more to sync there.
+  e.reset();
+  RecordingEnv again;
+  REQUIRE(Open(run, &again));
+  for (const RecordedOp& op : again.Ops()) CHECK(!(op.kind == RecordedOp::Kind::kOpen && op.path == d.path()));
 }
 
 TEST(empty_state_commits) {
