@@ -211,8 +211,11 @@ std::string BuildTail(const std::string& index_json, uint64_t data_padded, uint6
   return buf;
 }
 
-void GatherChunk(const ShardLayout& l, const std::vector<const char*>& srcs, uint64_t i, char* dst) {
-  const uint64_t b = l.chunk_begin(i), len = l.chunk_len(i), e = b + len;
+namespace {
+
+// Copies bytes [b, e) of the data region from the extents' sources into dst (dst[0] is byte b),
+// zero filling gaps and padding.
+void GatherRange(const ShardLayout& l, const std::vector<const char*>& srcs, uint64_t b, uint64_t e, char* dst) {
   uint64_t pos = b;
   for (size_t k = FirstExtentEndingAfter(l, b); k < l.extents.size() && l.extents[k].offset < e; ++k) {
     const ExtentLayout& x = l.extents[k];
@@ -222,6 +225,23 @@ void GatherChunk(const ShardLayout& l, const std::vector<const char*>& srcs, uin
     pos = std::max(pos, t);
   }
   if (pos < e) std::memset(dst + (pos - b), 0, e - pos);
+}
+
+}  // namespace
+
+void GatherChunk(const ShardLayout& l, const std::vector<const char*>& srcs, uint64_t i, char* dst) {
+  GatherRange(l, srcs, l.chunk_begin(i), l.chunk_begin(i) + l.chunk_len(i), dst);
+}
+
+uint32_t GatherChunkCrc(const ShardLayout& l, const std::vector<const char*>& srcs, uint64_t i, char* dst) {
+  const uint64_t b = l.chunk_begin(i), e = b + l.chunk_len(i);
+  uint32_t crc = 0;
+  for (uint64_t p = b; p < e; p += kGatherCrcPiece) {
+    const uint64_t q = std::min(e, p + kGatherCrcPiece);
+    GatherRange(l, srcs, p, q, dst + (p - b));
+    crc = Crc32cExtend(crc, dst + (p - b), q - p);  // the piece is still in cache
+  }
+  return crc;
 }
 
 void ZeroChunkGaps(const ShardLayout& l, uint64_t i, char* dst) {

@@ -114,14 +114,15 @@ void Engine::SnapshotChunks(Job* j, bool overlap) {
           release_held();
           slot = pool_.Acquire();
         }
-        if (slot) GatherChunk(layout, j->srcs, i, slot);
+        if (slot) j->index.crcs[i] = GatherChunkCrc(layout, j->srcs, i, slot);  // its own element: no race
         else j->Fail(Status::Error(Code::kAborted, "staging pool closed during save of step " + std::to_string(j->step)));
       }
+      const Task t{j, i, slot, slot != nullptr};
       if (overlap || !slot) {
-        Push({j, i, slot});
+        Push(t);
       } else {
         std::lock_guard<std::mutex> l(held_mu);
-        held.push_back({j, i, slot});
+        held.push_back(t);
       }
     }
     release_held();  // copiers finish within a chunk of each other, so this costs ~nothing
@@ -264,16 +265,17 @@ void Engine::WriterLoop(uint32_t index) {
     }
     if (!t.slot && !bounce.data() && !bounce.Allocate(chunk_bytes_))
       t.job->Fail(Status::FromErrno(errno, "allocate a writer buffer"));
-    WriteChunk(t.job, t.chunk, t.slot, bounce.data());
+    WriteChunk(t.job, t, bounce.data());
     if (t.slot) pool_.Release(t.slot);
     ChunkDone(t.job);
   }
 }
 
-void Engine::WriteChunk(Job* j, uint64_t i, const char* slot, char* bounce) {
+void Engine::WriteChunk(Job* j, const Task& t, char* bounce) {
   if (j->failed.load(std::memory_order_acquire)) return;
   const ShardLayout& l = j->index.layout;
-  const char* buf = slot;
+  const uint64_t i = t.chunk;
+  const char* buf = t.slot;
   if (!buf) {
     buf = DirectSource(l, j->srcs, i, j->direct ? align_ : 1);
     if (!buf) {
@@ -282,7 +284,7 @@ void Engine::WriteChunk(Job* j, uint64_t i, const char* slot, char* bounce) {
     }
   }
   const uint64_t len = l.chunk_len(i);
-  j->index.crcs[i] = Crc32c(buf, len);
+  if (!t.crc_done) j->index.crcs[i] = Crc32c(buf, len);
   Status s = WriteFull(env_, j->fd, buf, len, l.chunk_begin(i), j->shard_path);
   if (!s.ok()) j->Fail(s);
 }

@@ -72,6 +72,35 @@ TEST(gather_then_scatter_round_trips_with_zero_padding) {
   CHECK(image[l.extents[0].offset + l.extents[0].size] == 0 || l.extents[1].offset == l.extents[0].size);
 }
 
+TEST(gather_with_crc_writes_what_gather_writes_and_its_crc) {
+  // Chunks of several kGatherCrcPiece pieces, extents and zero gaps straddling the pieces'
+  // boundaries, empty extents, a shorter last chunk: the fused pass must equal a gather followed
+  // by a CRC of the gathered bytes, for every chunk.
+  std::mt19937 rng(7);
+  for (uint64_t chunk : {uint64_t{4096}, kGatherCrcPiece, 3 * kGatherCrcPiece + 8192}) {
+    std::vector<std::vector<char>> bufs;
+    std::vector<std::pair<std::string, uint64_t>> sizes;
+    for (int i = 0; i < 30; ++i) {
+      uint64_t n = (i % 7 == 3) ? 0 : rng() % (kGatherCrcPiece + 5000);
+      bufs.emplace_back(n);
+      for (auto& c : bufs.back()) c = static_cast<char>(rng());
+      sizes.emplace_back("t" + std::to_string(i), n);
+    }
+    ShardLayout l;
+    REQUIRE(PlanLayout(sizes, 4096, chunk, 8192, &l).ok());  // gaps of up to 8 KiB between extents
+    REQUIRE(l.num_chunks() > 1);
+    std::vector<const char*> srcs;
+    for (auto& b : bufs) srcs.push_back(b.data());
+    for (uint64_t i = 0; i < l.num_chunks(); ++i) {
+      std::vector<char> plain(l.chunk_len(i), 'X'), fused(l.chunk_len(i), 'Y');
+      GatherChunk(l, srcs, i, plain.data());
+      const uint32_t crc = GatherChunkCrc(l, srcs, i, fused.data());
+      CHECK(plain == fused);
+      CHECK_EQ(crc, Crc32c(plain.data(), plain.size()));
+    }
+  }
+}
+
 TEST(direct_source_only_for_aligned_whole_chunks) {
   alignas(4096) static char big[4 * 4096];
   ShardLayout l;
