@@ -113,7 +113,10 @@ def test_save_restore_bench_cli_json(tmp_path: Path) -> None:
     assert "torch.save+fsync" in names and any(n.startswith("alpsck") for n in names)
     for m in doc["measurements"]:
         assert m["durable"] > 0 and m["restore"] > 0 and m["stall"] >= 0
+        # Every save copies or writes the state: it costs CPU (a zero here means it was not counted).
+        assert 0 < m["cpu"] < 60, (m["method"], m["cpu"])
     assert doc["best"] in names and doc["best"].startswith("alpsck")
+    assert doc["ratios"]["torch.save+fsync: CPU per save / alpsck"] > 0
     assert doc["ratios"]["durable_vs_raw_write"] > 0 and "torch.save+fsync: durable / alpsck" in doc["ratios"]
     assert doc["advice"]["min_interval_iterations"] >= 1
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("alpsck-bench-")], "its scratch dir is removed"

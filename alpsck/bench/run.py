@@ -6,12 +6,19 @@ alpsck warms up with two, so that its steady state, recycled checkpoint files ov
 place, is what is timed). Right before each timed save, and around the restore, the raw disk is
 sampled (:class:`.limits.RawProbe`), and each method's ratios are taken against its own samples:
 on a disk that drifts within seconds, only neighbouring samples compare.
+
+``cpu`` is the CPU time one save costs, from the call to durable: every thread of the process
+(the training thread's copy, writers, committer, a peer's helper threads) and its children, user
+and system. Where training keeps every core busy (checkpointing every iteration on a small node),
+that CPU comes out of the training; unlike wall times on a shared VM it hardly drifts between
+runs.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import resource
 import statistics
 import sys
 import time
@@ -38,6 +45,7 @@ class Measurement:
     saves: list[tuple[float, float]] = field(default_factory=list)
     raw_write: float = 0.0  # median raw O_DIRECT write of the state, sampled before each save (s)
     raw_read: float = 0.0   # raw O_DIRECT read of the state, sampled around the restore (s)
+    cpu: float = 0.0        # median CPU seconds of one timed save, call to durable, all threads (module docstring)
 
 
 @dataclass
@@ -73,23 +81,32 @@ def _machine() -> dict[str, Any]:
 FIRST_SAVE_AFTER_S = 5.0
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process's threads and its waited-for children so far."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def measure(method: Method, repeats: int, probe: RawProbe, progress: Callable[[str], None]) -> Measurement:
     progress(f"{method.name}: {FIRST_SAVE_AFTER_S:.0f} s of 'training', then the first save")
     time.sleep(FIRST_SAVE_AFTER_S)
     first_stall, _ = method.save(1)
     for w in range(1, method.warmups):
         method.save(1 + w)
-    saves, raw_w = [], []
+    saves, raw_w, cpu = [], [], []
     for i in range(repeats):
         progress(f"{method.name}: save {i + 1}/{repeats}")
         raw_w.append(probe.write_seconds())
-        saves.append(method.save(1 + method.warmups + i))
+        c0 = _cpu_seconds()
+        saves.append(method.save(1 + method.warmups + i))  # returns once durable
+        cpu.append(_cpu_seconds() - c0)
     progress(f"{method.name}: restore")
     raw_r = [probe.read_seconds()]
     restore = method.restore()
     raw_r.append(probe.read_seconds())
     return Measurement(method.name, statistics.median(s for s, _ in saves), statistics.median(d for _, d in saves),
-                       restore, first_stall, saves, statistics.median(raw_w), statistics.median(raw_r))
+                       restore, first_stall, saves, statistics.median(raw_w), statistics.median(raw_r),
+                       statistics.median(cpu))
 
 
 def advise(best: Measurement, copy_s: float, iter_seconds: float, slowdown: float, mtbf_hours: float,
@@ -176,6 +193,7 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
             ratios[f"{r.method}: durable / alpsck"] = r.durable / best.durable
             ratios[f"{r.method}: stall / alpsck"] = r.stall / best.stall
             ratios[f"{r.method}: restore / alpsck"] = r.restore / best.restore
+            ratios[f"{r.method}: CPU per save / alpsck"] = r.cpu / best.cpu if best.cpu > 0 else math.inf
         f_best = int(best.method.split("f=", 1)[1].split()[0])
         tool = (f"{probe.tool}; sampled before each save ({len(probe.writes)} writes, "
                 f"{min(probe.writes):.2f}-{max(probe.writes):.2f} s) and around each restore ({len(probe.reads)} reads, "
