@@ -77,7 +77,7 @@ TEST(gather_with_crc_writes_what_gather_writes_and_its_crc) {
   // boundaries, empty extents, a shorter last chunk: the fused pass must equal a gather followed
   // by a CRC of the gathered bytes, for every chunk.
   std::mt19937 rng(7);
-  for (uint64_t chunk : {uint64_t{4096}, kGatherCrcPiece, 3 * kGatherCrcPiece + 8192}) {
+  for (uint64_t chunk : {uint64_t{4096}, kGatherCrcPiece, 2 * kGatherCrcPiece, 3 * kGatherCrcPiece + 8192}) {
     std::vector<std::vector<char>> bufs;
     std::vector<std::pair<std::string, uint64_t>> sizes;
     for (int i = 0; i < 30; ++i) {
@@ -91,12 +91,18 @@ TEST(gather_with_crc_writes_what_gather_writes_and_its_crc) {
     REQUIRE(l.num_chunks() > 1);
     std::vector<const char*> srcs;
     for (auto& b : bufs) srcs.push_back(b.data());
+    // The expected data region, built without the gather code: zeros, each extent's bytes at its offset.
+    std::vector<char> image(l.data_padded, 0);
+    for (size_t k = 0; k < bufs.size(); ++k)
+      if (!bufs[k].empty()) std::memcpy(image.data() + l.extents[k].offset, bufs[k].data(), bufs[k].size());
     for (uint64_t i = 0; i < l.num_chunks(); ++i) {
+      const std::vector<char> want(image.begin() + l.chunk_begin(i), image.begin() + l.chunk_begin(i) + l.chunk_len(i));
       std::vector<char> plain(l.chunk_len(i), 'X'), fused(l.chunk_len(i), 'Y');
       GatherChunk(l, srcs, i, plain.data());
       const uint32_t crc = GatherChunkCrc(l, srcs, i, fused.data());
-      CHECK(plain == fused);
-      CHECK_EQ(crc, Crc32c(plain.data(), plain.size()));
+      CHECK(plain == want);
+      CHECK(fused == want);
+      CHECK_EQ(crc, Crc32c(want.data(), want.size()));
     }
   }
 }
