@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,17 @@ def test_overhead_cli_rejects_save_bench_flags(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-m", "alpsck", "bench", "--overhead", "--dir", str(tmp_path), "--chunk-mib", "4"],
                        env=_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "--chunk-mib" in p.stderr
+
+
+def test_save_cpu_benchmark_reports_where_the_cpu_goes(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "save_cpu.py"), "--dir", str(tmp_path), "--saves", "2"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    figures = dict(re.findall(r"(stall|caller CPU|other CPU|total CPU|durable) ([0-9.]+) ms", p.stdout))
+    assert set(figures) == {"stall", "caller CPU", "other CPU", "total CPU", "durable"}, p.stdout
+    # The snapshot copy runs on the caller, the writes and the commit on other threads: both cost CPU.
+    assert float(figures["caller CPU"]) > 0 and float(figures["other CPU"]) > 0, p.stdout
+    assert float(figures["durable"]) >= float(figures["stall"]) > 0, p.stdout
+    assert not (tmp_path / "save-cpu").exists(), "its run directory is removed"
+    bad = subprocess.run([*cmd[:-1], "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--saves must be at least 1" in bad.stderr
