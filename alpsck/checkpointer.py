@@ -136,7 +136,7 @@ class Checkpointer:
     Args:
         run_dir: directory of this run's checkpoints (created if missing).
         max_in_flight, threads, chunk_bytes, keep_last, staging_bytes, direct_io, pin_cpus,
-            background_nice, copy_threads, commit_timeout_s: the engine's options. Their defaults, limits and
+            background_nice, copy_threads, crc_in_copy, commit_timeout_s: the engine's options. Their defaults, limits and
             meaning are defined once, in the core (``alpsck.options.SPECS``; the table in
             docs/python-api.md); None takes the default. A value out of range raises UsageError
             naming it.
@@ -161,6 +161,7 @@ class Checkpointer:
         pin_cpus: Sequence[int] | None = None,
         background_nice: int | None = None,
         copy_threads: int | None = None,
+        crc_in_copy: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         replicated: Sequence[str] = (),
@@ -172,7 +173,7 @@ class Checkpointer:
         given = {"max_in_flight": max_in_flight, "threads": threads, "chunk_bytes": chunk_bytes,
                  "keep_last": keep_last, "staging_bytes": staging_bytes, "direct_io": direct_io,
                  "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
-                 "background_nice": background_nice, "copy_threads": copy_threads,
+                 "background_nice": background_nice, "copy_threads": copy_threads, "crc_in_copy": crc_in_copy,
                  "commit_timeout_s": commit_timeout_s}
         opts = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
         for name, value in opts.items():

@@ -259,3 +259,28 @@ def test_background_nice_lowers_the_writer_and_committer_threads_and_nothing_els
         assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "the caller's own thread is left alone"
     finally:
         ck.close()
+
+
+@pytest.mark.parametrize("crc_in_copy", [True, False, None])
+def test_crc_in_copy_either_way_the_crcs_are_those_of_the_bytes_on_disk(tmp_path: Path,
+                                                                        crc_in_copy: bool | None) -> None:
+    """Wherever the chunk CRCs are taken (inside the snapshot copy, or by the writers afterwards), in
+    the default and the urgent (overlapped) snapshot: both checkpoints restore bit for bit, and one
+    flipped data byte makes the newest corrupt, so restore falls back to the one before."""
+    from corrupt import flip_byte
+
+    g = torch.Generator().manual_seed(3)
+    state = {f"t{i}": torch.randn(n, generator=g) for i, n in enumerate([70_000, 3, 0, 150_000, 33_333])}
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, chunk_bytes=64 << 10, keep_last=0, crc_in_copy=crc_in_copy) as ck:
+        ck.save(1, state)
+        ck.save(2, state, urgent=True)
+    for step in (1, 2):
+        live = {k: torch.full_like(v, -1.0) for k, v in state.items()}
+        assert alpsck.restore_into(run, live, step=step) == step
+        assert all(torch.equal(live[k], state[k]) for k in state)
+    flip_byte(run / _core.step_dir_name(2) / _core.shard_file_name(0), 5 * (64 << 10) + 17)  # chunk 5's data
+    live = {k: torch.zeros_like(v) for k, v in state.items()}
+    with pytest.warns(RuntimeWarning, match="CRC|crc|corrupt"):
+        assert alpsck.restore_into(run, live) == 1
+    assert all(torch.equal(live[k], state[k]) for k in state)

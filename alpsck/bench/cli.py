@@ -174,7 +174,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="repeat the sweep, interleaved; each configuration reports its median round (default 1)")
     o.add_argument("--block", type=arg_int(1, 100000), default=d.block,
                    help=f"iterations per block with or without checkpoints, at least (default {d.block})")
-    o.add_argument("--methods", type=_methods, help="alpsck,alpsck-overlap,torch,dcp-async (default alpsck,torch)")
+    o.add_argument("--methods", type=_methods,
+                   help="alpsck,alpsck-overlap,alpsck-crc-writers,torch,dcp-async (default alpsck,torch)")
     o.add_argument("--model-dim", type=arg_int(1), default=d.dim, help=f"model width (default {d.dim})")
     o.add_argument("--model-layers", type=arg_int(1), default=d.n_layers, help=f"transformer blocks (default {d.n_layers})")
     o.add_argument("--model-heads", type=arg_int(1), default=d.n_heads, help=f"attention heads (default {d.n_heads})")

@@ -26,7 +26,8 @@ with default settings and the given ``max_in_flight``), ``torch`` (the synchrono
 :class:`TorchSaveCheckpointer` baseline) and, on request, ``dcp-async``
 (``torch.distributed.checkpoint.async_save`` of the flattened tensors, one in flight) and
 ``alpsck-overlap`` (``overlap_copy=True``: the pipelined snapshot on a CPU state; on a GPU,
-``alpsck`` takes that path by itself).
+``alpsck`` takes that path by itself) and ``alpsck-crc-writers`` (``crc_in_copy=False``: the
+writers CRC each chunk after the copy instead of the copy doing it while the bytes are in cache).
 
 ``--device cuda`` trains on the GPU (issue 9). The run then also measures the copy limit, a
 plain copy of the whole state into pinned host memory (on CPU: into pre-faulted memory), and for
@@ -61,7 +62,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-METHODS = ("alpsck", "alpsck-overlap", "torch", "dcp-async")
+METHODS = ("alpsck", "alpsck-overlap", "alpsck-crc-writers", "torch", "dcp-async")
+_ALPSCK_TAILS = {"alpsck": "", "alpsck-overlap": " overlap", "alpsck-crc-writers": " crc-writers"}
 TARGET_K10_PCT = 3.0
 TARGET_K1_PCT = 5.0
 BUSY_CORES = 0.2  # other processes using more CPU than this during a timed run make it unreliable
@@ -266,13 +268,15 @@ class _Saver:
 
 class _AlpsckSaver(_Saver):
     def __init__(self, run_dir: Path, training: _Training, max_in_flight: int, threads: int | None,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, crc_in_copy: bool = True) -> None:
         from ..checkpointer import Checkpointer
 
         super().__init__(run_dir, training)
         self.f = max_in_flight
-        self.name = f"alpsck f={max_in_flight}" + (f" t={threads}" if threads else "") + (" overlap" if overlap else "")
-        self.ck = Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, overlap_copy=overlap or None)
+        self.name = (f"alpsck f={max_in_flight}" + (f" t={threads}" if threads else "") + (" overlap" if overlap else "")
+                     + ("" if crc_in_copy else " crc-writers"))
+        self.ck = Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, overlap_copy=overlap or None,
+                               crc_in_copy=crc_in_copy)
         self.handles: list[tuple[Any, bool]] = []
 
     def save(self, step: int) -> float:
@@ -406,7 +410,8 @@ def _cpu_seconds() -> tuple[float, float] | None:
 
 def _new_saver(cfg: OverheadConfig, run_dir: Path, tr: _Training, method: str, in_flight: int) -> _Saver:
     if method.startswith("alpsck"):
-        return _AlpsckSaver(run_dir, tr, in_flight, cfg.threads, overlap=method.endswith("overlap"))
+        return _AlpsckSaver(run_dir, tr, in_flight, cfg.threads, overlap=method.endswith("overlap"),
+                            crc_in_copy=not method.endswith("crc-writers"))
     if method == "torch.save":
         return _TorchSaver(run_dir, tr)
     return _DcpAsyncSaver(run_dir, tr)
@@ -562,9 +567,8 @@ def run_overhead(directory: Path, cfg: OverheadConfig, progress: Callable[[str],
             f"{cfg.device}; one plain copy of it: {copy_limit:.3f} s")
         methods: list[tuple[str, int]] = []
         for m in cfg.methods:
-            if m in ("alpsck", "alpsck-overlap"):
-                tail = " overlap" if m == "alpsck-overlap" else ""
-                methods += [(f"alpsck f={f}{tail}", f) for f in cfg.in_flight]
+            if m in _ALPSCK_TAILS:
+                methods += [(f"alpsck f={f}{_ALPSCK_TAILS[m]}", f) for f in cfg.in_flight]
             else:
                 methods.append(({"torch": "torch.save", "dcp-async": "DCP async_save"}[m], 1))
         rounds: dict[tuple[str, int], list[RunStats]] = {}

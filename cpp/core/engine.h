@@ -91,6 +91,7 @@ struct EngineOptions {
   bool direct_io;                 // try O_DIRECT (a buffered fallback is reported)
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
   uint32_t background_nice;       // nice value of the writer, committer and pool-faulting threads
+  bool crc_in_copy;               // snapshot modes: CRC32C each chunk in the copy (else: in the writer)
   double commit_timeout_s;        // how long a multi-rank commit waits for the other ranks
 };
 

@@ -26,6 +26,7 @@ EngineOptions::EngineOptions()
       staging_bytes(static_cast<uint64_t>(Default("staging_bytes"))),
       direct_io(Default("direct_io") != 0),
       background_nice(static_cast<uint32_t>(Default("background_nice"))),
+      crc_in_copy(Default("crc_in_copy") != 0),
       commit_timeout_s(Default("commit_timeout_s")) {}
 
 const std::vector<OptionSpec>& EngineOptionSpecs() {
@@ -53,6 +54,9 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
        "nice value of the background threads (writers, committer, staging pool fault-in): above 0, on a node "
        "whose cores are all busy the kernel runs training threads first (it measured no gain on the reference "
        "training, whose cost is the copy and memory traffic, not CPU time: docs/benchmarks.md)"},
+      {"crc_in_copy", OptionType::kBool, 1, 0, 1, nullptr,
+       "each chunk's CRC32C computed inside the snapshot copy while the bytes are in cache (one pass over "
+       "memory; a longer stall), or, false, by the writers afterwards, reading the staging memory again"},
       {"commit_timeout_s", OptionType::kFloat, 600, 0.001, 604800, nullptr,
        "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
       // Not an EngineOptions field: the readers' (restore, verify, export, the DCP reader).

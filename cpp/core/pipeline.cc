@@ -114,10 +114,11 @@ void Engine::SnapshotChunks(Job* j, bool overlap) {
           release_held();
           slot = pool_.Acquire();
         }
-        if (slot) j->index.crcs[i] = GatherChunkCrc(layout, j->srcs, i, slot);  // its own element: no race
+        if (slot && opts_.crc_in_copy) j->index.crcs[i] = GatherChunkCrc(layout, j->srcs, i, slot);  // its own element
+        else if (slot) GatherChunk(layout, j->srcs, i, slot);
         else j->Fail(Status::Error(Code::kAborted, "staging pool closed during save of step " + std::to_string(j->step)));
       }
-      const Task t{j, i, slot, slot != nullptr};
+      const Task t{j, i, slot, slot != nullptr && opts_.crc_in_copy};
       if (overlap || !slot) {
         Push(t);
       } else {

@@ -215,7 +215,7 @@ class PyEngine {
   PyEngine(const FsPath& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
            std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s,
-           bool one_history, uint32_t background_nice) {
+           bool one_history, uint32_t background_nice, bool crc_in_copy) {
     EngineOptions o;
     o.run_dir = run_dir;
     o.threads = threads;
@@ -231,6 +231,7 @@ class PyEngine {
     o.commit_timeout_s = commit_timeout_s;
     o.one_history = one_history;
     o.background_nice = background_nice;
+    o.crc_in_copy = crc_in_copy;
     if (!faults.empty()) {
       fault_env_ = std::make_unique<FaultEnv>();
       for (const nb::dict& f : faults) fault_env_->AddRule(ToRule(f));
@@ -645,14 +646,14 @@ NB_MODULE(_core, m) {
   const EngineOptions defaults;
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
-                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t>(),
+                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t, bool>(),
            "run_dir"_a, "threads"_a = defaults.threads, "chunk_bytes"_a = defaults.chunk_bytes,
            "max_in_flight"_a = defaults.max_in_flight, "keep_last"_a = defaults.keep_last,
            "staging_bytes"_a = defaults.staging_bytes, "pin_cpus"_a = defaults.pin_cpus,
            "direct_io"_a = defaults.direct_io, "rank"_a = 0, "faults"_a = std::vector<nb::dict>{},
            "copy_threads"_a = defaults.copy_threads, "world_size"_a = 1,
            "commit_timeout_s"_a = defaults.commit_timeout_s, "one_history"_a = false,
-           "background_nice"_a = defaults.background_nice)
+           "background_nice"_a = defaults.background_nice, "crc_in_copy"_a = defaults.crc_in_copy)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
