@@ -19,9 +19,11 @@
 // Three ways to hand over memory (SaveMode):
 //  - kSnapshot (default): Save copies the bytes into pre-faulted staging slots on copy_threads
 //    threads and returns once the copy is complete; the caller may change its buffers right
-//    after. Each chunk's CRC32C is computed in the copy, piece by piece while the piece is still
-//    in cache (GatherChunkCrc): a writer reading the chunk back from memory later cost more CPU
-//    than the copy itself (measured: 34 -> 18 CPU-ms per 167 MB save off the caller's thread). Chunks are queued for the writers when the whole snapshot is taken: on a small
+//    after. With crc_in_copy (default), each chunk's CRC32C is computed in the copy, piece by
+//    piece while the piece is still in cache (GatherChunkCrc), not by a writer reading the chunk
+//    back from memory later (measured on a 167 MB state: 34 -> 18 CPU-ms per save off the
+//    caller's thread; every-iteration overhead 10 % against 14-16 %, docs/benchmarks.md).
+//    Chunks are queued for the writers when the whole snapshot is taken: on a small
 //    machine, writes running during the copy compete with it for memory bandwidth (measured:
 //    stall 1.48x a plain copy with overlap, 1.06x without; time to durable +0.1 s for 2 GiB).
 //  - kSnapshotOverlap: the same copy, but each chunk is queued as soon as it is copied: the
