@@ -21,16 +21,10 @@ two builds compare in back-to-back runs (``PYTHONPATH=<other build>`` for the se
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import statistics
 import time
 from pathlib import Path
-
-
-def _process_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -43,6 +37,7 @@ def main() -> None:
 
     from alpsck import Checkpointer
     from alpsck.bench.overhead import OverheadConfig, _Training
+    from alpsck.bench.run import process_cpu_seconds
 
     training = _Training(OverheadConfig(), 1000)
     for _ in range(3):
@@ -54,11 +49,11 @@ def main() -> None:
         with Checkpointer(run_dir, max_in_flight=2, keep_last=3) as ck:
             ck.save(1, training.state).wait()
             for step in range(2, 2 + args.saves):
-                p0, t0, w0 = _process_cpu(), time.thread_time(), time.perf_counter()
+                p0, t0, w0 = process_cpu_seconds(), time.thread_time(), time.perf_counter()
                 h = ck.save(step, training.state)
                 w1, t1 = time.perf_counter(), time.thread_time()
                 h.wait()
-                p1 = _process_cpu()
+                p1 = process_cpu_seconds()
                 stall.append(w1 - w0)
                 caller.append(t1 - t0)
                 other.append((p1 - p0) - (t1 - t0))  # the caller only blocks in wait(): its CPU there is ~0

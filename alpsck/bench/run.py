@@ -81,7 +81,7 @@ def _machine() -> dict[str, Any]:
 FIRST_SAVE_AFTER_S = 5.0
 
 
-def _cpu_seconds() -> float:
+def process_cpu_seconds() -> float:
     """User + system CPU time of this process's threads and its waited-for children so far."""
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
@@ -97,9 +97,9 @@ def measure(method: Method, repeats: int, probe: RawProbe, progress: Callable[[s
     for i in range(repeats):
         progress(f"{method.name}: save {i + 1}/{repeats}")
         raw_w.append(probe.write_seconds())
-        c0 = _cpu_seconds()
+        c0 = process_cpu_seconds()
         saves.append(method.save(1 + method.warmups + i))  # returns once durable
-        cpu.append(_cpu_seconds() - c0)
+        cpu.append(process_cpu_seconds() - c0)
     progress(f"{method.name}: restore")
     raw_r = [probe.read_seconds()]
     restore = method.restore()
