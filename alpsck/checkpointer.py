@@ -198,6 +198,7 @@ class Checkpointer:
         # What restore() checks of the state a fresh process builds (module docstring), and when it was recorded.
         self._recorded: dict[str, tuple[str, Any]] | None = None
         self._recorded_at = ""
+        self._fitted: dict[str, Any] = {}  # tree.check_fits's memory of entries that fitted _recorded
         engine_args = (opts, _faults)
         # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
         # others only after it succeeded; then every rank must have opened (two agreements).
@@ -308,13 +309,18 @@ class Checkpointer:
         self._pending.append(handle)
         return handle
 
+    def _record(self, skeleton: dict[str, tuple[str, Any]] | None, at: str) -> None:
+        """What later saves must fit (module docstring), and forget what fitted the previous one."""
+        self._recorded, self._recorded_at = skeleton, at
+        self._fitted = {}
+
     def _check_restorable(self, step: int, state: Mapping[str, Any], tree_doc: dict[str, Any]) -> None:
         """StateMismatchError if restoring ``tree_doc`` into the recorded state would fail (module docstring)."""
         if self._recorded is None:
-            self._recorded, self._recorded_at = tree.skeleton(state), "the first save()"
+            self._record(tree.skeleton(state), "the first save()")
             return
         try:
-            tree.check_fits(self._recorded, tree_doc)
+            tree.check_fits(self._recorded, tree_doc, self._fitted)
         except StateMismatchError as e:
             raise StateMismatchError(
                 f"{self.run_dir}: step {step} not saved (nothing was written): a resumed run would fail to restore "
@@ -441,9 +447,9 @@ class Checkpointer:
         if self._engine is not None:
             self._engine.wait_all()
         try:  # the state a fresh process builds, which every later save must fit (module docstring)
-            self._recorded, self._recorded_at = tree.skeleton(state), "restore()"
+            self._record(tree.skeleton(state), "restore()")
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
-            self._recorded = None
+            self._record(None, "")
         restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)

@@ -118,6 +118,75 @@ def test_all_dtypes_and_nested_values_roundtrip() -> None:
     assert math.isnan(state["nan"])
 
 
+def test_the_fast_paths_encode_exactly_as_the_general_rules() -> None:
+    """capture() takes shortcuts for values of the exact types dict, str, int, float and Tensor (a
+    save walks the whole state on the training's critical path). Subclasses of each take the
+    general chain. Both must give the same tree, including at the edges: out-of-range ints,
+    non-finite floats, reserved and non-str keys, parameters and plain tensors."""
+
+    class S(str):
+        pass
+
+    class I(int):  # noqa: E742
+        pass
+
+    class F(float):
+        pass
+
+    class D(dict):  # type: ignore[type-arg]
+        pass
+
+    class T(torch.Tensor):
+        pass
+
+    w = nn.Parameter(torch.arange(6.0).reshape(2, 3))
+
+    def build(s: Any, i: Any, f: Any, d: Any, t: Any) -> dict[str, Any]:
+        return {"v": d({s("a"): i(1), s("b"): f(2.5), s("c"): s("text"),
+                        s("ints"): [i(2**63 - 1), i(-(2**63)), i(2**63), i(-(2**63) - 1)],
+                        s("floats"): [f(math.nan), f(math.inf), f(-0.0), f(1e308)],
+                        s("keys"): d({1: s("x"), s("__t"): i(3)}), s("tagged"): d({s("__t"): s("os.system")}),
+                        s("nested"): [d({s("deep"): (i(1), None, True)})]}),
+                "w": t(w), "plain": t(torch.ones(2, dtype=torch.bfloat16))}
+
+    def same(x: Any) -> Any:
+        return x
+
+    fast = tree.capture(build(same, same, same, dict, same))
+    general = tree.capture(build(S, I, F, D, lambda x: x.as_subclass(T)))
+    assert fast.tree == general.tree
+    assert json.dumps(fast.tree, allow_nan=False) == json.dumps(general.tree, allow_nan=False)
+    assert fast.tensors.keys() == general.tensors.keys() == {"v", "w", "plain"} - {"v"}
+    entry = fast.tree["entries"]["v"]["value"]
+    assert entry["ints"][2:] == [{"__t": "bigint", "v": str(2**63)}, {"__t": "bigint", "v": str(-(2**63) - 1)}]
+    assert entry["floats"][:2] == [{"__t": "float", "v": "nan"}, {"__t": "float", "v": "inf"}]
+    assert entry["keys"]["__t"] == "dict" and entry["tagged"]["__t"] == "dict"
+
+
+def test_check_fits_remembers_only_what_fitted() -> None:
+    """The memory of fitted entries (Checkpointer keeps one per recorded state) skips only entries
+    equal to one that fitted: a changed entry is checked again, and a tree that does not fit
+    leaves the memory as it was."""
+    state: dict[str, Any] = {"best": 1.0, "cfg": {"lr": 0.1}, "model": nn.Linear(2, 2)}
+    recorded = tree.skeleton(state)
+    passed: dict[str, Any] = {}
+    tree.check_fits(recorded, tree.capture(state).tree, passed)
+    assert set(passed) == {"best", "cfg", "model"}
+    remembered = dict(passed)
+    tree.check_fits(recorded, tree.capture(state).tree, passed)  # the same structure again
+    bad = dict(state, cfg={"lr": {"nested": 1}})
+    with pytest.raises(StateMismatchError, match="cfg/lr"):
+        tree.check_fits(recorded, tree.capture(bad).tree, passed)
+    assert passed == remembered
+    grown = dict(state, model=nn.Linear(3, 2))
+    with pytest.raises(StateMismatchError, match="model/weight"):
+        tree.check_fits(recorded, tree.capture(grown).tree, passed)
+    # Against another record, what fitted the first one proves nothing: a fresh memory is needed.
+    other = tree.skeleton(dict(state, best={"a": 1.0}))
+    with pytest.raises(StateMismatchError, match="best"):
+        tree.check_fits(other, tree.capture(state).tree, {})
+
+
 def test_noncontiguous_and_live_tensors() -> None:
     base = torch.arange(12.0).reshape(3, 4)
     captured = tree.capture({"t": base.t(), "live": base})

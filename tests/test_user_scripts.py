@@ -162,6 +162,23 @@ def test_a_change_restore_could_not_convert_is_refused_at_save_with_nothing_writ
         assert ck.restore(fresh) == 1  # what was saved still restores into a fresh process
 
 
+def test_a_restore_replaces_what_saves_must_fit(tmp_path: Path) -> None:
+    """Saves remember which entries fitted the recorded state, so as not to check the same
+    structure at every step. A restore() records the state anew, and that memory must go with
+    the old record: an entry that fitted the first one may not fit the second."""
+    state = _state()
+    with alpsck.Checkpointer(tmp_path) as ck:
+        ck.save(1, state).wait()  # the first save records iter_num as an int
+        ck.save(2, state).wait()  # ... and this one remembers that it fitted
+        fresh = _state(seed=1)
+        fresh["iter_num"] = {"epoch": 0}  # a state whose iter_num no saved number can fill
+        with pytest.raises(StateMismatchError, match="iter_num"):
+            ck.restore(fresh)
+        with pytest.raises(StateMismatchError, match="step 3 not saved.*restore\\(\\).*iter_num"):
+            ck.save(3, state)  # equal to what fitted before, but not to what restore() recorded
+        assert [c["step"] for c in ck.checkpoints()] == [1, 2]
+
+
 def test_without_a_restore_the_first_save_is_the_reference(tmp_path: Path) -> None:
     state = _state()
     with alpsck.Checkpointer(tmp_path) as ck:
