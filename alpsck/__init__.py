@@ -20,8 +20,10 @@ from __future__ import annotations
 from . import errors
 from .baseline import TorchSaveCheckpointer
 from .checkpointer import Checkpointer, peek, restore_into
+from .numa import gpu_numa_node
 from .rng import RNGState
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "RNGState", "TorchSaveCheckpointer", "errors", "peek", "restore_into", "__version__"]
+__all__ = ["Checkpointer", "RNGState", "TorchSaveCheckpointer", "errors", "gpu_numa_node", "peek", "restore_into",
+           "__version__"]

@@ -136,10 +136,10 @@ class Checkpointer:
     Args:
         run_dir: directory of this run's checkpoints (created if missing).
         max_in_flight, threads, chunk_bytes, keep_last, staging_bytes, direct_io, pin_cpus,
-            background_nice, copy_threads, crc_in_copy, commit_timeout_s: the engine's options. Their defaults, limits and
-            meaning are defined once, in the core (``alpsck.options.SPECS``; the table in
-            docs/python-api.md); None takes the default. A value out of range raises UsageError
-            naming it.
+            background_nice, copy_threads, crc_in_copy, numa_node, commit_timeout_s: the engine's
+            options. Their defaults, limits and meaning are defined once, in the core
+            (``alpsck.options.SPECS``; the table in docs/python-api.md); None takes the default.
+            A value out of range raises UsageError naming it.
         rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
         replicated: top-level state keys whose tensors are identical on every rank (written once).
         overlap_copy: None (default): pipelined snapshots for states holding CUDA tensors, the
@@ -162,6 +162,7 @@ class Checkpointer:
         background_nice: int | None = None,
         copy_threads: int | None = None,
         crc_in_copy: bool | None = None,
+        numa_node: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         replicated: Sequence[str] = (),
@@ -174,10 +175,11 @@ class Checkpointer:
                  "keep_last": keep_last, "staging_bytes": staging_bytes, "direct_io": direct_io,
                  "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
                  "background_nice": background_nice, "copy_threads": copy_threads, "crc_in_copy": crc_in_copy,
-                 "commit_timeout_s": commit_timeout_s}
+                 "numa_node": numa_node, "commit_timeout_s": commit_timeout_s}
         opts = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
         for name, value in opts.items():
             check_option(name, value)
+        _core.check_numa_node(numa_node if numa_node is not None else DEFAULTS["numa_node"])  # before the run dir
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
         check_run_dir_arg(run_dir)

@@ -94,6 +94,8 @@ Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
 }
 
 Status Engine::Init() {
+  ALPSCK_RETURN_IF_ERROR(CheckNumaNode(opts_.numa_node));  // before anything is created
+  pool_.SetNumaNode(opts_.numa_node);
   const std::string& dir = opts_.run_dir;
   int d = env_->IsDir(dir);
   if (d == -ENOENT) {
@@ -150,6 +152,22 @@ Status Engine::Init() {
                                      : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));
   for (uint32_t i = 0; i < opts_.threads; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
   committer_ = std::thread([this] { CommitterLoop(); });
+  return Status::Ok();
+}
+
+Status Engine::CheckNumaNode(int node) {
+  if (node < 0) return Status::Ok();
+  const std::vector<int> nodes = CpuNumaNodes();
+  if (std::find(nodes.begin(), nodes.end(), node) == nodes.end()) {
+    std::string have;
+    for (int n : nodes) have += (have.empty() ? "" : ", ") + std::to_string(n);
+    return Status::Invalid("numa_node " + std::to_string(node) + " is not a NUMA node with CPUs on this machine (" +
+                           (have.empty() ? "none found in /sys/devices/system/node/has_cpu" : "those: " + have) + ")");
+  }
+  // A page placed there now, so that a kernel refusing placement fails here, not at the first save.
+  PrefaultedMemory probe;
+  if (!probe.Map(PageSize(), node))
+    return Status::FromErrno(errno, "numa_node " + std::to_string(node) + ": place memory on that node (mbind)");
   return Status::Ok();
 }
 

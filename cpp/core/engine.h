@@ -94,6 +94,7 @@ struct EngineOptions {
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
   uint32_t background_nice;       // nice value of the writer, committer and pool-faulting threads
   bool crc_in_copy;               // snapshot modes: CRC32C each chunk in the copy (else: in the writer)
+  int32_t numa_node;              // staging memory from this NUMA node; -1: first touch
   double commit_timeout_s;        // how long a multi-rank commit waits for the other ranks
 };
 
@@ -146,6 +147,9 @@ class SaveHandle {
 class Engine {
  public:
   static Status Open(const EngineOptions& opts, std::unique_ptr<Engine>* out);
+  // OK for numa_node -1, or a NUMA node with CPUs on which the kernel places memory (Open checks
+  // it before creating anything; the Python layer before it locks the run directory).
+  static Status CheckNumaNode(int node);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -27,6 +27,7 @@ EngineOptions::EngineOptions()
       direct_io(Default("direct_io") != 0),
       background_nice(static_cast<uint32_t>(Default("background_nice"))),
       crc_in_copy(Default("crc_in_copy") != 0),
+      numa_node(static_cast<int32_t>(Default("numa_node"))),
       commit_timeout_s(Default("commit_timeout_s")) {}
 
 const std::vector<OptionSpec>& EngineOptionSpecs() {
@@ -57,6 +58,9 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
       {"crc_in_copy", OptionType::kBool, 1, 0, 1, nullptr,
        "each chunk's CRC32C computed inside the snapshot copy while the bytes are in cache (one pass over "
        "memory; a longer stall), or, false, by the writers afterwards, reading the staging memory again"},
+      {"numa_node", OptionType::kInt, -1, -1, 1023, nullptr,
+       "NUMA node the staging memory comes from (on a GH200 node: the Grace of the rank's GPU, "
+       "alpsck.gpu_numa_node()); -1: wherever the thread that faults it in runs"},
       {"commit_timeout_s", OptionType::kFloat, 600, 0.001, 604800, nullptr,
        "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
       // Not an EngineOptions field: the readers' (restore, verify, export, the DCP reader).
@@ -99,6 +103,7 @@ Status CheckEngineOptions(const EngineOptions& o) {
   ALPSCK_RETURN_IF_ERROR(Check("keep_last", o.keep_last));
   ALPSCK_RETURN_IF_ERROR(Check("staging_bytes", static_cast<double>(o.staging_bytes)));
   ALPSCK_RETURN_IF_ERROR(Check("background_nice", o.background_nice));
+  ALPSCK_RETURN_IF_ERROR(Check("numa_node", o.numa_node));
   if (!(o.commit_timeout_s == o.commit_timeout_s)) return Status::Invalid("commit_timeout_s is not a number");
   ALPSCK_RETURN_IF_ERROR(Check("commit_timeout_s", o.commit_timeout_s));
   for (int cpu : o.pin_cpus) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -72,6 +73,86 @@ bool NiceCurrentThread(int nice) {
 #endif
 }
 
+namespace {
+
+// The kernel's memory-policy ABI (linux/mempolicy.h), stable since 2.6: spelled out here so the
+// core needs no kernel headers of the target.
+constexpr int kMpolPreferred = 1;
+constexpr unsigned long kMpolFNode = 1ul << 0;
+constexpr unsigned long kMpolFAddr = 1ul << 1;
+constexpr int kMaxNumaNodes = 1024;  // the mask's bits
+constexpr size_t kMaskWords = kMaxNumaNodes / (8 * sizeof(unsigned long));
+
+}  // namespace
+
+std::vector<int> CpuNumaNodes(const std::string& sysfs) {
+  std::vector<int> nodes;
+  FILE* f = std::fopen((sysfs + "/devices/system/node/has_cpu").c_str(), "r");
+  if (!f) return nodes;
+  char buf[4096] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = buf;
+  while (*p >= '0' && *p <= '9') {
+    char* end = nullptr;
+    const long lo = std::strtol(p, &end, 10);
+    long hi = lo;
+    p = end;
+    if (*p == '-') {
+      hi = std::strtol(p + 1, &end, 10);
+      p = end;
+    }
+    for (long v = lo; v <= hi && v < kMaxNumaNodes; ++v) nodes.push_back(static_cast<int>(v));
+    if (*p != ',') break;
+    ++p;
+  }
+  return nodes;
+}
+
+int PreferNumaNode(void* addr, uint64_t len, int node) {
+  if (node < 0 || node >= kMaxNumaNodes) return -EINVAL;
+#if defined(__linux__) && defined(SYS_mbind)
+  unsigned long mask[kMaskWords] = {};
+  mask[static_cast<size_t>(node) / (8 * sizeof(unsigned long))] |= 1ul << (static_cast<size_t>(node) % (8 * sizeof(unsigned long)));
+  if (syscall(SYS_mbind, addr, len, kMpolPreferred, mask, static_cast<unsigned long>(kMaxNumaNodes), 0u) != 0) return -errno;
+  return 0;
+#else
+  (void)addr;
+  (void)len;
+  return -ENOSYS;
+#endif
+}
+
+int NumaPolicyOf(const void* addr, int* mode, int* node) {
+#if defined(__linux__) && defined(SYS_get_mempolicy)
+  unsigned long mask[kMaskWords] = {};
+  int m = 0;
+  if (syscall(SYS_get_mempolicy, &m, mask, static_cast<unsigned long>(kMaxNumaNodes), addr, kMpolFAddr) != 0) return -errno;
+  *mode = m;
+  *node = -1;
+  for (int i = 0; i < kMaxNumaNodes && *node < 0; ++i)
+    if (mask[static_cast<size_t>(i) / (8 * sizeof(unsigned long))] >> (static_cast<size_t>(i) % (8 * sizeof(unsigned long))) & 1ul) *node = i;
+  return 0;
+#else
+  (void)addr;
+  (void)mode;
+  (void)node;
+  return -ENOSYS;
+#endif
+}
+
+int NumaNodeOfPage(const void* addr) {
+#if defined(__linux__) && defined(SYS_get_mempolicy)
+  int node = -1;
+  if (syscall(SYS_get_mempolicy, &node, nullptr, 0ul, addr, kMpolFNode | kMpolFAddr) != 0) return -errno;
+  return node;
+#else
+  (void)addr;
+  return -ENOSYS;
+#endif
+}
+
 PrefaultedMemory::~PrefaultedMemory() { Release(); }
 
 PrefaultedMemory::PrefaultedMemory(PrefaultedMemory&& o) noexcept : data_(o.data_), size_(o.size_) {
@@ -90,18 +171,26 @@ PrefaultedMemory& PrefaultedMemory::operator=(PrefaultedMemory&& o) noexcept {
   return *this;
 }
 
-bool PrefaultedMemory::Allocate(uint64_t bytes) {
-  if (!Map(bytes)) return false;
+bool PrefaultedMemory::Allocate(uint64_t bytes, int numa_node) {
+  if (!Map(bytes, numa_node)) return false;
   Fault(0, size_);
   return true;
 }
 
-bool PrefaultedMemory::Map(uint64_t bytes) {
+bool PrefaultedMemory::Map(uint64_t bytes, int numa_node) {
   Release();
   if (bytes == 0) return true;
   const uint64_t len = RoundUp(bytes, PageSize());
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return false;
+  if (numa_node >= 0) {
+    const int r = PreferNumaNode(p, len, numa_node);
+    if (r < 0) {
+      munmap(p, len);
+      errno = -r;
+      return false;
+    }
+  }
   data_ = static_cast<char*>(p);
   size_ = len;
   return true;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace alpsck {
@@ -22,6 +23,23 @@ bool NiceCurrentThread(int nice);
 
 inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+// NUMA placement (Linux system calls, no libnuma; elsewhere each reports ENOSYS). On a GH200 node
+// each GPU has its own Grace CPU and memory: staging memory on another node crosses the
+// inter-chip links on every device-to-host copy and every write.
+//
+// The NUMA nodes that have CPUs (SYSFS/devices/system/node/has_cpu, a list such as "0-3,8"),
+// ascending; empty if unknown. sysfs: another root, for tests.
+std::vector<int> CpuNumaNodes(const std::string& sysfs = "/sys");
+// Asks the kernel to take the pages of [addr, addr + len) from `node` when they are first touched
+// (mbind MPOL_PREFERRED: another node only once this one is full, never an out-of-memory kill).
+// addr page-aligned. 0, or -errno.
+int PreferNumaNode(void* addr, uint64_t len, int node);
+// The policy of the page at addr (get_mempolicy MPOL_F_ADDR): *mode gets 0 (default: first touch),
+// 1 (preferred), 2 (bind), ...; *node the lowest node of its mask, -1 if none. 0, or -errno.
+int NumaPolicyOf(const void* addr, int* mode, int* node);
+// The node holding the (faulted) page at addr, or -errno.
+int NumaNodeOfPage(const void* addr);
+
 // Page-aligned anonymous memory, pre-faulted (MAP_POPULATE, then one write per page) so that
 // first-touch page faults never land on the hot path. Move-only; unmaps on destruction.
 class PrefaultedMemory {
@@ -33,11 +51,12 @@ class PrefaultedMemory {
   PrefaultedMemory(const PrefaultedMemory&) = delete;
   PrefaultedMemory& operator=(const PrefaultedMemory&) = delete;
 
-  // Maps and faults in `bytes` (rounded up to pages). Returns false (errno set) when the mapping fails.
-  bool Allocate(uint64_t bytes);
-  // The two halves of Allocate: Map reserves the address range, Fault touches every page of
-  // [offset, offset + len) (a caller may hand out parts as they are faulted).
-  bool Map(uint64_t bytes);
+  // Maps and faults in `bytes` (rounded up to pages), on NUMA node `numa_node` if it is >= 0
+  // (PreferNumaNode). Returns false (errno set) when the mapping or the placement fails.
+  bool Allocate(uint64_t bytes, int numa_node = -1);
+  // The two halves of Allocate: Map reserves the address range (and sets its placement), Fault
+  // touches every page of [offset, offset + len) (a caller may hand out parts as they are faulted).
+  bool Map(uint64_t bytes, int numa_node = -1);
   void Fault(uint64_t offset, uint64_t len);
   char* data() const { return data_; }
   uint64_t size() const { return size_; }

@@ -14,7 +14,7 @@ Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots) {
 Status StagingPool::Reserve(uint64_t slot_bytes, uint64_t slots) {
   if (slot_bytes == 0 || slots == 0) return Status::Invalid("staging pool needs at least one slot of non-zero size");
   if (slots > (1ull << 40) / slot_bytes) return Status::Invalid("staging pool larger than 1 TiB");
-  if (!mem_.Map(slot_bytes * slots))
+  if (!mem_.Map(slot_bytes * slots, numa_node_))
     return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes * slots) + " bytes of staging memory");
   std::lock_guard<std::mutex> l(mu_);
   slot_bytes_ = slot_bytes;
@@ -47,7 +47,7 @@ Status StagingPool::Grow(uint64_t more) {
   std::lock_guard<std::mutex> g(grow_mu_);  // one Grow at a time: slots_ changes only under it (and mu_)
   if (slots_ + more > (1ull << 40) / slot_bytes_) return Status::Invalid("staging pool larger than 1 TiB");
   PrefaultedMemory m;
-  if (!m.Allocate(slot_bytes_ * more))
+  if (!m.Allocate(slot_bytes_ * more, numa_node_))
     return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes_ * more) + " more bytes of staging memory");
   {
     std::lock_guard<std::mutex> l(mu_);

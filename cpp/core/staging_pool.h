@@ -22,6 +22,9 @@ namespace alpsck {
 
 class StagingPool {
  public:
+  // Where the memory of later Init/Reserve/Grow calls comes from: NUMA node `node` (>= 0, see
+  // PreferNumaNode), or -1 (default) wherever the faulting thread runs.
+  void SetNumaNode(int node) { numa_node_ = node; }
   Status Init(uint64_t slot_bytes, uint64_t slots);
   // Init in two halves, for a pool made in the background: Reserve maps the memory (the pool is
   // initialized, with no free slot yet); Fill faults it in slot by slot, each slot free as soon as
@@ -61,6 +64,7 @@ class StagingPool {
   // Takes a free slot (of the first mapping only, if asked); nullptr if none. Holds mu_.
   char* TakeLocked(bool first_mapping);
   bool closed_ = false;
+  int numa_node_ = -1;  // set before the pool is used
 };
 
 }  // namespace alpsck

@@ -215,7 +215,7 @@ class PyEngine {
   PyEngine(const FsPath& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
            std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s,
-           bool one_history, uint32_t background_nice, bool crc_in_copy) {
+           bool one_history, uint32_t background_nice, bool crc_in_copy, int32_t numa_node) {
     EngineOptions o;
     o.run_dir = run_dir;
     o.threads = threads;
@@ -232,6 +232,7 @@ class PyEngine {
     o.one_history = one_history;
     o.background_nice = background_nice;
     o.crc_in_copy = crc_in_copy;
+    o.numa_node = numa_node;
     if (!faults.empty()) {
       fault_env_ = std::make_unique<FaultEnv>();
       for (const nb::dict& f : faults) fault_env_->AddRule(ToRule(f));
@@ -542,6 +543,20 @@ NB_MODULE(_core, m) {
       "arch_flags that tuning used, compiler, arch (target processor), build_type, crc32c_hardware (the "
       "hardware CRC32C backend built in: 'sse42', 'armv8-crc' or 'none'; crc32c_backend() says which runs).");
   m.def("page_size", &PageSize);
+  m.def("check_numa_node", [](int node) {
+        const Status s = Engine::CheckNumaNode(node);
+        if (!s.ok()) RaiseStatus(s, false);
+      }, "node"_a, "UsageError (or an OSError) unless the numa_node option's value works on this machine.");
+  m.def("cpu_numa_nodes", &CpuNumaNodes, "sysfs"_a = "/sys",
+        "The NUMA nodes that have CPUs, ascending (empty if unknown); sysfs: another root, for tests.");
+  m.def("numa_policy_of", [](uint64_t address) {
+        int mode = 0, node = -1;
+        const int r = NumaPolicyOf(reinterpret_cast<const void*>(static_cast<uintptr_t>(address)), &mode, &node);
+        if (r < 0) RaiseStatus(Status::FromErrno(-r, "get_mempolicy"), true);
+        return std::make_pair(mode, node);
+      }, "address"_a,
+      "The memory policy of the page at address: (mode, lowest node of its mask or -1); mode 0 is the "
+      "default (first touch), 1 preferred, 2 bind.");
   m.attr("MAX_THREADS") = kMaxWriterThreads;  // the engine's limit on writer threads
   m.attr("checkpoint_format") = kManifestFormat;  // what this build writes (MANIFEST.json "format")
   // The run directory's names (run_dir.h owns them; Python spells none of its own).
@@ -646,14 +661,15 @@ NB_MODULE(_core, m) {
   const EngineOptions defaults;
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
-                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t, bool>(),
+                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t, bool, int32_t>(),
            "run_dir"_a, "threads"_a = defaults.threads, "chunk_bytes"_a = defaults.chunk_bytes,
            "max_in_flight"_a = defaults.max_in_flight, "keep_last"_a = defaults.keep_last,
            "staging_bytes"_a = defaults.staging_bytes, "pin_cpus"_a = defaults.pin_cpus,
            "direct_io"_a = defaults.direct_io, "rank"_a = 0, "faults"_a = std::vector<nb::dict>{},
            "copy_threads"_a = defaults.copy_threads, "world_size"_a = 1,
            "commit_timeout_s"_a = defaults.commit_timeout_s, "one_history"_a = false,
-           "background_nice"_a = defaults.background_nice, "crc_in_copy"_a = defaults.crc_in_copy)
+           "background_nice"_a = defaults.background_nice, "crc_in_copy"_a = defaults.crc_in_copy,
+           "numa_node"_a = defaults.numa_node)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",

@@ -21,6 +21,7 @@
 #include "engine.h"
 #include "env_record.h"
 #include "options.h"
+#include "platform.h"
 #include "file_io.h"
 #include "recovery.h"
 #include "testing.h"
@@ -633,6 +634,53 @@ TEST(options_take_their_defaults_from_the_table_and_out_of_range_values_are_refu
     if (s.message().find(c.says) == std::string::npos) std::fprintf(stderr, "got: %s\n", s.message().c_str());
     CHECK(s.message().find(c.says) != std::string::npos);
     CHECK(!e);
+  }
+}
+
+TEST(numa_node_places_the_staging_pool_and_an_unknown_node_is_refused_before_anything_is_created) {
+  const std::vector<int> nodes = CpuNumaNodes();
+  REQUIRE(!nodes.empty());
+  TempDir d;
+  {
+    EngineOptions o;
+    o.run_dir = d.sub("unknown");
+    o.numa_node = 1023;
+    std::unique_ptr<Engine> e;
+    const Status s = Engine::Open(o, &e);
+    CHECK(s.code() == Code::kInvalidArgument);
+    CHECK(s.message().find("numa_node 1023 is not a NUMA node with CPUs on this machine (those: " +
+                           std::to_string(nodes.front())) != std::string::npos);
+    CHECK(!e);
+    CHECK(!Exists(d.sub("unknown")));  // refused before the run directory was made
+  }
+  PrefaultedMemory probe;
+  REQUIRE(probe.Map(PageSize()));
+  if (PreferNumaNode(probe.data(), probe.size(), nodes.back()) == -ENOSYS) {  // qemu-user: no mbind
+    EngineOptions o;
+    o.run_dir = d.sub("nombind");
+    o.numa_node = nodes.back();
+    std::unique_ptr<Engine> e;
+    const Status s = Engine::Open(o, &e);
+    CHECK(!s.ok() && !e);
+    CHECK(s.message().find("numa_node " + std::to_string(nodes.back()) + ": place memory on that node (mbind)") !=
+          std::string::npos);
+    CHECK(!Exists(d.sub("nombind")));
+    return;
+  }
+  for (const int node : {-1, nodes.back()}) {
+    EngineOptions o;
+    o.run_dir = d.sub("run" + std::to_string(node + 1));
+    o.chunk_bytes = 64 << 10;
+    o.numa_node = node;
+    std::unique_ptr<Engine> e;
+    REQUIRE(Engine::Open(o, &e).ok());
+    const std::vector<char> a = RandomBytes(300 << 10, 7);
+    REQUIRE(SaveOne(e.get(), 1, a).ok());
+    REQUIRE(e->staging_base() != nullptr);
+    int mode = -1, got = -2;
+    REQUIRE(NumaPolicyOf(e->staging_base(), &mode, &got) == 0);
+    CHECK_EQ(mode, node < 0 ? 0 : 1);
+    if (node >= 0) CHECK_EQ(got, node);
   }
 }
 

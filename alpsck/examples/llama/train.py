@@ -152,9 +152,10 @@ class TrainResult:
 
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
-                      keep_last: int, overlap_copy: bool = False) -> CheckpointerLike:
+                      keep_last: int, overlap_copy: bool = False, numa_node: int = -1) -> CheckpointerLike:
     """``"torch"``: :class:`alpsck.baseline.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
-    a shard per rank when torch.distributed is initialised (model and optimizer written once)."""
+    a shard per rank when torch.distributed is initialised (model and optimizer written once), its
+    staging memory on NUMA node ``numa_node`` (-1: first touch)."""
     if kind == "torch":
         from alpsck.baseline import TorchSaveCheckpointer
 
@@ -167,7 +168,7 @@ def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, thr
             raise ConfigError(f"checkpointer 'alpsck' is not available here ({e}); use 'torch'") from e
 
         return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last,
-                            replicated=REPLICATED, overlap_copy=overlap_copy or None)
+                            replicated=REPLICATED, overlap_copy=overlap_copy or None, numa_node=numa_node)
     raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {kind!r}")
 
 
@@ -278,6 +279,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     sharded = cfg.checkpointer == "alpsck"  # every rank saves its shard (else rank 0 alone)
     if sharded:
         ckpt_kwargs["overlap_copy"] = cfg.overlap_copy
+        if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.numa)
+            from alpsck.numa import gpu_numa_node
+
+            ckpt_kwargs["numa_node"] = gpu_numa_node(device)
     ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 or sharded else None
     restored: int | None = None
     if cfg.load_checkpoint:
