@@ -157,7 +157,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b.add_argument("--in-flight", type=_ints, help="max_in_flight values to try, e.g. 1,2")
     b.add_argument("--copy-threads", type=_ints, help="snapshot copy threads to try, e.g. 1,2")
     b.add_argument("--no-peers", action="store_true", help="skip torch.save, DCP and safetensors")
-    b.add_argument("--repeats", type=arg_int(1, 1000), default=3, help="measured saves per method after one warm-up (median)")
+    b.add_argument("--repeats", type=arg_int(1, 1000), default=3,
+                   help="measured saves, and restores, per method after the warm-up (medians)")
     b.add_argument("--iter-seconds", type=arg_real(0, 1e6), default=1.0, help="your iteration time, for the advice")
     b.add_argument("--slowdown", type=arg_real(0, 1, hi_open=True), default=0.03,
                    help="tolerated training slowdown, for the advice")

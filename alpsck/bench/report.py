@@ -18,7 +18,8 @@ def table(r: BenchResult) -> str:
         f"  [{r.raw_tool}]",
         f"copy into pre-faulted memory: {r.copy_seconds:.3f} s",
         "",
-        "raw w / raw r: the raw disk sampled next to this method's saves / restore (s); x raw: durable / raw w;",
+        "stall, durable, CPU, restore: medians of the repeats; raw w / raw r: the raw disk sampled next to this "
+        "method's saves / restores (s); x raw: durable / raw w;",
         "CPU s: CPU time of one save, call to durable, every thread (what it takes from a training on busy cores)",
         "",
         f"{'method':<36} {'stall s':>8} {'durable s':>10} {'GB/s':>6} {'raw w':>6} {'x raw':>6} {'CPU s':>6} "

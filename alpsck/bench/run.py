@@ -3,9 +3,11 @@
 Every save-based number is the median of ``repeats`` saves after the method's warm-up saves
 (the first, taken FIRST_SAVE_AFTER_S after the method was set up, is reported as ``first_stall``;
 alpsck warms up with two, so that its steady state, recycled checkpoint files overwritten in
-place, is what is timed). Right before each timed save, and around the restore, the raw disk is
-sampled (:class:`.limits.RawProbe`), and each method's ratios are taken against its own samples:
-on a disk that drifts within seconds, only neighbouring samples compare.
+place, is what is timed), and the restore the median of ``repeats`` restores of the last save.
+Right before each timed save, and before and after each restore, the raw disk is sampled
+(:class:`.limits.RawProbe`), and each method's ratios are taken against its own samples: on a
+disk that drifts within seconds, only neighbouring samples compare. (One restore per method, as
+until stop 34, put single samples 1.2-2.0 s apart for the same read on this VM.)
 
 ``cpu`` is the CPU time one save costs, from the call to durable: every thread of the process
 (the training thread's copy, writers, committer, a peer's helper threads) and its children, user
@@ -40,12 +42,13 @@ class Measurement:
     method: str
     stall: float
     durable: float
-    restore: float
+    restore: float  # median of the restores (s)
     first_stall: float
     saves: list[tuple[float, float]] = field(default_factory=list)
     raw_write: float = 0.0  # median raw O_DIRECT write of the state, sampled before each save (s)
-    raw_read: float = 0.0   # raw O_DIRECT read of the state, sampled around the restore (s)
+    raw_read: float = 0.0   # median raw O_DIRECT read of the state, sampled around the restores (s)
     cpu: float = 0.0        # median CPU seconds of one timed save, call to durable, all threads (module docstring)
+    restores: list[float] = field(default_factory=list)  # each restore (s)
 
 
 @dataclass
@@ -100,13 +103,14 @@ def measure(method: Method, repeats: int, probe: RawProbe, progress: Callable[[s
         c0 = process_cpu_seconds()
         saves.append(method.save(1 + method.warmups + i))  # returns once durable
         cpu.append(process_cpu_seconds() - c0)
-    progress(f"{method.name}: restore")
-    raw_r = [probe.read_seconds()]
-    restore = method.restore()
-    raw_r.append(probe.read_seconds())
+    raw_r, restores = [probe.read_seconds()], []
+    for i in range(repeats):
+        progress(f"{method.name}: restore {i + 1}/{repeats}")
+        restores.append(method.restore())
+        raw_r.append(probe.read_seconds())
     return Measurement(method.name, statistics.median(s for s, _ in saves), statistics.median(d for _, d in saves),
-                       restore, first_stall, saves, statistics.median(raw_w), statistics.median(raw_r),
-                       statistics.median(cpu))
+                       statistics.median(restores), first_stall, saves, statistics.median(raw_w),
+                       statistics.median(raw_r), statistics.median(cpu), restores)
 
 
 def advise(best: Measurement, copy_s: float, iter_seconds: float, slowdown: float, mtbf_hours: float,

@@ -81,7 +81,8 @@ constexpr int kMpolPreferred = 1;
 constexpr unsigned long kMpolFNode = 1ul << 0;
 constexpr unsigned long kMpolFAddr = 1ul << 1;
 constexpr int kMaxNumaNodes = 1024;  // the mask's bits
-constexpr size_t kMaskWords = kMaxNumaNodes / (8 * sizeof(unsigned long));
+constexpr size_t kWordBits = 8 * sizeof(unsigned long);
+constexpr size_t kMaskWords = kMaxNumaNodes / kWordBits;
 
 }  // namespace
 
@@ -114,8 +115,10 @@ int PreferNumaNode(void* addr, uint64_t len, int node) {
   if (node < 0 || node >= kMaxNumaNodes) return -EINVAL;
 #if defined(__linux__) && defined(SYS_mbind)
   unsigned long mask[kMaskWords] = {};
-  mask[static_cast<size_t>(node) / (8 * sizeof(unsigned long))] |= 1ul << (static_cast<size_t>(node) % (8 * sizeof(unsigned long)));
-  if (syscall(SYS_mbind, addr, len, kMpolPreferred, mask, static_cast<unsigned long>(kMaxNumaNodes), 0u) != 0) return -errno;
+  const size_t bit = static_cast<size_t>(node);
+  mask[bit / kWordBits] |= 1ul << (bit % kWordBits);
+  if (syscall(SYS_mbind, addr, len, kMpolPreferred, mask, static_cast<unsigned long>(kMaxNumaNodes), 0u) != 0)
+    return -errno;
   return 0;
 #else
   (void)addr;
@@ -128,11 +131,12 @@ int NumaPolicyOf(const void* addr, int* mode, int* node) {
 #if defined(__linux__) && defined(SYS_get_mempolicy)
   unsigned long mask[kMaskWords] = {};
   int m = 0;
-  if (syscall(SYS_get_mempolicy, &m, mask, static_cast<unsigned long>(kMaxNumaNodes), addr, kMpolFAddr) != 0) return -errno;
+  if (syscall(SYS_get_mempolicy, &m, mask, static_cast<unsigned long>(kMaxNumaNodes), addr, kMpolFAddr) != 0)
+    return -errno;
   *mode = m;
   *node = -1;
-  for (int i = 0; i < kMaxNumaNodes && *node < 0; ++i)
-    if (mask[static_cast<size_t>(i) / (8 * sizeof(unsigned long))] >> (static_cast<size_t>(i) % (8 * sizeof(unsigned long))) & 1ul) *node = i;
+  for (size_t bit = 0; bit < static_cast<size_t>(kMaxNumaNodes) && *node < 0; ++bit)
+    if ((mask[bit / kWordBits] >> (bit % kWordBits)) & 1ul) *node = static_cast<int>(bit);
   return 0;
 #else
   (void)addr;

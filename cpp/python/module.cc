@@ -552,7 +552,7 @@ NB_MODULE(_core, m) {
   m.def("numa_policy_of", [](uint64_t address) {
         int mode = 0, node = -1;
         const int r = NumaPolicyOf(reinterpret_cast<const void*>(static_cast<uintptr_t>(address)), &mode, &node);
-        if (r < 0) RaiseStatus(Status::FromErrno(-r, "get_mempolicy"), true);
+        if (r < 0) RaiseStatus(Status::FromErrno(-r, "get_mempolicy"), false);
         return std::make_pair(mode, node);
       }, "address"_a,
       "The memory policy of the page at address: (mode, lowest node of its mask or -1); mode 0 is the "
