@@ -100,7 +100,11 @@ exit 0
     run = tmp_path / "run"
     cfg = (f"name: t\nrun_dir: {run}\nentry:\n  function: runner_entry:{entry}\n"
            f"requeue:\n  on_maintenance: false\n{extra}")
-    code = ("import sys\nfrom alpsck.slurm.config import parse_config\nfrom alpsck.slurm.runner import JobRunner\n"
+    # SIGINT as in an srun task: Python's KeyboardInterrupt. A job started in the background by a
+    # non-interactive shell (a CI runner's `cmd &`) inherits SIGINT ignored, and Python then leaves
+    # it ignored: the interrupt scenario would not be one.
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from alpsck.slurm.config import parse_config\nfrom alpsck.slurm.runner import JobRunner\n"
             "JobRunner(parse_config(sys.argv[1]))()\n")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "SUBMITIT_"))}

@@ -81,6 +81,9 @@ constexpr int kMpolPreferred = 1;
 constexpr unsigned long kMpolFNode = 1ul << 0;
 constexpr unsigned long kMpolFAddr = 1ul << 1;
 constexpr int kMaxNumaNodes = 1024;  // the mask's bits
+// What the calls are told the mask holds: the kernel reads one bit fewer than maxnode says
+// (mm/mempolicy.c get_nodes), so node 1023 needs 1025.
+constexpr unsigned long kMaxNode = kMaxNumaNodes + 1;
 constexpr size_t kWordBits = 8 * sizeof(unsigned long);
 constexpr size_t kMaskWords = kMaxNumaNodes / kWordBits;
 
@@ -117,7 +120,7 @@ int PreferNumaNode(void* addr, uint64_t len, int node) {
   unsigned long mask[kMaskWords] = {};
   const size_t bit = static_cast<size_t>(node);
   mask[bit / kWordBits] |= 1ul << (bit % kWordBits);
-  if (syscall(SYS_mbind, addr, len, kMpolPreferred, mask, static_cast<unsigned long>(kMaxNumaNodes), 0u) != 0)
+  if (syscall(SYS_mbind, addr, len, kMpolPreferred, mask, kMaxNode, 0u) != 0)
     return -errno;
   return 0;
 #else
@@ -131,7 +134,7 @@ int NumaPolicyOf(const void* addr, int* mode, int* node) {
 #if defined(__linux__) && defined(SYS_get_mempolicy)
   unsigned long mask[kMaskWords] = {};
   int m = 0;
-  if (syscall(SYS_get_mempolicy, &m, mask, static_cast<unsigned long>(kMaxNumaNodes), addr, kMpolFAddr) != 0)
+  if (syscall(SYS_get_mempolicy, &m, mask, kMaxNode, addr, kMpolFAddr) != 0)
     return -errno;
   *mode = m;
   *node = -1;
