@@ -284,7 +284,7 @@ class _Encoder:
         if tv is dict:
             if TAG not in v and _all_str(v):
                 return {k: self.value(x, f"{path}/{k}", depth + 1) for k, x in v.items()}
-        elif tv is torch.Tensor or tv is nn.Parameter:
+        elif tv in _PLAIN_TENSOR_TYPES:
             return self.tensor(v, path)
         elif tv is float and math.isfinite(v):
             return v
