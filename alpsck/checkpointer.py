@@ -262,8 +262,10 @@ class Checkpointer:
 
     @property
     def engine(self) -> _core.Engine:
+        """The core engine; UsageError once closed, or in a process forked from the one that made it."""
         if self._engine is None:
             raise UsageError("the checkpointer is closed")
+        self._engine.check_owner()
         return self._engine
 
     def _reap(self) -> None:
@@ -293,6 +295,7 @@ class Checkpointer:
         """
         check_step(step)
         check_state(state)
+        self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self._reap()
         cap = tree.capture(state)
         self._check_restorable(step, state, cap.tree)
@@ -391,7 +394,7 @@ class Checkpointer:
     def wait(self) -> None:
         """Block until every save so far is durable; raise the first error among them."""
         if self._engine is not None:
-            self._engine.wait_all()
+            self.engine.wait_all()
         pending, self._pending = self._pending, []
         failed = [h for h in pending if not h.reported and h._h.error_message() is not None]
         self._pending = failed[1:]  # every failure reaches the caller, one per call
@@ -402,8 +405,15 @@ class Checkpointer:
         """Wait for in-flight saves, stop the writer threads and free staging memory.
 
         Raises the first background error not yet reported; any further ones are warned about
-        (each naming its step), never dropped silently."""
+        (each naming its step), never dropped silently. In a process forked from the one that
+        made it (a DataLoader worker), it lets go without waiting: the saves, the threads and the
+        run directory's lock are the parent's, and every other method raises UsageError there."""
         if self._engine is None:
+            return
+        if self._engine.forked:  # a forked child: the engine, its saves and the lock are the parent's
+            self._engine.close()  # lets go of it untouched
+            self._engine = self._stager = None
+            self._pending = []
             return
         try:
             self.wait()
@@ -445,9 +455,9 @@ class Checkpointer:
         continues from that step: the next ``save()`` retires newer checkpoints (module
         docstring); nothing on disk changes before it.
         """
+        self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self.wait_snapshot()
-        if self._engine is not None:
-            self._engine.wait_all()
+        self.engine.wait_all()
         try:  # the state a fresh process builds, which every later save must fit (module docstring)
             self._record(tree.skeleton(state), "restore()")
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it

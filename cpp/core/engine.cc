@@ -174,6 +174,7 @@ Status Engine::CheckNumaNode(int node) {
 Engine::~Engine() { Close(); }
 
 void Engine::Close() {
+  if (Forked()) return;  // the threads to stop are the parent's (engine.h)
   {
     std::lock_guard<std::mutex> l(mu_);
     if (closed_) return;
@@ -201,7 +202,14 @@ void Engine::Close() {
   }
 }
 
+Status Engine::ForkedError() const {
+  return Status::Invalid("this checkpointer was opened by process " + std::to_string(owner_pid_) + "; process " +
+                         std::to_string(::getpid()) + " is a fork of it, where its writer threads and staging memory "
+                         "do not exist: open a new checkpointer in the child to save from it");
+}
+
 void Engine::WaitAll() {
+  if (Forked()) return;  // the saves in flight are the parent's (engine.h)
   std::unique_lock<std::mutex> l(mu_);
   admit_cv_.wait(l, [&] { return in_flight_ == 0; });
 }
@@ -241,6 +249,7 @@ Status Engine::PrepareDir(Job* j) {
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
                     std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill) {
+  if (Forked()) return ForkedError();
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();

@@ -60,6 +60,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "commit.h"
 #include "coordinate.h"
 #include "env.h"
@@ -166,6 +168,15 @@ class Engine {
   void WaitAll();
   void Close();
 
+  // True in a process forked from the one that opened the engine (a DataLoader worker, a
+  // multiprocessing child). The engine's threads and staging memory stayed with the parent, so
+  // there Save and Supersede fail (kInvalidArgument, saying so), and Prepare, WaitAll and Close
+  // do nothing: the child has no saves of its own, and the parent's are the parent's. Never
+  // destroy an engine in a forked child (leak it): its mutexes and condition variables may be
+  // held by parent threads that do not exist there, and its thread handles cannot be joined.
+  bool Forked() const { return ::getpid() != owner_pid_; }
+  Status ForkedError() const;  // what Save and Supersede return there
+
   // Sizes the staging pool for copy-mode saves of extents of these sizes and faults it in, on a
   // background thread, so that the first save stalls no longer than the ones after it (a pool
   // allocated and faulted on the critical path made the first save of a process 16-26x slower).
@@ -264,6 +275,7 @@ class Engine {
   void ApplyRetention(std::string* warning);
 
   EngineOptions opts_;
+  const pid_t owner_pid_ = ::getpid();  // the process that opened it (Forked)
   Env* env_;
   std::unique_ptr<ConfinedRoot> confined_;  // from Init on: RUN_DIR is confined in env_
   uint64_t align_ = 4096;

@@ -32,6 +32,7 @@ std::vector<std::pair<uint64_t, std::string>> Engine::TakeRetired() {
 
 Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
   retired->clear();
+  if (Forked()) return ForkedError();  // renames belong to the parent's history (engine.h)
   {
     // Every one_history save comes here: the common case (nothing of another history left) must
     // not wait behind a retention in progress (its renames and fsync) for retention_mu_.

@@ -24,7 +24,7 @@ uint64_t Engine::SlotsFor(const ShardLayout& layout) const {
 }
 
 void Engine::Prepare(const std::vector<uint64_t>& sizes) {
-  if (opts_.staging_bytes) return;  // a fixed pool, made at Open
+  if (opts_.staging_bytes || Forked()) return;  // a fixed pool, made at Open; or the parent's (engine.h)
   std::vector<std::pair<std::string, uint64_t>> named;
   named.reserve(sizes.size());
   for (uint64_t n : sizes) named.emplace_back("x" + std::to_string(named.size()), n);  // names only index

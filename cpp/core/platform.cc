@@ -190,6 +190,12 @@ bool PrefaultedMemory::Map(uint64_t bytes, int numa_node) {
   const uint64_t len = RoundUp(bytes, PageSize());
   void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return false;
+  // Not inherited by fork(): a forked child (a DataLoader worker) would otherwise share every page
+  // copy-on-write, and the next save's copy would take one page fault and a page copy per page
+  // while the child lives (measured: 0.61 s against 0.03 s for a 256 MB state). Nothing in a
+  // child may use this memory: its engine's threads stayed with the parent (Engine::Forked). A
+  // kernel or emulator that ignores the advice loses only the speed.
+  madvise(p, len, MADV_DONTFORK);
   if (numa_node >= 0) {
     const int r = PreferNumaNode(p, len, numa_node);
     if (r < 0) {

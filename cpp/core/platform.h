@@ -40,8 +40,9 @@ int NumaPolicyOf(const void* addr, int* mode, int* node);
 // The node holding the (faulted) page at addr, or -errno.
 int NumaNodeOfPage(const void* addr);
 
-// Page-aligned anonymous memory, pre-faulted (MAP_POPULATE, then one write per page) so that
-// first-touch page faults never land on the hot path. Move-only; unmaps on destruction.
+// Page-aligned anonymous memory, pre-faulted (one write per page) so that first-touch page faults
+// never land on the hot path, and not inherited by fork() (MADV_DONTFORK). Move-only; unmaps on
+// destruction.
 class PrefaultedMemory {
  public:
   PrefaultedMemory() = default;

@@ -264,10 +264,17 @@ class PyEngine {
     return r;
   }
 
+  // In a forked child (Engine::Forked) the engine is never destroyed: this leaks its last
+  // reference rather than run a destructor that could wait on the parent's threads.
+  ~PyEngine() { Abandon(); }
+
   Engine& engine() {
     if (!engine_) throw nb::value_error("engine is closed");
+    if (engine_->Forked()) RaiseStatus(engine_->ForkedError(), true);
     return *engine_;
   }
+
+  bool forked() const { return engine_ && engine_->Forked(); }
 
   // mode: "snapshot" (copy, then write), "overlap" (copy and write at once), "zerocopy".
   // commit: "auto" (the engine commits; coordinated across ranks), "deferred" (seal the shard
@@ -313,6 +320,7 @@ class PyEngine {
   }
 
   void wait_all() {
+    if (forked()) return;  // the child has no saves of its own (Engine::Forked)
     if (engine_) {
       nb::gil_scoped_release nogil;
       engine_->WaitAll();
@@ -358,6 +366,7 @@ class PyEngine {
   }
 
   void close() {
+    if (Abandon()) return;
     // Fillers the caller abandoned would keep their saves in flight forever: fail them.
     for (auto& w : fills_)
       if (auto f = w.lock()) {
@@ -379,6 +388,16 @@ class PyEngine {
     for (auto& p : pending_)
       if (!p.first->Done()) still.push_back(std::move(p));
     pending_.swap(still);
+  }
+
+  // In a forked child: drops this object's hold on the parent's engine, its fillers and its
+  // pending saves without running any of their destructors (Engine::Forked). True if it did.
+  bool Abandon() {
+    if (!forked()) return false;
+    new std::shared_ptr<Engine>(std::move(engine_));
+    new std::vector<std::weak_ptr<ExternalFill>>(std::move(fills_));
+    new std::vector<std::pair<std::shared_ptr<SaveHandle>, nb::object>>(std::move(pending_));
+    return true;
   }
 
   size_t pending_keepalive() const { return pending_.size(); }
@@ -687,8 +706,14 @@ NB_MODULE(_core, m) {
       .def("take_retired", &PyEngine::take_retired,
            "Every (step, new path) the saves retired so far (one_history=True), each once; paths are empty "
            "on ranks > 0. See Engine::Supersede.")
-      .def("wait_all", &PyEngine::wait_all)
-      .def("close", &PyEngine::close)
+      .def("wait_all", &PyEngine::wait_all, "Block until every save of this process is durable (none in a fork).")
+      .def("close", &PyEngine::close,
+           "Finish the saves and stop the threads; in a forked child, let go of the parent's engine untouched.")
+      .def("check_owner", [](PyEngine& e) { e.engine(); },
+           "Raise UsageError in a process forked from the one that opened the engine (ValueError once closed).")
+      .def_prop_ro("forked", &PyEngine::forked,
+                   "True in a process forked from the one that opened the engine: there every call but close, "
+                   "wait_all and forked raises UsageError (see Engine::Forked).")
       .def_prop_ro("align", [](PyEngine& e) { return e.engine().align(); })
       .def_prop_ro("chunk_bytes", [](PyEngine& e) { return e.engine().chunk_bytes(); })
       .def_prop_ro("direct_io", [](PyEngine& e) { return e.engine().direct_io(); })

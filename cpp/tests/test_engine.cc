@@ -1,6 +1,7 @@
 // The engine: concurrent saves, both memory modes, commit ordering ("newest wins"), retention
 // and recycling, back-pressure, and failures that never damage earlier checkpoints.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1025,6 +1026,48 @@ TEST(close_fails_a_save_blocked_on_its_in_flight_slot) {
   CHECK(!second || (second->Wait(5) && !second->status().ok()));
   CHECK(!Exists(JoinPath(d.path(), "step-000000002")));
   CHECK(Matches(d.path(), 1, "a", a));
+}
+
+// A forked child (a DataLoader worker) inherits the engine object but not its threads or its
+// staging memory: there Save and Supersede refuse by name and touch nothing, WaitAll and Close
+// return at once, and the parent's engine saves on as before.
+TEST(a_forked_child_cannot_save_through_its_parents_engine) {
+  TempDir d;
+  auto e = Open(d.path(), nullptr, 2, 3, 64 << 10, true);
+  REQUIRE(e);
+  auto a = RandomBytes(200 << 10, 31);
+  REQUIRE(SaveOne(e.get(), 1, a).ok());
+  CHECK(!e->Forked());
+  std::shared_ptr<SaveHandle> in_flight;  // the parent's, still being written while the child runs
+  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &in_flight).ok());
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int failures = 0;
+    auto expect = [&](bool ok, const char* what) {
+      if (!ok) std::fprintf(stderr, "forked child: %s\n", what), ++failures;
+    };
+    expect(e->Forked(), "Forked() is false in the child");
+    std::shared_ptr<SaveHandle> h;
+    const Status s = e->Save(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+    expect(s.code() == Code::kInvalidArgument, "Save was not refused as invalid");
+    expect(s.message().find("is a fork of it") != std::string::npos, "Save's error does not say fork");
+    expect(!h, "a refused Save handed out a handle");
+    std::vector<std::pair<uint64_t, std::string>> retired;
+    expect(e->Supersede(3, &retired).code() == Code::kInvalidArgument, "Supersede was not refused");
+    e->Prepare({1 << 20});
+    e->WaitAll();  // would wait forever on the parent's save 2
+    e->Close();
+    e.release();  // never destroyed in a child (engine.h)
+    _exit(failures);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  CHECK(in_flight->Wait(30) && in_flight->status().ok());
+  REQUIRE(SaveOne(e.get(), 4, a).ok());
+  CHECK(!Exists(JoinPath(d.path(), "step-000000003")));
+  CHECK(Matches(d.path(), 4, "a", a));
 }
 
 // Prepare sizes and faults the staging pool on a background thread: a save that starts while it

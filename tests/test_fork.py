@@ -1,0 +1,128 @@
+"""A forked child (a DataLoader worker, a multiprocessing child) and the parent's Checkpointer.
+
+The staging memory is not inherited (MADV_DONTFORK): otherwise every page of it is shared
+copy-on-write while the child lives, and the parent's next save takes a page fault and a page
+copy per page (measured: 0.58 s against 0.03 s for a 256 MB state). A child that calls the
+parent's Checkpointer gets a UsageError that says so and touches nothing on disk; close() there
+lets go without waiting for the parent's saves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import alpsck
+from alpsck.errors import UsageError
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": torch.randn(256, 1024, generator=g), "b": torch.randn(1024, generator=g)}
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``addr`` (from /proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def _wait_child(pid: int, timeout: float = 60.0) -> int:
+    """The child's exit status; kills it and fails when it is still running after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child hung for {timeout:.0f} s")
+
+
+def test_the_staging_memory_is_not_inherited_by_a_fork(tmp_path: Path) -> None:
+    state = _state()
+    with alpsck.Checkpointer(tmp_path / "run") as ck:
+        ck.save(1, state).wait()  # the pool exists once a copy-mode save ran
+        addr = int(ck.engine.staging_address)
+        assert addr and ck.engine.staging_bytes > 0
+        assert "dc" in _vm_flags(addr), "the staging pool would be shared copy-on-write with forked children"
+
+
+def test_a_forked_child_is_refused_by_name_and_its_close_lets_go(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    state = _state()
+    ck = alpsck.Checkpointer(run, keep_last=5)
+    ck.save(1, state).wait()
+    in_flight = ck.save(2, state)  # may still be written while the child runs
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit code, never return into pytest
+        code = 10
+        try:
+            for call in (lambda: ck.save(3, state), lambda: ck.restore(_state(1)), ck.wait,
+                         lambda: ck.prepare(state)):
+                code += 1
+                try:
+                    call()
+                except UsageError as e:
+                    assert "is a fork of it" in str(e), str(e)
+                else:
+                    raise AssertionError("the parent's checkpointer worked in a forked child")
+            code = 20
+            ck.close()  # returns at once: the saves and the threads are the parent's
+            ck.close()
+            code = 0
+        except BaseException as e:  # anything at all is the child's failure
+            os.write(2, f"forked child failed at {code}: {type(e).__name__}: {e}\n".encode())
+        os._exit(code)
+    status = _wait_child(pid)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child status {status:#x}"
+    in_flight.wait()
+    ck.save(4, state).wait()
+    ck.close()
+    assert not (run / "step-000000003").exists()
+    restored = _state(7)
+    with alpsck.Checkpointer(run) as again:
+        assert again.restore(restored) == 4
+    assert all(torch.equal(restored[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("workers", [2])
+def test_saves_every_step_beside_a_forking_dataloader(tmp_path: Path, workers: int) -> None:
+    # The user's path: DataLoader workers are forked at every epoch while the writers run.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randn(64, 64))
+    state = {"model": model, "optim": opt}
+    step = 0
+    with alpsck.Checkpointer(tmp_path / "run", keep_last=2) as ck:
+        ck.restore(state)
+        for _epoch in range(3):
+            loader = torch.utils.data.DataLoader(data, batch_size=16, num_workers=workers,
+                                                 multiprocessing_context="fork")
+            for x, y in loader:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                step += 1
+                ck.save(step, state)
+        ck.wait()
+        assert ck.latest_step() == step == 12
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    fresh = torch.nn.Linear(64, 64)
+    with alpsck.Checkpointer(tmp_path / "run") as again:
+        assert again.restore({"model": fresh, "optim": torch.optim.SGD(fresh.parameters(), lr=0.01)}) == 12
+    assert all(torch.equal(fresh.state_dict()[k], want[k]) for k in want)
