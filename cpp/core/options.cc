@@ -64,7 +64,7 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
       {"commit_timeout_s", OptionType::kFloat, 600, 0.001, 604800, nullptr,
        "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
       // Not an EngineOptions field: the readers' (restore, verify, export, the DCP reader).
-      {"read_threads", OptionType::kInt, 8, 1, kMaxWriterThreads, nullptr,
+      {"read_threads", OptionType::kInt, 16, 1, kMaxWriterThreads, nullptr,
        "threads reading and CRC-checking a shard in restore, verify and export"},
   };
   return specs;
