@@ -23,6 +23,11 @@ bool NiceCurrentThread(int nice);
 
 inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+// The size of a transparent huge page (SYSFS/kernel/mm/transparent_hugepage/hpage_pmd_size: 2 MiB
+// on x86-64 and 4 KiB-page arm64, 512 MiB with 64 KiB pages), or 0 when the kernel has none or
+// has them set to "never". sysfs: another root, for tests.
+uint64_t TransparentHugePageSize(const std::string& sysfs = "/sys");
+
 // NUMA placement (Linux system calls, no libnuma; elsewhere each reports ENOSYS). On a GH200 node
 // each GPU has its own Grace CPU and memory: staging memory on another node crosses the
 // inter-chip links on every device-to-host copy and every write.
@@ -41,7 +46,8 @@ int NumaPolicyOf(const void* addr, int* mode, int* node);
 int NumaNodeOfPage(const void* addr);
 
 // Page-aligned anonymous memory, pre-faulted (one write per page) so that first-touch page faults
-// never land on the hot path, and not inherited by fork() (MADV_DONTFORK). Move-only; unmaps on
+// never land on the hot path, and not inherited by fork() (MADV_DONTFORK). A mapping of at least
+// one transparent huge page is aligned to it and advised MADV_HUGEPAGE. Move-only; unmaps on
 // destruction.
 class PrefaultedMemory {
  public:

@@ -94,6 +94,51 @@ TEST(cpu_numa_nodes_reads_the_kernels_list) {
   if (own) CHECK(!CpuNumaNodes().empty());
 }
 
+TEST(transparent_huge_page_size_reads_the_kernels_settings) {
+  alpsck_test::TempDir d;
+  REQUIRE(!d.path().empty());
+  const std::string dir = d.path() + "/kernel/mm/transparent_hugepage";
+  REQUIRE(::mkdir((d.path() + "/kernel").c_str(), 0700) == 0 && ::mkdir((d.path() + "/kernel/mm").c_str(), 0700) == 0 &&
+          ::mkdir(dir.c_str(), 0700) == 0);
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{0});  // no files: none
+  auto write = [&](const char* name, const char* text) { std::ofstream(dir + "/" + name) << text; };
+  write("enabled", "always [madvise] never\n");
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{0});  // no size
+  write("hpage_pmd_size", "2097152\n");
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{2097152});
+  write("hpage_pmd_size", "536870912\n");  // arm64 with 64 KiB pages
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{536870912});
+  write("enabled", "[always] madvise never\n");
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{536870912});
+  write("enabled", "always madvise [never]\n");
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{0});
+  write("enabled", "always [madvise] never\n");
+  write("hpage_pmd_size", "3000000\n");  // not a power of two
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{0});
+  write("hpage_pmd_size", "1024\n");  // not above the page size
+  CHECK_EQ(TransparentHugePageSize(d.path()), uint64_t{0});
+}
+
+// A mapping of at least one huge page starts on a huge-page boundary (the kernel backs only
+// aligned ranges with huge pages), is usable to its last byte, and unmaps cleanly.
+TEST(prefaulted_memory_of_a_huge_page_or_more_is_aligned_to_it) {
+  const uint64_t huge = TransparentHugePageSize();
+  std::fprintf(stderr, "transparent huge pages here: %llu bytes\n", static_cast<unsigned long long>(huge));
+  if (huge == 0 || huge > (64ull << 20)) return;  // none here, or too big to map in a test (512 MiB)
+  for (int round = 0; round < 3; ++round) {
+    PrefaultedMemory m;
+    REQUIRE(m.Allocate(2 * huge + PageSize()));
+    CHECK_EQ(reinterpret_cast<uintptr_t>(m.data()) % huge, uintptr_t{0});
+    CHECK_EQ(m.size(), 2 * huge + PageSize());
+    m.data()[0] = 1;
+    m.data()[m.size() - 1] = 2;
+    CHECK(m.data()[0] == 1 && m.data()[m.size() - 1] == 2);
+  }
+  PrefaultedMemory small;
+  REQUIRE(small.Allocate(huge / 2));
+  CHECK_EQ(reinterpret_cast<uintptr_t>(small.data()) % PageSize(), uintptr_t{0});
+}
+
 // Whether this platform places memory by node: not under qemu-user, which has no mbind
 // (ENOSYS); there the placement must fail loudly instead.
 bool NumaPlacementWorks() {

@@ -1,0 +1,71 @@
+"""The staging memory as the kernel sees it: not inherited by fork(), huge pages where offered.
+
+- Not inherited (MADV_DONTFORK, VmFlags "dc"): otherwise every page of it is shared
+  copy-on-write while a forked child (a DataLoader worker) lives, and the parent's next save
+  takes a page fault and a page copy per page (measured: 0.58 s against 0.03 s for a 256 MB
+  state).
+- Where the kernel has transparent huge pages (not "never"), the pool starts on a huge-page
+  boundary and is advised MADV_HUGEPAGE (VmFlags "hg"): fewer TLB misses in the snapshot copy and
+  fewer pages for O_DIRECT to pin. Whether the kernel then backs it with huge pages depends on its
+  free memory, so that is not asserted; the advice and the alignment are.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import alpsck
+
+THP = Path("/sys/kernel/mm/transparent_hugepage")
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(1024, 1024, generator=g), "b": torch.randn(1024, generator=g)}  # 4 MiB
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``addr`` (from /proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def _huge_page_size() -> int:
+    """The kernel's transparent huge page size, 0 when it has none or has them set to "never"."""
+    try:
+        enabled = (THP / "enabled").read_text()
+        size = int((THP / "hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return 0
+    return 0 if "[never]" in enabled or "[" not in enabled else size
+
+
+def test_the_staging_memory_is_not_inherited_by_a_fork(tmp_path: Path) -> None:
+    state = _state()
+    with alpsck.Checkpointer(tmp_path / "run") as ck:
+        ck.save(1, state).wait()  # the pool exists once a copy-mode save ran
+        addr = int(ck.engine.staging_address)
+        assert addr and ck.engine.staging_bytes > 0
+        assert "dc" in _vm_flags(addr), "the staging pool would be shared copy-on-write with forked children"
+
+
+def test_the_staging_pool_is_huge_page_aligned_and_advised_where_the_kernel_offers_them(tmp_path: Path) -> None:
+    huge = _huge_page_size()
+    with alpsck.Checkpointer(tmp_path / "run", chunk_bytes=1 << 20) as ck:
+        ck.save(1, _state()).wait()
+        addr, size = int(ck.engine.staging_address), int(ck.engine.staging_bytes)
+        flags = _vm_flags(addr)
+        if huge and size >= huge:
+            assert addr % huge == 0, f"pool at {addr:#x} is not on a {huge}-byte boundary"
+            assert "hg" in flags, f"pool not advised MADV_HUGEPAGE: VmFlags {flags}"
+        else:
+            assert "hg" not in flags
