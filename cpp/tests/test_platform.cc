@@ -1,9 +1,8 @@
 // Platform facts are read at run time; staging memory is aligned, pre-faulted and bounded.
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <fstream>
-#include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <cstdlib>
@@ -153,9 +152,11 @@ bool NumaPlacementWorks() {
 }
 
 // Staging memory is not inherited by fork() (a DataLoader worker): otherwise every page is shared
-// copy-on-write while the child lives, and the parent's next save takes a fault per page. A
-// child that touches it dies of SIGSEGV. qemu-user ignores the advice (the child still sees the
-// memory); the test accepts that only where qemu-user's other signature, no mbind, is seen too.
+// copy-on-write while the child lives, and the parent's next save takes a fault per page. The
+// child asks the kernel whether the range is mapped (mincore: ENOMEM where it is not) rather
+// than touching it, so no sanitizer's SIGSEGV handler stands between the test and the answer.
+// qemu-user ignores the advice (the child still sees the memory); the test accepts that only
+// where qemu-user's other signature, no mbind, is seen too.
 TEST(prefaulted_memory_is_not_inherited_by_a_forked_child) {
   PrefaultedMemory m;
   REQUIRE(m.Allocate(4 * PageSize()));
@@ -163,17 +164,15 @@ TEST(prefaulted_memory_is_not_inherited_by_a_forked_child) {
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    const rlimit no_core{0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);
-    const char seen = *static_cast<volatile char*>(m.data() + PageSize());
-    _exit(seen == 42 ? 0 : 1);
+    unsigned char resident[4] = {};
+    if (mincore(m.data(), 4 * PageSize(), resident) == 0) _exit(0);  // still mapped here
+    _exit(errno == ENOMEM ? 3 : 4);
   }
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
-  if (WIFSIGNALED(status)) {
-    CHECK_EQ(WTERMSIG(status), SIGSEGV);
-  } else {
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) != 3) {
+    CHECK_EQ(WEXITSTATUS(status), 0);
     std::fprintf(stderr, "the forked child still saw the memory (MADV_DONTFORK ignored: qemu-user?)\n");
     CHECK(!NumaPlacementWorks());
   }
