@@ -208,8 +208,9 @@ bool PrefaultedMemory::Map(uint64_t bytes, int numa_node) {
   // At least one huge page's worth: aligned to the huge page size (the kernel backs only aligned
   // ranges with huge pages) and advised MADV_HUGEPAGE, for fewer TLB misses in the snapshot copy
   // and far fewer pages for O_DIRECT to pin. Measured at 2 GiB on this project's VM (THP
-  // "madvise"), three runs each: stall 200-209 ms against 212-233, system CPU per save 0.013-0.021 s
-  // against 0.064-0.069. The extra reservation (one huge page of address space) is unmapped at once.
+  // "madvise"), five paired runs: system CPU per save 0.010-0.021 s against 0.059-0.127, stall
+  // 187-209 ms against 198-262 (docs/benchmarks.md, "Staging memory on transparent huge pages").
+  // The extra reservation (one huge page of address space) is unmapped at once.
   static const uint64_t huge = TransparentHugePageSize();
   void* p = MAP_FAILED;
   if (huge && len >= huge) {
