@@ -414,6 +414,9 @@ class Checkpointer:
             self._engine.close()  # lets go of it untouched
             self._engine = self._stager = None
             self._pending = []
+            if self._lock is not None:
+                self._lock.release()  # here: closes the child's copy only; the lock stays the parent's
+                self._lock = None
             return
         try:
             self.wait()

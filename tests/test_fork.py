@@ -7,6 +7,7 @@ inherit the staging memory at all is tests/test_staging_memory.py's.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import time
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import alpsck
-from alpsck.errors import UsageError
+from alpsck.errors import RunDirLockedError, UsageError
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -73,6 +74,49 @@ def test_a_forked_child_is_refused_by_name_and_its_close_lets_go(tmp_path: Path)
     with alpsck.Checkpointer(run) as again:
         assert again.restore(restored) == 4
     assert all(torch.equal(restored[k], state[k]) for k in state)
+
+
+def test_a_forked_child_leaves_the_run_directory_lock_to_its_parent(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    ck = alpsck.Checkpointer(run)
+    ck.save(1, _state()).wait()
+    owner = (run / ".lock").read_text()
+    assert f'"pid": {os.getpid()}' in owner
+    pid = os.fork()
+    if pid == 0:  # a child that closes and drops everything it inherited
+        code = 1
+        try:
+            ck.close()
+            del ck  # the lock's last reference in the child goes too
+            gc.collect()
+            code = 0
+        finally:
+            os._exit(code)
+    status = _wait_child(pid)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert (run / ".lock").read_text() == owner, "the child emptied the parent's owner record"
+    with pytest.raises(RunDirLockedError, match=f"pid {os.getpid()}"):
+        alpsck.Checkpointer(run)  # still the parent's, and named as such
+    ck.close()
+
+
+def test_the_lock_is_free_after_close_while_a_forked_child_lives(tmp_path: Path) -> None:
+    # A persistent DataLoader worker holds a copy of the lock file's descriptor; closing the
+    # checkpointer must still free the run directory for the next one in this process.
+    run = tmp_path / "run"
+    ck = alpsck.Checkpointer(run)
+    ck.save(1, _state()).wait()
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        ck.close()
+        with alpsck.Checkpointer(run) as again:
+            assert again.latest_step() == 1
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize("workers", [2])

@@ -22,6 +22,8 @@
 //     ABORTED                  (in an aborted attempt) why
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -114,13 +116,16 @@ class RunDirLock {
   ~RunDirLock();  // Release()
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
-  void Release();  // empties the owner record and drops the flock (idempotent)
+  // Empties the owner record and drops the flock (idempotent). In a process forked from the one
+  // that took it, only closes that process's copy of the descriptor: the lock stays the parent's.
+  void Release();
   const std::string& path() const { return path_; }
 
  private:
   RunDirLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   int fd_;
   std::string path_;
+  const pid_t owner_pid_ = ::getpid();  // the process that took it (Release)
 };
 
 // "{run_dir} is being written by job J (pid P) on host H" from an owner record (fields missing: ?).

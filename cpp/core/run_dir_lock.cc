@@ -129,9 +129,16 @@ Status RunDirLock::Probe(const std::string& run_dir, uint32_t rank, bool* held, 
 
 void RunDirLock::Release() {
   if (fd_ < 0) return;
-  if (::ftruncate(fd_, 0) != 0) {  // a clean release leaves no owner behind (best effort)
+  if (::getpid() == owner_pid_) {
+    if (::ftruncate(fd_, 0) != 0) {  // a clean release leaves no owner behind (best effort)
+    }
+    // Unlocked explicitly, not by the close: a forked child (a DataLoader worker) shares this
+    // open file, and the flock would live on in it until it exits.
+    ::flock(fd_, LOCK_UN);
   }
-  ::close(fd_);  // drops the flock
+  // In a forked child: only its copy of the descriptor goes. The lock and its owner record are
+  // the parent's, which still writes under them.
+  ::close(fd_);
   fd_ = -1;
 }
 

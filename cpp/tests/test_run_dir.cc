@@ -1,8 +1,10 @@
 // The run directory's names: made and parsed in one place (run_dir.h), and every name alpsck
 // writes is classified back to what it is; hostile look-alikes are not.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -110,6 +112,51 @@ TEST(the_writer_lock_admits_one_writer_and_names_the_holder) {
   CHECK(!held && owner.empty());  // a clean release leaves no owner behind
   CHECK(RunDirLock::Acquire(d.path(), 0, "{}", &b).ok());
   CHECK_EQ(DescribeLockOwner("R", "not json"), std::string("R is being written by job ? (pid ?) on host ?"));
+}
+
+// A forked child (a DataLoader worker) inherits the lock's open file. Its release must neither
+// empty the parent's owner record nor drop the parent's lock; and the parent's release must not
+// leave the lock alive in a child that still has the file open.
+TEST(the_writer_lock_and_a_forked_child) {
+  alpsck_test::TempDir d;
+  std::unique_ptr<RunDirLock> a, b;
+  const std::string me = "{\"pid\":1,\"host\":\"h1\",\"job_id\":\"42\",\"rank\":0}";
+  REQUIRE(RunDirLock::Acquire(d.path(), 0, me, &a).ok());
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    a->Release();  // the child lets go of its copy
+    a.reset();
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  bool held = false;
+  std::string owner;
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner).ok());
+  CHECK(held);
+  CHECK(owner.find("\"job_id\":\"42\"") != std::string::npos);  // the record is the parent's still
+  CHECK(RunDirLock::Acquire(d.path(), 0, "{}", &b).code() == Code::kBusy);
+
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  pid = fork();  // a child that keeps the inherited file open while the parent releases
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(go[1]);
+    char c;
+    while (read(go[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }
+  close(go[0]);
+  a->Release();
+  Status s = RunDirLock::Acquire(d.path(), 0, "{}", &b);  // the parent again, the child still alive
+  CHECK(s.ok());
+  if (!s.ok()) std::fprintf(stderr, "%s\n", s.message().c_str());
+  close(go[1]);  // the child exits
+  REQUIRE(waitpid(pid, &status, 0) == pid);
 }
 
 TEST(the_writer_lock_never_follows_a_symlink_nor_opens_a_fifo_or_directory) {
