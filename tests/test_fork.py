@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -117,6 +119,33 @@ def test_the_lock_is_free_after_close_while_a_forked_child_lives(tmp_path: Path)
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_a_restart_waits_for_the_killed_trainings_forked_child(tmp_path: Path) -> None:
+    # A training killed (SIGKILL: time limit, node trouble) while a process it forked lives on
+    # (a DataLoader worker notices its parent's death only after a few seconds): that child holds
+    # the lock's open file, so the restart on this host waits for it instead of being refused.
+    run = tmp_path / "run"
+    code = (
+        "import os, sys, time, torch, alpsck\n"
+        f"ck = alpsck.Checkpointer({str(run)!r})\n"
+        "ck.save(1, {'w': torch.ones(4)}).wait()\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(2)\n"
+        "    os._exit(0)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    training = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert training.stdout is not None and training.stdout.readline() == "ready\n"
+    finally:
+        training.kill()
+        training.wait()
+    t0 = time.monotonic()
+    with alpsck.Checkpointer(run) as again:  # refused at once before: "job ? (pid N) on host H"
+        assert again.latest_step() == 1
+    assert time.monotonic() - t0 < 30  # RunDirLock::kOrphanLockWaitS: the child exited long before
 
 
 @pytest.mark.parametrize("workers", [2])

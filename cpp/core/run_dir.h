@@ -108,8 +108,12 @@ class RunDirLock {
  public:
   // kBusy naming the holder (job, pid, host) when a live process holds it; kInvalidArgument when
   // the name is a symlink or not a regular file (saying what it is); errno errors otherwise.
+  // When the owner recorded is a process of this host that has exited, a process it forked (a
+  // DataLoader worker) holds the lock until it exits too: that is waited for up to
+  // orphan_wait_s, then refused saying so.
   static Status Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,
-                        std::unique_ptr<RunDirLock>* out);
+                        std::unique_ptr<RunDirLock>* out, double orphan_wait_s = kOrphanLockWaitS);
+  static constexpr double kOrphanLockWaitS = 30;
   // Whether a live process holds rank's lock, and the owner it recorded ("" when none); the
   // same refusals as Acquire. Takes nothing and changes nothing.
   static Status Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner);

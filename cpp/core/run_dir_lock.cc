@@ -5,7 +5,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <string>
+#include <thread>
 
 #include "json.h"
 #include "run_dir.h"
@@ -67,6 +71,20 @@ std::string ReadOwner(int fd) {
   return text;
 }
 
+// Whether an owner record names a process of this host that no longer exists.
+bool OwnerGoneFromThisHost(const std::string& owner_json) {
+  Json j;
+  if (!ParseJson(owner_json, &j, JsonLimits{4, kMaxOwnerBytes}).ok() || !j.is_object()) return false;
+  const Json* host = j.find("host");
+  const Json* pid = j.find("pid");
+  const std::string* h = host ? host->get_string() : nullptr;
+  uint64_t p = 0;
+  if (!h || !pid || !pid->get_u64(&p) || p == 0 || p > static_cast<uint64_t>(INT32_MAX)) return false;
+  char here[256] = {};
+  if (::gethostname(here, sizeof(here) - 1) != 0 || *h != here) return false;
+  return ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
 std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json) {
@@ -85,19 +103,31 @@ std::string DescribeLockOwner(const std::string& run_dir, const std::string& own
 }
 
 Status RunDirLock::Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,
-                           std::unique_ptr<RunDirLock>* out) {
+                           std::unique_ptr<RunDirLock>* out, double orphan_wait_s) {
   int fd = -1;
   std::string path;
   ALPSCK_RETURN_IF_ERROR(OpenLockFile(run_dir, rank, true, &fd, &path));
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+  const auto start = std::chrono::steady_clock::now();
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     const std::string owner = ReadOwner(fd);
+    // The owner recorded may have died while a process it forked (a DataLoader worker) still has
+    // the lock's file open, and so the lock: such a child exits soon after its parent. Waited for,
+    // briefly, so that a restart on the same node is not refused by its predecessor's worker.
+    const bool orphaned = e == EWOULDBLOCK && OwnerGoneFromThisHost(owner);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (orphaned && waited < orphan_wait_s) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
     ::close(fd);
-    if (e == EWOULDBLOCK)
-      return Status::Error(Code::kBusy, DescribeLockOwner(run_dir, owner) +
-                                            "; two writers in one run directory would corrupt each other's "
+    if (e != EWOULDBLOCK) return Status::FromErrno(e, "lock " + path);
+    std::string why = DescribeLockOwner(run_dir, owner);
+    if (orphaned)
+      why += "; that process has exited, but one it forked (a DataLoader worker?) still held the lock after " +
+             std::to_string(static_cast<int>(waited)) + " s, and frees it when it exits";
+    return Status::Error(Code::kBusy, why + "; two writers in one run directory would corrupt each other's "
                                             "checkpoints and retention");
-    return Status::FromErrno(e, "lock " + path);
   }
   const std::string text = owner_json + "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {

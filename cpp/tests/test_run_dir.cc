@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "file_io.h"
 #include "run_dir.h"
@@ -157,6 +159,75 @@ TEST(the_writer_lock_and_a_forked_child) {
   if (!s.ok()) std::fprintf(stderr, "%s\n", s.message().c_str());
   close(go[1]);  // the child exits
   REQUIRE(waitpid(pid, &status, 0) == pid);
+}
+
+// The owner recorded exited, but the lock is still held: by a process it forked (a DataLoader
+// worker outliving a killed training). A restart on the same host waits for that process, up to
+// a bound, and then says what holds the lock. A live owner is refused at once, as before.
+TEST(the_writer_lock_waits_for_a_dead_owners_children) {
+  alpsck_test::TempDir d;
+  const pid_t dead = fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) _exit(0);
+  int status = 0;
+  REQUIRE(waitpid(dead, &status, 0) == dead);  // reaped: no process has this pid now
+  char host[256] = {};
+  REQUIRE(gethostname(host, sizeof(host) - 1) == 0);
+  const std::string gone = "{\"pid\":" + std::to_string(dead) + ",\"host\":\"" + host + "\",\"job_id\":\"7\"}";
+  // The dead owner's child: holds the lock (with the dead owner's record) until told to exit.
+  int ready[2], go[2];
+  REQUIRE(pipe(ready) == 0 && pipe(go) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(go[1]);  // or its read would never see the end
+    close(ready[0]);
+    std::unique_ptr<RunDirLock> l;
+    const char ok = RunDirLock::Acquire(d.path(), 0, gone, &l).ok() ? 'y' : 'n';
+    if (write(ready[1], &ok, 1) != 1) _exit(3);
+    char c;
+    while (read(go[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);  // no Release: the kernel drops the flock as the process ends
+  }
+  close(go[0]);
+  close(ready[1]);
+  char ok = 0;
+  REQUIRE(read(ready[0], &ok, 1) == 1 && ok == 'y');
+  std::unique_ptr<RunDirLock> b, held;
+
+  auto t0 = std::chrono::steady_clock::now();
+  Status s = RunDirLock::Acquire(d.path(), 0, "{}", &b, 0.5);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s.code() == Code::kBusy);
+  CHECK(waited >= 0.5 && waited < 5);
+  CHECK(s.message().find("pid " + std::to_string(dead) + ") on host " + host +
+                         "; that process has exited, but one it forked") != std::string::npos);
+
+  std::thread exits([&] {  // the child exits a moment later
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    close(go[1]);
+  });
+  t0 = std::chrono::steady_clock::now();
+  s = RunDirLock::Acquire(d.path(), 0, "{}", &b, 30);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  exits.join();
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(s.ok());
+  CHECK(took >= 0.25 && took < 10);
+  b.reset();
+  close(ready[0]);
+
+  // A live owner (this process's pid), or one on another host: refused at once.
+  for (const std::string& owner : {"{\"pid\":" + std::to_string(getpid()) + ",\"host\":\"" + host + "\"}",
+                                   "{\"pid\":" + std::to_string(dead) + ",\"host\":\"elsewhere\"}",
+                                   std::string("not json")}) {
+    REQUIRE(RunDirLock::Acquire(d.path(), 0, owner, &held).ok());
+    t0 = std::chrono::steady_clock::now();
+    CHECK(RunDirLock::Acquire(d.path(), 0, "{}", &b, 30).code() == Code::kBusy);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+    held.reset();
+  }
 }
 
 TEST(the_writer_lock_never_follows_a_symlink_nor_opens_a_fifo_or_directory) {
