@@ -71,10 +71,16 @@ std::string ReadOwner(int fd) {
   return text;
 }
 
+// An owner record as a JSON object; an empty one when it is not one (a lock of another tool).
+Json ParseOwner(const std::string& owner_json) {
+  Json j;
+  if (!ParseJson(owner_json, &j, JsonLimits{4, kMaxOwnerBytes}).ok() || !j.is_object()) j = Json::Object();
+  return j;
+}
+
 // Whether an owner record names a process of this host that no longer exists.
 bool OwnerGoneFromThisHost(const std::string& owner_json) {
-  Json j;
-  if (!ParseJson(owner_json, &j, JsonLimits{4, kMaxOwnerBytes}).ok() || !j.is_object()) return false;
+  const Json j = ParseOwner(owner_json);
   const Json* host = j.find("host");
   const Json* pid = j.find("pid");
   const std::string* h = host ? host->get_string() : nullptr;
@@ -88,7 +94,7 @@ bool OwnerGoneFromThisHost(const std::string& owner_json) {
 }  // namespace
 
 std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json) {
-  Json j;
+  const Json j = ParseOwner(owner_json);
   auto field = [&](const char* key) -> std::string {
     const Json* v = j.find(key);
     if (!v) return "?";
@@ -97,7 +103,6 @@ std::string DescribeLockOwner(const std::string& run_dir, const std::string& own
     if (v->get_u64(&u)) return std::to_string(u);
     return "?";
   };
-  if (!ParseJson(owner_json, &j, JsonLimits{4, kMaxOwnerBytes}).ok() || !j.is_object()) j = Json::Object();
   return run_dir + " is being written by job " + field("job_id") + " (pid " + field("pid") + ") on host " +
          field("host");
 }
