@@ -411,12 +411,9 @@ class Checkpointer:
         if self._engine is None:
             return
         if self._engine.forked:  # a forked child: the engine, its saves and the lock are the parent's
-            self._engine.close()  # lets go of it untouched
-            self._engine = self._stager = None
+            self._stager = None  # its copies are the parent's: never waited for here
             self._pending = []
-            if self._lock is not None:
-                self._lock.release()  # here: closes the child's copy only; the lock stays the parent's
-                self._lock = None
+            self._release()  # here the engine and the lock let go of the parent's untouched
             return
         try:
             self.wait()
