@@ -196,10 +196,12 @@ void Engine::Close() {
   c_cv_.notify_all();
   if (committer_.joinable()) committer_.join();
   pool_.Close();  // also ends a Prepare still faulting the pool in
+  std::thread preparer;  // joined without prepare_mu_, which it takes before it ends
   {
     std::lock_guard<std::mutex> l(prepare_mu_);
-    if (preparer_.joinable()) preparer_.join();
+    preparer = std::move(preparer_);
   }
+  if (preparer.joinable()) preparer.join();
 }
 
 Status Engine::ForkedError() const {

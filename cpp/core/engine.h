@@ -180,7 +180,9 @@ class Engine {
   // Sizes the staging pool for copy-mode saves of extents of these sizes and faults it in, on a
   // background thread, so that the first save stalls no longer than the ones after it (a pool
   // allocated and faulted on the critical path made the first save of a process 16-26x slower).
-  // Returns at once; a save that starts meanwhile waits for the pool (never allocates twice).
+  // Returns at once, also while an earlier Prepare is still faulting (its thread then takes the
+  // newest sizes up when done; a restore followed by another waited seconds for it before); a
+  // save that starts meanwhile waits for the pool (never allocates twice).
   // Calling it again re-sizes: the pool grows, and shrinks when nothing larger is needed (a
   // mapping beyond the first goes once its slots are free). Failure only costs the head start:
   // the first save then sizes the pool itself. No effect with staging_bytes set.
@@ -223,6 +225,7 @@ class Engine {
   uint64_t staging_bytes() const { return pool_.size(); }
   char* staging_base() const { return pool_.base(); }
   uint64_t staging_slots() const { return pool_.slots(); }
+  uint64_t staging_free_slots() const { return pool_.free_slots(); }  // faulted in, not in use
   // Newest step published as latest; -1 if none.
   int64_t published_step() const;
   uint32_t in_flight() const;
@@ -296,8 +299,10 @@ class Engine {
   std::deque<Job*> commit_queue_;
   bool c_stopping_ = false;
   std::thread committer_;
-  std::thread preparer_;  // Prepare's background pool sizing (joined by the next Prepare and Close)
-  std::mutex prepare_mu_;
+  std::mutex prepare_mu_;  // guards the three below
+  std::thread preparer_;   // Prepare's background pool sizing (joined once done, and by Close)
+  bool preparing_ = false;      // preparer_ runs and will take prepare_slots_ up
+  uint64_t prepare_slots_ = 0;  // the newest Prepare's slots not taken up yet (0: none)
 
   mutable std::mutex mu_;                 // guards the fields below
   std::condition_variable admit_cv_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "engine_job.h"
@@ -32,15 +33,34 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
   if (!PlanLayout(named, align_, chunk_bytes_, kDefaultPackAlign, &layout).ok()) return;
   const uint64_t slots = SlotsFor(layout);
   std::lock_guard<std::mutex> l(prepare_mu_);
-  if (preparer_.joinable()) preparer_.join();
   {
-    std::lock_guard<std::mutex> c(mu_);
+    std::lock_guard<std::mutex> c(mu_);  // under prepare_mu_: Close, once closed_ is set, joins what runs
     if (closed_) return;
   }
-  preparer_ = std::thread([this, slots] {
+  prepare_slots_ = slots;  // the newest wish wins: a preparer still faulting takes it up next
+  if (preparing_) return;  // never waits for it: the caller is the training (engine.h)
+  if (preparer_.joinable()) preparer_.join();  // a finished one (preparing_ is false), at once
+  preparing_ = true;
+  preparer_ = std::thread([this] {
     EnterBackground(0);
-    std::unique_lock<std::mutex> l(pool_init_mu_);
-    FitPool(slots, true, true, &l);  // failure only costs the head start: the first save tries again
+    for (;;) {
+      uint64_t want;
+      {
+        std::lock_guard<std::mutex> p(prepare_mu_);
+        bool closed;
+        {
+          std::lock_guard<std::mutex> c(mu_);
+          closed = closed_;
+        }
+        if (prepare_slots_ == 0 || closed) {
+          preparing_ = false;
+          return;
+        }
+        want = std::exchange(prepare_slots_, 0);
+      }
+      std::unique_lock<std::mutex> i(pool_init_mu_);
+      FitPool(want, true, true, &i);  // failure only costs the head start: the first save tries again
+    }
   });
 }
 

@@ -1099,4 +1099,29 @@ TEST(prepare_faults_the_pool_in_the_background_and_a_save_meanwhile_uses_it) {
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
 }
 
+// A Prepare while an earlier one still faults the pool in returns at once (the training calls it:
+// restore() prepares, and a second restore or prepare() right after it waited for the whole
+// pool, seconds for gigabytes); the thread that is faulting takes the newest sizes up when done.
+TEST(prepare_returns_while_an_earlier_one_still_faults_and_the_newest_sizes_win) {
+  TempDir d;
+  auto e = Open(d.path());  // max_in_flight 2, 3 writers, 64 KiB chunks
+  REQUIRE(e);
+  const uint64_t big = uint64_t{256} << 20;     // 2 x 4096 + 3 slots of 64 KiB: 512 MiB to fault
+  const uint64_t small = uint64_t{8} << 20;
+  e->Prepare({small});                          // made first, ...
+  e->Prepare({big});                            // ... this one waits for its turn, ...
+  e->Prepare({big});                            // ... and this returns before the pool is faulted in
+  const uint64_t want = 2 * (big / (64 << 10)) + 3;
+  CHECK(e->staging_free_slots() < want);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (e->staging_slots() < want && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK_EQ(e->staging_slots(), want);  // the newest sizes were taken up by the running preparer
+  const std::vector<char> a = RandomBytes(1 << 20, 9);
+  CHECK(SaveOne(e.get(), 1, a).ok());
+  CHECK(Matches(d.path(), 1, "a", a));
+  e->Prepare({big});  // Close while it may still run: joins it, no thread left behind
+  e->Close();
+}
+
 ALPSCK_TEST_MAIN()
