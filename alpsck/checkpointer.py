@@ -475,7 +475,8 @@ class Checkpointer:
     def prepare(self, state: Mapping[str, Any]) -> None:
         """Size and fault in the staging memory for saves of ``state``, on a background thread.
 
-        Returns at once. Without it the first ``save()`` of a process allocates and faults its
+        Returns at once, also while an earlier call is still faulting (the newest sizes are taken
+        up when it is done). Without it the first ``save()`` of a process allocates and faults its
         staging memory while training waits (16-26x the stall of the saves after it). ``restore()``
         calls it, so a training that restores first needs nothing more; call it after building the
         state when you do not restore, and again when the state grew or shrank a lot. An optimizer
