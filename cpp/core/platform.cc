@@ -195,25 +195,31 @@ PrefaultedMemory& PrefaultedMemory::operator=(PrefaultedMemory&& o) noexcept {
   return *this;
 }
 
-bool PrefaultedMemory::Allocate(uint64_t bytes, int numa_node) {
-  if (!Map(bytes, numa_node)) return false;
+bool PrefaultedMemory::Allocate(uint64_t bytes, int numa_node, bool huge_pages) {
+  if (!Map(bytes, numa_node, huge_pages)) return false;
   Fault(0, size_);
   return true;
 }
 
-bool PrefaultedMemory::Map(uint64_t bytes, int numa_node) {
+bool PrefaultedMemory::Map(uint64_t bytes, int numa_node, bool huge_pages) {
   Release();
   if (bytes == 0) return true;
   const uint64_t len = RoundUp(bytes, PageSize());
-  // At least one huge page's worth: aligned to the huge page size (the kernel backs only aligned
-  // ranges with huge pages) and advised MADV_HUGEPAGE, for fewer TLB misses in the snapshot copy
-  // and far fewer pages for O_DIRECT to pin. Measured at 2 GiB on this project's VM (THP
-  // "madvise"), five paired runs: system CPU per save 0.010-0.021 s against 0.059-0.127, stall
-  // 187-209 ms against 198-262 (docs/benchmarks.md, "Staging memory on transparent huge pages").
+  // huge_pages, at least one huge page's worth: aligned to the huge page size (the kernel backs
+  // only aligned ranges with huge pages) and advised MADV_HUGEPAGE, for far fewer pages for
+  // O_DIRECT to pin. The restore's read buffers ask for it (restore of 2 GiB 1.00-1.05 s against
+  // 1.15-1.36, system CPU 0.08-0.11 s against 0.25-0.33; they are reused memory, quick to fault).
+  // The staging pool does not: on this project's VM huge pages took 3x longer to fault in (fresh
+  // guest memory the hypervisor must back; 2.1 GiB in 0.27-5.2 s against 0.88-0.95 s on base
+  // pages), so a pool prepared during 5 s of training was not ready for the first save (first
+  // stall 1.04-1.84x the rest, median of 3 rounds, against 0.99-1.16x) and the faulting took CPU
+  // from the training. What they saved a steady save (system CPU 0.01-0.02 s against 0.06-0.13,
+  // stall 187-209 ms against 198-262 at 2 GiB) is less than that; on Grace the base pages are
+  // 64 KiB already, and its huge pages 512 MiB. docs/benchmarks.md has both measurements.
   // The extra reservation (one huge page of address space) is unmapped at once.
   static const uint64_t huge = TransparentHugePageSize();
   void* p = MAP_FAILED;
-  if (huge && len >= huge) {
+  if (huge_pages && huge && len >= huge) {
     void* r = mmap(nullptr, len + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r != MAP_FAILED) {
       char* raw = static_cast<char*>(r);

@@ -46,8 +46,9 @@ int NumaPolicyOf(const void* addr, int* mode, int* node);
 int NumaNodeOfPage(const void* addr);
 
 // Page-aligned anonymous memory, pre-faulted (one write per page) so that first-touch page faults
-// never land on the hot path, and not inherited by fork() (MADV_DONTFORK). A mapping of at least
-// one transparent huge page is aligned to it and advised MADV_HUGEPAGE. Move-only; unmaps on
+// never land on the hot path, and not inherited by fork() (MADV_DONTFORK). With huge_pages, a
+// mapping of at least one transparent huge page is aligned to it and advised MADV_HUGEPAGE (the
+// restore's read buffers; not the staging pool: platform.cc says why). Move-only; unmaps on
 // destruction.
 class PrefaultedMemory {
  public:
@@ -60,10 +61,10 @@ class PrefaultedMemory {
 
   // Maps and faults in `bytes` (rounded up to pages), on NUMA node `numa_node` if it is >= 0
   // (PreferNumaNode). Returns false (errno set) when the mapping or the placement fails.
-  bool Allocate(uint64_t bytes, int numa_node = -1);
+  bool Allocate(uint64_t bytes, int numa_node = -1, bool huge_pages = false);
   // The two halves of Allocate: Map reserves the address range (and sets its placement), Fault
   // touches every page of [offset, offset + len) (a caller may hand out parts as they are faulted).
-  bool Map(uint64_t bytes, int numa_node = -1);
+  bool Map(uint64_t bytes, int numa_node = -1, bool huge_pages = false);
   void Fault(uint64_t offset, uint64_t len);
   char* data() const { return data_; }
   uint64_t size() const { return size_; }

@@ -76,7 +76,7 @@ Status ShardReader::ReadChunks(const std::vector<uint64_t>& chunks, const std::v
   for (uint64_t i : chunks) buf_bytes = std::max(buf_bytes, l.chunk_len(i));
   auto worker = [&] {
     PrefaultedMemory buf;
-    if (!buf.Allocate(buf_bytes)) {
+    if (!buf.Allocate(buf_bytes, -1, /*huge_pages=*/true)) {
       std::lock_guard<std::mutex> g(mu);
       if (first.ok()) first = Status::FromErrno(errno, "allocate a read buffer");
       failed = true;
