@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from alpsck.bench.overhead import OverheadConfig, plot, run_overhead, table
+from alpsck.bench.run import restore_vs_raw_read
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,6 +104,15 @@ def test_overhead_rejects_k_beyond_iters(tmp_path: Path) -> None:
         run_overhead(tmp_path, OverheadConfig(device="tpu"))
 
 
+def test_each_restore_is_held_against_the_raw_reads_beside_it() -> None:
+    # The disk slowed down for the first two restores and the raw read between them: paired, the
+    # restores ran at the raw read's speed; medians of all samples would say half of it.
+    assert restore_vs_raw_read([2.0, 2.0, 1.0], [1.0, 3.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert restore_vs_raw_read([2.0], [1.0, 1.0]) == pytest.approx(0.5)  # twice the raw read's time
+    with pytest.raises(ValueError, match="2 restores need 3 raw reads"):
+        restore_vs_raw_read([1.0, 1.0], [1.0, 1.0])
+
+
 def test_save_restore_bench_cli_json(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "alpsck", "bench", "--size-gib", "0.02", "--threads", "2", "--chunk-mib", "1",
            "--in-flight", "1", "--repeats", "2", "--json"]
@@ -116,6 +126,9 @@ def test_save_restore_bench_cli_json(tmp_path: Path) -> None:
         assert m["durable"] > 0 and m["restore"] > 0 and m["stall"] >= 0
         # The restore is the median of as many restores as saves (one was too noisy to compare).
         assert len(m["restores"]) == 2 and m["restore"] == pytest.approx(sum(m["restores"]) / 2), m
+        # Each restore is held against the raw reads just before and after it.
+        assert len(m["raw_reads"]) == 3 and m["restore_vs_raw"] == pytest.approx(
+            restore_vs_raw_read(m["restores"], m["raw_reads"])), m
         # Every save copies or writes the state: it costs CPU (a zero here means it was not counted).
         assert 0 < m["cpu"] < 60, (m["method"], m["cpu"])
     assert doc["best"] in names and doc["best"].startswith("alpsck")

@@ -20,16 +20,18 @@ def table(r: BenchResult) -> str:
         "",
         "stall, durable, CPU, restore: medians of the repeats; raw w / raw r: the raw disk sampled next to this "
         "method's saves / restores (s); x raw: durable / raw w;",
+        "r/raw: restore bandwidth / raw read bandwidth, each restore against the raw reads just before and after "
+        "it (median);",
         "CPU s: CPU time of one save, call to durable, every thread (what it takes from a training on busy cores)",
         "",
         f"{'method':<36} {'stall s':>8} {'durable s':>10} {'GB/s':>6} {'raw w':>6} {'x raw':>6} {'CPU s':>6} "
-        f"{'restore s':>10} {'raw r':>6} {'first stall':>12}",
+        f"{'restore s':>10} {'raw r':>6} {'r/raw':>6} {'first stall':>12}",
     ]
     for m in r.measurements:
         mark = "*" if m.method == r.best else " "
         lines.append(f"{mark}{m.method:<35} {m.stall:8.3f} {m.durable:10.3f} {r.state_bytes / m.durable / 1e9:6.2f} "
                      f"{m.raw_write:6.3f} {m.durable / m.raw_write:6.2f} {m.cpu:6.3f} {m.restore:10.3f} "
-                     f"{m.raw_read:6.3f} {m.first_stall:12.3f}")
+                     f"{m.raw_read:6.3f} {m.restore_vs_raw:6.2f} {m.first_stall:12.3f}")
     lines += ["", "ratios (* = best alpsck setting: lowest stall; 'urgent' = copy and write overlapped):"]
     lines += [f"  {k:<40} {v:6.2f}" for k, v in r.ratios.items()]
     a = r.advice
