@@ -211,9 +211,9 @@ bool PrefaultedMemory::Map(uint64_t bytes, int numa_node, bool huge_pages) {
   // 1.15-1.36, system CPU 0.08-0.11 s against 0.25-0.33; they are reused memory, quick to fault).
   // The staging pool does not: on this project's VM huge pages took 3x longer to fault in (fresh
   // guest memory the hypervisor must back; 2.1 GiB in 0.27-5.2 s against 0.88-0.95 s on base
-  // pages), so a pool prepared during 5 s of training was not ready for the first save (first
-  // stall 1.04-1.84x the rest, median of 3 rounds, against 0.99-1.16x) and the faulting took CPU
-  // from the training. What they saved a steady save (system CPU 0.01-0.02 s against 0.06-0.13,
+  // pages), so a pool prepared during 5 s of training was often not ready for the first save
+  // (first stall over the rest, 1 GiB: over 1.5 in 13 of 18 rounds, against 2 of 21 on base
+  // pages) and the faulting took CPU from the training. What they saved a steady save (system CPU 0.01-0.02 s against 0.06-0.13,
   // stall 187-209 ms against 198-262 at 2 GiB) is less than that; on Grace the base pages are
   // 64 KiB already, and its huge pages 512 MiB. docs/benchmarks.md has both measurements.
   // The extra reservation (one huge page of address space) is unmapped at once.
