@@ -122,7 +122,7 @@ def restore_vs_raw_read(restores: list[float], raw_reads: list[float]) -> float:
 
     On a disk whose speed swings within seconds, a restore compares only with its neighbours; a
     median of the restores against a median of all the raw reads mixes samples taken up to a
-    minute apart (stop 37 gives both for the same runs in docs/benchmarks.md).
+    minute apart (stop 36 gives both for the same runs in docs/benchmarks.md).
     """
     if len(raw_reads) != len(restores) + 1:
         raise ValueError(f"{len(restores)} restores need {len(restores) + 1} raw reads around them, got {len(raw_reads)}")
