@@ -239,7 +239,10 @@ Status Engine::PrepareDir(Job* j) {
     int r = env_->Mkdir(j->tmp_dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
   }
-  if (env_->IsOwnDir(j->tmp_dir) != 1)  // something else took the name: never write through it
+  const int own = env_->IsOwnDir(j->tmp_dir);
+  if (own < 0)  // gone again: another rank aborted the attempt (Save reads the verdict), or worse
+    return Status::FromErrno(-own, "inspect " + j->tmp_dir);
+  if (own == 0)  // something else took the name: never write through it
     return Status::Invalid(j->tmp_dir + " is a symbolic link, not a directory, or not ours: alpsck will not write through it");
   ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
   const uint64_t want = j->index.layout.data_padded + align_;
@@ -297,14 +300,23 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     in_flight_steps_.insert(step);
     job->attempt = attempts_[step]++;
   }
+  // A save that cannot start aborts its attempt. Its own failure is Save's error; an abort another
+  // rank decided meanwhile (it renamed the attempt's directory under this one) is the handle's, as
+  // for a rank that comes after the abort (below): every rank but the one that failed hears it
+  // the same way, and saves the step again.
   auto abandon = [&](const Status& s) {
     if (job->fd >= 0) env_->Close(job->fd);
-    const Status out = FailShared(job.get(), s);
+    bool by_other = false;
+    const Status out = FailShared(job.get(), s, &by_other);
+    if (by_other) {
+      job->handle->Complete(out, SaveResult{});
+      *handle = job->handle;
+    }
     std::lock_guard<std::mutex> l(mu_);
     --in_flight_;
     in_flight_steps_.erase(step);
     admit_cv_.notify_all();
-    return out;
+    return by_other ? Status::Ok() : out;
   };
   job->at = Attempt{opts_.run_dir, step, job->attempt};
   Status verdict;

@@ -257,8 +257,9 @@ class Engine {
   // Steps 5-8 of the commit protocol (commit.h) for j with these shards, in rank order.
   Status Commit(Job* j, std::vector<ShardRecord> shards);
   // This rank's part of j failed with s: aborts the attempt (coordinate.h) and
-  // returns the verdict the save reports (s, or the abort that another rank decided first).
-  Status FailShared(Job* j, const Status& s);
+  // returns the verdict the save reports (s, or the abort that another rank decided first;
+  // *by_other, if given, says which).
+  Status FailShared(Job* j, const Status& s, bool* by_other = nullptr);
   // The common end of every save: publish, retention, complete the handle, free the slot.
   void Complete(std::unique_ptr<Job> j, Status s, SaveResult r);
   Status PrepareDir(Job* j);

@@ -15,7 +15,8 @@
 
 namespace alpsck {
 
-Status Engine::FailShared(Job* j, const Status& s) {
+Status Engine::FailShared(Job* j, const Status& s, bool* by_other) {
+  if (by_other) *by_other = false;
   if (j->tmp_dir.empty()) return s;
   Status verdict;
   const std::string why = opts_.rank == 0 ? s.message()
@@ -25,7 +26,10 @@ Status Engine::FailShared(Job* j, const Status& s) {
     return Status::Error(s.code(), "step " + std::to_string(j->step) + " is committed, durability unconfirmed: " +
                                        s.message(), s.err());
   SawAbort(env_, j->at, opts_.rank, opts_.world_size);
-  return won ? s : verdict;  // this rank's own error when it decided, else the winner's verdict
+  if (won) return s;  // this rank decided: its own error
+  // Another rank's verdict reads as kAborted; this rank's failed abort rename (FromErrno) never does.
+  if (by_other) *by_other = verdict.code() == Code::kAborted;
+  return verdict;
 }
 
 void Engine::Finish(Job* j) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <map>
@@ -345,6 +346,59 @@ TEST(a_step_aborted_by_any_rank_can_be_saved_again_by_every_rank) {
   for (const auto& i : Scan(d.path()))
     if (i.state == CheckpointState::kCommitted) committed.push_back(i.step);
   CHECK(committed == std::vector<uint64_t>({1, 2, 3}));
+}
+
+TEST(a_rank_whose_attempt_is_aborted_while_it_starts_hears_the_verdict_from_its_handle) {
+  // CI found the race: rank 0 joined step 2's attempt (its directory was there), then rank 1
+  // failed and renamed the directory to its aborted name before rank 0 created its shard in it.
+  // Rank 0's Save returned the abort as its own error while a rank that came a moment later got
+  // it from its handle, so a caller that retries a step whose handle failed never retried.
+  // Every rank that did not decide the abort itself hears it the same way: from the handle.
+  TempDir d;
+  FaultEnv env0, env1;
+  FaultRule slow_open;  // holds rank 0 between joining the attempt and creating its shard
+  slow_open.op = FaultRule::Op::kOpen;
+  slow_open.path_contains = TmpDirName(2) + "/" + ShardFileName(0);
+  slow_open.error = 0;
+  slow_open.delay_us = 3000000;
+  env0.AddRule(slow_open);
+  FaultRule full;
+  full.op = FaultRule::Op::kPWrite;
+  full.path_contains = TmpDirName(2) + "/" + ShardFileName(1);
+  full.error = ENOSPC;
+  full.count = UINT64_MAX;
+  env1.AddRule(full);
+  std::vector<std::unique_ptr<Engine>> e;
+  e.push_back(OpenRank(d.path(), 0, 2, &env0));
+  e.push_back(OpenRank(d.path(), 1, 2, &env1));
+  for (auto& x : e) REQUIRE(x);
+  const auto data0 = Data(2, 0), data1 = Data(2, 1);
+  Status sync0;
+  std::shared_ptr<SaveHandle> h0, h1;
+  std::atomic<bool> rank0_returned{false};
+  std::thread t0([&] {
+    sync0 = e[0]->Save(2, {{"w", data0.data(), data0.size()}}, "{}", SaveMode::kSnapshot, &h0);
+    rank0_returned = true;
+  });
+  while (env0.FaultsInjected() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(e[1]->Save(2, {{"w", data1.data(), data1.size()}}, "{}", SaveMode::kSnapshot, &h1).ok());
+  h1->Wait(-1);
+  CHECK(h1->status().code() == Code::kNoSpace);  // rank 1 decided the abort
+  const bool in_the_window = !rank0_returned;  // rank 0 still held before its open
+  t0.join();
+  CHECK(in_the_window);
+  if (!sync0.ok()) std::fprintf(stderr, "rank 0's Save: %s\n", sync0.message().c_str());
+  REQUIRE(sync0.ok());
+  h0->Wait(-1);
+  CHECK(h0->status().code() == Code::kAborted);
+  CHECK(h0->status().message().find("was aborted: rank 1: ") != std::string::npos);
+  env0.ClearRules();
+  env1.ClearRules();
+  for (const Status& s : SaveAll(e, 2)) {  // the retry, by both, commits
+    if (!s.ok()) std::fprintf(stderr, "retry of step 2: %s\n", s.message().c_str());
+    CHECK(s.ok());
+  }
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 2, r, Data(2, r)));
 }
 
 TEST(skewed_ranks_with_tiny_timeouts_always_agree_with_each_other_and_the_disk) {
