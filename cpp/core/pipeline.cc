@@ -111,6 +111,7 @@ void Engine::Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {
 void Engine::SnapshotChunks(Job* j, bool overlap) {
   const ShardLayout& layout = j->index.layout;
   const uint64_t n = layout.num_chunks();
+  PoolCopyScope copying(&pool_);  // a pool still being prepared waits while this copy runs
   std::atomic<uint64_t> next{0};
   std::mutex held_mu;
   std::vector<Task> held;  // copied chunks not yet queued (without overlap)

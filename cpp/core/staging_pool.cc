@@ -33,7 +33,10 @@ void StagingPool::Fill() {
   }
   for (uint64_t i = 0; i < n; ++i) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      // During a copy, on only while a waiting Acquire cannot be served from the free slots
+      // (first-mapping waiters always count: the free slots may all be Grow's).
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return closed_ || copying_ == 0 || waiting_first_ > 0 || waiting_ > free_.size(); });
       if (closed_) return;
     }
     mem_.Fault(i * slot_bytes, slot_bytes);
@@ -94,9 +97,29 @@ char* StagingPool::TakeLocked(bool first_mapping) {
 
 char* StagingPool::Acquire(bool first_mapping) {
   std::unique_lock<std::mutex> l(mu_);
-  char* s = nullptr;
+  if (closed_) return nullptr;
+  char* s = TakeLocked(first_mapping);
+  if (s) return s;
+  ++waiting_;
+  waiting_first_ += first_mapping;
+  cv_.notify_all();  // a Fill paused for a copy: this waiter may need it
   cv_.wait(l, [&] { return closed_ || (s = TakeLocked(first_mapping)) != nullptr; });
+  --waiting_;
+  waiting_first_ -= first_mapping;
   return s;  // nullptr only when closed
+}
+
+void StagingPool::BeginCopy() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++copying_;
+}
+
+void StagingPool::EndCopy() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    --copying_;
+  }
+  cv_.notify_all();  // a paused Fill goes on
 }
 
 char* StagingPool::TryAcquire(bool first_mapping) {

@@ -280,4 +280,38 @@ TEST(staging_pool_bounds_and_blocks) {
   CHECK(!pool.Init(0, 1).ok());
 }
 
+// Fill (a pool prepared in the background) pauses while a snapshot copy runs, so the two do not
+// share the CPU during the save's stall; it faults on for a copy that waits for a slot, and once
+// the copy ends. Before, the first save of a 2 GiB bench stalled 1.6-1.8x the rest here.
+TEST(filling_pauses_during_a_copy_unless_the_copy_waits_for_a_slot) {
+  StagingPool pool;
+  const uint64_t n = 64;
+  REQUIRE(pool.Reserve(PageSize(), n).ok());
+  pool.BeginCopy();
+  std::thread filler([&] { pool.Fill(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_EQ(pool.free_slots(), uint64_t{0});  // held: nothing faulted while the copy has all it asked for
+  char* a = pool.Acquire();  // waits: Fill faults a slot for it
+  REQUIRE(a != nullptr);
+  char* b = pool.Acquire();  // and another
+  REQUIRE(b != nullptr && b != a);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_EQ(pool.free_slots(), uint64_t{0});  // paused again once each waiter was served
+  pool.EndCopy();
+  filler.join();  // faults the rest now
+  CHECK_EQ(pool.free_slots(), n - 2);
+  pool.Release(a);
+  pool.Release(b);
+  // Close ends a paused Fill.
+  StagingPool other;
+  REQUIRE(other.Reserve(PageSize(), n).ok());
+  other.BeginCopy();
+  std::thread paused([&] { other.Fill(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  other.Close();
+  paused.join();
+  CHECK_EQ(other.free_slots(), uint64_t{0});
+  other.EndCopy();
+}
+
 ALPSCK_TEST_MAIN()
