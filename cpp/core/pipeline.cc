@@ -72,7 +72,10 @@ Status Engine::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<
     l->unlock();
     pool_.Fill();
   } else if (grow && slots > pool_.slots()) {
-    pool_.Grow(slots - pool_.slots());  // failure only costs speed: the smaller pool still streams
+    // Faulted outside the lock, as Fill above: a save that fits the pool as it is (or an external
+    // fill, which never grows it) does not wait for a Prepare growing it in the background.
+    l->unlock();
+    pool_.GrowTo(slots);  // failure only costs speed: the smaller pool still streams
   } else if (shrink) {
     pool_.Shrink(slots);
   }

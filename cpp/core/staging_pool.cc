@@ -29,12 +29,12 @@ void StagingPool::Fill() {
   {
     std::lock_guard<std::mutex> l(mu_);
     slot_bytes = slot_bytes_;
-    n = mem_.size() / slot_bytes;  // the first mapping's slots (Grow may add others meanwhile)
+    n = mem_.size() / slot_bytes;  // the first mapping's slots (GrowTo may add others meanwhile)
   }
   for (uint64_t i = 0; i < n; ++i) {
     {
       // During a copy, on only while a waiting Acquire cannot be served from the free slots
-      // (first-mapping waiters always count: the free slots may all be Grow's).
+      // (first-mapping waiters always count: the free slots may all be GrowTo's).
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [&] { return closed_ || copying_ == 0 || waiting_first_ > 0 || waiting_ > free_.size(); });
       if (closed_) return;
@@ -44,11 +44,12 @@ void StagingPool::Fill() {
   }
 }
 
-Status StagingPool::Grow(uint64_t more) {
+Status StagingPool::GrowTo(uint64_t target) {
   if (!initialized()) return Status::Invalid("staging pool grown before Init");
-  if (more == 0) return Status::Ok();
-  std::lock_guard<std::mutex> g(grow_mu_);  // one Grow at a time: slots_ changes only under it (and mu_)
-  if (slots_ + more > (1ull << 40) / slot_bytes_) return Status::Invalid("staging pool larger than 1 TiB");
+  std::lock_guard<std::mutex> g(grow_mu_);  // one GrowTo at a time: slots_ changes only under it (and mu_)
+  if (target <= slots_) return Status::Ok();
+  const uint64_t more = target - slots_;
+  if (target > (1ull << 40) / slot_bytes_) return Status::Invalid("staging pool larger than 1 TiB");
   PrefaultedMemory m;
   if (!m.Allocate(slot_bytes_ * more, numa_node_))
     return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes_ * more) + " more bytes of staging memory");

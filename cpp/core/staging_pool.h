@@ -3,7 +3,7 @@
 // A save copies its snapshot into slots; writer threads hand each slot back as soon as its chunk
 // is written, so a state larger than the pool still streams through (pipelining) and the memory
 // in use never exceeds the pool. Init makes one mapping, so callers may register it once with a
-// GPU runtime as pinned memory (base(), size()). Grow adds slots in further mappings (base() and
+// GPU runtime as pinned memory (base(), size()). GrowTo adds slots in further mappings (base() and
 // size() keep describing the first). A caller that registered the first mapping, or names slots
 // by their offset from base(), acquires with first_mapping = true: it only ever gets slots there.
 //
@@ -22,7 +22,7 @@ namespace alpsck {
 
 class StagingPool {
  public:
-  // Where the memory of later Init/Reserve/Grow calls comes from: NUMA node `node` (>= 0, see
+  // Where the memory of later Init/Reserve/GrowTo calls comes from: NUMA node `node` (>= 0, see
   // PreferNumaNode), or -1 (default) wherever the faulting thread runs.
   void SetNumaNode(int node) { numa_node_ = node; }
   Status Init(uint64_t slot_bytes, uint64_t slots);
@@ -38,9 +38,10 @@ class StagingPool {
   // save of a process stall 1.6-1.8x the rest while its pool was still being prepared.
   void BeginCopy();
   void EndCopy();
-  // Adds `more` slots (pre-faulted, in a new mapping); slots in use are not moved.
-  Status Grow(uint64_t more);
-  // Releases Grow's mappings, newest first, while the pool keeps at least `target` slots and all
+  // Adds slots (pre-faulted, in a new mapping) until the pool has `target`; slots in use are not
+  // moved. Callers that race grow it once: the second finds the slots there.
+  Status GrowTo(uint64_t target);
+  // Releases GrowTo's mappings, newest first, while the pool keeps at least `target` slots and all
   // of a mapping's slots are free (one in use keeps its mapping until a later call). The first
   // mapping always stays.
   void Shrink(uint64_t target);
@@ -60,7 +61,7 @@ class StagingPool {
 
  private:
   PrefaultedMemory mem_;
-  std::vector<PrefaultedMemory> more_;  // Grow's mappings (guarded by grow_mu_)
+  std::vector<PrefaultedMemory> more_;  // GrowTo's mappings (guarded by grow_mu_)
   std::mutex grow_mu_;
   uint64_t slot_bytes_ = 0;
   uint64_t slots_ = 0;

@@ -1124,4 +1124,50 @@ TEST(prepare_returns_while_an_earlier_one_still_faults_and_the_newest_sizes_win)
   e->Close();
 }
 
+// Resident memory of this process (bytes), from /proc/self/statm.
+uint64_t ResidentBytes() {
+  unsigned long long size = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * PageSize() : 0;
+}
+
+// A Prepare that grows the pool faults the new slots outside the lock a save sizes its staging
+// under: a save that fits the pool as it is starts at once. (It waited for the whole growth, a
+// stall of seconds for gigabytes, whenever prepare() came again with a larger state.)
+TEST(a_save_that_fits_the_pool_does_not_wait_for_a_prepare_growing_it) {
+  TempDir d;
+  auto e = Open(d.path());  // max_in_flight 2, 3 writers, 64 KiB chunks
+  REQUIRE(e);
+  const std::vector<char> a = RandomBytes(1 << 20, 11);
+  e->Prepare({a.size()});
+  const uint64_t small = 2 * (a.size() / (64 << 10)) + 3;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (e->staging_free_slots() < small && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  REQUIRE(e->staging_free_slots() == small);
+  const uint64_t rss0 = ResidentBytes();
+  REQUIRE(rss0 > 0);
+  const uint64_t big = uint64_t{256} << 20;  // 2 x 4096 + 3 slots: 512 MiB more to fault
+  e->Prepare({big});
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (ResidentBytes() < rss0 + (32 << 20) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(ResidentBytes() >= rss0 + (32 << 20));  // the growth is faulting now
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  CHECK_EQ(e->staging_slots(), small);  // Save returned while the growth still faulted
+  h->Wait(-1);
+  CHECK(h->status().ok());
+  const uint64_t want = 2 * (big / (64 << 10)) + 3;
+  until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (e->staging_slots() < want && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK_EQ(e->staging_slots(), want);
+  CHECK(Matches(d.path(), 1, "a", a));
+  e->Close();
+}
+
 ALPSCK_TEST_MAIN()

@@ -245,7 +245,7 @@ TEST(staging_memory_comes_from_the_numa_node_asked_for) {
   StagingPool pool;  // the pool's first mapping and a grown one
   pool.SetNumaNode(node);
   REQUIRE(pool.Init(64 << 10, 2).ok());
-  REQUIRE(pool.Grow(1).ok());
+  REQUIRE(pool.GrowTo(3).ok());
   char* slots[3] = {pool.Acquire(), pool.Acquire(), pool.Acquire()};
   for (char* s : slots) {
     REQUIRE(s != nullptr);
