@@ -34,8 +34,8 @@ class StagingPool {
   void Fill();
   // A snapshot copy into the pool runs between these (a save's stall). Fill pauses meanwhile,
   // unless a slot is waited for that only faulting more can give: faulting competes with the
-  // copy for the CPU (and, in a VM, the host's backing of fresh memory), which made the first
-  // save of a process stall 1.6-1.8x the rest while its pool was still being prepared.
+  // copy for the CPU. On this project's 2-vCPU VM the saves that came while a 4.3 GiB pool was
+  // still being faulted stalled 18-29 % less with the pause (docs/benchmarks.md, stop 37).
   void BeginCopy();
   void EndCopy();
   // Adds slots (pre-faulted, in a new mapping) until the pool has `target`; slots in use are not
