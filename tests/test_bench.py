@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from alpsck.bench.overhead import OverheadConfig, plot, run_overhead, table
-from alpsck.bench.run import restore_vs_raw_read
+from alpsck.bench.run import disk_needed, restore_vs_raw_read
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -155,6 +156,21 @@ def test_bench_size_sweep_json_and_plot(tmp_path: Path) -> None:
     q = subprocess.run([sys.executable, "-m", "alpsck", "bench", "--ranks", "1", "--size-gib", "0.01,0.02", "--dir",
                         str(tmp_path)], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
     assert q.returncode != 0 and "one --size-gib" in q.stderr, q.stderr
+
+
+def test_bench_refuses_a_directory_without_room_before_writing_anything(tmp_path: Path) -> None:
+    # A full disk used to end the bench mid-run with a traceback from inside a peer (torch.save).
+    free_gib = shutil.disk_usage(tmp_path).free / 2**30
+    cmd = [sys.executable, "-m", "alpsck", "bench", "--dir", str(tmp_path), "--size-gib", f"{free_gib / 3:.3f}",
+           "--repeats", "3"]
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert f"--dir {tmp_path}: a " in p.stderr and "GiB free there" in p.stderr and "Traceback" not in p.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written, no state built
+    # What it asks for: the probe's file plus the greediest method's copies of the state.
+    assert disk_needed(1, repeats=3, in_flight=2, peers=True) == 5  # probe + 4 (alpsck: 1 kept + 2 + 1 expired)
+    assert disk_needed(1, repeats=9, in_flight=2, peers=True) == 11  # probe + a peer's 10 saves
+    assert disk_needed(1, repeats=9, in_flight=2, peers=False) == 5
 
 
 def test_overhead_cli_json(tmp_path: Path) -> None:

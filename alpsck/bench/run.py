@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import shutil
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..errors import AlpsckError
 from .limits import RawProbe, prefaulted_copy_seconds
 from .methods import AlpsckMethod, CoreZeroCopyMethod, Method, peer_methods
 from .state import state_bytes, transformer_state
@@ -153,11 +155,26 @@ def advise(best: Measurement, copy_s: float, iter_seconds: float, slowdown: floa
     }
 
 
+def disk_needed(size_bytes: int, *, repeats: int, in_flight: int, peers: bool) -> int:
+    """The most the bench holds in its directory at once: the raw probe's file, plus what the
+    greediest method keeps (alpsck: the kept checkpoint, ``in_flight`` saves and an expired one
+    kept for reuse; a peer: its warm-up save and every timed one, until it is done)."""
+    alpsck = in_flight + 2
+    peer = 1 + repeats if peers else 0
+    return size_bytes * (1 + max(alpsck, peer))
+
+
 def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: list[int], in_flight: list[int],
         copy_threads: list[int] | None = None, urgent: list[bool] | None = None, peers: bool = True,
         repeats: int = 3, iter_seconds: float = 1.0, slowdown: float = 0.03, mtbf_hours: float = 24.0,
         progress: Callable[[str], None] | None = None) -> BenchResult:
     say = progress or (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
+    need = disk_needed(size_bytes, repeats=repeats, in_flight=max(in_flight), peers=peers)
+    free = shutil.disk_usage(directory).free
+    if free < need:  # refused before anything is written (a full disk failed mid-run, in a peer)
+        raise AlpsckError(f"--dir {directory}: a {size_bytes / 2**30:.2f} GiB bench needs about {need / 2**30:.1f} GiB "
+                          f"free there (the raw probe's file and up to {need // size_bytes - 1} copies of the state "
+                          f"at once); {free / 2**30:.1f} GiB are")
     directory = directory / f"alpsck-bench-{os.getpid()}"
     directory.mkdir(parents=True, exist_ok=True)
     try:
@@ -221,6 +238,4 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
         return BenchResult(str(directory), nbytes, _machine(), nbytes / raw_write_s, nbytes / raw_read_s, tool, copy_s,
                            results, best.method, ratios, advise(best, copy_s, iter_seconds, slowdown, mtbf_hours, f_best))
     finally:
-        import shutil
-
         shutil.rmtree(directory, ignore_errors=True)
