@@ -170,6 +170,7 @@ def run(directory: Path, size_bytes: int, *, threads: list[int], chunks_mib: lis
         progress: Callable[[str], None] | None = None) -> BenchResult:
     say = progress or (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     need = disk_needed(size_bytes, repeats=repeats, in_flight=max(in_flight), peers=peers)
+    directory.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(directory).free
     if free < need:  # refused before anything is written (a full disk failed mid-run, in a peer)
         raise AlpsckError(f"--dir {directory}: a {size_bytes / 2**30:.2f} GiB bench needs about {need / 2**30:.1f} GiB "
