@@ -300,14 +300,11 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     in_flight_steps_.insert(step);
     job->attempt = attempts_[step]++;
   }
-  // A save that cannot start aborts its attempt. Its own failure is Save's error; an abort another
-  // rank decided meanwhile (it renamed the attempt's directory under this one) is the handle's, as
-  // for a rank that comes after the abort (below): every rank but the one that failed hears it
-  // the same way, and saves the step again.
-  auto abandon = [&](const Status& s) {
-    if (job->fd >= 0) env_->Close(job->fd);
-    bool by_other = false;
-    const Status out = FailShared(job.get(), s, &by_other);
+  // A save that never started gives its in-flight slot back. An abort another rank decided is the
+  // handle's to report (Save returns OK), whether this rank came after it or the attempt's
+  // directory was renamed away while this one started: every rank but the one that failed hears
+  // it the same way, and saves the step again. This rank's own failure is Save's error.
+  auto end_unstarted = [&](const Status& out, bool by_other) {
     if (by_other) {
       job->handle->Complete(out, SaveResult{});
       *handle = job->handle;
@@ -318,19 +315,17 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     admit_cv_.notify_all();
     return by_other ? Status::Ok() : out;
   };
+  auto abandon = [&](const Status& s) {  // aborts the attempt
+    if (job->fd >= 0) env_->Close(job->fd);
+    bool by_other = false;
+    const Status out = FailShared(job.get(), s, &by_other);
+    return end_unstarted(out, by_other);
+  };
   job->at = Attempt{opts_.run_dir, step, job->attempt};
   Status verdict;
-  if (ReadVerdict(env_, job->at, &verdict) == Verdict::kAborted) {
-    // This rank comes late to an attempt another rank already gave up on: the handle says so, as
-    // it would have had this rank been in time (the caller saves the step again, as the others).
+  if (ReadVerdict(env_, job->at, &verdict) == Verdict::kAborted) {  // this rank comes late to it
     SawAbort(env_, job->at, opts_.rank, opts_.world_size);
-    job->handle->Complete(verdict, SaveResult{});
-    *handle = job->handle;
-    std::lock_guard<std::mutex> l(mu_);
-    --in_flight_;
-    in_flight_steps_.erase(step);
-    admit_cv_.notify_all();
-    return Status::Ok();
+    return end_unstarted(verdict, true);
   }
   Status s = PrepareDir(job.get());
   if (!s.ok()) return abandon(s);
