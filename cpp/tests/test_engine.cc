@@ -61,6 +61,18 @@ Status SaveOne(Engine* e, uint64_t step, const std::vector<char>& a, SaveResult*
   return h->status();
 }
 
+// The slots Open's engine (max_in_flight 2, 3 writers, 64 KiB chunks) sizes its pool to for a
+// save of `bytes` in one extent.
+uint64_t PoolSlots(uint64_t bytes) { return 2 * (bytes / (64 << 10)) + 3; }
+
+// Polls done() every millisecond until it holds or `seconds` pass; returns done() at the end.
+template <typename Done>
+bool WaitFor(int seconds, Done done) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done();
+}
+
 // Every fdatasync sleeps delay_us first (and succeeds): saves stay in flight that long.
 void SlowFDataSync(FaultEnv* env, uint64_t delay_us) {
   FaultRule slow;
@@ -1081,7 +1093,7 @@ TEST(prepare_faults_the_pool_in_the_background_and_a_save_meanwhile_uses_it) {
   const std::vector<char> a = RandomBytes(8 << 20, 7);
   e->Prepare({a.size()});
   CHECK(SaveOne(e.get(), 1, a).ok());  // at once: the pool is likely still being faulted
-  const uint64_t want = 2 * (a.size() / (64 << 10)) + 3;
+  const uint64_t want = PoolSlots(a.size());
   CHECK_EQ(e->staging_slots(), want);
   CHECK(SaveOne(e.get(), 2, a).ok());
   CHECK_EQ(e->staging_slots(), want);
@@ -1111,11 +1123,9 @@ TEST(prepare_returns_while_an_earlier_one_still_faults_and_the_newest_sizes_win)
   e->Prepare({small});                          // made first, ...
   e->Prepare({big});                            // ... this one waits for its turn, ...
   e->Prepare({big});                            // ... and this returns before the pool is faulted in
-  const uint64_t want = 2 * (big / (64 << 10)) + 3;
+  const uint64_t want = PoolSlots(big);
   CHECK(e->staging_free_slots() < want);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (e->staging_slots() < want && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  WaitFor(120, [&] { return e->staging_slots() >= want; });
   CHECK_EQ(e->staging_slots(), want);  // the newest sizes were taken up by the running preparer
   const std::vector<char> a = RandomBytes(1 << 20, 9);
   CHECK(SaveOne(e.get(), 1, a).ok());
@@ -1143,28 +1153,21 @@ TEST(a_save_that_fits_the_pool_does_not_wait_for_a_prepare_growing_it) {
   REQUIRE(e);
   const std::vector<char> a = RandomBytes(1 << 20, 11);
   e->Prepare({a.size()});
-  const uint64_t small = 2 * (a.size() / (64 << 10)) + 3;
-  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (e->staging_free_slots() < small && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const uint64_t small = PoolSlots(a.size());
+  WaitFor(60, [&] { return e->staging_free_slots() >= small; });
   REQUIRE(e->staging_free_slots() == small);
   const uint64_t rss0 = ResidentBytes();
   REQUIRE(rss0 > 0);
   const uint64_t big = uint64_t{256} << 20;  // 2 x 4096 + 3 slots: 512 MiB more to fault
   e->Prepare({big});
-  until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (ResidentBytes() < rss0 + (32 << 20) && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  REQUIRE(ResidentBytes() >= rss0 + (32 << 20));  // the growth is faulting now
+  REQUIRE(WaitFor(60, [&] { return ResidentBytes() >= rss0 + (32 << 20); }));  // the growth is faulting now
   std::shared_ptr<SaveHandle> h;
   REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
   CHECK_EQ(e->staging_slots(), small);  // Save returned while the growth still faulted
   h->Wait(-1);
   CHECK(h->status().ok());
-  const uint64_t want = 2 * (big / (64 << 10)) + 3;
-  until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (e->staging_slots() < want && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const uint64_t want = PoolSlots(big);
+  WaitFor(120, [&] { return e->staging_slots() >= want; });
   CHECK_EQ(e->staging_slots(), want);
   CHECK(Matches(d.path(), 1, "a", a));
   e->Close();
