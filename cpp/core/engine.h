@@ -187,6 +187,11 @@ class Engine {
   // mapping beyond the first goes once its slots are free). Failure only costs the head start:
   // the first save then sizes the pool itself. No effect with staging_bytes set.
   void Prepare(const std::vector<uint64_t>& sizes);
+  // Blocks until no Prepare is sizing or faulting the pool any more (every size asked for taken
+  // up; at once when none runs, in a forked child, and once Close stopped it). For work that must
+  // follow the faulting and stay off the training's path: registering the pool with a GPU
+  // runtime as pinned memory pins pages that are already there.
+  void WaitPrepared();
 
   // Histories. A run directory holds one history: a resumed run continues from the step it
   // restored, and the checkpoint directories found at Open that are newer than that step (the
@@ -300,9 +305,10 @@ class Engine {
   std::deque<Job*> commit_queue_;
   bool c_stopping_ = false;
   std::thread committer_;
-  std::mutex prepare_mu_;  // guards the three below
+  std::mutex prepare_mu_;  // guards the three below; prepared_cv_ waits under it
   std::thread preparer_;   // Prepare's background pool sizing (joined once done, and by Close)
   bool preparing_ = false;      // preparer_ runs and will take prepare_slots_ up
+  std::condition_variable prepared_cv_;  // preparing_ became false
   uint64_t prepare_slots_ = 0;  // the newest Prepare's slots not taken up yet (0: none)
 
   mutable std::mutex mu_;                 // guards the fields below

@@ -54,6 +54,7 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
         }
         if (prepare_slots_ == 0 || closed) {
           preparing_ = false;
+          prepared_cv_.notify_all();
           return;
         }
         want = std::exchange(prepare_slots_, 0);
@@ -62,6 +63,12 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
       FitPool(want, true, true, &i);  // failure only costs the head start: the first save tries again
     }
   });
+}
+
+void Engine::WaitPrepared() {
+  if (Forked()) return;  // the preparer is the parent's (engine.h)
+  std::unique_lock<std::mutex> l(prepare_mu_);
+  prepared_cv_.wait(l, [this] { return !preparing_; });
 }
 
 Status Engine::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l) {

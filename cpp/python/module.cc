@@ -312,6 +312,15 @@ class PyEngine {
     engine().Prepare(sizes);
   }
 
+  // Engine::WaitPrepared. Holds the engine itself while it waits: close() on another thread
+  // may drop engine_ meanwhile, and then ends the wait (Close stops the preparer).
+  void wait_prepared() {
+    if (!engine_ || engine_->Forked()) return;
+    std::shared_ptr<Engine> e = engine_;
+    nb::gil_scoped_release nogil;
+    e->WaitPrepared();
+  }
+
   // What the saves so far retired (EngineOptions::one_history: Save runs Supersede itself).
   std::vector<std::pair<uint64_t, FsPath>> take_retired() {
     std::vector<std::pair<uint64_t, FsPath>> out;
@@ -700,6 +709,9 @@ NB_MODULE(_core, m) {
       .def("prepare", &PyEngine::prepare, "sizes"_a,
            "Size the staging pool for saves of extents of these byte sizes and fault it in on a background "
            "thread (returns at once); see Engine::Prepare.")
+      .def("wait_prepared", &PyEngine::wait_prepared,
+           "Block until no prepare() is sizing or faulting the staging pool any more (at once when closed); "
+           "see Engine::WaitPrepared.")
       .def_prop_ro("staging_slots", [](PyEngine& e) { return e.engine().staging_slots(); })
       .def("continue_from", &PyEngine::continue_from, "step"_a,
            "The run continues from this restored step (-1: from nothing); see Engine::ContinueFrom.")

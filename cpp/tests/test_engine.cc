@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
@@ -1171,6 +1172,36 @@ TEST(a_save_that_fits_the_pool_does_not_wait_for_a_prepare_growing_it) {
   CHECK_EQ(e->staging_slots(), want);
   CHECK(Matches(d.path(), 1, "a", a));
   e->Close();
+}
+
+// WaitPrepared returns once the preparer has faulted every slot asked for (what the Python layer
+// waits for before pinning the pool for a GPU), at once when nothing is being prepared, and when
+// Close stops a preparer it waits for.
+TEST(wait_prepared_returns_once_the_pool_is_faulted_and_when_close_stops_the_preparer) {
+  TempDir d;
+  auto e = Open(d.path());  // max_in_flight 2, 3 writers, 64 KiB chunks
+  REQUIRE(e);
+  e->WaitPrepared();  // nothing prepared: at once
+  const uint64_t big = uint64_t{64} << 20;  // 2 x 1024 + 3 slots: 128 MiB to fault
+  e->Prepare({big});
+  e->WaitPrepared();
+  CHECK_EQ(e->staging_slots(), PoolSlots(big));
+  CHECK_EQ(e->staging_free_slots(), PoolSlots(big));  // each slot is free once faulted: all of them
+  e->Close();
+  e->WaitPrepared();  // closed: at once
+
+  TempDir d2;
+  auto e2 = Open(d2.path());
+  REQUIRE(e2);
+  e2->Prepare({uint64_t{256} << 20});  // 512 MiB of slots: Close comes long before they are faulted
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    e2->WaitPrepared();
+    returned = true;
+  });
+  e2->Close();
+  CHECK(WaitFor(60, [&] { return returned.load(); }));
+  waiter.join();
 }
 
 ALPSCK_TEST_MAIN()
