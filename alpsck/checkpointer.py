@@ -481,12 +481,19 @@ class Checkpointer:
         calls it, so a training that restores first needs nothing more; call it after building the
         state when you do not restore, and again when the state grew or shrank a lot. An optimizer
         that has no state yet (before its first step) is counted at what its state will be (Adam:
-        two tensors per parameter). With ``staging_bytes`` set it does nothing.
+        two tensors per parameter). With ``staging_bytes`` set the pool is already made, at
+        construction. A state on a GPU also has the pool registered as pinned memory on a
+        background thread once it is faulted (:meth:`alpsck.staging.Stager.pin_ahead`), instead of
+        in its first ``save()``.
         """
         check_state(state)
-        sizes = [t.numel() * t.element_size() for _, t in self._mine(tree.capture(state).tensors)]
+        mine = self._mine(tree.capture(state).tensors)
+        sizes = [t.numel() * t.element_size() for _, t in mine]
         sizes += _optimizer_state_to_come(state)
         self.engine.prepare(sizes)
+        gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
+        if gpu is not None:
+            self._pipelined().pin_ahead(gpu)
 
 
 # Tensors per parameter of each optimizer's state (torch.optim's, after its first step), by class

@@ -22,7 +22,12 @@ states holding CUDA tensors (always) and for CPU states with ``overlap_copy=True
    writers. A chunk is written only once its bytes have landed.
 
 The staging pool is one mapping in the core, registered once as pinned memory with CUDA, so
-device-to-host copies are true DMA into the memory the writers read: one copy, no growth.
+device-to-host copies are true DMA into the memory the writers read: one copy, no growth. The
+registration pins every page of the pool, seconds for gigabytes (a public report measured about
+3.5 s per buffer on GH200), so it is done ahead, off the training's path: ``prepare()`` (which
+``restore()`` calls) starts :meth:`Stager.pin_ahead`, which registers the pool on a background
+thread once the core has faulted it in. A first save that comes earlier registers it itself, or
+waits for the registration already running (never twice).
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import torch
 from . import _core, tree
 
 __all__ = ["Stager"]
+
+_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 
 
 @dataclass
@@ -94,7 +101,10 @@ class Stager:
         self._engine = engine
         self._overlap_cpu = overlap_cpu
         self._pool: torch.Tensor | None = None
-        self._registered: int | None = None  # pool address registered with CUDA
+        self._registered: int | None = None  # pool address registered with CUDA; -1: registration failed
+        self._pin_mu = threading.Lock()  # guards _registered and _closing: one registration at a time
+        self._closing = False  # close() began: no registration any more
+        self._pinner: threading.Thread | None = None
         self._side: dict[torch.device, Any] = {}
         # Snapshots the optimizer hook may still have to wait for; the feeder drops each once its
         # copies have landed, so saves without an optimizer step in between do not pile up here.
@@ -201,16 +211,58 @@ class Stager:
             for dev, ev in snap.done_events.items():
                 torch.cuda.current_stream(dev).wait_event(ev)
 
+    def pin_ahead(self, device: torch.device) -> None:
+        """Register the staging pool as pinned memory on a background thread, once the core's
+        ``prepare()`` has sized and faulted it (``device``: one the state's tensors are on).
+
+        Returns at once. Nothing happens when the pool is registered already or a registration
+        is on its way; a failure only costs the head start (the first save tries again).
+        """
+        with self._pin_mu:
+            if self._registered is not None or self._closing or (self._pinner is not None and self._pinner.is_alive()):
+                return
+            self._pinner = threading.Thread(target=self._pin_when_prepared, args=(device,), name="alpsck-pinner",
+                                            daemon=True)
+            self._pinner.start()
+
+    def _pin_when_prepared(self, device: torch.device) -> None:
+        try:
+            self._engine.wait_prepared()  # pins pages already there; never competes with the faulting
+            with torch.cuda.device(device):
+                self._pin()
+        except Exception as e:  # noqa: BLE001 - only the head start is lost
+            warnings.warn(f"pinning alpsck's staging memory ahead of the first save failed: {type(e).__name__}: {e}",
+                          RuntimeWarning, stacklevel=1)
+
+    def _pin(self) -> None:
+        """Register the pool's memory (the core's first mapping) with CUDA, unless done or closing."""
+        with self._pin_mu:
+            if self._registered is not None or self._closing:
+                return
+            addr, size = int(self._engine.staging_address), int(self._engine.staging_bytes)
+            if addr == 0:
+                return  # no pool yet (its preparation failed): the first save makes it, then pins
+            # Portable: pinned for every device's context, not only the one current on this thread.
+            code = int(torch.cuda.cudart().cudaHostRegister(addr, size, _HOST_REGISTER_PORTABLE))
+            if code == 0:
+                self._registered = addr
+            else:  # still correct: copies into pageable memory are synchronous, only slower
+                warnings.warn(f"pinning {size} bytes of alpsck staging memory failed (cudaError {code}); device "
+                              "copies will not overlap training", RuntimeWarning, stacklevel=5)
+                self._registered = -1
+
     def close(self) -> None:
         """Finish every snapshot, stop the feeder and unpin the staging pool (engine still open)."""
         self._work.put(None)
         self._thread.join()
         self.wait_copies()
         self._pool = None
-        if self._registered is not None:
+        with self._pin_mu:  # waits for a registration under way; none starts after this
+            self._closing = True
+            registered, self._registered = self._registered, None
+        if registered is not None and registered > 0:
             torch.cuda.synchronize()
-            code = int(torch.cuda.cudart().cudaHostUnregister(self._registered))
-            self._registered = None
+            code = int(torch.cuda.cudart().cudaHostUnregister(registered))
             if code != 0:
                 warnings.warn(f"unpinning alpsck's staging memory failed (cudaError {code})", RuntimeWarning,
                               stacklevel=2)
@@ -224,15 +276,8 @@ class Stager:
     def _pool_tensor(self, cuda: bool) -> torch.Tensor | None:
         if self._pool is None:
             self._pool = self._engine.staging_tensor()
-        if cuda and self._registered is None and self._pool is not None:
-            addr, size = int(self._engine.staging_address), int(self._engine.staging_bytes)
-            code = int(torch.cuda.cudart().cudaHostRegister(addr, size, 0))
-            if code == 0:
-                self._registered = addr
-            else:  # still correct: copies into pageable memory are synchronous, only slower
-                warnings.warn(f"pinning {size} bytes of alpsck staging memory failed (cudaError {code}); device "
-                              "copies will not overlap training", RuntimeWarning, stacklevel=4)
-                self._registered = -1
+        if cuda and self._pool is not None:
+            self._pin()  # at once when pin_ahead() did it; waits for one it has under way
         return self._pool
 
     # -- the feeder thread --------------------------------------------------------------------

@@ -15,6 +15,10 @@ Prints each round's stalls (the seconds ``save()`` blocks), the first stall / me
 and the training time the ``--work-s`` took in each way (what the background faulting cost it)::
 
     python benchmarks/first_save.py --dir /work/bench --gib 1 --rounds 3
+
+``--device cuda`` puts the state and the training's products on the GPU. The saves then take the
+pipelined path, and ``prepared`` also registers the pool as pinned memory in the background
+(``Stager.pin_ahead``); ``unprepared`` pins it inside the first save (alpsck before stop 38).
 """
 
 from __future__ import annotations
@@ -36,14 +40,17 @@ def train_for(seconds: float, a: torch.Tensor) -> int:
     n, end = 0, time.perf_counter() + seconds
     while time.perf_counter() < end:
         a = torch.tanh(a @ a)
+        if a.is_cuda:
+            torch.cuda.synchronize()  # counts products done, not queued
         n += 1
     return n
 
 
-def one_round(run_dir: Path, gib: float, saves: int, work_s: float, prepared: bool) -> dict[str, float | list[float]]:
+def one_round(run_dir: Path, gib: float, saves: int, work_s: float, prepared: bool,
+              device: str = "cpu") -> dict[str, float | list[float]]:
     n = int(gib * 2**30) // 4 // 8
-    state = {f"layer{i}": torch.randn(n) for i in range(8)}
-    a = torch.randn(256, 256) / 16
+    state = {f"layer{i}": torch.randn(n, device=device) for i in range(8)}
+    a = torch.randn(256, 256, device=device) / 16
     with alpsck.Checkpointer(run_dir, keep_last=2) as ck:
         if prepared:
             ck.restore(state)
@@ -66,12 +73,13 @@ def main() -> None:
     p.add_argument("--saves", type=int, default=4)
     p.add_argument("--work-s", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="where the state lives: cpu (default) or cuda")
     args = p.parse_args()
     base = Path(args.dir or tempfile.mkdtemp(prefix="alpsck-first-save-"))
     results: dict[str, list[dict[str, float | list[float]]]] = {"prepared": [], "unprepared": []}
     for r in range(args.rounds):
         for way in ("unprepared", "prepared") if r % 2 else ("prepared", "unprepared"):
-            res = one_round(base / f"{way}-{r}", args.gib, args.saves, args.work_s, way == "prepared")
+            res = one_round(base / f"{way}-{r}", args.gib, args.saves, args.work_s, way == "prepared", args.device)
             results[way].append(res)
             stalls = " ".join(f"{s:.3f}" for s in res["stalls"])  # type: ignore[union-attr]
             print(f"round {r} {way:>10}: stalls {stalls} s; first/rest {res['first_vs_rest']:.2f}; "
