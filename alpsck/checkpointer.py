@@ -304,7 +304,7 @@ class Checkpointer:
         mine = self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
         try:
-            if self.overlap_copy or (cuda and self.overlap_copy is None):
+            if self._is_pipelined(cuda):
                 handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state)))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
@@ -348,6 +348,10 @@ class Checkpointer:
             f"{self.run_dir}: {why}; the checkpoint(s) of step(s) {steps} belong to an abandoned history: moved to "
             f"{', '.join(Path(p).name for _, p in sorted(retired))} (never restored; `alpsck prune` removes them)",
             RuntimeWarning, stacklevel=3)
+
+    def _is_pipelined(self, cuda: bool) -> bool:
+        """Whether saves of a state (holding CUDA tensors or not) take the pipelined path."""
+        return bool(self.overlap_copy or (cuda and self.overlap_copy is None))
 
     def _pipelined(self) -> Stager:
         if self._stager is None:
@@ -482,9 +486,9 @@ class Checkpointer:
         state when you do not restore, and again when the state grew or shrank a lot. An optimizer
         that has no state yet (before its first step) is counted at what its state will be (Adam:
         two tensors per parameter). With ``staging_bytes`` set the pool is already made, at
-        construction. A state on a GPU also has the pool registered as pinned memory on a
-        background thread once it is faulted (:meth:`alpsck.staging.Stager.pin_ahead`), instead of
-        in its first ``save()``.
+        construction. A state on a GPU (with ``overlap_copy`` not False) also has the pool
+        registered as pinned memory on a background thread once it is faulted
+        (:meth:`alpsck.staging.Stager.pin_ahead`), instead of in its first ``save()``.
         """
         check_state(state)
         mine = self._mine(tree.capture(state).tensors)
@@ -492,7 +496,7 @@ class Checkpointer:
         sizes += _optimizer_state_to_come(state)
         self.engine.prepare(sizes)
         gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
-        if gpu is not None:
+        if gpu is not None and self._is_pipelined(True):  # overlap_copy=False copies to pageable memory
             self._pipelined().pin_ahead(gpu)
 
 
