@@ -305,11 +305,11 @@ class Engine {
   std::deque<Job*> commit_queue_;
   bool c_stopping_ = false;
   std::thread committer_;
-  std::mutex prepare_mu_;  // guards the three below; prepared_cv_ waits under it
+  std::mutex prepare_mu_;  // guards the three below
   std::thread preparer_;   // Prepare's background pool sizing (joined once done, and by Close)
   bool preparing_ = false;      // preparer_ runs and will take prepare_slots_ up
-  std::condition_variable prepared_cv_;  // preparing_ became false
   uint64_t prepare_slots_ = 0;  // the newest Prepare's slots not taken up yet (0: none)
+  std::condition_variable prepared_cv_;  // with prepare_mu_: preparing_ became false (WaitPrepared)
 
   mutable std::mutex mu_;                 // guards the fields below
   std::condition_variable admit_cv_;
