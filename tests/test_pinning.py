@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from smaps import mapping_field
 
 import alpsck
 from alpsck.staging import Stager
@@ -65,16 +66,8 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCudaRuntime]:
 
 
 def _resident_bytes(addr: int) -> int:
-    """Rss of this process's mapping that holds ``addr`` (from /proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping holds {addr:#x}")
+    """Rss of this process's mapping that holds ``addr``."""
+    return int(mapping_field(addr, "Rss")[0]) * 1024
 
 
 def _checkpointer(run: Path) -> alpsck.Checkpointer:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from smaps import mapping_field
 
 import alpsck
 
@@ -28,16 +29,8 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def _vm_flags(addr: int) -> list[str]:
-    """The VmFlags of this process's mapping that holds ``addr`` (from /proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {addr:#x}")
+    """The VmFlags of this process's mapping that holds ``addr``."""
+    return mapping_field(addr, "VmFlags")
 
 
 def _huge_page_size() -> int:
