@@ -18,7 +18,7 @@ by :class:`alpsck.tree.TensorRef`), e.g. ``alpsck.peek("runs/x")["model_args"]``
 from __future__ import annotations
 
 from . import errors
-from .baseline import TorchSaveCheckpointer
+from .bench.torch_save import TorchSaveCheckpointer
 from .checkpointer import Checkpointer, peek, restore_into
 from .numa import gpu_numa_node
 from .rng import RNGState

@@ -57,7 +57,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
@@ -67,7 +66,6 @@ from typing import Any
 import torch
 
 from . import _core, tree
-from .durable import make_dirs_durably
 from .errors import (
     CheckpointError,
     CheckpointIOError,
@@ -80,21 +78,12 @@ from .handles import FutureMixin
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
-from .shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 from .staging import Stager, guarded_pointers
+from .store.durable import make_dirs_durably
+from .store.run_dir import data_error, lock_run_dir
+from .store.shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
 
 __all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
-
-
-def lock_run_dir(run_dir: Path, rank: int) -> _core.RunDirLock:
-    """Take the run directory's writer lock for this process as ``rank`` (the core's RunDirLock:
-    one writer per run directory, whatever kind; see cpp/core/run_dir.h). A live owner makes this
-    raise RunDirLockedError naming its job, pid and host; a lock name that is a symlink or not a
-    regular file, UsageError (it is never followed or opened). Keep the object while writing;
-    ``release()`` (or dropping it) lets go."""
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
-          "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}
-    return _core.RunDirLock(str(run_dir), rank, json.dumps(me))
 
 
 class CoreSave(FutureMixin):
@@ -536,7 +525,7 @@ def read_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Read one checkpoint directory as ``rank``: (meta document, tensors by key), every chunk CRC-checked.
 
-    The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.shards`).
+    The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.store.shards`).
     With ``into`` (key -> live tensor, as :func:`alpsck.tree.capture` gives), tensors are read
     straight into the live CPU tensors — no allocation, no extra copy — but only when every
     saved tensor that has a live counterpart matches it in shape and dtype, and ``fits`` (if
@@ -587,7 +576,6 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
     A reader: it takes no lock and changes nothing, so it may run while a job writes the run
     directory. Nothing is unpickled: the tree is tagged JSON decoded by :mod:`alpsck.tree`.
     """
-    from .inspect import _data_error  # the CRC check of every shard that prune and inspect use
 
     if rank < 0:
         raise UsageError(f"rank must be 0 or more, not {rank}")
@@ -610,7 +598,7 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
             raise UsageError(f"{run_dir}: the checkpoint of step {s} has {info['ranks']} rank(s); there is no rank {rank}")
         try:
             entries = tree.decode_refs(CheckpointShards(info["path"], rank).meta["tree"])
-            bad = _data_error(info) if verify else None
+            bad = data_error(info) if verify else None
         except CheckpointError as e:
             bad = ("unreadable" if isinstance(e, CheckpointIOError) else "corrupt", str(e))
         if bad is not None:

@@ -18,11 +18,12 @@ from .errors import AlpsckError
 
 # Modules that contribute subcommands.
 COMMAND_MODULES = (
-    "alpsck.inspect",      # inspect-checkpoints
-    "alpsck.export",       # export, prune
-    "alpsck.bench.cli",    # bench
-    "alpsck.slurm.cli",    # submit, status
-    "alpsck.doctor",       # doctor
+    "alpsck.tools.inspect_checkpoints",  # inspect-checkpoints
+    "alpsck.tools.prune",                # prune
+    "alpsck.tools.export",               # export
+    "alpsck.bench.cli",                  # bench
+    "alpsck.slurm.cli",                  # submit, status
+    "alpsck.tools.doctor",               # doctor
 )
 
 

@@ -1,7 +1,7 @@
 """The small interface every alpsck checkpointer shares.
 
 :class:`SaveHandle` is what ``save()`` returns; :class:`CheckpointerLike` is the interface of
-:class:`alpsck.baseline.TorchSaveCheckpointer` and of the real (concurrent) checkpointer, so the
+:class:`alpsck.bench.torch_save.TorchSaveCheckpointer` and of the real (concurrent) checkpointer, so the
 training loop can take either. :class:`CompletedSave` is the handle of a save that was already
 durable when ``save()`` returned.
 

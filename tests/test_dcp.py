@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import METADATA_FILE, AlpsckStorageReader, AlpsckStorageWriter
-from alpsck.dcp_json import decode_value
+from alpsck.dcp.formats import decode_value
 from alpsck.errors import (
     CorruptCheckpointError,
     NoCheckpointError,
@@ -35,7 +35,7 @@ from alpsck.errors import (
     UnsafeCheckpointError,
     UsageError,
 )
-from alpsck.inspect import inspect_checkpoints
+from alpsck.tools.inspect_checkpoints import inspect_checkpoints
 
 WORKER = Path(__file__).with_name("dcp_worker.py")
 
@@ -394,9 +394,9 @@ def test_a_coordinator_other_than_rank_0_is_refused_naming_the_deprecated_argume
 
 
 def test_metadata_too_large_to_commit_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import alpsck.dcp
+    import alpsck.dcp.writer
 
-    monkeypatch.setattr(alpsck.dcp, "MAX_METADATA_BYTES", 200)  # stands for the core's 16 MiB
+    monkeypatch.setattr(alpsck.dcp.writer, "MAX_METADATA_BYTES", 200)  # stands for the core's 16 MiB
     with pytest.raises(CheckpointException, match="more than the 200"):
         dcp.save({f"w{i}": torch.ones(2) for i in range(8)}, storage_writer=AlpsckStorageWriter(tmp_path, 1))
     assert not [i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"]

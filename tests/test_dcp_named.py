@@ -34,8 +34,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
-from alpsck.dcp_json import MARKER_FILE, MARKER_FORMAT
 from alpsck.errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from alpsck.store.run_dir import MARKER_FILE, MARKER_FORMAT
 
 
 @pytest.fixture(autouse=True)
@@ -406,16 +406,16 @@ def test_a_new_checkpoint_directory_is_made_durable_in_its_parent(tmp_path: Path
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The commit fsyncs inside the checkpoint directory; the directory's own name, new at every save,
     must be durable too, or a power loss could take a committed checkpoint with it."""
-    import alpsck.durable
+    import alpsck.store.durable
 
     synced: list[Path] = []
-    real = alpsck.durable.fsync_path
+    real = alpsck.store.durable.fsync_path
 
     def record(path: Any) -> None:
         synced.append(Path(path))
         real(path)
 
-    monkeypatch.setattr(alpsck.durable, "fsync_path", record)
+    monkeypatch.setattr(alpsck.store.durable, "fsync_path", record)
     ckpt = tmp_path / "new" / "folder" / "step-1"
     dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
     assert synced == [tmp_path, tmp_path / "new", tmp_path / "new" / "folder"]

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import alpsck
-from alpsck import _core, doctor
+from alpsck import _core
+from alpsck.tools import doctor
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = str(Path(alpsck.__file__).resolve().parent)

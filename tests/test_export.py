@@ -16,7 +16,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import alpsck
-from alpsck import _core, cli, export
+from alpsck import _core, cli
+from alpsck.tools import export
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

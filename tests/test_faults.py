@@ -636,16 +636,16 @@ def test_a_new_run_directory_is_made_durable_in_its_parent(tmp_path: Path, monke
     """Every commit fsyncs inside the run directory; the names of the run directory and of the
     parents the Checkpointer creates must be durable too, or a power loss after the first commit
     could take every checkpoint with them."""
-    import alpsck.durable
+    import alpsck.store.durable
 
     synced: list[Path] = []
-    real = alpsck.durable.fsync_path
+    real = alpsck.store.durable.fsync_path
 
     def record(path: Any) -> None:
         synced.append(Path(path))
         real(path)
 
-    monkeypatch.setattr(alpsck.durable, "fsync_path", record)
+    monkeypatch.setattr(alpsck.store.durable, "fsync_path", record)
     run = tmp_path / "new" / "run"
     with alpsck.Checkpointer(run) as ck:
         ck.save(1, {"w": torch.ones(4)})

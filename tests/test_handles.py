@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import alpsck
-from alpsck.baseline import TorchSaveCheckpointer
+from alpsck.bench.torch_save import TorchSaveCheckpointer
 from alpsck.errors import CheckpointError, DiskFullError
 from alpsck.handles import SaveHandle
 

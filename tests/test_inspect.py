@@ -18,9 +18,11 @@ from torch import nn
 
 import alpsck
 from alpsck import _core, cli, tree
-from alpsck import inspect as ins
 from alpsck.data import ResumableLoader
 from alpsck.errors import CheckpointIOError
+from alpsck.store import run_dir as run_dir_unit
+from alpsck.tools import inspect_checkpoints as ins
+from alpsck.tools import progress
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -125,7 +127,7 @@ def test_verify_progress_bar(mixed_run: Path, tmp_path: Path, capsys: pytest.Cap
     assert ins.inspect_checkpoints(str(tmp_path), verify=True, as_json=False, progress_stream=bar) == 0
     frames = bar.getvalue().split("\r")
     assert frames[-1].startswith("verifying [" + "#" * 30 + "] 100.0%")
-    assert frames[-1].rstrip().endswith("/ " + ins.human(sum(ins._verify_sizes(ins.scan_run_dir(tmp_path)))))
+    assert frames[-1].rstrip().endswith("/ " + progress.human(sum(ins._verify_sizes(run_dir_unit.scan_run_dir(tmp_path)))))
     bar = io.StringIO()
     assert ins.inspect_checkpoints(str(mixed_run), verify=True, as_json=False, progress_stream=bar) == 1
     assert "100.0%" not in bar.getvalue().split("\r")[-1]  # a corrupt shard was not read to the end
@@ -133,8 +135,8 @@ def test_verify_progress_bar(mixed_run: Path, tmp_path: Path, capsys: pytest.Cap
 
 def test_shard_progress_banks_each_shard() -> None:
     out = io.StringIO()
-    bar = ins.ProgressBar(100, out)
-    track = ins.ShardProgress(bar)
+    bar = progress.ProgressBar(100, out)
+    track = progress.ShardProgress(bar)
     for done in (10, 20, 40, 10, 30, 60):  # shard of 40, then shard of 60
         track(done)
     assert bar.done == 100
@@ -287,7 +289,7 @@ def test_permission_denied_names_the_path(mixed_run: Path, monkeypatch: pytest.M
     def denied_scan(path: str, **_: object) -> None:
         raise CheckpointIOError(errno.EACCES, f"list {path}: Permission denied")
 
-    monkeypatch.setattr(ins._core, "scan", denied_scan)
+    monkeypatch.setattr(run_dir_unit._core, "scan", denied_scan)
     rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
     assert rc == 2 and f"{mixed_run}: permission denied" in err
     monkeypatch.undo()
@@ -295,7 +297,7 @@ def test_permission_denied_names_the_path(mixed_run: Path, monkeypatch: pytest.M
     def denied_listdir(path: object) -> list[str]:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(ins.os, "listdir", denied_listdir)
+    monkeypatch.setattr(run_dir_unit.os, "listdir", denied_listdir)
     rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
     assert rc == 2 and f"{mixed_run}: permission denied" in err
 
@@ -609,7 +611,7 @@ def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pyte
     assert set(doc) == {"latest_valid", "checkpoints", "superseded"}
     assert doc["latest_valid"] == 3 and [c["step"] for c in doc["checkpoints"]] == [1, 2, 3]
     assert [(s["step"], s["path"]) for s in doc["superseded"]] == [(4, str(tmp_path / s4)), (5, str(tmp_path / s5))]
-    assert all(s["bytes"] == ins._dir_bytes(tmp_path / s["path"]) > 0 for s in doc["superseded"])
+    assert all(s["bytes"] == run_dir_unit.dir_bytes(tmp_path / s["path"]) > 0 for s in doc["superseded"])
     rc, out, err = _run(capsys, "inspect-checkpoints", str(tmp_path))
     assert rc == 0, err
     assert ("2 superseded checkpoint directories (an abandoned history, never restored): "

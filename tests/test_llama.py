@@ -222,7 +222,7 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:
 # ---------------------------------------------------- the torch.save baseline checkpointer
 
 def test_torch_checkpointer_retention_and_corrupt_fallback(tmp_path: Path) -> None:
-    from alpsck.baseline import TorchSaveCheckpointer, checkpoint_path
+    from alpsck.bench.torch_save import TorchSaveCheckpointer, checkpoint_path
     from alpsck.errors import StateMismatchError
 
     model = torch.nn.Linear(3, 2)

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 import alpsck
-from alpsck import export
 from alpsck.errors import AlpsckError, NoCheckpointError, StateMismatchError, UsageError
+from alpsck.tools import export
 from alpsck.tree import TensorRef
 
 MODEL_ARGS: dict[str, Any] = {"n_layer": 2, "n_embd": 8, "vocab_size": 11, "bias": True, "dropout": 0.0}

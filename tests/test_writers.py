@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import alpsck
 from alpsck import _core, cli
-from alpsck.baseline import TorchSaveCheckpointer
+from alpsck.bench.torch_save import TorchSaveCheckpointer
 from alpsck.dcp import AlpsckStorageWriter
 from alpsck.errors import RunDirLockedError, UsageError
 

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import jsonout
 from ..errors import AlpsckError
 from ..options import arg_int, arg_real
+from ..tools import jsonout
 
 if TYPE_CHECKING:  # imported lazily: it pulls in torch, and `alpsck --help` should stay quick
     from .overhead import OverheadConfig

@@ -19,7 +19,7 @@ import torch
 
 from .. import _core
 from ..checkpointer import Checkpointer
-from ..durable import fsync_path
+from ..store.durable import fsync_path
 
 
 def drop_page_cache(directory: Path) -> None:

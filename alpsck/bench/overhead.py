@@ -308,7 +308,7 @@ class _TorchSaver(_Saver):
     name = "torch.save"
 
     def __init__(self, run_dir: Path, training: _Training) -> None:
-        from ..baseline import TorchSaveCheckpointer
+        from .torch_save import TorchSaveCheckpointer
 
         super().__init__(run_dir, training)
         self.ck = TorchSaveCheckpointer(run_dir)

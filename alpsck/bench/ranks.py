@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from ..durable import fsync_path
 from ..errors import AlpsckError
+from ..store.durable import fsync_path
 from .methods import drop_page_cache
 from .run import _machine
 from .state import state_bytes, transformer_state

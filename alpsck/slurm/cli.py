@@ -9,8 +9,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from .. import jsonout
 from ..errors import AlpsckError, UsageError
+from ..tools import jsonout
 from . import history, watch
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
-from ..durable import open_own, read_small
+from ..store.durable import open_own, read_small
 
 HISTORY = _core.run_dir_names["history"]  # the run directory's names belong to the core (run_dir.h)
 STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up", "timeout")

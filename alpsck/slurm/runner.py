@@ -53,8 +53,8 @@ import traceback
 from typing import Any
 
 from .. import _core
-from ..durable import open_own, read_small
 from ..errors import ConfigError, UsageError
+from ..store.durable import open_own, read_small
 from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..durable import read_small
+from ..store.durable import read_small
 from . import history
 
 # History states in which the job is still supposed to exist.

@@ -153,11 +153,11 @@ class TrainResult:
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
                       keep_last: int, overlap_copy: bool = False, numa_node: int = -1) -> CheckpointerLike:
-    """``"torch"``: :class:`alpsck.baseline.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
+    """``"torch"``: :class:`alpsck.bench.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
     a shard per rank when torch.distributed is initialised (model and optimizer written once), its
     staging memory on NUMA node ``numa_node`` (-1: first touch)."""
     if kind == "torch":
-        from alpsck.baseline import TorchSaveCheckpointer
+        from alpsck.bench.torch_save import TorchSaveCheckpointer
 
         return TorchSaveCheckpointer(run_dir, keep_last=keep_last)
     if kind == "alpsck":

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from alpsck import tree
-from alpsck.durable import fsync_path, open_own
 from alpsck.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -39,6 +38,8 @@ from alpsck.errors import (
 )
 from alpsck.handles import CompletedSave
 from alpsck.options import check_step
+from alpsck.store.durable import fsync_path, open_own
+from alpsck.store.run_dir import lock_run_dir
 
 if TYPE_CHECKING:  # typing.Self is 3.11+ (torch depends on typing_extensions); annotations are not evaluated
     from typing_extensions import Self
@@ -98,8 +99,6 @@ class TorchSaveCheckpointer:
         final = checkpoint_path(self.run_dir, step)
         tmp = final.with_name(final.name + ".tmp")
         if self._lock is None:  # one writer per run directory, this baseline included
-            from alpsck.checkpointer import lock_run_dir
-
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = lock_run_dir(self.run_dir, 0)
         try:

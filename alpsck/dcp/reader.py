@@ -23,13 +23,14 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from . import _core
-from .dcp_json import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value, marker_problem
-from .dcp_paths import is_alpsck_checkpoint_id, is_committed_step_dir, is_marked, same_dir
-from .durable import read_small
-from .errors import CorruptCheckpointError, NoCheckpointError, UsageError
-from .options import DEFAULTS, check_step
-from .shards import UNUSABLE, shard_name
+from .. import _core
+from ..errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from ..options import DEFAULTS, check_step
+from ..store.durable import read_small
+from ..store.run_dir import is_committed_step_dir, is_marked, marker_problem
+from ..store.shards import UNUSABLE, shard_name
+from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
+from .paths import is_alpsck_checkpoint_id, same_dir
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern

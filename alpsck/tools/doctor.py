@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from . import __version__, _core, jsonout
+from .. import __version__, _core
+from . import jsonout
 
 SLURM_COMMANDS = ("sbatch", "srun", "sinfo")
 # CPU implementer and part of an Arm Neoverse-V2 (NVIDIA Grace), as /proc/cpuinfo spells them: the
@@ -76,7 +77,7 @@ def _version(module: str, warnings: list[str]) -> str | None:
 def _slurm() -> dict[str, Any]:
     commands = {c: shutil.which(c) for c in SLURM_COMMANDS}
     try:
-        from .slurm.submit import slurm_unavailable
+        from ..slurm.submit import slurm_unavailable
     except Exception as e:
         unavailable: str | None = f"cannot check ({type(e).__name__}: {e})"
     else:
@@ -87,7 +88,7 @@ def _slurm() -> dict[str, Any]:
 def diagnose() -> dict[str, Any]:
     """Every fact ``alpsck doctor`` reports (the ``--json`` document)."""
     build = dict(_core.build_info())
-    package = str(Path(__file__).resolve().parent)
+    package = str(Path(__file__).resolve().parents[1])  # alpsck/, above tools/
     installed = _installed_package_dir()
     machine = platform.machine()
     warnings: list[str] = []

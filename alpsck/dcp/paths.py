@@ -11,18 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import _core
-from .dcp_json import MARKER_NAMES, marker_problem
-from .inspect import entry_kind
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / _core.step_dir_name(step)
-
-
-def is_committed_step_dir(path: Path) -> bool:
-    """``run/step-N`` with its manifest: one committed checkpoint of a run directory."""
-    return _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file()
+from .. import _core
+from ..store.run_dir import entry_kind, is_committed_step_dir
 
 
 def holds_alpsck_state(path: Path) -> bool:
@@ -36,11 +26,6 @@ def holds_alpsck_state(path: Path) -> bool:
         elif kind not in ("other", "lock"):
             return True
     return False
-
-
-def is_marked(path: Path) -> bool:
-    """A checkpoint directory AlpsckStorageWriter wrote (checkpoint-directory mode): it has alpsck's marker."""
-    return (path / MARKER_NAMES[0]).is_file() and marker_problem(path) is None
 
 
 def is_alpsck_checkpoint_id(checkpoint_id: str | os.PathLike[str]) -> bool:

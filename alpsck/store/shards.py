@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from . import _core, tree
-from .errors import CorruptCheckpointError
+from .. import _core, tree
+from ..errors import CorruptCheckpointError
 
 META_FORMAT = "alpsck-tree/1"  # the meta document in each shard index: {format, step, rank, world_size, tree}
 DCP_META_FORMAT = "alpsck-dcp/1"  # ... of a shard written by the DCP backend (alpsck.dcp): no tree

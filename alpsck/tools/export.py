@@ -54,12 +54,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from . import tree
-from .durable import fsync_path
-from .errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
-from .inspect import human, is_run_entry, open_shard, pick_checkpoint, scan_run_dir, writer_lock
-from .options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
-from .shards import DCP_META_FORMAT, CheckpointShards, shard_name
+from .. import tree
+from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
+from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
+from ..store.durable import fsync_path
+from ..store.run_dir import is_run_entry, open_shard, pick_checkpoint, scan_run_dir, writer_lock
+from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
+from .progress import human
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
 BATCH_BYTES = 64 << 20

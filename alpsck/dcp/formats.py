@@ -25,7 +25,6 @@ import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,10 +38,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from . import tree
-from .durable import fsync_path, open_own, read_small
-from .errors import CorruptCheckpointError, UnsafeCheckpointError, UsageError
-from .shards import DCP_META_FORMAT, MAX_RANKS
+from .. import tree
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError, UsageError
+from ..store.shards import DCP_META_FORMAT, MAX_RANKS
 
 __all__ = ["ExtentRef", "decode_metadata", "decode_value", "encode_metadata", "encode_value", "extent_name"]
 
@@ -52,12 +50,6 @@ SHARD_FORMAT = DCP_META_FORMAT  # the meta document in each shard's index
 VALUE_FORMAT = "alpsck-dcp-value/1"      # one non-tensor value, tagged JSON
 # A checkpoint directory named by DCP's checkpoint_id (``folder/step-N``) also holds ``.metadata``, where
 # DCP trainers look for a checkpoint: alpsck's marker, JSON (never the pickle FileSystemWriter writes there).
-MARKER_FILE = ".metadata"
-MARKER_FORMAT = "alpsck-dcp-checkpoint/1"
-MARKER_BYTES = (json.dumps({"format": MARKER_FORMAT, "reader": "alpsck.dcp.AlpsckStorageReader",
-                            "note": "written by alpsck; load with AlpsckStorageReader (docs/format.md)"},
-                           indent=1) + "\n").encode()
-MARKER_NAMES = (MARKER_FILE, MARKER_FILE + ".tmp")  # the entries the marker's writing uses
 MAX_METADATA_BYTES = 16 << 20            # the core's limit on a committed extra file (kMaxManifestBytes)
 MAX_VALUE_BYTES = 64 << 20               # one non-tensor value
 MAX_NAME_BYTES = 4096                    # the core's limit on an extent name
@@ -404,39 +396,3 @@ def decode_value(data: bytes, where: str) -> Any:
         raise UnsafeCheckpointError(f"{path}: a tensor reference inside a non-tensor value; refusing to load it")
 
     return tree._Decoder(no_tensor).value(doc["value"], where)
-
-
-# ------------------------------------------------------------------------------ the .metadata marker
-
-
-def marker_problem(path: Path) -> str | None:
-    """Why the ``.metadata`` at ``path`` is not alpsck's marker (a FileSystemWriter checkpoint's
-    pickle, say), or None: absent or alpsck's. Never unpickles anything."""
-    try:
-        data = read_small(path / MARKER_FILE, 4096)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return f"{path / MARKER_FILE} cannot be read ({e.strerror or e})"
-    try:
-        if json.loads(data).get("format") == MARKER_FORMAT:
-            return None
-    except (ValueError, AttributeError):
-        pass
-    what = "a pickle: a FileSystemWriter checkpoint" if data[:1] == b"\x80" else "not alpsck's"
-    return f"{path / MARKER_FILE} is {what}"
-
-
-def write_marker(path: Path) -> None:
-    """Make ``path/.metadata`` alpsck's marker, durably (tmp file, fsync, rename, fsync of the directory)."""
-    if marker_problem(path) is None and (path / MARKER_FILE).is_file():
-        return
-    tmp = path / MARKER_NAMES[1]
-    fd = open_own(tmp)
-    try:
-        os.write(fd, MARKER_BYTES)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path / MARKER_FILE)
-    fsync_path(path)

@@ -1,0 +1,338 @@
+"""The run directory's Python face: its names (the core's, cpp/core/run_dir.h), what it holds, its lock.
+
+Every name in a run directory or a checkpoint directory is the core's (``_core.run_dir_names``,
+``_core.parse_run_dir_name``, ``_core.step_dir_name``) or this module's (the DCP checkpoint-directory
+marker ``.metadata``); nothing else spells one. Here: what an entry is (:func:`entry_kind`), whether a
+directory is a run directory (:func:`check_run_dir`), the scan with clear refusals (:func:`scan_run_dir`),
+which checkpoint a step or "the newest" names (:func:`pick_checkpoint`), the data-CRC check of a whole
+checkpoint (:func:`data_error`), and the writer lock (:func:`lock_run_dir`, :func:`writer_lock`,
+:func:`lock_holder`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import _core
+from ..errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    UsageError,
+)
+from ..options import DEFAULTS
+from .durable import fsync_path, open_own, read_small
+
+_ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
+# The run directory's names belong to the core (cpp/core/run_dir.h); these are its.
+LOCK_NAME = _core.run_dir_names["lock"]
+DELETING_PREFIX = _core.run_dir_names["deleting_prefix"]
+
+
+def entry_kind(name: str) -> str:
+    """What a run directory's entry is, by name (the core's ParseRunDirName): 'step', 'attempt',
+    'aborted', 'free', 'free-pending', 'superseded', 'latest', 'lock', 'history', 'deleting' or 'other'."""
+    return str(_core.parse_run_dir_name(name)[0])
+
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return run_dir / _core.step_dir_name(step)
+
+
+def is_committed_step_dir(path: Path) -> bool:
+    """``run/step-N`` with its manifest: one committed checkpoint of a run directory."""
+    return _core.parse_run_dir_name(path.name)[0] == "step" and (path / _core.run_dir_names["manifest"]).is_file()
+
+
+def _denied(path: str | os.PathLike[str], what: str) -> CheckpointError:
+    return CheckpointError(f"{path}: permission denied ({what}); run as the user who owns the run or fix its permissions")
+
+
+def is_run_entry(name: str) -> bool:
+    """Whether ``name`` is one of the entries alpsck itself keeps in a run directory."""
+    return entry_kind(name) != "other"
+
+
+def holds_run_state(names: Iterable[str]) -> bool:
+    """Whether a directory with these entries is an alpsck run directory: any entry alpsck keeps,
+    except a writer lock alone (the torch.save baseline's directories have one)."""
+    return any(entry_kind(n) not in ("other", "lock") for n in names)
+
+
+def _refuse_folder_of_named_checkpoints(path: Path, names: list[str]) -> None:
+    """A trainer's folder of DCP checkpoints written by alpsck (``folder/step-10``, each a run directory of
+    its own with a ``.metadata`` marker) is not a run directory: its ``step-N`` would read as damaged."""
+    steps = [n for n in names if entry_kind(n) == "step"]
+    if not steps or any(entry_kind(n) not in ("step", "other", "lock") for n in names):
+        return
+    if any((path / n / _core.run_dir_names["manifest"]).exists() or not (path / n / ".metadata").is_file()
+           for n in steps):
+        return
+    if not all(is_marked(path / n) for n in steps):
+        return
+    newest = max(steps, key=lambda n: _core.parse_run_dir_name(n)[1])
+    raise UsageError(f"{path}: a folder of DCP checkpoints written by AlpsckStorageWriter ({len(steps)}: "
+                     f"{', '.join(sorted(steps)[:3])}{' ...' if len(steps) > 3 else ''}), each a run directory of its "
+                     f"own; name one, e.g. {path / newest}")
+
+
+def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """The run directory as a Path, or a one-line AlpsckError saying why it is not usable.
+
+    Missing, not a directory, not readable (permission denied), or not an alpsck run directory
+    (no ``step-*`` directories, no ``LATEST``, no ``history.jsonl``).
+    """
+    path = Path(run_dir)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise UsageError(f"{run_dir}: no such directory") from None
+    except PermissionError:
+        raise _denied(run_dir, "cannot reach it") from None
+    except OSError as e:
+        raise CheckpointError(f"{run_dir}: {e.strerror or e}") from None
+    if not path.is_dir():
+        raise UsageError(f"{run_dir}: not a directory")
+    try:
+        names = os.listdir(path)
+    except PermissionError:
+        raise _denied(run_dir, "cannot list it") from None
+    except OSError as e:
+        raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
+    _refuse_folder_of_named_checkpoints(path, names)
+    if not holds_run_state(names):
+        baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
+        hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "
+                "which these tools do not read: load them with alpsck.TorchSaveCheckpointer") if baseline else ""
+        raise UsageError(f"{run_dir}: not an alpsck run directory (no step-* checkpoints, no LATEST, no history.jsonl)"
+                         + hint)
+    return path
+
+
+def superseded_dirs(run_dir: Path) -> list[dict[str, Any]]:
+    """The superseded directories of ``run_dir`` (``{"step", "path", "bytes"}``, by step), as prune removes them.
+
+    Only real directories whose whole name is one the core writes; anything else is not listed.
+    """
+    found = []
+    for n in os.listdir(run_dir):
+        kind, step, _ = _core.parse_run_dir_name(n)
+        p = run_dir / n
+        if kind == "superseded" and p.is_dir() and not p.is_symlink():
+            found.append({"step": step, "path": str(p), "bytes": dir_bytes(p)})
+    return sorted(found, key=lambda d: (d["step"], d["path"]))
+
+
+def scan_run_dir(
+    run_dir: str | os.PathLike[str],
+    verify: bool = False,
+    threads: int = DEFAULTS["read_threads"],
+    progress: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """``_core.scan`` after :func:`check_run_dir`, with permission errors turned into clear messages."""
+    path = check_run_dir(run_dir)
+    try:
+        return list(_core.scan(str(path), verify=verify, threads=threads, progress=progress))
+    except CheckpointIOError as e:
+        if e.errno in _ACCESS_ERRNOS:
+            raise _denied(run_dir, e.strerror or str(e)) from None
+        raise
+    except PermissionError as e:  # pragma: no cover - the core reports CheckpointIOError
+        raise _denied(e.filename or run_dir, "scan") from None
+
+
+def open_shard(path: str | os.PathLike[str]) -> Any:
+    """``_core.ShardReader(path)`` with permission and missing-file errors named clearly."""
+    try:
+        return _core.ShardReader(str(path))
+    except CheckpointIOError as e:
+        if e.errno in _ACCESS_ERRNOS:
+            raise _denied(path, "cannot read the shard") from None
+        if e.errno == errno.ENOENT:
+            raise NoCheckpointError(f"{path}: no such shard file") from None
+        raise
+
+
+def pick_checkpoint(infos: list[dict[str, Any]], run_dir: str | os.PathLike[str], step: int | None) -> dict[str, Any]:
+    """The checkpoint of ``step`` (any status), or the newest committed one when step is None.
+
+    A missing step raises NoCheckpointError naming it and listing the steps that exist.
+    """
+    if step is None:
+        committed = [i for i in infos if i["status"] == "committed"]
+        if not committed:
+            raise NoCheckpointError(f"{run_dir}: no valid checkpoint")
+        return committed[-1]
+    found = [i for i in infos if i["step"] == step]
+    if not found:
+        avail = ", ".join(f"{i['step']} ({i['status']})" for i in infos) or "none"
+        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}; available: {avail}")
+    committed = [i for i in found if i["status"] == "committed"]
+    return committed[0] if committed else found[0]
+
+
+def data_error(info: dict[str, Any]) -> tuple[str, str] | None:
+    """None if every chunk of every shard of a committed checkpoint matches its CRC, else its
+    state ("corrupt", or "unreadable" when reading failed for a reason other than its bytes) and why."""
+    try:
+        for name in info["shards"]:
+            open_shard(Path(info["path"]) / name).verify(DEFAULTS["read_threads"])
+    except CorruptCheckpointError as e:
+        return "corrupt", str(e)
+    except CheckpointError as e:  # permission denied, EIO, ESTALE: nothing known about the bytes
+        return "unreadable", str(e)
+    return None
+
+
+def dir_bytes(path: Path) -> int:
+    if path.is_symlink():  # removing it unlinks the link only: it frees nothing behind it
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total
+
+
+
+# ----------------------------------------------------------------------------- the writer lock
+
+
+def lock_run_dir(run_dir: Path, rank: int) -> _core.RunDirLock:
+    """Take the run directory's writer lock for this process as ``rank`` (the core's RunDirLock:
+    one writer per run directory, whatever kind; see cpp/core/run_dir.h). A live owner makes this
+    raise RunDirLockedError naming its job, pid and host; a lock name that is a symlink or not a
+    regular file, UsageError (it is never followed or opened). Keep the object while writing;
+    ``release()`` (or dropping it) lets go."""
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
+          "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}
+    return _core.RunDirLock(str(run_dir), rank, json.dumps(me))
+
+
+def _parse_lock(text: str) -> dict[str, str]:
+    """Fields of a lock file: JSON ``{"pid": ..}`` or ``key=value`` lines (a bare number is the pid)."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError):  # not a lock alpsck wrote: read it as key=value lines
+            doc = None
+        if isinstance(doc, dict):
+            return {str(k).lower(): str(v) for k, v in doc.items() if v is not None}
+    out: dict[str, str] = {}
+    for i, line in enumerate(text.splitlines()):
+        line = line.strip()
+        for sep in ("=", ":"):
+            if sep in line:
+                k, v = line.split(sep, 1)
+                out.setdefault(k.strip().lower(), v.strip().strip('"'))
+                break
+        else:
+            if i == 0 and line.isdigit():
+                out["pid"] = line
+    return out
+
+
+def _this_host(name: str) -> bool:
+    here = socket.gethostname()
+    return name in (here, here.split(".")[0], "localhost") or name.split(".")[0] == here.split(".")[0]
+
+
+def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
+    """Why the run directory's writer lock says a writer may be active (a message naming it), or None.
+
+    A writer holds an ``flock`` on ``RUN_DIR/.lock`` while it writes and keeps its owner there
+    (JSON ``{"pid", "host", "job_id"}``), emptying it on a clean close (the core's RunDirLock). So:
+    no file or an empty one → no writer; an flock held → a writer on this host; content naming
+    another host, whose flock may not be visible from here (Lustre without ``-o flock``), → refuse
+    with advice; content of a process on this host that holds no flock → a crashed writer, stale.
+    A lock name that is a symlink or not a regular file raises UsageError (never followed or opened).
+    """
+    lock = Path(run_dir) / LOCK_NAME
+    try:
+        held, text = _core.probe_lock(str(run_dir), 0)
+    except CheckpointIOError as e:
+        if e.errno in _ACCESS_ERRNOS:
+            raise _denied(lock, "cannot read the lock file") from None
+        raise
+    fields = _parse_lock(text)
+    host = fields.get("host") or fields.get("hostname") or fields.get("node")
+    job = fields.get("job_id") or fields.get("jobid") or fields.get("job") or fields.get("slurm_job_id")
+    who = f"pid {fields.get('pid', '?')}" + (f", job {job}" if job else "")
+    if held:
+        return f"{lock}: a writer holds it ({who}{f' on {host}' if host else ''})"
+    if host and not _this_host(host):
+        return (f"{lock} names a writer on host {host} ({who}), which cannot be checked from {socket.gethostname()}; "
+                f"remove {lock} if that job is gone")
+    return None
+
+
+@contextlib.contextmanager
+def writer_lock(run_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the run directory's writer lock for the block (prune, an export into the run directory):
+    they write too, and one writer at a time (RunDirLockedError naming the holder)."""
+    lock = lock_run_dir(Path(run_dir), 0)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# ----------------------------------------------------------------------------- the .metadata marker
+
+MARKER_FILE = ".metadata"
+MARKER_FORMAT = "alpsck-dcp-checkpoint/1"
+MARKER_BYTES = (json.dumps({"format": MARKER_FORMAT, "reader": "alpsck.dcp.AlpsckStorageReader",
+                            "note": "written by alpsck; load with AlpsckStorageReader (docs/format.md)"},
+                           indent=1) + "\n").encode()
+MARKER_NAMES = (MARKER_FILE, MARKER_FILE + ".tmp")  # the entries the marker's writing uses
+
+
+
+
+def marker_problem(path: Path) -> str | None:
+    """Why the ``.metadata`` at ``path`` is not alpsck's marker (a FileSystemWriter checkpoint's
+    pickle, say), or None: absent or alpsck's. Never unpickles anything."""
+    try:
+        data = read_small(path / MARKER_FILE, 4096)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{path / MARKER_FILE} cannot be read ({e.strerror or e})"
+    try:
+        if json.loads(data).get("format") == MARKER_FORMAT:
+            return None
+    except (ValueError, AttributeError):
+        pass
+    what = "a pickle: a FileSystemWriter checkpoint" if data[:1] == b"\x80" else "not alpsck's"
+    return f"{path / MARKER_FILE} is {what}"
+
+
+def write_marker(path: Path) -> None:
+    """Make ``path/.metadata`` alpsck's marker, durably (tmp file, fsync, rename, fsync of the directory)."""
+    if marker_problem(path) is None and (path / MARKER_FILE).is_file():
+        return
+    tmp = path / MARKER_NAMES[1]
+    fd = open_own(tmp)
+    try:
+        os.write(fd, MARKER_BYTES)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path / MARKER_FILE)
+    fsync_path(path)
+
+
+def is_marked(path: Path) -> bool:
+    """A checkpoint directory AlpsckStorageWriter wrote (checkpoint-directory mode): it has alpsck's marker."""
+    return (path / MARKER_NAMES[0]).is_file() and marker_problem(path) is None

@@ -1,0 +1,313 @@
+"""``alpsck inspect-checkpoints``: what a run directory holds.
+
+``inspect-checkpoints RUN_DIR [--verify] [--json]`` lists every checkpoint with its status
+(committed / incomplete / corrupt / unreadable) and which one a restart would use. ``--verify`` re-reads every
+byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption).
+``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
+state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
+bytes) and a summary of the non-tensor state (step, learning rates, RNG streams, data position,
+entry kinds). Superseded directories (below) are listed apart, after the table (``--json``: the
+top-level ``superseded`` list).
+
+A run that resumed from an older checkpoint (the newest was corrupt, or an explicit older step was
+restored) renames, at its first save, each ``step-N`` newer than the step it went on from to
+``superseded-step-N-<pid>-<seq>`` (``step-N`` as the core names it, zero-padded). They are an
+abandoned history: never restored, never counted as checkpoints, kept on disk until ``prune``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from .. import _core, tree
+from ..errors import (
+    AlpsckError,
+    CorruptCheckpointError,
+    UsageError,
+)
+from ..options import DEFAULTS, arg_rank, arg_step
+from ..store.run_dir import check_run_dir, open_shard, pick_checkpoint, scan_run_dir, superseded_dirs
+from ..store.shards import UNUSABLE, CheckpointShards
+from . import jsonout
+from .progress import ProgressBar, ShardProgress, human
+
+
+def _superseded_line(found: list[dict[str, Any]], limit: int = 10) -> str:
+    names = [f"step {d['step']} ({Path(d['path']).name})" for d in found[:limit]]
+    if len(found) > limit:
+        names.append(f"... and {len(found) - limit} more")
+    one = len(found) == 1
+    return (f"{len(found)} superseded checkpoint director{'y' if one else 'ies'} (an abandoned history, never "
+            f"restored): {', '.join(names)}; `alpsck prune` removes {'it' if one else 'them'}")
+
+
+def _verify_sizes(infos: list[dict[str, Any]]) -> list[int]:
+    """Bytes the core reads to verify each shard of each committed checkpoint (data padded to ``align``)."""
+    sizes: list[int] = []
+    for info in infos:
+        if info["status"] != "committed":
+            continue
+        shards = info.get("shards") or []
+        for name in shards:
+            try:
+                r = _core.ShardReader(str(Path(info["path"]) / name))
+                align = max(1, int(r.align))
+                sizes.append(-(-int(r.data_bytes) // align) * align)
+            except (AlpsckError, OSError):
+                sizes.append(int(info["data_bytes"]) // max(1, len(shards)))
+    return sizes
+
+
+def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stream: TextIO | None = None) -> int:
+    """The checkpoint table (or JSON document) of ``run_dir``; exit code 1 if ``verify`` found corruption.
+
+    The bar goes to ``progress_stream``; by default to stderr when it is a terminal and not ``as_json``.
+    """
+    path = check_run_dir(run_dir)
+    if progress_stream is None and verify and not as_json and sys.stderr.isatty():
+        progress_stream = sys.stderr
+    tracker: ShardProgress | None = None
+    bar: ProgressBar | None = None
+    if verify and progress_stream is not None:
+        bar = ProgressBar(sum(_verify_sizes(scan_run_dir(path))), progress_stream)
+        tracker = ShardProgress(bar)
+    infos = scan_run_dir(path, verify=verify, progress=tracker)
+    if bar is not None:
+        bar.close(complete=not any(i["status"] in UNUSABLE for i in infos))
+    committed = [i["step"] for i in infos if i["status"] == "committed"]
+    latest = max(committed) if committed else None
+    superseded = superseded_dirs(path)
+    if as_json:
+        doc = {
+            "latest_valid": latest,
+            "checkpoints": [
+                {k: i[k] for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error")}
+                for i in infos
+            ],
+            "superseded": superseded,
+        }
+        print(jsonout.dumps(doc))
+    else:
+        if not infos:
+            print(f"{run_dir}: no checkpoints")
+        else:
+            print(f"{'':1} {'step':>10}  {'status':<10} {'size':>10}  {'created':<19}  {'ranks':>5}  {'tensors':>7}  "
+                  f"{'GB/s':>6}  note")
+            for i in infos:
+                mark = "*" if i["step"] == latest and i["status"] == "committed" else ""
+                created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
+                rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
+                ranks = str(i["ranks"]) if i["ranks"] else "-"
+                print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
+                      f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
+            print("* = what restore would pick" if latest is not None else "no valid checkpoint: restore would start fresh")
+        if superseded:
+            print(_superseded_line(superseded))
+    bad = any(i["status"] in UNUSABLE for i in infos)
+    return 1 if (verify and bad) else 0
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-able rendering of a decoded scalar (tensor references become their description)."""
+    if isinstance(v, tree.TensorRef):
+        return f"<tensor {v.key} {tree.dtype_name(v.dtype)} {list(v.shape)}>"
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return repr(v)
+
+
+_RNG_STREAMS = ("python", "numpy", "torch", "cuda")
+
+
+def _walk(v: Any, path: str, depth: int = 0) -> Iterator[tuple[str, dict[Any, Any]]]:
+    """Every dict in a decoded value, with its path (depth-limited)."""
+    if depth > 8:
+        return
+    if isinstance(v, dict):
+        yield path, v
+        for k, x in v.items():
+            if isinstance(x, (dict, list, tuple)):
+                yield from _walk(x, f"{path}/{k}", depth + 1)
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            if isinstance(x, (dict, list, tuple)):
+                yield from _walk(x, f"{path}/{i}", depth + 1)
+
+
+def summarize_state(tree_doc: dict[str, Any]) -> dict[str, Any]:
+    """What a state tree says besides tensor bytes: entry kinds, learning rates, RNG streams, data position.
+
+    Decodes with the tree's own validating decoder; tensors are only references (nothing is read).
+    """
+    entries = tree.decode_refs(tree_doc)
+    kinds = {key: kind for key, (kind, _, _) in entries.items()}
+    lrs: list[dict[str, Any]] = []
+    rng: dict[str, list[str]] = {}
+    data: dict[str, dict[str, Any]] = {}
+    values: dict[str, Any] = {}
+    for key, (kind, decoded, _) in entries.items():
+        if kind == "value" and (decoded is None or isinstance(decoded, (bool, int, float, str))):
+            values[key] = decoded
+        for path, d in _walk(decoded, key):
+            groups = d.get("param_groups")
+            if isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups):
+                lrs.append({"path": path, "source": "param_groups", "lr": [_plain(g.get("lr")) for g in groups]})
+            for name in ("_last_lr", "last_lr"):
+                if isinstance(d.get(name), (list, tuple)):
+                    lrs.append({"path": path, "source": "last_lr", "lr": _plain(d[name])})
+                    break
+            if "torch" in d and sum(s in d for s in _RNG_STREAMS) >= 2:
+                streams = []
+                for s in _RNG_STREAMS:
+                    x = d.get(s)
+                    if x is None or (isinstance(x, (list, tuple)) and not x):
+                        continue
+                    streams.append(f"cuda ({len(x)} devices)" if s == "cuda" and isinstance(x, (list, tuple)) else s)
+                rng[path] = streams
+            elif ("position" in d or "epoch" in d) and "param_groups" not in d:
+                pos = {str(k): _plain(x) for k, x in d.items()
+                       if x is None or isinstance(x, (bool, int, float, str))}
+                if any(k in pos for k in ("position", "epoch")):
+                    data[path] = pos
+    return {"entries": kinds, "values": values, "learning_rates": lrs, "rng": rng, "data": data}
+
+
+def describe_checkpoint(info: dict[str, Any], rank: int = 0) -> dict[str, Any]:
+    """Tensor inventory and state summary of one checkpoint (rank ``rank``'s shard), from its tree only."""
+    shards = CheckpointShards(info["path"], rank, open_shard)
+    meta, specs = shards.meta, shards.specs
+    tensors = [
+        {"name": key, "dtype": tree.dtype_name(specs[key].dtype), "shape": list(specs[key].shape),
+         "bytes": specs[key].nbytes}
+        for key in shards.keys_in_file_order()
+    ]
+    summary = summarize_state(meta["tree"])
+    return {
+        "step": meta.get("step", info["step"]),
+        "path": info["path"],
+        "status": info["status"],
+        "rank": rank,
+        "ranks": info["ranks"],
+        "tensor_count": len(tensors),
+        "tensor_bytes": sum(t["bytes"] for t in tensors),
+        "tensors": tensors,
+        "state": summary,
+    }
+
+
+def _print_description(d: dict[str, Any], show_tensors: bool) -> None:
+    print(f"checkpoint step {d['step']}: {d['path']} ({d['status']}"
+          + (f", rank {d['rank']} of {d['ranks']}" if d["ranks"] > 1 else "") + ")")
+    print(f"tensors: {d['tensor_count']}, {human(d['tensor_bytes'])}")
+    if show_tensors and d["tensors"]:
+        w = max(len("name"), *(len(t["name"]) for t in d["tensors"]))
+        print(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'bytes':>12}")
+        for t in d["tensors"]:
+            shape = "[" + ", ".join(map(str, t["shape"])) + "]"
+            print(f"  {t['name']:<{w}}  {t['dtype']:<14} {shape:<20} {t['bytes']:>12}")
+    s = d["state"]
+    print("state:")
+    print("  entries: " + (", ".join(f"{k} ({v})" for k, v in s["entries"].items()) or "none"))
+    for k, v in s["values"].items():
+        print(f"  {k} = {v!r}")
+    if s["learning_rates"]:
+        for lr in s["learning_rates"]:
+            print(f"  learning rate: {lr['path']} ({lr['source']}) = {', '.join(map(str, lr['lr']))}")
+    else:
+        print("  learning rate: none found (no optimizer param_groups or scheduler last_lr)")
+    if s["rng"]:
+        for k, v in s["rng"].items():
+            absent = [x for x in _RNG_STREAMS if not any(y.startswith(x) for y in v)]
+            print(f"  rng streams ({k}): {', '.join(v) or 'none'}" + (f" (absent: {', '.join(absent)})" if absent else ""))
+    else:
+        print("  rng streams: none saved")
+    if s["data"]:
+        for k, v in s["data"].items():
+            print(f"  data position ({k}): " + " ".join(f"{a}={b}" for a, b in v.items()))
+    else:
+        print("  data position: none found")
+
+
+def inspect_one(run_dir: str, step: int | None, show_tensors: bool, as_json: bool, verify: bool, rank: int = 0,
+                progress_stream: TextIO | None = None) -> int:
+    """``inspect-checkpoints --step N [--tensors]``: one checkpoint's inventory and state summary.
+
+    With ``verify``, exit 1 when the checkpoint is corrupt or unreadable, whether its CRCs or the quick
+    scan (a truncated shard, a bad footer or manifest) found it; without, such a checkpoint is an error.
+    """
+    infos = scan_run_dir(run_dir)
+    info = pick_checkpoint(infos, run_dir, step)
+    if verify and info["status"] in UNUSABLE:  # what --verify looks for: reported, exit 1 (as without --step)
+        doc = {k: info[k] for k in ("step", "path", "status", "ranks")} | {"rank": rank, "verified": False,
+                                                                         "error": info["error"]}
+        if as_json:
+            print(jsonout.dumps(doc))
+        else:
+            print(f"checkpoint step {info['step']}: {info['path']} ({info['status']})")
+            print(f"{info['status'].upper()}: {info['error']}")
+        return 1
+    if info["status"] != "committed":
+        raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {info['step']} is {info['status']}: {info['error']}")
+    if not 0 <= rank < max(1, info["ranks"]):
+        raise UsageError(f"--rank {rank}: checkpoint of step {info['step']} has {info['ranks']} rank(s)")
+    desc = describe_checkpoint(info, rank)
+    rc = 0
+    if verify:
+        if progress_stream is None and not as_json and sys.stderr.isatty():
+            progress_stream = sys.stderr
+        desc["verified"], desc["error"] = True, None
+        readers = [open_shard(Path(info["path"]) / name) for name in info["shards"]]
+        bar = ProgressBar(sum(int(r.data_bytes) for r in readers), progress_stream) if progress_stream else None
+        done = 0
+        for r in readers:
+            try:
+                r.verify(DEFAULTS["read_threads"])
+            except CorruptCheckpointError as e:
+                desc["verified"], desc["error"], rc = False, str(e), 1
+                break
+            done += int(r.data_bytes)
+            if bar:
+                bar.update(done)
+        if bar:
+            bar.close(complete=rc == 0)
+    if as_json:
+        if not show_tensors:
+            desc.pop("tensors")
+        print(jsonout.dumps(desc))
+    else:
+        _print_description(desc, show_tensors)
+        if verify:
+            print("verified: every chunk CRC matches" if rc == 0 else f"CORRUPT: {desc['error']}")
+    return rc
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _inspect_cmd(a: argparse.Namespace) -> int:
+    if a.step is not None or a.tensors:
+        return inspect_one(a.run_dir, a.step, a.tensors, a.json, a.verify, a.rank)
+    return inspect_checkpoints(a.run_dir, a.verify, a.json)
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    ins = sub.add_parser(
+        "inspect-checkpoints", help="list the checkpoints of a run directory and their status",
+        description="List the checkpoints of RUN_DIR (committed / incomplete / corrupt / unreadable) and which one a "
+                    "restart uses. "
+                    "With --step N (or --tensors) describe one checkpoint from its state tree, without reading tensor data.")
+    ins.add_argument("run_dir")
+    ins.add_argument("--verify", action="store_true", help="re-read every byte and check every CRC (exit 1 on corruption)")
+    ins.add_argument("--json", action="store_true", help="print one JSON document")
+    ins.add_argument("--step", type=arg_step, help="describe checkpoint N: state summary (step, lr, RNG streams, data position)")
+    ins.add_argument("--tensors", action="store_true",
+                     help="list the tensors (name, dtype, shape, bytes) of --step N (default: the newest valid checkpoint)")
+    ins.add_argument("--rank", type=arg_rank, default=0, help="shard to describe with --step/--tensors (default 0)")
+    ins.set_defaults(func=_inspect_cmd)

@@ -1,0 +1,172 @@
+"""``alpsck prune``: housekeeping of a run directory.
+
+``prune RUN_DIR --keep-last K [--dry-run] [--verify]`` removes committed checkpoints beyond the
+newest K, abandoned ``step-N.tmp`` directories, expired ``free-*`` and ``superseded-*`` directories
+(and ``.deleting-*`` leftovers of an interrupted prune). Corrupt checkpoints and manifest-less
+``step-N`` directories (never committed) older than the newest valid checkpoint are removed; newer
+ones are kept (with a warning) for inspection.
+Unreadable ones (permission denied, EIO, ESTALE) are never removed.
+The checkpoints kept are always verified to the last byte first (``--verify`` verifies every
+checkpoint), so the newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
+process (see :func:`lock_holder`). Each directory is first renamed to ``.deleting-<name>`` (atomic
+expiry: the checkpoint disappears from scans at once), the run directory is fsync'ed, then the
+files are deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from ..errors import (
+    RunDirLockedError,
+    UsageError,
+)
+from ..options import arg_int
+from ..store.durable import fsync_path
+from ..store.run_dir import (
+    DELETING_PREFIX,
+    _denied,
+    check_run_dir,
+    data_error,
+    dir_bytes,
+    entry_kind,
+    lock_holder,
+    scan_run_dir,
+    writer_lock,
+)
+from .progress import human
+
+
+def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[list[tuple[Path, str]], list[str], list[int]]:
+    """(directories to remove with the reason, warnings, steps kept) — nothing is touched.
+
+    The checkpoints kept are checked to the last byte whatever ``verify`` says: the quick scan
+    sees sizes, footers and manifests only, and trusting it could remove every good checkpoint
+    while keeping one whose data is corrupt. Newest first, each committed checkpoint's CRCs are
+    verified until ``keep_last`` pass; one that fails counts as corrupt. ``verify`` verifies every
+    checkpoint, including those removed.
+    """
+    infos = scan_run_dir(run_dir, verify=verify)
+    kept_steps: set[int] = set()
+    for i in reversed(infos):
+        if len(kept_steps) == keep_last:
+            break
+        if i["status"] != "committed":
+            continue
+        err = None if verify else data_error(i)
+        if err is not None:
+            i["status"], i["error"] = err
+            continue
+        kept_steps.add(i["step"])
+    newest_valid = max(kept_steps) if kept_steps else None
+    remove: list[tuple[Path, str]] = []
+    warnings: list[str] = []
+    for i in infos:
+        p = Path(i["path"])
+        if i["status"] == "committed":
+            if i["step"] not in kept_steps:
+                remove.append((p, f"committed step {i['step']}, beyond the newest {keep_last}"))
+        elif i["status"] == "unreadable":  # maybe intact: never removed on an access error
+            warnings.append(f"kept unreadable checkpoint {p} (fix its access and run prune again): {i['error']}")
+        elif i["status"] == "incomplete" and entry_kind(p.name) != "step":  # an attempt: in flight, abandoned or aborted
+            remove.append((p, f"incomplete step {i['step']}: {i['error']}"))
+        elif newest_valid is not None and i["step"] < newest_valid:
+            remove.append((p, f"{i['status']} step {i['step']}: {i['error']}"))
+        else:  # corrupt, or a step-N without MANIFEST.json: kept, like a newer corrupt one
+            why = "newer than the newest valid one" if newest_valid is not None else "no valid checkpoint exists"
+            what = "corrupt checkpoint" if i["status"] == "corrupt" else "damaged checkpoint"
+            warnings.append(f"kept {what} {p} ({why}) for inspection: {i['error']}")
+    names = sorted(os.listdir(run_dir))
+    for n in names:
+        p = run_dir / n
+        kind = entry_kind(n)
+        if kind in ("free", "free-pending") and p.is_dir() and not p.is_symlink():
+            remove.append((p, "expired (free-*) directory"))
+        elif kind == "superseded" and p.is_dir() and not p.is_symlink():
+            remove.append((p, "superseded (abandoned history)"))
+        elif kind == "deleting" and (p.is_dir() or p.is_file()) and not p.is_symlink():
+            remove.append((p, "left over by an interrupted prune"))
+    return remove, warnings, sorted(kept_steps)
+
+
+def _deleting_name(run_dir: Path, name: str) -> Path:
+    base = run_dir / f"{DELETING_PREFIX}{name}"
+    target, n = base, 1
+    while target.exists() or target.is_symlink():
+        n += 1
+        target = Path(f"{base}-{os.getpid()}-{n}")
+    return target
+
+
+def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = False) -> int:
+    """``alpsck prune``: see the module docstring. Exit 0; refusals raise (exit 2)."""
+    if keep_last < 1:
+        raise UsageError(f"--keep-last must be at least 1 (the newest valid checkpoint is always kept), not {keep_last}")
+    path = check_run_dir(run_dir)
+    holder = lock_holder(path)
+    if holder is not None:
+        raise RunDirLockedError(f"not pruning {run_dir}: {holder}")
+    with contextlib.nullcontext() if dry_run else writer_lock(path):
+        remove, warnings, kept = plan_prune(path, keep_last, verify)
+        for w in warnings:
+            print(f"alpsck: warning: {w}", file=sys.stderr)
+        sizes = {p: dir_bytes(p) for p, _ in remove}
+        if dry_run:
+            for p, why in remove:
+                print(f"would remove {p} ({human(sizes[p])}): {why}")
+            print(f"dry run: would free {human(sum(sizes.values()))}; keeping step(s) {', '.join(map(str, kept)) or 'none'}")
+            return 0
+        # 1. atomic expiry: rename everything first, so scans stop seeing these at once
+        renamed: list[tuple[Path, Path, str]] = []
+        for p, why in remove:
+            if p.name.startswith(DELETING_PREFIX):
+                renamed.append((p, p, why))
+                continue
+            target = _deleting_name(path, p.name)
+            try:
+                os.rename(p, target)
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            except PermissionError:
+                raise _denied(p, "cannot rename it") from None
+            renamed.append((p, target, why))
+        if renamed:
+            fsync_path(path)
+        # 2. delete the files
+        freed = 0
+        for p, target, why in renamed:
+            try:
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
+            except PermissionError:
+                raise _denied(target, "cannot delete it") from None
+            freed += sizes.get(p, 0)
+            print(f"removed {p} ({human(sizes.get(p, 0))}): {why}")
+        if renamed:
+            fsync_path(path)
+        print(f"freed {human(freed)}; keeping step(s) {', '.join(map(str, kept)) or 'none'}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    pr = sub.add_parser(
+        "prune", help="remove old checkpoints, abandoned .tmp, expired free-* and superseded-* directories",
+        description="Remove committed checkpoints beyond the newest K, incomplete step-N.tmp directories, free-* "
+                    "directories, superseded-* directories (an abandoned history, never restored), and corrupt or "
+                    "never committed (no MANIFEST.json) checkpoints older than the newest valid one (newer ones are "
+                    "kept for inspection; unreadable ones are never removed). Refuses while RUN_DIR/.lock names a live "
+                    "process.")
+    pr.add_argument("run_dir")
+    pr.add_argument("--keep-last", type=arg_int(1), required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
+    pr.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    pr.add_argument("--verify", action="store_true",
+                    help="check every checkpoint's CRCs, not only those of the checkpoints kept (which are always "
+                         "checked)")
+    pr.set_defaults(func=lambda a: prune(a.run_dir, a.keep_last, a.dry_run, a.verify))
