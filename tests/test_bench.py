@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -158,8 +159,23 @@ def test_bench_size_sweep_json_and_plot(tmp_path: Path) -> None:
     assert q.returncode != 0 and "one --size-gib" in q.stderr, q.stderr
 
 
-def test_bench_refuses_a_directory_without_room_before_writing_anything(tmp_path: Path) -> None:
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 256 MiB tmpfs: a file system with less room than a state the bench accepts (at most this
+    machine's memory), which a large disk (78 GB free: a third of it is more than the 24 GiB of memory
+    --size-gib allows) cannot be. Needs root, as CI and the developers' machines have."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_bench_refuses_a_directory_without_room_before_writing_anything(small_fs: Path) -> None:
     # A full disk used to end the bench mid-run with a traceback from inside a peer (torch.save).
+    tmp_path = small_fs
     free_gib = shutil.disk_usage(tmp_path).free / 2**30
     cmd = [sys.executable, "-m", "alpsck", "bench", "--dir", str(tmp_path), "--size-gib", f"{free_gib / 3:.3f}",
            "--repeats", "3"]
