@@ -36,8 +36,8 @@ saving it again is a no-op.
 A save that a resumed run could not restore is refused before anything is written. The
 Checkpointer records what ``restore()`` checks of the state it is given (the state a freshly
 started process builds), or, without a restore, of the state at the first ``save()``:
-:func:`alpsck.tree.skeleton`. Each later ``save()`` checks its tree against that record as
-``restore()`` would (:func:`alpsck.tree.check_fits`) and raises StateMismatchError naming the key
+:func:`alpsck.fit.skeleton`. Each later ``save()`` checks its tree against that record as
+``restore()`` would (:func:`alpsck.fit.check_fits`) and raises StateMismatchError naming the key
 path when it would fail: a plain value whose type changed (a float that became a dict or a 1-d
 tensor; a float that became a 0-d tensor is fine, restore converts it), a top-level tensor or a
 module tensor whose shape or dtype changed, module keys that appeared or vanished, an optimizer
@@ -65,7 +65,8 @@ from typing import Any
 
 import torch
 
-from . import _core, tree
+from . import _core, fit, tree
+from .capture import capture
 from .errors import (
     CheckpointError,
     CheckpointIOError,
@@ -189,7 +190,7 @@ class Checkpointer:
         # What restore() checks of the state a fresh process builds (module docstring), and when it was recorded.
         self._recorded: dict[str, tuple[str, Any]] | None = None
         self._recorded_at = ""
-        self._fitted: dict[str, Any] = {}  # tree.check_fits's memory of entries that fitted _recorded
+        self._fitted: dict[str, Any] = {}  # fit.check_fits's memory of entries that fitted _recorded
         engine_args = (opts, _faults)
         # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
         # others only after it succeeded; then every rank must have opened (two agreements).
@@ -286,7 +287,7 @@ class Checkpointer:
         check_state(state)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self._reap()
-        cap = tree.capture(state)
+        cap = capture(state)
         self._check_restorable(step, state, cap.tree)
         meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
                            "tree": cap.tree}, allow_nan=False)
@@ -311,10 +312,10 @@ class Checkpointer:
     def _check_restorable(self, step: int, state: Mapping[str, Any], tree_doc: dict[str, Any]) -> None:
         """StateMismatchError if restoring ``tree_doc`` into the recorded state would fail (module docstring)."""
         if self._recorded is None:
-            self._record(tree.skeleton(state), "the first save()")
+            self._record(fit.skeleton(state), "the first save()")
             return
         try:
-            tree.check_fits(self._recorded, tree_doc, self._fitted)
+            fit.check_fits(self._recorded, tree_doc, self._fitted)
         except StateMismatchError as e:
             raise StateMismatchError(
                 f"{self.run_dir}: step {step} not saved (nothing was written): a resumed run would fail to restore "
@@ -452,7 +453,7 @@ class Checkpointer:
         self.wait_snapshot()
         self.engine.wait_all()
         try:  # the state a fresh process builds, which every later save must fit (module docstring)
-            self._record(tree.skeleton(state), "restore()")
+            self._record(fit.skeleton(state), "restore()")
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
             self._record(None, "")
         restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks)
@@ -480,7 +481,7 @@ class Checkpointer:
         (:meth:`alpsck.staging.Stager.pin_ahead`), instead of in its first ``save()``.
         """
         check_state(state)
-        mine = self._mine(tree.capture(state).tensors)
+        mine = self._mine(capture(state).tensors)
         sizes = [t.numel() * t.element_size() for _, t in mine]
         sizes += _optimizer_state_to_come(state)
         self.engine.prepare(sizes)
@@ -526,7 +527,7 @@ def read_checkpoint(
     """Read one checkpoint directory as ``rank``: (meta document, tensors by key), every chunk CRC-checked.
 
     The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.store.shards`).
-    With ``into`` (key -> live tensor, as :func:`alpsck.tree.capture` gives), tensors are read
+    With ``into`` (key -> live tensor, as :func:`alpsck.capture.capture` gives), tensors are read
     straight into the live CPU tensors — no allocation, no extra copy — but only when every
     saved tensor that has a live counterpart matches it in shape and dtype, and ``fits`` (if
     given) accepts the meta document; otherwise nothing live is touched and fresh tensors are
@@ -688,7 +689,7 @@ def restore_into(
             "through alpsck.dcp")
     unusable: Exception | None = None  # the live state cannot be captured on this rank: raised once all know
     try:
-        live = tree.capture(state).tensors
+        live = capture(state).tensors
     except Exception as e:
         live, unusable = {}, e
     touched: str | None = None
@@ -698,12 +699,12 @@ def restore_into(
         tensors: dict[str, torch.Tensor] = {}
         error: CheckpointError | None = None  # this rank cannot read step s: every rank skips it
         failure: Exception | None = None  # anything else: raised here once every rank knows
-        fit: bool | None = None  # whether the tree fits the live state (apply() would pass its checks)
+        fitted: bool | None = None  # whether the tree fits the live state (apply() would pass its checks)
 
         def fits(m: dict[str, Any]) -> bool:
-            nonlocal fit
-            fit = isinstance(m.get("tree"), dict) and tree.fits(state, m["tree"])
-            return fit
+            nonlocal fitted
+            fitted = isinstance(m.get("tree"), dict) and fit.fits(state, m["tree"])
+            return fitted
 
         if unusable is not None:
             failure = unusable
@@ -714,7 +715,7 @@ def restore_into(
                 # Into the live tensors only if the tree fits the live state: a mismatch found by
                 # apply() afterwards must leave the live objects as they were.
                 meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live, fits=fits)
-                if fit is None:  # nothing was to be read into live tensors, so read_checkpoint did not ask
+                if fitted is None:  # nothing was to be read into live tensors, so read_checkpoint did not ask
                     fits(meta)
             except StateMismatchError as e:
                 failure = e
@@ -722,7 +723,7 @@ def restore_into(
                 error = e
             except Exception as e:  # a bug, say: the other ranks must not wait for this rank
                 failure = e
-        mine = _FAILED if failure is not None or fit is False else _UNREAD if error is not None else _READ
+        mine = _FAILED if failure is not None or fitted is False else _UNREAD if error is not None else _READ
         verdicts = ranks.each(mine)
         into_live = any(t is live.get(k) for k, t in tensors.items())
         failed = [r for r, v in enumerate(verdicts) if v == _FAILED]
@@ -730,7 +731,7 @@ def restore_into(
             if failure is not None:
                 raise failure
             if mine == _FAILED:
-                tree.apply(state, meta["tree"], tensors)  # raises the mismatch fits() found, before any change
+                fit.apply(state, meta["tree"], tensors)  # raises the mismatch fits() found, before any change
             raise CheckpointError(
                 f"{run_dir}: restoring step {s} failed on {_ranks_named(failed)} (its own error says why), so no rank "
                 "loaded it" + ("; live tensors of this rank may already hold some of its bytes" if into_live else ""))
@@ -747,7 +748,7 @@ def restore_into(
                 if into_live:
                     touched = touched or f"{_ranks_named(unread)} could not read step {s}"
             continue
-        tree.apply(state, meta["tree"], tensors)
+        fit.apply(state, meta["tree"], tensors)
         return int(meta.get("step", s))
     # No rank restored: they end the same way, whatever happened to their own state.
     ends = ranks.each(_FAILED if unusable is not None else _UNREAD if touched is not None else _READ)

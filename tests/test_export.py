@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 import alpsck
 from alpsck import _core, cli
+from alpsck.capture import capture
 from alpsck.tools import export
 
 
@@ -79,7 +80,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _expected(step: int) -> dict[str, torch.Tensor]:
-    return alpsck.tree.capture(_state(step)).tensors
+    return capture(_state(step)).tensors
 
 
 def _flip_data_byte(shard: Path, extent: str) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 
 import alpsck
 from alpsck import _core, cli, tree
+from alpsck.capture import capture
 from alpsck.data import ResumableLoader
 from alpsck.errors import CheckpointIOError
 from alpsck.store import run_dir as run_dir_unit
@@ -196,7 +197,7 @@ def test_step_tensors_json(training_run: tuple[Path, dict[str, object]], capsys:
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7", "--tensors", "--json")
     assert rc == 0
     doc = json.loads(out)
-    live = tree.capture(state).tensors
+    live = capture(state).tensors
     assert doc["step"] == 7
     assert [t["name"] for t in doc["tensors"]] == list(live)
     for t in doc["tensors"]:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from alpsck import tree
+from alpsck import fit
+from alpsck.capture import capture
 from alpsck.errors import CorruptCheckpointError
 from alpsck.rng import RNGState
 
@@ -42,12 +43,12 @@ def test_restore_replays_all_streams() -> None:
 def test_roundtrip_through_tree_and_json() -> None:
     random.gauss(0, 1)  # leaves a cached gaussian in python's state
     np.random.standard_normal()
-    captured = tree.capture({"rng": RNGState()})
+    captured = capture({"rng": RNGState()})
     js = json.loads(json.dumps(captured.tree, allow_nan=False))
     tensors = {k: t.clone() for k, t in captured.tensors.items()}
     assert "rng/torch" in tensors and tensors["rng/torch"].dtype == torch.uint8
     first = _draw()
-    tree.apply({"rng": RNGState()}, js, tensors)
+    fit.apply({"rng": RNGState()}, js, tensors)
     assert _draw() == first
 
 

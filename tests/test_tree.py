@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from alpsck import tree
+from alpsck import fit, tree
+from alpsck.capture import Captured, capture
 from alpsck.errors import (
     CorruptCheckpointError,
     StateMismatchError,
@@ -40,7 +41,7 @@ def _steps(state: dict[str, Any], n: int) -> None:
         opt.zero_grad()
 
 
-def _roundtrip_json(captured: tree.Captured) -> dict[str, Any]:
+def _roundtrip_json(captured: Captured) -> dict[str, Any]:
     return json.loads(json.dumps(captured.tree, allow_nan=False))
 
 
@@ -53,7 +54,7 @@ def test_training_state_roundtrip_continues_identically() -> None:
     _steps(a, 4)
     a["rng"] = RNGState()
     a["step"] = 4
-    captured = tree.capture(a)
+    captured = capture(a)
     saved_tree, saved = _roundtrip_json(captured), _cpu_copies(captured.tensors)
     assert "model/0.weight" in saved and "optim/state/0/exp_avg" in saved
     assert saved["optim/state/0/step"].dim() == 0
@@ -67,7 +68,7 @@ def test_training_state_roundtrip_continues_identically() -> None:
     b = _train_state(1)  # different weights, optimizer state, schedule position and RNG
     _steps(b, 1)
     b["rng"], b["step"] = RNGState(), 0
-    tree.apply(b, saved_tree, saved)  # also rewinds the global RNG to the captured state
+    fit.apply(b, saved_tree, saved)  # also rewinds the global RNG to the captured state
     assert b["step"] == 4
     _steps(b, 3)
     b_out = b["model"](torch.ones(2, 4))
@@ -96,9 +97,9 @@ def test_all_dtypes_and_nested_values_roundtrip() -> None:
     live = {f"t_{k}": torch.zeros_like(v) for k, v in tensors.items()}
     state: dict[str, Any] = {**live, "value": value, "nan": math.nan}
     src = {**{f"t_{k}": v for k, v in tensors.items()}, "value": value, "nan": math.nan}
-    captured = tree.capture(src)
+    captured = capture(src)
     js = _roundtrip_json(captured)
-    tree.apply(state, js, _cpu_copies(captured.tensors))
+    fit.apply(state, js, _cpu_copies(captured.tensors))
     for k, t in tensors.items():
         assert state[f"t_{k}"] is live[f"t_{k}"]  # restored in place
         assert torch.equal(live[f"t_{k}"].view(torch.uint8), t.view(torch.uint8)), k
@@ -152,8 +153,8 @@ def test_the_fast_paths_encode_exactly_as_the_general_rules() -> None:
     def same(x: Any) -> Any:
         return x
 
-    fast = tree.capture(build(same, same, same, dict, same))
-    general = tree.capture(build(S, I, F, D, lambda x: x.as_subclass(T)))
+    fast = capture(build(same, same, same, dict, same))
+    general = capture(build(S, I, F, D, lambda x: x.as_subclass(T)))
     assert fast.tree == general.tree
     assert json.dumps(fast.tree, allow_nan=False) == json.dumps(general.tree, allow_nan=False)
     assert fast.tensors.keys() == general.tensors.keys() == {"v", "w", "plain"} - {"v"}
@@ -168,43 +169,43 @@ def test_check_fits_remembers_only_what_fitted() -> None:
     equal to one that fitted: a changed entry is checked again, and a tree that does not fit
     leaves the memory as it was."""
     state: dict[str, Any] = {"best": 1.0, "cfg": {"lr": 0.1}, "model": nn.Linear(2, 2)}
-    recorded = tree.skeleton(state)
+    recorded = fit.skeleton(state)
     passed: dict[str, Any] = {}
-    tree.check_fits(recorded, tree.capture(state).tree, passed)
+    fit.check_fits(recorded, capture(state).tree, passed)
     assert set(passed) == {"best", "cfg", "model"}
     remembered = dict(passed)
-    tree.check_fits(recorded, tree.capture(state).tree, passed)  # the same structure again
+    fit.check_fits(recorded, capture(state).tree, passed)  # the same structure again
     bad = dict(state, cfg={"lr": {"nested": 1}})
     with pytest.raises(StateMismatchError, match="cfg/lr"):
-        tree.check_fits(recorded, tree.capture(bad).tree, passed)
+        fit.check_fits(recorded, capture(bad).tree, passed)
     assert passed == remembered
     grown = dict(state, model=nn.Linear(3, 2))
     with pytest.raises(StateMismatchError, match="model/weight"):
-        tree.check_fits(recorded, tree.capture(grown).tree, passed)
+        fit.check_fits(recorded, capture(grown).tree, passed)
     # Against another record, what fitted the first one proves nothing: a fresh memory is needed.
-    other = tree.skeleton(dict(state, best={"a": 1.0}))
+    other = fit.skeleton(dict(state, best={"a": 1.0}))
     with pytest.raises(StateMismatchError, match="best"):
-        tree.check_fits(other, tree.capture(state).tree, {})
+        fit.check_fits(other, capture(state).tree, {})
 
 
 def test_noncontiguous_and_live_tensors() -> None:
     base = torch.arange(12.0).reshape(3, 4)
-    captured = tree.capture({"t": base.t(), "live": base})
+    captured = capture({"t": base.t(), "live": base})
     assert captured.tensors["t"].is_contiguous() and torch.equal(captured.tensors["t"], base.t())
     assert captured.tensors["live"].data_ptr() == base.data_ptr()  # no copy
 
 
 def test_numpy_values_are_converted() -> None:
     np = pytest.importorskip("numpy")
-    captured = tree.capture({"v": {"i": np.int64(3), "f": np.float32(0.5), "a": np.arange(3)}})
+    captured = capture({"v": {"i": np.int64(3), "f": np.float32(0.5), "a": np.arange(3)}})
     state: dict[str, Any] = {"v": None}
-    tree.apply(state, _roundtrip_json(captured), {})
+    fit.apply(state, _roundtrip_json(captured), {})
     assert state["v"] == {"i": 3, "f": 0.5, "a": [0, 1, 2]}
 
 
 def test_unsupported_value_names_path() -> None:
     with pytest.raises(TypeError, match="cfg/x/0"):
-        tree.capture({"cfg": {"x": [object()]}})
+        capture({"cfg": {"x": [object()]}})
 
 
 @pytest.mark.parametrize("evil", [
@@ -223,7 +224,7 @@ def test_unknown_tags_are_refused(evil: dict[str, Any], tmp_path: Any, monkeypat
         tree.tensor_specs(bad)
     state: dict[str, Any] = {"cfg": None}
     with pytest.raises(UnsafeCheckpointError):
-        tree.apply(state, bad, {})
+        fit.apply(state, bad, {})
     assert calls == [] and state == {"cfg": None}
 
 
@@ -257,40 +258,40 @@ def test_tensor_dtype_outside_allow_list_is_unsafe() -> None:
 
 
 def test_module_shape_mismatch_names_key_and_leaves_state_untouched() -> None:
-    captured = tree.capture({"model": nn.Linear(4, 3), "step": 5})
+    captured = capture({"model": nn.Linear(4, 3), "step": 5})
     js, tensors = _roundtrip_json(captured), _cpu_copies(captured.tensors)
     other = nn.Linear(4, 2)
     before = other.weight.detach().clone()
     state: dict[str, Any] = {"model": other, "step": 0}
     with pytest.raises(StateMismatchError, match=r"model/weight.*\[3, 4\].*\[2, 4\]"):
-        tree.apply(state, js, tensors)
+        fit.apply(state, js, tensors)
     assert torch.equal(other.weight, before) and state["step"] == 0
 
 
 def test_dtype_mismatch_names_key() -> None:
-    captured = tree.capture({"model": nn.Linear(2, 2), "buf": torch.zeros(3)})
+    captured = capture({"model": nn.Linear(2, 2), "buf": torch.zeros(3)})
     js, tensors = _roundtrip_json(captured), _cpu_copies(captured.tensors)
     with pytest.raises(StateMismatchError, match=r"model/weight.*float32 \[2, 2\].*bfloat16 \[2, 2\]"):
-        tree.apply({"model": nn.Linear(2, 2).bfloat16(), "buf": torch.zeros(3)}, js, tensors)
+        fit.apply({"model": nn.Linear(2, 2).bfloat16(), "buf": torch.zeros(3)}, js, tensors)
     with pytest.raises(StateMismatchError, match=r"buf.*float32 \[3\].*int64 \[3\]"):
-        tree.apply({"model": nn.Linear(2, 2), "buf": torch.zeros(3, dtype=torch.int64)}, js, tensors)
+        fit.apply({"model": nn.Linear(2, 2), "buf": torch.zeros(3, dtype=torch.int64)}, js, tensors)
 
 
 def test_missing_and_unexpected_entries() -> None:
-    captured = tree.capture({"model": nn.Linear(2, 2)})
+    captured = capture({"model": nn.Linear(2, 2)})
     js, tensors = _roundtrip_json(captured), _cpu_copies(captured.tensors)
     with pytest.raises(StateMismatchError, match="optim"):
-        tree.apply({"model": nn.Linear(2, 2), "optim": RNGState()}, js, tensors)
+        fit.apply({"model": nn.Linear(2, 2), "optim": RNGState()}, js, tensors)
     with pytest.raises(StateMismatchError, match=r"model.*0\.weight"):
-        tree.apply({"model": nn.Sequential(nn.Linear(2, 2))}, js, tensors)
+        fit.apply({"model": nn.Sequential(nn.Linear(2, 2))}, js, tensors)
     del tensors["model/weight"]
     with pytest.raises(CorruptCheckpointError, match="model/weight"):
-        tree.apply({"model": nn.Linear(2, 2)}, js, tensors)
+        fit.apply({"model": nn.Linear(2, 2)}, js, tensors)
 
 
 def test_path_collisions_get_unique_keys() -> None:
-    captured = tree.capture({"a": {"b/c": torch.zeros(1), "b": {"c": torch.ones(1)}}})
+    captured = capture({"a": {"b/c": torch.zeros(1), "b": {"c": torch.ones(1)}}})
     assert sorted(captured.tensors) == ["a/b/c", "a/b/c~2"]
     state: dict[str, Any] = {"a": None}
-    tree.apply(state, _roundtrip_json(captured), captured.tensors)
+    fit.apply(state, _roundtrip_json(captured), captured.tensors)
     assert state["a"]["b"]["c"].item() == 1.0 and state["a"]["b/c"].item() == 0.0

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from alpsck import tree
+from alpsck import fit, tree
+from alpsck.capture import capture
 from alpsck.errors import (
     CheckpointError,
     CheckpointWriteError,
@@ -89,7 +90,7 @@ class TorchSaveCheckpointer:
         if self._closed:
             raise CheckpointError("save() on a closed checkpointer")
         check_step(step)
-        captured = tree.capture(state)
+        captured = capture(state)
         payload = {
             "format": FORMAT,
             "step": step,
@@ -156,7 +157,7 @@ class TorchSaveCheckpointer:
             except CorruptCheckpointError as e:
                 warnings.warn(f"skipping checkpoint: {e}", stacklevel=2)
                 continue
-            tree.apply(state, tree_, tensors)
+            fit.apply(state, tree_, tensors)
             return step
         return None
 

@@ -365,7 +365,7 @@ def encode_value(obj: Any, fqn: str) -> bytes:
 
     UsageError when JSON cannot hold it (a custom class, a set) or when it holds tensors.
     """
-    enc = tree._Encoder()
+    enc = tree.Encoder()
     try:
         value = enc.value(obj, fqn)
     except (TypeError, ValueError) as e:
@@ -395,4 +395,4 @@ def decode_value(data: bytes, where: str) -> Any:
     def no_tensor(key: str, spec: tree.TensorSpec, path: str) -> Any:
         raise UnsafeCheckpointError(f"{path}: a tensor reference inside a non-tensor value; refusing to load it")
 
-    return tree._Decoder(no_tensor).value(doc["value"], where)
+    return tree.Decoder(no_tensor).value(doc["value"], where)
