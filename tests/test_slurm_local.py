@@ -387,6 +387,7 @@ def test_the_local_executor_warns_about_the_container_and_uenv_it_cannot_use(
 
 _REQUEUE_CHILD = """
 import sys
+from alpsck.job_env import JobEnv
 from alpsck.slurm import history
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.runner import JobRunner
@@ -394,6 +395,7 @@ from alpsck.slurm.stop import StopController
 
 run_dir = sys.argv[1]
 runner = JobRunner(parse_config(f"name: t\\nrun_dir: {run_dir}\\nentry:\\n  function: m:f\\n"))
+runner._job = JobEnv.detect()  # as __call__ does at the start
 runner._stop = StopController("4242", slurm_restarts=0)
 runner._stop.install()
 runner._stop.request("timeout")

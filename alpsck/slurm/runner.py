@@ -54,6 +54,7 @@ from typing import Any
 
 from .. import _core
 from ..errors import ConfigError, UsageError
+from ..job_env import JobEnv
 from ..store.durable import open_own, read_small
 from . import history
 from .config import JobConfig
@@ -123,14 +124,6 @@ def _error_text(err: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
 
 
-def _env_int(*names: str, default: int = 0) -> int:
-    for n in names:
-        v = os.environ.get(n)
-        if v is not None and v.strip().lstrip("-").isdigit():
-            return int(v)
-    return default
-
-
 def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None) -> None:
     """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
     path = os.path.join(run_dir, DECISION_FILE)
@@ -174,54 +167,30 @@ class JobRunner:
     def __init__(self, config: JobConfig) -> None:
         self.config = config
         self._stop: StopController | None = None
+        self._job = JobEnv()  # this start's, from __call__ on (JobEnv.detect)
 
     # -- environment ----------------------------------------------------------------------------
-
-    @staticmethod
-    def _local() -> bool:
-        return "SUBMITIT_LOCAL_JOB_ID" in os.environ
-
-    def _ids(self) -> tuple[str, int, int]:
-        """Job id, global rank, task count. In a submitit job (SUBMITIT_EXECUTOR is set: slurm or
-        local) submitit's own JobEnvironment says; outside one (the runner started by hand or by
-        a test) the SLURM, submitit-local and torchrun variables do. SLURM_RESTART_COUNT, which
-        JobEnvironment does not expose, is read directly (:meth:`_slurm_restarts`)."""
-        if os.environ.get("SUBMITIT_EXECUTOR"):
-            import submitit
-
-            env = submitit.JobEnvironment()
-            return str(env.job_id), env.global_rank, env.num_tasks
-        job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or "local"
-        rank = _env_int("SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "RANK")
-        world = _env_int("SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "WORLD_SIZE", default=1)
-        return job_id, rank, world
-
-    @staticmethod
-    def _slurm_restarts() -> int:
-        """SLURM's restart count of this start (SLURM sets it only once the job was requeued)."""
-        return _env_int("SLURM_RESTART_COUNT")
 
     def _requeued_by_slurm(self) -> bool:
         return self._stop is not None and self._stop.requeued_by_slurm()
 
     def _restart_count(self, job_id: str, events: list[dict[str, Any]]) -> int:
-        if "SLURM_RESTART_COUNT" in os.environ:
-            return _env_int("SLURM_RESTART_COUNT")
-        if "SLURM_JOB_ID" in os.environ:  # SLURM sets the count only once the job was requeued
-            return 0
+        if self._job.slurm_restarts is not None:
+            return self._job.slurm_restarts
         return sum(1 for e in events if e["event"] == "started" and e.get("job_id") == job_id)
 
     # -- the job --------------------------------------------------------------------------------
 
     def __call__(self) -> Any:
         cfg = self.config
-        job_id, rank, world = self._ids()
+        job = self._job = JobEnv.detect()
+        job_id, rank, world = job.job_id or "local", job.rank, job.world_size
         rq = cfg.requeue
         # A local job has no SLURM reservation to watch (a cluster on the same machine is not its own).
         stop = StopController(job_id, timeout_signal=rq.signal,
-                              maintenance=rq.on_maintenance and rank == 0 and not self._local(),
+                              maintenance=rq.on_maintenance and rank == 0 and not job.local,
                               margin_s=rq.maintenance_margin_s, poll_s=rq.maintenance_poll_s,
-                              slurm_restarts=self._slurm_restarts(), slurm=not self._local())
+                              slurm_restarts=job.slurm_restarts or 0, slurm=not job.local)
         stop.install()
         self._stop = stop
         log = (lambda event, **kw: history.append(cfg.run_dir, event, job_id=job_id, **kw)) if rank == 0 else (
@@ -365,10 +334,10 @@ class JobRunner:
         sys.stdout.flush()
         sys.stderr.flush()
         log = functools.partial(log, progress=progress)
-        if self._local():
+        if self._job.local:
             log("requeued", reason=reason, step=step, mechanism="local")
             os._exit(LOCAL_REQUEUE_EXIT)  # submitit's local controller restarts the task
-        job_id = os.environ.get("SLURM_JOB_ID", "")
+        job_id = self._job.slurm_job_id or ""
         if self._requeued_by_slurm():  # a "requeue" stop, or a crash after an unpolled requeue
             # scontrol requeue by hand (or an admin): SLURM starts the job again by itself.
             log("requeued", reason="requeue", step=step, mechanism="slurm")
@@ -381,7 +350,7 @@ class JobRunner:
                 log("requeued", reason=reason, step=step, mechanism="scontrol")
                 os._exit(0)
             except (OSError, subprocess.SubprocessError) as e:
-                if term_verdict(job_fields(job_id), self._slurm_restarts()) == "requeue":
+                if term_verdict(job_fields(job_id), (self._job.slurm_restarts or 0)) == "requeue":
                     # It failed after it took effect (the job's restart count is up): our requeue.
                     log("requeued", reason=reason, step=step, mechanism="scontrol")
                     os._exit(0)
@@ -390,7 +359,7 @@ class JobRunner:
         remove_request(self.config.run_dir)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "w") as f:
-            f.write(request_text(job_id, self._slurm_restarts(), reason, step, progress))
+            f.write(request_text(job_id, (self._job.slurm_restarts or 0), reason, step, progress))
             f.flush()
             os.fsync(f.fileno())
         # The batch script records the outcome (requeued, or cancelled) from the request.

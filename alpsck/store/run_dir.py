@@ -28,6 +28,7 @@ from ..errors import (
     NoCheckpointError,
     UsageError,
 )
+from ..job_env import JobEnv
 from ..options import DEFAULTS
 from .durable import fsync_path, open_own, read_small
 
@@ -214,8 +215,7 @@ def lock_run_dir(run_dir: Path, rank: int) -> _core.RunDirLock:
     raise RunDirLockedError naming its job, pid and host; a lock name that is a symlink or not a
     regular file, UsageError (it is never followed or opened). Keep the object while writing;
     ``release()`` (or dropping it) lets go."""
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank,
-          "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID")}
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "rank": rank, "job_id": JobEnv.detect().job_id}
     return _core.RunDirLock(str(run_dir), rank, json.dumps(me))
 
 

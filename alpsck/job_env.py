@@ -1,0 +1,57 @@
+"""The job this process runs in: its id, this task's rank, the task count, the restart count.
+
+:class:`JobEnv` is the one reader of the variables SLURM and submitit set for a job; everything
+else (the run directory's lock record, the SLURM layer's runner and requeue) asks it. In a
+submitit job (``SUBMITIT_EXECUTOR`` set: the SLURM or the local executor) submitit's own
+``JobEnvironment`` says what the job id, rank and task count are; outside one (a runner started
+by hand or by a test, a training under plain ``srun``) the SLURM, submitit-local and torchrun
+variables do, in that order. SLURM's restart count (``SLURM_RESTART_COUNT``), which
+``JobEnvironment`` does not expose, is read here too.
+
+It reads the environment when it is built (:meth:`JobEnv.detect`), and nothing after that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
+    """The first of ``names`` that holds an integer, else ``default``."""
+    for n in names:
+        v = env.get(n)
+        if v is not None and v.strip().lstrip("-").isdigit():
+            return int(v)
+    return default
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """Where this process runs; the defaults describe a process outside any job."""
+
+    job_id: str | None = None        # the job's id (an array task's is "ARRAY_TASK"); None outside a job
+    rank: int = 0                    # this task's global rank
+    world_size: int = 1              # tasks in the job step
+    local: bool = False              # run by submitit's local executor (no SLURM)
+    slurm_job_id: str | None = None  # $SLURM_JOB_ID, the id scontrol takes; None outside SLURM
+    slurm_restarts: int | None = None  # this start's SLURM restart count; None where SLURM does not say
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
+        env = os.environ if environ is None else environ
+        slurm_job_id = env.get("SLURM_JOB_ID") or None
+        local_id = env.get("SUBMITIT_LOCAL_JOB_ID") or None
+        # SLURM sets the restart count only once the job was requeued: 0 before that in a SLURM job.
+        restarts = (_int(env, "SLURM_RESTART_COUNT") if "SLURM_RESTART_COUNT" in env
+                    else 0 if slurm_job_id else None)
+        if env.get("SUBMITIT_EXECUTOR") and environ is None:
+            import submitit
+
+            sub = submitit.JobEnvironment()
+            return cls(str(sub.job_id), sub.global_rank, sub.num_tasks, local_id is not None, slurm_job_id, restarts)
+        return cls(job_id=slurm_job_id or local_id,
+                   rank=_int(env, "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "RANK"),
+                   world_size=_int(env, "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "WORLD_SIZE", default=1),
+                   local=local_id is not None, slurm_job_id=slurm_job_id, slurm_restarts=restarts)

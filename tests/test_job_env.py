@@ -1,0 +1,45 @@
+"""JobEnv: the one reader of job ids, ranks and restart counts (alpsck/job_env.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import submitit
+
+from alpsck.job_env import JobEnv
+
+
+def test_outside_any_job() -> None:
+    assert JobEnv.detect({}) == JobEnv(job_id=None, rank=0, world_size=1, local=False, slurm_job_id=None,
+                                       slurm_restarts=None)
+
+
+def test_a_slurm_task_before_and_after_a_requeue() -> None:
+    env = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_NTASKS": "8"}
+    first = JobEnv.detect(env)
+    assert (first.job_id, first.rank, first.world_size, first.slurm_job_id) == ("4242", 3, 8, "4242")
+    assert first.slurm_restarts == 0 and not first.local  # SLURM sets the count only once the job was requeued
+    assert JobEnv.detect({**env, "SLURM_RESTART_COUNT": "2"}).slurm_restarts == 2
+
+
+def test_the_local_executor_and_torchrun_variables() -> None:
+    local = JobEnv.detect({"SUBMITIT_LOCAL_JOB_ID": "L1", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "2"})
+    assert (local.job_id, local.rank, local.world_size, local.local) == ("L1", 1, 2, True)
+    assert local.slurm_job_id is None and local.slurm_restarts is None  # the runner counts starts in the history
+    torchrun = JobEnv.detect({"RANK": "5", "WORLD_SIZE": "6"})
+    assert (torchrun.job_id, torchrun.rank, torchrun.world_size) == (None, 5, 6)
+    # SLURM's variables come first; a value that is not a number is not taken
+    mixed = JobEnv.detect({"SLURM_JOB_ID": "9", "SLURM_PROCID": "x", "RANK": "4", "SLURM_NTASKS": "7", "WORLD_SIZE": "2"})
+    assert (mixed.rank, mixed.world_size) == (4, 7)
+
+
+def test_in_a_submitit_job_submitits_job_environment_says(tmp_path: Path) -> None:
+    """A real submitit job (the local executor, two tasks): what JobEnv reports is what submitit's
+    JobEnvironment says, task by task."""
+    ex = submitit.LocalExecutor(folder=tmp_path)
+    ex.update_parameters(tasks_per_node=2, nodes=1, timeout_min=2)
+    job = ex.submit(JobEnv.detect)  # importable in the job (this test module is not)
+    envs = job.results()
+    assert sorted(e.rank for e in envs) == [0, 1]
+    assert {e.world_size for e in envs} == {2} and {e.job_id for e in envs} == {str(job.job_id)}
+    assert all(e.local and e.slurm_job_id is None for e in envs)
