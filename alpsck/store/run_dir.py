@@ -219,30 +219,6 @@ def lock_run_dir(run_dir: Path, rank: int) -> _core.RunDirLock:
     return _core.RunDirLock(str(run_dir), rank, json.dumps(me))
 
 
-def _parse_lock(text: str) -> dict[str, str]:
-    """Fields of a lock file: JSON ``{"pid": ..}`` or ``key=value`` lines (a bare number is the pid)."""
-    text = text.strip()
-    if text.startswith("{"):
-        try:
-            doc = json.loads(text)
-        except (ValueError, RecursionError):  # not a lock alpsck wrote: read it as key=value lines
-            doc = None
-        if isinstance(doc, dict):
-            return {str(k).lower(): str(v) for k, v in doc.items() if v is not None}
-    out: dict[str, str] = {}
-    for i, line in enumerate(text.splitlines()):
-        line = line.strip()
-        for sep in ("=", ":"):
-            if sep in line:
-                k, v = line.split(sep, 1)
-                out.setdefault(k.strip().lower(), v.strip().strip('"'))
-                break
-        else:
-            if i == 0 and line.isdigit():
-                out["pid"] = line
-    return out
-
-
 def _this_host(name: str) -> bool:
     here = socket.gethostname()
     return name in (here, here.split(".")[0], "localhost") or name.split(".")[0] == here.split(".")[0]
@@ -265,10 +241,9 @@ def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
         if e.errno in _ACCESS_ERRNOS:
             raise _denied(lock, "cannot read the lock file") from None
         raise
-    fields = _parse_lock(text)
-    host = fields.get("host") or fields.get("hostname") or fields.get("node")
-    job = fields.get("job_id") or fields.get("jobid") or fields.get("job") or fields.get("slurm_job_id")
-    who = f"pid {fields.get('pid', '?')}" + (f", job {job}" if job else "")
+    owner = _core.parse_lock_owner(text)  # the core's one parser of the record
+    host, job = owner["host"], owner["job_id"]
+    who = f"pid {owner['pid'] or '?'}" + (f", job {job}" if job else "")
     if held:
         return f"{lock}: a writer holds it ({who}{f' on {host}' if host else ''})"
     if host and not _this_host(host):

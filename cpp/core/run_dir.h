@@ -132,6 +132,15 @@ class RunDirLock {
   const pid_t owner_pid_ = ::getpid();  // the process that took it (Release)
 };
 
+// The fields of an owner record (JSON {"pid", "host", "job_id"}, as the holder wrote it); a field
+// that is missing or neither a string nor a number is empty, and so is every field of a record that
+// is not a JSON object within the record's limits. The one parser of the record: the lock's
+// messages, its orphan check and Python's lock_holder (through the binding) read it here.
+struct LockOwner {
+  std::string pid, host, job_id;
+};
+LockOwner ParseLockOwner(const std::string& owner_json);
+
 // "{run_dir} is being written by job J (pid P) on host H" from an owner record (fields missing: ?).
 std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json);
 

@@ -93,18 +93,23 @@ bool OwnerGoneFromThisHost(const std::string& owner_json) {
 
 }  // namespace
 
-std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json) {
+LockOwner ParseLockOwner(const std::string& owner_json) {
   const Json j = ParseOwner(owner_json);
   auto field = [&](const char* key) -> std::string {
     const Json* v = j.find(key);
-    if (!v) return "?";
-    if (const std::string* s = v->get_string()) return s->empty() ? "?" : *s;
+    if (!v) return "";
+    if (const std::string* s = v->get_string()) return *s;
     uint64_t u = 0;
-    if (v->get_u64(&u)) return std::to_string(u);
-    return "?";
+    return v->get_u64(&u) ? std::to_string(u) : "";
   };
-  return run_dir + " is being written by job " + field("job_id") + " (pid " + field("pid") + ") on host " +
-         field("host");
+  return LockOwner{field("pid"), field("host"), field("job_id")};
+}
+
+std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json) {
+  const LockOwner o = ParseLockOwner(owner_json);
+  auto or_unknown = [](const std::string& s) { return s.empty() ? std::string("?") : s; };
+  return run_dir + " is being written by job " + or_unknown(o.job_id) + " (pid " + or_unknown(o.pid) + ") on host " +
+         or_unknown(o.host);
 }
 
 Status RunDirLock::Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,

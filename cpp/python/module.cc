@@ -759,6 +759,17 @@ NB_MODULE(_core, m) {
       "(held, owner): whether a live process holds rank's writer lock, and the owner it recorded ('' if "
       "none). Never blocks, never follows a symlink; a lock name that is not a regular file raises UsageError.");
 
+  m.def("parse_lock_owner", [](const std::string& owner) {
+        const LockOwner o = ParseLockOwner(owner);
+        nb::dict d;
+        d["pid"] = o.pid;
+        d["host"] = o.host;
+        d["job_id"] = o.job_id;
+        return d;
+      }, "owner"_a,
+      "The fields of a lock's owner record (probe_lock's owner), each '' when missing: {pid, host, job_id}. "
+      "The core's one parser of the record; anything but a JSON object reads as no owner.");
+
   nb::class_<PyReader>(m, "ShardReader")
       .def(nb::init<const FsPath&, bool>(), "path"_a, "direct"_a = true)
       .def_prop_ro("meta", &PyReader::meta)

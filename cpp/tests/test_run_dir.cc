@@ -114,6 +114,15 @@ TEST(the_writer_lock_admits_one_writer_and_names_the_holder) {
   CHECK(!held && owner.empty());  // a clean release leaves no owner behind
   CHECK(RunDirLock::Acquire(d.path(), 0, "{}", &b).ok());
   CHECK_EQ(DescribeLockOwner("R", "not json"), std::string("R is being written by job ? (pid ?) on host ?"));
+  // One parser for the record: numbers and strings are the fields' text, anything else is no field,
+  // and a record that is not a JSON object (key=value lines, a bare pid, nesting past the limits) has none.
+  const LockOwner o = ParseLockOwner("{\"pid\":7,\"host\":\"n1\",\"job_id\":[1],\"rank\":0}");
+  CHECK(o.pid == "7" && o.host == "n1" && o.job_id.empty());
+  for (const std::string& bad :
+       {std::string("pid=7\nhost=n1"), std::string("7"), std::string("[7]"), std::string(100000, '[')}) {
+    const LockOwner none = ParseLockOwner(bad);
+    CHECK(none.pid.empty() && none.host.empty() && none.job_id.empty());
+  }
 }
 
 // A forked child (a DataLoader worker) inherits the lock's open file. Its release must neither
