@@ -56,6 +56,7 @@ from .. import _core
 from ..errors import ConfigError, UsageError
 from ..job_env import JobEnv
 from ..store.durable import open_own, read_small
+from ..store.run_dir import temp_name
 from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current
@@ -64,8 +65,8 @@ from .stop import StopController, job_fields, scontrol_available, scontrol_reque
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
-REQUEST_FILE = ".requeue-request"
-DECISION_FILE = ".start-decision"
+REQUEST_FILE = _core.run_dir_names["requeue_request"]  # the run directory's names are the core's (run_dir.h)
+DECISION_FILE = _core.run_dir_names["start_decision"]
 DECISION_TIMEOUT_S = 600.0
 
 
@@ -127,9 +128,10 @@ def _error_text(err: BaseException) -> str:
 def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None) -> None:
     """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
     path = os.path.join(run_dir, DECISION_FILE)
-    with os.fdopen(open_own(path + ".tmp"), "w") as f:
+    tmp = temp_name(path)
+    with os.fdopen(open_own(tmp), "w") as f:
         json.dump({"job_id": job_id, "restart": restart, "resume": resume, "give_up": give_up}, f)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float) -> dict[str, Any]:

@@ -36,11 +36,17 @@ _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 # The run directory's names belong to the core (cpp/core/run_dir.h); these are its.
 LOCK_NAME = _core.run_dir_names["lock"]
 DELETING_PREFIX = _core.run_dir_names["deleting_prefix"]
+TEMP_SUFFIX = _core.run_dir_names["temp_suffix"]
+
+
+def temp_name(path: str) -> str:
+    """The name a small file is written under before the rename that publishes it (the core's TempFileName)."""
+    return path + TEMP_SUFFIX
 
 
 def entry_kind(name: str) -> str:
     """What a run directory's entry is, by name (the core's ParseRunDirName): 'step', 'attempt',
-    'aborted', 'free', 'free-pending', 'superseded', 'latest', 'lock', 'history', 'deleting' or 'other'."""
+    'aborted', 'free', 'free-pending', 'superseded', 'latest', 'lock', 'history', 'job-record', 'deleting' or 'other'."""
     return str(_core.parse_run_dir_name(name)[0])
 
 
@@ -265,12 +271,12 @@ def writer_lock(run_dir: str | os.PathLike[str]) -> Iterator[None]:
 
 # ----------------------------------------------------------------------------- the .metadata marker
 
-MARKER_FILE = ".metadata"
+MARKER_FILE = _core.run_dir_names["dcp_marker"]
 MARKER_FORMAT = "alpsck-dcp-checkpoint/1"
 MARKER_BYTES = (json.dumps({"format": MARKER_FORMAT, "reader": "alpsck.dcp.AlpsckStorageReader",
                             "note": "written by alpsck; load with AlpsckStorageReader (docs/format.md)"},
                            indent=1) + "\n").encode()
-MARKER_NAMES = (MARKER_FILE, MARKER_FILE + ".tmp")  # the entries the marker's writing uses
+MARKER_NAMES = (MARKER_FILE, MARKER_FILE + TEMP_SUFFIX)  # the entries the marker's writing uses
 
 
 

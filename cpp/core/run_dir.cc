@@ -17,7 +17,6 @@ namespace alpsck {
 namespace {
 
 constexpr std::string_view kStepPrefix = "step-";
-constexpr std::string_view kTmpSuffix = ".tmp";
 constexpr std::string_view kAbortedSuffix = ".aborted";
 
 bool StartsWith(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(0, p.size()) == p; }
@@ -76,12 +75,12 @@ bool ParseStepDirName(std::string_view name, uint64_t* step) {
 }
 
 std::string TmpDirName(uint64_t step, uint32_t attempt) {
-  return StepDirName(step) + AttemptSuffix(attempt) + std::string(kTmpSuffix);
+  return StepDirName(step) + AttemptSuffix(attempt) + std::string(kTempSuffix);
 }
 
 bool ParseTmpDirName(std::string_view name, uint64_t* step, uint32_t* attempt) {
-  if (!EndsWith(name, kTmpSuffix)) return false;
-  name.remove_suffix(kTmpSuffix.size());
+  if (!EndsWith(name, kTempSuffix)) return false;
+  name.remove_suffix(std::string_view(kTempSuffix).size());
   return ParseStepAttempt(name, step, attempt);
 }
 
@@ -121,6 +120,9 @@ RunDirEntry ParseRunDirName(std::string_view name) {
     e.kind = EntryKind::kLock;
   } else if (name == kHistoryName) {
     e.kind = EntryKind::kHistory;
+  } else if (name == kRequeueRequestName || name == kStartDecisionName ||
+             name == TempFileName(kRequeueRequestName) || name == TempFileName(kStartDecisionName)) {
+    e.kind = EntryKind::kJobRecord;
   } else if (StartsWith(name, kDeletingPrefix) && name.size() > std::string_view(kDeletingPrefix).size()) {
     e.kind = EntryKind::kDeleting;
   }
@@ -138,11 +140,14 @@ const char* EntryKindName(EntryKind k) {
     case EntryKind::kLatest: return "latest";
     case EntryKind::kLock: return "lock";
     case EntryKind::kHistory: return "history";
+    case EntryKind::kJobRecord: return "job-record";
     case EntryKind::kDeleting: return "deleting";
     case EntryKind::kOther: break;
   }
   return "other";
 }
+
+std::string TempFileName(const std::string& name) { return name + kTempSuffix; }
 
 std::string LockFileName(uint32_t rank) {
   if (rank == 0) return kLockName;

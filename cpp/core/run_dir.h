@@ -14,6 +14,10 @@
 //     LATEST                   the newest committed step, a hint
 //     .lock, .lock-rank-RRRRR  the writers' locks
 //     history.jsonl            the job layer's event log
+//     .requeue-request         the job layer's: a requeue the batch script carries out (slurm/runner.py)
+//     .start-decision          the job layer's: rank 0's decision of how a start goes on
+//     .metadata                (a DCP checkpoint directory, docs/dcp.md) the marker DCP trainers look for
+//     <name>.tmp               a small file being written, before the rename that publishes it
 //     .deleting-<name>         an entry prune is removing
 //   step-N/
 //     MANIFEST.json            the commit record
@@ -39,6 +43,10 @@ constexpr char kManifestName[] = "MANIFEST.json";
 constexpr char kLatestName[] = "LATEST";
 constexpr char kLockName[] = ".lock";
 constexpr char kHistoryName[] = "history.jsonl";
+constexpr char kRequeueRequestName[] = ".requeue-request";
+constexpr char kStartDecisionName[] = ".start-decision";
+constexpr char kDcpMarkerName[] = ".metadata";
+constexpr char kTempSuffix[] = ".tmp";  // a file written whole, then renamed to the name without it
 constexpr char kDeletingPrefix[] = ".deleting-";
 constexpr char kFreePrefix[] = "free-";
 constexpr char kFreePendingSuffix[] = ".new";
@@ -56,6 +64,7 @@ enum class EntryKind {
   kLatest,
   kLock,         // .lock, .lock-rank-RRRRR
   kHistory,
+  kJobRecord,    // .requeue-request, .start-decision (and either being written: <name>.tmp)
   kDeleting,     // .deleting-*
 };
 
@@ -84,6 +93,9 @@ std::string AbortedDirName(uint64_t step, uint32_t attempt = 0);
 std::string FreeDirName(uint64_t step, uint64_t pid, uint64_t seq, bool pending = false);
 // superseded-step-N-<pid>-<seq>.
 std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq);
+
+// The name a small file is written under before the rename that publishes it: <name>.tmp.
+std::string TempFileName(const std::string& name);
 
 // The writer lock of rank R: .lock for rank 0, .lock-rank-RRRRR for the others.
 std::string LockFileName(uint32_t rank);
