@@ -1,0 +1,131 @@
+"""The package's layers (docs/development.md, "The map"): no import cycle, and no import up a layer.
+
+Every import counts, also one inside a function: it ties the modules together all the same. Read
+from the source tree with ``ast`` (nothing is imported), so a cycle fails here before it fails at
+run time in one import order only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "alpsck"
+
+# Bottom to top. A module may import from its own layer and the ones below. A name is a module or
+# a package prefix (the longest one that matches decides).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("alpsck._core", "alpsck.errors", "alpsck.job_env", "alpsck.handles", "alpsck.options")),
+    ("store", ("alpsck.store", "alpsck.tree")),
+    ("state", ("alpsck.capture", "alpsck.fit", "alpsck.rng", "alpsck.data", "alpsck.staging", "alpsck.ranks",
+               "alpsck.numa")),
+    ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.bench.torch_save")),
+    ("dcp", ("alpsck.dcp",)),
+    ("apps", ("alpsck.tools", "alpsck.bench", "alpsck.slurm", "alpsck.examples", "alpsck.cli", "alpsck.__main__",
+              "alpsck")),
+]
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    """The alpsck modules ``name`` imports (``alpsck._core`` for the extension)."""
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "alpsck":
+                continue
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                if full in mods or full == "alpsck._core":
+                    out.add(full)
+                elif target in mods:
+                    out.add(target if alias.name != "__version__" else "alpsck")
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in mods)
+    out.discard(name)
+    return out
+
+
+def _layer(module: str) -> int:
+    best, level = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, level = len(p), i
+    assert level >= 0, f"{module} is in no layer: add it to LAYERS (and to the map in docs/development.md)"
+    return level
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_checker_finds_a_cycle_and_an_import_up_a_layer() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert _layer("alpsck.store.run_dir") < _layer("alpsck.checkpointer") < _layer("alpsck.tools.prune")
+    assert _layer("alpsck.bench.torch_save") < _layer("alpsck.bench.cli")  # the longest prefix decides
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    up = [f"{m} ({LAYERS[_layer(m)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
+          for m, targets in sorted(_graph().items()) for t in sorted(targets) if _layer(t) > _layer(m)]
+    assert up == []
+
+
+def test_the_top_of_the_package_stays_small() -> None:
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 16, top
