@@ -570,10 +570,11 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
     the rule: docs/guarantees.md), then checks its state tree; every step skipped gets a
     RuntimeWarning naming why (its reason code), as in ``restore()``. Corruption inside tensor data
     is found only with ``verify=True``, which reads and CRC-checks every shard of the candidate (all
-    of its bytes: slow for a big checkpoint), as a restore does; without it a checkpoint whose tensor bytes are damaged can be the one peeked,
-    and a restore then falls back to the one before it. With ``step``, only that checkpoint is
-    considered. Raises NoCheckpointError when none is valid (also when ``run_dir`` does not
-    exist), UsageError when ``rank`` is not one of the checkpoint's ranks.
+    of its bytes: slow for a big checkpoint), as a restore does; without it a checkpoint whose
+    tensor bytes are damaged can be the one peeked, and a restore then falls back to the one before
+    it. With ``step``, only that checkpoint is considered. Raises NoCheckpointError when none is
+    valid (also when ``run_dir`` does not exist), UsageError when ``rank`` is not one of the
+    checkpoint's ranks.
 
     A reader: it takes no lock and changes nothing, so it may run while a job writes the run
     directory. Nothing is unpickled: the tree is tagged JSON decoded by :mod:`alpsck.tree`.
