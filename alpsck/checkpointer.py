@@ -79,7 +79,7 @@ from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .staging import Stager, guarded_pointers
 from .store.durable import make_dirs_durably
-from .store.run_dir import RESTORED_HOOKS, Pick, data_error, lock_run_dir, pick
+from .store.run_dir import QUIET_REASONS, RESTORED_HOOKS, Pick, data_error, lock_run_dir, pick
 from .store.shards import META_FORMAT, CheckpointShards, read_meta
 
 __all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
@@ -604,11 +604,14 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
 
 
 def _warn_skipped(picked: Pick, stacklevel: int) -> None:
-    """One RuntimeWarning per step the picker skipped, naming why (its reason code and message)."""
+    """One RuntimeWarning per step the picker skipped, naming why (its reason code and message); an attempt
+    (in flight or abandoned) is skipped quietly, and another world size is refused by restore_into instead."""
     for k in picked.skipped:
-        if k.reason != "other_world":  # restore_into refuses those instead
-            warnings.warn(f"skipping {k.reason} checkpoint {k.path}: {k.message}", RuntimeWarning,
-                          stacklevel=stacklevel + 1)
+        if k.reason in QUIET_REASONS or k.reason == "other_world":
+            continue
+        what = "corrupt" if k.reason == "data_crc" else k.reason.replace("_", "-")
+        warnings.warn(f"skipping {what} checkpoint {k.path} (step {k.step}: {k.reason}): {k.message}", RuntimeWarning,
+                      stacklevel=stacklevel + 1)
 
 
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.

@@ -27,7 +27,7 @@ from .. import _core
 from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, StateMismatchError, UsageError
 from ..options import DEFAULTS, check_step
 from ..store.durable import read_small
-from ..store.run_dir import data_error, is_committed_step_dir, is_marked, marker_problem, pick
+from ..store.run_dir import QUIET_REASONS, data_error, is_committed_step_dir, is_marked, marker_problem, pick
 from ..store.shards import shard_name
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
 from .paths import is_alpsck_checkpoint_id, same_dir
@@ -179,7 +179,7 @@ class AlpsckStorageReader(StorageReader):
         if why is not None:
             raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
         p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
-        skipped.extend(str(k) for k in p.skipped)
+        skipped.extend(str(k) for k in p.skipped if k.reason not in QUIET_REASONS)  # an attempt: quietly
         for info in p.candidates:
             if Path(info["path"]) in self.failed:
                 skipped.append(f"{info['path']}: data_crc: {self.failed[Path(info['path'])]} (in the load before)")
@@ -216,7 +216,7 @@ class AlpsckStorageReader(StorageReader):
                 md = self._pick_newest(path, skipped)
             except (NoCheckpointError, UsageError):
                 continue
-            held = "; ".join(skipped[:before]) or "no checkpoint"
+            held = "; ".join(skipped[:before]) or "no committed checkpoint"
             skipped[:] = [f"{named} held no valid checkpoint ({held}); loading {path} instead"]
             return md
         raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped) or 'none'}), and no "

@@ -192,6 +192,9 @@ def pick_checkpoint(run_dir: str | os.PathLike[str], step: int | None, *, kind: 
 # the rule is stated once, in docs/guarantees.md "Which checkpoint a restore uses").
 REASONS = ("damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "data_crc")
 KINDS = ("any", "alpsck", "dcp")
+# An attempt (a save in flight, or one a crash or an abort left): expected, so the readers skip it without
+# a warning (inspect-checkpoints --json lists it in ``skipped`` all the same).
+QUIET_REASONS = ("incomplete", "aborted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +269,7 @@ def pick(
     ``verify_data``, every chunk CRC (checked lazily, newest first, up to the first that passes).
     ``verify_all`` verifies every committed checkpoint (for a listing of them all).
 
-    A missing ``run_dir`` raises NoCheckpointError; one that cannot be read, CheckpointError naming it.
+    A missing ``run_dir`` raises NoCheckpointError; one this user may not list, CheckpointIOError saying so.
     """
     if kind not in KINDS:
         raise UsageError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
@@ -276,8 +279,9 @@ def pick(
     except CheckpointIOError as e:
         if e.errno == errno.ENOENT:
             raise NoCheckpointError(f"{run_dir}: no such directory, so no checkpoint") from None
-        if e.errno in _ACCESS_ERRNOS:
-            raise _denied(run_dir, e.strerror or str(e)) from None
+        if e.errno in _ACCESS_ERRNOS:  # still a CheckpointIOError: restore_into's ranks report it as such
+            raise CheckpointIOError(e.errno, f"{run_dir}: permission denied ({e.strerror or e}); run as the user "
+                                    "who owns the run or fix its permissions") from None
         raise
     return Pick(step=d["step"], path=d["path"], info=d["info"], candidates=tuple(d["candidates"]),
                 skipped=tuple(Skipped(**k) for k in d["skipped"]), scanned=tuple(d["scanned"]))
