@@ -54,7 +54,6 @@ from any thread. Nothing read back is ever unpickled: non-tensor state is tagged
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import warnings
@@ -81,8 +80,8 @@ from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .staging import Stager, guarded_pointers
 from .store.durable import make_dirs_durably
-from .store.run_dir import data_error, lock_run_dir
-from .store.shards import META_FORMAT, UNUSABLE, CheckpointShards, read_meta
+from .store.run_dir import QUIET_REASONS, RESTORED_HOOKS, Pick, data_error, lock_run_dir, pick
+from .store.shards import META_FORMAT, CheckpointShards, read_meta
 
 __all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
 
@@ -434,9 +433,10 @@ class Checkpointer:
         return list(_core.scan(str(self.run_dir), verify=verify))
 
     def latest_step(self) -> int | None:
-        """Step of the newest committed checkpoint (quick check), or None."""
-        good = [c["step"] for c in self.checkpoints() if c["status"] == "committed"]
-        return max(good) if good else None
+        """Step of the checkpoint ``restore()`` tries first, or None: the picker's choice
+        (:func:`alpsck.store.run_dir.pick`, kind "alpsck"), quick check only (data CRCs are read by the
+        restore itself, which falls back to the one before on a mismatch)."""
+        return pick(self.run_dir, kind="alpsck").step
 
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
         """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
@@ -457,6 +457,8 @@ class Checkpointer:
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
             self._record(None, "")
         restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks)
+        for hook in list(RESTORED_HOOKS):
+            hook(self.run_dir, restored)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
         try:
@@ -565,14 +567,15 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
     rank). Typical use: ``args = alpsck.peek("runs/x")["model_args"]`` to build the model a
     checkpoint needs.
 
-    It picks the checkpoint as ``restore()`` does: the newest committed one whose shard opens, its
-    index and state tree checked (a corrupt or unreadable one is skipped with a RuntimeWarning
-    naming why). Corruption inside tensor data is found only with ``verify=True``, which reads and
-    CRC-checks every shard of the candidate (all of its bytes: slow for a big checkpoint), as a
-    restore does; without it a checkpoint whose tensor bytes are damaged can be the one peeked,
-    and a restore then falls back to the one before it. With ``step``, only that checkpoint is
-    considered. Raises NoCheckpointError when none is valid (also when ``run_dir`` does not
-    exist), UsageError when ``rank`` is not one of the checkpoint's ranks.
+    It picks the checkpoint as ``restore()`` does (:func:`alpsck.store.run_dir.pick`, kind "alpsck";
+    the rule: docs/guarantees.md), then checks its state tree; every step skipped gets a
+    RuntimeWarning naming why (its reason code), as in ``restore()``. Corruption inside tensor data
+    is found only with ``verify=True``, which reads and CRC-checks every shard of the candidate (all
+    of its bytes: slow for a big checkpoint), as a restore does; without it a checkpoint whose
+    tensor bytes are damaged can be the one peeked, and a restore then falls back to the one before
+    it. With ``step``, only that checkpoint is considered. Raises NoCheckpointError when none is
+    valid (also when ``run_dir`` does not exist), UsageError when ``rank`` is not one of the
+    checkpoint's ranks.
 
     A reader: it takes no lock and changes nothing, so it may run while a job writes the run
     directory. Nothing is unpickled: the tree is tagged JSON decoded by :mod:`alpsck.tree`.
@@ -580,26 +583,17 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
 
     if rank < 0:
         raise UsageError(f"rank must be 0 or more, not {rank}")
-    try:
-        infos = {i["step"]: i for i in _core.scan(str(run_dir))}
-    except CheckpointIOError as e:
-        if e.errno == errno.ENOENT:
-            raise NoCheckpointError(f"{run_dir}: no such directory, so no checkpoint") from None
-        raise
-    if step is not None and step not in infos:
+    picked = pick(run_dir, kind="alpsck", step=step, verify_data=verify)
+    if step is not None and not any(i["step"] == step for i in picked.scanned):
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
-    for i in infos.values():
-        if i["status"] in UNUSABLE and step in (None, i["step"]):
-            warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning, stacklevel=2)
-    for s in sorted(infos, reverse=True):
-        info = infos[s]
-        if info["status"] != "committed" or step not in (None, s):
-            continue
+    _warn_skipped(picked, stacklevel=3)
+    for info in picked.candidates:
+        s = int(info["step"])
         if info.get("ranks") and rank >= info["ranks"]:
             raise UsageError(f"{run_dir}: the checkpoint of step {s} has {info['ranks']} rank(s); there is no rank {rank}")
         try:
             entries = tree.decode_refs(CheckpointShards(info["path"], rank).meta["tree"])
-            bad = data_error(info) if verify else None
+            bad = data_error(info) if verify and not info["verified"] else None
         except CheckpointError as e:
             bad = ("unreadable" if isinstance(e, CheckpointIOError) else "corrupt", str(e))
         if bad is not None:
@@ -608,6 +602,17 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
         return {key: value for key, (_kind, value, _md) in entries.items()}
     raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid" if step is not None
                             else f"{run_dir}: no valid checkpoint")
+
+
+def _warn_skipped(picked: Pick, stacklevel: int) -> None:
+    """One RuntimeWarning per step the picker skipped, naming why (its reason code and message); an attempt
+    (in flight or abandoned) is skipped quietly, and another world size is refused by restore_into instead."""
+    for k in picked.skipped:
+        if k.reason in QUIET_REASONS or k.reason == "other_world":
+            continue
+        what = "corrupt" if k.reason == "data_crc" else k.reason.replace("_", "-")
+        warnings.warn(f"skipping {what} checkpoint {k.path} (step {k.step}: {k.reason}): {k.message}", RuntimeWarning,
+                      stacklevel=stacklevel + 1)
 
 
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
@@ -631,7 +636,9 @@ def restore_into(
 ) -> int | None:
     """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore).
 
-    Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
+    The checkpoints tried are the picker's candidates (:func:`alpsck.store.run_dir.pick`, kind "alpsck",
+    this world size; the rule: docs/guarantees.md), each step skipped on the way warned about with its
+    reason code. Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
     chunk then fails its CRC, or a read fails with an I/O error, the previous checkpoint is tried
     (it overwrites the same tensors); if none is left, CorruptCheckpointError says the live state is
     no longer pristine. With several ``ranks`` this is a collective: rank 0 lists the candidates,
@@ -656,9 +663,13 @@ def restore_into(
     # cannot list the run directory says so first; then rank 0 alone decides what to try.
     infos: dict[int, dict[str, Any]] = {}
     unlisted: Exception | None = None
+    picked: Pick | None = None
     try:
-        infos = {i["step"]: i for i in _core.scan(str(run_dir))}
-    except Exception as e:
+        # Every rank lists (a rank that cannot says so below); rank 0's pick alone decides what is tried.
+        picked = pick(run_dir, kind="alpsck", world_size=ranks.world_size, step=step)
+        # This rank's own view: only step-N directories are checkpoints (an attempt beside one is not).
+        infos = {int(i["step"]): i for i in picked.scanned if i["status"] != "incomplete"}
+    except Exception as e:  # NoCheckpointError for a missing run directory, as peek and pick say it
         unlisted = e
     blind = [r for r, v in enumerate(ranks.each(int(unlisted is not None))) if v]
     if blind:
@@ -667,17 +678,16 @@ def restore_into(
         raise CheckpointError(f"{run_dir}: {_ranks_named(blind)} could not list the run directory (its own error "
                               "says why), so no rank restored")
     refusal, written_by, order = _TRY, 0, []
-    if ranks.rank == 0:
-        if step is not None and step not in infos:
+    if ranks.rank == 0 and picked is not None:
+        other_world = [k for k in picked.skipped if k.reason == "other_world"]
+        if step is not None and not any(i["step"] == step for i in picked.scanned):
             refusal = _NO_STEP
+        elif other_world:  # the newest usable one was written at another world size: never silently an older one
+            refusal, order = _OTHER_WORLD, [other_world[0].step]
+            written_by = int(infos[other_world[0].step]["ranks"])
         else:
-            for i in infos.values():
-                if i["status"] in UNUSABLE and (step is None or i["step"] == step):
-                    warnings.warn(f"skipping {i['status']} checkpoint {i['path']}: {i['error']}", RuntimeWarning,
-                                  stacklevel=3)
-            order = [s for s in sorted(infos, reverse=True) if infos[s]["status"] == "committed" and step in (None, s)]
-            if order and infos[order[0]].get("ranks") not in (None, ranks.world_size):
-                refusal, written_by = _OTHER_WORLD, int(infos[order[0]]["ranks"])
+            _warn_skipped(picked, stacklevel=3)
+            order = picked.steps
     refusal, written_by, *order = ranks.from_rank0([refusal, written_by, *order])
     if refusal == _NO_STEP:
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}"

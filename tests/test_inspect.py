@@ -79,7 +79,10 @@ def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.Capture
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--json")
     assert rc == 0
     doc = json.loads(out)
-    assert set(doc) == {"latest_valid", "checkpoints", "superseded"} and doc["superseded"] == []
+    assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded"} and doc["superseded"] == []
+    # Why each step newer than the pick is not it (the picker's reason codes).
+    assert [(k["step"], k["reason"]) for k in doc["skipped"]] == [(6, "damaged"), (5, "incomplete"), (4, "corrupt")]
+    assert all(set(k) == {"step", "path", "reason", "message"} for k in doc["skipped"])
     assert all(set(c) == {"step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error"}
                for c in doc["checkpoints"])
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
@@ -291,6 +294,7 @@ def test_permission_denied_names_the_path(mixed_run: Path, monkeypatch: pytest.M
         raise CheckpointIOError(errno.EACCES, f"list {path}: Permission denied")
 
     monkeypatch.setattr(run_dir_unit._core, "scan", denied_scan)
+    monkeypatch.setattr(run_dir_unit._core, "pick", denied_scan)  # the picker lists the run directory too
     rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
     assert rc == 2 and f"{mixed_run}: permission denied" in err
     monkeypatch.undo()
@@ -609,7 +613,8 @@ def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pyte
     rc, out, err = _run(capsys, "inspect-checkpoints", str(tmp_path), "--json")
     assert rc == 0, err
     doc = json.loads(out)
-    assert set(doc) == {"latest_valid", "checkpoints", "superseded"}
+    assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded"}
+    assert doc["skipped"] == []  # superseded directories are no checkpoints: nothing newer was skipped
     assert doc["latest_valid"] == 3 and [c["step"] for c in doc["checkpoints"]] == [1, 2, 3]
     assert [(s["step"], s["path"]) for s in doc["superseded"]] == [(4, str(tmp_path / s4)), (5, str(tmp_path / s5))]
     assert all(s["bytes"] == run_dir_unit.dir_bytes(tmp_path / s["path"]) > 0 for s in doc["superseded"])

@@ -72,6 +72,13 @@ def requeued_by_hand_then_crash(job):
     _signal(signal.SIGTERM)                       # scontrol requeue by hand; the loop never polls
     raise RuntimeError("NCCL peer went away")
 
+def restore_damaged(job):
+    """Step 2's data is damaged: the start names 2 (what a restore tries first), the restore uses 1."""
+    import torch
+    with job.checkpointer() as ck:
+        got = ck.restore({"w": torch.zeros(4096)})
+    assert (job.resume_step, got, job.restored_step) == (2, 1, 1), (job.resume_step, got, job.restored_step)
+
 def interrupted(job):
     _signal(signal.SIGINT)                        # scancel --signal=INT: KeyboardInterrupt
     time.sleep(1)
@@ -348,3 +355,22 @@ def test_a_term_stop_on_the_host_leaves_the_requeue_to_the_batch_script(tmp_path
     assert r.returncode == 3, r.stderr
     assert events[-1]["event"] == "final_checkpoint" and events[-1]["reason"] == "term", events
     assert "requeue" not in calls.split() and (tmp_path / "run" / ".requeue-request").exists()
+
+
+def test_the_step_a_restore_used_is_recorded_when_it_fell_back(tmp_path: Path) -> None:
+    """The runner's resume step is the picker's quick answer (no data read); when the job's restore then
+    falls back (a data CRC), the step it used is recorded: JobContext.restored_step and a 'restored' event."""
+    import torch
+    from corrupt import flip_byte
+
+    import alpsck
+
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run) as ck:
+        for s in (1, 2):
+            ck.save(s, {"w": torch.full((4096,), float(s))}).wait()
+    flip_byte(run / "step-000000002" / "rank-00000.bin", 100)
+    r, events, _ = _run(tmp_path, "restore_damaged")
+    assert r.returncode == 0, r.stderr
+    assert [e["step"] for e in events if e["event"] == "started"] == [2]
+    assert [(e["step"], e["resume_step"]) for e in events if e["event"] == "restored"] == [(1, 2)], events

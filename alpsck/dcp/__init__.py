@@ -69,7 +69,7 @@ what a checkpoint_id names, :mod:`.formats` the JSON formats.
 """
 
 from .formats import METADATA_FILE
-from .reader import AlpsckStorageReader
+from .reader import AlpsckStorageReader, load
 from .writer import AlpsckStorageWriter
 
-__all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter"]
+__all__ = ["METADATA_FILE", "AlpsckStorageReader", "AlpsckStorageWriter", "load"]

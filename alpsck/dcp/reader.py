@@ -24,11 +24,11 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from .. import _core
-from ..errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, StateMismatchError, UsageError
 from ..options import DEFAULTS, check_step
 from ..store.durable import read_small
-from ..store.run_dir import is_committed_step_dir, is_marked, marker_problem
-from ..store.shards import UNUSABLE, shard_name
+from ..store.run_dir import QUIET_REASONS, data_error, is_committed_step_dir, is_marked, marker_problem, pick
+from ..store.shards import shard_name
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
 from .paths import is_alpsck_checkpoint_id, same_dir
 
@@ -76,17 +76,28 @@ class AlpsckStorageReader(StorageReader):
             skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``),
             checkpoint directories both; False raises instead. A run directory never falls back to
             another run directory.
+        max_step: with ``step`` None, pick the newest at most this step.
+        verify_data: check every chunk CRC of the picked checkpoint before loading it (every rank reads
+            every shard of it once more), so one whose data is damaged is skipped for the one before.
 
-    Each load picks its checkpoint afresh (a reused reader sees saves committed since). A chunk that
-    fails its CRC raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
-    CheckpointException); destinations already filled by then keep the new values.
+    The pick is the picker's (:func:`alpsck.store.run_dir.pick`, kind "dcp"; docs/guarantees.md): what it
+    skipped (an alpsck.Checkpointer checkpoint is ``other_kind``) is warned about. Each load picks its
+    checkpoint afresh (a reused reader sees saves committed since). A chunk that fails its CRC in
+    ``read_data`` raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
+    CheckpointException, on every rank); destinations already filled by then keep the new values.
+    :func:`alpsck.dcp.load` retries such a load with the checkpoint before it.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
                  threads: int = DEFAULTS["read_threads"], read_batch_bytes: int = DEFAULT_READ_BATCH_BYTES,
-                 direct_io: bool = True, fallback: bool = True) -> None:
+                 direct_io: bool = True, fallback: bool = True, max_step: int | None = None,
+                 verify_data: bool = False) -> None:
         super().__init__()
         check_step(step, allow_none=True)
+        check_step(max_step, allow_none=True)
+        self.max_step = max_step
+        self.verify_data = verify_data
+        self.failed: dict[Path, str] = {}  # checkpoints whose data failed in an earlier load (alpsck.dcp.load): why
         self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
         self.requested_step = step
         self.threads = threads
@@ -138,9 +149,9 @@ class AlpsckStorageReader(StorageReader):
             return self._pick_step(where, step)
         skipped: list[str] = []
         try:
-            md = self._pick_newest(where, skipped)
+            md = self._pick_newest(where, skipped, self.max_step)
         except NoCheckpointError:
-            if not (self.fallback and skipped and is_marked(where)):  # never from one run directory to another
+            if not (self.fallback and is_marked(where)):  # never from one run directory to another
                 raise
             md = self._pick_sibling(where, skipped)
         for why in skipped:
@@ -148,31 +159,36 @@ class AlpsckStorageReader(StorageReader):
         return md
 
     def _pick_step(self, run_dir: Path, step: int) -> Metadata:
-        info = next((i for i in _core.scan(str(run_dir)) if i["step"] == step), None)
-        if info is None:
+        p = pick(run_dir, kind="dcp", step=step, verify_data=self.verify_data)
+        if p.info is not None:
+            return self._load(p.info)
+        if not any(i["step"] == step for i in p.scanned):
             raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
-        if info["status"] != "committed":
-            raise CorruptCheckpointError(f"{info['path']}: {info['status']}: {info['error']}")
-        if METADATA_FILE not in info["extra_files"]:
-            raise UsageError(f"{info['path']}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
+        why = p.skipped[0]
+        if why.reason == "other_kind":
+            raise UsageError(f"{why.path}: not a DCP checkpoint (no {METADATA_FILE}); one written by "
                              "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
-        return self._load(info)
+        raise CorruptCheckpointError(f"{why.path}: {why.reason}: {why.message}")
 
-    def _pick_newest(self, run_dir: Path, skipped: list[str]) -> Metadata:
-        """The newest valid DCP checkpoint of ``run_dir`` (a generation, in a checkpoint directory);
-        what was skipped on the way is appended to ``skipped``."""
+    def _pick_newest(self, run_dir: Path, skipped: list[str], max_step: int | None = None) -> Metadata:
+        """The newest valid DCP checkpoint of ``run_dir`` (a generation, in a checkpoint directory), the
+        picker's (kind "dcp"); what was skipped on the way is appended to ``skipped``."""
         if not run_dir.exists():
             raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
         why = marker_problem(run_dir)
         if why is not None:
             raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
-        infos = sorted(_core.scan(str(run_dir)), key=lambda i: i["step"], reverse=True)
-        for info in infos:
-            if info["status"] in UNUSABLE:
-                skipped.append(f"{info['path']}: {info['status']}: {info['error']}")
+        p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
+        skipped.extend(str(k) for k in p.skipped if k.reason not in QUIET_REASONS)  # an attempt: quietly
+        for info in p.candidates:
+            if Path(info["path"]) in self.failed:
+                skipped.append(f"{info['path']}: data_crc: {self.failed[Path(info['path'])]} (in the load before)")
                 continue
-            if info["status"] != "committed" or METADATA_FILE not in info["extra_files"]:
-                continue
+            if self.verify_data and not info["verified"]:
+                bad = data_error(info)
+                if bad is not None:
+                    skipped.append(f"{info['path']}: {'data_crc' if bad[0] == 'corrupt' else bad[0]}: {bad[1]}")
+                    continue
             try:
                 return self._load(info)
             except CorruptCheckpointError as e:  # UnsafeCheckpointError included
@@ -200,9 +216,10 @@ class AlpsckStorageReader(StorageReader):
                 md = self._pick_newest(path, skipped)
             except (NoCheckpointError, UsageError):
                 continue
-            skipped[:] = [f"{named} held no valid checkpoint ({'; '.join(skipped[:before])}); loading {path} instead"]
+            held = "; ".join(skipped[:before]) or "no committed checkpoint"
+            skipped[:] = [f"{named} held no valid checkpoint ({held}); loading {path} instead"]
             return md
-        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped)}), and no "
+        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped) or 'none'}), and no "
                                 "valid one of a lower number beside it")
 
     def _load(self, info: dict[str, Any]) -> Metadata:
@@ -344,3 +361,46 @@ class AlpsckStorageReader(StorageReader):
             if c.offsets == req.storage_index.offset:
                 return i
         raise CorruptCheckpointError(f"{req.storage_index.fqn!r}: no chunk at {req.storage_index.offset}")
+
+
+def _data_failure(e: BaseException) -> BaseException | None:
+    """The first failure of a DCP CheckpointException that is about a checkpoint's bytes or their
+    reading (a CRC mismatch, an I/O error: CheckpointError), not about the state or a bug; else None."""
+    failures = getattr(e, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return None
+    found: BaseException | None = None
+    for failure in failures.values():
+        exc = failure[0] if isinstance(failure, tuple) else failure
+        if not isinstance(exc, CheckpointError) or isinstance(exc, (UsageError, StateMismatchError, NoCheckpointError)):
+            return None  # any other failure decides: it is raised
+        found = found or exc
+    return found
+
+
+def load(state_dict: dict[str, Any], checkpoint_id: str | os.PathLike[str] | None = None, *,
+         storage_reader: AlpsckStorageReader | None = None, **kwargs: Any) -> int:
+    """``dcp.load`` with the fall-back ``dcp.load`` cannot do itself: returns the step loaded.
+
+    DCP reads data only after every rank agreed on the plan, so a chunk that fails its CRC (or an I/O
+    error) in ``read_data`` ends ``dcp.load`` with a CheckpointException, on every rank alike (DCP
+    gathers the failures). When every failure is such a data failure, this loads again, skipping that
+    checkpoint (the reader's ``failed``: the same on every rank, since every rank picked the same
+    one, so the retry is collective-safe), with a RuntimeWarning naming it and why; the older checkpoint then overwrites
+    what the failed one had filled in. Any other failure, or one with ``step=`` pinned, is raised.
+    ``kwargs`` go to ``dcp.load`` (``planner``, ``process_group``).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    reader = storage_reader or AlpsckStorageReader(checkpoint_id)
+    while True:
+        try:
+            dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=reader, **kwargs)
+        except BaseException as e:  # DCP's CheckpointException derives from BaseException
+            bad = _data_failure(e)
+            if bad is None or reader.path is None or reader.requested_step is not None or reader.path in reader.failed:
+                raise
+            reader.failed[reader.path] = str(bad)  # the retry's pick skips it, with a warning naming why
+            continue
+        assert reader.step is not None
+        return reader.step

@@ -38,7 +38,8 @@ class JobContext:
     rank: int
     world_size: int
     stop: StopController
-    resume_step: int | None = None   # newest committed checkpoint at start
+    resume_step: int | None = None   # the step a restore tries first, at start (data CRCs not read)
+    restored_step: int | None = None  # the step a Checkpointer.restore of this job used (None: none yet, or fresh)
     _last_save: float = field(default_factory=time.monotonic)
 
     @property

@@ -50,13 +50,14 @@ import subprocess
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from .. import _core
-from ..errors import ConfigError, UsageError
+from ..errors import CheckpointError, ConfigError, UsageError
 from ..job_env import JobEnv
 from ..store.durable import open_own, read_small
-from ..store.run_dir import temp_name
+from ..store.run_dir import RESTORED_HOOKS, pick, temp_name
 from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current
@@ -71,11 +72,14 @@ DECISION_TIMEOUT_S = 600.0
 
 
 def newest_step(run_dir: str) -> int | None:
+    """The step a restore tries first (the picker's quick choice, :func:`alpsck.store.run_dir.pick`, of any
+    kind: the entry may save with Checkpointer or DCP), or None: no run directory, none usable, or not
+    readable. Data CRCs are not read: a restore that meets a mismatch falls back to an older step, which
+    ``JobContext.restored_step`` then records."""
     try:
-        good = [c["step"] for c in _core.scan(run_dir) if c["status"] == "committed"]
-    except OSError:
+        return pick(run_dir).step
+    except (CheckpointError, OSError):
         return None
-    return max(good) if good else None
 
 
 # Errors that a new start meets again: a requeue would only spend another allocation on them.
@@ -227,6 +231,15 @@ class JobRunner:
             export_torch_distributed_env()
 
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
+
+        def restored(run_dir: Path, step: int | None) -> None:  # what a restore used: resume_step is what it tries
+            if os.path.realpath(run_dir) != os.path.realpath(cfg.run_dir):
+                return
+            ctx.restored_step = step
+            if step != resume:  # it fell back (the data of resume_step failed its CRC): recorded
+                log("restored", step=step, resume_step=resume)
+
+        RESTORED_HOOKS.append(restored)
         _set_current(ctx)
         try:
             result = self._run_entry(ctx)
@@ -238,6 +251,7 @@ class JobRunner:
                 return self._failed(log, ctx, e)
         finally:
             _set_current(None)
+            RESTORED_HOOKS.remove(restored)
         stop.close()
         # Settle signals that came after the loop saw its stop (a scancel during the final
         # checkpoint): the decision below must see them.

@@ -4,7 +4,8 @@ Every name in a run directory or a checkpoint directory is the core's (``_core.r
 ``_core.parse_run_dir_name``, ``_core.step_dir_name``) or this module's (the DCP checkpoint-directory
 marker ``.metadata``); nothing else spells one. Here: what an entry is (:func:`entry_kind`), whether a
 directory is a run directory (:func:`check_run_dir`), the scan with clear refusals (:func:`scan_run_dir`),
-which checkpoint a step or "the newest" names (:func:`pick_checkpoint`), the data-CRC check of a whole
+which checkpoint a restore uses and why not the newer ones (:func:`pick`, the one picker: every reader
+asks it), which checkpoint a step or "the newest" names (:func:`pick_checkpoint`), the data-CRC check of a whole
 checkpoint (:func:`data_error`), and the writer lock (:func:`lock_run_dir`, :func:`writer_lock`,
 :func:`lock_holder`).
 """
@@ -12,6 +13,7 @@ checkpoint (:func:`data_error`), and the writer lock (:func:`lock_run_dir`, :fun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -169,22 +171,127 @@ def open_shard(path: str | os.PathLike[str]) -> Any:
         raise
 
 
-def pick_checkpoint(infos: list[dict[str, Any]], run_dir: str | os.PathLike[str], step: int | None) -> dict[str, Any]:
-    """The checkpoint of ``step`` (any status), or the newest committed one when step is None.
+def pick_checkpoint(run_dir: str | os.PathLike[str], step: int | None, *, kind: str = "any") -> tuple[dict[str, Any], Pick]:
+    """The checkpoint of ``step`` (any status, to report it), or the one :func:`pick` picks when step is None;
+    with the pick itself (its candidates and what it skipped).
 
-    A missing step raises NoCheckpointError naming it and listing the steps that exist.
+    A missing step raises NoCheckpointError naming it and listing the steps that exist; no usable
+    checkpoint at all, NoCheckpointError saying why the newer ones were skipped.
     """
+    p = pick(run_dir, kind=kind, step=step)
+    if p.info is not None:
+        return p.info, p
     if step is None:
-        committed = [i for i in infos if i["status"] == "committed"]
-        if not committed:
-            raise NoCheckpointError(f"{run_dir}: no valid checkpoint")
-        return committed[-1]
-    found = [i for i in infos if i["step"] == step]
+        why = p.why_not()
+        raise NoCheckpointError(f"{run_dir}: no valid checkpoint" + (f" ({why})" if why else ""))
+    found = [i for i in p.scanned if i["step"] == step]
     if not found:
-        avail = ", ".join(f"{i['step']} ({i['status']})" for i in infos) or "none"
+        avail = ", ".join(f"{i['step']} ({i['status']})" for i in p.scanned) or "none"
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}; available: {avail}")
-    committed = [i for i in found if i["status"] == "committed"]
-    return committed[0] if committed else found[0]
+    # Only step-N directories are checkpoints: the step-N one (its status says why it is not used), else an attempt.
+    found.sort(key=lambda i: i["status"] == "incomplete")
+    return found[0], p
+
+
+# ----------------------------------------------------------------------------- the picker
+
+# Why a step newer than the pick was not picked (the core's PickCheckpoint, cpp/core/recovery.h;
+# the rule is stated once, in docs/guarantees.md "Which checkpoint a restore uses").
+REASONS = ("damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "data_crc")
+KINDS = ("any", "alpsck", "dcp")
+# An attempt (a save in flight, or one a crash or an abort left): expected, so the readers skip it without
+# a warning (inspect-checkpoints --json lists it in ``skipped`` all the same).
+QUIET_REASONS = ("incomplete", "aborted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A step newer than the pick, and why it was not picked (``reason`` one of :data:`REASONS`)."""
+
+    step: int
+    path: str
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}: {self.message}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+    """Which checkpoint of a run directory a restore uses (:func:`pick`).
+
+    ``step``/``path``/``info``: the pick (None: nothing passes: a fresh start, or no such ``step``);
+    ``candidates``: the pick first, then every older one passing the quick rule, newest first (what a
+    reader tries next when reading the pick's data fails); ``skipped``: every step newer than the pick,
+    newest first, with its reason; ``scanned``: every entry of the run directory (``_core.scan``'s
+    dicts, ascending; with ``verify_all`` every committed one verified).
+    """
+
+    step: int | None
+    path: str | None
+    info: dict[str, Any] | None
+    candidates: tuple[dict[str, Any], ...]
+    skipped: tuple[Skipped, ...]
+    scanned: tuple[dict[str, Any], ...]
+
+    @property
+    def steps(self) -> list[int]:
+        """The candidates' steps, newest first."""
+        return [int(c["step"]) for c in self.candidates]
+
+    def why_not(self, limit: int = 3) -> str:
+        """The skipped steps in one line (for an error message), or ''."""
+        if not self.skipped:
+            return ""
+        more = len(self.skipped) - limit
+        return "; ".join(f"step {k.step}: {k.reason}: {k.message}" for k in self.skipped[:limit]) + (
+            f"; and {more} more" if more > 0 else "")
+
+
+# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
+# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
+RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
+
+
+def pick(
+    run_dir: str | os.PathLike[str],
+    *,
+    verify_data: bool = False,
+    verify_all: bool = False,
+    kind: str = "any",
+    step: int | None = None,
+    max_step: int | None = None,
+    world_size: int | None = None,
+    threads: int = DEFAULTS["read_threads"],
+    progress: Callable[[int], None] | None = None,
+) -> Pick:
+    """Which checkpoint of ``run_dir`` a restore uses, and why not the newer ones: the one picker.
+
+    The rule (docs/guarantees.md, "Which checkpoint a restore uses"): only ``step-N`` directories count
+    (an attempt beside a committed step of the same number is irrelevant); newest first, within
+    ``step`` (exactly) or ``max_step`` (at most); each must pass the quick check (manifest, shard
+    footers and indexes, extra files), be of ``kind`` ("alpsck": Checkpointer's, "dcp": one that
+    committed ``dcp-metadata.json``, "any"), have ``world_size`` ranks (None: any) and, with
+    ``verify_data``, every chunk CRC (checked lazily, newest first, up to the first that passes).
+    ``verify_all`` verifies every committed checkpoint (for a listing of them all).
+
+    A missing ``run_dir`` raises NoCheckpointError; one this user may not list, CheckpointIOError saying so.
+    """
+    if kind not in KINDS:
+        raise UsageError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    try:
+        d = _core.pick(str(run_dir), verify_data=verify_data, verify_all=verify_all, kind=kind, step=step,
+                       max_step=max_step, world_size=world_size or 0, threads=threads, progress=progress)
+    except CheckpointIOError as e:
+        if e.errno == errno.ENOENT:
+            raise NoCheckpointError(f"{run_dir}: no such directory, so no checkpoint") from None
+        if e.errno in _ACCESS_ERRNOS:  # still a CheckpointIOError: restore_into's ranks report it as such
+            raise CheckpointIOError(e.errno, f"{run_dir}: permission denied ({e.strerror or e}); run as the user "
+                                    "who owns the run or fix its permissions") from None
+        raise
+    return Pick(step=d["step"], path=d["path"], info=d["info"], candidates=tuple(d["candidates"]),
+                skipped=tuple(Skipped(**k) for k in d["skipped"]), scanned=tuple(d["scanned"]))
 
 
 def data_error(info: dict[str, Any]) -> tuple[str, str] | None:

@@ -58,7 +58,7 @@ from .. import tree
 from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
 from ..store.durable import fsync_path
-from ..store.run_dir import is_run_entry, open_shard, pick_checkpoint, scan_run_dir, writer_lock
+from ..store.run_dir import check_run_dir, is_run_entry, open_shard, pick, pick_checkpoint, writer_lock
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
 from .progress import human
 
@@ -373,20 +373,32 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     fmt = format_for(Path(out), fmt)  # the suffix of the name given, also for a symlink
     if fmt not in FORMATS:
         raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    infos = scan_run_dir(run_dir)
+    check_run_dir(run_dir)
     # Writing into the run directory makes export one of its writers: the one writer lock, held
     # while it writes (RunDirLockedError naming a training that has it).
     with writer_lock(run_dir) if _check_not_in_run(out_path, run_dir) else contextlib.nullcontext():
-        return _export(run_dir, infos, out_path, step, fmt, rank, threads, batch_bytes, subtree)
+        return _export(run_dir, out_path, step, fmt, rank, threads, batch_bytes, subtree)
 
 
-def _export(run_dir: str, infos: list[dict[str, Any]], out_path: Path, step: int | None, fmt: str, rank: int,
+def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             threads: int, batch_bytes: int | None, subtree: str | None) -> dict[str, Any]:
-    first = pick_checkpoint(infos, run_dir, step)
+    # The picker's choice (store.run_dir.pick): with no --step, of the Checkpointer's kind, as restore picks;
+    # a DCP checkpoint named by --step is refused below, by name.
+    try:
+        first, picked = pick_checkpoint(run_dir, step, kind="any" if step is not None else "alpsck")
+    except NoCheckpointError:
+        other = pick(run_dir) if step is None else None
+        if other is not None and other.info is not None and _is_dcp(other.info, rank):
+            raise UsageError(f"{other.path}: a torch.distributed.checkpoint (DCP) checkpoint, which export does not "
+                             "read (no state tree); load it with dcp.load(..., storage_reader="
+                             "alpsck.dcp.AlpsckStorageReader(run_dir)); nothing was written") from None
+        raise
     if first["status"] != "committed":
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "
                                      "not exporting it")
-    candidates = [first] if step is not None else [i for i in reversed(infos) if i["status"] == "committed"]
+    for k in picked.skipped if step is None else ():
+        print(f"alpsck: warning: skipping {k.reason} checkpoint {k.path}: {k.message}", file=sys.stderr)
+    candidates = [first] if step is not None else list(picked.candidates)
     tmp = Path(f"{out_path}.tmp")
     for info in candidates:
         try:

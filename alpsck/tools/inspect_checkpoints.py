@@ -1,7 +1,9 @@
 """``alpsck inspect-checkpoints``: what a run directory holds.
 
 ``inspect-checkpoints RUN_DIR [--verify] [--json]`` lists every checkpoint with its status
-(committed / incomplete / corrupt / unreadable) and which one a restart would use. ``--verify`` re-reads every
+(committed / incomplete / corrupt / unreadable) and which one a restart would use (``*``, the picker's
+choice: :func:`alpsck.store.run_dir.pick`; without ``--verify``, data CRCs are not checked, so ``*`` is what
+a restore tries first; ``--json``'s ``skipped`` says why each newer step is not it). ``--verify`` re-reads every
 byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption).
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
 state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
@@ -18,6 +20,7 @@ abandoned history: never restored, never counted as checkpoints, kept on disk un
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import sys
 from collections.abc import Iterator
@@ -31,7 +34,7 @@ from ..errors import (
     UsageError,
 )
 from ..options import DEFAULTS, arg_rank, arg_step
-from ..store.run_dir import check_run_dir, open_shard, pick_checkpoint, scan_run_dir, superseded_dirs
+from ..store.run_dir import check_run_dir, open_shard, pick, pick_checkpoint, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
 from . import jsonout
 from .progress import ProgressBar, ShardProgress, human
@@ -63,6 +66,12 @@ def _verify_sizes(infos: list[dict[str, Any]]) -> list[int]:
     return sizes
 
 
+# What the '*' means (docs/guarantees.md, "Which checkpoint a restore uses"): without --verify the
+# quick rule only (a restore that then finds a data CRC mismatch falls back to the next one).
+_MARK_NOTE = {False: "* = what restore tries first (data CRCs not checked; --verify checks them)",
+              True: "* = what restore would use (every CRC checked)"}
+
+
 def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stream: TextIO | None = None) -> int:
     """The checkpoint table (or JSON document) of ``run_dir``; exit code 1 if ``verify`` found corruption.
 
@@ -76,11 +85,12 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
     if verify and progress_stream is not None:
         bar = ProgressBar(sum(_verify_sizes(scan_run_dir(path))), progress_stream)
         tracker = ShardProgress(bar)
-    infos = scan_run_dir(path, verify=verify, progress=tracker)
+    # The picker (store.run_dir.pick) marks the pick; with --verify every committed checkpoint is verified.
+    picked = pick(path, verify_all=verify, progress=tracker)
+    infos = list(picked.scanned)
     if bar is not None:
         bar.close(complete=not any(i["status"] in UNUSABLE for i in infos))
-    committed = [i["step"] for i in infos if i["status"] == "committed"]
-    latest = max(committed) if committed else None
+    latest = picked.step
     superseded = superseded_dirs(path)
     if as_json:
         doc = {
@@ -89,6 +99,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 {k: i[k] for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error")}
                 for i in infos
             ],
+            "skipped": [dataclasses.asdict(k) for k in picked.skipped],
             "superseded": superseded,
         }
         print(jsonout.dumps(doc))
@@ -99,13 +110,13 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
             print(f"{'':1} {'step':>10}  {'status':<10} {'size':>10}  {'created':<19}  {'ranks':>5}  {'tensors':>7}  "
                   f"{'GB/s':>6}  note")
             for i in infos:
-                mark = "*" if i["step"] == latest and i["status"] == "committed" else ""
+                mark = "*" if i["path"] == picked.path else ""
                 created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
                 rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
                 ranks = str(i["ranks"]) if i["ranks"] else "-"
                 print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
                       f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
-            print("* = what restore would pick" if latest is not None else "no valid checkpoint: restore would start fresh")
+            print(_MARK_NOTE[verify] if latest is not None else "no valid checkpoint: restore would start fresh")
         if superseded:
             print(_superseded_line(superseded))
     bad = any(i["status"] in UNUSABLE for i in infos)
@@ -242,8 +253,8 @@ def inspect_one(run_dir: str, step: int | None, show_tensors: bool, as_json: boo
     With ``verify``, exit 1 when the checkpoint is corrupt or unreadable, whether its CRCs or the quick
     scan (a truncated shard, a bad footer or manifest) found it; without, such a checkpoint is an error.
     """
-    infos = scan_run_dir(run_dir)
-    info = pick_checkpoint(infos, run_dir, step)
+    check_run_dir(run_dir)
+    info, _ = pick_checkpoint(run_dir, step)
     if verify and info["status"] in UNUSABLE:  # what --verify looks for: reported, exit 1 (as without --step)
         doc = {k: info[k] for k in ("step", "path", "status", "ranks")} | {"rank": rank, "verified": False,
                                                                          "error": info["error"]}

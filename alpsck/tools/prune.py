@@ -32,11 +32,10 @@ from ..store.run_dir import (
     DELETING_PREFIX,
     _denied,
     check_run_dir,
-    data_error,
     dir_bytes,
     entry_kind,
     lock_holder,
-    scan_run_dir,
+    pick,
     writer_lock,
 )
 from .progress import human
@@ -47,22 +46,31 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
 
     The checkpoints kept are checked to the last byte whatever ``verify`` says: the quick scan
     sees sizes, footers and manifests only, and trusting it could remove every good checkpoint
-    while keeping one whose data is corrupt. Newest first, each committed checkpoint's CRCs are
-    verified until ``keep_last`` pass; one that fails counts as corrupt. ``verify`` verifies every
-    checkpoint, including those removed.
+    while keeping one whose data is corrupt. They are what the picker (:func:`alpsck.store.run_dir.pick`,
+    data verified) picks, then picks below that, until ``keep_last``; one that fails counts as corrupt.
+    ``verify`` verifies every checkpoint, including those removed.
     """
-    infos = scan_run_dir(run_dir, verify=verify)
+    # The kept ones are the picker's (store.run_dir.pick, any kind), data verified: its pick, then its pick
+    # below that, ... With ``verify`` one pick verifies everything, and its candidates are the verified ones.
+    check_run_dir(run_dir)
+    picked = pick(run_dir, verify_all=verify, verify_data=True)
+    infos = [dict(i) for i in picked.scanned]
+    by_path = {i["path"]: i for i in infos}
     kept_steps: set[int] = set()
-    for i in reversed(infos):
-        if len(kept_steps) == keep_last:
+    while True:
+        for k in picked.skipped:  # its data check failed: listed as a verifying scan lists it
+            if k.reason in ("data_crc", "unreadable") and k.path in by_path:
+                by_path[k.path]["status"] = "corrupt" if k.reason == "data_crc" else "unreadable"
+                by_path[k.path]["error"] = k.message
+        if verify:
+            kept_steps.update(int(c["step"]) for c in picked.candidates[:keep_last])
             break
-        if i["status"] != "committed":
-            continue
-        err = None if verify else data_error(i)
-        if err is not None:
-            i["status"], i["error"] = err
-            continue
-        kept_steps.add(i["step"])
+        if picked.step is None:
+            break
+        kept_steps.add(picked.step)
+        if len(kept_steps) == keep_last or picked.step == 0:
+            break
+        picked = pick(run_dir, verify_data=True, max_step=picked.step - 1)
     newest_valid = max(kept_steps) if kept_steps else None
     remove: list[tuple[Path, str]] = []
     warnings: list[str] = []

@@ -289,4 +289,111 @@ Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t th
   return Status::Ok();
 }
 
+// ----------------------------------------------------------------------------- the picker
+
+const char* CheckpointKindName(CheckpointKind k) {
+  switch (k) {
+    case CheckpointKind::kAny: return "any";
+    case CheckpointKind::kAlpsck: return "alpsck";
+    case CheckpointKind::kDcp: return "dcp";
+  }
+  return "unknown";
+}
+
+CheckpointKind KindOf(const CheckpointInfo& info) {
+  for (const std::string& n : info.extra_files)
+    if (n == kDcpMetadataName) return CheckpointKind::kDcp;
+  return CheckpointKind::kAlpsck;
+}
+
+Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& opts, Pick* out,
+                      const ProgressFn& progress) {
+  *out = Pick();
+  ALPSCK_RETURN_IF_ERROR(ScanRunDir(env, run_dir, /*verify=*/false, opts.threads, &out->scanned));
+  std::vector<CheckpointInfo>& all = out->scanned;
+  bool cancelled = false;
+  ProgressFn watched;
+  if (progress) watched = [&](uint64_t done) { return (cancelled = !progress(done)) == false; };
+  // data_failed[k]: entry k passed the quick check and then failed the data check.
+  std::vector<char> data_failed(all.size(), 0);
+  auto verify = [&](size_t k) {
+    CheckpointInfo v;
+    CheckCheckpoint(env, all[k].path, all[k].step, /*verify=*/true, opts.threads, &v, watched);
+    if (cancelled) return;
+    data_failed[k] = v.state != CheckpointState::kCommitted;
+    all[k] = std::move(v);
+  };
+  const Status cancel = Status::Error(Code::kAborted, "pick in " + run_dir + " cancelled");
+  if (opts.verify_all) {
+    for (size_t k = 0; k < all.size(); ++k) {
+      if (all[k].state != CheckpointState::kCommitted) continue;
+      verify(k);
+      if (cancelled) return cancel;
+    }
+  }
+  const bool check_data = opts.verify_data || opts.verify_all;
+  // Newest step first; ScanRunDir sorted ascending by step, so a step's entries are adjacent.
+  for (size_t end = all.size(); end > 0;) {
+    const uint64_t step = all[end - 1].step;
+    size_t begin = end;
+    while (begin > 0 && all[begin - 1].step == step) --begin;
+    const size_t b = begin, e = end;
+    end = begin;
+    if ((opts.step && step != *opts.step) || (opts.max_step && step > *opts.max_step)) continue;
+    size_t dir = e, attempt = e;  // the step-N entry; the attempt that speaks for the step without one
+    for (size_t k = b; k < e; ++k) {
+      if (all[k].state != CheckpointState::kIncomplete) {  // ScanRunDir: only attempts are incomplete
+        dir = k;
+        continue;
+      }
+      const std::string& p = all[k].path;
+      const RunDirEntry a = ParseRunDirName(std::string_view(p).substr(p.rfind('/') + 1));
+      if (attempt == e || a.kind == EntryKind::kAttempt) attempt = k;  // one in flight says more than an aborted one
+    }
+    Skipped why;
+    why.step = step;
+    if (dir == e) {  // rule 1: no step-N, only attempts
+      const std::string& p = all[attempt].path;
+      const bool in_flight = ParseRunDirName(std::string_view(p).substr(p.rfind('/') + 1)).kind == EntryKind::kAttempt;
+      why.path = p;
+      why.reason = in_flight ? "incomplete" : "aborted";
+      why.message = all[attempt].error;
+    } else {
+      why.path = all[dir].path;
+      if (all[dir].state == CheckpointState::kCommitted && check_data && !all[dir].verified && !out->step &&
+          (opts.kind == CheckpointKind::kAny || KindOf(all[dir]) == opts.kind) &&
+          (opts.world_size == 0 || all[dir].ranks == opts.world_size)) {
+        verify(dir);  // rule 6, lazily: only a step that would otherwise be the pick
+        if (cancelled) return cancel;
+      }
+      const CheckpointInfo& i = all[dir];
+      if (i.state != CheckpointState::kCommitted) {  // rule 3 (or 6)
+        why.reason = !data_failed[dir] ? CheckpointStateName(i.state)
+                     : i.state == CheckpointState::kUnreadable ? "unreadable" : "data_crc";
+        why.message = i.error;
+      } else if (opts.kind != CheckpointKind::kAny && KindOf(i) != opts.kind) {  // rule 4
+        why.reason = "other_kind";
+        why.message = KindOf(i) == CheckpointKind::kDcp
+                          ? std::string("a DCP checkpoint (it committed ") + kDcpMetadataName +
+                                "), written by AlpsckStorageWriter: load it with dcp.load and AlpsckStorageReader"
+                          : std::string("an alpsck.Checkpointer checkpoint (no ") + kDcpMetadataName +
+                                "): restore it with Checkpointer.restore";
+      } else if (opts.world_size != 0 && i.ranks != opts.world_size) {  // rule 5
+        why.reason = "other_world";
+        why.message = "written by " + std::to_string(i.ranks) + " rank(s), not " + std::to_string(opts.world_size);
+      } else {
+        if (!out->step) {
+          out->step = step;
+          out->path = i.path;
+          out->info = i;
+        }
+        out->candidates.push_back(i);
+        continue;
+      }
+    }
+    if (!out->step) out->skipped.push_back(std::move(why));
+  }
+  return Status::Ok();
+}
+
 }  // namespace alpsck

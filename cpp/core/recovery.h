@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,5 +91,67 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
 // run_dir does not exist.
 Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t threads,
                   std::vector<CheckpointInfo>* out, const ProgressFn& progress = nullptr);
+
+// ----------------------------------------------------------------------------- the picker
+//
+// THE answer to "which checkpoint would a restore use, and why not the newer ones": every reader
+// (Checkpointer.restore, peek, latest_step, the DCP reader, inspect-checkpoints, export, the SLURM
+// runner) asks PickCheckpoint and keeps no rule of its own. The rule (docs/guarantees.md):
+//   1. Only step-N directories are checkpoints. An attempt (step-N.tmp, step-N.aK.tmp,
+//      step-N.aborted) beside a step-N of the same step is irrelevant (attempt 0's .aborted is kept
+//      until every rank saw it while attempt 1 commits step N); an attempt alone is skipped
+//      (incomplete or aborted).
+//   2. Newest step first, within `step` (exactly that one) or `max_step` (at most that one).
+//   3. A step-N must pass the quick check (CheckCheckpoint without verify): otherwise skipped as
+//      damaged (no manifest), corrupt (manifest, shard footer/index or extra file) or unreadable
+//      (an access error, which says nothing about its bytes).
+//   4. It must be of the kind asked for: a DCP checkpoint is one that committed dcp-metadata.json
+//      (kDcpMetadataName) with its shards; anything else is an alpsck (Checkpointer) one. Else other_kind.
+//   5. With world_size > 0 it must have been written by that many ranks, else other_world.
+//   6. With verify_data, every chunk CRC of its shards must match (checked lazily, newest first, up
+//      to the first that passes), else data_crc (or unreadable, for an access error).
+// The first that passes is the pick; `candidates` are it and every older one passing 1-5, newest
+// first: what a reader tries next when reading the pick's data then fails (a CRC, an I/O error).
+// `skipped` explains every step newer than the pick (inside the step/max_step range), newest first.
+
+inline constexpr const char* kDcpMetadataName = "dcp-metadata.json";
+
+enum class CheckpointKind { kAny, kAlpsck, kDcp };
+const char* CheckpointKindName(CheckpointKind k);  // "any", "alpsck", "dcp"
+// The kind of a committed checkpoint: kDcp when it committed dcp-metadata.json, else kAlpsck.
+CheckpointKind KindOf(const CheckpointInfo& info);
+
+struct PickOptions {
+  bool verify_data = false;  // rule 6, lazily
+  bool verify_all = false;   // verify every committed step-N (inspect --verify, prune --verify); implies verify_data
+  CheckpointKind kind = CheckpointKind::kAny;
+  std::optional<uint64_t> step;      // only this step
+  std::optional<uint64_t> max_step;  // only steps <= this
+  uint32_t world_size = 0;           // 0: any
+  uint32_t threads = 0;              // verify threads (0: the reader's default)
+};
+
+// Why a step newer than the pick was not picked. Stable strings (Python and --json see them):
+// "damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "data_crc".
+struct Skipped {
+  uint64_t step = 0;
+  std::string path;
+  std::string reason;
+  std::string message;
+};
+
+struct Pick {
+  std::optional<uint64_t> step;             // none: nothing passes (a fresh start, or NoCheckpoint for `step`)
+  std::string path;                         // the pick's directory
+  CheckpointInfo info;                      // the pick's (verified when its data was checked)
+  std::vector<CheckpointInfo> candidates;   // the pick first, then older ones passing rules 1-5, newest first
+  std::vector<Skipped> skipped;             // newer than the pick, newest first
+  std::vector<CheckpointInfo> scanned;      // every entry ScanRunDir listed, ascending (verified ones updated)
+};
+
+// Applies the rule above to run_dir. kNotFound if run_dir does not exist; kAborted if `progress`
+// (verification progress, as ScanRunDir's) cancels.
+Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& opts, Pick* out,
+                      const ProgressFn& progress = nullptr);
 
 }  // namespace alpsck

@@ -513,26 +513,86 @@ nb::dict InfoDict(const CheckpointInfo& i) {
   return d;
 }
 
+// A Python progress callback as a ProgressFn: an exception in it (KeyboardInterrupt at the
+// terminal) must not unwind through the reader threads (std::terminate): it is kept in `raised`,
+// the work is cancelled, and the caller raises it.
+ProgressFn PyProgress(nb::object& progress, std::optional<nb::python_error>& raised) {
+  if (progress.is_none()) return nullptr;
+  return [&progress, &raised](uint64_t done) {
+    nb::gil_scoped_acquire gil;
+    if (raised) return false;
+    try {
+      progress(done);
+      return true;
+    } catch (nb::python_error& e) {
+      raised.emplace(std::move(e));
+      return false;
+    }
+  };
+}
+
+CheckpointKind KindNamed(const std::string& kind) {
+  if (kind == "any") return CheckpointKind::kAny;
+  if (kind == "alpsck") return CheckpointKind::kAlpsck;
+  if (kind == "dcp") return CheckpointKind::kDcp;
+  throw nb::value_error(("kind must be 'any', 'alpsck' or 'dcp', not '" + kind + "'").c_str());
+}
+
+nb::dict PickDict(const Pick& p) {
+  nb::dict d;
+  d["step"] = p.step ? nb::object(nb::int_(*p.step)) : nb::none();
+  d["path"] = p.step ? nb::object(Text(p.path)) : nb::none();
+  d["info"] = p.step ? nb::object(InfoDict(p.info)) : nb::none();
+  nb::list candidates, skipped, scanned;
+  for (const auto& i : p.candidates) candidates.append(InfoDict(i));
+  for (const auto& k : p.skipped) {
+    nb::dict x;
+    x["step"] = k.step;
+    x["path"] = Text(k.path);
+    x["reason"] = k.reason;
+    x["message"] = Text(k.message);
+    skipped.append(x);
+  }
+  for (const auto& i : p.scanned) scanned.append(InfoDict(i));
+  d["candidates"] = candidates;
+  d["skipped"] = skipped;
+  d["scanned"] = scanned;
+  return d;
+}
+
+nb::dict PickPy(const FsPath& run_dir, bool verify_data, bool verify_all, const std::string& kind,
+                std::optional<uint64_t> step, std::optional<uint64_t> max_step, uint32_t world_size, uint32_t threads,
+                nb::object progress) {
+  PickOptions o;
+  o.verify_data = verify_data;
+  o.verify_all = verify_all;
+  o.kind = KindNamed(kind);
+  o.step = step;
+  o.max_step = max_step;
+  o.world_size = world_size;
+  o.threads = threads;
+  Pick p;
+  Status s;
+  std::optional<nb::python_error> raised;
+  ProgressFn fn = PyProgress(progress, raised);
+  {
+    nb::gil_scoped_release nogil;
+    s = PickCheckpoint(Env::Default(), run_dir, o, &p, fn);
+  }
+  if (raised) {
+    nb::python_error e = std::move(*raised);
+    raised.reset();
+    throw e;
+  }
+  if (!s.ok()) RaiseStatus(s, false);
+  return PickDict(p);
+}
+
 std::vector<nb::dict> Scan(const FsPath& run_dir, bool verify, uint32_t threads, nb::object progress) {
   std::vector<CheckpointInfo> infos;
   Status s;
-  ProgressFn fn;
-  // An exception in the callback (KeyboardInterrupt at the terminal) must not unwind through the
-  // reader threads (std::terminate): it is kept, the scan is cancelled, and it is raised here.
   std::optional<nb::python_error> raised;
-  if (!progress.is_none()) {
-    fn = [&progress, &raised](uint64_t done) {
-      nb::gil_scoped_acquire gil;
-      if (raised) return false;
-      try {
-        progress(done);
-        return true;
-      } catch (nb::python_error& e) {
-        raised.emplace(std::move(e));
-        return false;
-      }
-    };
-  }
+  ProgressFn fn = PyProgress(progress, raised);
   {
     nb::gil_scoped_release nogil;
     s = ScanRunDir(Env::Default(), run_dir, verify, threads, &infos, fn);
@@ -606,6 +666,12 @@ NB_MODULE(_core, m) {
       {"temp_suffix", kTempSuffix}};
   m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = read_threads, "progress"_a = nb::none(),
         "Classify every checkpoint directory of run_dir (ascending steps).");
+  m.def("pick", &PickPy, "run_dir"_a, "verify_data"_a = false, "verify_all"_a = false, "kind"_a = "any",
+        "step"_a = nb::none(), "max_step"_a = nb::none(), "world_size"_a = 0, "threads"_a = read_threads,
+        "progress"_a = nb::none(),
+        "Which checkpoint of run_dir a restore uses, and why not the newer ones (the core's PickCheckpoint, "
+        "cpp/core/recovery.h): {step, path, info, candidates, skipped: [{step, path, reason, message}], scanned}. "
+        "Use alpsck.store.run_dir.pick.");
 
   m.def("commit_step",
         [](const FsPath& run_dir, uint64_t step, uint32_t world_size,

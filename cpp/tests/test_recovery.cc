@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "commit.h"
+#include "crc32c.h"
 #include "engine.h"
 #include "file_io.h"
+#include "json.h"
 #include "recovery.h"
 #include "testing.h"
 #include "test_util.h"
@@ -293,3 +295,134 @@ TEST(crafted_huge_chunk_size_is_read_with_a_buffer_the_size_of_the_file) {
 }
 
 ALPSCK_TEST_MAIN()
+
+// ----------------------------------------------------------------------------- PickCheckpoint
+
+namespace {
+
+// Makes committed step `step` of `dir` a DCP checkpoint: commits dcp-metadata.json with it (the
+// manifest lists it with its size and CRC, and is sealed again).
+bool MakeDcp(const std::string& dir, uint64_t step) {
+  const std::string cp = JoinPath(dir, StepDirName(step)), mpath = JoinPath(cp, kManifestName);
+  const std::string content = "{}";
+  std::string text;
+  Json m;
+  if (!ReadSmallFile(Env::Default(), mpath, 1 << 20, &text).ok() || !ParseJson(text, &m).ok()) return false;
+  Json& extra = m.set("extra", Json::Array());
+  Json& f = extra.push(Json::Object());
+  f.set("name", Json::Str(kDcpMetadataName));
+  f.set("bytes", Json::UInt(content.size()));
+  f.set("crc", Json::UInt(Crc32c(content.data(), content.size())));
+  text = m.dump() + "\n";
+  return SealManifest(&text).ok() && WriteFileSynced(Env::Default(), JoinPath(cp, kDcpMetadataName), content).ok() &&
+         WriteFileSynced(Env::Default(), mpath, text).ok();
+}
+
+Pick PickIn(const std::string& dir, PickOptions o = PickOptions(), Env* env = Env::Default()) {
+  Pick p;
+  Status s = PickCheckpoint(env, dir, o, &p);
+  if (!s.ok()) std::fprintf(stderr, "pick: %s\n", s.message().c_str());
+  return p;
+}
+
+std::string Reasons(const Pick& p) {
+  std::string r;
+  for (const Skipped& k : p.skipped) r += (r.empty() ? "" : " ") + std::to_string(k.step) + ":" + k.reason;
+  return r;
+}
+
+}  // namespace
+
+TEST(pick_takes_the_newest_committed_step_dir_and_ignores_attempts_beside_it) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {1, 2}).empty());
+  // Attempt 0's .aborted is kept while attempt 1 commits step 2: step 2 is the pick all the same.
+  REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), StepDirName(2) + ".aborted")) == 0);
+  REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), TmpDirName(2, 1))) == 0);
+  Pick p = PickIn(d.path());
+  REQUIRE(p.step.has_value());
+  CHECK_EQ(*p.step, uint64_t{2});
+  CHECK(p.skipped.empty());
+  REQUIRE(p.candidates.size() == 2);
+  CHECK(p.candidates[0].step == 2 && p.candidates[1].step == 1);
+  CHECK(p.path == JoinPath(d.path(), StepDirName(2)));
+  CHECK_EQ(p.scanned.size(), size_t{4});
+}
+
+TEST(pick_names_every_reason_for_a_newer_step) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {1, 2, 3, 4, 5, 6}).empty());
+  REQUIRE(MakeDcp(d.path(), 6));                                                                   // other_kind
+  REQUIRE(::unlink(JoinPath(JoinPath(d.path(), StepDirName(5)), kManifestName).c_str()) == 0);   // damaged
+  REQUIRE(alpsck_test::Truncate(Shard(d.path(), 4), 4096));                                        // corrupt
+  REQUIRE(alpsck_test::FlipBit(Shard(d.path(), 3), 1000));                                         // data_crc
+  REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), TmpDirName(8, 0))) == 0);                       // incomplete
+  REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), StepDirName(7) + ".aborted")) == 0);            // aborted
+  PickOptions o;
+  o.kind = CheckpointKind::kAlpsck;
+  Pick quick = PickIn(d.path(), o);
+  CHECK_EQ(Reasons(quick), std::string("8:incomplete 7:aborted 6:other_kind 5:damaged 4:corrupt"));
+  REQUIRE(quick.step.has_value());
+  CHECK_EQ(*quick.step, uint64_t{3});  // the data flip is invisible to the quick rule
+  CHECK(!quick.info.verified);
+  o.verify_data = true;
+  Pick deep = PickIn(d.path(), o);
+  CHECK_EQ(Reasons(deep), std::string("8:incomplete 7:aborted 6:other_kind 5:damaged 4:corrupt 3:data_crc"));
+  REQUIRE(deep.step.has_value());
+  CHECK_EQ(*deep.step, uint64_t{2});
+  CHECK(deep.info.verified);
+  CHECK(deep.skipped.back().message.find("CRC mismatch") != std::string::npos);
+  REQUIRE(deep.candidates.size() == 2);
+  CHECK(!deep.candidates[1].verified);  // lazily: nothing older than the pick is verified
+  // The DCP reader's view: only step 6 is its kind.
+  o = PickOptions();
+  o.kind = CheckpointKind::kDcp;
+  Pick dcp = PickIn(d.path(), o);
+  REQUIRE(dcp.step.has_value());
+  CHECK_EQ(*dcp.step, uint64_t{6});
+  CHECK(dcp.candidates.size() == 1);
+  CHECK(KindOf(dcp.info) == CheckpointKind::kDcp);
+  // Another world size: other_world; a step range: only that part is considered.
+  o = PickOptions();
+  o.world_size = 2;
+  o.max_step = 2;
+  Pick world = PickIn(d.path(), o);
+  CHECK(!world.step.has_value() && Reasons(world) == "2:other_world 1:other_world");
+  o = PickOptions();
+  o.step = 4;
+  Pick four = PickIn(d.path(), o);
+  CHECK(!four.step.has_value() && Reasons(four) == "4:corrupt");
+  o.step = 9;
+  CHECK(PickIn(d.path(), o).skipped.empty());
+  // verify_all verifies every committed one (a listing); the pick is the same as verify_data's.
+  o = PickOptions();
+  o.verify_all = true;
+  Pick all = PickIn(d.path(), o);
+  REQUIRE(all.step.has_value());
+  CHECK_EQ(*all.step, uint64_t{6});  // any kind
+  o.kind = CheckpointKind::kAlpsck;
+  all = PickIn(d.path(), o);
+  REQUIRE(all.step.has_value());
+  CHECK_EQ(*all.step, uint64_t{2});
+  for (const CheckpointInfo& i : all.scanned)
+    if (i.state == CheckpointState::kCommitted) CHECK(i.verified);
+}
+
+TEST(pick_unreadable_and_missing_run_dir) {
+  TempDir d;
+  REQUIRE(!MakeRun(d.path(), {1, 2}).empty());
+  FaultEnv env;
+  FaultRule rule;
+  rule.op = FaultRule::Op::kOpen;
+  rule.count = UINT64_MAX;
+  rule.path_contains = StepDirName(2) + "/" + kManifestName;
+  rule.error = EIO;
+  env.AddRule(rule);
+  Pick p = PickIn(d.path(), PickOptions(), &env);
+  REQUIRE(p.step.has_value());
+  CHECK_EQ(*p.step, uint64_t{1});
+  CHECK_EQ(Reasons(p), std::string("2:unreadable"));
+  Pick none;
+  CHECK(PickCheckpoint(Env::Default(), d.sub("nope"), PickOptions(), &none).code() == Code::kNotFound);
+  CHECK_EQ(std::string(CheckpointKindName(CheckpointKind::kDcp)), std::string("dcp"));
+}
