@@ -80,7 +80,8 @@ void SaveHandle::Complete(Status s, SaveResult r) {
 
 // ---------------------------------------------------------------- Engine
 
-Engine::Engine(const EngineOptions& opts) : opts_(opts), env_(opts.env ? opts.env : Env::Default()) {}
+Engine::Engine(const EngineOptions& opts)
+    : opts_(opts), env_(opts.env ? opts.env : Env::Default()), published_(env_, opts_.run_dir, opts.rank == 0) {}
 
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
@@ -139,9 +140,7 @@ Status Engine::Init() {
     if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
     if (env_->IsDir(p) == 1) foreign_.insert(step);
   }
-  std::string latest;
-  if (ReadSmallFile(env_, JoinPath(dir, kLatestName), 64, &latest).ok()) published_ = std::strtoll(latest.c_str(), nullptr, 10);
-  if (!committed_.empty()) published_ = std::max<int64_t>(published_, static_cast<int64_t>(*committed_.rbegin()));
+  published_.Load(committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin()));
 
   if (opts_.staging_bytes) {
     uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
@@ -216,10 +215,7 @@ void Engine::WaitAll() {
   admit_cv_.wait(l, [&] { return in_flight_ == 0; });
 }
 
-int64_t Engine::published_step() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return published_;
-}
+int64_t Engine::published_step() const { return published_.step(); }
 
 uint32_t Engine::in_flight() const {
   std::lock_guard<std::mutex> l(mu_);
@@ -228,8 +224,8 @@ uint32_t Engine::in_flight() const {
 
 Status Engine::PrepareDir(Job* j) {
   const std::string& dir = opts_.run_dir;
-  j->tmp_dir = j->at.tmp_dir();
-  j->final_dir = j->at.final_dir();
+  j->tmp_dir = j->commit_attempt->attempt().tmp_dir();
+  j->final_dir = j->commit_attempt->attempt().final_dir();
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
   // The attempt's directory is shared: whoever comes first claims an expired checkpoint's
   // directory for it (its shards are overwritten in place), or creates it. Without retention
@@ -318,15 +314,16 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   auto abandon = [&](const Status& s) {  // aborts the attempt
     if (job->fd >= 0) env_->Close(job->fd);
     bool by_other = false;
-    const Status out = FailShared(job.get(), s, &by_other);
+    const Status out = job->commit_attempt->Fail(s, &by_other);
     return end_unstarted(out, by_other);
   };
-  job->at = Attempt{opts_.run_dir, step, job->attempt};
+  const Attempt at{opts_.run_dir, step, job->attempt};
+  job->commit_attempt = std::make_unique<CommitAttempt>(
+      env_, at, opts_.rank, opts_.commit_timeout_s,
+      std::make_unique<FileAgreement>(env_, at, opts_.world_size, opts_.world_size));
   Status verdict;
-  if (ReadVerdict(env_, job->at, &verdict) == Verdict::kAborted) {  // this rank comes late to it
-    SawAbort(env_, job->at, opts_.rank, opts_.world_size);
+  if (job->commit_attempt->AbortedAlready(&verdict))  // this rank comes late to it
     return end_unstarted(verdict, true);
-  }
   Status s = PrepareDir(job.get());
   if (!s.ok()) return abandon(s);
   if (opts_.one_history) {

@@ -67,6 +67,7 @@
 #include "engine_options.h"
 #include "env.h"
 #include "format.h"
+#include "published_step.h"
 #include "staging_pool.h"
 #include "status.h"
 
@@ -231,12 +232,6 @@ class Engine {
   // and every rank of a deferred commit), and hand j to the committer thread.
   void Finish(Job* j);
   void CommitterLoop();
-  // Steps 5-8 of the commit protocol (commit.h) for j with these shards, in rank order.
-  Status Commit(Job* j, std::vector<ShardRecord> shards);
-  // This rank's part of j failed with s: aborts the attempt (coordinate.h) and
-  // returns the verdict the save reports (s, or the abort that another rank decided first;
-  // *by_other, if given, says which).
-  Status FailShared(Job* j, const Status& s, bool* by_other = nullptr);
   // The common end of every save: publish, retention, complete the handle, free the slot.
   void Complete(std::unique_ptr<Job> j, Status s, SaveResult r);
   Status PrepareDir(Job* j);
@@ -296,10 +291,9 @@ class Engine {
   // calls Save the same number of times for a step, so the ranks agree without a collective.
   std::map<uint64_t, uint32_t> attempts_;
   uint64_t name_seq_ = 0;                 // for SupersededDirName
-  int64_t published_ = -1;
   bool closed_ = false;
   std::mutex retention_mu_;
-  std::mutex publish_mu_;
+  PublishedStep published_;               // the newest step published (LATEST)
 };
 
 // The caller's side of a kExternal save. Per chunk: Acquire a staging slot, write the chunk's

@@ -15,23 +15,6 @@
 
 namespace alpsck {
 
-Status Engine::FailShared(Job* j, const Status& s, bool* by_other) {
-  if (by_other) *by_other = false;
-  if (j->tmp_dir.empty()) return s;
-  Status verdict;
-  const std::string why = opts_.rank == 0 ? s.message()
-                                          : "rank " + std::to_string(opts_.rank) + " failed to write its shard: " + s.message();
-  bool won = false;
-  if (Abort(env_, j->at, opts_.rank, why, &verdict, &won) == Verdict::kCommitted)  // only after the commit rename
-    return Status::Error(s.code(), "step " + std::to_string(j->step) + " is committed, durability unconfirmed: " +
-                                       s.message(), s.err());
-  SawAbort(env_, j->at, opts_.rank, opts_.world_size);
-  if (won) return s;  // this rank decided: its own error
-  // Another rank's verdict reads as kAborted; this rank's failed abort rename (FromErrno) never does.
-  if (by_other) *by_other = verdict.code() == Code::kAborted;
-  return verdict;
-}
-
 void Engine::Finish(Job* j) {
   std::unique_ptr<Job> owned(j);
   SaveResult& r = j->result;
@@ -60,11 +43,11 @@ void Engine::Finish(Job* j) {
   // The shard is durable. The coordinator (rank 0) has its own record at hand; every other rank,
   // and every rank of a deferred commit, says so with a DONE record.
   const bool coordinator = opts_.rank == 0 && j->commit == CommitMode::kAuto;
-  if (s.ok() && !coordinator) s = WriteDoneRecord(env_, j->tmp_dir, opts_.rank, rec);
+  if (s.ok() && !coordinator) s = j->commit_attempt->Arrive(rec);
   if (!s.ok()) {
-    // (A failed DONE record may mean another rank aborted the attempt meanwhile: FailShared
-    // reports that verdict, not the failed rename.)
-    s = FailShared(j, s);
+    // (A failed DONE record may mean another rank aborted the attempt meanwhile: Fail reports
+    // that verdict, not the failed rename.)
+    s = j->commit_attempt->Fail(s);
     Complete(std::move(owned), s, r);
     return;
   }
@@ -80,17 +63,6 @@ void Engine::Finish(Job* j) {
   c_cv_.notify_one();
 }
 
-Status Engine::Commit(Job* j, std::vector<ShardRecord> shards) {
-  CommitRequest req;
-  req.run_dir = opts_.run_dir;
-  req.tmp_dir = j->tmp_dir;
-  req.final_dir = j->final_dir;
-  req.step = j->step;
-  req.shards = std::move(shards);
-  req.write_seconds = Seconds(j->t0, Clock::now());
-  return CommitCheckpoint(env_, req);
-}
-
 void Engine::CommitterLoop() {
   EnterBackground(0);
   for (;;) {
@@ -102,23 +74,8 @@ void Engine::CommitterLoop() {
       j.reset(commit_queue_.front());
       commit_queue_.pop_front();
     }
-    Status s;
-    if (opts_.rank == 0) {
-      std::vector<ShardRecord> shards;
-      s = WaitForShards(env_, j->at, opts_.world_size, opts_.commit_timeout_s, &shards, &j->record);
-      if (s.ok()) s = Commit(j.get(), std::move(shards));
-      if (!s.ok()) s = FailShared(j.get(), s);
-      // What is left of this step's earlier attempts: every rank's DONE record for this attempt
-      // says it finished them, so nothing writes there any more.
-      for (uint32_t a = 0; s.ok() && a < j->attempt; ++a) {
-        const Attempt old{opts_.run_dir, j->step, a};
-        for (const std::string& d : {old.tmp_dir(), old.aborted_dir()})
-          if (env_->IsOwnDir(d) == 1) RemoveDirFiles(env_, d);
-      }
-    } else {
-      s = WaitForCommit(env_, j->at, opts_.rank, opts_.world_size, opts_.commit_timeout_s);
-      if (!s.ok()) SawAbort(env_, j->at, opts_.rank, opts_.world_size);
-    }
+    const Status s = opts_.rank == 0 ? j->commit_attempt->Commit(&j->record, {}, j->t0)
+                                     : j->commit_attempt->AwaitVerdict();
     SaveResult r = j->result;
     Complete(std::move(j), s, r);
   }
@@ -128,7 +85,6 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
   const bool committed = s.ok() && j->commit == CommitMode::kAuto;
   if (committed) r.path = j->final_dir;
   if (!s.ok()) r.path.clear();
-  bool publish = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     // Before the handle completes: a caller that saw it fail may save the same step again at
@@ -137,26 +93,12 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
     if (committed) {
       committed_.insert(j->step);
       attempts_.erase(j->step);
-      publish = static_cast<int64_t>(j->step) > published_;
       // Rank 0 expires old steps on disk (RetainNewest); forget them here too.
       while (opts_.keep_last && committed_.size() > opts_.keep_last)
         committed_.erase(committed_.begin());
     }
   }
-  if (publish) {
-    // Serialised so that two commits racing here cannot leave an older step in LATEST.
-    std::lock_guard<std::mutex> pl(publish_mu_);
-    bool still_newest;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      still_newest = static_cast<int64_t>(j->step) > published_;
-      if (still_newest) published_ = static_cast<int64_t>(j->step);
-    }
-    if (still_newest && opts_.rank == 0) {
-      Status p = PublishLatest(env_, opts_.run_dir, j->step);
-      if (!p.ok()) r.warning = "LATEST not updated: " + p.message();
-    }
-  }
+  if (committed) j->commit_attempt->Publish(&published_, &r.warning);
   if (committed && opts_.rank == 0) ApplyRetention(&r.warning);
   r.durable_seconds = Seconds(j->t0, Clock::now());
   // Complete the handle before releasing the in-flight slot, so that WaitAll() returning

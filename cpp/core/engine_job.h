@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "commit_attempt.h"
 #include "coordinate.h"
 #include "engine.h"
 #include "format.h"
@@ -24,7 +25,7 @@ struct Engine::Job {
   std::shared_ptr<SaveHandle> handle;
   uint64_t step = 0;
   uint32_t attempt = 0;              // several ranks: the how-manieth save of this step (TmpDirName)
-  Attempt at;                        // its directories (coordinate.h)
+  std::unique_ptr<CommitAttempt> commit_attempt;  // its directories and its verdict (commit_attempt.h)
   CommitMode commit = CommitMode::kAuto;
   SaveResult result;                 // filled as the save goes (for the committer)
   std::string tmp_dir, final_dir, shard_path;

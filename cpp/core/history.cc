@@ -61,9 +61,7 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
       for (uint64_t c : committed_)
         if (std::find(victims.begin(), victims.end(), c) == victims.end()) remaining = static_cast<int64_t>(c);
     }
-    std::lock_guard<std::mutex> pl(publish_mu_);
-    if (remaining >= 0) PublishLatest(env_, opts_.run_dir, static_cast<uint64_t>(remaining));
-    else env_->Unlink(JoinPath(opts_.run_dir, kLatestName));
+    published_.Rewrite(remaining);
   }
   Status failure;
   std::vector<uint64_t> gone;
@@ -102,7 +100,7 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
     committed_.erase(v);
   }
   retired_log_.insert(retired_log_.end(), retired->begin(), retired->end());
-  published_ = committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin());
+  published_.Reset(committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin()));
   return failure;  // on failure the renames done stay done, and the save must not proceed
 }
 
