@@ -81,7 +81,10 @@ void SaveHandle::Complete(Status s, SaveResult r) {
 // ---------------------------------------------------------------- Engine
 
 Engine::Engine(const EngineOptions& opts)
-    : opts_(opts), env_(opts.env ? opts.env : Env::Default()), published_(env_, opts_.run_dir, opts.rank == 0) {}
+    : opts_(opts),
+      env_(opts.env ? opts.env : Env::Default()),
+      history_(env_, opts_.run_dir, opts_.rank),
+      published_(env_, opts_.run_dir, opts_.rank == 0) {}
 
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
@@ -130,17 +133,8 @@ Status Engine::Init() {
   // Rank 0 tidies the rest (run_dir.h); the other ranks may not: rank 0 opens first, and the
   // others may be writing by the time they open.
   if (opts_.rank == 0) TidyRunDir(env_, dir, opts_.world_size, opts_.keep_last ? opts_.max_in_flight : 0);
-  std::vector<std::string> names;
-  int r = env_->ListDir(dir, &names);
-  if (r < 0) return Status::FromErrno(-r, "list run directory " + dir);
-  for (const std::string& n : names) {
-    uint64_t step = 0;
-    if (!ParseStepDirName(n, &step)) continue;
-    const std::string p = JoinPath(dir, n);
-    if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
-    if (env_->IsDir(p) == 1) foreign_.insert(step);
-  }
-  published_.Load(committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin()));
+  ALPSCK_RETURN_IF_ERROR(history_.Load());
+  published_.Load(history_.newest());
 
   if (opts_.staging_bytes) {
     uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
@@ -278,7 +272,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     std::unique_lock<std::mutex> l(mu_);
     if (closed_) return Status::Error(Code::kAborted, "engine is closed");
     // A step of another history is saved anew (Supersede retires the old one below).
-    if (committed_.count(step) && !(opts_.one_history && foreign_.count(step))) {
+    if (history_.Skips(step, opts_.one_history)) {
       SaveResult r;
       r.step = step;
       r.skipped = true;
@@ -342,6 +336,36 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   *handle = j->handle;
   Feed(j, mode, fill);
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------- histories (history.h)
+
+void Engine::ContinueFrom(int64_t step) { history_.ContinueFrom(step); }
+
+std::vector<std::pair<uint64_t, std::string>> Engine::TakeRetired() { return history_.TakeRetired(); }
+
+Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
+  retired->clear();
+  if (Forked()) return ForkedError();  // renames belong to the parent's history (engine.h)
+  {
+    // Every one_history save comes here: the common case (nothing of another history left) must
+    // not wait behind a retention in progress (its renames and fsync) for retention_mu_.
+    std::lock_guard<std::mutex> l(mu_);
+    if (!history_.HasForeign()) return closed_ ? Status::Error(Code::kAborted, "engine is closed") : Status::Ok();
+  }
+  std::lock_guard<std::mutex> rl(retention_mu_);  // retention renames step directories too
+  std::vector<uint64_t> victims;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Error(Code::kAborted, "engine is closed");
+    victims = history_.Victims(step);
+    for (uint64_t v : victims)
+      if (v != step && in_flight_steps_.count(v))  // (step itself: Save calls this for it)
+        return Status::Invalid("step " + std::to_string(v) + " of an earlier history is being saved; call Supersede "
+                               "before saving it");
+  }
+  if (victims.empty()) return Status::Ok();
+  return history_.Retire(victims, &published_, retired);
 }
 
 }  // namespace alpsck

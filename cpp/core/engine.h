@@ -67,6 +67,7 @@
 #include "engine_options.h"
 #include "env.h"
 #include "format.h"
+#include "history.h"
 #include "published_step.h"
 #include "staging_pool.h"
 #include "status.h"
@@ -166,29 +167,12 @@ class Engine {
   // runtime as pinned memory pins pages that are already there.
   void WaitPrepared();
 
-  // Histories. A run directory holds one history: a resumed run continues from the step it
-  // restored, and the checkpoint directories found at Open that are newer than that step (the
-  // newest was corrupt and restore fell back, or an older step was restored on purpose) belong
-  // to an abandoned future. Left in place they would shadow the new history's checkpoints in
-  // restore (newest wins), take their places in retention, and make a save of the same step a
-  // silent no-op. So:
-  //  - ContinueFrom(S): the run continues from step S (-1: from nothing, every checkpoint found
-  //    is abandoned). S itself stays a checkpoint of this history; every other step directory
-  //    newer than S, found at Open or committed since (a rollback in the same process), is not
-  //    of it. Call it (on every rank) after restoring, before the next save.
-  //  - Supersede(step), before saving `step`: retires the step directories not of this history
-  //    that are newer than S (when ContinueFrom was called) or at or after `step` (a save never
-  //    lands beside or below a newer checkpoint of another history). Rank 0 renames each to
-  //    superseded-step-N-<pid>-<seq> (a free name) and fsyncs RUN_DIR before returning, so no
-  //    later commit is durable while an abandoned newer checkpoint still is; the other ranks only
-  //    forget them (a waiting rank reads its commit from its attempt's directory, never from a
-  //    step-N's manifest: coordinate.h). *retired gets (step, new path; empty on ranks > 0), newest
-  //    first; TakeRetired() hands out every retirement so far once. An error (a rename refused)
-  //    leaves the step unsaveable.
-  //  - With EngineOptions::one_history, Save(step) runs Supersede itself, after its step
-  //    directory is prepared: a failure then fails the save like any other (with several ranks,
-  //    the step is aborted on every rank, and every rank counts the attempt), and a step not of
-  //    this history is saved anew instead of skipped as committed.
+  // Histories (history.h: what one is, and why an abandoned one is retired). ContinueFrom(S):
+  // the run continues from step S (-1: from nothing); call it on every rank after restoring.
+  // Supersede(step), before saving `step`: retires the step directories not of this history
+  // (*retired: (step, new path; empty on ranks > 0), newest first); an error leaves the step
+  // unsaveable. TakeRetired() hands out every retirement so far once. With
+  // EngineOptions::one_history, Save(step) runs Supersede itself.
   void ContinueFrom(int64_t step);
   Status Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired);
   std::vector<std::pair<uint64_t, std::string>> TakeRetired();
@@ -282,17 +266,12 @@ class Engine {
   std::condition_variable admit_cv_;
   uint32_t in_flight_ = 0;
   std::set<uint64_t> in_flight_steps_;
-  std::set<uint64_t> committed_;          // steps whose directory holds a manifest
-  std::set<uint64_t> foreign_;            // step-N directories not of this history (see ContinueFrom)
-  std::vector<std::pair<uint64_t, std::string>> retired_log_;  // for TakeRetired
-  static constexpr int64_t kNoBase = INT64_MIN;
-  int64_t base_ = kNoBase;                // ContinueFrom's step
   // Saves of a step so far (its next attempt), until the step commits. Every rank
   // calls Save the same number of times for a step, so the ranks agree without a collective.
   std::map<uint64_t, uint32_t> attempts_;
-  uint64_t name_seq_ = 0;                 // for SupersededDirName
   bool closed_ = false;
   std::mutex retention_mu_;
+  History history_;                       // which step directories are of this run's history
   PublishedStep published_;               // the newest step published (LATEST)
 };
 

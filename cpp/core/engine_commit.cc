@@ -91,11 +91,8 @@ void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
     // once (nothing below touches this step's files).
     in_flight_steps_.erase(j->step);
     if (committed) {
-      committed_.insert(j->step);
+      history_.Committed(j->step, opts_.keep_last);
       attempts_.erase(j->step);
-      // Rank 0 expires old steps on disk (RetainNewest); forget them here too.
-      while (opts_.keep_last && committed_.size() > opts_.keep_last)
-        committed_.erase(committed_.begin());
     }
   }
   if (committed) j->commit_attempt->Publish(&published_, &r.warning);
