@@ -43,7 +43,8 @@
 // stop after the DONE record: the handle completes when the shard is durable, and the caller
 // commits the step (CommitStep in coordinate.h).
 //
-// Threading: Save, WaitAll and Close may be called from any thread; SaveHandle is thread-safe.
+// Threading: Save, WaitAll and Close may be called from any thread; SaveHandle (save.h) is
+// thread-safe.
 // Close (or the destructor) waits for every in-flight save.
 #pragma once
 
@@ -69,56 +70,13 @@
 #include "format.h"
 #include "history.h"
 #include "published_step.h"
+#include "save.h"
 #include "staging_pool.h"
 #include "status.h"
 
 namespace alpsck {
 
-enum class SaveMode { kSnapshot, kSnapshotOverlap, kZeroCopy, kExternal };
-
 class ExternalFill;
-
-// kAuto: the engine commits (rank 0 for all ranks, see above). kDeferred: the shard is sealed and
-// its DONE record written; someone else commits the step.
-enum class CommitMode { kAuto, kDeferred };
-
-struct SaveExtent {
-  std::string name;
-  const void* data = nullptr;
-  uint64_t size = 0;
-};
-
-struct SaveResult {
-  uint64_t step = 0;
-  uint64_t bytes = 0;              // shard file size
-  double snapshot_seconds = 0;     // inside Save (the caller's stall)
-  double durable_seconds = 0;      // from the start of Save until the commit is durable
-  bool direct_io = false;
-  bool skipped = false;            // the step was already committed; nothing written
-  std::string path;                // the committed checkpoint directory
-  std::string warning;             // non-fatal trouble (retention), empty if none
-};
-
-class SaveHandle {
- public:
-  explicit SaveHandle(uint64_t step) : step_(step) {}
-  uint64_t step() const { return step_; }
-  bool Done() const;
-  // Waits up to timeout_s seconds (negative: no limit); true once done.
-  bool Wait(double timeout_s) const;
-  // Valid once Done().
-  Status status() const;
-  SaveResult result() const;
-  void Complete(Status s, SaveResult r);
-
- private:
-  const uint64_t step_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  Status status_;
-  SaveResult result_;
-};
 
 class Engine {
  public:
