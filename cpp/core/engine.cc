@@ -10,12 +10,13 @@
 #include <cstdlib>
 #include <random>
 
-#include "commit.h"
+#include "chunk_pipeline.h"
+#include "commit_attempt.h"
 #include "coordinate.h"
-#include "engine_job.h"
-#include "options.h"
 #include "file_io.h"
+#include "options.h"
 #include "platform.h"
+#include "save_job.h"
 
 namespace alpsck {
 
@@ -63,7 +64,6 @@ Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
 
 Status Engine::Init() {
   ALPSCK_RETURN_IF_ERROR(CheckNumaNode(opts_.numa_node));  // before anything is created
-  pool_.SetNumaNode(opts_.numa_node);
   const std::string& dir = opts_.run_dir;
   int d = env_->IsDir(dir);
   if (d == -ENOENT) {
@@ -100,14 +100,9 @@ Status Engine::Init() {
   ALPSCK_RETURN_IF_ERROR(history_.Load());
   published_.Load(history_.newest());
 
-  if (opts_.staging_bytes) {
-    uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
-    ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots));
-  }
-
-  copy_threads_ = opts_.copy_threads ? opts_.copy_threads
-                                     : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));
-  for (uint32_t i = 0; i < opts_.threads; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
+  pipeline_ = std::make_unique<ChunkPipeline>(opts_, env_, align_, chunk_bytes_,
+                                              [this](std::unique_ptr<SaveJob> j, Status s) { Sealed(std::move(j), s); });
+  ALPSCK_RETURN_IF_ERROR(pipeline_->Start());
   committer_ = std::thread([this] { CommitterLoop(); });
   return Status::Ok();
 }
@@ -137,28 +132,17 @@ void Engine::Close() {
     if (closed_) return;
     closed_ = true;
   }
+  if (pipeline_) pipeline_->StopPreparing();
   admit_cv_.notify_all();  // a Save waiting for an in-flight slot fails now (it re-checks closed_)
   WaitAll();
-  {
-    std::lock_guard<std::mutex> l(q_mu_);
-    stopping_ = true;
-  }
-  q_cv_.notify_all();
-  for (auto& w : writers_) w.join();
-  writers_.clear();
+  if (pipeline_) pipeline_->StopWriters();
   {
     std::lock_guard<std::mutex> l(c_mu_);
     c_stopping_ = true;
   }
   c_cv_.notify_all();
   if (committer_.joinable()) committer_.join();
-  pool_.Close();  // also ends a Prepare still faulting the pool in
-  std::thread preparer;  // joined without prepare_mu_, which it takes before it ends
-  {
-    std::lock_guard<std::mutex> l(prepare_mu_);
-    preparer = std::move(preparer_);
-  }
-  if (preparer.joinable()) preparer.join();
+  if (pipeline_) pipeline_->Close();  // also ends a Prepare still faulting the pool in
 }
 
 Status Engine::ForkedError() const {
@@ -173,14 +157,29 @@ void Engine::WaitAll() {
   admit_cv_.wait(l, [&] { return in_flight_ == 0; });
 }
 
-int64_t Engine::published_step() const { return published_.step(); }
-
 uint32_t Engine::in_flight() const {
   std::lock_guard<std::mutex> l(mu_);
   return in_flight_;
 }
 
-Status Engine::PrepareDir(Job* j) {
+uint32_t Engine::threads() const { return pipeline_->threads(); }
+uint32_t Engine::copy_threads() const { return pipeline_->copy_threads(); }
+uint64_t Engine::staging_bytes() const { return pipeline_->pool().size(); }
+char* Engine::staging_base() const { return pipeline_->pool().base(); }
+uint64_t Engine::staging_slots() const { return pipeline_->pool().slots(); }
+uint64_t Engine::staging_free_slots() const { return pipeline_->pool().free_slots(); }
+
+void Engine::Prepare(const std::vector<uint64_t>& sizes) {
+  if (Forked()) return;  // the parent's pool (engine.h)
+  pipeline_->Prepare(sizes);
+}
+
+void Engine::WaitPrepared() {
+  if (Forked()) return;  // the preparer is the parent's (engine.h)
+  pipeline_->WaitPrepared();
+}
+
+Status Engine::PrepareDir(SaveJob* j) {
   const std::string& dir = opts_.run_dir;
   j->tmp_dir = j->commit_attempt->attempt().tmp_dir();
   j->final_dir = j->commit_attempt->attempt().final_dir();
@@ -212,7 +211,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
-  auto job = std::make_unique<Job>();
+  auto job = std::make_unique<SaveJob>();
   job->step = step;
   job->commit = commit;
   job->t0 = t0;
@@ -291,14 +290,14 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     s = Supersede(step, &retired);
     if (!s.ok()) return abandon(s);
   }
-  s = ReserveStaging(layout, mode);
+  s = pipeline_->Reserve(layout, mode);
   if (!s.ok()) return abandon(s);
   // One extra count held until every chunk is queued, so the commit can never start early (and an
   // empty state still commits, through a finalize task).
   job->remaining.store(layout.num_chunks() + 1);
-  Job* j = job.release();
+  SaveJob* j = job.release();
   *handle = j->handle;
-  Feed(j, mode, fill);
+  pipeline_->Feed(j, mode, fill);
   return Status::Ok();
 }
 

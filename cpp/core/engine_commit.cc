@@ -1,72 +1,52 @@
-// The end of a save: the shard sealed, the attempt committed or aborted with the other ranks
-// (coordinate.h: rank 0 coordinates, one rank is N = 1), LATEST, retention, the handle completed.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
+// The end of a save, from its sealed shard: its commit attempt with the other ranks
+// (commit_attempt.h: rank 0 commits for all, one rank is N = 1) on the committer thread, then the
+// history, LATEST, retention, the handle completed.
+#include <memory>
+#include <mutex>
 #include <string>
-#include <thread>
-#include <vector>
+#include <utility>
 
-#include "engine_job.h"
-#include "file_io.h"
+#include "engine.h"
+#include "platform.h"
 #include "run_dir.h"
+#include "save_job.h"
 
 namespace alpsck {
 
-void Engine::Finish(Job* j) {
-  std::unique_ptr<Job> owned(j);
+void Engine::Sealed(std::unique_ptr<SaveJob> j, Status s) {
   SaveResult& r = j->result;
   r.step = j->step;
   r.direct_io = j->direct;
   r.snapshot_seconds = Seconds(j->t0, j->t_snap);
-  Status s;
-  ShardRecord rec;
-  rec.name = ShardFileName(opts_.rank);
-  if (j->failed.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> l(j->err_mu);
-    s = j->error;
-  } else {
-    s = SealShard(env_, j->fd, j->shard_path, j->index, j->direct, align_, &rec);
-    if (s.ok()) {
-      int c = env_->Close(j->fd);
-      j->fd = -1;
-      if (c < 0) s = Status::FromErrno(-c, "close " + j->shard_path);
-    }
-    r.bytes = rec.bytes;
-    j->record = rec;
-  }
-  if (j->fd >= 0) env_->Close(j->fd);
-  j->fd = -1;
+  r.bytes = j->record.bytes;
 
   // The shard is durable. The coordinator (rank 0) has its own record at hand; every other rank,
   // and every rank of a deferred commit, says so with a DONE record.
   const bool coordinator = opts_.rank == 0 && j->commit == CommitMode::kAuto;
-  if (s.ok() && !coordinator) s = j->commit_attempt->Arrive(rec);
+  if (s.ok() && !coordinator) s = j->commit_attempt->Arrive(j->record);
   if (!s.ok()) {
     // (A failed DONE record may mean another rank aborted the attempt meanwhile: Fail reports
     // that verdict, not the failed rename.)
     s = j->commit_attempt->Fail(s);
-    Complete(std::move(owned), s, r);
+    Complete(std::move(j), s, r);
     return;
   }
   if (j->commit == CommitMode::kDeferred) {
     r.path = j->tmp_dir;  // sealed, not committed
-    Complete(std::move(owned), s, r);
+    Complete(std::move(j), s, r);
     return;
   }
   {
     std::lock_guard<std::mutex> l(c_mu_);
-    commit_queue_.push_back(owned.release());
+    commit_queue_.push_back(j.release());
   }
   c_cv_.notify_one();
 }
 
 void Engine::CommitterLoop() {
-  EnterBackground(0);
+  EnterBackground(opts_.pin_cpus, opts_.background_nice, 0);
   for (;;) {
-    std::unique_ptr<Job> j;
+    std::unique_ptr<SaveJob> j;
     {
       std::unique_lock<std::mutex> l(c_mu_);
       c_cv_.wait(l, [&] { return c_stopping_ || !commit_queue_.empty(); });
@@ -81,7 +61,7 @@ void Engine::CommitterLoop() {
   }
 }
 
-void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
+void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
   const bool committed = s.ok() && j->commit == CommitMode::kAuto;
   if (committed) r.path = j->final_dir;
   if (!s.ok()) r.path.clear();
