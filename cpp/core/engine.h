@@ -27,10 +27,11 @@
 // Threading: Save, WaitAll, Close and the rest of the public methods may be called from any
 // thread; SaveHandle and ExternalFill are thread-safe. Close (or the destructor) waits for every
 // in-flight save. Threads: the callers', the pipeline's writers (chunk_pipeline.h; the writer that
-// seals a shard runs Sealed), the committer thread (CommitterLoop, Complete) and the pipeline's
-// preparer. mu_ guards admission (in_flight_, in_flight_steps_, attempts_, closed_); History is
-// asked under it (lock order: mu_, then History's); c_mu_ guards the committer's queue;
-// retention_mu_ serialises the renames of step directories (retention, Supersede).
+// seals a shard runs Sealed, and Complete for a deferred or failed save), the committer thread
+// (CommitterLoop, Complete) and the pipeline's preparer. mu_ guards admission (in_flight_,
+// in_flight_steps_, attempts_, closed_); History is asked under it (lock order: mu_, then
+// History's); c_mu_ guards the committer's queue; retention_mu_ serialises the renames of step
+// directories (retention, Supersede).
 #pragma once
 
 #include <condition_variable>

@@ -50,7 +50,8 @@ class History {
   History& operator=(const History&) = delete;
 
   // Open: what RUN_DIR already holds. Committed steps: a manifest exists (recovery does the deep
-  // checks); and every step directory, of no history yet (ContinueFrom says which stay).
+  // checks). Every step directory found counts as not of this history (what Supersede may retire)
+  // until ContinueFrom says which stays.
   Status Load();
   // The newest committed step; -1 if none.
   int64_t newest() const;
