@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -276,39 +275,30 @@ Status WaitForCommit(Env* env, const Attempt& a, uint32_t rank, uint32_t world_s
   return SyncDir(env, a.run_dir);
 }
 
-Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
-                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
-                  double elapsed_s) {
-  const Clock::time_point t0 = Clock::now();
-  const Attempt a{run_dir, step, 0};  // DCP: a fresh engine per save, attempt 0
-  CommitRequest req;
-  req.run_dir = run_dir;
-  req.final_dir = a.final_dir();
-  req.tmp_dir = a.tmp_dir();
-  req.step = step;
-  for (const auto& [name, content] : extra_files) {
-    ALPSCK_RETURN_IF_ERROR(CheckExtraFile(name, content.size()));  // before waiting for anyone
-    req.extra_files.push_back({name, content});
-  }
-  Status s = WaitForShards(env, a, world_size, timeout_s, &req.shards);
-  if (s.ok()) {
-    req.write_seconds = std::max(0.0, elapsed_s) + std::chrono::duration<double>(Clock::now() - t0).count();
-    s = CommitCheckpoint(env, req);
-  }
-  if (!s.ok()) {
-    Status verdict;
-    if (Abort(env, a, 0, s.message(), &verdict) == Verdict::kCommitted)
-      return Status::Error(s.code(), "step " + std::to_string(step) + " is committed, durability unconfirmed: " +
-                                         s.message(), s.err());
-    // The other ranks learn the outcome from the caller (DCP's collectives), not from the disk.
-    RemoveDirFiles(env, a.aborted_dir());
-    return verdict;
-  }
-  std::string latest;
-  if (!ReadSmallFile(env, JoinPath(run_dir, kLatestName), 64, &latest).ok() ||
-      std::strtoll(latest.c_str(), nullptr, 10) < static_cast<int64_t>(step))
-    PublishLatest(env, run_dir, step);  // a hint: failure to update it never fails the commit
-  return Status::Ok();
+// ---------------------------------------------------------------- FileAgreement
+
+Status FileAgreement::Arrive(uint32_t rank, const ShardRecord& record) {
+  return WriteDoneRecord(env_, a_.tmp_dir(), rank, record);
 }
+
+Status FileAgreement::AwaitShards(double timeout_s, const ShardRecord* own, std::vector<ShardRecord>* records) {
+  return WaitForShards(env_, a_, world_size_, timeout_s, records, own);
+}
+
+// The commit's rename of step-N[.aK].tmp (step 7) competes with Abort's rename of the same
+// directory: at most one of them happens.
+Status FileAgreement::Commit(const CommitRequest& req) { return CommitCheckpoint(env_, req); }
+
+Verdict FileAgreement::Abort(uint32_t rank, const std::string& why, Status* verdict, bool* won) {
+  return alpsck::Abort(env_, a_, rank, why, verdict, won);
+}
+
+Verdict FileAgreement::Peek(Status* why) { return ReadVerdict(env_, a_, why); }
+
+Status FileAgreement::AwaitVerdict(uint32_t rank, double timeout_s) {
+  return WaitForCommit(env_, a_, rank, world_size_, timeout_s);
+}
+
+void FileAgreement::Acknowledge(uint32_t rank) { SawAbort(env_, a_, rank, readers_); }
 
 }  // namespace alpsck

@@ -1,7 +1,8 @@
-// Coordination of a checkpoint's ranks (one rank is N = 1): each writes its own shard, rank 0
-// commits for all, and every rank reports the one verdict the disk holds. The protocol, its
-// verdict rule and why it closes the split verdict: docs/commit-protocol.md ("Several ranks, one
-// verdict"); the names: run_dir.h.
+// Coordination of a checkpoint's ranks through the file system (one rank is N = 1): each writes
+// its own shard, rank 0 commits for all, and every rank reports the one verdict the disk holds.
+// The protocol, its verdict rule and why it closes the split verdict: docs/commit-protocol.md
+// ("Several ranks, one verdict"); the names: run_dir.h. FileAgreement is the Agreement
+// (agreement.h) built on these functions; CommitAttempt (commit_attempt.h) runs an attempt.
 //
 // In short: ranks > 0 publish a DONE record (WriteDoneRecord); rank 0 waits for them
 // (WaitForShards) and commits by renaming step-N[.aK].tmp to step-N (commit.h); any rank that
@@ -9,8 +10,9 @@
 // wins. Every rank reads the verdict the same way (ReadVerdict), records that it did (SawAbort),
 // and the last one removes the aborted directory.
 //
-// Threading: these are free functions with no shared state; callers run them on their own
-// threads (the engine's committer thread, or the caller of the DCP backend's finish()).
+// Threading: the free functions have no shared state; callers run them on their own threads (the
+// engine's committer thread, or the caller of the DCP backend's finish()). A FileAgreement holds
+// only its attempt's names: one thread at a time calls it (agreement.h).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "agreement.h"
 #include "commit.h"
 #include "run_dir.h"
 #include "env.h"
@@ -38,8 +41,6 @@ struct Attempt {
   std::string aborted_dir() const;  // RUN_DIR/step-N[.aK].aborted
   std::string final_dir() const;    // RUN_DIR/step-N
 };
-
-enum class Verdict { kPending, kCommitted, kAborted };
 
 // Step 1: the DONE record of a sealed, closed shard (visible whole once it is visible at all).
 Status WriteDoneRecord(Env* env, const std::string& tmp_dir, uint32_t rank, const ShardRecord& r);
@@ -73,12 +74,27 @@ Status WaitForShards(Env* env, const Attempt& a, uint32_t world_size, double tim
 // (Abort, its reason naming the ranks whose shard is missing) and returns whichever verdict won.
 Status WaitForCommit(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size, double timeout_s);
 
-// The whole of step 2 for a caller that is not an Engine (the DCP backend's finish()): waits for
-// the shards, writes the extra files (name, content) into step-N.tmp, commits with everything in
-// the manifest, publishes LATEST if newer. On failure the step is aborted. elapsed_s: how long
-// the save ran before this call (the manifest's write_seconds counts from the save's start).
-Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
-                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
-                  double elapsed_s = 0);
+// The Agreement of one attempt through its directory: the functions above. world_size: the
+// ranks that arrive (the coordinator among them unless it passes its own record to AwaitShards);
+// readers: the ranks that read an abort verdict from the disk, whose acknowledgements (SawAbort)
+// remove the aborted directory.
+class FileAgreement : public Agreement {
+ public:
+  FileAgreement(Env* env, Attempt a, uint32_t world_size, uint32_t readers)
+      : env_(env), a_(std::move(a)), world_size_(world_size), readers_(readers) {}
+  Status Arrive(uint32_t rank, const ShardRecord& record) override;
+  Status AwaitShards(double timeout_s, const ShardRecord* own, std::vector<ShardRecord>* records) override;
+  Status Commit(const CommitRequest& req) override;
+  Verdict Abort(uint32_t rank, const std::string& why, Status* verdict, bool* won = nullptr) override;
+  Verdict Peek(Status* why) override;
+  Status AwaitVerdict(uint32_t rank, double timeout_s) override;
+  void Acknowledge(uint32_t rank) override;
+
+ private:
+  Env* const env_;
+  const Attempt a_;
+  const uint32_t world_size_;
+  const uint32_t readers_;
+};
 
 }  // namespace alpsck

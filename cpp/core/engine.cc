@@ -10,12 +10,13 @@
 #include <cstdlib>
 #include <random>
 
-#include "commit.h"
+#include "chunk_pipeline.h"
+#include "commit_attempt.h"
 #include "coordinate.h"
-#include "engine_job.h"
-#include "options.h"
 #include "file_io.h"
+#include "options.h"
 #include "platform.h"
+#include "save_job.h"
 
 namespace alpsck {
 
@@ -42,45 +43,13 @@ std::string NewSaveId() {
 }
 }  // namespace
 
-// ---------------------------------------------------------------- SaveHandle
-
-bool SaveHandle::Done() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return done_;
-}
-
-bool SaveHandle::Wait(double timeout_s) const {
-  std::unique_lock<std::mutex> l(mu_);
-  if (timeout_s < 0) {
-    cv_.wait(l, [&] { return done_; });
-    return true;
-  }
-  return cv_.wait_for(l, std::chrono::duration<double>(timeout_s), [&] { return done_; });
-}
-
-Status SaveHandle::status() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return status_;
-}
-
-SaveResult SaveHandle::result() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return result_;
-}
-
-void SaveHandle::Complete(Status s, SaveResult r) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    status_ = std::move(s);
-    result_ = std::move(r);
-    done_ = true;
-  }
-  cv_.notify_all();
-}
-
 // ---------------------------------------------------------------- Engine
 
-Engine::Engine(const EngineOptions& opts) : opts_(opts), env_(opts.env ? opts.env : Env::Default()) {}
+Engine::Engine(const EngineOptions& opts)
+    : opts_(opts),
+      env_(opts.env ? opts.env : Env::Default()),
+      history_(env_, opts_.run_dir, opts_.rank),
+      published_(env_, opts_.run_dir, opts_.rank == 0) {}
 
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
@@ -95,7 +64,6 @@ Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
 
 Status Engine::Init() {
   ALPSCK_RETURN_IF_ERROR(CheckNumaNode(opts_.numa_node));  // before anything is created
-  pool_.SetNumaNode(opts_.numa_node);
   const std::string& dir = opts_.run_dir;
   int d = env_->IsDir(dir);
   if (d == -ENOENT) {
@@ -129,28 +97,12 @@ Status Engine::Init() {
   // Rank 0 tidies the rest (run_dir.h); the other ranks may not: rank 0 opens first, and the
   // others may be writing by the time they open.
   if (opts_.rank == 0) TidyRunDir(env_, dir, opts_.world_size, opts_.keep_last ? opts_.max_in_flight : 0);
-  std::vector<std::string> names;
-  int r = env_->ListDir(dir, &names);
-  if (r < 0) return Status::FromErrno(-r, "list run directory " + dir);
-  for (const std::string& n : names) {
-    uint64_t step = 0;
-    if (!ParseStepDirName(n, &step)) continue;
-    const std::string p = JoinPath(dir, n);
-    if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed_.insert(step);
-    if (env_->IsDir(p) == 1) foreign_.insert(step);
-  }
-  std::string latest;
-  if (ReadSmallFile(env_, JoinPath(dir, kLatestName), 64, &latest).ok()) published_ = std::strtoll(latest.c_str(), nullptr, 10);
-  if (!committed_.empty()) published_ = std::max<int64_t>(published_, static_cast<int64_t>(*committed_.rbegin()));
+  ALPSCK_RETURN_IF_ERROR(history_.Load());
+  published_.Load(history_.newest());
 
-  if (opts_.staging_bytes) {
-    uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
-    ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots));
-  }
-
-  copy_threads_ = opts_.copy_threads ? opts_.copy_threads
-                                     : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));
-  for (uint32_t i = 0; i < opts_.threads; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
+  pipeline_ = std::make_unique<ChunkPipeline>(opts_, env_, align_, chunk_bytes_,
+                                              [this](std::unique_ptr<SaveJob> j, Status s) { Sealed(std::move(j), s); });
+  ALPSCK_RETURN_IF_ERROR(pipeline_->Start());
   committer_ = std::thread([this] { CommitterLoop(); });
   return Status::Ok();
 }
@@ -180,28 +132,17 @@ void Engine::Close() {
     if (closed_) return;
     closed_ = true;
   }
+  if (pipeline_) pipeline_->StopPreparing();
   admit_cv_.notify_all();  // a Save waiting for an in-flight slot fails now (it re-checks closed_)
   WaitAll();
-  {
-    std::lock_guard<std::mutex> l(q_mu_);
-    stopping_ = true;
-  }
-  q_cv_.notify_all();
-  for (auto& w : writers_) w.join();
-  writers_.clear();
+  if (pipeline_) pipeline_->StopWriters();
   {
     std::lock_guard<std::mutex> l(c_mu_);
     c_stopping_ = true;
   }
   c_cv_.notify_all();
   if (committer_.joinable()) committer_.join();
-  pool_.Close();  // also ends a Prepare still faulting the pool in
-  std::thread preparer;  // joined without prepare_mu_, which it takes before it ends
-  {
-    std::lock_guard<std::mutex> l(prepare_mu_);
-    preparer = std::move(preparer_);
-  }
-  if (preparer.joinable()) preparer.join();
+  if (pipeline_) pipeline_->Close();  // also ends a Prepare still faulting the pool in
 }
 
 Status Engine::ForkedError() const {
@@ -216,20 +157,32 @@ void Engine::WaitAll() {
   admit_cv_.wait(l, [&] { return in_flight_ == 0; });
 }
 
-int64_t Engine::published_step() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return published_;
-}
-
 uint32_t Engine::in_flight() const {
   std::lock_guard<std::mutex> l(mu_);
   return in_flight_;
 }
 
-Status Engine::PrepareDir(Job* j) {
+uint32_t Engine::threads() const { return pipeline_->threads(); }
+uint32_t Engine::copy_threads() const { return pipeline_->copy_threads(); }
+uint64_t Engine::staging_bytes() const { return pipeline_->pool().size(); }
+char* Engine::staging_base() const { return pipeline_->pool().base(); }
+uint64_t Engine::staging_slots() const { return pipeline_->pool().slots(); }
+uint64_t Engine::staging_free_slots() const { return pipeline_->pool().free_slots(); }
+
+void Engine::Prepare(const std::vector<uint64_t>& sizes) {
+  if (Forked()) return;  // the parent's pool (engine.h)
+  pipeline_->Prepare(sizes);
+}
+
+void Engine::WaitPrepared() {
+  if (Forked()) return;  // the preparer is the parent's (engine.h)
+  pipeline_->WaitPrepared();
+}
+
+Status Engine::PrepareDir(SaveJob* j) {
   const std::string& dir = opts_.run_dir;
-  j->tmp_dir = j->at.tmp_dir();
-  j->final_dir = j->at.final_dir();
+  j->tmp_dir = j->commit_attempt->attempt().tmp_dir();
+  j->final_dir = j->commit_attempt->attempt().final_dir();
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
   // The attempt's directory is shared: whoever comes first claims an expired checkpoint's
   // directory for it (its shards are overwritten in place), or creates it. Without retention
@@ -258,7 +211,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
-  auto job = std::make_unique<Job>();
+  auto job = std::make_unique<SaveJob>();
   job->step = step;
   job->commit = commit;
   job->t0 = t0;
@@ -282,7 +235,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     std::unique_lock<std::mutex> l(mu_);
     if (closed_) return Status::Error(Code::kAborted, "engine is closed");
     // A step of another history is saved anew (Supersede retires the old one below).
-    if (committed_.count(step) && !(opts_.one_history && foreign_.count(step))) {
+    if (history_.Skips(step, opts_.one_history)) {
       SaveResult r;
       r.step = step;
       r.skipped = true;
@@ -318,15 +271,16 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   auto abandon = [&](const Status& s) {  // aborts the attempt
     if (job->fd >= 0) env_->Close(job->fd);
     bool by_other = false;
-    const Status out = FailShared(job.get(), s, &by_other);
+    const Status out = job->commit_attempt->Fail(s, &by_other);
     return end_unstarted(out, by_other);
   };
-  job->at = Attempt{opts_.run_dir, step, job->attempt};
+  const Attempt at{opts_.run_dir, step, job->attempt};
+  job->commit_attempt = std::make_unique<CommitAttempt>(
+      env_, at, opts_.rank, opts_.commit_timeout_s,
+      std::make_unique<FileAgreement>(env_, at, opts_.world_size, opts_.world_size));
   Status verdict;
-  if (ReadVerdict(env_, job->at, &verdict) == Verdict::kAborted) {  // this rank comes late to it
-    SawAbort(env_, job->at, opts_.rank, opts_.world_size);
+  if (job->commit_attempt->AbortedAlready(&verdict))  // this rank comes late to it
     return end_unstarted(verdict, true);
-  }
   Status s = PrepareDir(job.get());
   if (!s.ok()) return abandon(s);
   if (opts_.one_history) {
@@ -336,15 +290,45 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     s = Supersede(step, &retired);
     if (!s.ok()) return abandon(s);
   }
-  s = ReserveStaging(layout, mode);
+  s = pipeline_->Reserve(layout, mode);
   if (!s.ok()) return abandon(s);
   // One extra count held until every chunk is queued, so the commit can never start early (and an
   // empty state still commits, through a finalize task).
   job->remaining.store(layout.num_chunks() + 1);
-  Job* j = job.release();
+  SaveJob* j = job.release();
   *handle = j->handle;
-  Feed(j, mode, fill);
+  pipeline_->Feed(j, mode, fill);
   return Status::Ok();
+}
+
+// ---------------------------------------------------------------- histories (history.h)
+
+void Engine::ContinueFrom(int64_t step) { history_.ContinueFrom(step); }
+
+std::vector<std::pair<uint64_t, std::string>> Engine::TakeRetired() { return history_.TakeRetired(); }
+
+Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
+  retired->clear();
+  if (Forked()) return ForkedError();  // renames belong to the parent's history (engine.h)
+  {
+    // Every one_history save comes here: the common case (nothing of another history left) must
+    // not wait behind a retention in progress (its renames and fsync) for retention_mu_.
+    std::lock_guard<std::mutex> l(mu_);
+    if (!history_.HasForeign()) return closed_ ? Status::Error(Code::kAborted, "engine is closed") : Status::Ok();
+  }
+  std::lock_guard<std::mutex> rl(retention_mu_);  // retention renames step directories too
+  std::vector<uint64_t> victims;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (closed_) return Status::Error(Code::kAborted, "engine is closed");
+    victims = history_.Victims(step);
+    for (uint64_t v : victims)
+      if (v != step && in_flight_steps_.count(v))  // (step itself: Save calls this for it)
+        return Status::Invalid("step " + std::to_string(v) + " of an earlier history is being saved; call Supersede "
+                               "before saving it");
+  }
+  if (victims.empty()) return Status::Ok();
+  return history_.Retire(victims, &published_, retired);
 }
 
 }  // namespace alpsck

@@ -1,100 +1,52 @@
-// The end of a save: the shard sealed, the attempt committed or aborted with the other ranks
-// (coordinate.h: rank 0 coordinates, one rank is N = 1), LATEST, retention, the handle completed.
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
+// The end of a save, from its sealed shard: its commit attempt with the other ranks
+// (commit_attempt.h: rank 0 commits for all, one rank is N = 1) on the committer thread, then the
+// history, LATEST, retention, the handle completed.
+#include <memory>
+#include <mutex>
 #include <string>
-#include <thread>
-#include <vector>
+#include <utility>
 
-#include "engine_job.h"
-#include "file_io.h"
+#include "engine.h"
+#include "platform.h"
 #include "run_dir.h"
+#include "save_job.h"
 
 namespace alpsck {
 
-Status Engine::FailShared(Job* j, const Status& s, bool* by_other) {
-  if (by_other) *by_other = false;
-  if (j->tmp_dir.empty()) return s;
-  Status verdict;
-  const std::string why = opts_.rank == 0 ? s.message()
-                                          : "rank " + std::to_string(opts_.rank) + " failed to write its shard: " + s.message();
-  bool won = false;
-  if (Abort(env_, j->at, opts_.rank, why, &verdict, &won) == Verdict::kCommitted)  // only after the commit rename
-    return Status::Error(s.code(), "step " + std::to_string(j->step) + " is committed, durability unconfirmed: " +
-                                       s.message(), s.err());
-  SawAbort(env_, j->at, opts_.rank, opts_.world_size);
-  if (won) return s;  // this rank decided: its own error
-  // Another rank's verdict reads as kAborted; this rank's failed abort rename (FromErrno) never does.
-  if (by_other) *by_other = verdict.code() == Code::kAborted;
-  return verdict;
-}
-
-void Engine::Finish(Job* j) {
-  std::unique_ptr<Job> owned(j);
+void Engine::Sealed(std::unique_ptr<SaveJob> j, Status s) {
   SaveResult& r = j->result;
   r.step = j->step;
   r.direct_io = j->direct;
   r.snapshot_seconds = Seconds(j->t0, j->t_snap);
-  Status s;
-  ShardRecord rec;
-  rec.name = ShardFileName(opts_.rank);
-  if (j->failed.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> l(j->err_mu);
-    s = j->error;
-  } else {
-    s = SealShard(env_, j->fd, j->shard_path, j->index, j->direct, align_, &rec);
-    if (s.ok()) {
-      int c = env_->Close(j->fd);
-      j->fd = -1;
-      if (c < 0) s = Status::FromErrno(-c, "close " + j->shard_path);
-    }
-    r.bytes = rec.bytes;
-    j->record = rec;
-  }
-  if (j->fd >= 0) env_->Close(j->fd);
-  j->fd = -1;
+  r.bytes = j->record.bytes;
 
   // The shard is durable. The coordinator (rank 0) has its own record at hand; every other rank,
   // and every rank of a deferred commit, says so with a DONE record.
   const bool coordinator = opts_.rank == 0 && j->commit == CommitMode::kAuto;
-  if (s.ok() && !coordinator) s = WriteDoneRecord(env_, j->tmp_dir, opts_.rank, rec);
+  if (s.ok() && !coordinator) s = j->commit_attempt->Arrive(j->record);
   if (!s.ok()) {
-    // (A failed DONE record may mean another rank aborted the attempt meanwhile: FailShared
-    // reports that verdict, not the failed rename.)
-    s = FailShared(j, s);
-    Complete(std::move(owned), s, r);
+    // (A failed DONE record may mean another rank aborted the attempt meanwhile: Fail reports
+    // that verdict, not the failed rename.)
+    s = j->commit_attempt->Fail(s);
+    Complete(std::move(j), s, r);
     return;
   }
   if (j->commit == CommitMode::kDeferred) {
     r.path = j->tmp_dir;  // sealed, not committed
-    Complete(std::move(owned), s, r);
+    Complete(std::move(j), s, r);
     return;
   }
   {
     std::lock_guard<std::mutex> l(c_mu_);
-    commit_queue_.push_back(owned.release());
+    commit_queue_.push_back(j.release());
   }
   c_cv_.notify_one();
 }
 
-Status Engine::Commit(Job* j, std::vector<ShardRecord> shards) {
-  CommitRequest req;
-  req.run_dir = opts_.run_dir;
-  req.tmp_dir = j->tmp_dir;
-  req.final_dir = j->final_dir;
-  req.step = j->step;
-  req.shards = std::move(shards);
-  req.write_seconds = Seconds(j->t0, Clock::now());
-  return CommitCheckpoint(env_, req);
-}
-
 void Engine::CommitterLoop() {
-  EnterBackground(0);
+  EnterBackground(opts_.pin_cpus, opts_.background_nice, 0);
   for (;;) {
-    std::unique_ptr<Job> j;
+    std::unique_ptr<SaveJob> j;
     {
       std::unique_lock<std::mutex> l(c_mu_);
       c_cv_.wait(l, [&] { return c_stopping_ || !commit_queue_.empty(); });
@@ -102,61 +54,28 @@ void Engine::CommitterLoop() {
       j.reset(commit_queue_.front());
       commit_queue_.pop_front();
     }
-    Status s;
-    if (opts_.rank == 0) {
-      std::vector<ShardRecord> shards;
-      s = WaitForShards(env_, j->at, opts_.world_size, opts_.commit_timeout_s, &shards, &j->record);
-      if (s.ok()) s = Commit(j.get(), std::move(shards));
-      if (!s.ok()) s = FailShared(j.get(), s);
-      // What is left of this step's earlier attempts: every rank's DONE record for this attempt
-      // says it finished them, so nothing writes there any more.
-      for (uint32_t a = 0; s.ok() && a < j->attempt; ++a) {
-        const Attempt old{opts_.run_dir, j->step, a};
-        for (const std::string& d : {old.tmp_dir(), old.aborted_dir()})
-          if (env_->IsOwnDir(d) == 1) RemoveDirFiles(env_, d);
-      }
-    } else {
-      s = WaitForCommit(env_, j->at, opts_.rank, opts_.world_size, opts_.commit_timeout_s);
-      if (!s.ok()) SawAbort(env_, j->at, opts_.rank, opts_.world_size);
-    }
+    const Status s = opts_.rank == 0 ? j->commit_attempt->Commit(&j->record, {}, j->t0)
+                                     : j->commit_attempt->AwaitVerdict();
     SaveResult r = j->result;
     Complete(std::move(j), s, r);
   }
 }
 
-void Engine::Complete(std::unique_ptr<Job> j, Status s, SaveResult r) {
+void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
   const bool committed = s.ok() && j->commit == CommitMode::kAuto;
   if (committed) r.path = j->final_dir;
   if (!s.ok()) r.path.clear();
-  bool publish = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     // Before the handle completes: a caller that saw it fail may save the same step again at
     // once (nothing below touches this step's files).
     in_flight_steps_.erase(j->step);
     if (committed) {
-      committed_.insert(j->step);
+      history_.Committed(j->step, opts_.keep_last);
       attempts_.erase(j->step);
-      publish = static_cast<int64_t>(j->step) > published_;
-      // Rank 0 expires old steps on disk (RetainNewest); forget them here too.
-      while (opts_.keep_last && committed_.size() > opts_.keep_last)
-        committed_.erase(committed_.begin());
     }
   }
-  if (publish) {
-    // Serialised so that two commits racing here cannot leave an older step in LATEST.
-    std::lock_guard<std::mutex> pl(publish_mu_);
-    bool still_newest;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      still_newest = static_cast<int64_t>(j->step) > published_;
-      if (still_newest) published_ = static_cast<int64_t>(j->step);
-    }
-    if (still_newest && opts_.rank == 0) {
-      Status p = PublishLatest(env_, opts_.run_dir, j->step);
-      if (!p.ok()) r.warning = "LATEST not updated: " + p.message();
-    }
-  }
+  if (committed) j->commit_attempt->Publish(&published_, &r.warning);
   if (committed && opts_.rank == 0) ApplyRetention(&r.warning);
   r.durable_seconds = Seconds(j->t0, Clock::now());
   // Complete the handle before releasing the in-flight slot, so that WaitAll() returning

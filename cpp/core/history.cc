@@ -1,21 +1,53 @@
-// Histories: ContinueFrom and Supersede (engine.h says what a history is and why an abandoned
+// Histories: ContinueFrom and Supersede (history.h says what a history is and why an abandoned
 // one is retired).
-#include <fcntl.h>
+#include "history.h"
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <string>
-#include <thread>
-#include <vector>
 
-#include "engine_job.h"
 #include "file_io.h"
 #include "run_dir.h"
 
 namespace alpsck {
 
-void Engine::ContinueFrom(int64_t step) {
+Status History::Load() {
+  std::vector<std::string> names;
+  int r = env_->ListDir(run_dir_, &names);
+  if (r < 0) return Status::FromErrno(-r, "list run directory " + run_dir_);
+  std::set<uint64_t> committed, found;
+  for (const std::string& n : names) {
+    uint64_t step = 0;
+    if (!ParseStepDirName(n, &step)) continue;
+    const std::string p = JoinPath(run_dir_, n);
+    if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed.insert(step);
+    if (env_->IsDir(p) == 1) found.insert(step);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  committed_.swap(committed);
+  foreign_.swap(found);
+  return Status::Ok();
+}
+
+int64_t History::newest() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin());
+}
+
+bool History::Skips(uint64_t step, bool one_history) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return committed_.count(step) && !(one_history && foreign_.count(step));
+}
+
+void History::Committed(uint64_t step, uint32_t keep_last) {
+  std::lock_guard<std::mutex> l(mu_);
+  committed_.insert(step);
+  // Rank 0 expires old steps on disk (RetainNewest); forget them here too.
+  while (keep_last && committed_.size() > keep_last) committed_.erase(committed_.begin());
+}
+
+void History::ContinueFrom(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   base_ = step < 0 ? -1 : step;
   for (uint64_t c : committed_)  // this process's own commits after S too (a rollback)
@@ -23,36 +55,29 @@ void Engine::ContinueFrom(int64_t step) {
   if (step >= 0) foreign_.erase(static_cast<uint64_t>(step));
 }
 
-std::vector<std::pair<uint64_t, std::string>> Engine::TakeRetired() {
+bool History::HasForeign() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return !foreign_.empty();
+}
+
+std::vector<uint64_t> History::Victims(uint64_t step) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<uint64_t> victims;
+  for (auto it = foreign_.rbegin(); it != foreign_.rend(); ++it)
+    if (*it >= step || (base_ != kNoBase && static_cast<int64_t>(*it) > base_)) victims.push_back(*it);
+  return victims;
+}
+
+std::vector<std::pair<uint64_t, std::string>> History::TakeRetired() {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<std::pair<uint64_t, std::string>> out;
   out.swap(retired_log_);
   return out;
 }
 
-Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired) {
-  retired->clear();
-  if (Forked()) return ForkedError();  // renames belong to the parent's history (engine.h)
-  {
-    // Every one_history save comes here: the common case (nothing of another history left) must
-    // not wait behind a retention in progress (its renames and fsync) for retention_mu_.
-    std::lock_guard<std::mutex> l(mu_);
-    if (foreign_.empty()) return closed_ ? Status::Error(Code::kAborted, "engine is closed") : Status::Ok();
-  }
-  std::lock_guard<std::mutex> rl(retention_mu_);  // retention renames step directories too
-  std::vector<uint64_t> victims;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (closed_) return Status::Error(Code::kAborted, "engine is closed");
-    for (auto it = foreign_.rbegin(); it != foreign_.rend(); ++it)
-      if (*it >= step || (base_ != kNoBase && static_cast<int64_t>(*it) > base_)) victims.push_back(*it);
-    for (uint64_t v : victims)
-      if (v != step && in_flight_steps_.count(v))  // (step itself: Save calls this for it)
-        return Status::Invalid("step " + std::to_string(v) + " of an earlier history is being saved; call Supersede "
-                               "before saving it");
-  }
-  if (victims.empty()) return Status::Ok();
-  if (opts_.rank == 0) {
+Status History::Retire(const std::vector<uint64_t>& victims, PublishedStep* published,
+                       std::vector<std::pair<uint64_t, std::string>>* retired) {
+  if (rank_ == 0) {
     // LATEST (a hint) first: it must never name a step newer than every valid checkpoint, and a
     // power loss keeps the run directory's changes in order, so this one lands before the renames.
     int64_t remaining = -1;
@@ -61,21 +86,19 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
       for (uint64_t c : committed_)
         if (std::find(victims.begin(), victims.end(), c) == victims.end()) remaining = static_cast<int64_t>(c);
     }
-    std::lock_guard<std::mutex> pl(publish_mu_);
-    if (remaining >= 0) PublishLatest(env_, opts_.run_dir, static_cast<uint64_t>(remaining));
-    else env_->Unlink(JoinPath(opts_.run_dir, kLatestName));
+    published->Rewrite(remaining);
   }
   Status failure;
   std::vector<uint64_t> gone;
   for (uint64_t v : victims) {
     std::string dest;
-    if (opts_.rank == 0) {
-      const std::string path = JoinPath(opts_.run_dir, StepDirName(v));
+    if (rank_ == 0) {
+      const std::string path = JoinPath(run_dir_, StepDirName(v));
       int r;
       for (int tries = 0;; ++tries) {  // an earlier job (same pid, say) may have left the name taken
         {
           std::lock_guard<std::mutex> l(mu_);
-          dest = JoinPath(opts_.run_dir, SupersededDirName(v, ::getpid(), name_seq_++));
+          dest = JoinPath(run_dir_, SupersededDirName(v, ::getpid(), name_seq_++));
         }
         r = env_->Rename(path, dest);
         if ((r != -EEXIST && r != -ENOTEMPTY) || tries == 1000) break;
@@ -88,12 +111,12 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
       }
     }
     gone.push_back(v);
-    if (!dest.empty() || opts_.rank != 0) retired->emplace_back(v, dest);
+    if (!dest.empty() || rank_ != 0) retired->emplace_back(v, dest);
   }
   // Durable before any later commit can be: a power loss must never leave the new history's
   // checkpoint beside an abandoned newer one (restore would pick the abandoned one).
-  if (opts_.rank == 0 && !gone.empty()) {
-    Status s = SyncDir(env_, opts_.run_dir);
+  if (rank_ == 0 && !gone.empty()) {
+    Status s = SyncDir(env_, run_dir_);
     if (!s.ok() && failure.ok()) failure = s;
   }
   std::lock_guard<std::mutex> l(mu_);
@@ -102,7 +125,7 @@ Status Engine::Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::str
     committed_.erase(v);
   }
   retired_log_.insert(retired_log_.end(), retired->begin(), retired->end());
-  published_ = committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin());
+  published->Reset(committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin()));
   return failure;  // on failure the renames done stay done, and the save must not proceed
 }
 

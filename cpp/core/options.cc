@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "engine.h"
+#include "engine_options.h"
 
 namespace alpsck {
 

@@ -1,5 +1,5 @@
 // The engine's tunable options, defined once: name, default, limits and meaning. EngineOptions
-// (engine.h) holds the values and takes its defaults from here; Engine::Open checks them against
+// (engine_options.h) holds the values and takes its defaults from here; Engine::Open checks them against
 // these limits; the binding exports the table (_core.engine_options()), from which the Python
 // Checkpointer, the job config's `checkpoint` section and the docs' option tables take their
 // defaults and limits (tests/test_options.py holds the docs to it).

@@ -73,6 +73,11 @@ bool NiceCurrentThread(int nice) {
 #endif
 }
 
+void EnterBackground(const std::vector<int>& pin_cpus, uint32_t nice, uint32_t index) {
+  if (!pin_cpus.empty()) PinCurrentThread(pin_cpus[index % pin_cpus.size()]);
+  if (nice) NiceCurrentThread(static_cast<int>(nice));
+}
+
 namespace {
 
 // The kernel's memory-policy ABI (linux/mempolicy.h), stable since 2.6: spelled out here so the

@@ -20,6 +20,9 @@ bool PinCurrentThread(int cpu);
 // `nice` (0 .. 19): under contention the kernel then hands the CPU to normal threads first.
 // False where the kernel refuses or the platform has no per-thread nice.
 bool NiceCurrentThread(int nice);
+// A background thread's start (the engine's writers, committer and pool-faulting thread): pinned
+// to pin_cpus[index % n] (if any), niced to `nice` (if above 0).
+void EnterBackground(const std::vector<int>& pin_cpus, uint32_t nice, uint32_t index);
 
 inline uint64_t RoundUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "build_info.h"
-#include "coordinate.h"
+#include "commit_attempt.h"
 #include "crc32c.h"
 #include "engine.h"
 #include "options.h"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "commit.h"
+#include "commit_attempt.h"
 #include "coordinate.h"
 #include "engine.h"
 #include "file_io.h"

@@ -1,6 +1,11 @@
-// The engine's internals shared by its files (engine.cc: the facade and admission;
-// pipeline.cc: snapshot, writers, external fills; engine_commit.cc: sealing, the commit and the
-// end of a save; history.cc: ContinueFrom and Supersede). Not for use outside the engine.
+// SaveJob: one save, from Save() to its handle's completion. Internal to the engine's units:
+// engine.cc (Save makes it), chunk_pipeline.cc and external_fill.cc (its chunks and the sealed
+// shard), engine_commit.cc (its commit attempt and the end of the save). Not for use outside them.
+//
+// Threading: one thread at a time owns a job (Save's thread, then the writers and copiers through
+// the pipeline's queue, then the writer that seals it, then the committer thread), except for
+// what the chunks share while they are written: `remaining` and `failed` (atomics), `error`
+// (err_mu), and each chunk's own element of index.crcs.
 #pragma once
 
 #include <atomic>
@@ -10,21 +15,22 @@
 #include <string>
 #include <vector>
 
-#include "coordinate.h"
-#include "engine.h"
+#include "commit.h"
+#include "commit_attempt.h"
 #include "format.h"
+#include "save.h"
+#include "status.h"
 
 namespace alpsck {
 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-// One save, from Save() to its handle's completion.
-struct Engine::Job {
+struct SaveJob {
   std::shared_ptr<SaveHandle> handle;
   uint64_t step = 0;
   uint32_t attempt = 0;              // several ranks: the how-manieth save of this step (TmpDirName)
-  Attempt at;                        // its directories (coordinate.h)
+  std::unique_ptr<CommitAttempt> commit_attempt;  // its directories and its verdict (commit_attempt.h)
   CommitMode commit = CommitMode::kAuto;
   SaveResult result;                 // filled as the save goes (for the committer)
   std::string tmp_dir, final_dir, shard_path;

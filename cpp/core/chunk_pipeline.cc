@@ -1,7 +1,6 @@
 // The chunk pipeline of a save: the snapshot into staging slots, the writers that CRC and write
-// each chunk, and the caller-filled (external) snapshot. See engine.h for the modes.
-#include <fcntl.h>
-#include <unistd.h>
+// each chunk, and the seal of the shard. See chunk_pipeline.h for the modes.
+#include "chunk_pipeline.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -11,21 +10,72 @@
 #include <utility>
 #include <vector>
 
-#include "engine_job.h"
-#include "file_io.h"
+#include "commit.h"
 #include "crc32c.h"
+#include "external_fill.h"
+#include "file_io.h"
 #include "platform.h"
+#include "run_dir.h"
+#include "save_job.h"
 
 namespace alpsck {
 
-// ---------------------------------------------------------------- the save modes (engine.h)
+ChunkPipeline::ChunkPipeline(const EngineOptions& opts, Env* env, uint64_t align, uint64_t chunk_bytes,
+                             SealedFn sealed)
+    : opts_(opts), env_(env), align_(align), chunk_bytes_(chunk_bytes), sealed_(std::move(sealed)) {
+  pool_.SetNumaNode(opts_.numa_node);
+}
 
-uint64_t Engine::SlotsFor(const ShardLayout& layout) const {
+ChunkPipeline::~ChunkPipeline() {
+  StopPreparing();
+  StopWriters();
+  Close();
+}
+
+Status ChunkPipeline::Start() {
+  if (opts_.staging_bytes) {
+    uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
+    ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots));
+  }
+  copy_threads_ = opts_.copy_threads ? opts_.copy_threads
+                                     : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));
+  for (uint32_t i = 0; i < opts_.threads; ++i) writers_.emplace_back([this, i] { WriterLoop(i); });
+  return Status::Ok();
+}
+
+void ChunkPipeline::StopPreparing() {
+  std::lock_guard<std::mutex> l(prepare_mu_);
+  closing_ = true;
+}
+
+void ChunkPipeline::StopWriters() {
+  {
+    std::lock_guard<std::mutex> l(q_mu_);
+    stopping_ = true;
+  }
+  q_cv_.notify_all();
+  for (auto& w : writers_) w.join();
+  writers_.clear();
+}
+
+void ChunkPipeline::Close() {
+  pool_.Close();  // also ends a Prepare still faulting the pool in
+  std::thread preparer;  // joined without prepare_mu_, which it takes before it ends
+  {
+    std::lock_guard<std::mutex> l(prepare_mu_);
+    preparer = std::move(preparer_);
+  }
+  if (preparer.joinable()) preparer.join();
+}
+
+// ---------------------------------------------------------------- the save modes (chunk_pipeline.h)
+
+uint64_t ChunkPipeline::SlotsFor(const ShardLayout& layout) const {
   return std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + writers_.size(), 1);
 }
 
-void Engine::Prepare(const std::vector<uint64_t>& sizes) {
-  if (opts_.staging_bytes || Forked()) return;  // a fixed pool, made at Open; or the parent's (engine.h)
+void ChunkPipeline::Prepare(const std::vector<uint64_t>& sizes) {
+  if (opts_.staging_bytes) return;  // a fixed pool, made at Open (Start)
   std::vector<std::pair<std::string, uint64_t>> named;
   named.reserve(sizes.size());
   for (uint64_t n : sizes) named.emplace_back("x" + std::to_string(named.size()), n);  // names only index
@@ -33,26 +83,18 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
   if (!PlanLayout(named, align_, chunk_bytes_, kDefaultPackAlign, &layout).ok()) return;
   const uint64_t slots = SlotsFor(layout);
   std::lock_guard<std::mutex> l(prepare_mu_);
-  {
-    std::lock_guard<std::mutex> c(mu_);  // under prepare_mu_: Close, once closed_ is set, joins what runs
-    if (closed_) return;
-  }
+  if (closing_) return;  // under prepare_mu_: Close, once closing_ is set, joins what runs
   prepare_slots_ = slots;  // the newest wish wins: a preparer still faulting takes it up next
-  if (preparing_) return;  // never waits for it: the caller is the training (engine.h)
+  if (preparing_) return;  // never waits for it: the caller is the training (chunk_pipeline.h)
   if (preparer_.joinable()) preparer_.join();  // a finished one (preparing_ is false), at once
   preparing_ = true;
   preparer_ = std::thread([this] {
-    EnterBackground(0);
+    EnterBackground(opts_.pin_cpus, opts_.background_nice, 0);
     for (;;) {
       uint64_t want;
       {
         std::lock_guard<std::mutex> p(prepare_mu_);
-        bool closed;
-        {
-          std::lock_guard<std::mutex> c(mu_);
-          closed = closed_;
-        }
-        if (prepare_slots_ == 0 || closed) {
+        if (prepare_slots_ == 0 || closing_) {
           preparing_ = false;
           prepared_cv_.notify_all();
           return;
@@ -65,13 +107,12 @@ void Engine::Prepare(const std::vector<uint64_t>& sizes) {
   });
 }
 
-void Engine::WaitPrepared() {
-  if (Forked()) return;  // the preparer is the parent's (engine.h)
+void ChunkPipeline::WaitPrepared() {
   std::unique_lock<std::mutex> l(prepare_mu_);
   prepared_cv_.wait(l, [this] { return !preparing_; });
 }
 
-Status Engine::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l) {
+Status ChunkPipeline::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l) {
   if (!pool_.initialized()) {
     // Mapped under the lock, faulted outside it: a save that starts meanwhile finds the pool
     // sized and copies into each slot as soon as it is faulted.
@@ -89,7 +130,7 @@ Status Engine::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<
   return Status::Ok();
 }
 
-Status Engine::ReserveStaging(const ShardLayout& layout, SaveMode mode) {
+Status ChunkPipeline::Reserve(const ShardLayout& layout, SaveMode mode) {
   if (mode == SaveMode::kZeroCopy) return Status::Ok();  // written from the caller's memory
   std::unique_lock<std::mutex> l(pool_init_mu_);
   // Grown for a save larger than the pool (a first save before the optimizer had state sized it
@@ -98,7 +139,7 @@ Status Engine::ReserveStaging(const ShardLayout& layout, SaveMode mode) {
   return FitPool(SlotsFor(layout), !opts_.staging_bytes && mode != SaveMode::kExternal, false, &l);
 }
 
-void Engine::Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {
+void ChunkPipeline::Feed(SaveJob* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {
   switch (mode) {
     case SaveMode::kExternal:  // the caller fills and submits; the filler holds the extra count
       j->srcs.clear();
@@ -118,7 +159,7 @@ void Engine::Feed(Job* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {
   ChunkDone(j);  // this thread's extra count
 }
 
-void Engine::SnapshotChunks(Job* j, bool overlap) {
+void ChunkPipeline::SnapshotChunks(SaveJob* j, bool overlap) {
   const ShardLayout& layout = j->index.layout;
   const uint64_t n = layout.num_chunks();
   PoolCopyScope copying(&pool_);  // a pool still being prepared waits while this copy runs
@@ -168,7 +209,7 @@ void Engine::SnapshotChunks(Job* j, bool overlap) {
   release_held();
 }
 
-void Engine::Push(Task t) {
+void ChunkPipeline::Push(Task t) {
   {
     std::lock_guard<std::mutex> l(q_mu_);
     queue_.push_back(t);
@@ -176,111 +217,12 @@ void Engine::Push(Task t) {
   q_cv_.notify_one();
 }
 
-void Engine::ChunkDone(Job* j, uint64_t count) {
+void ChunkPipeline::ChunkDone(SaveJob* j, uint64_t count) {
   if (j->remaining.fetch_sub(count, std::memory_order_acq_rel) == count) Push({j, kFinalize, nullptr});
 }
 
-// ---------------------------------------------------------------- ExternalFill
-
-ExternalFill::ExternalFill(Engine* e, Engine::Job* j)
-    : engine_(e), layout_(j->index.layout), job_(j), submitted_(layout_.num_chunks(), false) {}
-
-ExternalFill::~ExternalFill() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (job_ && count_ < submitted_.size())
-      job_->Fail(Status::Error(Code::kAborted, "the snapshot of step " + std::to_string(job_->step) +
-                                                   " was abandoned before all its chunks were filled"));
-  }
-  Finish();
-}
-
-char* ExternalFill::Acquire(uint64_t chunk, bool block) {
-  if (chunk >= submitted_.size()) return nullptr;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!job_ || job_->failed.load(std::memory_order_acquire)) return nullptr;
-  }
-  // Not under mu_: blocking here waits for writers, which never need mu_.
-  // Only slots of the first mapping: the caller names them by their offset from staging_base()
-  // and may have registered just that mapping with CUDA (the pool may have grown since).
-  char* slot = block ? engine_->pool_.Acquire(true) : engine_->pool_.TryAcquire(true);
-  if (!slot) return nullptr;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!job_) {
-      engine_->pool_.Release(slot);
-      return nullptr;
-    }
-    held_.push_back(slot);
-  }
-  ZeroChunkGaps(layout_, chunk, slot);
-  return slot;
-}
-
-Status ExternalFill::Submit(uint64_t chunk, char* slot) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (!job_) return Status::Invalid("the snapshot is already finished");
-  if (chunk >= submitted_.size())
-    return Status::Invalid("chunk " + std::to_string(chunk) + " out of range (" + std::to_string(submitted_.size()) +
-                           " chunks)");
-  if (submitted_[chunk]) return Status::Invalid("chunk " + std::to_string(chunk) + " submitted twice");
-  auto it = std::find(held_.begin(), held_.end(), slot);
-  if (it == held_.end()) return Status::Invalid("submitted memory is not a staging slot this filler holds");
-  held_.erase(it);
-  submitted_[chunk] = true;
-  ++count_;
-  engine_->Push({job_, chunk, slot});
-  return Status::Ok();
-}
-
-void ExternalFill::Release(char* slot) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = std::find(held_.begin(), held_.end(), slot);
-    if (it == held_.end()) return;  // not ours (or already returned): never double-free a slot
-    held_.erase(it);
-  }
-  engine_->pool_.Release(slot);
-}
-
-void ExternalFill::Fail(const std::string& why) {
-  std::lock_guard<std::mutex> l(mu_);
-  if (job_) job_->Fail(Status::Error(Code::kAborted, why));
-}
-
-void ExternalFill::Finish() {
-  Engine::Job* j;
-  uint64_t missing;
-  std::vector<char*> held;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (!job_) return;
-    j = job_;
-    job_ = nullptr;
-    held.swap(held_);
-    missing = submitted_.size() - count_;
-    if (missing && !j->failed.load(std::memory_order_acquire))
-      j->Fail(Status::Error(Code::kAborted, std::to_string(missing) + " chunk(s) of step " + std::to_string(j->step) +
-                                                " were never filled"));
-    j->t_snap = Clock::now();
-  }
-  for (char* slot : held) engine_->pool_.Release(slot);
-  engine_->ChunkDone(j, missing + 1);  // the unsubmitted chunks and the filler's own count
-}
-
-uint64_t ExternalFill::submitted() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return count_;
-}
-
-void Engine::EnterBackground(uint32_t index) const {
-  if (!opts_.pin_cpus.empty()) PinCurrentThread(opts_.pin_cpus[index % opts_.pin_cpus.size()]);
-  if (opts_.background_nice) NiceCurrentThread(static_cast<int>(opts_.background_nice));
-}
-
-void Engine::WriterLoop(uint32_t index) {
-  EnterBackground(index);
+void ChunkPipeline::WriterLoop(uint32_t index) {
+  EnterBackground(opts_.pin_cpus, opts_.background_nice, index);
   PrefaultedMemory bounce;  // for zero-copy chunks that need gathering; allocated on first use
   for (;;) {
     Task t;
@@ -292,7 +234,7 @@ void Engine::WriterLoop(uint32_t index) {
       queue_.pop_front();
     }
     if (t.chunk == kFinalize) {
-      Finish(t.job);
+      Seal(t.job);
       continue;
     }
     if (!t.slot && !bounce.data() && !bounce.Allocate(chunk_bytes_))
@@ -303,7 +245,7 @@ void Engine::WriterLoop(uint32_t index) {
   }
 }
 
-void Engine::WriteChunk(Job* j, const Task& t, char* bounce) {
+void ChunkPipeline::WriteChunk(SaveJob* j, const Task& t, char* bounce) {
   if (j->failed.load(std::memory_order_acquire)) return;
   const ShardLayout& l = j->index.layout;
   const uint64_t i = t.chunk;
@@ -319,6 +261,28 @@ void Engine::WriteChunk(Job* j, const Task& t, char* bounce) {
   if (!t.crc_done) j->index.crcs[i] = Crc32c(buf, len);
   Status s = WriteFull(env_, j->fd, buf, len, l.chunk_begin(i), j->shard_path);
   if (!s.ok()) j->Fail(s);
+}
+
+void ChunkPipeline::Seal(SaveJob* j) {
+  std::unique_ptr<SaveJob> owned(j);
+  Status s;
+  ShardRecord rec;
+  rec.name = ShardFileName(j->index.rank);
+  if (j->failed.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> l(j->err_mu);
+    s = j->error;
+  } else {
+    s = SealShard(env_, j->fd, j->shard_path, j->index, j->direct, align_, &rec);
+    if (s.ok()) {
+      int c = env_->Close(j->fd);
+      j->fd = -1;
+      if (c < 0) s = Status::FromErrno(-c, "close " + j->shard_path);
+    }
+    j->record = rec;
+  }
+  if (j->fd >= 0) env_->Close(j->fd);
+  j->fd = -1;
+  sealed_(std::move(owned), s);
 }
 
 }  // namespace alpsck

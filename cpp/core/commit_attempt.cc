@@ -1,0 +1,89 @@
+#include "commit_attempt.h"
+
+#include <algorithm>
+
+#include "file_io.h"
+
+namespace alpsck {
+
+using Clock = std::chrono::steady_clock;
+
+bool CommitAttempt::AbortedAlready(Status* verdict) {
+  if (agreement_->Peek(verdict) != Verdict::kAborted) return false;
+  agreement_->Acknowledge(rank_);
+  return true;
+}
+
+Status CommitAttempt::Arrive(const ShardRecord& record) { return agreement_->Arrive(rank_, record); }
+
+Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extra, Clock::time_point since,
+                             double earlier_s) {
+  CommitRequest req;
+  req.run_dir = at_.run_dir;
+  req.tmp_dir = at_.tmp_dir();
+  req.final_dir = at_.final_dir();
+  req.step = at_.step;
+  req.extra_files = std::move(extra);
+  Status s = agreement_->AwaitShards(timeout_s_, own, &req.shards);
+  if (s.ok()) {
+    req.write_seconds = earlier_s + std::chrono::duration<double>(Clock::now() - since).count();
+    s = agreement_->Commit(req);
+  }
+  if (!s.ok()) return Fail(s);
+  // What is left of this step's earlier attempts: every rank's DONE record for this attempt
+  // says it finished them, so nothing writes there any more.
+  for (uint32_t a = 0; a < at_.attempt; ++a) {
+    const Attempt old{at_.run_dir, at_.step, a};
+    for (const std::string& d : {old.tmp_dir(), old.aborted_dir()})
+      if (env_->IsOwnDir(d) == 1) RemoveDirFiles(env_, d);
+  }
+  return Status::Ok();
+}
+
+Status CommitAttempt::AwaitVerdict() {
+  Status s = agreement_->AwaitVerdict(rank_, timeout_s_);
+  if (!s.ok()) agreement_->Acknowledge(rank_);
+  return s;
+}
+
+Status CommitAttempt::Fail(const Status& cause, bool* by_other) {
+  if (by_other) *by_other = false;
+  const std::string why =
+      rank_ == 0 ? cause.message() : "rank " + std::to_string(rank_) + " failed to write its shard: " + cause.message();
+  bool won = false;
+  if (agreement_->Abort(rank_, why, &verdict_, &won) == Verdict::kCommitted) {  // only after the commit rename
+    verdict_ = Status::Error(cause.code(),
+                             "step " + std::to_string(at_.step) + " is committed, durability unconfirmed: " + cause.message(),
+                             cause.err());
+    return verdict_;
+  }
+  agreement_->Acknowledge(rank_);
+  if (won) return cause;  // this rank decided: its own error
+  // Another rank's verdict reads as kAborted; this rank's failed abort rename (FromErrno) never does.
+  if (by_other) *by_other = verdict_.code() == Code::kAborted;
+  return verdict_;
+}
+
+Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
+                  const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
+                  double elapsed_s) {
+  const Clock::time_point t0 = Clock::now();
+  std::vector<ExtraFile> extra;
+  for (const auto& [name, content] : extra_files) {
+    ALPSCK_RETURN_IF_ERROR(CheckExtraFile(name, content.size()));  // before waiting for anyone
+    extra.push_back({name, content});
+  }
+  // DCP: a fresh engine per save, attempt 0. Every rank arrived (their saves were deferred), and
+  // only this caller reads an abort from the disk: the other ranks learn the outcome from the
+  // caller (DCP's collectives), so its acknowledgement alone removes the aborted directory.
+  const Attempt a{run_dir, step, 0};
+  CommitAttempt attempt(env, a, 0, timeout_s, std::make_unique<FileAgreement>(env, a, world_size, 1));
+  // The DCP caller reports the verdict, also where its own abort decided it.
+  if (!attempt.Commit(nullptr, std::move(extra), t0, std::max(0.0, elapsed_s)).ok()) return attempt.verdict();
+  PublishedStep published(env, run_dir, true);
+  published.Load(-1);
+  attempt.Publish(&published, nullptr);  // a hint: failure to update it never fails the commit
+  return Status::Ok();
+}
+
+}  // namespace alpsck
