@@ -1,0 +1,297 @@
+"""Reading a checkpoint back: one directory (:func:`read_checkpoint`), its non-tensor state without a
+model (:func:`peek`), and the multi-rank restore protocol (:func:`restore_into`), which
+:meth:`alpsck.Checkpointer.restore` runs.
+
+Which checkpoint is read is the picker's answer (:func:`alpsck.store.run_dir.pick`; the rule:
+docs/guarantees.md, "Which checkpoint a restore uses"). With several ranks, rank 0's candidates are
+tried in order, and a checkpoint any rank cannot read is skipped by all (:class:`alpsck.ranks.Ranks`
+carries the votes). Nothing read back is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+import torch
+
+from . import fit, tree
+from .capture import capture
+from .errors import (
+    CheckpointError,
+    CheckpointIOError,
+    CorruptCheckpointError,
+    NoCheckpointError,
+    StateMismatchError,
+    UsageError,
+)
+from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
+from .ranks import Ranks
+from .store.run_dir import QUIET_REASONS, Pick, data_error, pick
+from .store.shards import CheckpointShards
+
+__all__ = ["peek", "read_checkpoint", "restore_into"]
+
+
+def read_checkpoint(
+    path: str | os.PathLike[str],
+    rank: int = 0,
+    threads: int = DEFAULTS["read_threads"],
+    into: Mapping[str, torch.Tensor] | None = None,
+    fits: Callable[[dict[str, Any]], bool] | None = None,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Read one checkpoint directory as ``rank``: (meta document, tensors by key), every chunk CRC-checked.
+
+    The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.store.shards`).
+    With ``into`` (key -> live tensor, as :func:`alpsck.capture.capture` gives), tensors are read
+    straight into the live CPU tensors — no allocation, no extra copy — but only when every
+    saved tensor that has a live counterpart matches it in shape and dtype, and ``fits`` (if
+    given) accepts the meta document; otherwise nothing live is touched and fresh tensors are
+    returned (the caller's mismatch check then fails cleanly). A CheckpointError raised part-way
+    through the reads carries ``live_touched``: whether live tensors may hold some of its bytes.
+    """
+    shards = CheckpointShards(path, rank)
+    specs = shards.specs
+    live = dict(into or {})
+    if any(k in live and (live[k].dtype != s.dtype or tuple(live[k].shape) != s.shape) for k, s in specs.items()):
+        live = {}
+    if live and fits is not None and not fits(shards.meta):
+        live = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for key, spec in specs.items():
+        t = live.get(key)
+        usable = t is not None and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+        tensors[key] = t if usable and t is not None else torch.empty(spec.shape, dtype=spec.dtype)
+    try:
+        shards.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
+    except CheckpointError as e:  # corrupt chunk or I/O error part-way: earlier tensors may have landed
+        e.live_touched = any(tensors[k] is live.get(k) for k in tensors)  # type: ignore[attr-defined]
+        raise
+    return shards.meta, tensors
+
+
+def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0, *,
+         verify: bool = False) -> dict[str, Any]:
+    """The non-tensor state of a run's newest valid checkpoint (or of ``step``), before any model exists.
+
+    Returns ``{state key: value}`` as ``restore()`` would decode it (tuples, bytes, dtypes, ...;
+    a module's entry is its state_dict, a stateful object's its state_dict), with every tensor,
+    0-d ones included, replaced by a :class:`alpsck.tree.TensorRef` (``key``, ``dtype``, ``shape``):
+    no tensor byte is read. ``rank`` picks whose tree (RNG streams and data positions differ per
+    rank). Typical use: ``args = alpsck.peek("runs/x")["model_args"]`` to build the model a
+    checkpoint needs.
+
+    It picks the checkpoint as ``restore()`` does (:func:`alpsck.store.run_dir.pick`, kind "alpsck";
+    the rule: docs/guarantees.md), then checks its state tree; every step skipped gets a
+    RuntimeWarning naming why (its reason code), as in ``restore()``. Corruption inside tensor data
+    is found only with ``verify=True``, which reads and CRC-checks every shard of the candidate (all
+    of its bytes: slow for a big checkpoint), as a restore does; without it a checkpoint whose
+    tensor bytes are damaged can be the one peeked, and a restore then falls back to the one before
+    it. With ``step``, only that checkpoint is considered. Raises NoCheckpointError when none is
+    valid (also when ``run_dir`` does not exist), UsageError when ``rank`` is not one of the
+    checkpoint's ranks.
+
+    A reader: it takes no lock and changes nothing, so it may run while a job writes the run
+    directory. Nothing is unpickled: the tree is tagged JSON decoded by :mod:`alpsck.tree`.
+    """
+
+    if rank < 0:
+        raise UsageError(f"rank must be 0 or more, not {rank}")
+    picked = pick(run_dir, kind="alpsck", step=step, verify_data=verify)
+    if step is not None and not any(i["step"] == step for i in picked.scanned):
+        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
+    _warn_skipped(picked, stacklevel=3)
+    for info in picked.candidates:
+        s = int(info["step"])
+        if info.get("ranks") and rank >= info["ranks"]:
+            raise UsageError(f"{run_dir}: the checkpoint of step {s} has {info['ranks']} rank(s); there is no rank {rank}")
+        try:
+            entries = tree.decode_refs(CheckpointShards(info["path"], rank).meta["tree"])
+            bad = data_error(info) if verify and not info["verified"] else None
+        except CheckpointError as e:
+            bad = ("unreadable" if isinstance(e, CheckpointIOError) else "corrupt", str(e))
+        if bad is not None:
+            warnings.warn(f"skipping {bad[0]} checkpoint {run_dir}/step {s}: {bad[1]}", RuntimeWarning, stacklevel=2)
+            continue
+        return {key: value for key, (_kind, value, _md) in entries.items()}
+    raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid" if step is not None
+                            else f"{run_dir}: no valid checkpoint")
+
+
+def _warn_skipped(picked: Pick, stacklevel: int) -> None:
+    """One RuntimeWarning per step the picker skipped, naming why (its reason code and message); an attempt
+    (in flight or abandoned) is skipped quietly, and another world size is refused by restore_into instead."""
+    for k in picked.skipped:
+        if k.reason in QUIET_REASONS or k.reason == "other_world":
+            continue
+        what = "corrupt" if k.reason == "data_crc" else k.reason.replace("_", "-")
+        warnings.warn(f"skipping {what} checkpoint {k.path} (step {k.step}: {k.reason}): {k.message}", RuntimeWarning,
+                      stacklevel=stacklevel + 1)
+
+
+# How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
+_READ, _UNREAD, _FAILED = 0, 1, 2
+# What rank 0 decided from its listing of the run directory, as it tells the other ranks.
+_TRY, _NO_STEP, _OTHER_WORLD = 0, 1, 2
+
+
+def _ranks_named(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def restore_into(
+    run_dir: str | os.PathLike[str],
+    state: MutableMapping[str, Any],
+    *,
+    step: int | None = None,
+    threads: int = DEFAULTS["read_threads"],
+    rank: int = 0,
+    ranks: Ranks | None = None,
+) -> int | None:
+    """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore).
+
+    The checkpoints tried are the picker's candidates (:func:`alpsck.store.run_dir.pick`, kind "alpsck",
+    this world size; the rule: docs/guarantees.md), each step skipped on the way warned about with its
+    reason code. Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
+    chunk then fails its CRC, or a read fails with an I/O error, the previous checkpoint is tried
+    (it overwrites the same tensors); if none is left, CorruptCheckpointError says the live state is
+    no longer pristine. With several ``ranks`` this is a collective: rank 0 lists the candidates,
+    and a checkpoint is loaded only once every rank has read its part of it without error. Every
+    rank reports how its read went before any acts on it: a checkpoint one rank cannot read is
+    skipped by all; any other failure on one rank (a state that does not fit, a bug) is raised
+    there, and the other ranks raise a CheckpointError naming it instead of waiting for it. Rank 0's
+    listing alone decides whether ``step`` exists and whether the world size fits; a rank that
+    cannot list ``run_dir`` at all raises its error, and the others a CheckpointError naming it.
+    When none is left and one rank's live tensors were already overwritten, every rank raises
+    CorruptCheckpointError.
+    """
+    check_run_dir_arg(run_dir)
+    check_step(step, allow_none=True)
+    check_state(state, mutable=True)
+    if ranks is None and rank != 0:  # once the only way to pick a rank; alone, a process is rank 0 of 1
+        raise UsageError(f"restore_into(rank={rank}) without ranks=: a process restoring alone is rank 0 of a "
+                         "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "
+                         "with alpsck.checkpointer.read_checkpoint(step_dir, rank=N)")
+    ranks = ranks or Ranks(rank, 1, None)
+    # Every rank must reach each collective below, whatever its file system shows it: a rank that
+    # cannot list the run directory says so first; then rank 0 alone decides what to try.
+    infos: dict[int, dict[str, Any]] = {}
+    unlisted: Exception | None = None
+    picked: Pick | None = None
+    try:
+        # Every rank lists (a rank that cannot says so below); rank 0's pick alone decides what is tried.
+        picked = pick(run_dir, kind="alpsck", world_size=ranks.world_size, step=step)
+        # This rank's own view: only step-N directories are checkpoints (an attempt beside one is not).
+        infos = {int(i["step"]): i for i in picked.scanned if i["status"] != "incomplete"}
+    except Exception as e:  # NoCheckpointError for a missing run directory, as peek and pick say it
+        unlisted = e
+    blind = [r for r, v in enumerate(ranks.each(int(unlisted is not None))) if v]
+    if blind:
+        if unlisted is not None:
+            raise unlisted
+        raise CheckpointError(f"{run_dir}: {_ranks_named(blind)} could not list the run directory (its own error "
+                              "says why), so no rank restored")
+    refusal, written_by, order = _TRY, 0, []
+    if ranks.rank == 0 and picked is not None:
+        other_world = [k for k in picked.skipped if k.reason == "other_world"]
+        if step is not None and not any(i["step"] == step for i in picked.scanned):
+            refusal = _NO_STEP
+        elif other_world:  # the newest usable one was written at another world size: never silently an older one
+            refusal, order = _OTHER_WORLD, [other_world[0].step]
+            written_by = int(infos[other_world[0].step]["ranks"])
+        else:
+            _warn_skipped(picked, stacklevel=3)
+            order = picked.steps
+    refusal, written_by, *order = ranks.from_rank0([refusal, written_by, *order])
+    if refusal == _NO_STEP:
+        raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}"
+                                + ("" if ranks.rank == 0 else " (rank 0 lists none, and rank 0 decides)"))
+    if refusal == _OTHER_WORLD:
+        raise UsageError(
+            f"{run_dir}: the checkpoint of step {order[0]} was written by {written_by} rank(s), this job "
+            f"has {ranks.world_size}; restore it at its world size, or reshard it with torch.distributed.checkpoint "
+            "through alpsck.dcp")
+    unusable: Exception | None = None  # the live state cannot be captured on this rank: raised once all know
+    try:
+        live = capture(state).tensors
+    except Exception as e:
+        live, unusable = {}, e
+    touched: str | None = None
+    for s in order:
+        info = infos.get(s)
+        meta: dict[str, Any] = {}
+        tensors: dict[str, torch.Tensor] = {}
+        error: CheckpointError | None = None  # this rank cannot read step s: every rank skips it
+        failure: Exception | None = None  # anything else: raised here once every rank knows
+        fitted: bool | None = None  # whether the tree fits the live state (apply() would pass its checks)
+
+        def fits(m: dict[str, Any]) -> bool:
+            nonlocal fitted
+            fitted = isinstance(m.get("tree"), dict) and fit.fits(state, m["tree"])
+            return fitted
+
+        if unusable is not None:
+            failure = unusable
+        elif info is None:
+            error = CorruptCheckpointError(f"{run_dir}: step {s} is not visible from rank {ranks.rank}")
+        else:
+            try:
+                # Into the live tensors only if the tree fits the live state: a mismatch found by
+                # apply() afterwards must leave the live objects as they were.
+                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live, fits=fits)
+                if fitted is None:  # nothing was to be read into live tensors, so read_checkpoint did not ask
+                    fits(meta)
+            except StateMismatchError as e:
+                failure = e
+            except CheckpointError as e:
+                error = e
+            except Exception as e:  # a bug, say: the other ranks must not wait for this rank
+                failure = e
+        mine = _FAILED if failure is not None or fitted is False else _UNREAD if error is not None else _READ
+        verdicts = ranks.each(mine)
+        into_live = any(t is live.get(k) for k, t in tensors.items())
+        failed = [r for r, v in enumerate(verdicts) if v == _FAILED]
+        if failed:
+            if failure is not None:
+                raise failure
+            if mine == _FAILED:
+                fit.apply(state, meta["tree"], tensors)  # raises the mismatch fits() found, before any change
+            raise CheckpointError(
+                f"{run_dir}: restoring step {s} failed on {_ranks_named(failed)} (its own error says why), so no rank "
+                "loaded it" + ("; live tensors of this rank may already hold some of its bytes" if into_live else ""))
+        unread = [r for r, v in enumerate(verdicts) if v == _UNREAD]
+        if unread:
+            if error is not None:
+                kind = "unreadable" if isinstance(error, CheckpointIOError) else "corrupt"
+                warnings.warn(f"skipping {kind} checkpoint {run_dir}/step {s}: {error}", RuntimeWarning, stacklevel=3)
+                if getattr(error, "live_touched", False):
+                    touched = touched or str(error)
+            else:
+                warnings.warn(f"skipping checkpoint {run_dir}/step {s}: {_ranks_named(unread)} could not read it",
+                              RuntimeWarning, stacklevel=3)
+                if into_live:
+                    touched = touched or f"{_ranks_named(unread)} could not read step {s}"
+            continue
+        fit.apply(state, meta["tree"], tensors)
+        return int(meta.get("step", s))
+    # No rank restored: they end the same way, whatever happened to their own state.
+    ends = ranks.each(_FAILED if unusable is not None else _UNREAD if touched is not None else _READ)
+    if unusable is not None:
+        raise unusable
+    if _FAILED in ends:
+        raise CheckpointError(f"{run_dir}: {_ranks_named([r for r, v in enumerate(ends) if v == _FAILED])} cannot "
+                              "restore into its state (its own error says why), so no rank restored")
+    if touched is not None:
+        raise CorruptCheckpointError(
+            f"{run_dir}: no valid checkpoint left, and reading one that then failed already overwrote live tensors "
+            f"({touched}); rebuild the state before training")
+    if _UNREAD in ends:
+        raise CorruptCheckpointError(
+            f"{run_dir}: no valid checkpoint left, and reading one that then failed already overwrote live tensors "
+            f"on {_ranks_named([r for r, v in enumerate(ends) if v == _UNREAD])}; rebuild the state on every rank "
+            "before training")
+    if step is not None:
+        raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid")
+    return None
