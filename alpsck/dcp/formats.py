@@ -38,13 +38,13 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .. import tree
+from .. import _core, tree
 from ..errors import CorruptCheckpointError, UnsafeCheckpointError, UsageError
 from ..store.shards import DCP_META_FORMAT, MAX_RANKS
 
 __all__ = ["ExtentRef", "decode_metadata", "decode_value", "encode_metadata", "encode_value", "extent_name"]
 
-METADATA_FILE = "dcp-metadata.json"      # the extra file committed with the shards
+METADATA_FILE = _core.run_dir_names["dcp_metadata"]  # the extra file committed with the shards
 METADATA_FORMAT = "alpsck-dcp-metadata/1"
 SHARD_FORMAT = DCP_META_FORMAT  # the meta document in each shard's index
 VALUE_FORMAT = "alpsck-dcp-value/1"      # one non-tensor value, tagged JSON

@@ -163,8 +163,5 @@ Status CommitCheckpoint(Env* env, const CommitRequest& req) {
   return SyncDir(env, req.run_dir);
 }
 
-Status PublishLatest(Env* env, const std::string& run_dir, uint64_t step) {
-  return WriteFileAtomic(env, JoinPath(run_dir, kLatestName), std::to_string(step) + "\n");
-}
 
 }  // namespace alpsck

@@ -64,9 +64,6 @@ Status SealShard(Env* env, int fd, const std::string& path, const ShardIndex& id
 // Steps 5-8 of the protocol: (extra files and) manifest, directory fsyncs, the rename that commits.
 Status CommitCheckpoint(Env* env, const CommitRequest& req);
 
-// Step 9: writes LATEST (a hint; recovery never trusts it blindly).
-Status PublishLatest(Env* env, const std::string& run_dir, uint64_t step);
-
 std::string EncodeManifest(const CommitRequest& req, double created_unix);
 // Fills in (or refreshes) the CRC of a manifest text holding exactly one "manifest_crc32c":"<8 hex>".
 Status SealManifest(std::string* text);

@@ -76,9 +76,10 @@ Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* ou
 // coordinator fsyncs the directory before the commit rename.
 Status PublishRecord(Env* env, const std::string& dir, const std::string& name, const std::string& content) {
   const std::string path = JoinPath(dir, name);
-  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, path + ".tmp", content));
-  int r = env->Rename(path + ".tmp", path);
-  if (r < 0) return Status::FromErrno(-r, "rename " + path + ".tmp -> " + path);
+  const std::string tmp = TempFileName(path);
+  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, tmp, content));
+  int r = env->Rename(tmp, path);
+  if (r < 0) return Status::FromErrno(-r, "rename " + tmp + " -> " + path);
   return Status::Ok();
 }
 

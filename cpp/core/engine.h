@@ -10,7 +10,7 @@
 //   engine_commit.cc   the sealed shard's commit attempt (commit_attempt.h: with the other ranks
 //                      through an Agreement, coordinate.h; one rank is N = 1): the committer
 //                      thread commits (rank 0) or waits for the verdict; then the history, LATEST
-//                      (published_step.h), retention (run_dir.h), and the handle completed
+//                      (run_dir.h), retention (run_dir.h), and the handle completed
 //   history.cc         ContinueFrom/Supersede: an abandoned history retired before a save
 // The protocol and its guarantees: docs/commit-protocol.md. Up to max_in_flight checkpoints
 // persist at once; chunks of different checkpoints share the queue in submission order, and a
@@ -52,7 +52,7 @@
 #include "env.h"
 #include "external_fill.h"
 #include "history.h"
-#include "published_step.h"
+#include "run_dir.h"
 #include "save.h"
 #include "status.h"
 

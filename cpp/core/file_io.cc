@@ -143,8 +143,7 @@ Status WriteFileSynced(Env* env, const std::string& path, const std::string& dat
   return Status::Ok();
 }
 
-Status WriteFileAtomic(Env* env, const std::string& path, const std::string& data) {
-  const std::string tmp = path + ".tmp";
+Status WriteFileAtomic(Env* env, const std::string& path, const std::string& tmp, const std::string& data) {
   ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, tmp, data));
   int r = env->Rename(tmp, path);
   if (r < 0) {

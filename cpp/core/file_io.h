@@ -53,8 +53,9 @@ Status SyncDir(Env* env, const std::string& dir);
 // Creates (or truncates) path, writes data, fsyncs and closes it. No rename: for files inside a
 // directory that is not yet visible as committed. A symlink at path is refused, never followed.
 Status WriteFileSynced(Env* env, const std::string& path, const std::string& data);
-// tmp + fsync + rename + fsync(parent): the file is either old or new after a crash.
-Status WriteFileAtomic(Env* env, const std::string& path, const std::string& data);
+// Written whole under tmp_path (the caller names it: run_dir.h's TempFileName), fsync, rename to path,
+// fsync(parent): the file is either old or new after a crash.
+Status WriteFileAtomic(Env* env, const std::string& path, const std::string& tmp_path, const std::string& data);
 // Reads a whole file of at most max_bytes (larger is kCorrupt).
 Status ReadSmallFile(Env* env, const std::string& path, uint64_t max_bytes, std::string* out);
 // Removes a directory and the plain files in it (one level; checkpoints have no subdirectories).

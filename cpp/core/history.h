@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "env.h"
-#include "published_step.h"
+#include "run_dir.h"
 #include "status.h"
 
 namespace alpsck {

@@ -19,6 +19,7 @@
 
 #include "env.h"
 #include "format.h"
+#include "run_dir.h"
 #include "status.h"
 
 namespace alpsck {
@@ -114,7 +115,6 @@ Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t th
 // first: what a reader tries next when reading the pick's data then fails (a CRC, an I/O error).
 // `skipped` explains every step newer than the pick (inside the step/max_step range), newest first.
 
-inline constexpr const char* kDcpMetadataName = "dcp-metadata.json";
 
 enum class CheckpointKind { kAny, kAlpsck, kDcp };
 const char* CheckpointKindName(CheckpointKind k);  // "any", "alpsck", "dcp"

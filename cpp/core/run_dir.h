@@ -21,6 +21,7 @@
 //     .deleting-<name>         an entry prune is removing
 //   step-N/
 //     MANIFEST.json            the commit record
+//     dcp-metadata.json        (a DCP checkpoint) DCP's Metadata, committed with the shards
 //     rank-RRRRR.bin           rank R's shard
 //     rank-RRRRR.done|.failed  coordination records (not part of the checkpoint's contract)
 //     ABORTED                  (in an aborted attempt) why
@@ -28,7 +29,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -46,6 +49,7 @@ constexpr char kHistoryName[] = "history.jsonl";
 constexpr char kRequeueRequestName[] = ".requeue-request";
 constexpr char kStartDecisionName[] = ".start-decision";
 constexpr char kDcpMarkerName[] = ".metadata";
+constexpr char kDcpMetadataName[] = "dcp-metadata.json";  // a DCP checkpoint's extra file (its Metadata, JSON)
 constexpr char kTempSuffix[] = ".tmp";  // a file written whole, then renamed to the name without it
 constexpr char kDeletingPrefix[] = ".deleting-";
 constexpr char kFreePrefix[] = "free-";
@@ -155,6 +159,45 @@ LockOwner ParseLockOwner(const std::string& owner_json);
 
 // "{run_dir} is being written by job J (pid P) on host H" from an owner record (fields missing: ?).
 std::string DescribeLockOwner(const std::string& run_dir, const std::string& owner_json);
+
+// ---- LATEST (run_dir_latest.cc)
+
+// PublishedStep: the newest step published as RUN_DIR/LATEST, step 9 of the commit protocol
+// (commit.h): LATEST := N only if N is newer than what was published ("newest wins": a checkpoint
+// that finishes after a newer one never becomes latest). LATEST is a hint; recovery scans.
+//
+// Threading: thread-safe. mu_ serialises the writes of LATEST, so that two commits racing to
+// publish cannot leave an older step in it; step_ is atomic, read without waiting for a write.
+class PublishedStep {
+ public:
+  // writes: whether this process writes LATEST (rank 0); the other ranks only track the step.
+  PublishedStep(Env* env, std::string run_dir, bool writes)
+      : env_(env), run_dir_(std::move(run_dir)), writes_(writes) {}
+  PublishedStep(const PublishedStep&) = delete;
+  PublishedStep& operator=(const PublishedStep&) = delete;
+
+  // The step LATEST names (-1: none, or unreadable), raised to newest_committed when that is
+  // >= 0 (a commit LATEST missed).
+  void Load(int64_t newest_committed);
+  // The newest step published; -1 if none.
+  int64_t step() const { return step_.load(std::memory_order_acquire); }
+  // Publishes `step` if it is newer than the newest published. A failed write of LATEST is only
+  // a warning (into *warning, if given): it never fails the commit.
+  void PublishIfNewer(uint64_t step, std::string* warning);
+  // Retiring an abandoned history (History::Retire): LATEST rewritten to name `step` (-1:
+  // removed; by the writer only), serialised with the commits' writes.
+  void Rewrite(int64_t step);
+  // The newest step published, as the caller knows it (after a retirement); nothing written.
+  void Reset(int64_t step) { step_.store(step, std::memory_order_release); }
+
+ private:
+  Env* const env_;
+  const std::string run_dir_;
+  const bool writes_;
+  std::mutex mu_;  // serialises the writes of LATEST
+  std::atomic<int64_t> step_{-1};
+};
+
 
 // ---- What happens to the entries (rank 0 runs these; any rank may claim)
 

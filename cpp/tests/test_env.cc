@@ -120,8 +120,8 @@ TEST(offsets_past_4gib_in_a_sparse_file) {
 TEST(atomic_file_replaces_and_leaves_no_tmp) {
   TempDir d;
   const std::string p = d.sub("LATEST");
-  REQUIRE(WriteFileAtomic(Env::Default(), p, "1\n").ok());
-  REQUIRE(WriteFileAtomic(Env::Default(), p, "22\n").ok());
+  REQUIRE(WriteFileAtomic(Env::Default(), p, p + ".tmp", "1\n").ok());
+  REQUIRE(WriteFileAtomic(Env::Default(), p, p + ".tmp", "22\n").ok());
   std::string s;
   REQUIRE(ReadSmallFile(Env::Default(), p, 100, &s).ok());
   CHECK_EQ(s, std::string("22\n"));
