@@ -75,10 +75,10 @@ from .handles import FutureMixin
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
-from .restore import peek, read_checkpoint, restore_into
+from .restore import RESTORED_HOOKS, peek, read_checkpoint, restore_into
 from .staging import Stager, guarded_pointers
 from .store.durable import make_dirs_durably
-from .store.run_dir import RESTORED_HOOKS, lock_run_dir, pick
+from .store.run_dir import lock_run_dir, pick
 from .store.shards import META_FORMAT, read_meta
 
 # peek, read_checkpoint and restore_into live in alpsck.restore; imported here as users import them.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +33,11 @@ from .ranks import Ranks
 from .store.run_dir import QUIET_REASONS, Pick, data_error, pick
 from .store.shards import CheckpointShards
 
-__all__ = ["peek", "read_checkpoint", "restore_into"]
+__all__ = ["RESTORED_HOOKS", "peek", "read_checkpoint", "restore_into"]
+
+# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
+# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
+RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
 
 
 def read_checkpoint(

@@ -60,7 +60,7 @@ GIL. In a run directory a step is written once (a committed step raises UsageErr
 Checkpoint-directory mode (``dcp.save(..., checkpoint_id="folder/step-10")``, as torchtitan names
 its checkpoints): the named directory is a run directory of its own, each save the next generation
 of it; ``finish`` commits the generation, then writes the ``.metadata`` marker DCP trainers look
-for (JSON, ``alpsck.dcp.formats.MARKER_BYTES``), then removes the older generations, so an overwrite
+for (JSON, ``alpsck.store.run_dir.MARKER_BYTES``), then removes the older generations, so an overwrite
 leaves the old checkpoint loadable until the new one is committed. The coordinator picks the
 generation under the lock in ``prepare_global_plan`` and sends it to every rank in its plan.
 

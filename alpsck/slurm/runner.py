@@ -56,8 +56,9 @@ from typing import Any
 from .. import _core
 from ..errors import CheckpointError, ConfigError, UsageError
 from ..job_env import JobEnv
+from ..restore import RESTORED_HOOKS
 from ..store.durable import open_own, read_small
-from ..store.run_dir import RESTORED_HOOKS, pick, temp_name
+from ..store.run_dir import pick, temp_name
 from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current

@@ -249,11 +249,6 @@ class Pick:
             f"; and {more} more" if more > 0 else "")
 
 
-# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
-# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
-RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
-
-
 def pick(
     run_dir: str | os.PathLike[str],
     *,
