@@ -40,7 +40,7 @@ from alpsck.errors import (
 from alpsck.handles import CompletedSave
 from alpsck.options import check_step
 from alpsck.store.durable import fsync_path, open_own
-from alpsck.store.run_dir import lock_run_dir
+from alpsck.store.run_dir import lock_run_dir, temp_name
 
 if TYPE_CHECKING:  # typing.Self is 3.11+ (torch depends on typing_extensions); annotations are not evaluated
     from typing_extensions import Self
@@ -98,7 +98,7 @@ class TorchSaveCheckpointer:
             "tree": json.dumps(captured.tree, allow_nan=False),
         }
         final = checkpoint_path(self.run_dir, step)
-        tmp = final.with_name(final.name + ".tmp")
+        tmp = Path(temp_name(str(final)))
         if self._lock is None:  # one writer per run directory, this baseline included
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._lock = lock_run_dir(self.run_dir, 0)

@@ -58,7 +58,7 @@ from .. import tree
 from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
 from ..store.durable import fsync_path
-from ..store.run_dir import check_run_dir, is_run_entry, open_shard, pick, pick_checkpoint, writer_lock
+from ..store.run_dir import check_run_dir, is_run_entry, open_shard, pick, pick_checkpoint, temp_name, writer_lock
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
 from .progress import human
 
@@ -314,7 +314,7 @@ def _create_tmp(out: Path) -> tuple[BinaryIO, Path]:
     (a file of the user's, a concurrent export's). Created exclusively: never truncates an existing file,
     never writes through a symlink."""
     for n in range(100):
-        tmp = Path(f"{out}.tmp" if n == 0 else f"{out}.tmp.{n}")
+        tmp = Path(temp_name(str(out)) if n == 0 else f"{temp_name(str(out))}.{n}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except FileExistsError:
@@ -399,7 +399,7 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
     for k in picked.skipped if step is None else ():
         print(f"alpsck: warning: skipping {k.reason} checkpoint {k.path}: {k.message}", file=sys.stderr)
     candidates = [first] if step is not None else list(picked.candidates)
-    tmp = Path(f"{out_path}.tmp")
+    tmp = Path(temp_name(str(out_path)))
     for info in candidates:
         try:
             shards = CheckpointShards(info["path"], rank, open_shard)
