@@ -355,6 +355,33 @@ def test_prune_never_removes_a_checkpoint_it_only_could_not_read(tmp_path: Path)
                                                                      40: "committed"}
 
 
+def test_prune_that_cannot_delete_says_so_and_the_next_one_finishes(tmp_path: Path) -> None:
+    """The run-directory unit removes (RemoveEntries): a checkpoint whose files cannot be deleted
+    is expired all the same (renamed to .deleting-*, gone from scans), the error names it, exit 2;
+    once its permissions are fixed the next prune finishes it."""
+    run = tmp_path / "run"
+    _save(run, [10, 20, 30])
+    stuck = run / "step-000000010"
+    stuck.chmod(0o555)
+    try:
+        r = subprocess.run(_without_root_bypass([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1"]),
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        for p in run.iterdir():
+            if p.name.endswith("step-000000010"):
+                p.chmod(0o755)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "permission denied (cannot delete it)" in r.stderr and ".deleting-step-000000010" in r.stderr, r.stderr
+    assert f"removed {run / 'step-000000020'}" in r.stdout  # the others are removed all the same
+    assert [i["step"] for i in _core.scan(str(run))] == [30]  # step 10 expired at once: no longer a checkpoint
+    assert sorted(p.name for p in run.iterdir() if p.name != ".lock") == [
+        ".deleting-step-000000010", "LATEST", "step-000000030"]
+    r = subprocess.run([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in run.iterdir() if p.name != ".lock") == ["LATEST", "step-000000030"]
+
+
 def test_an_exception_in_the_verify_progress_callback_is_raised_not_aborting(tmp_path: Path) -> None:
     """Ctrl-C at the terminal during --verify: the callback's KeyboardInterrupt used to unwind through
     the reader threads (std::terminate, SIGABRT). It now cancels the scan and is raised."""
@@ -406,7 +433,7 @@ def test_a_file_system_error_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
     def read_only(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run / "step-000000001"))
 
-    monkeypatch.setattr(os, "rename", read_only)
+    monkeypatch.setattr(os, "walk", read_only)  # prune sizes what it removes
     rc, _, err = _run(capsys, "prune", str(run), "--keep-last", "1")
     assert rc == 2
     assert err.strip().splitlines() == [f"alpsck: error: {run / 'step-000000001'}: Read-only file system"]

@@ -8,28 +8,30 @@ ones are kept (with a warning) for inspection.
 Unreadable ones (permission denied, EIO, ESTALE) are never removed.
 The checkpoints kept are always verified to the last byte first (``--verify`` verifies every
 checkpoint), so the newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
-process (see :func:`lock_holder`). Each directory is first renamed to ``.deleting-<name>`` (atomic
-expiry: the checkpoint disappears from scans at once), the run directory is fsync'ed, then the
-files are deleted.
+process (see :func:`lock_holder`). The run-directory unit removes them (``_core.remove_entries``,
+``RemoveEntries`` in cpp/core/run_dir.h, the same unit as the engine's retention): each is first
+renamed to ``.deleting-<name>`` (atomic expiry: the checkpoint disappears from scans at once), the
+run directory is fsync'ed, then the files are deleted without following a symlink.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
-import shutil
 import sys
 from pathlib import Path
 
+from .. import _core
 from ..errors import (
+    CheckpointError,
+    CheckpointIOError,
     RunDirLockedError,
     UsageError,
 )
 from ..options import arg_int
-from ..store.durable import fsync_path
 from ..store.run_dir import (
-    DELETING_PREFIX,
     _denied,
     check_run_dir,
     dir_bytes,
@@ -102,15 +104,6 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
     return remove, warnings, sorted(kept_steps)
 
 
-def _deleting_name(run_dir: Path, name: str) -> Path:
-    base = run_dir / f"{DELETING_PREFIX}{name}"
-    target, n = base, 1
-    while target.exists() or target.is_symlink():
-        n += 1
-        target = Path(f"{base}-{os.getpid()}-{n}")
-    return target
-
-
 def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = False) -> int:
     """``alpsck prune``: see the module docstring. Exit 0; refusals raise (exit 2)."""
     if keep_last < 1:
@@ -129,36 +122,19 @@ def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = Fa
                 print(f"would remove {p} ({human(sizes[p])}): {why}")
             print(f"dry run: would free {human(sum(sizes.values()))}; keeping step(s) {', '.join(map(str, kept)) or 'none'}")
             return 0
-        # 1. atomic expiry: rename everything first, so scans stop seeing these at once
-        renamed: list[tuple[Path, Path, str]] = []
-        for p, why in remove:
-            if p.name.startswith(DELETING_PREFIX):
-                renamed.append((p, p, why))
-                continue
-            target = _deleting_name(path, p.name)
-            try:
-                os.rename(p, target)
-            except FileNotFoundError:
-                continue  # gone meanwhile
-            except PermissionError:
-                raise _denied(p, "cannot rename it") from None
-            renamed.append((p, target, why))
-        if renamed:
-            fsync_path(path)
-        # 2. delete the files
+        # The run-directory unit removes them: renamed to .deleting-* first (atomic expiry), RUN_DIR
+        # fsync'ed, then deleted without following a symlink (run_dir.h, RemoveEntries).
+        removed, failure = _core.remove_entries(path, [p.name for p, _ in remove])
         freed = 0
-        for p, target, why in renamed:
-            try:
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink()
-            except PermissionError:
-                raise _denied(target, "cannot delete it") from None
+        for i in removed:
+            p, why = remove[i]
             freed += sizes.get(p, 0)
             print(f"removed {p} ({human(sizes.get(p, 0))}): {why}")
-        if renamed:
-            fsync_path(path)
+        if failure is not None:
+            where, renaming, err, message = failure
+            if err in (errno.EACCES, errno.EPERM):
+                raise _denied(where, "cannot rename it" if renaming else "cannot delete it")
+            raise CheckpointIOError(err, message) if err else CheckpointError(message)
         print(f"freed {human(freed)}; keeping step(s) {', '.join(map(str, kept)) or 'none'}")
     return 0
 

@@ -97,6 +97,11 @@ std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq) {
   return kSupersededPrefix + StepDirName(step) + "-" + std::to_string(pid) + "-" + std::to_string(seq);
 }
 
+std::string DeletingName(const std::string& name, uint64_t pid, uint64_t seq) {
+  if (seq == 0) return kDeletingPrefix + name;
+  return kDeletingPrefix + name + "-" + std::to_string(pid) + "-" + std::to_string(seq);
+}
+
 RunDirEntry ParseRunDirName(std::string_view name) {
   RunDirEntry e;
   if (ParseStepDirName(name, &e.step)) {
@@ -282,6 +287,99 @@ void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint3
   }
   if (!kept.empty() && !SyncDir(env, run_dir).ok())
     for (const std::string& p : kept) RemoveDirFiles(env, p);
+}
+
+namespace {
+
+// Removes path and everything below it, deepest first, never following a symbolic link: an unlink
+// comes first (a file or a link goes at once; a directory answers EISDIR, or EPERM where POSIX
+// says so), and only a directory is listed. Iterative: a hostile tree's depth cannot exhaust the
+// stack.
+Status RemoveTree(Env* env, const std::string& path) {
+  std::vector<std::pair<std::string, bool>> stack{{path, false}};  // (path, its entries are on the stack)
+  while (!stack.empty()) {
+    const std::string p = stack.back().first;
+    if (stack.back().second) {
+      stack.pop_back();
+      const int r = env->Rmdir(p);
+      if (r < 0 && r != -ENOENT) return Status::FromErrno(-r, "remove directory " + p);
+      continue;
+    }
+    const int r = env->Unlink(p);
+    if (r == 0 || r == -ENOENT) {
+      stack.pop_back();
+      continue;
+    }
+    if (r != -EISDIR && r != -EPERM) return Status::FromErrno(-r, "remove " + p);
+    std::vector<std::string> names;
+    const int l = env->ListDir(p, &names);
+    if (l == -ENOENT) {
+      stack.pop_back();
+      continue;
+    }
+    if (l == -ENOTDIR) return Status::FromErrno(-r, "remove " + p);  // EPERM on a file: that is the error
+    if (l < 0) return Status::FromErrno(-l, "list " + p);
+    stack.back().second = true;
+    for (const std::string& n : names) stack.emplace_back(JoinPath(p, n), false);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Removal RemoveEntries(Env* env, const std::string& run_dir, const std::vector<std::string>& names) {
+  Removal out;
+  auto fail = [&](Status s, std::string path, bool renaming) {
+    if (!out.status.ok()) return;
+    out.status = std::move(s);
+    out.failed = std::move(path);
+    out.renaming = renaming;
+  };
+  static std::atomic<uint64_t> seq{0};
+  std::vector<std::pair<size_t, std::string>> renamed;  // (index, where it is now)
+  for (size_t i = 0; i < names.size() && out.status.ok(); ++i) {
+    const std::string& name = names[i];
+    const std::string from = JoinPath(run_dir, name);
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      fail(Status::Invalid("not an entry of " + run_dir + ": '" + name + "'"), from, true);
+      break;
+    }
+    if (ParseRunDirName(name).kind == EntryKind::kDeleting) {  // an interrupted prune's: expired already
+      renamed.emplace_back(i, from);
+      continue;
+    }
+    std::string to = JoinPath(run_dir, DeletingName(name));
+    int there = env->IsOwnDir(to);  // lstat: a symlink at the name counts as taken
+    while (there >= 0) {
+      to = JoinPath(run_dir, DeletingName(name, static_cast<uint64_t>(::getpid()), seq.fetch_add(1) + 1));
+      there = env->IsOwnDir(to);
+    }
+    if (there != -ENOENT) {
+      fail(Status::FromErrno(-there, "stat " + to), from, true);
+      break;
+    }
+    const int r = env->Rename(from, to);  // atomic expiry: scans stop seeing it at once
+    if (r == -ENOENT) continue;           // gone meanwhile
+    if (r < 0) {
+      fail(Status::FromErrno(-r, "rename " + from + " -> " + to), from, true);
+      break;
+    }
+    renamed.emplace_back(i, to);
+  }
+  if (renamed.empty()) return out;
+  Status s = SyncDir(env, run_dir);
+  if (!s.ok()) {
+    fail(std::move(s), run_dir, true);
+    return out;
+  }
+  for (const auto& [i, now] : renamed) {
+    s = RemoveTree(env, now);
+    if (s.ok()) out.removed.push_back(i);
+    else fail(std::move(s), now, false);  // the others are still removed: expired, they free space
+  }
+  s = SyncDir(env, run_dir);
+  if (!s.ok()) fail(std::move(s), run_dir, false);
+  return out;
 }
 
 }  // namespace alpsck

@@ -36,6 +36,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "env.h"
 #include "status.h"
@@ -97,6 +98,9 @@ std::string AbortedDirName(uint64_t step, uint32_t attempt = 0);
 std::string FreeDirName(uint64_t step, uint64_t pid, uint64_t seq, bool pending = false);
 // superseded-step-N-<pid>-<seq>.
 std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq);
+// What prune renames an entry to before it removes it: .deleting-<name>, or with seq > 0
+// .deleting-<name>-<pid>-<seq> (when the first is taken).
+std::string DeletingName(const std::string& name, uint64_t pid = 0, uint64_t seq = 0);
 
 // The name a small file is written under before the rename that publishes it: <name>.tmp.
 std::string TempFileName(const std::string& name);
@@ -214,6 +218,23 @@ void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint3
 // then renamed to free-*: claimable by ClaimFreeDir. The rest, and any whose expiry could not be
 // made durable, are removed. Returns a warning (empty if none): retention never fails a save.
 std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free = 0);
+
+// Removal of chosen entries (alpsck prune): each name in `names` (an entry directly in run_dir)
+// is first renamed to a free .deleting-<name> (one already named .deleting-* keeps its name), so
+// it leaves every scan at once; run_dir is fsync'ed (if that fails nothing is removed: a power
+// loss could bring a half-removed checkpoint back); then each is removed, a directory tree
+// bottom-up without following a symbolic link (a link is removed as the link, never walked), and
+// run_dir is fsync'ed again. An entry gone meanwhile is skipped. A failed rename stops the
+// renaming (those renamed before it are still removed); a failed removal leaves that entry as
+// .deleting-* (the next call finishes it) and the others are still removed. The first failure is
+// reported: `failed` names the path, `renaming` says whether a rename or a removal failed.
+struct Removal {
+  std::vector<size_t> removed;       // indices into `names`, in order, of the entries removed
+  Status status;                     // the first failure (OK if none)
+  std::string failed;                // its path
+  bool renaming = false;
+};
+Removal RemoveEntries(Env* env, const std::string& run_dir, const std::vector<std::string>& names);
 
 // Any rank, preparing the shared step-N.tmp of a save: renames a claimable free-* directory to
 // tmp_dir, so that the shards it holds are overwritten in place (no block allocation). True if

@@ -702,6 +702,26 @@ NB_MODULE(_core, m) {
         },
         "run_dir"_a, "keep_last"_a, "Keep the newest keep_last committed checkpoints; returns a warning or ''.");
 
+  m.def("remove_entries",
+        [](const FsPath& run_dir, const std::vector<FsPath>& names) {
+          std::vector<std::string> n;
+          for (const FsPath& x : names) n.push_back(x.bytes);
+          Removal r;
+          {
+            nb::gil_scoped_release nogil;
+            ConfinedRoot confined(Env::Default(), run_dir.bytes);
+            r = RemoveEntries(Env::Default(), run_dir.bytes, n);
+          }
+          nb::object failure = nb::none();
+          if (!r.status.ok())
+            failure = nb::make_tuple(Text(r.failed), r.renaming, r.status.err(), Text(r.status.message()));
+          return nb::make_tuple(r.removed, failure);
+        },
+        "run_dir"_a, "names"_a,
+        "Remove these entries of run_dir as prune does (the core's RemoveEntries, run_dir.h): each renamed to "
+        ".deleting-*, RUN_DIR fsync'ed, then removed without following a symlink. Returns (indices of the names "
+        "removed, None or (failed path, whether renaming failed, errno, message)).");
+
   nb::class_<PyHandle>(m, "SaveHandle")
       .def_prop_ro("step", &PyHandle::step)
       .def("done", &PyHandle::done)

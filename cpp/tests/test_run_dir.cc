@@ -309,4 +309,81 @@ TEST(directories_of_another_user_are_never_claimed_nor_emptied) {
   CHECK(ClaimFreeDir(env, d.path(), tmp));
 }
 
+// Prune's removal (RemoveEntries): a nested tree goes whole; a symlink goes as the link, its
+// target untouched; a .deleting-* leftover is finished under its own name; a taken .deleting-
+// name is not overwritten; nothing of the run directory outside the names is touched.
+TEST(remove_entries_removes_trees_links_and_leftovers_only) {
+  alpsck_test::TempDir d, elsewhere;
+  Env* env = Env::Default();
+  const std::string step = d.sub(StepDirName(1)), nested = JoinPath(step, "a");
+  REQUIRE(::mkdir(step.c_str(), 0777) == 0 && ::mkdir(nested.c_str(), 0777) == 0);
+  REQUIRE(::mkdir(JoinPath(nested, "b").c_str(), 0777) == 0);
+  REQUIRE(alpsck_test::WriteText(JoinPath(JoinPath(nested, "b"), "deep"), "x"));
+  REQUIRE(alpsck_test::WriteText(JoinPath(step, kManifestName), "{}"));
+  REQUIRE(::symlink(elsewhere.path().c_str(), JoinPath(nested, "out").c_str()) == 0);  // inside the tree
+  REQUIRE(alpsck_test::WriteText(elsewhere.sub("keep"), "theirs"));
+  REQUIRE(::symlink(elsewhere.path().c_str(), d.sub(StepDirName(2)).c_str()) == 0);  // the entry itself
+  const std::string leftover = d.sub(DeletingName(StepDirName(3)));
+  REQUIRE(::mkdir(leftover.c_str(), 0777) == 0);
+  REQUIRE(alpsck_test::WriteText(JoinPath(leftover, ShardFileName(0)), "x"));
+  const std::string taken = d.sub(DeletingName(StepDirName(4)));  // a file at the name prune would take
+  REQUIRE(alpsck_test::WriteText(taken, "not prune's"));
+  REQUIRE(::mkdir(d.sub(StepDirName(4)).c_str(), 0777) == 0);
+  REQUIRE(::mkdir(d.sub(StepDirName(5)).c_str(), 0777) == 0);  // not named: kept
+  ConfinedRoot confined(env, d.path());
+  const Removal r = RemoveEntries(env, d.path(),
+                                  {StepDirName(1), StepDirName(2), DeletingName(StepDirName(3)), StepDirName(4),
+                                   StepDirName(9)});  // step 9: gone meanwhile, skipped
+  CHECK(r.status.ok());
+  CHECK(r.removed == (std::vector<size_t>{0, 1, 2, 3}));
+  for (uint64_t s : {1, 2, 4}) CHECK(!alpsck_test::Exists(d.sub(StepDirName(s))));
+  CHECK(!alpsck_test::Exists(leftover));
+  CHECK(alpsck_test::Exists(d.sub(StepDirName(5))));
+  std::string text;
+  CHECK(ReadSmallFile(env, taken, 100, &text).ok() && text == "not prune's");
+  CHECK(ReadSmallFile(env, elsewhere.sub("keep"), 100, &text).ok() && text == "theirs");
+  std::vector<std::string> names;
+  CHECK_EQ(env->ListDir(d.path(), &names), 0);
+  CHECK_EQ(names.size(), size_t{2});  // step-5 and the file at .deleting-step-4
+  CHECK(!RemoveEntries(env, d.path(), {"../x"}).status.ok());
+}
+
+// A failed rename stops the renaming, yet what was renamed before it is removed and the failure
+// names the entry; a failed fsync of RUN_DIR removes nothing (the renames may not be durable: a
+// power loss could bring back a half-removed checkpoint).
+TEST(remove_entries_reports_the_first_failure_and_loses_nothing) {
+  alpsck_test::TempDir d;
+  FaultEnv env;
+  for (uint64_t s : {1, 2, 3}) {
+    REQUIRE(::mkdir(d.sub(StepDirName(s)).c_str(), 0777) == 0);
+    REQUIRE(alpsck_test::WriteText(JoinPath(d.sub(StepDirName(s)), ShardFileName(0)), "x"));
+  }
+  FaultRule rename;
+  rename.op = FaultRule::Op::kRename;
+  rename.path_contains = StepDirName(2);
+  rename.error = EACCES;
+  env.AddRule(rename);
+  Removal r = RemoveEntries(&env, d.path(), {StepDirName(1), StepDirName(2), StepDirName(3)});
+  CHECK_EQ(r.status.err(), EACCES);
+  CHECK(r.renaming && r.failed == d.sub(StepDirName(2)));
+  CHECK(r.removed == (std::vector<size_t>{0}));
+  CHECK(!alpsck_test::Exists(d.sub(StepDirName(1))));
+  CHECK(alpsck_test::Exists(JoinPath(d.sub(StepDirName(2)), ShardFileName(0))));
+  CHECK(alpsck_test::Exists(JoinPath(d.sub(StepDirName(3)), ShardFileName(0))));
+  env.ClearRules();
+  FaultRule sync;
+  sync.op = FaultRule::Op::kFSync;
+  env.AddRule(sync);
+  r = RemoveEntries(&env, d.path(), {StepDirName(2)});
+  CHECK_EQ(r.status.err(), EIO);
+  CHECK(r.removed.empty());
+  CHECK(alpsck_test::Exists(JoinPath(d.sub(DeletingName(StepDirName(2))), ShardFileName(0))));  // expired, kept
+  env.ClearRules();
+  r = RemoveEntries(&env, d.path(), {DeletingName(StepDirName(2)), StepDirName(3)});  // the next prune finishes
+  CHECK(r.status.ok() && r.removed.size() == 2);
+  std::vector<std::string> names;
+  CHECK_EQ(Env::Default()->ListDir(d.path(), &names), 0);
+  CHECK(names.empty());
+}
+
 ALPSCK_TEST_MAIN()
