@@ -22,7 +22,6 @@ from . import fit, tree
 from .capture import capture
 from .errors import (
     CheckpointError,
-    CheckpointIOError,
     CorruptCheckpointError,
     NoCheckpointError,
     StateMismatchError,
@@ -30,7 +29,7 @@ from .errors import (
 )
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .ranks import Ranks
-from .store.run_dir import QUIET_REASONS, Pick, data_error, pick
+from .store.run_dir import Pick, data_error, pick, read_failure
 from .store.shards import CheckpointShards
 
 __all__ = ["RESTORED_HOOKS", "peek", "read_checkpoint", "restore_into"]
@@ -116,9 +115,9 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
             entries = tree.decode_refs(CheckpointShards(info["path"], rank).meta["tree"])
             bad = data_error(info) if verify and not info["verified"] else None
         except CheckpointError as e:
-            bad = ("unreadable" if isinstance(e, CheckpointIOError) else "corrupt", str(e))
+            bad = read_failure(info, e, "corrupt")
         if bad is not None:
-            warnings.warn(f"skipping {bad[0]} checkpoint {run_dir}/step {s}: {bad[1]}", RuntimeWarning, stacklevel=2)
+            warnings.warn(bad.warning(), RuntimeWarning, stacklevel=2)
             continue
         return {key: value for key, (_kind, value, _md) in entries.items()}
     raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid" if step is not None
@@ -129,11 +128,8 @@ def _warn_skipped(picked: Pick, stacklevel: int) -> None:
     """One RuntimeWarning per step the picker skipped, naming why (its reason code and message); an attempt
     (in flight or abandoned) is skipped quietly, and another world size is refused by restore_into instead."""
     for k in picked.skipped:
-        if k.reason in QUIET_REASONS or k.reason == "other_world":
-            continue
-        what = "corrupt" if k.reason == "data_crc" else k.reason.replace("_", "-")
-        warnings.warn(f"skipping {what} checkpoint {k.path} (step {k.step}: {k.reason}): {k.message}", RuntimeWarning,
-                      stacklevel=stacklevel + 1)
+        if not k.quiet and k.reason != "other_world":
+            warnings.warn(k.warning(), RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
@@ -268,13 +264,13 @@ def restore_into(
                 "loaded it" + ("; live tensors of this rank may already hold some of its bytes" if into_live else ""))
         unread = [r for r, v in enumerate(verdicts) if v == _UNREAD]
         if unread:
+            where = info or {"step": s, "path": f"{run_dir}/step {s}"}
             if error is not None:
-                kind = "unreadable" if isinstance(error, CheckpointIOError) else "corrupt"
-                warnings.warn(f"skipping {kind} checkpoint {run_dir}/step {s}: {error}", RuntimeWarning, stacklevel=3)
+                warnings.warn(read_failure(where, error, "corrupt").warning(), RuntimeWarning, stacklevel=3)
                 if getattr(error, "live_touched", False):
                     touched = touched or str(error)
             else:
-                warnings.warn(f"skipping checkpoint {run_dir}/step {s}: {_ranks_named(unread)} could not read it",
+                warnings.warn(read_failure(where, f"{_ranks_named(unread)} could not read it").warning(),
                               RuntimeWarning, stacklevel=3)
                 if into_live:
                     touched = touched or f"{_ranks_named(unread)} could not read step {s}"

@@ -243,7 +243,7 @@ def test_crafted_metadata_is_refused(run: Path, case: str) -> None:
     assert _core.scan(str(run))[-1]["status"] == "committed"  # the CRCs match: only validation stands in the way
     with pytest.raises(error, match=field):
         AlpsckStorageReader(run, 15).read_metadata()
-    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+    with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint"):
         assert AlpsckStorageReader(run).read_metadata() is not None
     if case == "dtype":  # and the newest-valid search falls back to step 10
         with pytest.warns(RuntimeWarning, match="float128"):

@@ -268,7 +268,7 @@ def test_a_corrupt_overwrite_is_never_loaded_in_place_of_a_good_generation(tmp_p
     shutil.copytree(keep, ckpt / _core.step_dir_name(1))  # as if the kill came before retention
     shard = ckpt / _core.step_dir_name(2) / "dcp-metadata.json"
     shard.write_bytes(shard.read_bytes()[:-10])
-    with pytest.warns(RuntimeWarning, match="skipping checkpoint"):
+    with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint"):
         assert check(_load_named(ckpt), 4) == []
     with pytest.raises(CorruptCheckpointError):
         AlpsckStorageReader(ckpt, 2).read_metadata()

@@ -27,7 +27,15 @@ from .. import _core
 from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, StateMismatchError, UsageError
 from ..options import DEFAULTS, check_step
 from ..store.durable import read_small
-from ..store.run_dir import QUIET_REASONS, data_error, is_committed_step_dir, is_marked, marker_problem, pick
+from ..store.run_dir import (
+    Skipped,
+    data_error,
+    is_committed_step_dir,
+    is_marked,
+    marker_problem,
+    pick,
+    read_failure,
+)
 from ..store.shards import shard_name
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
 from .paths import is_alpsck_checkpoint_id, same_dir
@@ -147,15 +155,17 @@ class AlpsckStorageReader(StorageReader):
             where, step = where.parent, _core.parse_run_dir_name(where.name)[1]
         if step is not None:
             return self._pick_step(where, step)
-        skipped: list[str] = []
+        skipped: list[Skipped] = []
         try:
             md = self._pick_newest(where, skipped, self.max_step)
         except NoCheckpointError:
             if not (self.fallback and is_marked(where)):  # never from one run directory to another
                 raise
-            md = self._pick_sibling(where, skipped)
-        for why in skipped:
-            warnings.warn(f"skipping checkpoint: {why}", RuntimeWarning, stacklevel=4)
+            md, instead = self._pick_sibling(where, skipped)
+            warnings.warn(instead, RuntimeWarning, stacklevel=4)
+            return md
+        for k in skipped:
+            warnings.warn(k.warning(), RuntimeWarning, stacklevel=4)
         return md
 
     def _pick_step(self, run_dir: Path, step: int) -> Metadata:
@@ -170,7 +180,7 @@ class AlpsckStorageReader(StorageReader):
                              "alpsck.Checkpointer is restored with Checkpointer.restore at its world size")
         raise CorruptCheckpointError(f"{why.path}: {why.reason}: {why.message}")
 
-    def _pick_newest(self, run_dir: Path, skipped: list[str], max_step: int | None = None) -> Metadata:
+    def _pick_newest(self, run_dir: Path, skipped: list[Skipped], max_step: int | None = None) -> Metadata:
         """The newest valid DCP checkpoint of ``run_dir`` (a generation, in a checkpoint directory), the
         picker's (kind "dcp"); what was skipped on the way is appended to ``skipped``."""
         if not run_dir.exists():
@@ -179,26 +189,28 @@ class AlpsckStorageReader(StorageReader):
         if why is not None:
             raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
         p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
-        skipped.extend(str(k) for k in p.skipped if k.reason not in QUIET_REASONS)  # an attempt: quietly
+        skipped.extend(k for k in p.skipped if not k.quiet)  # an attempt: quietly
         for info in p.candidates:
             if Path(info["path"]) in self.failed:
-                skipped.append(f"{info['path']}: data_crc: {self.failed[Path(info['path'])]} (in the load before)")
+                skipped.append(read_failure(info, CorruptCheckpointError(
+                    f"{self.failed[Path(info['path'])]} (in the load before)")))
                 continue
             if self.verify_data and not info["verified"]:
                 bad = data_error(info)
                 if bad is not None:
-                    skipped.append(f"{info['path']}: {'data_crc' if bad[0] == 'corrupt' else bad[0]}: {bad[1]}")
+                    skipped.append(bad)
                     continue
             try:
                 return self._load(info)
             except CorruptCheckpointError as e:  # UnsafeCheckpointError included
-                skipped.append(str(e))
+                skipped.append(read_failure(info, e, "corrupt"))
         raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint" +
-                                (f" (skipped: {'; '.join(skipped)})" if skipped else ""))
+                                (f" (skipped: {'; '.join(map(str, skipped))})" if skipped else ""))
 
-    def _pick_sibling(self, named: Path, skipped: list[str]) -> Metadata:
+    def _pick_sibling(self, named: Path, skipped: list[Skipped]) -> tuple[Metadata, str]:
         """``folder/step-20`` held no valid checkpoint: the newest valid ``folder/step-M``, M < 20 (the
-        same name with a lower number), as a run directory falls back to its last good step."""
+        same name with a lower number), as a run directory falls back to its last good step; with the
+        warning that says so."""
         m = _NUMBERED.match(named.name)
         siblings: list[tuple[int, Path]] = []
         if m is not None:
@@ -216,11 +228,10 @@ class AlpsckStorageReader(StorageReader):
                 md = self._pick_newest(path, skipped)
             except (NoCheckpointError, UsageError):
                 continue
-            held = "; ".join(skipped[:before]) or "no committed checkpoint"
-            skipped[:] = [f"{named} held no valid checkpoint ({held}); loading {path} instead"]
-            return md
-        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(skipped) or 'none'}), and no "
-                                "valid one of a lower number beside it")
+            held = "; ".join(map(str, skipped[:before])) or "no committed checkpoint"
+            return md, f"{named} held no valid checkpoint ({held}); loading {path} instead"
+        raise NoCheckpointError(f"{named}: no valid DCP checkpoint (skipped: {'; '.join(map(str, skipped)) or 'none'}), "
+                                "and no valid one of a lower number beside it")
 
     def _load(self, info: dict[str, Any]) -> Metadata:
         """The Metadata of one committed checkpoint: ``dcp-metadata.json`` checked against the manifest."""

@@ -18,7 +18,7 @@ import errno
 import json
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from .. import _core
 from ..errors import (
     CheckpointError,
     CheckpointIOError,
-    CorruptCheckpointError,
     NoCheckpointError,
     UsageError,
 )
@@ -216,6 +215,26 @@ class Skipped:
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}: {self.message}"
 
+    @property
+    def quiet(self) -> bool:
+        """An attempt (in flight, abandoned or aborted): expected, so readers skip it without a warning."""
+        return self.reason in QUIET_REASONS
+
+    def warning(self) -> str:
+        """What every reader says when it skips this step (restore, peek, the DCP reader, export): one wording."""
+        what = "corrupt" if self.reason == "data_crc" else self.reason.replace("_", "-")
+        return f"skipping {what} checkpoint {self.path} (step {self.step}: {self.reason}): {self.message}"
+
+
+def read_failure(info: Mapping[str, Any], error: BaseException | str, corrupt: str = "data_crc") -> Skipped:
+    """A candidate the picker passed whose reading failed, as a skipped step: ``unreadable`` for an
+    access error (an OSError such as CheckpointIOError: permission denied, EIO, ESTALE; nothing is
+    known about the bytes, so it is never treated as corrupt), else ``corrupt`` (``data_crc`` by
+    default: its data failed a CRC; ``corrupt`` for its metadata). A str is another rank's report:
+    unreadable."""
+    reason = "unreadable" if isinstance(error, (OSError, str)) else corrupt
+    return Skipped(int(info["step"]), str(info["path"]), reason, str(error))
+
 
 @dataclasses.dataclass(frozen=True)
 class Pick:
@@ -289,16 +308,15 @@ def pick(
                 skipped=tuple(Skipped(**k) for k in d["skipped"]), scanned=tuple(d["scanned"]))
 
 
-def data_error(info: dict[str, Any]) -> tuple[str, str] | None:
-    """None if every chunk of every shard of a committed checkpoint matches its CRC, else its
-    state ("corrupt", or "unreadable" when reading failed for a reason other than its bytes) and why."""
+def data_error(info: dict[str, Any]) -> Skipped | None:
+    """None if every chunk of every shard of a committed checkpoint matches its CRC, else why it is
+    skipped (:func:`read_failure`: ``data_crc``, or ``unreadable`` when reading failed for a
+    reason other than its bytes)."""
     try:
         for name in info["shards"]:
             open_shard(Path(info["path"]) / name).verify(DEFAULTS["read_threads"])
-    except CorruptCheckpointError as e:
-        return "corrupt", str(e)
-    except CheckpointError as e:  # permission denied, EIO, ESTALE: nothing known about the bytes
-        return "unreadable", str(e)
+    except CheckpointError as e:
+        return read_failure(info, e)
     return None
 
 

@@ -58,7 +58,16 @@ from .. import tree
 from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
 from ..store.durable import fsync_path
-from ..store.run_dir import check_run_dir, is_run_entry, open_shard, pick, pick_checkpoint, temp_name, writer_lock
+from ..store.run_dir import (
+    check_run_dir,
+    is_run_entry,
+    open_shard,
+    pick,
+    pick_checkpoint,
+    read_failure,
+    temp_name,
+    writer_lock,
+)
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
 from .progress import human
 
@@ -397,7 +406,7 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "
                                      "not exporting it")
     for k in picked.skipped if step is None else ():
-        print(f"alpsck: warning: skipping {k.reason} checkpoint {k.path}: {k.message}", file=sys.stderr)
+        print(f"alpsck: warning: {k.warning()}", file=sys.stderr)
     candidates = [first] if step is not None else list(picked.candidates)
     tmp = Path(temp_name(str(out_path)))
     for info in candidates:
@@ -428,7 +437,7 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             if step is not None:
                 raise CorruptCheckpointError(f"checkpoint of step {info['step']} failed verification: {e}; "
                                              "nothing was written") from None
-            print(f"alpsck: warning: skipping corrupt checkpoint {info['path']}: {e}", file=sys.stderr)
+            print(f"alpsck: warning: {read_failure(info, e).warning()}", file=sys.stderr)
             continue
         except NoCheckpointError as e:
             raise NoCheckpointError(f"checkpoint of step {info['step']} has no shard for rank {rank}: {e}") from None
