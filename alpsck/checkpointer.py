@@ -68,6 +68,7 @@ from . import _core, fit, tree
 from .capture import capture
 from .errors import (
     CheckpointError,
+    DiskFullError,
     StateMismatchError,
     UsageError,
 )
@@ -78,6 +79,7 @@ from .ranks import Ranks, assign_owners
 from .restore import RESTORED_HOOKS, peek, read_checkpoint, restore_into
 from .staging import Stager, guarded_pointers
 from .store.durable import make_dirs_durably
+from .store.filesystem import LayoutReport, checkpoint_files, ensure_layout, layout_problem, preflight
 from .store.run_dir import lock_run_dir, pick
 from .store.shards import META_FORMAT, read_meta
 
@@ -134,6 +136,14 @@ class Checkpointer:
             core's blocking copy for CPU states. True: also CPU states take the pipelined path
             (the optimizers' tensors are copied while training goes on). False: never (CUDA
             tensors are then copied to the CPU inside ``save()``).
+        lustre_layout: on Lustre, the layout a run directory without one of its own gets (rank 0,
+            when the checkpointer opens): ``"auto"`` (CSCS's progressive layout, its stripe size
+            matched to chunk_bytes), ``"none"``, or ``lfs setstripe`` options (``"-c 8 -S 4M"``).
+            No ``lfs`` call on other file systems (:mod:`alpsck.store.filesystem`).
+        preflight: before the first save, and when a save grows by more than a tenth, rank 0 checks
+            that keep_last + max_in_flight checkpoints of this size fit (free space, inodes, and on
+            Lustre the user's quota and the storage targets); when they do not, the save fails on
+            every rank before a byte is written, with the numbers (DiskFullError on rank 0).
     """
 
     def __init__(
@@ -156,6 +166,8 @@ class Checkpointer:
         replicated: Sequence[str] = (),
         commit_timeout_s: float = DEFAULTS["commit_timeout_s"],
         overlap_copy: bool | None = None,
+        lustre_layout: str = "auto",
+        preflight: bool = True,
         _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
         # None: the core's default (alpsck.options). Every value is checked here, before anything is touched.
@@ -170,6 +182,11 @@ class Checkpointer:
         _core.check_numa_node(numa_node if numa_node is not None else DEFAULTS["numa_node"])  # before the run dir
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
+        why = layout_problem(lustre_layout)
+        if why is not None:
+            raise UsageError(f"lustre_layout: {why}")
+        if not isinstance(preflight, bool):
+            raise UsageError(f"preflight: {preflight!r}: must be True or False")
         check_run_dir_arg(run_dir)
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
@@ -179,6 +196,10 @@ class Checkpointer:
         self.world_size = self.ranks.world_size
         self.replicated = frozenset(replicated)
         self.overlap_copy = overlap_copy
+        self.layout: LayoutReport | None = None  # what rank 0 found and did about the Lustre layout
+        self._preflight = preflight
+        self._preflight_bytes = 0  # the shard size rank 0 last checked (0: not yet)
+        self._keep = keep_last + max_in_flight if keep_last else 1  # keep_last 0 keeps all: the next one at least
         self._stager: Stager | None = None
         self._hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> its hook
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
@@ -197,6 +218,9 @@ class Checkpointer:
             if (self.rank == 0) == first:
                 try:
                     make_dirs_durably(self.run_dir)  # a power loss must not take a new run dir's name
+                    if self.rank == 0:
+                        chunk = chunk_bytes if chunk_bytes is not None else DEFAULTS["chunk_bytes"]
+                        self.layout = self._ensure_layout(lustre_layout, chunk)
                     self._open_engine(*engine_args)
                 except Exception as e:
                     error = e
@@ -213,6 +237,34 @@ class Checkpointer:
                 stacklevel=2,
             )
         self._pending: list[CoreSave] = []
+
+    def _ensure_layout(self, setting: str, chunk_bytes: int) -> LayoutReport | None:
+        """The Lustre layout (:func:`alpsck.store.filesystem.ensure_layout`). lfs failing is a warning
+        for the automatic layout (the checkpoints are as safe without it) and an error for one the
+        user gave."""
+        try:
+            return ensure_layout(self.run_dir, setting, chunk_bytes)
+        except CheckpointError as e:
+            if setting != "auto":
+                raise UsageError(f"lustre_layout {setting!r}: {e}") from None
+            warnings.warn(f"{self.run_dir}: the Lustre layout was not set: {e}", RuntimeWarning, stacklevel=4)
+            return None
+
+    def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]]) -> str:
+        """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''."""
+        if self.rank != 0 or not self._preflight:
+            return ""
+        size = sum(t.numel() * t.element_size() for _, t in mine)
+        if self._preflight_bytes and size <= self._preflight_bytes * 1.1:
+            return ""
+        try:
+            preflight(self.run_dir, checkpoint_bytes=size * self.world_size,
+                      checkpoint_files=checkpoint_files(self.world_size), keep=self._keep,
+                      estimate=f"rank 0's shard of {size} bytes times {self.world_size} rank(s)")
+        except DiskFullError as e:
+            return str(e)
+        self._preflight_bytes = size
+        return ""
 
     def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]]) -> None:
         self._lock = lock_run_dir(self.run_dir, self.rank)
@@ -291,7 +343,11 @@ class Checkpointer:
                            "tree": cap.tree}, allow_nan=False)
         mine = self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
+        refusal = self._refusal(mine)
         try:
+            if refusal:
+                self.engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
+                raise DiskFullError(refusal)
             if self._is_pipelined(cuda):
                 handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state)))
             else:

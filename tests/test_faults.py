@@ -430,16 +430,23 @@ def test_real_enospc_on_a_small_tmpfs_fails_loudly_and_recovers_once_space_retur
             assert _committed(run) == [1] and not list(run.glob("step-*.tmp"))
             filler.unlink()  # space returns
             ck.save(5, state(5)).wait()
-        with alpsck.Checkpointer(run, direct_io=False, keep_last=2, chunk_bytes=256 << 10) as ck:
+        with alpsck.Checkpointer(run, direct_io=False, keep_last=2, chunk_bytes=256 << 10, preflight=False) as ck:
             # With preallocation (tmpfs has fallocate) a full disk is found before any write: save() raises.
             filler = _fill(fs)
             with pytest.raises(DiskFullError, match="preallocate"):
                 ck.save(6, state(6))
             filler.unlink()
             ck.save(7, state(7)).wait()
-        assert _committed(run) == [5, 7]
+        with alpsck.Checkpointer(run, direct_io=False, keep_last=2, chunk_bytes=256 << 10) as ck:
+            # The pre-flight (on by default) finds it before the engine: statvfs has no room for what retention holds.
+            filler = _fill(fs)
+            with pytest.raises(DiskFullError, match=r"pre-flight.*statvfs"):
+                ck.save(8, state(8))
+            filler.unlink()
+            ck.save(8, state(8)).wait()
+        assert _committed(run) == [7, 8]
         back = {"w": torch.empty(500_000), "step": 0}
-        assert alpsck.restore_into(run, back) == 7 and torch.equal(back["w"], torch.full((500_000,), 7.0))
+        assert alpsck.restore_into(run, back) == 8 and torch.equal(back["w"], torch.full((500_000,), 8.0))
 
 
 # ---------------------------------------------------------------------------------------------

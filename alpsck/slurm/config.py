@@ -26,6 +26,7 @@ import yaml
 from ..errors import ConfigError
 from ..options import DEFAULTS
 from ..options import problem as option_problem
+from ..store.filesystem import layout_problem
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account, qos, constraint lists...
@@ -126,6 +127,8 @@ class CheckpointConfig:
     max_in_flight: int = DEFAULTS["max_in_flight"]  # the engine's options: defaults from alpsck.options
     threads: int = DEFAULTS["threads"]
     keep_last: int = DEFAULTS["keep_last"]
+    lustre_layout: str = "auto"  # on Lustre: "auto", "none" or lfs setstripe options (alpsck.store.filesystem)
+    preflight: bool = True  # check space, inodes and quota before the first save (Checkpointer's preflight)
 
 
 @dataclass
@@ -286,7 +289,7 @@ _TYPES: dict[str, dict[str, str]] = {
     "environment": {"container": "str", "uenv": "str", "view": "str", "venv": "str", "setup": "list[str]"},
     "entry": {"function": "str", "script": "str", "args": "list[str]"},
     "checkpoint": {"every_steps": "int", "every_seconds": "float", "max_in_flight": "int", "threads": "int",
-                   "keep_last": "int"},
+                   "keep_last": "int", "lustre_layout": "str", "preflight": "bool"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
                 "same_error_retries": "int", "give_up_after_no_progress": "int"},
@@ -439,6 +442,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         why = option_problem(option, getattr(ck, option))
         if why is not None:
             raise loc.err(f"checkpoint.{option}", why)
+    why = layout_problem(ck.lustre_layout)
+    if why is not None:
+        raise loc.err("checkpoint.lustre_layout", why)
     if rq.signal not in _SIGNALS:
         raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:

@@ -82,6 +82,6 @@ class JobContext:
 
         ck = self.config.checkpoint
         kw: dict[str, Any] = {"max_in_flight": ck.max_in_flight, "threads": ck.threads, "keep_last": ck.keep_last,
-                              "rank": self.rank}
+                              "lustre_layout": ck.lustre_layout, "preflight": ck.preflight, "rank": self.rank}
         kw.update(overrides)
         return Checkpointer(self.run_dir, **kw)

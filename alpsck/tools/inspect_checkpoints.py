@@ -30,10 +30,12 @@ from typing import Any, TextIO
 from .. import _core, tree
 from ..errors import (
     AlpsckError,
+    CheckpointError,
     CorruptCheckpointError,
     UsageError,
 )
 from ..options import DEFAULTS, arg_rank, arg_step
+from ..store.filesystem import describe_layout
 from ..store.run_dir import check_run_dir, open_shard, pick, pick_checkpoint, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
 from . import jsonout
@@ -92,6 +94,10 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         bar.close(complete=not any(i["status"] in UNUSABLE for i in infos))
     latest = picked.step
     superseded = superseded_dirs(path)
+    try:
+        layout = describe_layout(path)  # None off Lustre: no lfs call there
+    except CheckpointError as e:
+        layout = f"unknown ({e})"
     if as_json:
         doc = {
             "latest_valid": latest,
@@ -101,6 +107,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
             ],
             "skipped": [dataclasses.asdict(k) for k in picked.skipped],
             "superseded": superseded,
+            "lustre_layout": layout,
         }
         print(jsonout.dumps(doc))
     else:
@@ -119,6 +126,8 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
             print(_MARK_NOTE[verify] if latest is not None else "no valid checkpoint: restore would start fresh")
         if superseded:
             print(_superseded_line(superseded))
+        if layout is not None:
+            print(f"Lustre layout of new checkpoints: {layout}")
     bad = any(i["status"] in UNUSABLE for i in infos)
     return 1 if (verify and bad) else 0
 

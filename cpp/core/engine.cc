@@ -197,6 +197,9 @@ Status Engine::PrepareDir(SaveJob* j) {
     return Status::FromErrno(-own, "inspect " + j->tmp_dir);
   if (own == 0)  // something else took the name: never write through it
     return Status::Invalid(j->tmp_dir + " is a symbolic link, not a directory, or not ours: alpsck will not write through it");
+  // Refused: once the attempt's directory exists (the abort that tells every rank renames it),
+  // before the shard takes a byte.
+  if (!j->refusal.ok()) return j->refusal;
   ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
   const uint64_t want = j->index.layout.data_padded + align_;
   int r = env_->FAllocate(j->fd, want);
@@ -206,7 +209,8 @@ Status Engine::PrepareDir(SaveJob* j) {
 }
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-                    std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill) {
+                    std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill,
+                    const Status& refusal) {
   if (Forked()) return ForkedError();
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
@@ -214,6 +218,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   auto job = std::make_unique<SaveJob>();
   job->step = step;
   job->commit = commit;
+  job->refusal = refusal;
   job->t0 = t0;
   job->handle = std::make_shared<SaveHandle>(step);
   std::vector<std::pair<std::string, uint64_t>> sizes;

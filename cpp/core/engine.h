@@ -76,10 +76,13 @@ class Engine {
   // preallocation) are returned here; later ones through the handle. A step that is already
   // committed is not written again (the handle completes with skipped = true), unless it belongs
   // to an abandoned history and Supersede retired it first.
-  // With kExternal, *fill receives the save's filler (required; otherwise ignored).
+  // With kExternal, *fill receives the save's filler (required; otherwise ignored). A refusal (not
+  // OK: the caller's pre-flight check failed, e.g. no room for what retention holds) aborts the
+  // attempt on every rank with it, before this rank opens its shard, and is Save's error: the
+  // other ranks hear the abort verdict at once instead of waiting out the commit timeout.
   Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
               std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto,
-              std::shared_ptr<ExternalFill>* fill = nullptr);
+              std::shared_ptr<ExternalFill>* fill = nullptr, const Status& refusal = Status::Ok());
   void WaitAll();
   void Close();
 

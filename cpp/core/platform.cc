@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/syscall.h>
@@ -272,6 +273,13 @@ void PrefaultedMemory::Release() {
   if (data_) munmap(data_, size_);
   data_ = nullptr;
   size_ = 0;
+}
+
+int FileSystemMagic(const std::string& path, uint64_t* magic) {
+  struct statfs st;
+  if (::statfs(path.c_str(), &st) != 0) return -errno;
+  *magic = static_cast<uint64_t>(static_cast<uint32_t>(st.f_type));  // f_type's width varies by ISA
+  return 0;
 }
 
 }  // namespace alpsck

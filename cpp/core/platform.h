@@ -48,6 +48,10 @@ int NumaPolicyOf(const void* addr, int* mode, int* node);
 // The node holding the (faulted) page at addr, or -errno.
 int NumaNodeOfPage(const void* addr);
 
+// The type of the file system holding path (statfs f_type: 0x0BD00BD0 Lustre, 0x6969 NFS, ...),
+// which alpsck asks before any Lustre-only call. 0, or -errno.
+int FileSystemMagic(const std::string& path, uint64_t* magic);
+
 // Page-aligned anonymous memory, pre-faulted (one write per page) so that first-touch page faults
 // never land on the hot path, and not inherited by fork() (MADV_DONTFORK). With huge_pages, a
 // mapping of at least one transparent huge page is aligned to it and advised MADV_HUGEPAGE (the

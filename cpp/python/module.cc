@@ -280,7 +280,8 @@ class PyEngine {
   // commit: "auto" (the engine commits; coordinated across ranks), "deferred" (seal the shard
   // only; the caller commits with commit_step).
   PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
-                const std::string& mode_name, nb::object keepalive, const std::string& commit_name) {
+                const std::string& mode_name, nb::object keepalive, const std::string& commit_name,
+                const std::string& refuse) {
     CommitMode commit = ParseCommit(commit_name);
     SaveMode mode;
     if (mode_name == "snapshot") mode = SaveMode::kSnapshot;
@@ -297,7 +298,8 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, mode, &h, commit);
+      s = e.Save(step, ex, meta, mode, &h, commit, nullptr,
+                 refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse));
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
@@ -637,6 +639,12 @@ NB_MODULE(_core, m) {
       }, "node"_a, "UsageError (or an OSError) unless the numa_node option's value works on this machine.");
   m.def("cpu_numa_nodes", &CpuNumaNodes, "sysfs"_a = "/sys",
         "The NUMA nodes that have CPUs, ascending (empty if unknown); sysfs: another root, for tests.");
+  m.def("fs_magic", [](const FsPath& path) {
+        uint64_t magic = 0;
+        const int r = FileSystemMagic(path.bytes, &magic);
+        if (r < 0) RaiseStatus(Status::FromErrno(-r, "statfs " + path.bytes), false);
+        return magic;
+      }, "path"_a, "The type of the file system holding path (statfs f_type).");
   m.def("numa_policy_of", [](uint64_t address) {
         int mode = 0, node = -1;
         const int r = NumaPolicyOf(reinterpret_cast<const void*>(static_cast<uintptr_t>(address)), &mode, &node);
@@ -787,7 +795,9 @@ NB_MODULE(_core, m) {
            "background_nice"_a = defaults.background_nice, "crc_in_copy"_a = defaults.crc_in_copy,
            "numa_node"_a = defaults.numa_node)
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
-           "keepalive"_a = nb::none(), "commit"_a = "auto")
+           "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "",
+           "Save a shard; refuse (not empty): a pre-flight check failed: abort the attempt on every rank with this "
+           "reason (DiskFullError here) before the shard takes a byte.")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
            "Start a save whose staging slots the caller fills (returns (handle, fill)).")
       .def("staging_tensor", &PyEngine::staging_tensor, nb::sig("def staging_tensor(self) -> torch.Tensor"),
