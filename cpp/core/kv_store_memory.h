@@ -60,9 +60,8 @@ class MemoryKvStore : public KvStore {
   std::vector<std::string> Keys() const;
   uint64_t FaultsInjected() const;
 
-  struct Shared;
-
  private:
+  struct Shared;  // the store every client of it shares (kv_store_memory.cc)
   explicit MemoryKvStore(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   std::shared_ptr<Shared> shared_;
 };
