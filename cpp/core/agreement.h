@@ -3,11 +3,12 @@
 // rank is the case N = 1 of the same path. CommitAttempt (commit_attempt.h) runs an attempt
 // through it; the protocol's order is CommitAttempt's, the meeting place is the Agreement's.
 //
-// The one implementation today, FileAgreement (coordinate.h), meets through the attempt's
-// directory: DONE records, the rename that commits against the rename to step-N[.aK].aborted,
-// polling. The interface is shaped for one that meets through a key-value store as well (arrive:
-// a counter and a record per rank; the decision: a compare-and-set of the verdict key; waiting: a
-// wait on it; acknowledging: a counter whose last increment removes the keys).
+// FileAgreement (coordinate.h) meets through the attempt's directory: DONE records, the rename
+// that commits against the rename to step-N[.aK].aborted, polling. StoreAgreement
+// (store_agreement.h) meets through a key-value store (arrive: a record and a counter; the
+// decision: a compare-and-set of the verdict key; waiting: a blocking get; acknowledging: a
+// counter whose last increment removes the keys), and falls back on the directory's renames where
+// the store cannot settle the verdict.
 //
 // Threading: an Agreement belongs to one attempt on one rank, and one thread at a time calls it
 // (the thread driving the attempt, handed over as CommitAttempt says). The ranks share nothing

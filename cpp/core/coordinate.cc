@@ -147,6 +147,17 @@ Verdict ReadVerdict(Env* env, const Attempt& a, Status* why) {
   return Verdict::kCommitted;
 }
 
+// Won: the reason, then the shards go (their blocks are freed now; a rank still writing holds an
+// unlinked file). Records stay: a rank's .seen joins them.
+void RecordAbort(Env* env, const Attempt& a, uint32_t rank, const std::string& why) {
+  const std::string aborted = a.aborted_dir();
+  PublishRecord(env, aborted, kAbortedName, "rank " + std::to_string(rank) + ": " + why + "\n");
+  std::vector<std::string> names;
+  if (env->ListDir(aborted, &names) == 0)
+    for (const std::string& n : names)
+      if (IsShardName(n) || n == kManifestName) env->Unlink(JoinPath(aborted, n));
+}
+
 Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why, Status* why_out, bool* won) {
   const std::string tmp = a.tmp_dir(), aborted = a.aborted_dir();
   if (env->IsOwnDir(tmp) == 0) {
@@ -159,13 +170,7 @@ Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why,
   const int r = env->Rename(tmp, aborted);
   if (won) *won = r == 0;
   if (r == 0) {
-    // Won: the reason, then the shards go (their blocks are freed now; a rank still writing holds
-    // an unlinked file). Records stay: a rank's .seen joins them.
-    PublishRecord(env, aborted, kAbortedName, "rank " + std::to_string(rank) + ": " + why + "\n");
-    std::vector<std::string> names;
-    if (env->ListDir(aborted, &names) == 0)
-      for (const std::string& n : names)
-        if (IsShardName(n) || n == kManifestName) env->Unlink(JoinPath(aborted, n));
+    RecordAbort(env, a, rank, why);
     *why_out = Status::Error(Code::kAborted, "step " + std::to_string(a.step) + " was aborted: rank " +
                                                  std::to_string(rank) + ": " + why);
     return Verdict::kAborted;

@@ -57,6 +57,10 @@ Verdict ReadVerdict(Env* env, const Attempt& a, Status* why);
 Verdict Abort(Env* env, const Attempt& a, uint32_t rank, const std::string& why, Status* why_out,
               bool* won = nullptr);
 
+// The winner of an abort, once its rename of the attempt's directory to aborted_dir() took
+// effect: writes the reason (ABORTED) and removes the shards and any manifest from it.
+void RecordAbort(Env* env, const Attempt& a, uint32_t rank, const std::string& why);
+
 // This rank has read the abort verdict: records it in the aborted directory, and removes the
 // directory once all world_size ranks have.
 void SawAbort(Env* env, const Attempt& a, uint32_t rank, uint32_t world_size);

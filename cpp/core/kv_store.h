@@ -1,0 +1,57 @@
+// KvStore: a key-value store that the ranks of a job share, with the semantics of
+// torch.distributed's c10d Store (TCPStore, HashStore, PrefixStore), so that a client of a c10d
+// store can implement it without translation. The commit's ranks can meet through one instead of
+// polling the file system (StoreAgreement, store_agreement.h).
+//
+// Semantics (those of c10d; keys and values are byte strings):
+//   Set          stores value under key (replaces).
+//   Get          waits until key exists (up to timeout_s; 0: only looks), then reads it.
+//   Add          adds delta to the int64 counter at key (a missing key counts as 0; the value is
+//                its decimal text, as c10d stores it) and returns the new value.
+//   Append       appends to the value at key (a missing key is created): c10d's append.
+//   CompareSet   c10d's compare_set: key missing and expected empty: sets desired; key missing and
+//                expected NOT empty: sets nothing and returns expected (not the absent value);
+//                key present and equal to expected: sets desired; otherwise sets nothing. Returns
+//                (*current) the value stored afterwards, with that one exception.
+//   Wait         waits until every key exists (up to timeout_s): the store wakes the waiter when
+//                the last one is set; a client never polls.
+//   DeleteKey    removes key (a missing key is no error).
+//   Clone        a new client of the same store (c10d's clone()): each thread uses its own.
+//
+// Errors: a Get or Wait that times out is kNotFound and names the keys it waited for; any other
+// error means the store failed (unreachable, gone): its code is kIoError, and the caller cannot
+// tell whether a write it issued took effect.
+//
+// Threading: a client (a KvStore object) is used by one thread at a time; clients made by Clone
+// may be used concurrently, each by its own thread. The store behind them is shared by every
+// rank and every client.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace alpsck {
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  virtual Status Set(const std::string& key, const std::string& value) = 0;
+  virtual Status Get(const std::string& key, double timeout_s, std::string* value) = 0;
+  virtual Status Add(const std::string& key, int64_t delta, int64_t* new_value) = 0;
+  virtual Status Append(const std::string& key, const std::string& value) = 0;
+  virtual Status CompareSet(const std::string& key, const std::string& expected, const std::string& desired,
+                            std::string* current) = 0;
+  virtual Status Wait(const std::vector<std::string>& keys, double timeout_s) = 0;
+  virtual Status DeleteKey(const std::string& key) = 0;
+  virtual Status Clone(std::unique_ptr<KvStore>* out) = 0;
+};
+
+// The error of a Get or Wait that timed out: kNotFound naming the keys (the list cut at about
+// 200 characters). For implementations, so that every client words it the same way.
+Status KvTimeout(const std::vector<std::string>& keys, double timeout_s);
+
+}  // namespace alpsck

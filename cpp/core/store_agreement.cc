@@ -1,0 +1,389 @@
+#include "store_agreement.h"
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <utility>
+
+#include "file_io.h"
+#include "json.h"
+
+namespace alpsck {
+
+namespace {
+
+constexpr char kCommitting[] = "committing";
+constexpr char kCommittedValue[] = "committed";
+constexpr char kUnsyncedPrefix[] = "committed-unsynced:";
+constexpr char kAbortedPrefix[] = "aborted:";
+constexpr char kAllArrived[] = "all";
+constexpr char kAbortedArrival[] = "aborted";
+
+bool StartsWith(const std::string& s, const char* p) { return s.compare(0, std::char_traits<char>::length(p), p) == 0; }
+std::string After(const std::string& s, const char* p) { return s.substr(std::char_traits<char>::length(p)); }
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+bool IsTimeout(const Status& s) { return s.code() == Code::kNotFound; }
+
+Status StoreError(const Status& s, const std::string& what) {
+  return Status::Error(s.code(), what + ": " + s.message(), s.err());
+}
+
+// The rank a record line names (DecodeShardRecord then checks the rest against it).
+bool RecordRank(const std::string& line, uint32_t* rank) {
+  Json j;
+  uint64_t r = 0;
+  if (!ParseJson(line, &j, JsonLimits{8, 64 << 10}).ok()) return false;
+  const Json* jr = j.find("rank");
+  if (!jr || !jr->get_u64(&r) || r > UINT32_MAX) return false;
+  *rank = static_cast<uint32_t>(r);
+  return true;
+}
+
+}  // namespace
+
+StoreAgreement::StoreAgreement(Env* env, Attempt a, std::unique_ptr<KvStore> store, const std::string& ns,
+                               uint32_t world_size, uint32_t readers, double settle_timeout_s)
+    : env_(env),
+      a_(std::move(a)),
+      store_(std::move(store)),
+      prefix_(KeyPrefix(ns, a_.step, a_.attempt)),
+      world_size_(world_size),
+      readers_(readers),
+      settle_timeout_s_(settle_timeout_s) {}
+
+std::string StoreAgreement::KeyPrefix(const std::string& ns, uint64_t step, uint32_t attempt) {
+  return ns + "step-" + std::to_string(step) + "/a" + std::to_string(attempt) + "/";
+}
+
+std::string StoreAgreement::AbortReason(const Status& verdict) const {
+  const std::string head = "step " + std::to_string(a_.step) + " was aborted: ";
+  return StartsWith(verdict.message(), head.c_str()) ? verdict.message().substr(head.size()) : verdict.message();
+}
+
+// Each rank arrives once per attempt: more means keys of another run or job under this prefix.
+Status StoreAgreement::TooMany(int64_t n) const {
+  return Status::Invalid("the store counts " + std::to_string(n) + " arrivals of " + std::to_string(world_size_) +
+                         " ranks under " + prefix_ + ": is its namespace shared with another run?");
+}
+
+Status StoreAgreement::Aborted(const std::string& why) const {
+  return Status::Error(Code::kAborted, "step " + std::to_string(a_.step) + " was aborted: " + why);
+}
+
+Verdict StoreAgreement::Remember(Verdict v, const Status& verdict, bool won) {
+  settled_ = v;
+  settled_status_ = verdict;
+  settled_won_ = won;
+  return v;
+}
+
+// ---------------------------------------------------------------- arriving
+
+Status StoreAgreement::Arrive(uint32_t rank, const ShardRecord& record) {
+  if (rank >= world_size_) return Status::Invalid("rank " + std::to_string(rank) + " is not below the world size");
+  // The record before the count: whoever sees the count complete finds every record there.
+  Status s = store_->Append(Key("records"), EncodeShardRecord(rank, record));
+  if (!s.ok()) return StoreError(s, "publish the record of rank " + std::to_string(rank));
+  int64_t n = 0;
+  s = store_->Add(Key("arrived"), 1, &n);
+  if (!s.ok()) return StoreError(s, "count the arrival of rank " + std::to_string(rank));
+  if (n > static_cast<int64_t>(world_size_)) return TooMany(n);
+  if (n == static_cast<int64_t>(world_size_)) {
+    s = store_->Set(Key("all-arrived"), kAllArrived);
+    if (!s.ok()) return StoreError(s, "say every rank arrived");
+  }
+  return Status::Ok();
+}
+
+Status StoreAgreement::ReadRecords(double timeout_s, std::vector<ShardRecord>* records, std::vector<bool>* have) {
+  std::string text;
+  Status s = store_->Get(Key("records"), timeout_s, &text);
+  if (IsTimeout(s)) return Status::Ok();  // nobody arrived
+  if (!s.ok()) return StoreError(s, "read the records");
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin + 1);
+    begin = end + 1;
+    uint32_t rank = 0;
+    if (!RecordRank(line, &rank) || rank >= world_size_)
+      return Status::Corrupt("a record in the store under " + Key("records") + " is malformed");
+    if ((*have)[rank]) continue;  // the coordinator's own record, held at hand, wins
+    ALPSCK_RETURN_IF_ERROR(DecodeShardRecord(line, rank, &(*records)[rank]));
+    (*have)[rank] = true;
+  }
+  return Status::Ok();
+}
+
+std::string StoreAgreement::MissingRanks() {
+  std::vector<ShardRecord> records(world_size_);
+  std::vector<bool> have(world_size_, false);
+  if (!ReadRecords(0, &records, &have).ok()) return "";
+  std::string which;
+  for (uint32_t r = 1; r < world_size_ && which.size() < 200; ++r)
+    if (!have[r]) which += (which.empty() ? "" : ", ") + std::to_string(r);
+  return which.empty() ? "" : "; no shard from rank(s) " + which;
+}
+
+Status StoreAgreement::AwaitShards(double timeout_s, const ShardRecord* own, std::vector<ShardRecord>* records) {
+  records->assign(world_size_, ShardRecord());
+  std::vector<bool> have(world_size_, false);
+  bool last = false;
+  if (own) {
+    (*records)[0] = *own;
+    have[0] = true;
+    int64_t n = 0;
+    Status s = store_->Add(Key("arrived"), 1, &n);  // counts as arrived, so the count is world_size
+    if (!s.ok()) return StoreError(s, "count the arrival of rank 0");
+    if (n > static_cast<int64_t>(world_size_)) return TooMany(n);
+    last = n == static_cast<int64_t>(world_size_);
+  }
+  if (!last) {
+    // Woken by the last arrival, or by an abort's winner: no polling.
+    std::string v;
+    Status s = store_->Get(Key("all-arrived"), timeout_s, &v);
+    if (IsTimeout(s)) {
+      ReadRecords(0, records, &have);
+      std::string which;
+      for (uint32_t r = 0; r < world_size_ && which.size() < 200; ++r)
+        if (!have[r]) which += (which.empty() ? "" : ", ") + std::to_string(r);
+      return Status::Error(Code::kAborted, "no shard from rank(s) " + which + " after " + Seconds(timeout_s) + " s");
+    }
+    if (!s.ok()) return StoreError(s, "wait for the shards");
+    all_arrived_read_ = true;
+    if (v != kAllArrived) {  // an abort's winner woke this rank
+      std::string why;
+      store_->Get(Key("verdict"), 0, &why);
+      return Aborted(StartsWith(why, kAbortedPrefix) ? After(why, kAbortedPrefix) : "(no reason in the store)");
+    }
+  }
+  if (own && world_size_ == 1) return Status::Ok();
+  ALPSCK_RETURN_IF_ERROR(ReadRecords(0, records, &have));
+  for (uint32_t r = 0; r < world_size_; ++r)
+    if (!have[r]) return Status::Corrupt("rank " + std::to_string(r) + " counted as arrived without its record in the store");
+  // A record says the shard is sealed and durable; check its size before trusting it (as
+  // FileAgreement does: only the coordinator looks at the disk here).
+  for (uint32_t r = 0; r < world_size_; ++r) {
+    if (own && r == 0) continue;
+    const std::string path = JoinPath(a_.tmp_dir(), (*records)[r].name);
+    int fd = env_->Open(path, O_RDONLY, 0);
+    uint64_t size = 0;
+    int e = fd < 0 ? fd : env_->FileSize(fd, &size);
+    if (fd >= 0) env_->Close(fd);
+    if (e < 0 || size != (*records)[r].bytes) return Status::Corrupt(path + ": missing or not the size its record says");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- the decision
+
+Status StoreAgreement::Commit(const CommitRequest& req) {
+  claim_tried_ = true;
+  std::string cur;
+  Status s = store_->CompareSet(Key("verdict"), "", kCommitting, &cur);
+  if (!s.ok()) return StoreError(s, "claim the commit");  // undecided (or claimed: Abort sorts it out)
+  if (cur != kCommitting) return Aborted(StartsWith(cur, kAbortedPrefix) ? After(cur, kAbortedPrefix) : cur);
+  // Claimed: no other rank can decide now, and every rank has arrived, so nobody writes the
+  // arrival keys again. They go now; the last acknowledgement removes the rest.
+  store_->DeleteKey(Key("records"));
+  store_->DeleteKey(Key("arrived"));
+  if (all_arrived_read_) store_->DeleteKey(Key("all-arrived"));
+  commit_ran_ = true;
+  const Status c = CommitCheckpoint(env_, req);
+  std::string final_value = kCommittedValue;
+  if (!c.ok()) {
+    // Did the rename happen? The abort rename answers, as FileAgreement's does: it fails once the
+    // directory was renamed to step-N (committed, durability unconfirmed), and it wins if the
+    // commit stopped before (or a rank that gave up on this one renamed it first: aborted).
+    Status verdict;
+    bool won = false;
+    const Verdict v = SettleOnDisk(0, c.message(), &verdict, &won);
+    if (v == Verdict::kCommitted) {
+      final_value = kUnsyncedPrefix + c.message();
+      unsynced_ = true;
+    } else {
+      final_value = kAbortedPrefix + (won ? "rank 0: " + c.message() : AbortReason(verdict));
+    }
+  }
+  // The final verdict for the waiting ranks. A store that fails now changes nothing on disk: they
+  // then settle it from there, and find what this rank did.
+  store_->CompareSet(Key("final"), "", final_value, &cur);
+  if (c.ok() || unsynced_) {
+    Remember(Verdict::kCommitted, Status::Ok(), false);
+    Ack(0);  // the caller acknowledges aborts only
+  }
+  return c;
+}
+
+Verdict StoreAgreement::RecordWon(uint32_t rank, const std::string& why, Status* verdict, bool* won) {
+  // On disk as with FileAgreement: the attempt's directory to its aborted name, with the reason,
+  // without the shards (a rank writing late holds an unlinked file).
+  if (env_->IsOwnDir(a_.tmp_dir()) == 1 && env_->Rename(a_.tmp_dir(), a_.aborted_dir()) == 0)
+    RecordAbort(env_, a_, rank, why);
+  const std::string reason = "rank " + std::to_string(rank) + ": " + why;
+  std::string cur;
+  store_->CompareSet(Key("final"), "", kAbortedPrefix + reason, &cur);
+  if (rank != 0) store_->Set(Key("all-arrived"), kAbortedArrival);  // wakes the coordinator
+  *verdict = Aborted(reason);
+  if (won) *won = true;
+  return Remember(Verdict::kAborted, *verdict, true);
+}
+
+Verdict StoreAgreement::SettleOnDisk(uint32_t rank, const std::string& why, Status* verdict, bool* won) {
+  read_disk_ = true;
+  bool w = false;
+  const Verdict v = alpsck::Abort(env_, a_, rank, why, verdict, &w);
+  if (won) *won = w;
+  if (v == Verdict::kCommitted) {
+    unsynced_ = true;  // the rename is visible; whether rank 0's fsync made it durable is unknown
+    return Remember(v, Status::Ok(), false);
+  }
+  if (w) {  // tell the ranks still on the store (the final verdict cannot be a commit now)
+    std::string cur;
+    store_->CompareSet(Key("final"), "", kAbortedPrefix + ("rank " + std::to_string(rank) + ": " + why), &cur);
+  }
+  return Remember(v, *verdict, w);
+}
+
+Verdict StoreAgreement::Abort(uint32_t rank, const std::string& why, Status* verdict, bool* won) {
+  if (won) *won = false;
+  if (settled_ != Verdict::kPending) {
+    *verdict = settled_status_;
+    if (won) *won = settled_won_;
+    if (settled_ == Verdict::kCommitted) Ack(rank);
+    return settled_;
+  }
+  const std::string mine = kAbortedPrefix + ("rank " + std::to_string(rank) + ": " + why);
+  std::string cur;
+  Status s = store_->CompareSet(Key("verdict"), "", mine, &cur);
+  if (!s.ok()) {
+    // The store failed: the disk decides, as with FileAgreement.
+    const bool said = why.find(s.message()) != std::string::npos;
+    const Verdict v = SettleOnDisk(rank, said ? why : why + " (the store failed: " + s.message() + ")", verdict, won);
+    if (v == Verdict::kCommitted) Ack(rank);
+    return v;
+  }
+  if (cur == mine) return RecordWon(rank, why, verdict, won);
+  if (StartsWith(cur, kAbortedPrefix)) {
+    *verdict = Aborted(After(cur, kAbortedPrefix));
+    return Remember(Verdict::kAborted, *verdict, false);
+  }
+  if (cur != kCommitting) {
+    *verdict = Status::Corrupt("step " + std::to_string(a_.step) + ": the store holds an unknown verdict under " +
+                               Key("verdict"));
+    return Verdict::kAborted;
+  }
+  if (claim_tried_ && !commit_ran_) {
+    // This rank's own claim took effect though its reply was lost: no rename has happened, and
+    // nobody else can decide now. It decides the abort (the final verdict, then the disk).
+    std::string fin;
+    s = store_->CompareSet(Key("final"), "", mine, &fin);
+    if (s.ok() && fin == mine) return RecordWon(rank, why, verdict, won);
+    if (s.ok()) {
+      const Verdict v = FromFinal(fin, verdict);
+      if (v != Verdict::kPending) return v;
+    }
+    return SettleOnDisk(rank, why, verdict, won);
+  }
+  // The coordinator claimed the commit: its outcome is the verdict. If it goes silent, the disk
+  // decides (the commit rename against this rank's abort rename).
+  std::string fin;
+  s = store_->Get(Key("final"), settle_timeout_s_, &fin);
+  if (s.ok()) {
+    const Verdict v = FromFinal(fin, verdict);
+    if (v != Verdict::kPending) {
+      if (v == Verdict::kCommitted) Ack(rank);
+      return v;
+    }
+  }
+  const Verdict v = SettleOnDisk(
+      rank,
+      why + "; rank 0 claimed the commit and gave no verdict within " + Seconds(settle_timeout_s_) + " s" +
+          (s.ok() || IsTimeout(s) ? std::string() : " (the store failed: " + s.message() + ")"),
+      verdict, won);
+  if (v == Verdict::kCommitted) Ack(rank);
+  return v;
+}
+
+Verdict StoreAgreement::FromFinal(const std::string& value, Status* verdict) {
+  if (value == kCommittedValue) return Remember(Verdict::kCommitted, Status::Ok(), false);
+  if (StartsWith(value, kUnsyncedPrefix)) {
+    unsynced_ = true;
+    return Remember(Verdict::kCommitted, Status::Ok(), false);
+  }
+  if (StartsWith(value, kAbortedPrefix)) {
+    *verdict = Aborted(After(value, kAbortedPrefix));
+    return Remember(Verdict::kAborted, *verdict, false);
+  }
+  return Verdict::kPending;
+}
+
+Verdict StoreAgreement::Peek(Status* why) {
+  if (settled_ != Verdict::kPending) {
+    if (settled_ == Verdict::kAborted) *why = settled_status_;
+    return settled_;
+  }
+  // An abort is final the moment it wins; a claimed commit is not yet a verdict.
+  std::string v;
+  if (!store_->Get(Key("verdict"), 0, &v).ok() || !StartsWith(v, kAbortedPrefix)) return Verdict::kPending;
+  *why = Aborted(After(v, kAbortedPrefix));
+  return Remember(Verdict::kAborted, *why, false);
+}
+
+Status StoreAgreement::AwaitVerdict(uint32_t rank, double timeout_s) {
+  std::string v;
+  Status s = store_->Get(Key("final"), timeout_s, &v);
+  Status verdict;
+  Verdict d = Verdict::kPending;
+  if (s.ok()) d = FromFinal(v, &verdict);
+  if (d == Verdict::kPending) {
+    // No verdict in time (or the store failed): this rank tries to abort; the commit may still win.
+    const std::string why = IsTimeout(s) || s.ok()
+                                ? "no commit from rank 0 within " + Seconds(timeout_s) + " s" + MissingRanks()
+                                : "the store failed while it waited for the verdict: " + s.message();
+    d = Abort(rank, why, &verdict);
+  }
+  if (d == Verdict::kAborted) return verdict;
+  Ack(rank);
+  // Committed. Where rank 0 did not confirm the rename durable (its fsync failed, or this rank
+  // read the commit from the disk), this rank syncs RUN_DIR itself, as FileAgreement's ranks do.
+  return unsynced_ || read_disk_ ? SyncDir(env_, a_.run_dir) : Status::Ok();
+}
+
+// ---------------------------------------------------------------- acknowledging
+
+void StoreAgreement::Acknowledge(uint32_t rank) { Ack(rank); }
+
+void StoreAgreement::Ack(uint32_t rank) {
+  if (acked_) return;  // once per rank, whichever path read the verdict
+  acked_ = true;
+  const bool aborted = settled_ != Verdict::kCommitted;
+  int64_t n = 0;
+  if (!store_->Add(Key("acks"), 1, &n).ok()) {
+    // The store failed this rank: it acknowledges an abort on the disk, as FileAgreement's ranks
+    // do (what neither count completes, rank 0's next open removes).
+    if (aborted) SawAbort(env_, a_, rank, readers_);
+    return;
+  }
+  if (n < static_cast<int64_t>(readers_)) return;
+  // Every reader has read the verdict: nobody uses this attempt's keys or directories again.
+  if (aborted) {
+    for (const char* k : {"records", "arrived", "all-arrived"}) store_->DeleteKey(Key(k));
+  }
+  for (const char* k : {"verdict", "final", "acks"}) store_->DeleteKey(Key(k));
+  if (aborted) {
+    // The aborted directory (and one a late rank re-created at the attempt's name).
+    for (const std::string& d : {a_.aborted_dir(), a_.tmp_dir()})
+      if (env_->IsOwnDir(d) == 1) RemoveDirFiles(env_, d);
+  }
+}
+
+}  // namespace alpsck

@@ -1,0 +1,680 @@
+// The commit's ranks meeting through a key-value store (store_agreement.h) instead of the file
+// system: real CommitAttempts on a real run directory (the default Env), ranks as threads, each
+// with its own client of one MemoryKvStore (kv_store_memory.h). What must hold is what holds for
+// FileAgreement (test_coordinate.cc): one verdict on every rank, the disk agreeing with it, nothing
+// left behind; and besides, a bounded number of store operations per rank and no file-system
+// polling by the ranks that wait.
+#include <fcntl.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "commit.h"
+#include "commit_attempt.h"
+#include "coordinate.h"
+#include "crc32c.h"
+#include "file_io.h"
+#include "format.h"
+#include "kv_store_memory.h"
+#include "platform.h"
+#include "recovery.h"
+#include "run_dir.h"
+#include "store_agreement.h"
+#include "testing.h"
+#include "test_util.h"
+
+using namespace alpsck;
+using alpsck_test::Exists;
+using alpsck_test::TempDir;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr char kNs[] = "alpsck/test/";
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// n threads running fn(i), on small stacks (1,024 ranks as threads under the sanitizers and qemu
+// would otherwise reserve 8 MiB each).
+void RunThreads(uint32_t n, const std::function<void(uint32_t)>& fn) {
+  struct Arg {
+    const std::function<void(uint32_t)>* fn;
+    uint32_t i;
+  };
+  std::vector<Arg> args(n);
+  std::vector<pthread_t> ts(n);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 512 << 10);
+  for (uint32_t i = 0; i < n; ++i) {
+    args[i] = {&fn, i};
+    int r = pthread_create(&ts[i], &attr, [](void* p) -> void* {
+      Arg* a = static_cast<Arg*>(p);
+      (*a->fn)(a->i);
+      return nullptr;
+    }, &args[i]);
+    if (r != 0) {
+      std::fprintf(stderr, "pthread_create: %d\n", r);
+      std::abort();
+    }
+  }
+  pthread_attr_destroy(&attr);
+  for (auto& t : ts) pthread_join(t, nullptr);
+}
+
+// Store operations one rank made.
+struct OpCounts {
+  uint64_t set = 0, get = 0, add = 0, append = 0, cas = 0, wait = 0, del = 0;
+  uint64_t del_acks = 0;  // deletes of the acknowledgement counter: the last reader's cleanup
+  uint64_t total() const { return set + get + add + append + cas + wait + del; }
+};
+
+class CountingKvStore : public KvStore {
+ public:
+  CountingKvStore(std::unique_ptr<KvStore> base, OpCounts* c) : base_(std::move(base)), c_(c) {}
+  Status Set(const std::string& k, const std::string& v) override { return ++c_->set, base_->Set(k, v); }
+  Status Get(const std::string& k, double t, std::string* v) override { return ++c_->get, base_->Get(k, t, v); }
+  Status Add(const std::string& k, int64_t d, int64_t* n) override { return ++c_->add, base_->Add(k, d, n); }
+  Status Append(const std::string& k, const std::string& v) override { return ++c_->append, base_->Append(k, v); }
+  Status CompareSet(const std::string& k, const std::string& e, const std::string& d, std::string* c) override {
+    return ++c_->cas, base_->CompareSet(k, e, d, c);
+  }
+  Status Wait(const std::vector<std::string>& k, double t) override { return ++c_->wait, base_->Wait(k, t); }
+  Status DeleteKey(const std::string& k) override {
+    ++c_->del;
+    if (k.size() >= 5 && k.compare(k.size() - 5, 5, "/acks") == 0) ++c_->del_acks;
+    return base_->DeleteKey(k);
+  }
+  Status Clone(std::unique_ptr<KvStore>* out) override {
+    std::unique_ptr<KvStore> b;
+    ALPSCK_RETURN_IF_ERROR(base_->Clone(&b));
+    out->reset(new CountingKvStore(std::move(b), c_));
+    return Status::Ok();
+  }
+
+ private:
+  std::unique_ptr<KvStore> base_;
+  OpCounts* c_;
+};
+
+// The metadata calls a rank makes that would be polling (FileAgreement's are these).
+class CountingEnv : public FaultEnv {
+ public:
+  std::atomic<uint64_t> list_dir{0}, is_dir{0};
+  int ListDir(const std::string& path, std::vector<std::string>* names) override {
+    ++list_dir;
+    return FaultEnv::ListDir(path, names);
+  }
+  int IsDir(const std::string& path) override {
+    ++is_dir;
+    return FaultEnv::IsDir(path);
+  }
+  int IsOwnDir(const std::string& path) override {
+    ++is_dir;
+    return FaultEnv::IsOwnDir(path);
+  }
+};
+
+// A rank's shard, sealed, in the attempt's directory (created by whichever rank comes first): a
+// small valid one, so that the committed step verifies.
+Status WriteShard(Env* env, const Attempt& a, uint32_t rank, ShardRecord* rec) {
+  int r = env->Mkdir(a.tmp_dir());
+  if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "mkdir " + a.tmp_dir());
+  const std::string path = JoinPath(a.tmp_dir(), ShardFileName(rank));
+  const uint64_t align = std::max<uint64_t>(4096, PageSize());
+  ShardIndex idx;
+  ALPSCK_RETURN_IF_ERROR(PlanLayout({{"w", 100 + rank % 1000}}, align, align, kDefaultPackAlign, &idx.layout));
+  std::vector<char> data(idx.layout.data_padded, 0);
+  for (uint64_t i = 0; i < 100 + rank % 1000; ++i) data[i] = static_cast<char>(rank * 7 + i);
+  for (uint64_t i = 0; i < idx.layout.num_chunks(); ++i)
+    idx.crcs.push_back(Crc32c(data.data() + idx.layout.chunk_begin(i), idx.layout.chunk_len(i)));
+  idx.rank = rank;
+  idx.meta = "{}";
+  idx.save_id = "s" + std::to_string(a.step) + "-" + std::to_string(a.attempt);
+  int fd = env->Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::FromErrno(-fd, "open " + path);
+  Status s = WriteFull(env, fd, data.data(), data.size(), 0, path);
+  if (s.ok()) s = SealShard(env, fd, path, idx, false, align, rec);
+  env->Close(fd);
+  rec->name = ShardFileName(rank);
+  return s;
+}
+
+struct SaveSpec {
+  uint32_t world = 2;
+  uint64_t step = 1;
+  uint32_t attempt = 0;
+  double timeout_s = 30;              // how long each rank waits for the others
+  double coordinator_timeout_s = -1;  // rank 0's (-1: timeout_s)
+  double settle_s = 30;               // how long a rank waits once the commit is claimed
+  std::set<uint32_t> absent;          // ranks that died before this save: never run
+  std::set<uint32_t> skip_peek;       // ranks already past AbortedAlready (they come late)
+  Env* env0 = nullptr;                // rank 0's Env (nullptr: the default)
+  std::vector<OpCounts>* counts = nullptr;       // store operations per rank
+  std::vector<CountingEnv>* envs = nullptr;      // each rank's Env (counts its polling calls)
+  std::function<Status(uint32_t, KvStore*)> fake;  // replaces ranks for which it is set and returns true
+  std::set<uint32_t> faked;
+};
+
+// Rank `rank`'s save of spec.step, as the engine runs it: the late check, the shard, then the
+// coordinator commits and every other rank arrives and waits for the verdict.
+Status SaveRank(const std::string& run, MemoryKvStore* root, const SaveSpec& spec, uint32_t rank) {
+  std::unique_ptr<KvStore> client;
+  Status s = root->Clone(&client);
+  if (!s.ok()) return s;
+  if (spec.counts) client.reset(new CountingKvStore(std::move(client), &(*spec.counts)[rank]));
+  if (spec.faked.count(rank)) return spec.fake(rank, client.get());
+  Env* env = spec.envs ? &(*spec.envs)[rank] : rank == 0 && spec.env0 ? spec.env0 : Env::Default();
+  const double timeout = rank == 0 && spec.coordinator_timeout_s >= 0 ? spec.coordinator_timeout_s : spec.timeout_s;
+  const Attempt at{run, spec.step, spec.attempt};
+  const Clock::time_point t0 = Clock::now();
+  CommitAttempt ca(env, at, rank, timeout,
+                   std::make_unique<StoreAgreement>(env, at, std::move(client), kNs, spec.world, spec.world, spec.settle_s));
+  Status verdict;
+  if (!spec.skip_peek.count(rank) && ca.AbortedAlready(&verdict)) return verdict;
+  ShardRecord rec;
+  s = WriteShard(env, at, rank, &rec);
+  if (!s.ok()) return ca.Fail(s);
+  if (rank == 0) return ca.Commit(&rec, {}, t0);
+  s = ca.Arrive(rec);
+  if (!s.ok()) return ca.Fail(s);
+  return ca.AwaitVerdict();
+}
+
+std::vector<Status> SaveAll(const std::string& run, MemoryKvStore* root, const SaveSpec& spec) {
+  std::vector<Status> out(spec.world);
+  RunThreads(spec.world, [&](uint32_t r) {
+    if (!spec.absent.count(r)) out[r] = SaveRank(run, root, spec, r);
+  });
+  return out;
+}
+
+// The step's state on disk: kCommitted, or kIncomplete when no step-N is there.
+CheckpointState OnDisk(const std::string& run, uint64_t step, bool verify = false, uint32_t* ranks = nullptr) {
+  std::vector<CheckpointInfo> infos;
+  if (!ScanRunDir(Env::Default(), run, verify, 2, &infos).ok()) return CheckpointState::kUnreadable;
+  for (const auto& i : infos)
+    if (i.step == step && i.path == JoinPath(run, StepDirName(step))) {
+      if (ranks) *ranks = i.ranks;
+      if (i.state != CheckpointState::kCommitted) std::fprintf(stderr, "step %llu: %s\n", (unsigned long long)step, i.error.c_str());
+      return i.state;
+    }
+  return CheckpointState::kIncomplete;
+}
+
+std::vector<std::string> Entries(const std::string& run) {
+  std::vector<std::string> names;
+  Env::Default()->ListDir(run, &names);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string Join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : " ") + x;
+  return s;
+}
+
+// One verdict: every live rank succeeded and step-N is committed, or every one failed and it is not.
+void CheckOneVerdict(const std::vector<Status>& st, const SaveSpec& spec, const std::string& run, bool want_commit) {
+  const bool committed = OnDisk(run, spec.step) == CheckpointState::kCommitted;
+  CHECK_EQ(committed, want_commit);
+  for (uint32_t r = 0; r < st.size(); ++r) {
+    if (spec.absent.count(r) || spec.faked.count(r)) continue;
+    if (st[r].ok() != committed) std::fprintf(stderr, "rank %u: %s (disk: %s)\n", r, st[r].ToString().c_str(),
+                                              committed ? "committed" : "not committed");
+    CHECK_EQ(st[r].ok(), committed);
+  }
+}
+
+void CheckNoKeys(MemoryKvStore* store) {
+  const auto keys = store->Keys();
+  if (!keys.empty()) std::fprintf(stderr, "keys left: %s\n", Join(keys).c_str());
+  CHECK(keys.empty());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the store itself
+
+TEST(memory_store_has_c10d_semantics) {
+  MemoryKvStore s;
+  std::string v;
+  int64_t n = 0;
+  CHECK(s.Get("k", 0, &v).code() == Code::kNotFound);
+  CHECK(s.Set("k", "v1").ok() && s.Get("k", 0, &v).ok() && v == "v1");
+  CHECK(s.Add("c", 5, &n).ok() && n == 5);  // a missing counter starts at 0
+  CHECK(s.Add("c", -2, &n).ok() && n == 3);
+  CHECK(s.Get("c", 0, &v).ok() && v == "3");  // stored as its decimal text, as c10d does
+  CHECK(s.Add("k", 1, &n).code() == Code::kInvalidArgument);
+  CHECK(s.Append("a", "x").ok() && s.Append("a", "y").ok() && s.Get("a", 0, &v).ok() && v == "xy");
+  // compare_set: missing key, expected "": sets.
+  CHECK(s.CompareSet("cs", "", "d1", &v).ok() && v == "d1");
+  // present and equal: sets; present and different: returns what is there.
+  CHECK(s.CompareSet("cs", "d1", "d2", &v).ok() && v == "d2");
+  CHECK(s.CompareSet("cs", "d1", "d3", &v).ok() && v == "d2");
+  // missing key, expected NOT empty: returns expected, sets nothing (c10d's quirk).
+  CHECK(s.CompareSet("none", "e", "d", &v).ok() && v == "e");
+  CHECK(s.Get("none", 0, &v).code() == Code::kNotFound);
+  CHECK(s.DeleteKey("cs").ok() && s.DeleteKey("cs").ok());
+  CHECK(s.Get("cs", 0, &v).code() == Code::kNotFound);
+  // A timeout names the keys still missing.
+  Status w = s.Wait({"k", "w1", "w2"}, 0.01);
+  CHECK(w.code() == Code::kNotFound);
+  CHECK(w.message().find("w1, w2") != std::string::npos && w.message().find("k,") == std::string::npos);
+  // Clones share the store.
+  std::unique_ptr<KvStore> c;
+  REQUIRE(s.Clone(&c).ok());
+  CHECK(c->Get("k", 0, &v).ok() && v == "v1");
+}
+
+TEST(memory_store_waiters_are_woken_not_polling_and_a_vanished_store_fails_every_call) {
+  MemoryKvStore s;
+  std::unique_ptr<KvStore> c1, c2;
+  REQUIRE(s.Clone(&c1).ok() && s.Clone(&c2).ok());
+  Status got;
+  std::string v;
+  double waited = 0;
+  std::thread t([&] {
+    const Clock::time_point t0 = Clock::now();
+    got = c1->Get("late", 30, &v);
+    waited = Since(t0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(c2->Set("late", "here").ok());
+  t.join();
+  CHECK(got.ok() && v == "here");
+  CHECK(waited < 10);
+  // Wait for several keys: woken once the last is set.
+  std::thread t2([&] { got = c1->Wait({"w1", "w2"}, 30); });
+  REQUIRE(c2->Set("w2", "x").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  int64_t n = 0;
+  REQUIRE(c2->Add("w1", 1, &n).ok());
+  t2.join();
+  CHECK(got.ok());
+  // A blocked waiter wakes when the store vanishes, and fails; so does every later call.
+  std::thread t3([&] { got = c1->Get("never", 30, &v); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  s.Vanish();
+  t3.join();
+  CHECK(got.code() == Code::kIoError);
+  CHECK(c2->Set("x", "y").code() == Code::kIoError);
+  std::unique_ptr<KvStore> c3;
+  CHECK(!s.Clone(&c3).ok());
+}
+
+TEST(memory_store_rules_delay_time_out_and_lose_replies) {
+  MemoryKvStore s;
+  MemoryKvStore::Rule r;
+  r.op = MemoryKvStore::Op::kSet;
+  r.key_contains = "t";
+  r.action = MemoryKvStore::Action::kTimeout;
+  s.AddRule(r);
+  std::string v;
+  CHECK(s.Set("t1", "x").code() == Code::kIoError);
+  CHECK(s.Get("t1", 0, &v).code() == Code::kNotFound);  // no effect
+  CHECK(s.Set("t1", "x").ok());                         // count 1: only the first
+  s.ClearRules();
+  r.op = MemoryKvStore::Op::kCompareSet;
+  r.action = MemoryKvStore::Action::kLoseReply;
+  s.AddRule(r);
+  CHECK(s.CompareSet("t2", "", "mine", &v).code() == Code::kIoError);
+  CHECK(s.Get("t2", 0, &v).ok() && v == "mine");  // the effect happened
+  s.ClearRules();
+  r.op = MemoryKvStore::Op::kAny;
+  r.key_contains = "";
+  r.action = MemoryKvStore::Action::kNone;
+  r.delay_s = 0.05;
+  s.AddRule(r);
+  const Clock::time_point t0 = Clock::now();
+  CHECK(s.Set("d", "x").ok());
+  CHECK(Since(t0) >= 0.04);
+  CHECK_EQ(s.FaultsInjected(), uint64_t{3});
+}
+
+// ---------------------------------------------------------------- the happy path
+
+TEST(ranks_commit_once_through_the_store_and_leave_no_keys) {
+  for (uint32_t world : {1u, 2u, 8u}) {
+    TempDir d;
+    MemoryKvStore store;
+    SaveSpec spec;
+    spec.world = world;
+    for (uint64_t step : {1, 2}) {  // two saves: keys of one never meet the next
+      spec.step = step;
+      auto st = SaveAll(d.path(), &store, spec);
+      for (uint32_t r = 0; r < world; ++r) {
+        if (!st[r].ok()) std::fprintf(stderr, "world %u rank %u: %s\n", world, r, st[r].message().c_str());
+        CHECK(st[r].ok());
+      }
+      uint32_t ranks = 0;
+      CHECK(OnDisk(d.path(), step, true, &ranks) == CheckpointState::kCommitted);
+      CHECK_EQ(ranks, world);
+      CheckNoKeys(&store);
+    }
+    CHECK_EQ(Join(Entries(d.path())), StepDirName(1) + " " + StepDirName(2));
+  }
+}
+
+TEST(a_thousand_ranks_as_threads_commit_once) {
+  // 1,024 ranks, each a thread with its own client: one verdict, the disk committed, no key left.
+  const uint32_t world = 1024;
+  TempDir d;
+  MemoryKvStore store;
+  SaveSpec spec;
+  spec.world = world;
+  std::vector<OpCounts> counts(world);
+  spec.counts = &counts;
+  const Clock::time_point t0 = Clock::now();
+  auto st = SaveAll(d.path(), &store, spec);
+  const double secs = Since(t0);
+  size_t failed = 0;
+  for (uint32_t r = 0; r < world; ++r)
+    if (!st[r].ok() && failed++ < 5) std::fprintf(stderr, "rank %u: %s\n", r, st[r].message().c_str());
+  CHECK_EQ(failed, size_t{0});
+  uint32_t ranks = 0;
+  CHECK(OnDisk(d.path(), 1, false, &ranks) == CheckpointState::kCommitted);
+  CHECK_EQ(ranks, world);
+  CheckNoKeys(&store);
+  uint64_t total = 0, most = 0;
+  for (uint32_t r = 1; r < world; ++r) {
+    total += counts[r].total();
+    most = std::max(most, counts[r].total());
+  }
+  std::fprintf(stderr, "%u ranks: %.2f s; store operations: rank 0 %llu, ranks > 0 %llu in all (at most %llu)\n", world,
+               secs, (unsigned long long)counts[0].total(), (unsigned long long)total, (unsigned long long)most);
+  CHECK(secs < 60);
+  CHECK(total <= 5ull * (world - 1) + 4);  // 5 each, 1 more for the last arrival, 3 deletes for the last ack
+}
+
+TEST(store_operations_per_rank_are_few_and_do_not_grow_with_the_ranks) {
+  for (uint32_t world : {2u, 8u, 64u}) {
+    TempDir d;
+    MemoryKvStore store;
+    SaveSpec spec;
+    spec.world = world;
+    std::vector<OpCounts> counts(world);
+    std::vector<CountingEnv> envs(world);
+    spec.counts = &counts;
+    spec.envs = &envs;
+    for (const Status& s : SaveAll(d.path(), &store, spec)) CHECK(s.ok());
+    uint32_t last_arrival = 0, last_ack = counts[0].del_acks;
+    for (uint32_t r = 1; r < world; ++r) {
+      const OpCounts& c = counts[r];
+      // Peek (get), record (append), arrival (add), the verdict (get), the acknowledgement (add).
+      CHECK_EQ(c.get, uint64_t{2});
+      CHECK_EQ(c.append, uint64_t{1});
+      CHECK_EQ(c.add, uint64_t{2});
+      CHECK_EQ(c.cas + c.wait, uint64_t{0});
+      last_arrival += c.set == 1;  // says every rank arrived
+      last_ack += c.del_acks;      // removes the keys
+      CHECK(c.set <= 1 && c.del == 3 * c.del_acks);
+      CHECK_EQ(c.total() - c.set - c.del, uint64_t{5});
+      // No polling, no listing: a waiting rank's agreement does not look at the disk at all.
+      CHECK_EQ(envs[r].list_dir.load(), uint64_t{0});
+      CHECK_EQ(envs[r].is_dir.load(), uint64_t{0});
+    }
+    CHECK(last_arrival <= 1);  // 0 when the coordinator's own count came last
+    CHECK_EQ(last_ack, 1u);
+    const OpCounts& c0 = counts[0];
+    const uint64_t c0_ops = c0.total() - 3 * c0.del_acks;  // without the last reader's cleanup
+    std::fprintf(stderr,
+                 "world %u: rank 0: %llu store operations (get %llu add %llu cas %llu del %llu), a rank > 0: 5 "
+                 "(+1 set by the last to arrive, +3 deletes by the last to acknowledge)\n",
+                 world, (unsigned long long)c0.total(), (unsigned long long)c0.get, (unsigned long long)c0.add,
+                 (unsigned long long)c0.cas, (unsigned long long)c0.del);
+    // Peek, its arrival, the wait (unless it came last), the records, the claim, 3 (2) deletes,
+    // the final verdict, its acknowledgement: 10, or 8 when it arrived last.
+    CHECK(c0_ops == 10 || (c0_ops == 8 && last_arrival == 0));
+    CHECK_EQ(envs[0].list_dir.load(), uint64_t{0});
+  }
+}
+
+// ---------------------------------------------------------------- faults
+
+TEST(a_rank_that_dies_mid_save_aborts_the_step_on_every_live_rank_and_the_late_one_reads_it) {
+  for (bool past_the_peek : {false, true}) {
+    TempDir d;
+    MemoryKvStore store;
+    SaveSpec spec;
+    spec.world = 4;
+    spec.coordinator_timeout_s = 0.5;
+    spec.absent = {3};  // rank 3 never arrives
+    auto st = SaveAll(d.path(), &store, spec);
+    CheckOneVerdict(st, spec, d.path(), false);
+    // Rank 0 gave up and decided: its own reason; the others read that verdict.
+    CHECK(st[0].code() == Code::kAborted);
+    CHECK(st[0].message().find("no shard from rank(s) 3 after 0.5 s") != std::string::npos);
+    for (uint32_t r : {1u, 2u}) {
+      CHECK(st[r].code() == Code::kAborted);
+      CHECK(st[r].message() == "step 1 was aborted: rank 0: " + st[0].message());
+    }
+    // On disk as with FileAgreement: the aborted attempt, kept until every rank has read it.
+    const Attempt a{d.path(), 1, 0};
+    CHECK(!Exists(a.tmp_dir()) && Exists(JoinPath(a.aborted_dir(), kAbortedName)));
+    CHECK(!store.Keys().empty());
+    // Rank 3 comes late: it reads the abort (before it writes anything, or after it has written its
+    // shard and arrived), and as the last reader removes the attempt's keys and directories.
+    spec.absent = {0, 1, 2};
+    if (past_the_peek) spec.skip_peek = {3};
+    st = SaveAll(d.path(), &store, spec);
+    CHECK(st[3].code() == Code::kAborted);
+    CHECK(st[3].message().find("rank 0: no shard from rank(s) 3") != std::string::npos);
+    CheckNoKeys(&store);
+    CHECK(Entries(d.path()).empty());
+  }
+}
+
+TEST(a_store_that_vanishes_mid_save_fails_every_rank_with_one_verdict_on_disk) {
+  struct Case {
+    const char* name;
+    MemoryKvStore::Op op;
+    const char* key;
+    uint64_t skip;
+    bool commits;  // whether the commit rename happens before the store goes
+  };
+  const Case cases[] = {
+      {"at the first record", MemoryKvStore::Op::kAppend, "records", 0, false},
+      {"at the third arrival", MemoryKvStore::Op::kAdd, "arrived", 2, false},
+      {"at the claim of the commit", MemoryKvStore::Op::kCompareSet, "verdict", 0, false},
+      {"after the commit rename", MemoryKvStore::Op::kCompareSet, "final", 0, true},
+  };
+  for (const Case& c : cases) {
+    TempDir d;
+    MemoryKvStore store;
+    MemoryKvStore::Rule rule;
+    rule.op = c.op;
+    rule.key_contains = c.key;
+    rule.skip = c.skip;
+    rule.action = MemoryKvStore::Action::kVanish;
+    store.AddRule(rule);
+    SaveSpec spec;
+    spec.world = 4;
+    spec.timeout_s = 5;
+    const Clock::time_point t0 = Clock::now();
+    auto st = SaveAll(d.path(), &store, spec);
+    std::fprintf(stderr, "vanished %s: %.2f s; rank 0: %s; rank 1: %s\n", c.name, Since(t0), st[0].ToString().c_str(),
+                 st[1].ToString().c_str());
+    CHECK(store.FaultsInjected() == 1);
+    CheckOneVerdict(st, spec, d.path(), c.commits);
+    CHECK(Since(t0) < 4);  // nobody waited out a timeout: a vanished store wakes its waiters
+    // Nothing but the one outcome: step-N, or the aborted attempt (and a directory a rank
+    // re-created after the abort rename, rank 0's next open removes both).
+    for (const std::string& n : Entries(d.path())) {
+      const RunDirEntry e = ParseRunDirName(n);
+      CHECK(e.kind == (c.commits ? EntryKind::kStep : EntryKind::kAborted) || (!c.commits && e.kind == EntryKind::kAttempt));
+    }
+  }
+}
+
+TEST(a_store_that_times_out_or_loses_the_claim_aborts_every_rank_promptly) {
+  for (MemoryKvStore::Action act : {MemoryKvStore::Action::kTimeout, MemoryKvStore::Action::kLoseReply}) {
+    TempDir d;
+    MemoryKvStore store;
+    MemoryKvStore::Rule rule;
+    rule.op = MemoryKvStore::Op::kCompareSet;
+    rule.key_contains = "verdict";
+    rule.action = act;  // the claim: not made (timeout) or made without the coordinator hearing it
+    store.AddRule(rule);
+    SaveSpec spec;
+    spec.world = 3;
+    spec.settle_s = 20;
+    const Clock::time_point t0 = Clock::now();
+    auto st = SaveAll(d.path(), &store, spec);
+    CheckOneVerdict(st, spec, d.path(), false);
+    CHECK(Since(t0) < 10);  // the coordinator settled its own lost claim: nobody waited for it
+    CHECK(st[0].message().find("claim the commit") != std::string::npos);
+    for (uint32_t r : {1u, 2u}) CHECK(st[r].message() == "step 1 was aborted: rank 0: " + st[0].message());
+    CheckNoKeys(&store);
+    CHECK(Entries(d.path()).empty());
+  }
+}
+
+TEST(a_coordinator_silent_after_its_claim_leaves_the_verdict_to_the_disk) {
+  // Rank 0 claims the commit and dies (before the rename, or after it, before the final verdict):
+  // the others wait settle_s, then settle it on the disk as FileAgreement's ranks do.
+  for (bool renamed : {false, true}) {
+    TempDir d;
+    MemoryKvStore store;
+    SaveSpec spec;
+    spec.world = 4;
+    spec.timeout_s = 0.3;
+    spec.settle_s = 0.3;
+    if (renamed) {
+      // The real coordinator, whose final verdict never reaches the store.
+      MemoryKvStore::Rule rule;
+      rule.op = MemoryKvStore::Op::kCompareSet;
+      rule.key_contains = "final";
+      rule.action = MemoryKvStore::Action::kTimeout;
+      rule.count = 1;
+      store.AddRule(rule);
+      // The others give up on the final verdict after 3 s (rank 0 has claimed the commit by then:
+      // it needs only their records), then wait settle_s more.
+      spec.timeout_s = 3;
+      spec.coordinator_timeout_s = 30;
+      spec.settle_s = 0.3;
+    } else {
+      spec.faked = {0};
+      spec.fake = [&](uint32_t, KvStore* kv) {
+        std::string cur;
+        return kv->CompareSet(StoreAgreement::KeyPrefix(kNs, 1, 0) + "verdict", "", "committing", &cur);
+      };
+    }
+    auto st = SaveAll(d.path(), &store, spec);
+    if (renamed) {
+      // The final never came, but the disk says committed: rank 0 and the others succeed, after
+      // the others waited for it (timeout_s for the verdict, then settle_s).
+      CheckOneVerdict(st, spec, d.path(), true);
+    } else {
+      CheckOneVerdict(st, spec, d.path(), false);
+      // One of them won the abort rename; every other one read its reason from the disk or the store.
+      std::set<std::string> verdicts;
+      for (uint32_t r = 1; r < 4; ++r) {
+        CHECK(st[r].code() == Code::kAborted);
+        CHECK(st[r].message().find("rank 0 claimed the commit and gave no verdict within 0.3 s") != std::string::npos);
+        verdicts.insert(st[r].message());
+      }
+      CHECK_EQ(verdicts.size(), size_t{1});
+    }
+  }
+}
+
+TEST(a_failed_disk_commit_aborts_or_reports_the_unconfirmed_commit_as_the_docs_say) {
+  // Before the rename (the manifest cannot be written): an abort, rank 0's own error. After it
+  // (its fsync of RUN_DIR fails): committed, rank 0 says durability unconfirmed, the others sync
+  // RUN_DIR themselves and succeed.
+  for (bool after_rename : {false, true}) {
+    TempDir d;
+    MemoryKvStore store;
+    FaultEnv env0;
+    FaultRule rule;
+    if (after_rename) {
+      rule.op = FaultRule::Op::kFSync;
+      rule.skip = 2;  // the manifest's fsync, step-N.tmp's, then RUN_DIR's
+      rule.error = EIO;
+    } else {
+      rule.op = FaultRule::Op::kOpen;
+      rule.path_contains = kManifestName;
+      rule.error = ENOSPC;
+    }
+    env0.AddRule(rule);
+    SaveSpec spec;
+    spec.world = 3;
+    spec.env0 = &env0;
+    auto st = SaveAll(d.path(), &store, spec);
+    CHECK_EQ(env0.FaultsInjected(), uint64_t{1});
+    if (after_rename) {
+      CHECK(OnDisk(d.path(), 1) == CheckpointState::kCommitted);
+      CHECK(!st[0].ok() && st[0].message().find("step 1 is committed, durability unconfirmed") == 0);
+      CHECK(st[1].ok() && st[2].ok());
+      CHECK_EQ(Join(Entries(d.path())), StepDirName(1));
+    } else {
+      CheckOneVerdict(st, spec, d.path(), false);
+      CHECK(st[0].code() == Code::kNoSpace);
+      for (uint32_t r : {1u, 2u}) CHECK(st[r].message() == "step 1 was aborted: rank 0: " + st[0].message());
+      CHECK(Entries(d.path()).empty());
+    }
+    CheckNoKeys(&store);
+  }
+}
+
+TEST(skewed_ranks_with_tiny_timeouts_and_a_slow_store_always_agree_with_each_other_and_the_disk) {
+  // As FileAgreement's skew test: random timeouts, a slow store and slow disk commit. Every
+  // outcome must be one verdict that the disk agrees with, and an aborted step is saved again.
+  TempDir d;
+  std::mt19937 rng(20260601);
+  int committed = 0, aborted = 0;
+  for (uint64_t step = 1; step <= 25; ++step) {
+    MemoryKvStore store;
+    FaultEnv slow0;
+    FaultRule slow;
+    slow.op = FaultRule::Op::kRename;
+    slow.error = 0;
+    slow.count = UINT64_MAX;
+    slow.delay_us = 1000 * (rng() % 60);
+    slow0.AddRule(slow);
+    MemoryKvStore::Rule lag;
+    lag.count = UINT64_MAX;
+    lag.delay_s = 0.001 * (rng() % 40);
+    lag.key_contains = rng() % 2 ? "verdict" : "all-arrived";
+    store.AddRule(lag);
+    for (uint32_t attempt = 0; attempt < 2; ++attempt) {
+      SaveSpec spec;
+      spec.world = 3;
+      spec.step = step;
+      spec.attempt = attempt;
+      spec.env0 = &slow0;
+      spec.timeout_s = 0.002 * (1 + rng() % 40);
+      spec.coordinator_timeout_s = 5;
+      spec.settle_s = 0.002 * (1 + rng() % 40);
+      auto st = SaveAll(d.path(), &store, spec);
+      const bool ok = st[0].ok();
+      CheckOneVerdict(st, spec, d.path(), ok);
+      if (ok) {
+        ++committed;
+        break;
+      }
+      ++aborted;
+    }
+  }
+  std::fprintf(stderr, "skew: %d commits, %d aborted attempts\n", committed, aborted);
+  CHECK(committed > 0 && aborted > 0);
+  for (const std::string& n : Entries(d.path())) {
+    const EntryKind k = ParseRunDirName(n).kind;
+    if (k != EntryKind::kStep) std::fprintf(stderr, "left behind: %s\n", n.c_str());
+    CHECK(k == EntryKind::kStep);
+  }
+}
+
+ALPSCK_TEST_MAIN()
