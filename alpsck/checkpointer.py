@@ -210,7 +210,7 @@ class Checkpointer:
         self._recorded: dict[str, tuple[str, Any]] | None = None
         self._recorded_at = ""
         self._fitted: dict[str, Any] = {}  # fit.check_fits's memory of entries that fitted _recorded
-        engine_args = (opts, _faults)
+        engine_args = (opts, _faults, self.ranks.agreement_store())
         # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
         # others only after it succeeded; then every rank must have opened (two agreements).
         for first in (True, False):
@@ -266,8 +266,10 @@ class Checkpointer:
         self._preflight_bytes = size
         return ""
 
-    def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]]) -> None:
+    def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]],
+                     agreement: tuple[Any, str] | None) -> None:
         self._lock = lock_run_dir(self.run_dir, self.rank)
+        store, store_ns = agreement if agreement is not None else (None, "")
         try:
             self._engine = _core.Engine(
                 str(self.run_dir),
@@ -276,6 +278,8 @@ class Checkpointer:
                 faults=[dict(f) for f in faults],  # test hook: inject I/O errors (see cpp/core/env.h)
                 world_size=self.world_size,
                 one_history=True,  # each save retires the abandoned history first (module docstring)
+                store=store,  # several ranks agree on each commit through torch.distributed's store
+                store_ns=store_ns,
             )
         except BaseException:
             self._release()  # do not keep the run dir locked by a failed constructor

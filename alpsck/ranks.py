@@ -20,6 +20,7 @@ computes the same assignment on its own.
 from __future__ import annotations
 
 import heapq
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,19 @@ class Ranks:
         t[self.rank] = value
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return [int(x) for x in t.tolist()]
+
+    def agreement_store(self) -> tuple[Any, str] | None:
+        """Where the ranks' engines agree on each commit: torch.distributed's default store (the
+        process group's TCPStore, whose server wakes a waiting rank: nobody polls the file system),
+        and a key namespace rank 0 draws at random for this call and broadcasts, so that two
+        checkpointers, or a checkpointer opened again, never read each other's keys. None for one
+        rank (a collective otherwise)."""
+        if self.world_size == 1:
+            return None
+        import torch.distributed as dist
+
+        token = self.from_rank0([secrets.randbits(62)] if self.rank == 0 else [])
+        return dist.distributed_c10d._get_default_store(), f"alpsck/{token[0]:016x}/"
 
     def from_rank0(self, values: list[int]) -> list[int]:
         """Rank 0's list of ints, on every rank (a collective; no pickle on the wire)."""

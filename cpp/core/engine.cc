@@ -17,6 +17,7 @@
 #include "options.h"
 #include "platform.h"
 #include "save_job.h"
+#include "store_agreement.h"
 
 namespace alpsck {
 
@@ -77,10 +78,11 @@ Status Engine::Init() {
   if (d == 0) return Status::Invalid("run directory " + dir + " exists but is not a directory");
   // From here on, nothing below RUN_DIR is reached through a symlink (env.h).
   confined_ = std::make_unique<ConfinedRoot>(env_, dir);
+  if (opts_.store) store_clients_ = std::make_unique<KvClientPool>(opts_.store);
 
   // Probe: can this file system do O_DIRECT, and with which alignment? Also proves the
   // directory is writable before the first save.
-  const std::string probe = JoinPath(dir, ".alpsck-probe-" + std::to_string(opts_.rank) + "-" + std::to_string(::getpid()));
+  const std::string probe = JoinPath(dir, ProbeFileName(opts_.rank, static_cast<uint64_t>(::getpid())));
   int fd = -1;
   bool direct = false;
   Status s = OpenMaybeDirect(env_, probe, O_WRONLY | O_CREAT | O_TRUNC, opts_.direct_io, &fd, &direct);
@@ -280,9 +282,18 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     return end_unstarted(out, by_other);
   };
   const Attempt at{opts_.run_dir, step, job->attempt};
-  job->commit_attempt = std::make_unique<CommitAttempt>(
-      env_, at, opts_.rank, opts_.commit_timeout_s,
-      std::make_unique<FileAgreement>(env_, at, opts_.world_size, opts_.world_size));
+  std::unique_ptr<Agreement> agreement;
+  if (store_clients_) {  // the ranks meet in the store: no rank polls the file system
+    std::unique_ptr<KvStore> client;
+    Status cs = store_clients_->Acquire(&client);
+    if (!cs.ok()) return end_unstarted(Status::Error(cs.code(), "the store the ranks agree through: " + cs.message(), cs.err()), false);
+    agreement = std::make_unique<StoreAgreement>(env_, at, std::move(client), opts_.store_ns, opts_.world_size,
+                                                 opts_.world_size, opts_.commit_timeout_s);
+  } else {
+    agreement = std::make_unique<FileAgreement>(env_, at, opts_.world_size, opts_.world_size);
+  }
+  job->commit_attempt =
+      std::make_unique<CommitAttempt>(env_, at, opts_.rank, opts_.commit_timeout_s, std::move(agreement));
   Status verdict;
   if (job->commit_attempt->AbortedAlready(&verdict))  // this rank comes late to it
     return end_unstarted(verdict, true);

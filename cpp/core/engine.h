@@ -52,6 +52,7 @@
 #include "env.h"
 #include "external_fill.h"
 #include "history.h"
+#include "kv_store.h"
 #include "run_dir.h"
 #include "save.h"
 #include "status.h"
@@ -147,6 +148,7 @@ class Engine {
   History history_;                       // which step directories are of this run's history
   PublishedStep published_;               // the newest step published (LATEST)
   std::unique_ptr<ChunkPipeline> pipeline_;  // from Init on
+  std::unique_ptr<KvClientPool> store_clients_;  // with EngineOptions::store: each attempt's client
 
   std::mutex c_mu_;                       // guards the committer's queue and c_stopping_
   std::condition_variable c_cv_;

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "env.h"
+#include "kv_store.h"
 
 namespace alpsck {
 
@@ -22,6 +24,12 @@ struct EngineOptions {
   uint32_t world_size = 1;        // ranks writing this run dir (each with its own Engine)
   bool one_history = false;       // every Save first retires the abandoned history (Supersede)
   Env* env = nullptr;             // nullptr: Env::Default()
+  // Where the ranks agree on each commit (agreement.h): a store shared by every rank (its clients
+  // cloned from this one, KvClientPool), under keys starting with store_ns, which must be the same
+  // on every rank and unique to this run directory and this incarnation of the job
+  // (StoreAgreement). nullptr: through the attempt's directory (FileAgreement).
+  std::shared_ptr<KvStore> store;
+  std::string store_ns;
   // options.h:
   uint32_t max_in_flight;         // checkpoints persisting at once
   uint32_t threads;               // writer threads

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,27 @@ class KvStore {
   virtual Status Wait(const std::vector<std::string>& keys, double timeout_s) = 0;
   virtual Status DeleteKey(const std::string& key) = 0;
   virtual Status Clone(std::unique_ptr<KvStore>* out) = 0;
+};
+
+// KvClientPool: the clients of one store for the commit attempts of one engine. An attempt takes
+// one for its life (Acquire) and the client goes back to the pool when the attempt's agreement
+// drops it; a new client (base->Clone()) is made only when none is idle, so an engine holds about
+// max_in_flight + 1 clients however many saves it makes (a clone of a TCPStore is a connection to
+// its server). A client that returned any error (a timeout included: a c10d client may have an
+// answer still on its way) is dropped, not reused.
+//
+// Threading: Acquire may be called from any thread; a client handed out is one thread's at a time
+// (KvStore's rule), and may outlive the pool.
+class KvClientPool {
+ public:
+  explicit KvClientPool(std::shared_ptr<KvStore> base);
+  Status Acquire(std::unique_ptr<KvStore>* out);
+  size_t clients_made() const;  // how many Clone()s so far (for tests)
+
+  struct Shared;  // the base and the idle clients, shared with the clients handed out
+
+ private:
+  std::shared_ptr<Shared> shared_;
 };
 
 // The error of a Get or Wait that timed out: kNotFound naming the keys (the list cut at about

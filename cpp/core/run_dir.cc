@@ -97,6 +97,10 @@ std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq) {
   return kSupersededPrefix + StepDirName(step) + "-" + std::to_string(pid) + "-" + std::to_string(seq);
 }
 
+std::string ProbeFileName(uint32_t rank, uint64_t pid) {
+  return ".alpsck-probe-" + std::to_string(rank) + "-" + std::to_string(pid);
+}
+
 std::string DeletingName(const std::string& name, uint64_t pid, uint64_t seq) {
   if (seq == 0) return kDeletingPrefix + name;
   return kDeletingPrefix + name + "-" + std::to_string(pid) + "-" + std::to_string(seq);

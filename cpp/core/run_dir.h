@@ -104,6 +104,9 @@ std::string DeletingName(const std::string& name, uint64_t pid = 0, uint64_t seq
 
 // The name a small file is written under before the rename that publishes it: <name>.tmp.
 std::string TempFileName(const std::string& name);
+// The file the engine writes and removes when it opens RUN_DIR, to learn whether O_DIRECT works
+// there and with which alignment: .alpsck-probe-<rank>-<pid>.
+std::string ProbeFileName(uint32_t rank, uint64_t pid);
 
 // The writer lock of rank R: .lock for rank 0, .lock-rank-RRRRR for the others.
 std::string LockFileName(uint32_t rank);

@@ -15,6 +15,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cctype>
 #include <cerrno>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "commit_attempt.h"
 #include "crc32c.h"
 #include "engine.h"
+#include "kv_store.h"
 #include "options.h"
 #include "env.h"
 #include "platform.h"
@@ -210,13 +212,108 @@ class PyFill {
   std::shared_ptr<ExternalFill> fill_;
 };
 
+// A client of a torch.distributed (c10d) Store as the core's KvStore (kv_store.h, whose semantics
+// are c10d's): each call takes the GIL and calls the store's method; c10d's bindings release the
+// GIL while they wait on the network, so a rank blocked in wait() holds up no Python thread. A
+// c10d timeout (DistStoreError saying "timeout") is KvTimeout; any other exception is the store
+// failing (kIoError, with its text). The engine's threads call it; while the interpreter exits,
+// every call fails and the object is leaked rather than released without the GIL.
+class PyKvStore : public KvStore {
+ public:
+  explicit PyKvStore(nb::object store) : store_(std::move(store)) {}
+  ~PyKvStore() override {
+    if (Exiting()) {
+      (void)store_.release();
+      return;
+    }
+    nb::gil_scoped_acquire g;
+    store_.reset();
+  }
+  Status Set(const std::string& key, const std::string& value) override {
+    return Call("set", {key}, 0, [&] { store_.attr("set")(key, nb::bytes(value.data(), value.size())); });
+  }
+  Status Get(const std::string& key, double timeout_s, std::string* value) override {
+    return Call("get", {key}, timeout_s, [&] {
+      if (timeout_s <= 0) {
+        if (!nb::cast<bool>(store_.attr("check")(std::vector<std::string>{key}))) throw Missing();
+      } else {
+        store_.attr("wait")(std::vector<std::string>{key}, Seconds(timeout_s));
+      }
+      nb::bytes b = nb::cast<nb::bytes>(store_.attr("get")(key));
+      value->assign(b.c_str(), b.size());
+    });
+  }
+  Status Add(const std::string& key, int64_t delta, int64_t* new_value) override {
+    return Call("add", {key}, 0, [&] { *new_value = nb::cast<int64_t>(store_.attr("add")(key, delta)); });
+  }
+  Status Append(const std::string& key, const std::string& value) override {
+    return Call("append", {key}, 0, [&] { store_.attr("append")(key, nb::bytes(value.data(), value.size())); });
+  }
+  Status CompareSet(const std::string& key, const std::string& expected, const std::string& desired,
+                    std::string* current) override {
+    return Call("compare_set", {key}, 0, [&] {
+      nb::bytes b = nb::cast<nb::bytes>(store_.attr("compare_set")(key, expected, desired));
+      current->assign(b.c_str(), b.size());
+    });
+  }
+  Status Wait(const std::vector<std::string>& keys, double timeout_s) override {
+    return Call("wait", keys, timeout_s, [&] { store_.attr("wait")(keys, Seconds(timeout_s)); });
+  }
+  Status DeleteKey(const std::string& key) override {
+    return Call("delete_key", {key}, 0, [&] { store_.attr("delete_key")(key); });
+  }
+  Status Clone(std::unique_ptr<KvStore>* out) override {
+    return Call("clone", {}, 0, [&] { *out = std::make_unique<PyKvStore>(store_.attr("clone")()); });
+  }
+
+ private:
+  struct Missing {};  // Get with no waiting found no key
+  static bool Exiting() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+    return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+  }
+  static nb::object Seconds(double s) {
+    return nb::module_::import_("datetime").attr("timedelta")(nb::arg("seconds") = s);
+  }
+  template <class F>
+  Status Call(const char* what, const std::vector<std::string>& keys, double timeout_s, F&& f) {
+    if (Exiting()) return Status::Error(Code::kIoError, std::string("store ") + what + ": the interpreter is exiting");
+    nb::gil_scoped_acquire g;
+    try {
+      f();
+      return Status::Ok();
+    } catch (const Missing&) {
+      return KvTimeout(keys, timeout_s);
+    } catch (nb::python_error& e) {
+      const std::string type = nb::cast<std::string>(nb::handle(e.type()).attr("__name__"));
+      std::string text = nb::cast<std::string>(nb::str(e.value()));
+      std::string lower = text;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (type == "DistStoreError" && lower.find("timeout") != std::string::npos) return KvTimeout(keys, timeout_s);
+      return Status::Error(Code::kIoError, std::string("store ") + what + ": " + type + ": " + text);
+    } catch (const std::exception& e) {
+      return Status::Error(Code::kIoError, std::string("store ") + what + ": " + e.what());
+    }
+  }
+
+  nb::object store_;
+};
+
 class PyEngine {
  public:
   PyEngine(const FsPath& run_dir, uint32_t threads, uint64_t chunk_bytes, uint32_t max_in_flight,
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
            std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s,
-           bool one_history, uint32_t background_nice, bool crc_in_copy, int32_t numa_node) {
+           bool one_history, uint32_t background_nice, bool crc_in_copy, int32_t numa_node, nb::object store,
+           const std::string& store_ns) {
     EngineOptions o;
+    if (!store.is_none()) {
+      o.store = std::make_shared<PyKvStore>(store);
+      o.store_ns = store_ns;
+    }
     o.run_dir = run_dir;
     o.threads = threads;
     o.chunk_bytes = chunk_bytes;
@@ -785,7 +882,8 @@ NB_MODULE(_core, m) {
   const EngineOptions defaults;
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
-                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t, bool, int32_t>(),
+                    uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t, bool, int32_t,
+                    nb::object, const std::string&>(),
            "run_dir"_a, "threads"_a = defaults.threads, "chunk_bytes"_a = defaults.chunk_bytes,
            "max_in_flight"_a = defaults.max_in_flight, "keep_last"_a = defaults.keep_last,
            "staging_bytes"_a = defaults.staging_bytes, "pin_cpus"_a = defaults.pin_cpus,
@@ -793,7 +891,10 @@ NB_MODULE(_core, m) {
            "copy_threads"_a = defaults.copy_threads, "world_size"_a = 1,
            "commit_timeout_s"_a = defaults.commit_timeout_s, "one_history"_a = false,
            "background_nice"_a = defaults.background_nice, "crc_in_copy"_a = defaults.crc_in_copy,
-           "numa_node"_a = defaults.numa_node)
+           "numa_node"_a = defaults.numa_node, "store"_a = nb::none(), "store_ns"_a = "",
+           "An engine on run_dir. store: a torch.distributed Store (c10d: TCPStore, PrefixStore, ...) through "
+           "which the ranks agree on each commit, under keys starting with store_ns (the same on every rank, "
+           "unique to this run directory and job); None: through the attempt's directory.")
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "",
            "Save a shard; refuse (not empty): a pre-flight check failed: abort the attempt on every rank with this "

@@ -314,6 +314,36 @@ TEST(memory_store_waiters_are_woken_not_polling_and_a_vanished_store_fails_every
   CHECK(!s.Clone(&c3).ok());
 }
 
+// The engine's clients (KvClientPool): one attempt's client goes back to the pool and the next
+// attempt reuses it (a TCPStore clone is a connection); one that saw any error is dropped.
+TEST(client_pool_reuses_clients_and_drops_one_that_failed) {
+  auto store = std::make_shared<MemoryKvStore>();
+  KvClientPool pool(store);
+  std::string v;
+  for (int i = 0; i < 5; ++i) {
+    std::unique_ptr<KvStore> c;
+    REQUIRE(pool.Acquire(&c).ok());
+    CHECK(c->Set("k", std::to_string(i)).ok());
+  }
+  CHECK_EQ(pool.clients_made(), size_t{1});
+  {
+    std::unique_ptr<KvStore> a, b;  // two at once: two clients
+    REQUIRE(pool.Acquire(&a).ok() && pool.Acquire(&b).ok());
+    CHECK(a->Get("k", 0, &v).ok() && v == "4");
+    CHECK(b->Get("missing", 0, &v).code() == Code::kNotFound);  // b is dropped when it goes
+  }
+  CHECK_EQ(pool.clients_made(), size_t{2});
+  std::unique_ptr<KvStore> c1, c2;
+  REQUIRE(pool.Acquire(&c1).ok() && pool.Acquire(&c2).ok());  // a came back; b did not
+  CHECK_EQ(pool.clients_made(), size_t{3});
+  c1.reset();
+  c2.reset();
+  store->Vanish();
+  std::unique_ptr<KvStore> c3;
+  REQUIRE(pool.Acquire(&c3).ok());  // an idle one: its first call fails
+  CHECK(c3->Set("k", "x").code() == Code::kIoError);
+}
+
 TEST(memory_store_rules_delay_time_out_and_lose_replies) {
   MemoryKvStore s;
   MemoryKvStore::Rule r;
