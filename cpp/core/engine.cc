@@ -186,11 +186,12 @@ Status Engine::PrepareDir(SaveJob* j) {
   j->tmp_dir = j->commit_attempt->attempt().tmp_dir();
   j->final_dir = j->commit_attempt->attempt().final_dir();
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
-  // The attempt's directory is shared: whoever comes first claims an expired checkpoint's
-  // directory for it (its shards are overwritten in place), or creates it. Without retention
-  // (keep_last 0, and the DCP backend's engines) no free directory ever appears, so the listing of
-  // RUN_DIR is skipped.
-  if (opts_.keep_last == 0 || !ClaimFreeDir(env_, dir, j->tmp_dir)) {
+  // The attempt's directory is shared: rank 0 claims an expired checkpoint's directory for it
+  // (every rank's shard in it is then overwritten in place), or whoever comes first creates it.
+  // Only rank 0 lists RUN_DIR for that (it is the one that expires them): the other ranks make no
+  // listing per save, which on Lustre would be one per rank per save. Without retention
+  // (keep_last 0, and the DCP backend's engines) no free directory ever appears: no listing.
+  if (opts_.keep_last == 0 || opts_.rank != 0 || !ClaimFreeDir(env_, dir, j->tmp_dir)) {
     int r = env_->Mkdir(j->tmp_dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
   }

@@ -67,7 +67,9 @@ class Env {
   // (openat/renameat/unlinkat/mkdirat with O_NOFOLLOW, O_DIRECTORY for every directory on the
   // way): a symlink where alpsck expects its own entry fails with -ELOOP (or -ENOTDIR for another
   // kind of file on the way), also when it was swapped in after a check. `root` itself is the
-  // user's path and may contain symlinks. The default does nothing (an Env without the *at calls).
+  // user's path and may contain symlinks; it is opened once, at the first Confine, and that
+  // directory is the root until the last Unconfine (a root renamed meanwhile is followed, not
+  // looked up again). The default does nothing (an Env without the *at calls).
   virtual void Confine(const std::string& root) { (void)root; }
   virtual void Unconfine(const std::string& root) { (void)root; }
 

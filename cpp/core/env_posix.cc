@@ -176,14 +176,24 @@ class PosixEnv final : public Env {
     return S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() ? 1 : 0;
   }
 
+  // The root is opened once, at its first Confine (a run directory on Lustre is not looked up
+  // again for every call below it); a root that cannot be opened yet is opened by each call.
   void Confine(const std::string& root) override {
     std::lock_guard<std::mutex> l(mu_);
-    roots_.push_back(Trim(root));
+    const std::string r = Trim(root);
+    for (Root& have : roots_)
+      if (have.path == r) {
+        ++have.refs;
+        return;
+      }
+    roots_.push_back({r, ::open(r.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC), 1});
   }
   void Unconfine(const std::string& root) override {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = std::find(roots_.begin(), roots_.end(), Trim(root));
-    if (it != roots_.end()) roots_.erase(it);
+    auto it = std::find_if(roots_.begin(), roots_.end(), [&](const Root& x) { return x.path == Trim(root); });
+    if (it == roots_.end() || --it->refs > 0) return;
+    if (it->fd >= 0) ::close(it->fd);
+    roots_.erase(it);
   }
 
  private:
@@ -192,23 +202,35 @@ class PosixEnv final : public Env {
     return root;
   }
 
-  // The longest confined root that `path` lies strictly below, or "" when none.
-  std::string RootOf(const std::string& path) {
+  struct Root {
+    std::string path;
+    int fd;    // opened at the first Confine; -1 if that failed
+    int refs;  // Confine calls not yet undone
+  };
+
+  // The longest confined root that `path` lies strictly below ("" when none), and a duplicate of
+  // its descriptor in *fd (-1: none held); dup, because an Unconfine may close the held one.
+  std::string RootOf(const std::string& path, int* fd) {
     std::lock_guard<std::mutex> l(mu_);
-    std::string best;
-    for (const std::string& root : roots_) {
-      const size_t n = root == "/" ? 0 : root.size();
-      if (root.size() > best.size() && path.size() > n + 1 && path.compare(0, n, root, 0, n) == 0 && path[n] == '/')
-        best = root;
+    const Root* best = nullptr;
+    for (const Root& root : roots_) {
+      const std::string& r = root.path;
+      const size_t n = r == "/" ? 0 : r.size();
+      if ((!best || r.size() > best->path.size()) && path.size() > n + 1 && path.compare(0, n, r, 0, n) == 0 &&
+          path[n] == '/')
+        best = &root;
     }
-    return best;
+    *fd = best && best->fd >= 0 ? ::fcntl(best->fd, F_DUPFD_CLOEXEC, 0) : -1;
+    return best ? best->path : std::string();
   }
 
   // Splits `path` (see Resolved). Below a root: walks every component but the last with
   // O_DIRECTORY|O_NOFOLLOW, refusing "." and ".." (alpsck never makes such paths; anything that
   // does is not walked past the root). 0 or -errno.
   int Resolve(const std::string& path, Resolved* r) {
-    const std::string root = RootOf(path);
+    int root_fd = -1;
+    const std::string root = RootOf(path, &root_fd);
+    Fd held_root(root_fd);
     if (root.empty()) {
       r->leaf = path;
       return 0;
@@ -227,7 +249,7 @@ class PosixEnv final : public Env {
     }
     for (const std::string& p : parts)
       if (p == "." || p == "..") return -EINVAL;
-    Fd dir(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC));
+    Fd dir = held_root.get() >= 0 ? std::move(held_root) : Fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC));
     if (dir.get() < 0) return -errno;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       const int fd = OpenDirNoFollow(dir.get(), parts[i].c_str(), 0);
@@ -243,7 +265,7 @@ class PosixEnv final : public Env {
   }
 
   std::mutex mu_;
-  std::vector<std::string> roots_;  // a multiset: Confine calls nest
+  std::vector<Root> roots_;
 };
 
 }  // namespace
