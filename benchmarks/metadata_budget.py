@@ -317,17 +317,19 @@ def main(argv: list[str] | None = None) -> int:
     base = a.dir or Path(tempfile.mkdtemp(prefix="alpsck-budget-"))
     base.mkdir(parents=True, exist_ok=True)
     results = []
-    try:
-        for world in a.ranks:
-            for late in a.late:
-                timeout = a.timeout or 120 + 2 * world + (late + 5) * (a.saves + a.warmup)
+    for world in a.ranks:
+        for late in a.late:
+            timeout = a.timeout or 120 + 2 * world + (late + 5) * (a.saves + a.warmup)
+            try:
                 r = one_config(base, world, late, a.saves, a.warmup, a.mib, timeout, a.keep)
-                results.append(r)
-                print(f"{world} ranks, {late:g} s late: rank 0 {r['rank0_per_save']:.1f}/save, non-zero max "
-                      f"{r['nonzero_max_per_save']:.1f}/save ({r['wall_s']:.0f} s)", flush=True)
-    finally:
-        if a.dir is None and not a.keep:
-            shutil.rmtree(base, ignore_errors=True)
+            except RuntimeError as e:  # every process was killed; its traces and logs are kept
+                print(f"metadata_budget: {e}", file=sys.stderr)
+                return 1
+            results.append(r)
+            print(f"{world} ranks, {late:g} s late: rank 0 {r['rank0_per_save']:.1f}/save, non-zero max "
+                  f"{r['nonzero_max_per_save']:.1f}/save ({r['wall_s']:.0f} s)", flush=True)
+    if a.dir is None and not a.keep:
+        shutil.rmtree(base, ignore_errors=True)
     text = report(results, command)
     print(text)
     if a.out:
