@@ -191,11 +191,17 @@ Status Engine::PrepareDir(SaveJob* j) {
   // Only rank 0 lists RUN_DIR for that (it is the one that expires them): the other ranks make no
   // listing per save, which on Lustre would be one per rank per save. Without retention
   // (keep_last 0, and the DCP backend's engines) no free directory ever appears: no listing.
-  if (opts_.keep_last == 0 || opts_.rank != 0 || !ClaimFreeDir(env_, dir, j->tmp_dir)) {
+  // ClaimFreeDir checks that the directory it takes is ours; one this rank created is. Only a
+  // directory found in place (another rank's, or anything else at the name) is looked at: one
+  // metadata call per save saved on the ranks that come first.
+  bool known_ours = opts_.keep_last > 0 && opts_.rank == 0 && ClaimFreeDir(env_, dir, j->tmp_dir);
+  bool created = false;
+  if (!known_ours) {
     int r = env_->Mkdir(j->tmp_dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
+    known_ours = created = r == 0;
   }
-  const int own = env_->IsOwnDir(j->tmp_dir);
+  const int own = known_ours ? 1 : env_->IsOwnDir(j->tmp_dir);
   if (own < 0)  // gone again: another rank aborted the attempt (Save reads the verdict), or worse
     return Status::FromErrno(-own, "inspect " + j->tmp_dir);
   if (own == 0)  // something else took the name: never write through it
@@ -203,7 +209,9 @@ Status Engine::PrepareDir(SaveJob* j) {
   // Refused: once the attempt's directory exists (the abort that tells every rank renames it),
   // before the shard takes a byte.
   if (!j->refusal.ok()) return j->refusal;
-  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
+  // In a directory this rank just made, the shard's name is new (O_EXCL: no check of what is there).
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT | (created ? O_EXCL : 0), direct_io_,
+                                         &j->fd, &j->direct));
   const uint64_t want = j->index.layout.data_padded + align_;
   int r = env_->FAllocate(j->fd, want);
   if (r == -ENOSPC || r == -EDQUOT)

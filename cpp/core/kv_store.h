@@ -56,7 +56,8 @@ class KvStore {
 // drops it; a new client (base->Clone()) is made only when none is idle, so an engine holds about
 // max_in_flight + 1 clients however many saves it makes (a clone of a TCPStore is a connection to
 // its server). A client that returned any error (a timeout included: a c10d client may have an
-// answer still on its way) is dropped, not reused.
+// answer still on its way) is dropped, not reused; a Get that only looked (timeout 0) and found
+// no key is not an error of the client.
 //
 // Threading: Acquire may be called from any thread; a client handed out is one thread's at a time
 // (KvStore's rule), and may outlive the pool.

@@ -203,11 +203,13 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
   std::vector<std::string> claimable;
   for (const std::string& n : names) {
     uint64_t step = 0;
+    const bool is_step = ParseStepDirName(n, &step);
+    if (!is_step && !IsClaimableFreeDir(n)) continue;  // no call for the locks, LATEST, ...: one per rank
     const std::string p = JoinPath(run_dir, n);
     const bool real = env->IsOwnDir(p) == 1;  // a symlinked or foreign checkpoint is never expired nor recycled
-    if (ParseStepDirName(n, &step) && real && env->IsDir(JoinPath(p, kManifestName)) >= 0)
+    if (is_step && real && env->IsDir(JoinPath(p, kManifestName)) >= 0)
       committed.push_back(step);
-    else if (IsClaimableFreeDir(n) && real)
+    else if (!is_step && real)
       claimable.push_back(n);
   }
   std::sort(committed.begin(), committed.end());

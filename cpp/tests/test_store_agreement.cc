@@ -330,7 +330,8 @@ TEST(client_pool_reuses_clients_and_drops_one_that_failed) {
     std::unique_ptr<KvStore> a, b;  // two at once: two clients
     REQUIRE(pool.Acquire(&a).ok() && pool.Acquire(&b).ok());
     CHECK(a->Get("k", 0, &v).ok() && v == "4");
-    CHECK(b->Get("missing", 0, &v).code() == Code::kNotFound);  // b is dropped when it goes
+    CHECK(a->Get("missing", 0, &v).code() == Code::kNotFound);  // only looked: a is kept
+    CHECK(b->Get("missing", 0.01, &v).code() == Code::kNotFound);  // a wait timed out: b is dropped when it goes
   }
   CHECK_EQ(pool.clients_made(), size_t{2});
   std::unique_ptr<KvStore> c1, c2;
