@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "alpsck.tools.inspect_checkpoints",  # inspect-checkpoints
     "alpsck.tools.prune",                # prune
     "alpsck.tools.export",               # export
+    "alpsck.tools.promote",              # promote
     "alpsck.bench.cli",                  # bench
     "alpsck.slurm.cli",                  # submit, status
     "alpsck.tools.doctor",               # doctor

@@ -7,9 +7,12 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import AlpsckError, UsageError
+from ..options import arg_int
 from ..tools import jsonout
 from . import history, watch
 
@@ -80,6 +83,21 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state == "finished" else 1
 
 
+def _purge(run_dir: Path, days: int | None) -> dict[str, Any]:
+    """The purge window (``--purge-days``, else the scratch's: filesystem.purge_days) and a warning
+    when the newest checkpoint nears it."""
+    from ..store.filesystem import newest_committed, purge_days, purge_warning
+
+    days = purge_days(run_dir) if days is None else days or None
+    out: dict[str, Any] = {"days": days, "warning": None}
+    if days is None:
+        return out
+    newest = newest_committed(run_dir)  # before anything reads a checkpoint (a read resets the clock)
+    if newest is not None:
+        out["warning"] = purge_warning(newest, days, time.time())
+    return out
+
+
 def _status(args: argparse.Namespace) -> int:
     from .runner import newest_step
 
@@ -91,6 +109,7 @@ def _status(args: argparse.Namespace) -> int:
         raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
     if not path.is_file():
         raise AlpsckError(f"{path}: not a regular file, so it holds no job history")
+    purge = _purge(run_dir, args.purge_days)  # first: what follows reads the checkpoints
     s = history.summary(run_dir)
     if not s["events"]:  # "pending" would claim a job that nothing here records
         lines = len(path.read_bytes().splitlines())
@@ -101,6 +120,7 @@ def _status(args: argparse.Namespace) -> int:
     on_disk = newest_step(str(run_dir))
     if on_disk is not None and (s["last_step"] is None or on_disk > s["last_step"]):
         s["last_step"] = on_disk
+    s["purge"] = purge
     if args.json:
         print(jsonout.dumps(s))
         return 0
@@ -108,6 +128,8 @@ def _status(args: argparse.Namespace) -> int:
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
     if s["note"]:
         print(f"  note: {s['note']}")
+    if s["purge"]["warning"]:
+        print(f"  warning: {s['purge']['warning']}")
     if s["slurm"]:
         code = s["slurm"]["exit_code"]
         print(f"  SLURM: {s['slurm']['state']}{'' if code is None else f', exit code {code}'}")
@@ -136,4 +158,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st = sub.add_parser("status", help="the timeline of a submitted job (history.jsonl)")
     st.add_argument("run_dir")
     st.add_argument("--json", action="store_true", help="print one JSON document")
+    st.add_argument("--purge-days", type=arg_int(0), metavar="DAYS",
+                    help="the scratch's purge window (days without access); warns a week before the newest "
+                         "checkpoint reaches it (default: 30 on /capstor, 14 on /iopsstor, none elsewhere; 0: off)")
     st.set_defaults(func=_status)

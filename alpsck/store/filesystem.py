@@ -23,6 +23,7 @@ code against a stand-in ``lfs`` (Lustre cannot run on a test machine).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -277,3 +278,57 @@ def preflight(run_dir: str | os.PathLike[str], *, checkpoint_bytes: int, checkpo
 def checkpoint_files(world_size: int) -> int:
     """Inodes one checkpoint takes: its directory, one shard per rank and the manifest."""
     return 2 + world_size
+
+
+# ----------------------------------------------------------------------------- purge
+
+
+# Days without access after which CSCS purges a scratch file, by file system (a path component).
+PURGE_DAYS = {"capstor": 30, "iopsstor": 14}
+PURGE_MARGIN_DAYS = 7  # warn this long before
+
+
+def purge_days(path: str | os.PathLike[str]) -> int | None:
+    """The purge window of the scratch holding ``path``, from its name (``/capstor/...`` 30 days,
+    ``/iopsstor/...`` 14), or None where none is known."""
+    parts = Path(os.path.realpath(path)).parts
+    return next((days for name, days in PURGE_DAYS.items() if name in parts), None)
+
+
+def newest_committed(run_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest ``step-N`` directory holding a manifest, found by names and lstat alone: reading a
+    checkpoint (as the picker does) would reset the access time the purge goes by."""
+    steps = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(run_dir):
+            kind_, step, _ = _core.parse_run_dir_name(name)
+            if kind_ == "step":
+                steps.append((step, Path(run_dir) / name))
+    for _, path in sorted(steps, reverse=True):
+        if os.path.lexists(path / _core.run_dir_names["manifest"]):
+            return path
+    return None
+
+
+def last_access(checkpoint: str | os.PathLike[str]) -> float:
+    """When the checkpoint's files were last read or written (the newest atime or mtime: purge goes
+    by access, and a read resets it). lstat only: nothing is read, so nothing is reset."""
+    newest = 0.0
+    for entry in os.scandir(checkpoint):
+        with contextlib.suppress(OSError):
+            st = entry.stat(follow_symlinks=False)
+            newest = max(newest, st.st_atime, st.st_mtime)
+    return newest
+
+
+def purge_warning(checkpoint: str | os.PathLike[str], days: int, now: float) -> str | None:
+    """A warning when the checkpoint comes within PURGE_MARGIN_DAYS of ``days`` without access."""
+    idle = (now - last_access(checkpoint)) / 86400
+    if idle < days - PURGE_MARGIN_DAYS:
+        return None
+    left = days - idle
+    when = f"in about {left:.0f} day(s)" if left >= 1 else "any time now"
+    return (f"the newest checkpoint {checkpoint} was last accessed {idle:.0f} day(s) ago; this scratch purges files "
+            f"after {days} days without access, so it may go {when}: copy it to a persistent store with `alpsck "
+            "promote RUN_DIR DEST` (reading it also resets the clock)")
+
