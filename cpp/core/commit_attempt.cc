@@ -14,10 +14,14 @@ bool CommitAttempt::AbortedAlready(Status* verdict) {
   return true;
 }
 
-Status CommitAttempt::Arrive(const ShardRecord& record) { return agreement_->Arrive(rank_, record); }
+Status CommitAttempt::Arrive(const ShardRecord& record) {
+  contributed_ = true;  // from the call on: a record may be out even if it reports failure
+  return agreement_->Arrive(rank_, record);
+}
 
 Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extra, Clock::time_point since,
                              double earlier_s) {
+  contributed_ = true;
   CommitRequest req;
   req.run_dir = at_.run_dir;
   req.tmp_dir = at_.tmp_dir();
@@ -51,7 +55,16 @@ Status CommitAttempt::Fail(const Status& cause, bool* by_other) {
   const std::string why =
       rank_ == 0 ? cause.message() : "rank " + std::to_string(rank_) + " failed to write its shard: " + cause.message();
   bool won = false;
-  if (agreement_->Abort(rank_, why, &verdict_, &won) == Verdict::kCommitted) {  // only after the commit rename
+  const Verdict v = agreement_->Abort(rank_, why, &verdict_, &won);
+  if (v == Verdict::kCommitted && !contributed_) {
+    // The disk shows neither the attempt's directory nor its abort, which reads as "committed
+    // (and maybe expired since)"; but this rank's shard never reached the agreement, so no
+    // commit of this attempt exists: it never started on disk (its directory could not even be
+    // made). This rank's own error is the verdict.
+    verdict_ = cause;
+    return cause;
+  }
+  if (v == Verdict::kCommitted) {  // only after the commit rename
     verdict_ = Status::Error(cause.code(),
                              "step " + std::to_string(at_.step) + " is committed, durability unconfirmed: " + cause.message(),
                              cause.err());

@@ -79,6 +79,9 @@ class CommitAttempt {
   const double timeout_s_;
   const std::unique_ptr<Agreement> agreement_;
   Status verdict_;
+  // This rank's shard reached the agreement (Arrive was called, or the coordinator's Commit ran).
+  // Until then no commit of this attempt can exist: it needs this rank's shard.
+  bool contributed_ = false;
 };
 
 // The whole commit for a caller that is not an Engine (the DCP backend's finish(), on rank 0):

@@ -533,6 +533,30 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   CHECK(Matches(d.path(), 2, "a", a));
 }
 
+// A step whose directory cannot even be made (ENOSPC at mkdir) fails with that error: it used to
+// read "step N is committed, durability unconfirmed", since no attempt directory and no abort on
+// disk looks like a commit retention already expired.
+TEST(a_step_whose_directory_cannot_be_made_fails_and_is_not_called_committed) {
+  TempDir d;
+  FaultEnv env;
+  auto e = Open(d.path(), &env, 2, 3);
+  REQUIRE(e);
+  FaultRule mk;
+  mk.op = FaultRule::Op::kMkdir;
+  mk.error = ENOSPC;
+  mk.count = 1;
+  env.AddRule(mk);
+  auto a = RandomBytes(1000, 3);
+  std::shared_ptr<SaveHandle> h;
+  Status s = e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+  CHECK(s.code() == Code::kNoSpace);
+  CHECK(s.message().find("committed") == std::string::npos);
+  CHECK(s.message().find("step-000000001.tmp") != std::string::npos);
+  CHECK(!Exists(JoinPath(d.path(), "step-000000001")));
+  CHECK(SaveOne(e.get(), 1, a).ok());  // the disk has room again: the step saves
+  CHECK(Matches(d.path(), 1, "a", a));
+}
+
 TEST(a_failed_save_can_be_retried_the_moment_its_handle_completes) {
   // The step stops being "in flight" before its handle completes, so a caller that saw the
   // failure may save the same step again at once (it used to race: "already being saved").
