@@ -644,17 +644,9 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
     std::mutex mu;
     std::vector<std::thread> waiters;
     bool ok = true;
-    // Rank 0 prepares each step's directory before the other ranks start it: only rank 0 claims
-    // an expired checkpoint's directory (engine.cc, PrepareDir), and these scenarios recycle.
-    std::condition_variable rank0_cv;
-    uint64_t rank0_prepared = 0;
     auto saver = [&](uint32_t rank) {
       Engine* e = engines[rank].get();
       for (uint64_t step = first; step <= last; ++step) {
-        if (rank > 0) {
-          std::unique_lock<std::mutex> l(mu);
-          while (rank0_prepared < step && ok) rank0_cv.wait_for(l, std::chrono::milliseconds(100));  // ok: rank 0 gave up
-        }
         const std::vector<char>* a;
         const std::vector<char>* m;
         {
@@ -668,11 +660,6 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
         std::shared_ptr<SaveHandle> h;
         const uint64_t expiries = race.expiries();
         Status s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
-        if (rank == 0) {
-          std::lock_guard<std::mutex> l(mu);
-          rank0_prepared = step;
-          rank0_cv.notify_all();
-        }
         if (s.ok() && step == sc.abort_step) {  // the aborted attempt, then the retry
           h->Wait(-1);
           if (h->status().ok()) {
