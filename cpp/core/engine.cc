@@ -186,20 +186,21 @@ Status Engine::PrepareDir(SaveJob* j) {
   j->tmp_dir = j->commit_attempt->attempt().tmp_dir();
   j->final_dir = j->commit_attempt->attempt().final_dir();
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
-  // The attempt's directory is shared: rank 0 claims an expired checkpoint's directory for it
-  // (every rank's shard in it is then overwritten in place), or whoever comes first creates it.
-  // Only rank 0 lists RUN_DIR for that (it is the one that expires them): the other ranks make no
-  // listing per save, which on Lustre would be one per rank per save. Without retention
-  // (keep_last 0, and the DCP backend's engines) no free directory ever appears: no listing.
+  // The attempt's directory is shared: whoever comes first claims an expired checkpoint's
+  // directory for it (its shards are overwritten in place), or creates it. Without retention
+  // (keep_last 0, and the DCP backend's engines) no free directory ever appears, so the listing of
+  // RUN_DIR is skipped. Every rank lists: were only rank 0 to claim, it could rename a free
+  // directory over the empty one another rank had just made, under that rank's shard (a CI run
+  // caught "open .../rank-00001.bin: No such file or directory"); a rank that lists first claims
+  // the free directory itself, and a later claim meets a directory with shards (ENOTEMPTY).
   // ClaimFreeDir checks that the directory it takes is ours; one this rank created is. Only a
   // directory found in place (another rank's, or anything else at the name) is looked at: one
   // metadata call per save saved on the ranks that come first.
-  bool known_ours = opts_.keep_last > 0 && opts_.rank == 0 && ClaimFreeDir(env_, dir, j->tmp_dir);
-  bool created = false;
+  bool known_ours = opts_.keep_last > 0 && ClaimFreeDir(env_, dir, j->tmp_dir);
   if (!known_ours) {
     int r = env_->Mkdir(j->tmp_dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
-    known_ours = created = r == 0;
+    known_ours = r == 0;
   }
   const int own = known_ours ? 1 : env_->IsOwnDir(j->tmp_dir);
   if (own < 0)  // gone again: another rank aborted the attempt (Save reads the verdict), or worse
@@ -209,9 +210,9 @@ Status Engine::PrepareDir(SaveJob* j) {
   // Refused: once the attempt's directory exists (the abort that tells every rank renames it),
   // before the shard takes a byte.
   if (!j->refusal.ok()) return j->refusal;
-  // In a directory this rank just made, the shard's name is new (O_EXCL: no check of what is there).
-  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT | (created ? O_EXCL : 0), direct_io_,
-                                         &j->fd, &j->direct));
+  // Not O_EXCL even in a directory this rank made: another rank's claim may still have replaced it
+  // (empty) by an expired directory holding this rank's old shard, overwritten in place.
+  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
   const uint64_t want = j->index.layout.data_padded + align_;
   int r = env_->FAllocate(j->fd, want);
   if (r == -ENOSPC || r == -EDQUOT)

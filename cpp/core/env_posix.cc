@@ -3,13 +3,19 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__linux__) && __has_include(<linux/openat2.h>)
+#include <linux/openat2.h>
+#endif
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,10 +39,24 @@ class Fd {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
 };
+
+// Whether a relative path has a "." or ".." component (never walked: Resolve refuses them).
+bool HasDotComponent(const std::string& rel) {
+  size_t pos = 0;
+  while (pos <= rel.size()) {
+    size_t next = rel.find('/', pos);
+    if (next == std::string::npos) next = rel.size();
+    const std::string_view part(rel.data() + pos, next - pos);
+    if (part == "." || part == "..") return true;
+    pos = next + 1;
+  }
+  return false;
+}
 
 // openat for a directory below a confined root: a symlink there is -ELOOP (O_DIRECTORY alone
 // would say -ENOTDIR), so every caller can name it for what it is.
@@ -47,6 +67,34 @@ int OpenDirNoFollow(int parent, const char* name, int flags) {
   struct stat st;
   if (err == ENOTDIR && ::fstatat(parent, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) err = ELOOP;
   return -err;
+}
+
+// openat2(RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH): `rel` below `dir` resolved by the kernel in one
+// call, never through a symlink (ELOOP) nor out of `dir`. -ENOSYS where the kernel (or qemu, or
+// a seccomp filter) has no openat2: the caller walks the components instead.
+int OpenBeneath(int dir, const std::string& rel, int flags, mode_t mode) {
+#if defined(SYS_openat2) && defined(RESOLVE_NO_SYMLINKS)
+  static std::atomic<bool> missing{false};
+  if (missing.load(std::memory_order_relaxed)) return -ENOSYS;
+  struct open_how how = {};
+  how.flags = static_cast<uint64_t>(flags | O_CLOEXEC);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH;
+  for (int tries = 0; tries < 4; ++tries) {
+    long fd = ::syscall(SYS_openat2, dir, rel.c_str(), &how, sizeof how);
+    if (fd >= 0) return static_cast<int>(fd);
+    if (errno == EAGAIN || errno == EINTR) continue;  // a rename raced the lookup: the kernel asks to retry
+    if (errno == ENOSYS || errno == EPERM || errno == E2BIG) {
+      missing.store(true, std::memory_order_relaxed);
+      return -ENOSYS;
+    }
+    return -errno;
+  }
+  return -ENOSYS;  // still racing: the walk decides
+#else
+  (void)dir, (void)rel, (void)flags, (void)mode;
+  return -ENOSYS;
+#endif
 }
 
 // A path split at a confined root: `parent` is a descriptor of the directory that holds `leaf`,
@@ -62,6 +110,23 @@ struct Resolved {
 class PosixEnv final : public Env {
  public:
   int Open(const std::string& path, int flags, mode_t mode) override {
+    // Below a root, in one call where the kernel can (a shard: step-N.tmp/rank-R.bin), instead
+    // of an openat per directory on the way; the root itself (an fsync of RUN_DIR) by its
+    // descriptor: no lookup at all.
+    int root_fd = -1;
+    const std::string root = RootOf(path, &root_fd, /*or_equal=*/true);
+    Fd held_root(root_fd);
+    if (held_root.get() >= 0 && Trim(path) == root) {
+      // The root itself, read-only as a directory (SyncDir): the held descriptor's duplicate.
+      // Nothing reads entries through it (ListDir opens its own), so the shared offset is moot.
+      if ((flags & O_DIRECTORY) && (flags & O_ACCMODE) == O_RDONLY && !(flags & O_CREAT)) return held_root.release();
+    } else if (held_root.get() >= 0) {
+      const std::string rel = path.substr(root == "/" ? 1 : root.size() + 1);
+      if (rel.find('/') != std::string::npos && !HasDotComponent(rel)) {
+        const int fd = OpenBeneath(held_root.get(), rel, flags | O_NOFOLLOW, mode);
+        if (fd != -ENOSYS) return fd;
+      }
+    }
     Resolved r;
     if (int e = Resolve(path, &r)) return e;
     if (r.confined && (flags & O_DIRECTORY)) return OpenDirNoFollow(r.parent, r.leaf.c_str(), flags & ~O_ACCMODE);
@@ -208,17 +273,18 @@ class PosixEnv final : public Env {
     int refs;  // Confine calls not yet undone
   };
 
-  // The longest confined root that `path` lies strictly below ("" when none), and a duplicate of
-  // its descriptor in *fd (-1: none held); dup, because an Unconfine may close the held one.
-  std::string RootOf(const std::string& path, int* fd) {
+  // The longest confined root that `path` lies strictly below (or_equal: or is) ("" when none),
+  // and a duplicate of its descriptor in *fd (-1: none held); dup, because an Unconfine may close
+  // the held one.
+  std::string RootOf(const std::string& path, int* fd, bool or_equal = false) {
     std::lock_guard<std::mutex> l(mu_);
     const Root* best = nullptr;
+    const std::string trimmed = or_equal ? Trim(path) : std::string();
     for (const Root& root : roots_) {
       const std::string& r = root.path;
       const size_t n = r == "/" ? 0 : r.size();
-      if ((!best || r.size() > best->path.size()) && path.size() > n + 1 && path.compare(0, n, r, 0, n) == 0 &&
-          path[n] == '/')
-        best = &root;
+      const bool below = path.size() > n + 1 && path.compare(0, n, r, 0, n) == 0 && path[n] == '/';
+      if ((!best || r.size() > best->path.size()) && (below || (or_equal && trimmed == r))) best = &root;
     }
     *fd = best && best->fd >= 0 ? ::fcntl(best->fd, F_DUPFD_CLOEXEC, 0) : -1;
     return best ? best->path : std::string();

@@ -12,7 +12,6 @@
 #include <memory>
 #include <string>
 #include <random>
-#include <future>
 #include <thread>
 #include <vector>
 
@@ -72,23 +71,16 @@ std::vector<CheckpointInfo> Scan(const std::string& dir) {
 }
 
 // Every rank saves `step` (its own data); returns each rank's final status.
-// rank0_first: the other ranks start once rank 0's Save returned (its step directory prepared):
-// only rank 0 claims an expired checkpoint's directory, so only then do all ranks reuse it.
-std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint64_t step, CommitMode mode = CommitMode::kAuto,
-                            bool rank0_first = false) {
+std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint64_t step, CommitMode mode = CommitMode::kAuto) {
   std::vector<Status> out(engines.size());
   std::vector<std::thread> ts;
-  std::promise<void> prepared;
-  std::shared_future<void> rank0_prepared = prepared.get_future().share();
   for (uint32_t r = 0; r < engines.size(); ++r) {
     ts.emplace_back([&, r] {
       if (!engines[r]) return;
       auto data = Data(step, r);
       std::shared_ptr<SaveHandle> h;
-      if (rank0_first && r > 0) rank0_prepared.wait();
       Status s = engines[r]->Save(step, {{"w", data.data(), data.size()}}, "{\"rank\":" + std::to_string(r) + "}",
                                   SaveMode::kSnapshot, &h, mode);
-      if (rank0_first && r == 0) prepared.set_value();
       if (s.ok()) {
         h->Wait(-1);
         s = h->status();
@@ -157,7 +149,7 @@ TEST(every_rank_overwrites_an_expired_checkpoints_shard_in_place) {
   for (auto& x : e) REQUIRE(x);
   std::map<uint64_t, std::vector<uint64_t>> inodes;  // step -> each rank's shard's inode
   for (uint64_t step = 1; step <= 6; ++step) {
-    for (const Status& s : SaveAll(e, step, CommitMode::kAuto, true)) {
+    for (const Status& s : SaveAll(e, step)) {
       if (!s.ok()) std::fprintf(stderr, "save of step %d: %s\n", static_cast<int>(step), s.message().c_str());
       REQUIRE(s.ok());
     }
@@ -684,7 +676,7 @@ TEST(ranks_in_a_tampered_recycled_directory_never_write_outside_and_agree) {
   const std::string fd1 = JoinPath(JoinPath(d.path(), free_dirs[0]), ShardFileName(1));
   REQUIRE(::unlink(fd0.c_str()) == 0 && ::link(linked.c_str(), fd0.c_str()) == 0);
   REQUIRE(::unlink(fd1.c_str()) == 0 && ::symlink(target.c_str(), fd1.c_str()) == 0);
-  auto st = SaveAll(e, 3, CommitMode::kAuto, true);
+  auto st = SaveAll(e, 3);
   CHECK(!st[0].ok() && !st[1].ok());
   CHECK(st[1].message().find("symbolic link") != std::string::npos);
   CHECK(st[0].code() == Code::kAborted);
