@@ -213,14 +213,14 @@ def _targets(run_dir: Path) -> list[tuple[str, int]]:
     return found
 
 
-def rooms(run_dir: str | os.PathLike[str]) -> list[Room]:
+def rooms(run_dir: str | os.PathLike[str], fs: str | None = None) -> list[Room]:
     """Every limit on what ``run_dir`` can still take: the file system's free space (statvfs), and on
-    Lustre the user's quota."""
+    Lustre the user's quota. ``fs``: :func:`kind` of it, when the caller has it."""
     path = Path(run_dir)
     st = os.statvfs(path)
     found = [Room(st.f_bavail * st.f_frsize, st.f_favail if st.f_files else None,
                   f"the file system's free space (statvfs {path})")]
-    if kind(path) == "lustre":
+    if (fs or kind(path)) == "lustre":
         quota = _quota(path)
         if quota is not None:
             found.append(quota)
@@ -248,7 +248,8 @@ def preflight(run_dir: str | os.PathLike[str], *, checkpoint_bytes: int, checkpo
     what = (f"{path}: pre-flight: this run holds up to {keep} checkpoint(s) of about {_size(checkpoint_bytes)} and "
             f"{checkpoint_files} inodes each{f' ({estimate})' if estimate else ''}; beside the {held} it holds now it "
             f"needs {_size(need_bytes)} ({need_bytes} bytes) and {need_inodes} inodes more")
-    for room in rooms(path):
+    fs = kind(path)
+    for room in rooms(path, fs):
         short_bytes = room.bytes is not None and room.bytes < need_bytes
         short_inodes = room.inodes is not None and room.inodes < need_inodes
         if short_bytes or short_inodes:
@@ -257,7 +258,7 @@ def preflight(run_dir: str | os.PathLike[str], *, checkpoint_bytes: int, checkpo
             raise DiskFullError(f"{what}, but {room.source} leaves {left}. Free space, raise the quota, lower "
                                 "keep_last, or turn the pre-flight check off (preflight=False; checkpoint.preflight: "
                                 "false in a job config)")
-    if kind(path) != "lustre":
+    if fs != "lustre":
         return
     targets = _targets(path)
     if not targets:

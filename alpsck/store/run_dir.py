@@ -320,6 +320,20 @@ def data_error(info: dict[str, Any]) -> Skipped | None:
     return None
 
 
+def remove_entries(run_dir: str | os.PathLike[str], names: Iterable[str]) -> tuple[list[int], CheckpointError | None]:
+    """Removes these entries of ``run_dir`` through the run-directory unit (``RemoveEntries``,
+    run_dir.h: renamed to ``.deleting-*``, RUN_DIR fsync'ed, deleted without following a symlink).
+    Returns the indices of the names removed, and the error of the first failure (permission
+    denied worded as :func:`_denied` words it) or None: the caller reports what went before raising."""
+    removed, failure = _core.remove_entries(run_dir, list(names))
+    if failure is None:
+        return list(removed), None
+    where, renaming, err, message = failure
+    if err in (errno.EACCES, errno.EPERM):
+        return list(removed), _denied(where, "cannot rename it" if renaming else "cannot delete it")
+    return list(removed), CheckpointIOError(err, message) if err else CheckpointError(message)
+
+
 def dir_bytes(path: Path) -> int:
     if path.is_symlink():  # removing it unlinks the link only: it frees nothing behind it
         return 0

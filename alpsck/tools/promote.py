@@ -25,7 +25,7 @@ from .. import _core
 from ..errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import arg_step
 from ..store.durable import fsync_path, make_dirs_durably
-from ..store.run_dir import check_run_dir, pick, writer_lock
+from ..store.run_dir import check_run_dir, pick, remove_entries, writer_lock
 from .progress import human
 
 _BUFFER = 16 << 20
@@ -76,9 +76,9 @@ def promote(run_dir: str, dest: str, step: int | None = None) -> int:
             raise UsageError(f"{final} exists already: promote never replaces a checkpoint")
         tmp = out / _core.tmp_dir_name(s)
         if os.path.lexists(tmp):  # an interrupted promote (or save) left it: the unit removes it
-            _, failure = _core.remove_entries(out, [tmp.name])
-            if failure is not None:
-                raise CorruptCheckpointError(f"{tmp}: left by an interrupted copy and cannot be removed: {failure[3]}")
+            _, error = remove_entries(out, [tmp.name])
+            if error is not None:
+                raise CorruptCheckpointError(f"{tmp}: left by an interrupted copy and cannot be removed: {error}")
         os.mkdir(tmp)
         total = 0
         try:
@@ -91,12 +91,12 @@ def promote(run_dir: str, dest: str, step: int | None = None) -> int:
             os.rename(tmp, final)
             fsync_path(out)
         except BaseException:
-            _core.remove_entries(out, [tmp.name])
+            remove_entries(out, [tmp.name])
             raise
         copied = next((i for i in _core.scan(str(out), verify=True) if i["step"] == s and i["path"] == str(final)),
                       None)
         if copied is None or copied["status"] != "committed" or not copied["verified"]:
-            _core.remove_entries(out, [final.name])
+            remove_entries(out, [final.name])
             why = "not found" if copied is None else f"{copied['status']}: {copied['error']}"
             raise CorruptCheckpointError(f"{final}: the copy did not verify ({why}); it was removed")
     print(f"promoted step {s}: {source} -> {final} ({human(total)}), every chunk CRC verified after the copy")

@@ -8,7 +8,7 @@ ones are kept (with a warning) for inspection.
 Unreadable ones (permission denied, EIO, ESTALE) are never removed.
 The checkpoints kept are always verified to the last byte first (``--verify`` verifies every
 checkpoint), so the newest valid checkpoint is never removed. It refuses to run while ``RUN_DIR/.lock`` names a live
-process (see :func:`lock_holder`). The run-directory unit removes them (``_core.remove_entries``,
+process (see :func:`lock_holder`). The run-directory unit removes them (``store.run_dir.remove_entries``,
 ``RemoveEntries`` in cpp/core/run_dir.h, the same unit as the engine's retention): each is first
 renamed to ``.deleting-<name>`` (atomic expiry: the checkpoint disappears from scans at once), the
 run directory is fsync'ed, then the files are deleted without following a symlink.
@@ -18,26 +18,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import sys
 from pathlib import Path
 
-from .. import _core
 from ..errors import (
-    CheckpointError,
-    CheckpointIOError,
     RunDirLockedError,
     UsageError,
 )
 from ..options import arg_int
 from ..store.run_dir import (
-    _denied,
     check_run_dir,
     dir_bytes,
     entry_kind,
     lock_holder,
     pick,
+    remove_entries,
     writer_lock,
 )
 from .progress import human
@@ -124,17 +120,14 @@ def prune(run_dir: str, keep_last: int, dry_run: bool = False, verify: bool = Fa
             return 0
         # The run-directory unit removes them: renamed to .deleting-* first (atomic expiry), RUN_DIR
         # fsync'ed, then deleted without following a symlink (run_dir.h, RemoveEntries).
-        removed, failure = _core.remove_entries(path, [p.name for p, _ in remove])
+        removed, error = remove_entries(path, [p.name for p, _ in remove])
         freed = 0
         for i in removed:
             p, why = remove[i]
             freed += sizes.get(p, 0)
             print(f"removed {p} ({human(sizes.get(p, 0))}): {why}")
-        if failure is not None:
-            where, renaming, err, message = failure
-            if err in (errno.EACCES, errno.EPERM):
-                raise _denied(where, "cannot rename it" if renaming else "cannot delete it")
-            raise CheckpointIOError(err, message) if err else CheckpointError(message)
+        if error is not None:
+            raise error
         print(f"freed {human(freed)}; keeping step(s) {', '.join(map(str, kept)) or 'none'}")
     return 0
 
