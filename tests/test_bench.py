@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tmpfs import mounted_tmpfs
 
 from alpsck.bench.overhead import OverheadConfig, plot, run_overhead, table
 from alpsck.bench.run import disk_needed, restore_vs_raw_read
@@ -164,13 +165,8 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 256 MiB tmpfs: a file system with less room than a state the bench accepts (at most this
     machine's memory), which a large disk (78 GB free: a third of it is more than the 24 GiB of memory
     --size-gib allows) cannot be. Needs root, as CI and the developers' machines have."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(mnt)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=256m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_bench_refuses_a_directory_without_room_before_writing_anything(small_fs: Path) -> None:

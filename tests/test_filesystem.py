@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from tmpfs import mounted_tmpfs
 
 import alpsck
 from alpsck import _core, cli
@@ -228,13 +229,8 @@ def test_preflight_can_be_turned_off(tmp_path: Path, lustre: Lfs) -> None:
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs with 40 inodes: statvfs's limits are real. Needs root, as CI has."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=40", "tmpfs", str(mnt)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=16m,nr_inodes=40") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_statvfs_bytes_and_inodes_limit_the_save_off_lustre(small_fs: Path, lfs: Lfs) -> None:
