@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .. import _core
 from ..errors import CheckpointError, DiskFullError, UsageError
-from .run_dir import entry_kind
+from .run_dir import entry_kind, is_committed_step_dir
 
 KIND_ENV = "ALPSCK_FS_KIND"
 # statfs f_type values (linux/magic.h and the file systems' own headers).
@@ -305,10 +305,7 @@ def newest_committed(run_dir: str | os.PathLike[str]) -> Path | None:
             kind_, step, _ = _core.parse_run_dir_name(name)
             if kind_ == "step":
                 steps.append((step, Path(run_dir) / name))
-    for _, path in sorted(steps, reverse=True):
-        if os.path.lexists(path / _core.run_dir_names["manifest"]):
-            return path
-    return None
+    return next((path for _, path in sorted(steps, reverse=True) if is_committed_step_dir(path)), None)
 
 
 def last_access(checkpoint: str | os.PathLike[str]) -> float:
