@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Everything a session with a lent GPU runs, in one call (device time is scarce: ~15 minutes a
+# session, start included). From the repository root on the GPU machine:
+#   bash benchmarks/gpu_session.sh [OUT_DIR]
+# Builds alpsck for that machine's python (into /tmp/site, nothing installed system-wide), then:
+#   1. the GPU tests (tests/test_gpu.py, pytest -m gpu);
+#   2. the staging benchmark (benchmarks/gpu_staging.py): stall vs pinned copy, overlap, restore to GPU;
+#   3. bit-exact resume of the reference Llama training on the GPU (crash at step 51, resume, cmp);
+#   4. the first save's stall, pool pinned ahead vs in the first save (benchmarks/first_save.py);
+#   5. the training-overhead benchmark on the GPU against torch.save and DCP async.
+# Each step has its own time limit, so one that hangs does not take the others' time. Wheels the
+# machine lacks (submitit) travel in .whl/ (see /work/.library/device/README.md).
+set -uo pipefail
+out=${1:-${OUT:-/tmp/gpu-out}}
+mkdir -p "$out"
+root=$(pwd)
+bench=/tmp/alpsck-gpu-bench
+mkdir -p "$bench"
+step() { printf '\n==== %s (%s) ====\n' "$1" "$(date +%T)"; }
+status=0
+run() {  # run LIMIT_S NAME CMD...: the command's output to the log; its failure counted, not fatal
+  local limit=$1 name=$2; shift 2
+  step "$name"
+  timeout "$limit" "$@" || { echo "!!!! $name failed (exit $?)"; status=1; }
+}
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv
+python3 -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
+nproc; free -g | head -2; df -h /tmp | tail -1
+
+step "build"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-cache-dir --target /tmp/site . || { echo "build failed"; exit 1; }
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+cd /tmp || exit 1
+
+run 150 "GPU tests" python3 -m pytest -q -p no:cacheprovider -m gpu "$root/tests/test_gpu.py"
+run 150 "staging benchmark" python3 "$root/benchmarks/gpu_staging.py" --dir "$bench" --layers 24 --width 4096 \
+  --repeats 3 --json "$out/gpu_staging.json"
+
+step "bit-exact resume on the GPU"
+llama() { timeout 120 python3 -m alpsck.examples.llama --device cuda --training-steps 70 --checkpoint-freq 25 "$@"; }
+rm -rf "$bench"/ck-a "$bench"/ck-c "$bench"/a.csv "$bench"/c.csv
+llama --loss-file "$bench/a.csv" --checkpoint-dir "$bench/ck-a" | tail -3
+llama --loss-file "$bench/c.csv" --checkpoint-dir "$bench/ck-c" --fail-at-step 51 | tail -3
+llama --loss-file "$bench/c.csv" --checkpoint-dir "$bench/ck-c" --load-checkpoint | tail -3
+if cmp "$bench/a.csv" "$bench/c.csv"; then echo "bit-exact: the resumed losses equal the uninterrupted ones"
+else echo "!!!! resumed losses differ"; status=1; diff "$bench/a.csv" "$bench/c.csv" | head; fi
+
+run 120 "first save" python3 "$root/benchmarks/first_save.py" --device cuda --dir "$bench" --gib 2 --rounds 2 --work-s 3
+run 200 "training overhead" python3 -m alpsck bench --overhead --device cuda --dir "$bench" --model-dim 1024 \
+  --model-layers 8 --model-heads 16 --model-kv-heads 8 --batch-size 16 --seq-len 256 --methods alpsck,torch,dcp-async \
+  --ks 5,20 --iters 40 --warmup 3
+step "done (status $status)"
+exit $status
