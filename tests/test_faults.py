@@ -314,10 +314,25 @@ WRITE_FAULTS = [
      errno.EIO, "fsync directory "),
     ("eio-on-commit-rename", {"op": "rename", "path_contains": "step-000000002.tmp", "error": errno.EIO}, errno.EIO,
      "rename "),
-    # The 8th fsync of the run: step 1 made 5 (manifest, step dir, run dir, LATEST, run dir), then
-    # step 2's manifest and step dir: the 8th is fsync(RUN_DIR) after the commit rename.
-    ("eio-on-run-dir-fsync", {"op": "fsync", "skip": 7, "error": errno.EIO}, errno.EIO, "fsync directory "),
 ]
+# A failed fsync(RUN_DIR) after the commit rename is the one failure that cannot take the step back:
+# test_the_run_dir_fsync_after_the_rename_fails_the_save_and_says_the_step_is_committed below.
+
+
+def test_the_run_dir_fsync_after_the_rename_fails_the_save_and_says_the_step_is_committed(tmp_path: Path) -> None:
+    # The 8th fsync of the run: step 1 made 5 (its manifest, step dir, run dir, LATEST, run dir;
+    # retention, with nothing to expire, makes none), then step 2's manifest and step dir: the 8th
+    # is fsync(RUN_DIR) after step 2's commit rename. The rename happened: the save is not
+    # reported durable, its error says so, and the step is on disk with its manifest.
+    rule = {"op": "fsync", "skip": 7, "error": errno.EIO}
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=64 << 10, keep_last=3, _faults=[rule]) as ck:
+        ck.save(1, _state(1)).wait()
+        with pytest.raises(CheckpointWriteError) as ei:
+            ck.save(2, _state(2)).wait()
+        assert ei.value.errno == errno.EIO and "durability unconfirmed" in str(ei.value), str(ei.value)
+        assert (tmp_path / "step-000000002" / "MANIFEST.json").exists()
+        ck.save(3, _state(3)).wait()  # training goes on
+    _restore_exact(tmp_path, 3)
 
 
 @pytest.mark.parametrize("surface", ["wait", "next-save"])

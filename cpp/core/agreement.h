@@ -66,6 +66,10 @@ class Agreement {
   // This rank has read the abort verdict. The agreement's record of it goes once every rank that
   // reads the verdict has acknowledged it (a normal run leaves nothing behind).
   virtual void Acknowledge(uint32_t rank) = 0;
+
+  // After a committed verdict: the free directory the coordinator named in it for the next save
+  // (CommitRequest::next_spare), where the agreement carries one; "" otherwise.
+  virtual std::string Spare() const { return ""; }
 };
 
 }  // namespace alpsck

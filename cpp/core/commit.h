@@ -47,6 +47,9 @@ struct CommitRequest {
   std::vector<ShardRecord> shards;  // one per rank, in rank order
   std::vector<ExtraFile> extra_files;
   double write_seconds = 0;  // from the start of the save to every shard durable
+  // Not in the manifest: a free directory (its name in run_dir) the verdict names for the ranks'
+  // next save to claim, where the agreement carries it (StoreAgreement); "" for none.
+  std::string next_spare;
 };
 
 // Extra files: [A-Za-z0-9._-], 1-64 characters, not starting with '.', not the manifest, a

@@ -20,7 +20,7 @@ Status CommitAttempt::Arrive(const ShardRecord& record) {
 }
 
 Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extra, Clock::time_point since,
-                             double earlier_s) {
+                             double earlier_s, const std::string& spare) {
   contributed_ = true;
   CommitRequest req;
   req.run_dir = at_.run_dir;
@@ -28,6 +28,7 @@ Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extr
   req.final_dir = at_.final_dir();
   req.step = at_.step;
   req.extra_files = std::move(extra);
+  req.next_spare = spare;
   Status s = agreement_->AwaitShards(timeout_s_, own, &req.shards);
   if (s.ok()) {
     req.write_seconds = earlier_s + std::chrono::duration<double>(Clock::now() - since).count();

@@ -52,12 +52,14 @@ class CommitAttempt {
   // nullptr: every rank arrives), commits the step with them and the extra files, and once it is
   // committed removes what is left of the step's earlier attempts. A failure aborts the attempt
   // (Fail, whose result it returns). The manifest's write_seconds: earlier_s plus the time since
-  // `since`.
+  // `since`. spare: a free directory the verdict names for the ranks' next save to claim ("": none).
   Status Commit(const ShardRecord* own, std::vector<ExtraFile> extra, std::chrono::steady_clock::time_point since,
-                double earlier_s = 0);
+                double earlier_s = 0, const std::string& spare = "");
   // Every other rank: waits for the verdict (past the timeout it aborts the attempt itself); an
   // abort read is acknowledged. OK once the commit is durable.
   Status AwaitVerdict();
+  // After a committed AwaitVerdict: the free directory the verdict named for the next save ("").
+  std::string spare() const { return agreement_->Spare(); }
   // This rank's part failed with `cause` (or it gave up): aborts the attempt and acknowledges the
   // abort. Returns what this rank reports: its own error when its abort decided the attempt; "step
   // N is committed, durability unconfirmed: ..." when the commit won (only after the commit

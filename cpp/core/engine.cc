@@ -98,7 +98,7 @@ Status Engine::Init() {
   // What is already there: committed steps (a manifest exists; recovery does the deep checks).
   // Rank 0 tidies the rest (run_dir.h); the other ranks may not: rank 0 opens first, and the
   // others may be writing by the time they open.
-  if (opts_.rank == 0) TidyRunDir(env_, dir, opts_.world_size, opts_.keep_last ? opts_.max_in_flight : 0);
+  if (opts_.rank == 0) claimable_ = TidyRunDir(env_, dir, opts_.world_size, opts_.keep_last ? opts_.max_in_flight : 0);
   ALPSCK_RETURN_IF_ERROR(history_.Load());
   published_.Load(history_.newest());
 
@@ -182,27 +182,30 @@ void Engine::WaitPrepared() {
 }
 
 Status Engine::PrepareDir(SaveJob* j) {
-  const std::string& dir = opts_.run_dir;
   j->tmp_dir = j->commit_attempt->attempt().tmp_dir();
   j->final_dir = j->commit_attempt->attempt().final_dir();
   j->shard_path = JoinPath(j->tmp_dir, ShardFileName(opts_.rank));
-  // The attempt's directory is shared: whoever comes first claims an expired checkpoint's
-  // directory for it (its shards are overwritten in place), or creates it. Without retention
-  // (keep_last 0, and the DCP backend's engines) no free directory ever appears, so the listing of
-  // RUN_DIR is skipped. Every rank lists: were only rank 0 to claim, it could rename a free
-  // directory over the empty one another rank had just made, under that rank's shard (a CI run
-  // caught "open .../rank-00001.bin: No such file or directory"); a rank that lists first claims
-  // the free directory itself, and a later claim meets a directory with shards (ENOTEMPTY).
-  // ClaimFreeDir checks that the directory it takes is ours; one this rank created is. Only a
-  // directory found in place (another rank's, or anything else at the name) is looked at: one
-  // metadata call per save saved on the ranks that come first.
-  bool known_ours = opts_.keep_last > 0 && ClaimFreeDir(env_, dir, j->tmp_dir);
-  if (!known_ours) {
-    int r = env_->Mkdir(j->tmp_dir);
-    if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
+  // The attempt's directory is shared: the first rank to come claims the expired checkpoint's
+  // directory rank 0 named for this save (its shards are overwritten in place), or creates it.
+  // No rank lists RUN_DIR: the name came with the last verdict, and the claim never replaces a
+  // directory another rank made (ClaimDir). A rank that made or claimed the directory knows it is
+  // ours; one that found it in place (another rank's, or anything else at the name) looks.
+  const std::string spare = TakeSpare();
+  bool known_ours = false, recycled = false, exists = false;
+  if (!spare.empty()) {
+    const int r = ClaimDir(env_, opts_.run_dir, spare, j->tmp_dir);
     known_ours = r == 0;
+    recycled = r == 0 || r == -ENOENT;  // ENOENT: another rank claimed it, most likely for this save
+    exists = r == -ENOENT;
+    if (r != 0 && r != -ENOENT) UnusedSpare(spare, r);
   }
-  const int own = known_ours ? 1 : env_->IsOwnDir(j->tmp_dir);
+  int own = known_ours ? 1 : exists ? env_->IsOwnDir(j->tmp_dir) : -ENOENT;
+  if (own == -ENOENT) {
+    recycled = false;
+    const int r = env_->Mkdir(j->tmp_dir);
+    if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create " + j->tmp_dir);
+    own = r == 0 ? 1 : env_->IsOwnDir(j->tmp_dir);
+  }
   if (own < 0)  // gone again: another rank aborted the attempt (Save reads the verdict), or worse
     return Status::FromErrno(-own, "inspect " + j->tmp_dir);
   if (own == 0)  // something else took the name: never write through it
@@ -210,14 +213,53 @@ Status Engine::PrepareDir(SaveJob* j) {
   // Refused: once the attempt's directory exists (the abort that tells every rank renames it),
   // before the shard takes a byte.
   if (!j->refusal.ok()) return j->refusal;
-  // Not O_EXCL even in a directory this rank made: another rank's claim may still have replaced it
-  // (empty) by an expired directory holding this rank's old shard, overwritten in place.
-  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct));
+  // A shard that is new (O_EXCL) needs no look at what it is; one in a recycled directory is
+  // overwritten in place, after OpenMaybeDirect's checks. A claim can no longer replace a
+  // directory under a rank's new shard (ClaimDir never replaces), so O_EXCL is safe.
+  Status s = Status::Error(Code::kIoError, "", EEXIST);
+  if (!recycled) s = OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT | O_EXCL, direct_io_, &j->fd, &j->direct);
+  if (!s.ok() && s.err() == EEXIST)
+    s = OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct);
+  ALPSCK_RETURN_IF_ERROR(s);
   const uint64_t want = j->index.layout.data_padded + align_;
   int r = env_->FAllocate(j->fd, want);
   if (r == -ENOSPC || r == -EDQUOT)
     return Status::FromErrno(-r, "preallocate " + std::to_string(want) + " bytes for " + j->shard_path);
   return Status::Ok();  // other fallocate failures (EOPNOTSUPP) only cost the preallocation
+}
+
+std::string Engine::TakeSpare() {
+  std::lock_guard<std::mutex> l(spare_mu_);
+  if (opts_.keep_last == 0) return "";
+  std::string s;
+  s.swap(spare_);
+  return s;
+}
+
+void Engine::UnusedSpare(const std::string& name, int why) {
+  std::lock_guard<std::mutex> l(spare_mu_);
+  if (why == -EINVAL || why == -ENOSYS) claims_work_ = false;
+  if (opts_.rank == 0 && why == -EEXIST) claimable_.push_front(name);  // still free: for a later save
+}
+
+std::string Engine::DesignateSpare() {
+  std::lock_guard<std::mutex> l(spare_mu_);
+  if (opts_.rank != 0 || opts_.keep_last == 0 || !claims_work_ || claimable_.empty()) return "";
+  std::string s = claimable_.front();
+  claimable_.pop_front();
+  return s;
+}
+
+void Engine::CommittedSpare(const std::string& name, bool committed) {
+  if (name.empty()) return;
+  std::lock_guard<std::mutex> l(spare_mu_);
+  if (!committed) {  // rank 0's designation, never announced
+    if (opts_.rank == 0) claimable_.push_front(name);
+    return;
+  }
+  // A spare named earlier and not yet tried is replaced: rank 0 keeps it for later.
+  if (opts_.rank == 0 && !spare_.empty()) claimable_.push_front(spare_);
+  spare_ = name;
 }
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,

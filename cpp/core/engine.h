@@ -137,7 +137,18 @@ class Engine {
   void CommitterLoop();
   // The common end of every save: history, LATEST, retention, the handle, the in-flight slot.
   void Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r);
-  void ApplyRetention(std::string* warning);
+  void ApplyRetention(const std::vector<Expiry>& victims, std::string* warning);
+  // The free directory named for the next save's claim ("" if none), taken: rank 0's own
+  // designation, or the one the last commit verdict named (StoreAgreement).
+  std::string TakeSpare();
+  // A spare PrepareDir could not claim because the step's directory existed: rank 0 keeps it
+  // for a later save. -EINVAL: no claims on this file system (rank 0 names no more spares).
+  void UnusedSpare(const std::string& name, int why);
+  // Rank 0, before it commits: the free directory to name in the verdict for the ranks' next save.
+  std::string DesignateSpare();
+  // After a commit (rank 0: its designation, or "" when the commit failed and it is kept; other
+  // ranks: what the verdict named).
+  void CommittedSpare(const std::string& name, bool committed);
 
   EngineOptions opts_;
   const pid_t owner_pid_ = ::getpid();  // the process that opened it (Forked)
@@ -165,6 +176,14 @@ class Engine {
   std::map<uint64_t, uint32_t> attempts_;
   bool closed_ = false;
   std::mutex retention_mu_;               // serialises retention and Supersede's renames
+
+  // Recycling without listing RUN_DIR (run_dir.h: ExpireSteps, ClaimDir). Rank 0 keeps the
+  // claimable free directories it knows (TidyRunDir's at open, then its retention's) and names one
+  // in each commit's verdict; every rank tries to claim that one for its next save.
+  std::mutex spare_mu_;                   // guards the fields below
+  std::deque<std::string> claimable_;     // rank 0: free directories not handed out, oldest first
+  std::string spare_;                     // the one named for the next save ("" if none)
+  bool claims_work_ = true;               // false once a claim met a file system without RENAME_NOREPLACE
 };
 
 }  // namespace alpsck

@@ -54,8 +54,16 @@ void Engine::CommitterLoop() {
       j.reset(commit_queue_.front());
       commit_queue_.pop_front();
     }
-    const Status s = opts_.rank == 0 ? j->commit_attempt->Commit(&j->record, {}, j->t0)
-                                     : j->commit_attempt->AwaitVerdict();
+    Status s;
+    if (opts_.rank == 0) {
+      // The verdict names the free directory the ranks' next save claims (none listing RUN_DIR).
+      const std::string spare = DesignateSpare();
+      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare);
+      CommittedSpare(spare, s.ok());
+    } else {
+      s = j->commit_attempt->AwaitVerdict();
+      if (s.ok()) CommittedSpare(j->commit_attempt->spare(), true);
+    }
     SaveResult r = j->result;
     Complete(std::move(j), s, r);
   }
@@ -65,18 +73,21 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
   const bool committed = s.ok() && j->commit == CommitMode::kAuto;
   if (committed) r.path = j->final_dir;
   if (!s.ok()) r.path.clear();
+  std::vector<Expiry> victims;
   {
     std::lock_guard<std::mutex> l(mu_);
     // Before the handle completes: a caller that saw it fail may save the same step again at
     // once (nothing below touches this step's files).
     in_flight_steps_.erase(j->step);
     if (committed) {
-      history_.Committed(j->step, opts_.keep_last);
+      // Plain: shards and a manifest only (no DONE record: the store carried the records, or one
+      // rank holds its own; no extra file: only the DCP backend's commits have them).
+      victims = history_.Committed(j->step, opts_.keep_last, opts_.store != nullptr || opts_.world_size == 1);
       attempts_.erase(j->step);
     }
   }
   if (committed) j->commit_attempt->Publish(&published_, &r.warning);
-  if (committed && opts_.rank == 0) ApplyRetention(&r.warning);
+  if (committed && opts_.rank == 0) ApplyRetention(victims, &r.warning);
   r.durable_seconds = Seconds(j->t0, Clock::now());
   // Complete the handle before releasing the in-flight slot, so that WaitAll() returning
   // implies every handle is done.
@@ -88,10 +99,26 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
   admit_cv_.notify_all();
 }
 
-void Engine::ApplyRetention(std::string* warning) {
-  if (opts_.keep_last == 0) return;
+void Engine::ApplyRetention(const std::vector<Expiry>& victims, std::string* warning) {
+  if (opts_.keep_last == 0 || victims.empty()) return;
   std::lock_guard<std::mutex> rl(retention_mu_);  // Supersede renames step directories too
-  const std::string w = RetainNewest(env_, opts_.run_dir, opts_.keep_last, opts_.max_in_flight);
+  // From what this process knows (History: the steps committed at open and since), not from a
+  // listing of RUN_DIR. The claimable directories handed out (spare_, and any a verdict named)
+  // count as claimable: together at most max_in_flight are kept.
+  std::deque<std::string> claimable;
+  uint32_t handed_out = 0;
+  {
+    std::lock_guard<std::mutex> l(spare_mu_);
+    claimable.swap(claimable_);
+    handed_out = spare_.empty() ? 0 : 1;
+  }
+  const uint32_t keep = opts_.max_in_flight > handed_out ? opts_.max_in_flight - handed_out : 0;
+  const std::string w = ExpireSteps(env_, opts_.run_dir, victims, keep, &claimable);
+  {
+    std::lock_guard<std::mutex> l(spare_mu_);
+    for (auto it = claimable_.rbegin(); it != claimable_.rend(); ++it) claimable.push_front(*it);  // returned meanwhile
+    claimable_.swap(claimable);
+  }
   if (!w.empty() && warning->empty()) *warning = w;
 }
 

@@ -48,6 +48,14 @@ class Env {
   virtual int FStat(int fd, FileStat* st) = 0;
   virtual int DirectIo(int fd, DirectIoInfo* info) = 0;  // statx(STATX_DIOALIGN)
   virtual int Rename(const std::string& from, const std::string& to) = 0;
+  // rename that fails with -EEXIST when `to` exists (renameat2 RENAME_NOREPLACE), also when it is
+  // an empty directory, which a plain rename would replace. -EINVAL (or -ENOSYS) where the file
+  // system or kernel cannot: the default, for an Env without it.
+  virtual int RenameNoReplace(const std::string& from, const std::string& to) {
+    (void)from;
+    (void)to;
+    return -22;  // EINVAL
+  }
   virtual int Mkdir(const std::string& path) = 0;
   virtual int Unlink(const std::string& path) = 0;
   virtual int Rmdir(const std::string& path) = 0;
@@ -125,6 +133,7 @@ class FaultEnv : public Env {
   int FStat(int fd, FileStat* st) override { return base_->FStat(fd, st); }
   int DirectIo(int fd, DirectIoInfo* info) override { return base_->DirectIo(fd, info); }
   int Rename(const std::string& from, const std::string& to) override;
+  int RenameNoReplace(const std::string& from, const std::string& to) override;
   int Mkdir(const std::string& path) override;
   void Confine(const std::string& root) override { base_->Confine(root); }
   void Unconfine(const std::string& root) override { base_->Unconfine(root); }

@@ -105,6 +105,11 @@ int FaultEnv::Rename(const std::string& from, const std::string& to) {
   return base_->Rename(from, to);
 }
 
+int FaultEnv::RenameNoReplace(const std::string& from, const std::string& to) {
+  if (int e = Check(FaultRule::Op::kRename, from); e > 0) return -e;
+  return base_->RenameNoReplace(from, to);
+}
+
 int FaultEnv::Mkdir(const std::string& path) {
   if (int e = Check(FaultRule::Op::kMkdir, path); e > 0) return -e;
   return base_->Mkdir(path);

@@ -21,6 +21,10 @@
 
 #include "env.h"
 
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)  // linux/fs.h; glibc's stdio.h has it from 2.28
+#endif
+
 namespace alpsck {
 namespace {
 
@@ -188,6 +192,19 @@ class PosixEnv final : public Env {
     if (int e = Resolve(from, &a)) return e;
     if (int e = Resolve(to, &b)) return e;
     return ::renameat(a.parent, a.leaf.c_str(), b.parent, b.leaf.c_str()) == 0 ? 0 : -errno;
+  }
+  int RenameNoReplace(const std::string& from, const std::string& to) override {
+#if defined(SYS_renameat2)
+    Resolved a, b;
+    if (int e = Resolve(from, &a)) return e;
+    if (int e = Resolve(to, &b)) return e;
+    return ::syscall(SYS_renameat2, a.parent, a.leaf.c_str(), b.parent, b.leaf.c_str(), RENAME_NOREPLACE) == 0 ? 0
+                                                                                                            : -errno;
+#else
+    (void)from;
+    (void)to;
+    return -ENOSYS;
+#endif
   }
   int Mkdir(const std::string& path) override {
     Resolved r;

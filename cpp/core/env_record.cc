@@ -137,6 +137,13 @@ int RecordingEnv::Rename(const std::string& from, const std::string& to) {
   return r;
 }
 
+int RecordingEnv::RenameNoReplace(const std::string& from, const std::string& to) {
+  std::lock_guard<std::mutex> l(mu_);
+  int r = base_->RenameNoReplace(from, to);
+  if (r == 0) ops_.push_back(PathOp(RecordedOp::Kind::kRename, from, to));
+  return r;
+}
+
 int RecordingEnv::Mkdir(const std::string& path) {
   std::lock_guard<std::mutex> l(mu_);
   int r = base_->Mkdir(path);

@@ -66,6 +66,7 @@ class RecordingEnv : public Env {
   void Unconfine(const std::string& root) override { base_->Unconfine(root); }
   int DirectIo(int fd, DirectIoInfo* info) override { return base_->DirectIo(fd, info); }
   int Rename(const std::string& from, const std::string& to) override;
+  int RenameNoReplace(const std::string& from, const std::string& to) override;  // recorded as a rename
   int Mkdir(const std::string& path) override;
   int Unlink(const std::string& path) override;
   int Rmdir(const std::string& path) override;

@@ -139,7 +139,11 @@ Status SyncDir(Env* env, const std::string& dir) {
 Status WriteFileSynced(Env* env, const std::string& path, const std::string& data) {
   int fd = -1;
   bool direct = false;
-  ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_TRUNC, false, &fd, &direct));
+  // The name is new in the common case (a manifest, LATEST.tmp): O_EXCL makes the file and needs
+  // no look at what it is (one metadata call); a name in use is opened and checked.
+  Status s = OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_EXCL, false, &fd, &direct);
+  if (!s.ok() && s.err() == EEXIST) s = OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_TRUNC, false, &fd, &direct);
+  ALPSCK_RETURN_IF_ERROR(s);
   ScopedFd g(env, fd);
   ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, data.data(), data.size(), 0, path));
   int r = SyncFd(env, fd, false);

@@ -40,11 +40,22 @@ bool History::Skips(uint64_t step, bool one_history) const {
   return committed_.count(step) && !(one_history && foreign_.count(step));
 }
 
-void History::Committed(uint64_t step, uint32_t keep_last) {
+std::vector<Expiry> History::Committed(uint64_t step, uint32_t keep_last, bool plain) {
   std::lock_guard<std::mutex> l(mu_);
   committed_.insert(step);
-  // Rank 0 expires old steps on disk (RetainNewest); forget them here too.
-  while (keep_last && committed_.size() > keep_last) committed_.erase(committed_.begin());
+  if (plain)
+    plain_.insert(step);
+  else
+    plain_.erase(step);
+  // Rank 0 expires old steps on disk (ExpireSteps); forget them here too.
+  std::vector<Expiry> victims;
+  while (keep_last && committed_.size() > keep_last) {
+    const uint64_t v = *committed_.begin();
+    victims.push_back({v, plain_.count(v) > 0});
+    plain_.erase(v);
+    committed_.erase(committed_.begin());
+  }
+  return victims;
 }
 
 void History::ContinueFrom(int64_t step) {
@@ -123,6 +134,7 @@ Status History::Retire(const std::vector<uint64_t>& victims, PublishedStep* publ
   for (uint64_t v : gone) {
     foreign_.erase(v);
     committed_.erase(v);
+    plain_.erase(v);
   }
   retired_log_.insert(retired_log_.end(), retired->begin(), retired->end());
   published->Reset(committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin()));

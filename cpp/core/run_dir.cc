@@ -200,7 +200,7 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
   int r = env->ListDir(run_dir, &names);
   if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
   std::vector<uint64_t> committed;
-  std::vector<std::string> claimable;
+  std::deque<std::string> claimable;
   for (const std::string& n : names) {
     uint64_t step = 0;
     const bool is_step = ParseStepDirName(n, &step);
@@ -213,29 +213,40 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
       claimable.push_back(n);
   }
   std::sort(committed.begin(), committed.end());
+  std::vector<Expiry> victims;
+  for (size_t i = 0; i + keep_last < committed.size(); ++i) victims.push_back({committed[i], false});
+  return ExpireSteps(env, run_dir, victims, keep_free, &claimable);
+}
+
+std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<Expiry>& victims, uint32_t keep_free,
+                        std::deque<std::string>* claimable) {
   std::string warning;
   auto warn = [&](const Status& s) {
     if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
   };
+  if (victims.empty()) return warning;
   static std::atomic<uint64_t> seq{0};
   std::vector<std::pair<std::string, std::string>> pending;  // expired (free-K.new -> free-K) once durable
-  for (size_t i = 0; i + keep_last < committed.size(); ++i) {
-    const std::string path = JoinPath(run_dir, StepDirName(committed[i]));
+  for (const Expiry& v : victims) {
+    const std::string path = JoinPath(run_dir, StepDirName(v.step));
+    // Looked at first, even one this process committed (it may have been swapped for a link to
+    // a copy since): a symlinked or foreign checkpoint is never expired nor recycled.
+    if (env->IsOwnDir(path) != 1) continue;
     const uint64_t n = seq.fetch_add(1);
-    const std::string gone = JoinPath(run_dir, FreeDirName(committed[i], ::getpid(), n, true));
+    const std::string gone = JoinPath(run_dir, FreeDirName(v.step, ::getpid(), n, true));
     // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
     int e = env->Rename(path, gone);
     if (e < 0) {
-      warn(Status::FromErrno(-e, "rename " + path));
+      if (e != -ENOENT) warn(Status::FromErrno(-e, "rename " + path));  // ENOENT: removed meanwhile (a prune)
       continue;
     }
     // The manifest goes first: should a power loss undo the rename, the directory comes back as
     // step-N without a manifest (never committed, ignored), not as a manifest naming removed or
     // overwritten shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
     env->Unlink(JoinPath(gone, kManifestName));
-    if (pending.size() + claimable.size() < keep_free) {
-      KeepOnlyShards(env, gone);
-      pending.push_back({gone, JoinPath(run_dir, FreeDirName(committed[i], ::getpid(), n))});
+    if (pending.size() + claimable->size() < keep_free) {
+      if (!v.plain) KeepOnlyShards(env, gone);  // a plain one holds nothing else
+      pending.push_back({gone, FreeDirName(v.step, ::getpid(), n)});
     } else {
       warn(RemoveDirFiles(env, gone));
     }
@@ -246,30 +257,25 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
   // place (before, a power loss could bring step-N back over half-overwritten shards). A lost
   // rename below only leaves a free-K.new, which the next Open removes.
   for (const auto& [now, claimable_name] : pending) {
-    if (!s.ok() || env->Rename(now, claimable_name) < 0) RemoveDirFiles(env, now);
+    if (!s.ok() || env->Rename(now, JoinPath(run_dir, claimable_name)) < 0)
+      RemoveDirFiles(env, now);
+    else
+      claimable->push_back(claimable_name);
   }
   return warning;
 }
 
-bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir) {
-  std::vector<std::string> names;
-  if (env->ListDir(run_dir, &names) < 0) return false;
-  std::sort(names.begin(), names.end());
-  for (const std::string& n : names) {
-    if (!IsClaimableFreeDir(n) || env->IsOwnDir(JoinPath(run_dir, n)) != 1) continue;
-    // Atomic: fails with ENOTEMPTY/EEXIST once another rank has made tmp_dir hold anything (that
-    // rank's claim, or a shard it created), and with ENOENT if another rank took this one.
-    const int r = env->Rename(JoinPath(run_dir, n), tmp_dir);
-    if (r == 0) return true;
-    if (r != -ENOENT) return false;
-  }
-  return false;
+int ClaimDir(Env* env, const std::string& run_dir, const std::string& free_name, const std::string& tmp_dir) {
+  if (!IsClaimableFreeDir(free_name)) return -EINVAL;
+  // Never replaces: a plain rename would replace an empty tmp_dir that another rank has just made,
+  // under that rank's shard (a CI run once caught "open .../rank-00001.bin: No such file").
+  return env->RenameNoReplace(JoinPath(run_dir, free_name), tmp_dir);
 }
 
-void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free) {
+std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free) {
   std::vector<std::string> names;
-  if (env->ListDir(run_dir, &names) < 0) return;
-  std::vector<std::string> kept;
+  if (env->ListDir(run_dir, &names) < 0) return {};
+  std::vector<std::string> kept;  // names of the free directories kept
   for (const std::string& n : names) {
     const EntryKind kind = ParseRunDirName(n).kind;
     const std::string p = JoinPath(run_dir, n);
@@ -289,10 +295,14 @@ void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint3
         for (uint32_t r = 0; r < world_size && !ours; ++r) ours = f == ShardFileName(r);
         if (!ours) env->Unlink(JoinPath(p, f));
       }
-    kept.push_back(p);
+    kept.push_back(n);
   }
-  if (!kept.empty() && !SyncDir(env, run_dir).ok())
-    for (const std::string& p : kept) RemoveDirFiles(env, p);
+  if (!kept.empty() && !SyncDir(env, run_dir).ok()) {
+    for (const std::string& n : kept) RemoveDirFiles(env, JoinPath(run_dir, n));
+    kept.clear();
+  }
+  std::sort(kept.begin(), kept.end());
+  return std::deque<std::string>(kept.begin(), kept.end());
 }
 
 namespace {

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <memory>
 #include <string>
@@ -206,21 +207,37 @@ class PublishedStep {
 };
 
 
-// ---- What happens to the entries (rank 0 runs these; any rank may claim)
+// ---- What happens to the entries (rank 0 runs these; any rank may claim a free directory rank 0 named)
 
 // Housekeeping when rank 0 opens a run directory (no save is running yet, on any rank): removes
 // abandoned and aborted attempts and expiries that were never made durable. Expired directories
 // (free-*) are kept for reuse when keep_free > 0, holding only shards of ranks below world_size,
 // and only once a fsync of RUN_DIR made their expiry durable (the process that expired them may
-// have died before its own fsync); otherwise they are removed too.
-void TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free);
+// have died before its own fsync); otherwise they are removed too. Returns the names of the free
+// directories kept (claimable), oldest name first.
+std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free);
 
-// Retention: keeps the newest keep_last committed steps (0 keeps all) and expires the older ones.
-// Each is renamed to free-*.new (atomic expiry), loses its manifest, then RUN_DIR is fsync'ed.
-// Up to keep_free of them (counting claimable ones already there) keep their shard files and are
-// then renamed to free-*: claimable by ClaimFreeDir. The rest, and any whose expiry could not be
-// made durable, are removed. Returns a warning (empty if none): retention never fails a save.
+// Retention from a listing (alpsck prune's, through the binding): keeps the newest keep_last
+// committed steps (0 keeps all) and expires the older ones (ExpireSteps), counting the claimable
+// directories already there. Returns a warning (empty if none): retention never fails a save.
 std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free = 0);
+
+// One committed step to expire. plain: the caller committed it itself with nothing but its shards
+// and manifest (no DONE record, no extra file), so its directory is not listed to strip the rest.
+struct Expiry {
+  uint64_t step = 0;
+  bool plain = false;
+};
+
+// Retention from what rank 0 knows, without listing RUN_DIR (the engine's, per save): each victim
+// (first checked to be our own directory, not a link) is renamed to free-*.new
+// (atomic expiry) and loses its manifest; then RUN_DIR is fsync'ed. While fewer than keep_free
+// are claimable (*claimable: the names already claimable), an expired directory keeps its shard
+// files and is renamed to free-* and appended to *claimable: from then on a save may claim it
+// (ClaimDir). The rest, and any whose expiry could not be made durable, are removed. A victim gone
+// meanwhile (a prune) is skipped. Returns a warning (empty if none).
+std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<Expiry>& victims, uint32_t keep_free,
+                        std::deque<std::string>* claimable);
 
 // Removal of chosen entries (alpsck prune): each name in `names` (an entry directly in run_dir)
 // is first renamed to a free .deleting-<name> (one already named .deleting-* keeps its name), so
@@ -239,11 +256,13 @@ struct Removal {
 };
 Removal RemoveEntries(Env* env, const std::string& run_dir, const std::vector<std::string>& names);
 
-// Any rank, preparing the shared step-N.tmp of a save: renames a claimable free-* directory to
-// tmp_dir, so that the shards it holds are overwritten in place (no block allocation). True if
-// this call did; false if none was free or tmp_dir already exists with something in it (another
-// rank claimed one, or created its shard): the caller then creates or joins tmp_dir as usual.
-// Safe against every other rank doing the same, and against rank 0 removing free directories.
-bool ClaimFreeDir(Env* env, const std::string& run_dir, const std::string& tmp_dir);
+// Any rank, preparing the shared step-N.tmp of a save: renames the claimable directory free_name
+// (a name in run_dir that rank 0 handed out: ExpireSteps made it, the commit verdict named it) to
+// tmp_dir, never replacing anything there, so that the shards it holds are overwritten in place
+// (no block allocation) and no listing of RUN_DIR is needed. 0: this call claimed it. -ENOENT: it
+// is gone (another rank claimed it, for this save or another). -EEXIST: tmp_dir exists already (a
+// rank created it): the directory stays free. -EINVAL: not a free directory's name, or the file
+// system cannot rename without replacing (then nothing is claimed: the ranks create tmp_dir).
+int ClaimDir(Env* env, const std::string& run_dir, const std::string& free_name, const std::string& tmp_dir);
 
 }  // namespace alpsck

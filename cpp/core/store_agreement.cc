@@ -8,6 +8,7 @@
 
 #include "file_io.h"
 #include "json.h"
+#include "run_dir.h"
 
 namespace alpsck {
 
@@ -16,6 +17,7 @@ namespace {
 constexpr char kCommitting[] = "committing";
 constexpr char kCommittedValue[] = "committed";
 constexpr char kUnsyncedPrefix[] = "committed-unsynced:";
+constexpr char kSpareSeparator[] = "\nspare:";  // in a "committed" value: the spare's name follows
 constexpr char kAbortedPrefix[] = "aborted:";
 constexpr char kAllArrived[] = "all";
 constexpr char kAbortedArrival[] = "aborted";
@@ -193,6 +195,7 @@ Status StoreAgreement::Commit(const CommitRequest& req) {
   commit_ran_ = true;
   const Status c = CommitCheckpoint(env_, req);
   std::string final_value = kCommittedValue;
+  if (!req.next_spare.empty()) final_value += kSpareSeparator + req.next_spare;
   if (!c.ok()) {
     // Did the rename happen? The abort rename answers, as FileAgreement's does: it fails once the
     // directory was renamed to step-N (committed, durability unconfirmed), and it wins if the
@@ -309,6 +312,13 @@ Verdict StoreAgreement::Abort(uint32_t rank, const std::string& why, Status* ver
 
 Verdict StoreAgreement::FromFinal(const std::string& value, Status* verdict) {
   if (value == kCommittedValue) return Remember(Verdict::kCommitted, Status::Ok(), false);
+  const std::string named = std::string(kCommittedValue) + kSpareSeparator;
+  if (StartsWith(value, named.c_str())) {
+    const std::string spare = value.substr(named.size());
+    // Only ever the name of a free directory: a value from the store never names another path.
+    if (ParseRunDirName(spare).kind == EntryKind::kFree) spare_ = spare;
+    return Remember(Verdict::kCommitted, Status::Ok(), false);
+  }
   if (StartsWith(value, kUnsyncedPrefix)) {
     unsynced_ = true;
     return Remember(Verdict::kCommitted, Status::Ok(), false);

@@ -15,7 +15,9 @@
 //                   ("aborted"): the coordinator waits on it
 //   P verdict       the decision, one CompareSet(verdict, "", X) for all: "committing" (the
 //                   coordinator's claim, before its commit rename) or "aborted:<why>"
-//   P final         the verdict once final: "committed", "committed-unsynced:<error>" (the rename
+//   P final         the verdict once final: "committed" (followed by "\nspare:<name>" when it names
+//                   a free directory for the ranks' next save to claim, run_dir.h: ClaimDir),
+//                   "committed-unsynced:<error>" (the rename
 //                   happened, rank 0's fsync of RUN_DIR failed: each rank syncs it) or
 //                   "aborted:<why>". The other ranks Get it.
 //   P acks          the ranks that read the verdict (Add); the one that makes it `readers` deletes
@@ -66,6 +68,7 @@ class StoreAgreement : public Agreement {
   Verdict Peek(Status* why) override;
   Status AwaitVerdict(uint32_t rank, double timeout_s) override;
   void Acknowledge(uint32_t rank) override;
+  std::string Spare() const override { return spare_; }
 
  private:
   std::string Key(const char* name) const { return prefix_ + name; }
@@ -102,6 +105,7 @@ class StoreAgreement : public Agreement {
   bool acked_ = false;
   Verdict settled_ = Verdict::kPending;  // the verdict, once this rank knows it
   Status settled_status_;
+  std::string spare_;  // the free directory a committed verdict named (a free-* name, checked)
   bool settled_won_ = false;
 };
 

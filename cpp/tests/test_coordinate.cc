@@ -20,6 +20,7 @@
 #include "coordinate.h"
 #include "engine.h"
 #include "file_io.h"
+#include "kv_store_memory.h"
 #include "recovery.h"
 #include "testing.h"
 #include "test_util.h"
@@ -33,7 +34,7 @@ namespace {
 
 std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t world, Env* env = nullptr,
                                  uint32_t keep_last = 0, double timeout_s = 30, bool direct_io = true,
-                                 bool one_history = false) {
+                                 bool one_history = false, std::shared_ptr<KvStore> store = nullptr) {
   EngineOptions o;
   o.run_dir = dir;
   o.chunk_bytes = 64 << 10;
@@ -45,6 +46,8 @@ std::unique_ptr<Engine> OpenRank(const std::string& dir, uint32_t rank, uint32_t
   o.env = env;
   o.direct_io = direct_io;
   o.one_history = one_history;
+  o.store = std::move(store);  // as a multi-rank Checkpointer's engines (torch.distributed's store)
+  o.store_ns = "test/";
   std::unique_ptr<Engine> e;
   Status s = Engine::Open(o, &e);
   if (!s.ok()) std::fprintf(stderr, "Engine::Open(rank %u): %s\n", rank, s.message().c_str());
@@ -143,9 +146,13 @@ std::vector<std::string> FreeDirs(const std::string& dir) {
 }
 
 TEST(every_rank_overwrites_an_expired_checkpoints_shard_in_place) {
+  // Through a store, as a multi-rank Checkpointer: each verdict names the expired directory the
+  // next save claims, so no rank lists RUN_DIR. The directory expired when step s committed is
+  // named in step s+1's verdict and taken by step s+2.
   TempDir d;
+  auto store = std::make_shared<MemoryKvStore>();
   std::vector<std::unique_ptr<Engine>> e;
-  for (uint32_t r = 0; r < 3; ++r) e.push_back(OpenRank(d.path(), r, 3, nullptr, 1));  // keep_last 1
+  for (uint32_t r = 0; r < 3; ++r) e.push_back(OpenRank(d.path(), r, 3, nullptr, 1, 30, true, false, store));  // keep_last 1
   for (auto& x : e) REQUIRE(x);
   std::map<uint64_t, std::vector<uint64_t>> inodes;  // step -> each rank's shard's inode
   for (uint64_t step = 1; step <= 6; ++step) {
@@ -169,11 +176,12 @@ TEST(every_rank_overwrites_an_expired_checkpoints_shard_in_place) {
       for (const auto& n : names) CHECK(n.rfind("rank-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".bin") == 0);
     }
   }
-  // Step s+2 took the directory of step s, expired when s+1 committed: the same files, overwritten.
-  for (uint64_t step = 3; step <= 6; ++step)
+  // Step s+3 took the directory of step s, expired when s+1 committed and named in the verdict of
+  // s+2: the same files, overwritten.
+  for (uint64_t step = 4; step <= 6; ++step)
     for (uint32_t r = 0; r < 3; ++r) {
       CHECK(inodes[step][r] != 0);
-      CHECK_EQ(inodes[step][r], inodes[step - 2][r]);
+      CHECK_EQ(inodes[step][r], inodes[step - 3][r]);
     }
   auto infos = Scan(d.path());
   REQUIRE(infos.size() == 1);
@@ -190,14 +198,20 @@ TEST(a_free_directory_is_claimed_once_and_never_over_a_started_step) {
   const std::string tmp = JoinPath(run, TmpDirName(5));
   REQUIRE(Env::Default()->Mkdir(tmp) == 0);
   REQUIRE(alpsck_test::WriteText(JoinPath(tmp, ShardFileName(1)), "x"));  // rank 1 has started step 5
-  CHECK(!ClaimFreeDir(Env::Default(), run, tmp));
+  CHECK_EQ(ClaimDir(Env::Default(), run, "free-1-1-0", tmp), -EEXIST);
   CHECK(Exists(free_dir));
   CHECK(Exists(JoinPath(tmp, ShardFileName(1))));
   const std::string tmp6 = JoinPath(run, TmpDirName(6));
-  CHECK(ClaimFreeDir(Env::Default(), run, tmp6));  // the claimable one, not the pending one
+  REQUIRE(Env::Default()->Mkdir(tmp6) == 0);  // empty: a rank has just made it; a plain rename would replace it
+  CHECK_EQ(ClaimDir(Env::Default(), run, "free-1-1-0", tmp6), -EEXIST);
+  CHECK(Exists(free_dir));
+  const std::string tmp7 = JoinPath(run, TmpDirName(7));
+  CHECK_EQ(ClaimDir(Env::Default(), run, "free-1-1-0", tmp7), 0);
   CHECK(!Exists(free_dir));
-  CHECK(Exists(tmp6));
-  CHECK(!ClaimFreeDir(Env::Default(), run, JoinPath(run, TmpDirName(7))));  // only free-2-1-0.new is left
+  CHECK(Exists(tmp7));
+  CHECK_EQ(ClaimDir(Env::Default(), run, "free-1-1-0", JoinPath(run, TmpDirName(8))), -ENOENT);  // claimed once
+  CHECK_EQ(ClaimDir(Env::Default(), run, "free-2-1-0.new", JoinPath(run, TmpDirName(8))), -EINVAL);  // not durable yet
+  CHECK_EQ(ClaimDir(Env::Default(), run, "../x", JoinPath(run, TmpDirName(8))), -EINVAL);
   CHECK(Exists(JoinPath(run, "free-2-1-0.new")));
 }
 
@@ -665,18 +679,23 @@ TEST(ranks_in_a_tampered_recycled_directory_never_write_outside_and_agree) {
     REQUIRE(fd >= 0 && ::write(fd, keep.data(), keep.size()) == static_cast<ssize_t>(keep.size()));
     ::close(fd);
   }
+  auto store = std::make_shared<MemoryKvStore>();
   std::vector<std::unique_ptr<Engine>> e;
-  for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2, nullptr, 1));
+  for (uint32_t r = 0; r < 2; ++r) e.push_back(OpenRank(d.path(), r, 2, nullptr, 1, 30, true, false, store));
   for (auto& x : e) REQUIRE(x);
   for (uint64_t step : {1, 2})
     for (const Status& s : SaveAll(e, step)) CHECK(s.ok());
-  const std::vector<std::string> free_dirs = FreeDirs(d.path());
+  // Step 1 expired when step 2 committed; step 2's verdict named no directory (none was free
+  // then), so step 3 makes a new one and its verdict names step 1's for step 4.
+  std::vector<std::string> free_dirs = FreeDirs(d.path());
   REQUIRE(free_dirs.size() == 1u);
-  const std::string fd0 = JoinPath(JoinPath(d.path(), free_dirs[0]), ShardFileName(0));
-  const std::string fd1 = JoinPath(JoinPath(d.path(), free_dirs[0]), ShardFileName(1));
+  const std::string recycled = free_dirs[0];
+  for (const Status& s : SaveAll(e, 3)) CHECK(s.ok());
+  const std::string fd0 = JoinPath(JoinPath(d.path(), recycled), ShardFileName(0));
+  const std::string fd1 = JoinPath(JoinPath(d.path(), recycled), ShardFileName(1));
   REQUIRE(::unlink(fd0.c_str()) == 0 && ::link(linked.c_str(), fd0.c_str()) == 0);
   REQUIRE(::unlink(fd1.c_str()) == 0 && ::symlink(target.c_str(), fd1.c_str()) == 0);
-  auto st = SaveAll(e, 3);
+  auto st = SaveAll(e, 4);
   CHECK(!st[0].ok() && !st[1].ok());
   CHECK(st[1].message().find("symbolic link") != std::string::npos);
   CHECK(st[0].code() == Code::kAborted);
@@ -685,13 +704,13 @@ TEST(ranks_in_a_tampered_recycled_directory_never_write_outside_and_agree) {
     REQUIRE(ReadSmallFile(Env::Default(), p, 1024, &got).ok());
     CHECK_EQ(got, keep);
   }
-  CHECK(!Exists(JoinPath(d.path(), StepDirName(3))));
-  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 2, r, Data(2, r)));
-  for (const Status& s : SaveAll(e, 4)) CHECK(s.ok());
-  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 4, r, Data(4, r)));
+  CHECK(!Exists(JoinPath(d.path(), StepDirName(4))));
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 3, r, Data(3, r)));
+  for (const Status& s : SaveAll(e, 5)) CHECK(s.ok());
+  for (uint32_t r = 0; r < 2; ++r) CHECK(ShardHolds(d.path(), 5, r, Data(5, r)));
   std::vector<std::string> left;
   REQUIRE(Env::Default()->ListDir(d.path(), &left) == 0);
-  for (const auto& n : left) CHECK(n.rfind(StepDirName(3), 0) != 0);
+  for (const auto& n : left) CHECK(n.rfind(StepDirName(4), 0) != 0);
 }
 
 TEST(rank_must_be_below_world_size) {

@@ -552,6 +552,12 @@ class ExpiryRaceEnv : public Env {
     if (r == 0 && from.find("/free-") != std::string::npos) reused_ = to;
     return r;
   }
+  int RenameNoReplace(const std::string& from, const std::string& to) override {  // a claim
+    int r = base_->RenameNoReplace(from, to);
+    std::lock_guard<std::mutex> l(mu_);
+    if (r == 0 && from.find("/free-") != std::string::npos) reused_ = to;
+    return r;
+  }
   uint64_t expiries() {
     std::lock_guard<std::mutex> l(mu_);
     return expiries_;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <deque>
 #include <string>
 #include <thread>
 
@@ -299,14 +300,15 @@ TEST(directories_of_another_user_are_never_claimed_nor_emptied) {
     REQUIRE(::chown(p.c_str(), 65534, 65534) == 0);
   }
   CHECK_EQ(env->IsOwnDir(free_dir), 0);
-  CHECK(!ClaimFreeDir(env, d.path(), tmp));
-  CHECK(alpsck_test::Exists(JoinPath(free_dir, ShardFileName(0))));
   CHECK(!RemoveDirFiles(env, attempt).ok());
-  TidyRunDir(env, d.path(), 1, 2);
+  CHECK(TidyRunDir(env, d.path(), 1, 2).empty());  // never handed out for a claim
   CHECK(alpsck_test::Exists(JoinPath(attempt, ShardFileName(0))));
   CHECK(alpsck_test::Exists(JoinPath(free_dir, ShardFileName(0))));
-  REQUIRE(::chown(free_dir.c_str(), 0, 0) == 0);  // the same directory, ours: claimed
-  CHECK(ClaimFreeDir(env, d.path(), tmp));
+  REQUIRE(::chown(free_dir.c_str(), 0, 0) == 0);  // the same directory, ours: handed out, claimed
+  const std::deque<std::string> kept = TidyRunDir(env, d.path(), 1, 2);
+  REQUIRE(kept.size() == 1);
+  CHECK_EQ(kept.front(), FreeDirName(1, 99, 0));
+  CHECK_EQ(ClaimDir(env, d.path(), kept.front(), tmp), 0);
 }
 
 // Prune's removal (RemoveEntries): a nested tree goes whole; a symlink goes as the link, its
