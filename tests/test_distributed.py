@@ -202,11 +202,12 @@ def test_each_rank_writes_a_shard_and_replicated_tensors_once(tmp_path: Path) ->
              for r in (0, 1)]
     assert max(sizes) < 0.7 * sum(sizes)  # balanced by size, not all on rank 0
     # No leftovers of the coordination: no .tmp dirs; expired step 1 is kept for reuse as a
-    # free-* directory holding only the two shards (no manifest, no DONE records).
+    # free-* directory holding its two shards and its manifest (replaced by the commit of the save
+    # that claims it), no DONE records.
     dirs = sorted(p.name for p in run.iterdir() if p.is_dir())
     assert dirs[1:] == ["step-000000002", "step-000000003"] and dirs[0].startswith("free-"), dirs
     assert not dirs[0].endswith(".new")
-    assert sorted(p.name for p in (run / dirs[0]).iterdir()) == ["rank-00000.bin", "rank-00001.bin"]
+    assert sorted(p.name for p in (run / dirs[0]).iterdir()) == ["MANIFEST.json", "rank-00000.bin", "rank-00001.bin"]
 
     results = sorted((json.loads(o.strip().splitlines()[-1]) for o in _outputs(_launch(tmp_path, 2, "restore", str(run)))),
                      key=lambda r: r["rank"])

@@ -156,7 +156,8 @@ Status CommitCheckpoint(Env* env, const CommitRequest& req) {
     ALPSCK_RETURN_IF_ERROR(CheckExtraFile(x.name, x.content.size()));
     ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, x.name), x.content));
   }
-  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created)));
+  ALPSCK_RETURN_IF_ERROR(
+      WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created), !req.recycled_dir));
   ALPSCK_RETURN_IF_ERROR(SyncDir(env, req.tmp_dir));
   int r = env->Rename(req.tmp_dir, req.final_dir);
   if (r < 0) return Status::FromErrno(-r, "rename " + req.tmp_dir + " -> " + req.final_dir);

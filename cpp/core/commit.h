@@ -50,6 +50,9 @@ struct CommitRequest {
   // Not in the manifest: a free directory (its name in run_dir) the verdict names for the ranks'
   // next save to claim, where the agreement carries it (StoreAgreement); "" for none.
   std::string next_spare;
+  // Whether tmp_dir is an expired checkpoint's, claimed: it still holds that checkpoint's
+  // manifest (ExpireSteps keeps it), which this commit's replaces.
+  bool recycled_dir = false;
 };
 
 // Extra files: [A-Za-z0-9._-], 1-64 characters, not starting with '.', not the manifest, a

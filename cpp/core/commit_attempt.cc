@@ -20,7 +20,7 @@ Status CommitAttempt::Arrive(const ShardRecord& record) {
 }
 
 Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extra, Clock::time_point since,
-                             double earlier_s, const std::string& spare) {
+                             double earlier_s, const std::string& spare, bool recycled) {
   contributed_ = true;
   CommitRequest req;
   req.run_dir = at_.run_dir;
@@ -29,6 +29,7 @@ Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extr
   req.step = at_.step;
   req.extra_files = std::move(extra);
   req.next_spare = spare;
+  req.recycled_dir = recycled;
   Status s = agreement_->AwaitShards(timeout_s_, own, &req.shards);
   if (s.ok()) {
     req.write_seconds = earlier_s + std::chrono::duration<double>(Clock::now() - since).count();

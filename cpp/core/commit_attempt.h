@@ -53,8 +53,9 @@ class CommitAttempt {
   // committed removes what is left of the step's earlier attempts. A failure aborts the attempt
   // (Fail, whose result it returns). The manifest's write_seconds: earlier_s plus the time since
   // `since`. spare: a free directory the verdict names for the ranks' next save to claim ("": none).
+  // recycled: the attempt's directory is an expired checkpoint's (it still holds that manifest).
   Status Commit(const ShardRecord* own, std::vector<ExtraFile> extra, std::chrono::steady_clock::time_point since,
-                double earlier_s = 0, const std::string& spare = "");
+                double earlier_s = 0, const std::string& spare = "", bool recycled = false);
   // Every other rank: waits for the verdict (past the timeout it aborts the attempt itself); an
   // abort read is acknowledged. OK once the commit is durable.
   Status AwaitVerdict();

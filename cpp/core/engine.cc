@@ -221,6 +221,7 @@ Status Engine::PrepareDir(SaveJob* j) {
   if (!s.ok() && s.err() == EEXIST)
     s = OpenMaybeDirect(env_, j->shard_path, O_WRONLY | O_CREAT, direct_io_, &j->fd, &j->direct);
   ALPSCK_RETURN_IF_ERROR(s);
+  j->recycled = recycled;
   const uint64_t want = j->index.layout.data_padded + align_;
   int r = env_->FAllocate(j->fd, want);
   if (r == -ENOSPC || r == -EDQUOT)

@@ -58,7 +58,7 @@ void Engine::CommitterLoop() {
     if (opts_.rank == 0) {
       // The verdict names the free directory the ranks' next save claims (none listing RUN_DIR).
       const std::string spare = DesignateSpare();
-      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare);
+      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled);
       CommittedSpare(spare, s.ok());
     } else {
       s = j->commit_attempt->AwaitVerdict();
@@ -89,6 +89,9 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
   if (committed) j->commit_attempt->Publish(&published_, &r.warning);
   if (committed && opts_.rank == 0) ApplyRetention(victims, &r.warning);
   r.durable_seconds = Seconds(j->t0, Clock::now());
+  // The attempt's store client goes back to the pool before the caller hears of the save, so the
+  // next save reuses it instead of connecting again (KvClientPool).
+  j->commit_attempt.reset();
   // Complete the handle before releasing the in-flight slot, so that WaitAll() returning
   // implies every handle is done.
   j->handle->Complete(s, r);

@@ -136,12 +136,11 @@ Status SyncDir(Env* env, const std::string& dir) {
   return Status::Ok();
 }
 
-Status WriteFileSynced(Env* env, const std::string& path, const std::string& data) {
+Status WriteFileSynced(Env* env, const std::string& path, const std::string& data, bool likely_new) {
   int fd = -1;
   bool direct = false;
-  // The name is new in the common case (a manifest, LATEST.tmp): O_EXCL makes the file and needs
-  // no look at what it is (one metadata call); a name in use is opened and checked.
-  Status s = OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_EXCL, false, &fd, &direct);
+  Status s = Status::Error(Code::kIoError, "", EEXIST);
+  if (likely_new) s = OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_EXCL, false, &fd, &direct);
   if (!s.ok() && s.err() == EEXIST) s = OpenMaybeDirect(env, path, O_WRONLY | O_CREAT | O_TRUNC, false, &fd, &direct);
   ALPSCK_RETURN_IF_ERROR(s);
   ScopedFd g(env, fd);

@@ -52,7 +52,10 @@ int SyncFd(Env* env, int fd, bool data_only);
 Status SyncDir(Env* env, const std::string& dir);
 // Creates (or truncates) path, writes data, fsyncs and closes it. No rename: for files inside a
 // directory that is not yet visible as committed. A symlink at path is refused, never followed.
-Status WriteFileSynced(Env* env, const std::string& path, const std::string& data);
+// likely_new: the name is most likely free (a manifest in a new directory, LATEST.tmp): it is
+// created with O_EXCL first, which needs no look at what it is (one metadata call); otherwise (or
+// when the name is taken) it is opened and checked as OpenMaybeDirect does.
+Status WriteFileSynced(Env* env, const std::string& path, const std::string& data, bool likely_new = true);
 // Written whole under tmp_path (the caller names it: run_dir.h's TempFileName), fsync, rename to path,
 // fsync(parent): the file is either old or new after a crash.
 Status WriteFileAtomic(Env* env, const std::string& path, const std::string& tmp_path, const std::string& data);

@@ -226,41 +226,49 @@ std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<
   };
   if (victims.empty()) return warning;
   static std::atomic<uint64_t> seq{0};
-  std::vector<std::pair<std::string, std::string>> pending;  // expired (free-K.new -> free-K) once durable
+  std::vector<std::string> pending;  // expired under a claimable name: handed out once durable
   for (const Expiry& v : victims) {
     const std::string path = JoinPath(run_dir, StepDirName(v.step));
     // Looked at first, even one this process committed (it may have been swapped for a link to
     // a copy since): a symlinked or foreign checkpoint is never expired nor recycled.
     if (env->IsOwnDir(path) != 1) continue;
     const uint64_t n = seq.fetch_add(1);
-    const std::string gone = JoinPath(run_dir, FreeDirName(v.step, ::getpid(), n, true));
+    // A directory kept for reuse is renamed to its claimable name at once: nothing claims it
+    // before the caller hands the name out, after the fsync below (and TidyRunDir fsyncs before
+    // it keeps one found at open). One to be removed is renamed to free-*.new, never claimable.
+    const bool keep = pending.size() + claimable->size() < keep_free;
+    const std::string name = FreeDirName(v.step, ::getpid(), n, !keep);
+    const std::string gone = JoinPath(run_dir, name);
     // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
     int e = env->Rename(path, gone);
     if (e < 0) {
       if (e != -ENOENT) warn(Status::FromErrno(-e, "rename " + path));  // ENOENT: removed meanwhile (a prune)
       continue;
     }
-    // The manifest goes first: should a power loss undo the rename, the directory comes back as
-    // step-N without a manifest (never committed, ignored), not as a manifest naming removed or
-    // overwritten shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
-    env->Unlink(JoinPath(gone, kManifestName));
-    if (pending.size() + claimable->size() < keep_free) {
-      if (!v.plain) KeepOnlyShards(env, gone);  // a plain one holds nothing else
-      pending.push_back({gone, FreeDirName(v.step, ::getpid(), n)});
+    if (keep) {
+      // Its manifest stays until the save that claims it commits its own over it: nothing is
+      // overwritten before the fsync below makes the expiry durable, so a power loss that undoes
+      // the rename brings back step-K whole, a valid checkpoint. (A plain one holds nothing else;
+      // DONE records and extra files go, so that none reaches the next step.)
+      if (!v.plain) KeepOnlyShards(env, gone);
+      pending.push_back(name);
     } else {
+      // The manifest goes first: should a power loss undo the rename, the directory comes back as
+      // step-K without a manifest (never committed, ignored), not as a manifest naming removed
+      // shards, a corrupt checkpoint (found by test_crash_states: two_rank_...).
+      env->Unlink(JoinPath(gone, kManifestName));
       warn(RemoveDirFiles(env, gone));
     }
   }
   Status s = SyncDir(env, run_dir);
   warn(s);
   // Only once the expiry is durable may a save take the directory and overwrite its shards in
-  // place (before, a power loss could bring step-N back over half-overwritten shards). A lost
-  // rename below only leaves a free-K.new, which the next Open removes.
-  for (const auto& [now, claimable_name] : pending) {
-    if (!s.ok() || env->Rename(now, JoinPath(run_dir, claimable_name)) < 0)
-      RemoveDirFiles(env, now);
+  // place (before, a power loss could bring step-N back over half-overwritten shards).
+  for (const std::string& name : pending) {
+    if (s.ok())
+      claimable->push_back(name);
     else
-      claimable->push_back(claimable_name);
+      RemoveDirFiles(env, JoinPath(run_dir, name));
   }
   return warning;
 }

@@ -172,7 +172,11 @@ std::string DescribeLockOwner(const std::string& run_dir, const std::string& own
 
 // PublishedStep: the newest step published as RUN_DIR/LATEST, step 9 of the commit protocol
 // (commit.h): LATEST := N only if N is newer than what was published ("newest wins": a checkpoint
-// that finishes after a newer one never becomes latest). LATEST is a hint; recovery scans.
+// that finishes after a newer one never becomes latest). LATEST is a hint; recovery scans. The
+// writer opens LATEST once and rewrites it in place (a pwrite, a truncate, an fdatasync: no
+// metadata call per save; steps only grow, so a crash leaves the old text or the new); a
+// rewrite to an older step (Rewrite) writes a new file and renames it in. A LATEST replaced
+// behind the writer's back (by hand) is not written again until the writer reopens it.
 //
 // Threading: thread-safe. mu_ serialises the writes of LATEST, so that two commits racing to
 // publish cannot leave an older step in it; step_ is atomic, read without waiting for a write.
@@ -183,6 +187,7 @@ class PublishedStep {
       : env_(env), run_dir_(std::move(run_dir)), writes_(writes) {}
   PublishedStep(const PublishedStep&) = delete;
   PublishedStep& operator=(const PublishedStep&) = delete;
+  ~PublishedStep();
 
   // The step LATEST names (-1: none, or unreadable), raised to newest_committed when that is
   // >= 0 (a commit LATEST missed).
@@ -199,10 +204,14 @@ class PublishedStep {
   void Reset(int64_t step) { step_.store(step, std::memory_order_release); }
 
  private:
+  Status WriteInPlace(uint64_t step);  // under mu_
+  void CloseHeld();                    // under mu_ (or in the destructor)
+
   Env* const env_;
   const std::string run_dir_;
   const bool writes_;
-  std::mutex mu_;  // serialises the writes of LATEST
+  std::mutex mu_;  // serialises the writes of LATEST, and guards fd_
+  int fd_ = -1;    // LATEST, held open by the writer from its first publish
   std::atomic<int64_t> step_{-1};
 };
 

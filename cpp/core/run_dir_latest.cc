@@ -1,4 +1,6 @@
 // LATEST: read, published if newer, rewritten (run_dir.h, PublishedStep).
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -25,6 +27,33 @@ void PublishedStep::Load(int64_t newest_committed) {
   Reset(step);
 }
 
+PublishedStep::~PublishedStep() { CloseHeld(); }
+
+void PublishedStep::CloseHeld() {
+  if (fd_ >= 0) env_->Close(fd_);
+  fd_ = -1;
+}
+
+Status PublishedStep::WriteInPlace(uint64_t step) {
+  const std::string path = JoinPath(run_dir_, kLatestName);
+  const bool opening = fd_ < 0;
+  if (opening) {  // OpenMaybeDirect's checks: never through a link, never another's or a shared file
+    bool direct = false;
+    ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, path, O_WRONLY | O_CREAT, false, &fd_, &direct));
+  }
+  // Steps only grow here, so the new text is at least as long as the old: a crash leaves the
+  // old text or the new one, never a mix of the two (a few bytes at offset 0, one sector).
+  const std::string text = std::to_string(step) + "\n";
+  Status s = WriteFull(env_, fd_, text.data(), text.size(), 0, path);
+  int r = s.ok() ? env_->FTruncate(fd_, text.size()) : 0;
+  if (s.ok() && r < 0) s = Status::FromErrno(-r, "truncate " + path);
+  r = s.ok() ? SyncFd(env_, fd_, true) : 0;
+  if (s.ok() && r < 0) s = Status::FromErrno(-r, "fdatasync " + path);
+  if (s.ok() && opening) s = SyncDir(env_, run_dir_);  // its name, if this open created it
+  if (!s.ok()) CloseHeld();  // the next publish opens it again
+  return s;
+}
+
 void PublishedStep::PublishIfNewer(uint64_t step, std::string* warning) {
   if (static_cast<int64_t>(step) <= this->step()) return;  // the common case of an older commit: no wait
   // Serialised so that two commits racing here cannot leave an older step in LATEST.
@@ -32,13 +61,14 @@ void PublishedStep::PublishIfNewer(uint64_t step, std::string* warning) {
   if (static_cast<int64_t>(step) <= this->step()) return;
   Reset(static_cast<int64_t>(step));
   if (!writes_) return;
-  Status p = WriteLatest(env_, run_dir_, step);
+  Status p = WriteInPlace(step);
   if (!p.ok() && warning) *warning = "LATEST not updated: " + p.message();
 }
 
 void PublishedStep::Rewrite(int64_t step) {
   if (!writes_) return;
   std::lock_guard<std::mutex> l(mu_);
+  CloseHeld();  // an older step: written whole and renamed in; the next publish opens the new file
   if (step >= 0) WriteLatest(env_, run_dir_, static_cast<uint64_t>(step));
   else env_->Unlink(JoinPath(run_dir_, kLatestName));
 }

@@ -37,6 +37,7 @@ struct SaveJob {
   std::string tmp_dir, final_dir, shard_path;
   int fd = -1;
   bool direct = false;
+  bool recycled = false;  // the attempt's directory is an expired checkpoint's (PrepareDir): its files exist
   ShardIndex index;                  // layout + crcs + meta
   ShardRecord record;                // this rank's sealed shard (rank 0: its own entry in the manifest)
   std::vector<const char*> srcs;     // zero-copy sources, per extent

@@ -164,16 +164,19 @@ TEST(every_rank_overwrites_an_expired_checkpoints_shard_in_place) {
       CHECK(ShardHolds(d.path(), step, r, Data(step, r)));
       inodes[step].push_back(Inode(JoinPath(JoinPath(d.path(), StepDirName(step)), ShardFileName(r))));
     }
-    // The expired step became at most max_in_flight free-K directories holding only shards: no
-    // manifest, and no DONE record that could pass for a rank's record of the next step.
+    // The expired step became at most max_in_flight free-K directories holding its shards and
+    // its manifest (replaced by the commit of the save that claims it; nothing is overwritten
+    // before the expiry is durable), and nothing else: no DONE record that could pass for a
+    // rank's record of the next step.
     const auto free_dirs = FreeDirs(d.path());
     CHECK(free_dirs.size() <= 2);
     for (const auto& f : free_dirs) {
       CHECK(f.find(".new") == std::string::npos);
       std::vector<std::string> names;
       REQUIRE(Env::Default()->ListDir(JoinPath(d.path(), f), &names) == 0);
-      CHECK_EQ(names.size(), size_t{3});
-      for (const auto& n : names) CHECK(n.rfind("rank-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".bin") == 0);
+      CHECK_EQ(names.size(), size_t{4});
+      for (const auto& n : names)
+        CHECK(n == kManifestName || (n.rfind("rank-", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".bin") == 0));
     }
   }
   // Step s+3 took the directory of step s, expired when s+1 committed and named in the verdict of

@@ -766,27 +766,35 @@ TEST(symlinks_in_the_run_dir_are_never_written_or_deleted_through) {
   CHECK(s.code() == Code::kInvalidArgument);
   CHECK(s.message().find(TmpDirName(2) + " is a symbolic link") != std::string::npos);
   REQUIRE(::unlink(JoinPath(run, TmpDirName(2)).c_str()) == 0);
-  // LATEST's temporary name is a link to a file outside: the save is durable, LATEST is not
-  // updated (a warning says so), and the file outside is not written.
-  REQUIRE(::symlink(JoinPath(outside, "file").c_str(), JoinPath(run, std::string(kLatestName) + ".tmp").c_str()) == 0);
+  // LATEST is replaced by a link to a file outside: never written through. The engine holding
+  // LATEST open goes on writing the file it opened (a hint, unlinked now); a new engine refuses
+  // the link, the save is durable, a warning says LATEST was not updated.
+  const std::string latest = JoinPath(run, kLatestName);
+  REQUIRE(::unlink(latest.c_str()) == 0);
+  REQUIRE(::symlink(JoinPath(outside, "file").c_str(), latest.c_str()) == 0);
   SaveResult r;
   REQUIRE(SaveOne(e.get(), 3, a, &r).ok());
+  CHECK(Snapshot(outside) == before);
+  e = Open(run, nullptr, 1, 1);
+  REQUIRE(e);
+  REQUIRE(SaveOne(e.get(), 4, a, &r).ok());
   CHECK(r.warning.find("LATEST not updated") != std::string::npos);
-  REQUIRE(::unlink(JoinPath(run, std::string(kLatestName) + ".tmp").c_str()) == 0);
+  CHECK(r.warning.find("symbolic link") != std::string::npos);
+  REQUIRE(::unlink(latest.c_str()) == 0);
   // A committed checkpoint that is a link to a copy elsewhere: read, never expired by retention
   // (keep_last 1), its files untouched.
   const std::string copy = d.sub("copy");
-  REQUIRE(::rename(JoinPath(run, StepDirName(3)).c_str(), copy.c_str()) == 0);
-  REQUIRE(::symlink(copy.c_str(), JoinPath(run, StepDirName(3)).c_str()) == 0);
+  REQUIRE(::rename(JoinPath(run, StepDirName(4)).c_str(), copy.c_str()) == 0);
+  REQUIRE(::symlink(copy.c_str(), JoinPath(run, StepDirName(4)).c_str()) == 0);
   const auto copy_before = Snapshot(copy);
-  for (uint64_t step : {4, 5, 6}) REQUIRE(SaveOne(e.get(), step, a).ok());
+  for (uint64_t step : {5, 6}) REQUIRE(SaveOne(e.get(), step, a).ok());
   e.reset();
   CHECK(Snapshot(copy) == copy_before);
-  CHECK(Env::Default()->IsOwnDir(JoinPath(run, StepDirName(3))) == 0);  // still the link
+  CHECK(Env::Default()->IsOwnDir(JoinPath(run, StepDirName(4))) == 0);  // still the link
   std::vector<CheckpointInfo> infos;
   REQUIRE(ScanRunDir(Env::Default(), run, true, 2, &infos).ok());
   bool linked_ok = false;
-  for (const auto& i : infos) linked_ok |= i.step == 3 && i.state == CheckpointState::kCommitted;
+  for (const auto& i : infos) linked_ok |= i.step == 4 && i.state == CheckpointState::kCommitted;
   CHECK(linked_ok);
   // A reopened engine tidies: the link out at free-9-1-0 is left as it is.
   e = Open(run, nullptr, 1, 1);
