@@ -127,6 +127,9 @@ def test_layout_is_an_ordinary_alpsck_checkpoint(saved: Path, capsys: pytest.Cap
                                                 tmp_path: Path) -> None:
     infos = _core.scan(str(saved), verify=True)
     assert [i["step"] for i in infos] == [10, 15]  # keep_last=2 removed step 5
+    # The two ranks agreed through the process group's store: no rank wrote a DONE record, and
+    # rank 0 read none (DONE records stay in a committed directory where ranks agree through files).
+    assert not list(saved.glob("step-*/rank-*.done")), sorted(p.name for p in saved.glob("step-*/*"))
     probe = _core.Engine(str(tmp_path / "probe"))  # does this file system take O_DIRECT?
     direct = probe.direct_io
     probe.close()

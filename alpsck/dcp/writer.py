@@ -62,6 +62,18 @@ class _RankPlan:
     rank: int
     world_size: int
     step: int  # the step (run-directory mode) or generation (checkpoint-directory mode) the save writes
+    # Where the ranks' engines agree (torch.distributed's store, under this key namespace, drawn by
+    # the coordinator for this save): "" for none (one rank, or no process group): DONE records.
+    store_ns: str = ""
+
+
+def _agreement_store(ns: str) -> Any:
+    """torch.distributed's default store for a save whose plan names a namespace, else None."""
+    if not ns:
+        return None
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
 
 
 def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
@@ -229,6 +241,7 @@ class AlpsckStorageWriter(StorageWriter):
         self._started = time.monotonic()
         self._engine: _core.Engine | None = None
         self._lock: _core.RunDirLock | None = None
+        self._store_ns = ""  # this save's (_RankPlan.store_ns)
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
         with contextlib.suppress(Exception):
@@ -347,6 +360,11 @@ class AlpsckStorageWriter(StorageWriter):
             if plan.planner_data is not None:
                 encode_planner_data(plan.planner_data)  # fails now rather than in finish()
         self.world_size = world
+        import torch.distributed as dist
+
+        # Several ranks agree through the process group's store (no DONE record per rank for rank 0
+        # to read), under keys of this save alone.
+        self._store_ns = f"alpsck-dcp/{uuid.uuid4().hex}/" if world > 1 and dist.is_initialized() else ""
         self._open(0, world)
         try:
             if self.step is None:  # the next generation, chosen under the lock after the engine tidied the directory
@@ -359,7 +377,8 @@ class AlpsckStorageWriter(StorageWriter):
             # (DCP's finish_plan, or a subclass's write_data) leaves no lock behind.
             self._unlock()
         assert self._writing is not None
-        return [replace(plan, storage_data=_RankPlan(i, world, self._writing)) for i, plan in enumerate(plans)]
+        return [replace(plan, storage_data=_RankPlan(i, world, self._writing, self._store_ns))
+                for i, plan in enumerate(plans)]
 
     def _open(self, rank: int, world: int) -> _core.Engine:
         """This rank's engine, with the run directory's lock held (taken again if it was let go)."""
@@ -374,7 +393,8 @@ class AlpsckStorageWriter(StorageWriter):
                                             staging_bytes=(self.threads + 2) * self.chunk_bytes,
                                             max_in_flight=1, keep_last=0,
                                             direct_io=self.direct_io, rank=rank, world_size=world,
-                                            commit_timeout_s=self.commit_timeout_s)
+                                            commit_timeout_s=self.commit_timeout_s,
+                                            store=_agreement_store(self._store_ns), store_ns=self._store_ns)
             except BaseException:
                 self.close()
                 raise
@@ -401,8 +421,8 @@ class AlpsckStorageWriter(StorageWriter):
         """All ranks: writes this rank's shard and returns once it is sealed and durable (not committed).
 
         One extent per write item: a tensor chunk's raw bytes (from the tensor's memory, or resolved
-        while writing: the class docstring), or a non-tensor value as JSON. The shard's DONE record
-        tells the coordinator it is there.
+        while writing: the class docstring), or a non-tensor value as JSON. The shard's record tells
+        the coordinator it is there: in torch.distributed's store with several ranks, else a DONE record.
         """
         try:  # every way out releases the engine and the lock (the coordinator's engine was opened by the plan)
             info = plan.storage_data
@@ -412,6 +432,7 @@ class AlpsckStorageWriter(StorageWriter):
             if info.rank != self.rank:
                 raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
             self.world_size, step = info.world_size, info.step
+            self._store_ns = info.store_ns
             extents: list[_Extent] = []
             results: list[WriteResult] = []
             names: set[str] = set()
@@ -464,8 +485,8 @@ class AlpsckStorageWriter(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Coordinator, last: commits the step with ``dcp-metadata.json`` (atomic), then applies retention.
 
-        :func:`alpsck._core.commit_step` checks that every rank's shard is durable (its DONE
-        record), writes the metadata file and the manifest, renames ``step-N.tmp`` to ``step-N``
+        :func:`alpsck._core.commit_step` checks that every rank's shard is durable (its record in
+        the store, or its DONE record), writes the metadata file and the manifest, renames ``step-N.tmp`` to ``step-N``
         (the commit point) and publishes LATEST. In checkpoint-directory mode the ``.metadata``
         marker follows, and only then are the older generations (the overwritten checkpoint) removed.
         """
@@ -493,7 +514,8 @@ class AlpsckStorageWriter(StorageWriter):
         lock = lock_run_dir(run_dir, 0)
         try:
             _core.commit_step(str(run_dir), step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
-                              time.monotonic() - self._started)
+                              time.monotonic() - self._started, store=_agreement_store(self._store_ns),
+                              store_ns=self._store_ns)
             keep = 1 if self.named else self.keep_last
             if self.named:
                 write_marker(run_dir)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "file_io.h"
+#include "store_agreement.h"
 
 namespace alpsck {
 
@@ -81,7 +82,7 @@ Status CommitAttempt::Fail(const Status& cause, bool* by_other) {
 
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
-                  double elapsed_s) {
+                  double elapsed_s, const std::shared_ptr<KvStore>& store, const std::string& store_ns) {
   const Clock::time_point t0 = Clock::now();
   std::vector<ExtraFile> extra;
   for (const auto& [name, content] : extra_files) {
@@ -92,7 +93,16 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   // only this caller reads an abort from the disk: the other ranks learn the outcome from the
   // caller (DCP's collectives), so its acknowledgement alone removes the aborted directory.
   const Attempt a{run_dir, step, 0};
-  CommitAttempt attempt(env, a, 0, timeout_s, std::make_unique<FileAgreement>(env, a, world_size, 1));
+  std::unique_ptr<Agreement> agreement;
+  if (store) {  // the records the ranks' deferred saves appended: no DONE record is read
+    std::unique_ptr<KvStore> client;
+    Status cs = store->Clone(&client);
+    if (!cs.ok()) return Status::Error(cs.code(), "the store the ranks agree through: " + cs.message(), cs.err());
+    agreement = std::make_unique<StoreAgreement>(env, a, std::move(client), store_ns, world_size, 1, timeout_s);
+  } else {
+    agreement = std::make_unique<FileAgreement>(env, a, world_size, 1);
+  }
+  CommitAttempt attempt(env, a, 0, timeout_s, std::move(agreement));
   // The DCP caller reports the verdict, also where its own abort decided it.
   if (!attempt.Commit(nullptr, std::move(extra), t0, std::max(0.0, elapsed_s)).ok()) return attempt.verdict();
   PublishedStep published(env, run_dir, true);

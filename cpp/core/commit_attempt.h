@@ -28,6 +28,7 @@
 #include "commit.h"
 #include "coordinate.h"
 #include "env.h"
+#include "kv_store.h"
 #include "run_dir.h"
 #include "status.h"
 
@@ -91,9 +92,12 @@ class CommitAttempt {
 // waits for the shards, writes the extra files (name, content) into step-N.tmp, commits with
 // everything in the manifest, publishes LATEST if newer. On failure the step is aborted. elapsed_s:
 // how long the save ran before this call (the manifest's write_seconds counts from the save's
-// start).
+// start). store: where the ranks' deferred saves arrived (their engines' EngineOptions::store,
+// under the same store_ns): the shards' records are read there (StoreAgreement), not from DONE
+// records; null: from DONE records in step-N.tmp (FileAgreement).
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
-                  double elapsed_s = 0);
+                  double elapsed_s = 0, const std::shared_ptr<KvStore>& store = nullptr,
+                  const std::string& store_ns = "");
 
 }  // namespace alpsck
