@@ -80,6 +80,18 @@ Status CommitAttempt::Fail(const Status& cause, bool* by_other) {
   return verdict_;
 }
 
+std::unique_ptr<Agreement> MakeAgreement(Env* env, const Attempt& a, std::unique_ptr<KvStore> client,
+                                         const std::string& store_ns, uint32_t world_size, uint32_t readers,
+                                         double settle_timeout_s) {
+  if (client)
+    return std::make_unique<StoreAgreement>(env, a, std::move(client), store_ns, world_size, readers, settle_timeout_s);
+  return std::make_unique<FileAgreement>(env, a, world_size, readers);
+}
+
+Status StoreClientError(const Status& s) {
+  return Status::Error(s.code(), "the store the ranks agree through: " + s.message(), s.err());
+}
+
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
                   double elapsed_s, const std::shared_ptr<KvStore>& store, const std::string& store_ns) {
@@ -93,16 +105,12 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   // only this caller reads an abort from the disk: the other ranks learn the outcome from the
   // caller (DCP's collectives), so its acknowledgement alone removes the aborted directory.
   const Attempt a{run_dir, step, 0};
-  std::unique_ptr<Agreement> agreement;
-  if (store) {  // the records the ranks' deferred saves appended: no DONE record is read
-    std::unique_ptr<KvStore> client;
+  std::unique_ptr<KvStore> client;  // the records the ranks' deferred saves appended: no DONE record is read
+  if (store) {
     Status cs = store->Clone(&client);
-    if (!cs.ok()) return Status::Error(cs.code(), "the store the ranks agree through: " + cs.message(), cs.err());
-    agreement = std::make_unique<StoreAgreement>(env, a, std::move(client), store_ns, world_size, 1, timeout_s);
-  } else {
-    agreement = std::make_unique<FileAgreement>(env, a, world_size, 1);
+    if (!cs.ok()) return StoreClientError(cs);
   }
-  CommitAttempt attempt(env, a, 0, timeout_s, std::move(agreement));
+  CommitAttempt attempt(env, a, 0, timeout_s, MakeAgreement(env, a, std::move(client), store_ns, world_size, 1, timeout_s));
   // The DCP caller reports the verdict, also where its own abort decided it.
   if (!attempt.Commit(nullptr, std::move(extra), t0, std::max(0.0, elapsed_s)).ok()) return attempt.verdict();
   PublishedStep published(env, run_dir, true);

@@ -88,6 +88,15 @@ class CommitAttempt {
   bool contributed_ = false;
 };
 
+// The agreement of one attempt (agreement.h): through the store when the caller has a client of it
+// (StoreAgreement, under store_ns), else through the attempt's directory (FileAgreement). readers:
+// the ranks that read the verdict through it; settle_timeout_s: StoreAgreement's.
+std::unique_ptr<Agreement> MakeAgreement(Env* env, const Attempt& a, std::unique_ptr<KvStore> client,
+                                         const std::string& store_ns, uint32_t world_size, uint32_t readers,
+                                         double settle_timeout_s);
+// The error of a store that gave no client for an attempt: "the store the ranks agree through: ...".
+Status StoreClientError(const Status& s);
+
 // The whole commit for a caller that is not an Engine (the DCP backend's finish(), on rank 0):
 // waits for the shards, writes the extra files (name, content) into step-N.tmp, commits with
 // everything in the manifest, publishes LATEST if newer. On failure the step is aborted. elapsed_s:

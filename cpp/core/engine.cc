@@ -17,7 +17,6 @@
 #include "options.h"
 #include "platform.h"
 #include "save_job.h"
-#include "store_agreement.h"
 
 namespace alpsck {
 
@@ -335,18 +334,15 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     return end_unstarted(out, by_other);
   };
   const Attempt at{opts_.run_dir, step, job->attempt};
-  std::unique_ptr<Agreement> agreement;
-  if (store_clients_) {  // the ranks meet in the store: no rank polls the file system
-    std::unique_ptr<KvStore> client;
+  std::unique_ptr<KvStore> client;  // with a store the ranks meet there: no rank polls the file system
+  if (store_clients_) {
     Status cs = store_clients_->Acquire(&client);
-    if (!cs.ok()) return end_unstarted(Status::Error(cs.code(), "the store the ranks agree through: " + cs.message(), cs.err()), false);
-    agreement = std::make_unique<StoreAgreement>(env_, at, std::move(client), opts_.store_ns, opts_.world_size,
-                                                 opts_.world_size, opts_.commit_timeout_s);
-  } else {
-    agreement = std::make_unique<FileAgreement>(env_, at, opts_.world_size, opts_.world_size);
+    if (!cs.ok()) return end_unstarted(StoreClientError(cs), false);
   }
-  job->commit_attempt =
-      std::make_unique<CommitAttempt>(env_, at, opts_.rank, opts_.commit_timeout_s, std::move(agreement));
+  job->commit_attempt = std::make_unique<CommitAttempt>(
+      env_, at, opts_.rank, opts_.commit_timeout_s,
+      MakeAgreement(env_, at, std::move(client), opts_.store_ns, opts_.world_size, opts_.world_size,
+                    opts_.commit_timeout_s));
   Status verdict;
   if (job->commit_attempt->AbortedAlready(&verdict))  // this rank comes late to it
     return end_unstarted(verdict, true);

@@ -106,21 +106,19 @@ void Engine::ApplyRetention(const std::vector<Expiry>& victims, std::string* war
   if (opts_.keep_last == 0 || victims.empty()) return;
   std::lock_guard<std::mutex> rl(retention_mu_);  // Supersede renames step directories too
   // From what this process knows (History: the steps committed at open and since), not from a
-  // listing of RUN_DIR. The claimable directories handed out (spare_, and any a verdict named)
-  // count as claimable: together at most max_in_flight are kept.
-  std::deque<std::string> claimable;
-  uint32_t handed_out = 0;
+  // listing of RUN_DIR. At most max_in_flight free directories: those not handed out, and the one
+  // named for the next save, count.
+  uint32_t room = 0;
   {
     std::lock_guard<std::mutex> l(spare_mu_);
-    claimable.swap(claimable_);
-    handed_out = spare_.empty() ? 0 : 1;
+    const size_t free_now = claimable_.size() + (spare_.empty() ? 0 : 1);
+    room = opts_.max_in_flight > free_now ? opts_.max_in_flight - static_cast<uint32_t>(free_now) : 0;
   }
-  const uint32_t keep = opts_.max_in_flight > handed_out ? opts_.max_in_flight - handed_out : 0;
-  const std::string w = ExpireSteps(env_, opts_.run_dir, victims, keep, &claimable);
+  std::vector<std::string> kept;
+  const std::string w = ExpireSteps(env_, opts_.run_dir, victims, room, &kept);
   {
     std::lock_guard<std::mutex> l(spare_mu_);
-    for (auto it = claimable_.rbegin(); it != claimable_.rend(); ++it) claimable.push_front(*it);  // returned meanwhile
-    claimable_.swap(claimable);
+    claimable_.insert(claimable_.end(), kept.begin(), kept.end());
   }
   if (!w.empty() && warning->empty()) *warning = w;
 }

@@ -200,7 +200,7 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
   int r = env->ListDir(run_dir, &names);
   if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
   std::vector<uint64_t> committed;
-  std::deque<std::string> claimable;
+  uint32_t claimable = 0;
   for (const std::string& n : names) {
     uint64_t step = 0;
     const bool is_step = ParseStepDirName(n, &step);
@@ -210,16 +210,17 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
     if (is_step && real && env->IsDir(JoinPath(p, kManifestName)) >= 0)
       committed.push_back(step);
     else if (!is_step && real)
-      claimable.push_back(n);
+      ++claimable;
   }
   std::sort(committed.begin(), committed.end());
   std::vector<Expiry> victims;
   for (size_t i = 0; i + keep_last < committed.size(); ++i) victims.push_back({committed[i], false});
-  return ExpireSteps(env, run_dir, victims, keep_free, &claimable);
+  std::vector<std::string> kept;
+  return ExpireSteps(env, run_dir, victims, keep_free > claimable ? keep_free - claimable : 0, &kept);
 }
 
-std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<Expiry>& victims, uint32_t keep_free,
-                        std::deque<std::string>* claimable) {
+std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<Expiry>& victims, uint32_t room,
+                        std::vector<std::string>* kept) {
   std::string warning;
   auto warn = [&](const Status& s) {
     if (!s.ok() && warning.empty()) warning = "retention: " + s.message();
@@ -236,7 +237,7 @@ std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<
     // A directory kept for reuse is renamed to its claimable name at once: nothing claims it
     // before the caller hands the name out, after the fsync below (and TidyRunDir fsyncs before
     // it keeps one found at open). One to be removed is renamed to free-*.new, never claimable.
-    const bool keep = pending.size() + claimable->size() < keep_free;
+    const bool keep = pending.size() < room;
     const std::string name = FreeDirName(v.step, ::getpid(), n, !keep);
     const std::string gone = JoinPath(run_dir, name);
     // Renaming first makes the expiry atomic: the directory stops being a checkpoint at once.
@@ -266,7 +267,7 @@ std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<
   // place (before, a power loss could bring step-N back over half-overwritten shards).
   for (const std::string& name : pending) {
     if (s.ok())
-      claimable->push_back(name);
+      kept->push_back(name);
     else
       RemoveDirFiles(env, JoinPath(run_dir, name));
   }

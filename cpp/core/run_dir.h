@@ -239,14 +239,15 @@ struct Expiry {
 };
 
 // Retention from what rank 0 knows, without listing RUN_DIR (the engine's, per save): each victim
-// (first checked to be our own directory, not a link) is renamed to free-*.new
-// (atomic expiry) and loses its manifest; then RUN_DIR is fsync'ed. While fewer than keep_free
-// are claimable (*claimable: the names already claimable), an expired directory keeps its shard
-// files and is renamed to free-* and appended to *claimable: from then on a save may claim it
-// (ClaimDir). The rest, and any whose expiry could not be made durable, are removed. A victim gone
-// meanwhile (a prune) is skipped. Returns a warning (empty if none).
-std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<Expiry>& victims, uint32_t keep_free,
-                        std::deque<std::string>* claimable);
+// (first checked to be our own directory, not a link) is expired by one rename. Up to `room` of
+// them are kept for reuse: renamed to a claimable free-* name, with their shards (and their
+// manifest, which the claiming save's commit replaces; a victim that is not plain loses every
+// other file). The rest are renamed to free-*.new, lose their manifest first, and are removed.
+// Then RUN_DIR is fsync'ed; only if that succeeds are the kept names appended to *kept (from then
+// on a save may claim one: ClaimDir), otherwise they are removed too. A victim gone meanwhile (a
+// prune) is skipped. Returns a warning (empty if none).
+std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<Expiry>& victims, uint32_t room,
+                        std::vector<std::string>* kept);
 
 // Removal of chosen entries (alpsck prune): each name in `names` (an entry directly in run_dir)
 // is first renamed to a free .deleting-<name> (one already named .deleting-* keeps its name), so
