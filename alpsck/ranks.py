@@ -98,17 +98,14 @@ class Ranks:
         return [int(x) for x in t.tolist()]
 
     def agreement_store(self) -> tuple[Any, str] | None:
-        """Where the ranks' engines agree on each commit: torch.distributed's default store (the
-        process group's TCPStore, whose server wakes a waiting rank: nobody polls the file system),
-        and a key namespace rank 0 draws at random for this call and broadcasts, so that two
+        """Where the ranks' engines agree on each commit: :func:`process_group_store` (nobody polls
+        the file system), and a key namespace rank 0 draws at random for this call and broadcasts, so that two
         checkpointers, or a checkpointer opened again, never read each other's keys. None for one
         rank (a collective otherwise)."""
         if self.world_size == 1:
             return None
-        import torch.distributed as dist
-
         token = self.from_rank0([secrets.randbits(62)] if self.rank == 0 else [])
-        return dist.distributed_c10d._get_default_store(), f"alpsck/{token[0]:016x}/"
+        return process_group_store(), f"alpsck/{token[0]:016x}/"
 
     def from_rank0(self, values: list[int]) -> list[int]:
         """Rank 0's list of ints, on every rank (a collective; no pickle on the wire)."""
@@ -121,3 +118,11 @@ class Ranks:
         buf = torch.tensor(values if self.rank == 0 else [0] * int(n.item()), dtype=torch.int64)
         dist.broadcast(buf, src=0, group=self.group)
         return [int(x) for x in buf.tolist()]
+
+
+def process_group_store() -> Any:
+    """torch.distributed's default store (the process group's TCPStore, whose server wakes a waiting
+    rank), where several ranks' engines agree on each commit: a Checkpointer's, and the DCP backend's."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()

@@ -35,6 +35,7 @@ from .. import _core, tree
 from ..errors import UsageError
 from ..options import DEFAULTS, check_step
 from ..options import check as check_option
+from ..ranks import process_group_store
 from ..store.durable import make_dirs_durably
 from ..store.run_dir import MARKER_NAMES, entry_kind, lock_run_dir, marker_problem, step_dir, write_marker
 from .formats import (
@@ -68,12 +69,8 @@ class _RankPlan:
 
 
 def _agreement_store(ns: str) -> Any:
-    """torch.distributed's default store for a save whose plan names a namespace, else None."""
-    if not ns:
-        return None
-    import torch.distributed as dist
-
-    return dist.distributed_c10d._get_default_store()
+    """The process group's store for a save whose plan names a namespace, else None."""
+    return process_group_store() if ns else None
 
 
 def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
