@@ -81,10 +81,11 @@ Status CommitAttempt::Fail(const Status& cause, bool* by_other) {
 }
 
 std::unique_ptr<Agreement> MakeAgreement(Env* env, const Attempt& a, std::unique_ptr<KvStore> client,
-                                         const std::string& store_ns, uint32_t world_size, uint32_t readers,
-                                         double settle_timeout_s) {
+                                         const std::string& store_ns, uint32_t world_size, uint32_t arrivals,
+                                         uint32_t readers, double settle_timeout_s) {
   if (client)
-    return std::make_unique<StoreAgreement>(env, a, std::move(client), store_ns, world_size, readers, settle_timeout_s);
+    return std::make_unique<StoreAgreement>(env, a, std::move(client), store_ns, world_size, arrivals, readers,
+                                            settle_timeout_s);
   return std::make_unique<FileAgreement>(env, a, world_size, readers);
 }
 
@@ -110,7 +111,7 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
     Status cs = store->Clone(&client);
     if (!cs.ok()) return StoreClientError(cs);
   }
-  CommitAttempt attempt(env, a, 0, timeout_s, MakeAgreement(env, a, std::move(client), store_ns, world_size, 1, timeout_s));
+  CommitAttempt attempt(env, a, 0, timeout_s, MakeAgreement(env, a, std::move(client), store_ns, world_size, world_size, 1, timeout_s));
   // The DCP caller reports the verdict, also where its own abort decided it.
   if (!attempt.Commit(nullptr, std::move(extra), t0, std::max(0.0, elapsed_s)).ok()) return attempt.verdict();
   PublishedStep published(env, run_dir, true);

@@ -89,11 +89,13 @@ class CommitAttempt {
 };
 
 // The agreement of one attempt (agreement.h): through the store when the caller has a client of it
-// (StoreAgreement, under store_ns), else through the attempt's directory (FileAgreement). readers:
-// the ranks that read the verdict through it; settle_timeout_s: StoreAgreement's.
+// (StoreAgreement, under store_ns), else through the attempt's directory (FileAgreement).
+// arrivals: the ranks that arrive (world_size, or world_size - 1 where the coordinator holds its
+// own record); readers: the ranks that read the verdict through it; settle_timeout_s:
+// StoreAgreement's.
 std::unique_ptr<Agreement> MakeAgreement(Env* env, const Attempt& a, std::unique_ptr<KvStore> client,
-                                         const std::string& store_ns, uint32_t world_size, uint32_t readers,
-                                         double settle_timeout_s);
+                                         const std::string& store_ns, uint32_t world_size, uint32_t arrivals,
+                                         uint32_t readers, double settle_timeout_s);
 // The error of a store that gave no client for an attempt: "the store the ranks agree through: ...".
 Status StoreClientError(const Status& s);
 

@@ -341,7 +341,9 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   }
   job->commit_attempt = std::make_unique<CommitAttempt>(
       env_, at, opts_.rank, opts_.commit_timeout_s,
-      MakeAgreement(env_, at, std::move(client), opts_.store_ns, opts_.world_size, opts_.world_size,
+      MakeAgreement(env_, at, std::move(client), opts_.store_ns, opts_.world_size,
+                    // rank 0 of an engine's own commit holds its record at hand (engine_commit.cc)
+                    commit == CommitMode::kAuto ? opts_.world_size - 1 : opts_.world_size, opts_.world_size,
                     opts_.commit_timeout_s));
   Status verdict;
   if (job->commit_attempt->AbortedAlready(&verdict))  // this rank comes late to it

@@ -51,12 +51,13 @@ bool RecordRank(const std::string& line, uint32_t* rank) {
 }  // namespace
 
 StoreAgreement::StoreAgreement(Env* env, Attempt a, std::unique_ptr<KvStore> store, const std::string& ns,
-                               uint32_t world_size, uint32_t readers, double settle_timeout_s)
+                               uint32_t world_size, uint32_t arrivals, uint32_t readers, double settle_timeout_s)
     : env_(env),
       a_(std::move(a)),
       store_(std::move(store)),
       prefix_(KeyPrefix(ns, a_.step, a_.attempt)),
       world_size_(world_size),
+      arrivals_(arrivals),
       readers_(readers),
       settle_timeout_s_(settle_timeout_s) {}
 
@@ -71,7 +72,7 @@ std::string StoreAgreement::AbortReason(const Status& verdict) const {
 
 // Each rank arrives once per attempt: more means keys of another run or job under this prefix.
 Status StoreAgreement::TooMany(int64_t n) const {
-  return Status::Invalid("the store counts " + std::to_string(n) + " arrivals of " + std::to_string(world_size_) +
+  return Status::Invalid("the store counts " + std::to_string(n) + " arrivals of " + std::to_string(arrivals_) +
                          " ranks under " + prefix_ + ": is its namespace shared with another run?");
 }
 
@@ -96,8 +97,8 @@ Status StoreAgreement::Arrive(uint32_t rank, const ShardRecord& record) {
   int64_t n = 0;
   s = store_->Add(Key("arrived"), 1, &n);
   if (!s.ok()) return StoreError(s, "count the arrival of rank " + std::to_string(rank));
-  if (n > static_cast<int64_t>(world_size_)) return TooMany(n);
-  if (n == static_cast<int64_t>(world_size_)) {
+  if (n > static_cast<int64_t>(arrivals_)) return TooMany(n);
+  if (n == static_cast<int64_t>(arrivals_)) {
     s = store_->Set(Key("all-arrived"), kAllArrived);
     if (!s.ok()) return StoreError(s, "say every rank arrived");
   }
@@ -138,17 +139,12 @@ std::string StoreAgreement::MissingRanks() {
 Status StoreAgreement::AwaitShards(double timeout_s, const ShardRecord* own, std::vector<ShardRecord>* records) {
   records->assign(world_size_, ShardRecord());
   std::vector<bool> have(world_size_, false);
-  bool last = false;
-  if (own) {
+  if (own) {  // held at hand: the coordinator neither publishes nor counts it
     (*records)[0] = *own;
     have[0] = true;
-    int64_t n = 0;
-    Status s = store_->Add(Key("arrived"), 1, &n);  // counts as arrived, so the count is world_size
-    if (!s.ok()) return StoreError(s, "count the arrival of rank 0");
-    if (n > static_cast<int64_t>(world_size_)) return TooMany(n);
-    last = n == static_cast<int64_t>(world_size_);
   }
-  if (!last) {
+  if (arrivals_ == 0) return Status::Ok();
+  {
     // Woken by the last arrival, or by an abort's winner: no polling.
     std::string v;
     Status s = store_->Get(Key("all-arrived"), timeout_s, &v);
@@ -160,14 +156,12 @@ Status StoreAgreement::AwaitShards(double timeout_s, const ShardRecord* own, std
       return Status::Error(Code::kAborted, "no shard from rank(s) " + which + " after " + Seconds(timeout_s) + " s");
     }
     if (!s.ok()) return StoreError(s, "wait for the shards");
-    all_arrived_read_ = true;
     if (v != kAllArrived) {  // an abort's winner woke this rank
       std::string why;
       store_->Get(Key("verdict"), 0, &why);
       return Aborted(StartsWith(why, kAbortedPrefix) ? After(why, kAbortedPrefix) : "(no reason in the store)");
     }
   }
-  if (own && world_size_ == 1) return Status::Ok();
   ALPSCK_RETURN_IF_ERROR(ReadRecords(0, records, &have));
   for (uint32_t r = 0; r < world_size_; ++r)
     if (!have[r]) return Status::Corrupt("rank " + std::to_string(r) + " counted as arrived without its record in the store");
@@ -187,11 +181,8 @@ Status StoreAgreement::Commit(const CommitRequest& req) {
   Status s = store_->CompareSet(Key("verdict"), "", kCommitting, &cur);
   if (!s.ok()) return StoreError(s, "claim the commit");  // undecided (or claimed: Abort sorts it out)
   if (cur != kCommitting) return Aborted(StartsWith(cur, kAbortedPrefix) ? After(cur, kAbortedPrefix) : cur);
-  // Claimed: no other rank can decide now, and every rank has arrived, so nobody writes the
-  // arrival keys again. They go now; the last acknowledgement removes the rest.
-  store_->DeleteKey(Key("records"));
-  store_->DeleteKey(Key("arrived"));
-  if (all_arrived_read_) store_->DeleteKey(Key("all-arrived"));
+  // Claimed: no other rank can decide now. The keys stay until every reader has read the verdict
+  // (the last acknowledgement removes them: Ack), which costs this rank no operation.
   commit_ran_ = true;
   const Status c = CommitCheckpoint(env_, req);
   std::string final_value = kCommittedValue;
@@ -215,7 +206,9 @@ Status StoreAgreement::Commit(const CommitRequest& req) {
   store_->CompareSet(Key("final"), "", final_value, &cur);
   if (c.ok() || unsynced_) {
     Remember(Verdict::kCommitted, Status::Ok(), false);
-    Ack(0);  // the caller acknowledges aborts only
+    // A commit is acknowledged by the ranks that read it, not by the coordinator that made it
+    // (Ack); where nobody else reads it, the coordinator removes the keys itself.
+    if (readers_ <= 1) Forget(false);
   }
   return c;
 }
@@ -370,6 +363,9 @@ void StoreAgreement::Ack(uint32_t rank) {
   if (acked_) return;  // once per rank, whichever path read the verdict
   acked_ = true;
   const bool aborted = settled_ != Verdict::kCommitted;
+  // The coordinator made the commit: it never acknowledges one (readers - 1 ranks do). An abort is
+  // acknowledged by every reader, the coordinator included.
+  if (!aborted && rank == 0) return;
   int64_t n = 0;
   if (!store_->Add(Key("acks"), 1, &n).ok()) {
     // The store failed this rank: it acknowledges an abort on the disk, as FileAgreement's ranks
@@ -377,12 +373,17 @@ void StoreAgreement::Ack(uint32_t rank) {
     if (aborted) SawAbort(env_, a_, rank, readers_);
     return;
   }
-  if (n < static_cast<int64_t>(readers_)) return;
+  if (n < static_cast<int64_t>(aborted ? readers_ : readers_ - 1)) return;
   // Every reader has read the verdict: nobody uses this attempt's keys or directories again.
-  if (aborted) {
-    for (const char* k : {"records", "arrived", "all-arrived"}) store_->DeleteKey(Key(k));
-  }
-  for (const char* k : {"verdict", "final", "acks"}) store_->DeleteKey(Key(k));
+  Forget(aborted);
+}
+
+void StoreAgreement::Forget(bool aborted) {
+  // Only the keys this attempt can have made: each delete is a request to the store's server.
+  std::vector<const char*> keys = {"verdict", "final"};
+  if (arrivals_ > 0 || aborted) keys.insert(keys.end(), {"records", "arrived", "all-arrived"});
+  if (readers_ > 1 || aborted) keys.push_back("acks");
+  for (const char* k : keys) store_->DeleteKey(Key(k));
   if (aborted) {
     // The aborted directory (and one a late rank re-created at the attempt's name).
     for (const std::string& d : {a_.aborted_dir(), a_.tmp_dir()})

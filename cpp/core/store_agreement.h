@@ -10,9 +10,9 @@
 //
 // Keys, under P = KeyPrefix(ns, step, attempt):
 //   P records       every arriving rank's ShardRecord, a JSON line each (Append)
-//   P arrived       the arrivals (Add); the coordinator holding its own record counts itself
-//   P all-arrived   set by the rank whose Add reached world_size ("all"), or by an abort's winner
-//                   ("aborted"): the coordinator waits on it
+//   P arrived       the arrivals (Add); a coordinator holding its own record does not count itself
+//   P all-arrived   set by the rank whose Add reached the arrivals expected ("all"), or by an
+//                   abort's winner ("aborted"): the coordinator waits on it
 //   P verdict       the decision, one CompareSet(verdict, "", X) for all: "committing" (the
 //                   coordinator's claim, before its commit rename) or "aborted:<why>"
 //   P final         the verdict once final: "committed" (followed by "\nspare:<name>" when it names
@@ -20,13 +20,15 @@
 //                   "committed-unsynced:<error>" (the rename
 //                   happened, rank 0's fsync of RUN_DIR failed: each rank syncs it) or
 //                   "aborted:<why>". The other ranks Get it.
-//   P acks          the ranks that read the verdict (Add); the one that makes it `readers` deletes
-//                   the keys (after an abort, the aborted directory too). The coordinator deletes
-//                   the arrival keys once it has claimed the commit.
+//   P acks          the ranks that read the verdict (Add): after a commit every reader but the
+//                   coordinator, after an abort every reader; the one whose Add completes the
+//                   count deletes every key (after an abort, the aborted directory too).
 //
-// Store operations per save on the happy path: a rank > 0 makes 5 (Peek's Get, Append, Add, the
-// Get of the final verdict, the Add of its acknowledgement), the last to arrive one more, the last
-// to acknowledge 3 deletes more; the coordinator about 10. None grows with the number of ranks.
+// Store operations per save on the happy path, none growing with the number of ranks: the
+// coordinator makes 5 (Peek's Get, the wait for all-arrived, the Get of the records, the claim,
+// the final verdict); a rank > 0 makes 5 (Peek's Get, Append, Add, the Get of the final verdict,
+// the Add of its acknowledgement), the last to arrive 1 more (all-arrived), the last to
+// acknowledge 6 deletes more. test_store_agreement.cc counts them.
 //
 // Keys of an attempt that a crash interrupted stay in the store (as its directory stays on disk
 // until rank 0's next open): ns must be unique to the run directory and to this incarnation of
@@ -51,12 +53,14 @@ namespace alpsck {
 
 class StoreAgreement : public Agreement {
  public:
-  // world_size: the ranks of the attempt (each arrives, or is the coordinator holding its own
-  // record); readers: the ranks that read the verdict through their agreement, whose
-  // acknowledgements remove its keys. settle_timeout_s: how long a rank that finds the commit
-  // claimed waits for its outcome before it settles the verdict on the disk.
+  // world_size: the ranks of the attempt; arrivals: those that arrive through the store (all of
+  // them, or all but a coordinator that holds its own record: world_size - 1); readers: the ranks
+  // that read the verdict through their agreement, the coordinator among them, whose
+  // acknowledgements remove its keys (a commit's by all but the coordinator, an abort's by all).
+  // settle_timeout_s: how long a rank that finds the commit claimed waits for its outcome before
+  // it settles the verdict on the disk.
   StoreAgreement(Env* env, Attempt a, std::unique_ptr<KvStore> store, const std::string& ns, uint32_t world_size,
-                 uint32_t readers, double settle_timeout_s);
+                 uint32_t arrivals, uint32_t readers, double settle_timeout_s);
 
   // "<ns>step-N/aK/": every key of the attempt starts with it.
   static std::string KeyPrefix(const std::string& ns, uint64_t step, uint32_t attempt);
@@ -87,17 +91,19 @@ class StoreAgreement : public Agreement {
   Verdict RecordWon(uint32_t rank, const std::string& why, Status* verdict, bool* won);
   Verdict Remember(Verdict v, const Status& verdict, bool won);
   void Ack(uint32_t rank);
+  // Removes the attempt's keys (after an abort, its directories too): every reader has the verdict.
+  void Forget(bool aborted);
 
   Env* const env_;
   const Attempt a_;
   const std::unique_ptr<KvStore> store_;
   const std::string prefix_;
   const uint32_t world_size_;
+  const uint32_t arrivals_;
   const uint32_t readers_;
   const double settle_timeout_s_;
 
   // What this rank did and learnt (one thread at a time: no lock).
-  bool all_arrived_read_ = false;  // the coordinator read "all-arrived" (so it exists)
   bool claim_tried_ = false;       // the coordinator's CompareSet of "committing" was issued
   bool commit_ran_ = false;        // ... and it went on to the disk commit
   bool read_disk_ = false;         // the verdict was settled on the disk (the store failed or went silent)

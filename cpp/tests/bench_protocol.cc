@@ -53,7 +53,7 @@ double OneSave(const std::string& run, MemoryKvStore* store, uint32_t world, uin
     if (s.ok())
       ca = std::make_unique<CommitAttempt>(
           Env::Default(), at, rank, 60,
-          std::make_unique<StoreAgreement>(Env::Default(), at, std::move(client), "bench/", world, world, 60));
+          std::make_unique<StoreAgreement>(Env::Default(), at, std::move(client), "bench/", world, world - 1, world, 60));
     Status late;
     ShardRecord rec;
     if (s.ok() && ca->AbortedAlready(&late)) s = late;

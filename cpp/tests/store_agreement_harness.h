@@ -176,7 +176,8 @@ inline Status SaveRank(const std::string& run, MemoryKvStore* root, const SaveSp
   const Attempt at{run, spec.step, spec.attempt};
   const Clock::time_point t0 = Clock::now();
   CommitAttempt ca(env, at, rank, timeout,
-                   std::make_unique<StoreAgreement>(env, at, std::move(client), kNs, spec.world, spec.world, spec.settle_s));
+                   std::make_unique<StoreAgreement>(env, at, std::move(client), kNs, spec.world, spec.world - 1, spec.world,
+                                                    spec.settle_s));
   Status verdict;
   if (!spec.skip_peek.count(rank) && ca.AbortedAlready(&verdict)) return verdict;
   ShardRecord rec;
