@@ -6,9 +6,10 @@ Collectives happen only outside the training loop, on a dedicated gloo group (so
 group is never used from the checkpointer, and CPU tensors suffice):
 
 * at start-up, rank 0 opens its engine (which cleans up abandoned directories) before the others;
-* on restore, every rank first says whether it could list the run directory; then rank 0 picks
-  the candidate checkpoints (its listing alone decides whether a step asked for exists and whether
-  the world size fits), and every rank must read its part of one successfully before any of them
+* on restore, rank 0 alone lists the run directory and picks the candidate checkpoints, which it
+  broadcasts (its listing alone decides whether a step asked for exists and whether the world
+  size fits; the others read the steps at their names), and every rank must read its part of one
+  successfully before any of them
   loads it into the live state; each rank reports how its read went, so that all skip the same
   checkpoint or all stop, never one rank alone.
 

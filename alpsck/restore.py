@@ -29,7 +29,7 @@ from .errors import (
 )
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .ranks import Ranks
-from .store.run_dir import Pick, data_error, pick, read_failure
+from .store.run_dir import Pick, data_error, pick, read_failure, step_dir
 from .store.shards import CheckpointShards
 
 __all__ = ["RESTORED_HOOKS", "peek", "read_checkpoint", "restore_into"]
@@ -135,7 +135,7 @@ def _warn_skipped(picked: Pick, stacklevel: int) -> None:
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
 _READ, _UNREAD, _FAILED = 0, 1, 2
 # What rank 0 decided from its listing of the run directory, as it tells the other ranks.
-_TRY, _NO_STEP, _OTHER_WORLD = 0, 1, 2
+_TRY, _NO_STEP, _OTHER_WORLD, _UNLISTED = 0, 1, 2, 3
 
 
 def _ranks_named(ranks: Sequence[int]) -> str:
@@ -158,13 +158,15 @@ def restore_into(
     reason code. Tensor bytes are read directly into the live CPU tensors where shapes and dtypes match. If a
     chunk then fails its CRC, or a read fails with an I/O error, the previous checkpoint is tried
     (it overwrites the same tensors); if none is left, CorruptCheckpointError says the live state is
-    no longer pristine. With several ``ranks`` this is a collective: rank 0 lists the candidates,
-    and a checkpoint is loaded only once every rank has read its part of it without error. Every
-    rank reports how its read went before any acts on it: a checkpoint one rank cannot read is
-    skipped by all; any other failure on one rank (a state that does not fit, a bug) is raised
-    there, and the other ranks raise a CheckpointError naming it instead of waiting for it. Rank 0's
-    listing alone decides whether ``step`` exists and whether the world size fits; a rank that
-    cannot list ``run_dir`` at all raises its error, and the others a CheckpointError naming it.
+    no longer pristine. With several ``ranks`` this is a collective: rank 0 alone lists the run
+    directory and picks the candidates, which it broadcasts (the others read them at their names,
+    so N ranks cost the file system one listing), and a checkpoint is loaded only once every rank
+    has read its part of it without error. Every rank reports how its read went before any acts
+    on it: a checkpoint one rank cannot read is skipped by all; any other failure on one rank (a
+    state that does not fit, a bug) is raised there, and the other ranks raise a CheckpointError
+    naming it instead of waiting for it. Rank 0's listing alone decides whether ``step`` exists and
+    whether the world size fits; when rank 0 cannot list ``run_dir`` it raises its error, and the
+    others a CheckpointError naming rank 0.
     When none is left and one rank's live tensors were already overwritten, every rank raises
     CorruptCheckpointError.
     """
@@ -176,36 +178,33 @@ def restore_into(
                          "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "
                          "with alpsck.checkpointer.read_checkpoint(step_dir, rank=N)")
     ranks = ranks or Ranks(rank, 1, None)
-    # Every rank must reach each collective below, whatever its file system shows it: a rank that
-    # cannot list the run directory says so first; then rank 0 alone decides what to try.
-    infos: dict[int, dict[str, Any]] = {}
-    unlisted: Exception | None = None
+    # Rank 0 alone lists the run directory and picks (the one picker); the others read the steps it
+    # names at their fixed names, so a restart of N ranks costs the file system one listing, not N.
+    # Every rank reaches each collective below, whatever rank 0's file system showed it.
     picked: Pick | None = None
-    try:
-        # Every rank lists (a rank that cannot says so below); rank 0's pick alone decides what is tried.
-        picked = pick(run_dir, kind="alpsck", world_size=ranks.world_size, step=step)
-        # This rank's own view: only step-N directories are checkpoints (an attempt beside one is not).
-        infos = {int(i["step"]): i for i in picked.scanned if i["status"] != "incomplete"}
-    except Exception as e:  # NoCheckpointError for a missing run directory, as peek and pick say it
-        unlisted = e
-    blind = [r for r, v in enumerate(ranks.each(int(unlisted is not None))) if v]
-    if blind:
-        if unlisted is not None:
-            raise unlisted
-        raise CheckpointError(f"{run_dir}: {_ranks_named(blind)} could not list the run directory (its own error "
-                              "says why), so no rank restored")
     refusal, written_by, order = _TRY, 0, []
-    if ranks.rank == 0 and picked is not None:
+    unlisted: Exception | None = None
+    if ranks.rank == 0:
+        try:
+            picked = pick(run_dir, kind="alpsck", world_size=ranks.world_size, step=step)
+        except Exception as e:  # NoCheckpointError for a missing run directory, as peek and pick say it
+            unlisted, refusal = e, _UNLISTED
+    if picked is not None:
         other_world = [k for k in picked.skipped if k.reason == "other_world"]
         if step is not None and not any(i["step"] == step for i in picked.scanned):
             refusal = _NO_STEP
         elif other_world:  # the newest usable one was written at another world size: never silently an older one
             refusal, order = _OTHER_WORLD, [other_world[0].step]
-            written_by = int(infos[other_world[0].step]["ranks"])
+            written_by = next(int(i["ranks"]) for i in picked.scanned if i["step"] == other_world[0].step)
         else:
             _warn_skipped(picked, stacklevel=3)
             order = picked.steps
     refusal, written_by, *order = ranks.from_rank0([refusal, written_by, *order])
+    if refusal == _UNLISTED:
+        if unlisted is not None:
+            raise unlisted
+        raise CheckpointError(f"{run_dir}: rank 0 could not list the run directory (its own error says why), so no "
+                              "rank restored")
     if refusal == _NO_STEP:
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}"
                                 + ("" if ranks.rank == 0 else " (rank 0 lists none, and rank 0 decides)"))
@@ -214,6 +213,9 @@ def restore_into(
             f"{run_dir}: the checkpoint of step {order[0]} was written by {written_by} rank(s), this job "
             f"has {ranks.world_size}; restore it at its world size, or reshard it with torch.distributed.checkpoint "
             "through alpsck.dcp")
+    # Rank 0's view of each step; another rank reads it at its name (a step it cannot see fails its read).
+    # (Only step-N directories are checkpoints: an attempt beside one is not.)
+    infos = {int(i["step"]): i for i in picked.scanned if i["status"] != "incomplete"} if picked is not None else {}
     unusable: Exception | None = None  # the live state cannot be captured on this rank: raised once all know
     try:
         live = capture(state).tensors
@@ -235,19 +237,20 @@ def restore_into(
 
         if unusable is not None:
             failure = unusable
-        elif info is None:
-            error = CorruptCheckpointError(f"{run_dir}: step {s} is not visible from rank {ranks.rank}")
         else:
+            path = info["path"] if info is not None else str(step_dir(Path(run_dir), s))
             try:
                 # Into the live tensors only if the tree fits the live state: a mismatch found by
                 # apply() afterwards must leave the live objects as they were.
-                meta, tensors = read_checkpoint(info["path"], rank=ranks.rank, threads=threads, into=live, fits=fits)
+                meta, tensors = read_checkpoint(path, rank=ranks.rank, threads=threads, into=live, fits=fits)
                 if fitted is None:  # nothing was to be read into live tensors, so read_checkpoint did not ask
                     fits(meta)
             except StateMismatchError as e:
                 failure = e
             except CheckpointError as e:
                 error = e
+                if info is None and not os.path.isdir(path):  # rank 0 lists it, this rank does not see it
+                    error = CorruptCheckpointError(f"{run_dir}: step {s} is not visible from rank {ranks.rank} ({e})")
             except Exception as e:  # a bug, say: the other ranks must not wait for this rank
                 failure = e
         mine = _FAILED if failure is not None or fitted is False else _UNREAD if error is not None else _READ
@@ -264,7 +267,7 @@ def restore_into(
                 "loaded it" + ("; live tensors of this rank may already hold some of its bytes" if into_live else ""))
         unread = [r for r, v in enumerate(verdicts) if v == _UNREAD]
         if unread:
-            where = info or {"step": s, "path": f"{run_dir}/step {s}"}
+            where = info or {"step": s, "path": str(step_dir(Path(run_dir), s))}
             if error is not None:
                 warnings.warn(read_failure(where, error, "corrupt").warning(), RuntimeWarning, stacklevel=3)
                 if getattr(error, "live_touched", False):

@@ -6,7 +6,8 @@ W gloo processes (torch.distributed, one per rank) share one run directory, each
 (untimed, unlate: by the third, expired checkpoints are recycled, the steady state), then
 ``--saves`` measured saves of ``--mib`` MiB (half a replicated "model", half per-rank tensors),
 each ``save(step, state).wait()``; the last rank sleeps ``--late`` seconds before each measured
-save, so every other rank waits that long for the commit. Then close.
+save, so every other rank waits that long for the commit. Then close, open again and
+``restore()`` (the restart of a requeued job), counted apart.
 
 What counts: the calls of :data:`METADATA` (namespace and inode lookups and changes, the calls a
 Lustre client turns into metadata-server traffic) that the process makes, any thread, any path,
@@ -15,7 +16,9 @@ first measured save and of ``/alpsck-marker-end`` right after the last one's ``w
 markers themselves are not counted), divided by ``--saves``. Everything else the process does
 (torch, gloo, Python) is counted too, not filtered by path; the report names the paths that
 dominate. :data:`SYNC` calls (fsync and the like, data and size, not lookups) are traced and
-reported per save but are not in the budget.
+reported per save but are not in the budget. The restore is counted the same way between its own
+markers (``/alpsck-marker-restore-begin``, ``-end``): one restore, not per save; no budget, but
+only rank 0 should list ``RUN_DIR`` (``getdents64 $RUN``).
 
 The budgets of issue #40, per save: at most 4 calls on every non-zero rank; rank 0 at most 12 and
 not growing with the number of ranks; both the same whether the late rank is 0.1 s or 10 s late.
@@ -70,6 +73,7 @@ METADATA = (
 SYNC = ("fsync", "fdatasync", "syncfs", "sync_file_range", "ftruncate", "fallocate")
 
 MARK_BEGIN, MARK_END = "/alpsck-marker-begin", "/alpsck-marker-end"
+RESTORE_BEGIN, RESTORE_END = "/alpsck-marker-restore-begin", "/alpsck-marker-restore-end"
 BUDGET_NONZERO, BUDGET_RANK0 = 4, 12
 
 WORKER = r"""
@@ -110,9 +114,22 @@ except FileNotFoundError:
     pass
 dist.barrier()
 ck.close()
-print("RESULT " + json.dumps({"rank": rank, "save_s": times}), flush=True)
+ck = alpsck.Checkpointer(run_dir, keep_last=2, replicated=("model",))
+dist.barrier()
+try:
+    os.stat("__RBEGIN__")
+except FileNotFoundError:
+    pass
+got = ck.restore({"model": model, "local": local, "step": 0})
+try:
+    os.stat("__REND__")
+except FileNotFoundError:
+    pass
+ck.close()
+print("RESULT " + json.dumps({"rank": rank, "save_s": times, "restored": got}), flush=True)
 dist.destroy_process_group()
-""".replace("__BEGIN__", MARK_BEGIN).replace("__END__", MARK_END)
+""".replace("__BEGIN__", MARK_BEGIN).replace("__END__", MARK_END).replace("__RBEGIN__", RESTORE_BEGIN).replace(
+    "__REND__", RESTORE_END)
 
 # One strace line, optionally after a pid: "123 openat(AT_FDCWD, ...) = 3" or "... <unfinished ...>".
 _LINE = re.compile(r"^(?:\[pid\s+)?(\d+\]?\s+)?([a-z_0-9]+)\((.*)$")
@@ -145,8 +162,9 @@ def _normalise(path: str, run_dir: str) -> str:
     return re.sub(r"\d+", "N", path)
 
 
-def parse_trace(text: str, run_dir: str) -> dict[str, Any]:
-    """Counts of METADATA and SYNC calls between the markers of one process's ``strace -f -y`` output."""
+def parse_trace(text: str, run_dir: str, begin: str = MARK_BEGIN, end: str = MARK_END) -> dict[str, Any]:
+    """Counts of METADATA and SYNC calls between the markers ``begin`` and ``end`` of one process's
+    ``strace -f -y`` output."""
     calls: collections.Counter[str] = collections.Counter()
     sync: collections.Counter[str] = collections.Counter()
     paths: collections.Counter[str] = collections.Counter()
@@ -158,10 +176,10 @@ def parse_trace(text: str, run_dir: str) -> dict[str, Any]:
         if not m:
             continue
         name, args = m.group(2), m.group(3)
-        if MARK_BEGIN in args:
+        if begin in args:
             state = "between"
             continue
-        if MARK_END in args:
+        if end in args:
             state = "after"
             continue
         if state != "between":
@@ -236,8 +254,12 @@ def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib
         result = next((json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")), None)
         if result is None:
             raise RuntimeError(f"rank {rank} printed no result ({work}):\n{out[-3000:]}")
-        counted = parse_trace((work / f"trace.{rank}").read_text(errors="replace"), run_dir)
-        ranks.append({"rank": rank, "per_save": counted["total"] / saves, **counted, "save_s": result["save_s"]})
+        trace = (work / f"trace.{rank}").read_text(errors="replace")
+        counted = parse_trace(trace, run_dir)
+        restore = parse_trace(trace, run_dir, RESTORE_BEGIN, RESTORE_END)
+        ranks.append({"rank": rank, "per_save": counted["total"] / saves, **counted, "save_s": result["save_s"],
+                      "restored": result["restored"], "restore": restore,
+                      "restore_lists_run_dir": restore["paths"].get("getdents64 $RUN", 0)})
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     nonzero = [r["per_save"] for r in ranks[1:]]
@@ -246,6 +268,9 @@ def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib
         "rank0_per_save": ranks[0]["per_save"],
         "nonzero_max_per_save": max(nonzero) if nonzero else None,
         "nonzero_median_per_save": statistics.median(nonzero) if nonzero else None,
+        "restore_rank0": ranks[0]["restore"]["total"],
+        "restore_nonzero_max": max((r["restore"]["total"] for r in ranks[1:]), default=None),
+        "restore_ranks_listing": sum(1 for r in ranks if r["restore_lists_run_dir"]),
         "per_rank": ranks, "kept": str(work) if keep else None,
     }
 
@@ -264,7 +289,11 @@ def report(results: list[dict[str, Any]], command: str) -> str:
         lines.append(f"{r['ranks']:>5} {r['late_s']:>6g} {r['rank0_per_save']:>10.1f} {r['nonzero_max_per_save']:>12.1f} "
                      f"{r['nonzero_median_per_save']:>15.1f} {'ok' if ok else 'OVER':>7} {r['wall_s']:>6.1f}")
     lines += ["", f"budget per save: rank 0 <= {BUDGET_RANK0}, every other rank <= {BUDGET_NONZERO} "
-              f"(calls: {', '.join(METADATA)}; markers excluded)"]
+              f"(calls: {', '.join(METADATA)}; markers excluded)", "",
+              f"{'ranks':>5} {'late_s':>6} {'restore: rank0':>14} {'max r>0':>7} {'ranks listing RUN_DIR':>21}"]
+    for r in results:
+        lines.append(f"{r['ranks']:>5} {r['late_s']:>6g} {r['restore_rank0']:>14} {r['restore_nonzero_max']:>7} "
+                     f"{r['restore_ranks_listing']:>21}")
     for r in results:
         worst = max(r["per_rank"][1:], key=lambda x: x["total"], default=None)
         lines.append("")

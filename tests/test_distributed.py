@@ -164,15 +164,15 @@ def _outputs(procs: list[subprocess.Popen[str]]) -> list[str]:
     return outs
 
 
-def _root_without_dac_bypass_for_rank_1() -> dict[int, list[str]]:
-    """The wrapper that makes rank 1 subject to file permissions while rank 0 (root) is not."""
+def _root_without_dac_bypass_for(rank: int) -> dict[int, list[str]]:
+    """The wrapper that makes ``rank`` subject to file permissions while the other rank (root) is not."""
     if os.geteuid() != 0:
         why = "needs root: rank 0 must read what rank 1 may not (CI runs as root)"
         if os.environ.get("CI"):
             pytest.fail(why)  # in CI a skip would count as passing
         pytest.skip(why)
     assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
-    return {1: ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]}
+    return {rank: ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]}
 
 
 def _restore_results(tmp_path: Path, run_dir: Path | str, *args: str,
@@ -336,7 +336,7 @@ def test_restore_skips_a_checkpoint_one_rank_cannot_read_on_every_rank(tmp_path:
     """Rank 1 gets EACCES on its own shard of step 3 (a CheckpointIOError, not corruption: rank 0's
     scan sees step 3 committed, so both ranks try it). Every rank must reach the agreement: both skip
     to step 2, promptly, rather than rank 1 leaving restore while rank 0 waits for it."""
-    wrap = _root_without_dac_bypass_for_rank_1()
+    wrap = _root_without_dac_bypass_for(1)
     run = tmp_path / "run"
     _outputs(_launch(tmp_path, 2, "save", str(run)))
     shard = run / "step-000000003" / "rank-00001.bin"
@@ -371,20 +371,26 @@ def test_a_rank_whose_restore_fails_otherwise_stops_every_rank(tmp_path: Path) -
     assert "rank 1 cannot restore into its state" in str(results[0]["message"]), results
 
 
-def test_a_rank_that_cannot_list_the_run_dir_stops_every_rank(tmp_path: Path) -> None:
-    """Rank 1 gets EACCES listing the run directory (rank 0 lists it): rank 1 raises its error,
-    rank 0 a CheckpointError naming rank 1, rather than rank 0 waiting for rank 1's candidates."""
-    wrap = _root_without_dac_bypass_for_rank_1()
+def test_only_rank_0_lists_the_run_dir_and_when_it_cannot_every_rank_stops(tmp_path: Path) -> None:
+    """Rank 0 alone lists the run directory and picks; the others read the steps it names at their
+    names. So a rank > 0 that gets EACCES listing it restores all the same (it never lists), and
+    when rank 0 cannot list it, rank 0 raises its error and rank 1 a CheckpointError naming rank 0,
+    rather than waiting for rank 0's candidates."""
     run = tmp_path / "run"
     _outputs(_launch(tmp_path, 2, "save", str(run)))
-    run.chmod(0o300)  # files inside can be opened, the directory cannot be listed
-    try:
-        results = _restore_results(tmp_path, run, "read-only", wrap=wrap)
-    finally:
-        run.chmod(0o755)
-    assert results[1].get("error") == "CheckpointIOError" and "Permission denied" in str(results[1]["message"]), results
-    assert results[0].get("error") == "CheckpointError", results
-    assert "rank 1 could not list the run directory" in str(results[0]["message"]), results
+    results = []
+    for rank in (1, 0):
+        wrap = _root_without_dac_bypass_for(rank)
+        run.chmod(0o300)  # files inside can be opened, the directory cannot be listed
+        try:
+            results.append(_restore_results(tmp_path, run, "read-only", wrap=wrap))
+        finally:
+            run.chmod(0o755)
+    blind_1, blind_0 = results
+    assert [(r.get("step"), r.get("model_ok")) for r in blind_1] == [(3, True)] * 2, blind_1
+    assert blind_0[0].get("error") == "CheckpointIOError" and "Permission denied" in str(blind_0[0]["message"]), blind_0
+    assert blind_0[1].get("error") == "CheckpointError", blind_0
+    assert "rank 0 could not list the run directory" in str(blind_0[1]["message"]), blind_0
 
 
 def test_rank_0s_listing_decides_an_explicit_step_and_the_world_size(tmp_path: Path) -> None:
