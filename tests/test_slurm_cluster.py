@@ -324,6 +324,41 @@ def test_a_job_that_exits_hard_at_every_start_shows_failed_with_its_exit_code(cl
     assert [e["event"] for e in events(run)] == ["submitted", "started"]
 
 
+def test_a_stop_signal_while_a_finished_task_tears_down_leaves_slurm_completed(cluster: None, tmp_path: Path) -> None:
+    """The time-limit signal can come while a finished task exits: after Python has reset its
+    signal handlers to the default action (which ends the process), during a teardown that takes
+    seconds (torch's can). It used to end the task with 128 + the signal, and SLURM recorded a run
+    the history calls finished as FAILED (afterok chains, mails and accounting saw a failure).
+    Here the entry's module holds an object whose teardown writes a mark and sleeps; USR2, USR1
+    and TERM are sent to the job's tasks then. SLURM's record must be COMPLETED, exit 0."""
+    from alpsck.slurm.watch import slurm_record
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    mark = tmp_path / "tearing-down"
+    (conf / "slow_teardown.py").write_text(
+        "import os, pathlib, time\n\n\n"
+        "class SlowTeardown:\n"
+        f"    def __del__(self, sleep=time.sleep, mark=pathlib.Path({str(mark)!r}), job=os.environ.get('SLURM_JOB_ID')):\n"
+        "        if job:  # in the job, not in submit's check that the entry imports\n"
+        "            mark.write_text('tearing down')\n"
+        "            sleep(8)\n\n\n"
+        "_teardown = SlowTeardown()  # deleted at interpreter shutdown, after the signal handlers are reset\n\n\n"
+        "def main(job):\n"
+        "    return None\n")
+    run = tmp_path / "run"
+    job = submit(job_config(conf / "job.yaml", run, steps=10, time="5", entry="slow_teardown:main"))
+    wait_for(mark.exists, 180, f"job {job} to finish and tear down", poll=0.1)
+    assert events(run)[-1]["event"] == "finished", events(run)
+    for sig in ("USR2", "USR1", "TERM"):  # to the tasks of the job's steps, not the batch shell
+        subprocess.run(["scancel", f"--signal={sig}", job], timeout=30)
+        time.sleep(0.5)
+    wait_for(lambda: not in_queue(job), 120, f"job {job} to end", poll=0.5)
+    record = wait_for(lambda: slurm_record(job), 60, f"SLURM's record of job {job}")
+    assert record == {"state": "COMPLETED", "exit_code": "0:0"}, record
+    assert final_state(run) == "finished"
+
+
 def test_sigalrm_to_the_batch_shell_ends_the_job_and_status_says_how(cluster: None, tmp_path: Path) -> None:
     """Fatal by choice (docs/slurm.md): no final checkpoint, and status reports SLURM's record."""
     run = tmp_path / "run"

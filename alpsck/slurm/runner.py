@@ -189,6 +189,16 @@ class JobRunner:
     # -- the job --------------------------------------------------------------------------------
 
     def __call__(self) -> Any:
+        try:
+            return self._run()
+        finally:
+            # The outcome is decided and recorded: a stop signal from now on (the time limit's,
+            # arriving while Python and torch tear down) has nothing left to stop, and must not
+            # kill the task and turn a finished run into a FAILED job.
+            if self._stop is not None:
+                self._stop.ignore_late()
+
+    def _run(self) -> Any:
         cfg = self.config
         job = self._job = JobEnv.detect()
         job_id, rank, world = job.job_id or "local", job.rank, job.world_size

@@ -214,6 +214,14 @@ class StopController:
     def close(self) -> None:
         self._stop_watch.set()
 
+    def ignore_late(self) -> None:
+        """Ignore the stop signals from now on (main thread only): the job's outcome is decided.
+        Python's own handlers would not do: interpreter shutdown resets them to the default
+        action, which for USR1/USR2/TERM ends the process, so a signal during the teardown that
+        follows would end a finished task with 128 + the signal."""
+        for sig in {self.timeout_signal, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM}:
+            signal.signal(sig, signal.SIG_IGN)
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append((signum, time.time()))
 
