@@ -69,8 +69,12 @@ TENSOR_DTYPES: dict[str, torch.dtype] = {
     "int32": torch.int32,
     "int64": torch.int64,
     "uint8": torch.uint8,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "uint64": torch.uint64,
     "bool": torch.bool,
     "complex64": torch.complex64,
+    "complex128": torch.complex128,
 }
 TENSOR_DTYPE_NAMES = {dtype: name for name, dtype in TENSOR_DTYPES.items()}
 # torch.dtype *values* (not tensors): a fixed table built once from torch's own namespace.

@@ -29,7 +29,8 @@ from alpsck.errors import (
 ROOT = Path(__file__).resolve().parents[1]
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
-          torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
+          torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64,
+          torch.bool, torch.complex64, torch.complex128]
 
 
 def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -40,7 +41,11 @@ def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tens
         return torch.randn(shape, generator=g, dtype=dtype)
     if dtype.is_floating_point:
         return (torch.randn(shape, generator=g) * 3).to(dtype)
-    return torch.randint(-100 if dtype != torch.uint8 else 0, 100, shape, generator=g).to(dtype)
+    if not dtype.is_signed:  # uint16/32/64 have few kernels: random bytes, viewed (the top bit set too)
+        width = torch.empty((), dtype=dtype).element_size()
+        raw = torch.randint(0, 256, (*shape, width), generator=g, dtype=torch.int64).to(torch.uint8)
+        return raw.view(dtype).reshape(shape)
+    return torch.randint(-100, 100, shape, generator=g).to(dtype)
 
 
 def test_compiled_core_is_inside_the_installed_package() -> None:

@@ -63,6 +63,10 @@ def _state(step: int) -> dict[str, object]:
         "i32": torch.randint(-100, 100, (2, 2, 2), generator=g).to(torch.int32),
         "i64": torch.tensor(step),  # 0-dim
         "u8": torch.randint(0, 255, (300_000,), generator=g).to(torch.uint8),  # spans several 64 KiB chunks
+        # uint16/32/64 have few kernels: random bytes viewed as them, the top bit set too
+        "u16": torch.randint(0, 256, (6, 2), generator=g).to(torch.uint8).view(torch.uint16),
+        "u32": torch.randint(0, 256, (8,), generator=g).to(torch.uint8).view(torch.uint32),
+        "u64": torch.randint(0, 256, (2, 8), generator=g).to(torch.uint8).view(torch.uint64),
         "bool": torch.rand(10, generator=g) > 0.5,
         "empty": torch.zeros(0, 4),
         "c64": torch.randn(4, 3, dtype=torch.complex64, generator=g),
@@ -112,6 +116,7 @@ def test_safetensors_round_trip(run: Path, tmp_path: Path, capsys: pytest.Captur
     assert header["bf16"]["dtype"] == "BF16" and header["bf16"]["shape"] == [33, 7]
     assert header["e4m3"]["dtype"] == "F8_E4M3" and header["e5m2"]["dtype"] == "F8_E5M2"
     assert header["bool"]["dtype"] == "BOOL" and header["c64"]["dtype"] == "C64"
+    assert [header[k]["dtype"] for k in ("u16", "u32", "u64")] == ["U16", "U32", "U64"]
     assert not Path(f"{out}.tmp").exists()
 
 
@@ -299,3 +304,17 @@ def test_bad_thread_counts_are_usage_errors(run: Path, tmp_path: Path, threads: 
     assert e.value.code == 2
     assert "--threads" in capsys.readouterr().err
     assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_complex128_exports_in_torch_format_and_safetensors_says_it_has_no_code(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    z = torch.randn(5, 3, dtype=torch.complex128, generator=torch.Generator().manual_seed(3))
+    with alpsck.Checkpointer(run_dir) as ck:
+        ck.save(1, {"z": z}).wait()
+    rc, _, err = _run(capsys, "export", str(run_dir), str(tmp_path / "z.safetensors"))
+    assert rc != 0 and "tensor 'z': dtype complex128 has no safetensors code; use --format torch" in err, err
+    assert not (tmp_path / "z.safetensors").exists()
+    rc, _, err = _run(capsys, "export", str(run_dir), str(tmp_path / "z.pt"))
+    assert rc == 0, err
+    assert _same(torch.load(tmp_path / "z.pt", weights_only=True)["z"], z)

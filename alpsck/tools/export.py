@@ -19,7 +19,7 @@ batches into ONE reusable buffer and appended to the file. Peak memory is about
 whatever the checkpoint's size.
 
 * safetensors: the header (``{"key": {"dtype", "shape", "data_offsets"}, "__metadata__": ...}``,
-  dtype codes F64/F32/F16/BF16/F8_E4M3/F8_E5M2/I64/I32/I16/I8/U8/BOOL/C64) is written by hand,
+  dtype codes F64/F32/F16/BF16/F8_E4M3/F8_E5M2/I64/I32/I16/I8/U64/U32/U16/U8/BOOL/C64) is written by hand,
   padded to 8 bytes. complex64 uses the ``C64`` code, which older safetensors readers reject.
 * torch: the same zip archive ``torch.save`` writes (``data.pkl`` + one ``data/<k>`` record per
   tensor) through torch's own ``PyTorchFileWriter``; ``data.pkl`` is pickled from stand-in objects
@@ -86,6 +86,9 @@ SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.int16: "I16",
     torch.int8: "I8",
     torch.uint8: "U8",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
     torch.bool: "BOOL",
     torch.complex64: "C64",
 }
