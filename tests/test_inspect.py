@@ -104,6 +104,10 @@ def test_verify_finds_the_bit_flip_and_exits_1(mixed_run: Path, capsys: pytest.C
     assert by_step[1]["verified"] and by_step[2]["verified"]
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--verify")
     assert rc == 1 and "CRC mismatch" in out and "incomplete" in out
+    # Said in words off a terminal too (capsys is not one): which rows passed, and the verdict.
+    assert sum("every chunk CRC matches" in line for line in out.splitlines()) == 2, out
+    verdict = next(line for line in out.splitlines() if line.startswith("--verify: re-read"))
+    assert "corrupt or unreadable (step(s) " in verdict and "3" in verdict and verdict.endswith("exit 1"), verdict
     header = next(line for line in out.splitlines() if "status" in line)
     assert all(col in header for col in ("step", "status", "size", "created", "ranks", "tensors", "GB/s"))
 
@@ -124,6 +128,10 @@ def test_verify_of_a_clean_run_exits_0(tmp_path: Path, capsys: pytest.CaptureFix
     _save(tmp_path, [1, 2])
     rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path), "--verify", "--json")
     assert rc == 0 and json.loads(out)["latest_valid"] == 2
+    rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path), "--verify")  # not a terminal: no bar
+    assert rc == 0
+    assert sum("every chunk CRC matches" in line for line in out.splitlines()[1:3]) == 2, out
+    assert "--verify: re-read 2 checkpoint(s)" in out and out.rstrip().endswith("every chunk CRC matches"), out
 
 
 def test_verify_progress_bar(mixed_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -74,12 +75,24 @@ _MARK_NOTE = {False: "* = what restore tries first (data CRCs not checked; --ver
               True: "* = what restore would use (every CRC checked)"}
 
 
+def _verify_summary(infos: list[dict[str, Any]], seconds: float) -> str:
+    """--verify's verdict in one line: how much it read, and whether every CRC matched."""
+    checked = [i for i in infos if i["verified"] or i["status"] in UNUSABLE]
+    bad = [i for i in infos if i["status"] in UNUSABLE]
+    read = sum(i["bytes"] for i in infos if i["verified"])
+    head = f"--verify: re-read {len(checked)} checkpoint(s), {human(read)} in {seconds:.1f} s: "
+    if not bad:
+        return head + "every chunk CRC matches"
+    return head + f"{len(bad)} corrupt or unreadable (step(s) {', '.join(str(i['step']) for i in bad)}); exit 1"
+
+
 def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stream: TextIO | None = None) -> int:
     """The checkpoint table (or JSON document) of ``run_dir``; exit code 1 if ``verify`` found corruption.
 
     The bar goes to ``progress_stream``; by default to stderr when it is a terminal and not ``as_json``.
     """
     path = check_run_dir(run_dir)
+    started = time.monotonic()
     if progress_stream is None and verify and not as_json and sys.stderr.isatty():
         progress_stream = sys.stderr
     tracker: ShardProgress | None = None
@@ -121,9 +134,12 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
                 rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
                 ranks = str(i["ranks"]) if i["ranks"] else "-"
+                note = i["error"] or ("every chunk CRC matches" if verify and i["verified"] else "")
                 print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
-                      f"{i['tensors']:>7}  {rate}  {i['error'] or ''}")
+                      f"{i['tensors']:>7}  {rate}  {note}")
             print(_MARK_NOTE[verify] if latest is not None else "no valid checkpoint: restore would start fresh")
+            if verify:  # said in words, terminal or not (the bar goes to a terminal only)
+                print(_verify_summary(infos, time.monotonic() - started))
         if superseded:
             print(_superseded_line(superseded))
         if layout is not None:
