@@ -51,7 +51,7 @@ wait_for() {
     done
 }
 
-[[ "$(id -u)" -eq 0 ]] || { echo "start.sh: must run as root" >&2; exit 1; }
+[[ "$(id -u)" -eq 0 ]] || { echo "start.sh: must run as root (as another user: sudo $0)" >&2; exit 1; }
 
 # ---------------------------------------------------------------------------------------------
 # 1. Packages.

@@ -11,7 +11,7 @@ source "$HERE/lib.sh"
 
 log() { printf 'stop.sh: %s\n' "$*" >&2; }
 
-[[ "$(id -u)" -eq 0 ]] || { echo "stop.sh: must run as root" >&2; exit 1; }
+[[ "$(id -u)" -eq 0 ]] || { echo "stop.sh: must run as root (as another user: sudo $0)" >&2; exit 1; }
 
 # stop_daemon PIDFILE NAME: SIGTERM, wait up to 20 s, then SIGKILL.
 stop_daemon() {
