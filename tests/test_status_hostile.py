@@ -306,7 +306,7 @@ def test_status_prints_no_file_from_outside_the_run_directory(tmp_path: Path, ho
     (secret / "secret.txt").write_text("TOP SECRET\n")
     (secret / f"{DEAD}_0_log.out").write_text("TOP SECRET\n")
     run = tmp_path / "a" / "run"
-    job_id = "../../../outside/secret.txt#" if how == "id" else DEAD
+    job_id = f"../../../outside/{DEAD}" if how == "id" else DEAD  # before: the log outside
     _write(run, [_ev("submitted", job_id=job_id, backend="local"),
                  _ev("failed", job_id=job_id, will_requeue=False, message="boom")])
     if how == "dir symlink":
