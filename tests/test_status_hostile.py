@@ -212,6 +212,9 @@ def test_submit_follows_only_the_events_after_it_submitted_past_the_window(tmp_p
     follower.poll()
     lines = out.getvalue().splitlines()
     assert len(lines) == 3 and all("step=500" in x and "\\x1b[2Jgone\\r" in x for x in lines), lines
+    _write(run, [_ev("finished", job_id=DEAD, step=1)])  # replaced by a shorter log: read from its start
+    follower.poll()
+    assert out.getvalue().splitlines()[3:] == [watch.describe(_ev("finished", job_id=DEAD, step=1))]
 
 
 # -- 3. fast and bounded on 100 MB ------------------------------------------------------------

@@ -148,9 +148,8 @@ class Log:
 def read_log(run_dir: str | os.PathLike[str], *, since: int = 0, max_bytes: int | None = None) -> Log:
     """The events of the log's lines from byte ``since`` (a former read's ``end``) on, but at most
     its last ``max_bytes`` (default :data:`MAX_BYTES`; whole lines only: a line cut there is left
-    out). No log, a symlink
-    (alpsck never appends through one), a FIFO or a directory in its place: no events. A
-    ``since`` past the end (the log was replaced) reads from the start."""
+    out). No log, a symlink (alpsck never appends through one), a FIFO or a directory in its
+    place: no events. A ``since`` past the end (the log was replaced) reads from the start."""
     try:
         fd = open_regular(Path(run_dir) / HISTORY, follow=False)
     except OSError:
