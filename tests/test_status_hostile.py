@@ -37,7 +37,8 @@ DEAD = "999999999"  # a local job id that names no live process: status sees the
 HOSTILE_VALUES: list[Any] = [
     None, True, False, 0, -1, 1.5, 10**30, 1e300, -1e20, -9.9e10, math.nan, math.inf, -math.inf, "", "x",
     "yesterday", "\x00", "\x1b]0;pwned\x07", "\ud800", "../../etc/passwd", "1\x001", "12_", "_3", "\u0663",
-    [], [1, "a"], {}, {"a": {"b": [None]}}, "a" * 10_000,
+    [], [1, "a"], {}, {"a": {"b": [None]}}, "a" * 10_000, json.loads("[" * 600 + "]" * 600),
+    json.loads('{"a": ' * 300 + "1" + "}" * 300),
 ]
 FIELDS = ["time", "event", "job_id", "backend", "step", "restart", "seconds", "reason", "message", "mechanism",
           "host", "progress", "will_requeue", "not_requeued", "resume_step", "malformed"]
@@ -117,6 +118,8 @@ def test_times_outside_the_calendar_and_submissions_without_a_usable_id_are_skip
     e = history.normalise(_ev("started", job_id=DEAD, step="12", restart=-1, seconds=math.nan, progress="yes"))
     assert e is not None and sorted(e["malformed"]) == ["progress", "restart", "seconds", "step"]
     assert not {"step", "restart", "seconds", "progress"} & set(e)
+    deep = history.normalise(_ev("started", loss=json.loads("[" * 900 + "]" * 900), ok=[[1]]))  # exhausted --json
+    assert deep is not None and deep["malformed"] == ["loss"] and deep["ok"] == [[1]]
     forged = history.normalise(_ev("started", malformed="\x1b[2J"))  # the field is the reader's own
     assert forged is not None and "malformed" not in forged
 

@@ -39,6 +39,7 @@ MAX_TIME = 1e11  # an event's time is unix seconds in [0, MAX_TIME): every calen
 # A job id that may name a file (its log, RUN_DIR/submitit/<id>_0_log.out) or be asked of SLURM:
 # a SLURM job id (an array task's ARRAYID_TASK) or the local executor's controller pid.
 JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,20})?")
+MAX_DEPTH = 16  # arrays and objects in a field's value: a deeper one would exhaust the recursion of what prints it
 
 
 def _count(v: Any) -> bool:
@@ -55,6 +56,18 @@ def _text(v: Any) -> bool:
 
 def _flag(v: Any) -> bool:
     return isinstance(v, bool)
+
+
+def _shallow(v: Any) -> bool:
+    """Whether ``v`` nests at most MAX_DEPTH arrays and objects deep (found without recursion)."""
+    stack = [(v, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, (dict, list)):
+            if depth >= MAX_DEPTH:
+                return False
+            stack.extend((y, depth + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return True
 
 
 # The fields alpsck's code reads, and the type each must have (null counts as absent).
@@ -107,7 +120,8 @@ def normalise(rec: Any) -> dict[str, Any] | None:
     event must also name its job by an id :func:`is_job_id` accepts (it names the job's log file,
     and status asks SLURM about it). A field alpsck reads (:data:`_CHECKS`) whose value has the
     wrong type (a string ``step``, a number ``job_id``) is dropped and named in the event's
-    ``malformed`` list; any other field is kept as it is, whatever JSON value it holds."""
+    ``malformed`` list, as is any field nested deeper than MAX_DEPTH; any other field is kept as
+    it is, whatever JSON value it holds."""
     if not isinstance(rec, dict):
         return None
     ev, t = rec.get("event"), rec.get("time")
@@ -118,6 +132,7 @@ def normalise(rec: Any) -> dict[str, Any] | None:
     if ev == "submitted" and not is_job_id(rec.get("job_id")):
         return None
     bad = [k for k, ok in _CHECKS.items() if rec.get(k) is not None and not ok(rec[k])]
+    bad += [k for k, v in rec.items() if isinstance(v, (dict, list)) and k not in bad and not _shallow(v)]
     if bad or "malformed" in rec:
         rec = {k: v for k, v in rec.items() if k not in bad and k != "malformed"}
         if bad:
