@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -14,7 +15,10 @@ from typing import Any
 from ..errors import AlpsckError, UsageError
 from ..options import arg_int
 from ..tools import jsonout
+from ..tools.textout import printable
 from . import history, watch
+
+TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -26,7 +30,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(sbatch_script(cfg), end="")
         return 0
-    if history.state_of(history.read(cfg.run_dir)) == "finished" and not args.resume_finished:
+    before = history.read_log(cfg.run_dir)
+    if history.state_of(before.events) == "finished" and not args.resume_finished:
         raise UsageError(f"{cfg.run_dir}: this run has finished (newest checkpoint: step {newest_step(cfg.run_dir)}); a "
                          "new job would resume there and end at once. To train further, raise the step count and "
                          "submit with --continue; to start afresh, give the config another run_dir")
@@ -41,7 +46,6 @@ def _submit(args: argparse.Namespace) -> int:
         note = check_entry(cfg)
         if note:
             print(f"alpsck: {note}", file=sys.stderr, flush=True)
-    since = len(history.read(cfg.run_dir))
     job = submit(cfg, local=is_local)
     log = watch.log_path(cfg.run_dir, str(job.job_id))
     if args.json:
@@ -57,7 +61,7 @@ def _submit(args: argparse.Namespace) -> int:
         return 0
     quiet = open(os.devnull, "w") if args.json else sys.stdout  # noqa: SIM115 - closed below
     try:
-        watch.Follower(cfg.run_dir, newest_step, quiet, since).wait(job.done, interval=1.0)
+        watch.Follower(cfg.run_dir, newest_step, quiet, before.end).wait(job.done, interval=1.0)
     finally:
         if quiet is not sys.stdout:
             quiet.close()
@@ -75,8 +79,8 @@ def _submit(args: argparse.Namespace) -> int:
         if state != "finished":
             last = next((e for e in reversed(history.read(cfg.run_dir)) if e["event"] in ("failed", "gave_up")), None)
             if last is not None and last.get("message"):
-                print(f"  {last['event']}: {last['message']}")
-            tail = rec["log_tail"] or watch.log_tail(log)
+                print(f"  {last['event']}: {printable(last['message'])}")
+            tail = rec["log_tail"] or watch.log_tail(cfg.run_dir, str(job.job_id))
             if tail:
                 print(f"  last lines of {log}:")
                 print("\n".join(f"    {line}" for line in tail))
@@ -107,14 +111,15 @@ def _status(args: argparse.Namespace) -> int:
     path = run_dir / history.HISTORY
     if not path.exists():
         raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
-    if not path.is_file():
+    if path.is_symlink() or not path.is_file():
         raise AlpsckError(f"{path}: not a regular file, so it holds no job history")
     purge = _purge(run_dir, args.purge_days)  # first: what follows reads the checkpoints
-    s = history.summary(run_dir)
-    if not s["events"]:  # "pending" would claim a job that nothing here records
-        lines = len(path.read_bytes().splitlines())
-        raise AlpsckError(f"{path}: no readable event in its {lines} line(s): not a job history, or damaged")
-    rec = watch.reconcile(run_dir, s["events"])
+    log = history.read_log(run_dir)
+    if not log.events:  # "pending" would claim a job that nothing here records
+        raise AlpsckError(f"{path}: no readable event in {'its newest' if log.start else 'its'} {log.lines} line(s): "
+                          "not a job history, or damaged")
+    rec = watch.reconcile(run_dir, log.events)
+    s = history.summary(run_dir, log, args.events)
     s.update(state=rec["state"], note=rec["note"], log=rec["log"], log_tail=rec["log_tail"], slurm=rec["slurm"])
     # During a start, the newest committed checkpoint says more than the events (written at a start's ends).
     on_disk = newest_step(str(run_dir))
@@ -124,23 +129,38 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(jsonout.dumps(s))
         return 0
-    print(f"{run_dir}: {s['state']}  (jobs {', '.join(map(str, s['job_ids'])) or '-'}, {s['starts']} starts, "
+    _print_status(s)
+    return 0
+
+
+def _print_status(s: dict[str, Any]) -> None:
+    """The text form of ``alpsck status``: everything from the run directory through :func:`printable`
+    (and a character the terminal's encoding lacks escaped too, never a UnicodeEncodeError)."""
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
+    ids = [printable(i, 40) for i in s["job_ids"][-10:]]
+    more = f" and {len(s['job_ids']) - len(ids)} more" if len(s["job_ids"]) > len(ids) else ""
+    print(f"{printable(s['run_dir'])}: {s['state']}  (jobs {', '.join(ids) or '-'}{more}, {s['starts']} starts, "
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
     if s["note"]:
-        print(f"  note: {s['note']}")
+        print(f"  note: {printable(s['note'])}")
     if s["purge"]["warning"]:
-        print(f"  warning: {s['purge']['warning']}")
+        print(f"  warning: {printable(s['purge']['warning'])}")
     if s["slurm"]:
         code = s["slurm"]["exit_code"]
-        print(f"  SLURM: {s['slurm']['state']}{'' if code is None else f', exit code {code}'}")
+        print(f"  SLURM: {printable(s['slurm']['state'])}{'' if code is None else f', exit code {printable(code)}'}")
+    left = [f"{s['earlier_events']} earlier event(s) not shown" if s["earlier_events"] else "",
+            f"{s['malformed_lines']} line(s) that are no event skipped" if s["malformed_lines"] else "",
+            f"{s['unread_bytes']:,} older byte(s) of the history not read" if s["unread_bytes"] else ""]
+    if any(left):
+        print(f"  ({'; '.join(x for x in left if x)})")
     for e in s["events"]:
         print(f"  {watch.describe(e)}")
     if s["log"]:
-        print(f"  log: {s['log']}")
+        print(f"  log: {printable(s['log'])}")
     if s["log_tail"]:
         print("  last lines of the log:")
         print("\n".join(f"    {line}" for line in s["log_tail"]))
-    return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -158,6 +178,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st = sub.add_parser("status", help="the timeline of a submitted job (history.jsonl)")
     st.add_argument("run_dir")
     st.add_argument("--json", action="store_true", help="print one JSON document")
+    st.add_argument("--events", type=arg_int(0), metavar="N", default=TIMELINE,
+                    help=f"show the newest N events of the timeline (default {TIMELINE}); the counts cover all read")
     st.add_argument("--purge-days", type=arg_int(0), metavar="DAYS",
                     help="the scratch's purge window (days without access); warns a week before the newest "
                          "checkpoint reaches it (default: 30 on /capstor, 14 on /iopsstor, none elsewhere; 0: off)")

@@ -17,33 +17,45 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ..store.durable import read_small
+from ..errors import UsageError
+from ..store.durable import read_small_inside
+from ..tools.textout import printable
 from . import history
 
 # History states in which the job is still supposed to exist.
 LIVE_STATES = ("pending", "running", "requeued")
-_FIELDS = ("reason", "step", "seconds", "restart", "mechanism", "message", "not_requeued")
+_FIELDS = ("reason", "step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
+_LOG_DIR = "submitit"
+
+
+def _log_name(job_id: str) -> str:
+    if not history.is_job_id(job_id):  # never a path (../x) or a NUL: history.normalise lets none through
+        raise UsageError(f"{printable(job_id, 100)}: not a job id (SLURM's, or the local executor's)")
+    return f"{job_id}_0_log.out"
 
 
 def log_path(run_dir: str | os.PathLike[str], job_id: str) -> Path:
     """The job's log (rank 0; stdout and stderr together), written by submitit."""
-    return Path(run_dir) / "submitit" / f"{job_id}_0_log.out"
+    return Path(run_dir) / _LOG_DIR / _log_name(job_id)
 
 
-def log_tail(path: Path, lines: int = 15) -> list[str]:
-    """The last ``lines`` lines of a log ([] when there is none)."""
+def log_tail(run_dir: str | os.PathLike[str], job_id: str, lines: int = 15) -> list[str]:
+    """The last ``lines`` lines of the job's log, escaped for the terminal (:func:`printable`); []
+    when there is none, or it is not a regular file inside the run directory (a symlink, there or
+    at ``submitit/``, is not followed)."""
     try:
-        text = read_small(path, 64 * 1024, tail=True).decode(errors="replace")
+        data = read_small_inside(run_dir, (_LOG_DIR, _log_name(job_id)), 64 * 1024, tail=True)
     except OSError:
         return []
-    return text.splitlines()[-lines:]
+    return [printable(line) for line in data.decode(errors="replace").splitlines()[-lines:]]
 
 
 def describe(e: dict[str, Any]) -> str:
-    """One event as a timeline line: time, event, its fields."""
+    """One event (as :func:`history.normalise` leaves it) as a timeline line: time, event, its
+    fields, escaped for the terminal."""
     when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-    extra = " ".join(f"{k}={e[k]}" for k in _FIELDS if e.get(k) is not None)
-    return f"{when}  {e['event']:<17} {extra}".rstrip()
+    extra = " ".join(f"{k}={printable(e[k], 500)}" for k in _FIELDS if e.get(k) is not None)
+    return f"{when}  {printable(e['event'], 40):<17} {extra}".rstrip()
 
 
 def last_submission(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -130,13 +142,13 @@ def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | No
     SLURM does not tell)."""
     events = history.read(run_dir) if events is None else events
     recorded = history.state_of(events)
-    sub = last_submission(events)
-    log = log_path(run_dir, str(sub["job_id"])) if sub is not None else None
+    sub = last_submission(events)  # its job id is one history.is_job_id accepts (history.normalise)
+    log = log_path(run_dir, sub["job_id"]) if sub is not None else None
     out: dict[str, Any] = {"state": recorded, "note": None, "log": str(log) if log else None, "log_tail": [],
                            "slurm": None}
     if sub is None:
         return out
-    job_id = str(sub["job_id"])
+    job_id = sub["job_id"]
     alive, queue_state = job_alive(run_dir, sub)
     if sub.get("backend") == "slurm":
         if alive:
@@ -144,8 +156,8 @@ def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | No
         elif alive is False:
             out["slurm"] = slurm_record(job_id)
     out["state"], out["note"] = decide(recorded, alive, out["slurm"], job_id)
-    if out["state"] == "failed" and log is not None:
-        out["log_tail"] = log_tail(log)
+    if out["state"] == "failed":
+        out["log_tail"] = log_tail(run_dir, job_id)
     return out
 
 
@@ -163,6 +175,7 @@ class Follower:
     one per newly committed checkpoint (from the run directory's scan)."""
 
     def __init__(self, run_dir: str, newest: Callable[[str], int | None], out: IO[str], since: int) -> None:
+        """``since``: the log's size (:attr:`history.Log.end`) before the job was submitted."""
         self.run_dir, self.newest, self.out, self.seen = run_dir, newest, out, since
         self.step = newest(run_dir)
 
@@ -172,10 +185,10 @@ class Follower:
             now = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
             self.out.write(f"{now}  {'checkpoint':<17} step={step} (durable)\n")
             self.step = step
-        events = history.read(self.run_dir)
-        for e in events[self.seen:]:
+        log = history.read_log(self.run_dir, since=self.seen)
+        for e in log.events:
             self.out.write(describe(e) + "\n")
-        self.seen = max(self.seen, len(events))
+        self.seen = log.end or self.seen  # 0: no log (yet), or it could not be read this time
         self.out.flush()
 
     def wait(self, done: Callable[[], bool], interval: float = 1.0) -> None:

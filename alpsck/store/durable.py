@@ -1,6 +1,7 @@
 """The Python side's file primitives for a run directory: fsync by path, opening a file of
-alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc), and
-creating directories durably."""
+alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc),
+reading a small file (also without following symlinks, or only inside a directory), and creating
+directories durably."""
 
 from __future__ import annotations
 
@@ -50,28 +51,64 @@ def open_own(path: str | os.PathLike[str], *, append: bool = False) -> int:
     raise OSError(errno.EEXIST, "replaced while alpsck opened it", str(path))
 
 
-def read_small(path: str | os.PathLike[str], limit: int, *, tail: bool = False) -> bytes:
+def open_regular(path: str | os.PathLike[str], *, follow: bool = True, dir_fd: int | None = None) -> int:
+    """Open ``path`` (relative to ``dir_fd`` if given) read-only if it is a regular file and return
+    the descriptor. A FIFO or a device there is OSError EINVAL, never a hang (O_NONBLOCK, then a
+    type check); with ``follow=False`` a symlink is OSError ELOOP (O_NOFOLLOW)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
+def read_at(fd: int, offset: int, n: int) -> bytes:
+    """Up to ``n`` bytes of ``fd`` from ``offset`` (fewer only at its end)."""
+    chunks = []
+    while n > 0:
+        b = os.pread(fd, min(n, 1 << 20), offset)
+        if not b:
+            break
+        chunks.append(b)
+        offset += len(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def _read_fd(fd: int, limit: int, tail: bool) -> bytes:
+    size = os.fstat(fd).st_size
+    return read_at(fd, max(0, size - limit), limit) if tail else read_at(fd, 0, limit + 1)
+
+
+def read_small(path: str | os.PathLike[str], limit: int, *, tail: bool = False, follow: bool = True) -> bytes:
     """The bytes of a small file of the run directory, at most ``limit + 1`` of them (a caller
     that gets more knows the file is over its limit), or with ``tail`` its last ``limit`` bytes.
-    A FIFO or a device there is OSError EINVAL, never a hang (O_NONBLOCK, then a type check).
-    Symlinks are followed: reads may."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    A FIFO or a device there is OSError EINVAL, never a hang. Symlinks are followed unless
+    ``follow=False`` (then a symlink is OSError ELOOP)."""
+    fd = open_regular(path, follow=follow)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        if tail:
-            os.lseek(fd, max(0, st.st_size - limit), os.SEEK_SET)
-        chunks, left = [], limit + (0 if tail else 1)
-        while left > 0:
-            b = os.read(fd, min(left, 1 << 20))
-            if not b:
-                break
-            chunks.append(b)
-            left -= len(b)
-        return b"".join(chunks)
+        return _read_fd(fd, limit, tail)
     finally:
         os.close(fd)
+
+
+def read_small_inside(root: str | os.PathLike[str], parts: tuple[str, ...], limit: int, *, tail: bool = False) -> bytes:
+    """:func:`read_small` of ``root/parts[0]/.../parts[-1]`` where nothing below ``root`` is followed:
+    each directory in ``parts`` and the file are opened with O_NOFOLLOW, each relative to the one
+    before, so what is read lies inside ``root`` (a symlink on the way is OSError ELOOP, a part
+    that is empty, ``.``, ``..`` or holds a ``/`` is OSError EINVAL)."""
+    if not parts or any(p in ("", ".", "..") or "/" in p or "\0" in p for p in parts):
+        raise OSError(errno.EINVAL, "not a name inside the directory", str(Path(root, *parts)))
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+        fds.append(open_regular(parts[-1], follow=False, dir_fd=fds[-1]))
+        return _read_fd(fds[-1], limit, tail)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def make_dirs_durably(path: Path) -> None:
