@@ -3,6 +3,7 @@ the Grace detection of CMakeLists.txt (cpp/cmake/grace.cmake) agrees with the do
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -158,3 +159,16 @@ def test_cmake_and_doctor_agree_on_which_cpu_is_a_grace(tmp_path: Path, name: st
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr, r.stderr
     assert r.stdout.startswith(f"-- {'TRUE' if grace else 'FALSE'}: "), r.stdout
+
+
+def test_every_command_says_what_it_does_in_its_help() -> None:
+    """`alpsck COMMAND --help` gives a description, not only the usage and the options (status,
+    submit and bench had none)."""
+    from alpsck.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) >= {"submit", "status", "inspect-checkpoints", "export", "prune", "promote", "doctor",
+                                     "bench"}
+    for name, sub in commands.choices.items():
+        assert sub.description and len(sub.description) > 40, f"alpsck {name} --help has no description"

@@ -144,7 +144,11 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    b = sub.add_parser("bench", help="measure alpsck against torch.save, DCP, safetensors and the raw disk")
+    b = sub.add_parser(
+        "bench", help="measure alpsck against torch.save, DCP, safetensors and the raw disk",
+        description="Save and restore one state with alpsck, torch.save, torch.distributed.checkpoint and safetensors "
+                    "(each fsync'ed) on the storage under --dir, beside the raw disk's bandwidth, in the same run, and "
+                    "print the times and the ratios (docs/tools.md).")
     b.add_argument("--dir", default=".", help="directory on the storage to measure (e.g. your Lustre scratch)")
     b.add_argument("--size-gib", type=_sizes, default=[1.0],
                    help="state size in GiB, at most this machine's memory (default 1); a list such as 0.25,0.5,1,2 "

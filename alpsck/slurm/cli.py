@@ -164,7 +164,12 @@ def _print_status(s: dict[str, Any]) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = sub.add_parser("submit", help="submit a training job (SLURM, or locally when there is no cluster)")
+    s = sub.add_parser(
+        "submit", help="submit a training job (SLURM, or locally when there is no cluster)",
+        description="Submit the training job a YAML config describes: to SLURM through sbatch when a cluster answers, "
+                    "else through submitit's local executor on this machine. The job checkpoints, and at a time limit, "
+                    "a preemption or a maintenance window takes a final checkpoint, requeues and resumes "
+                    "(docs/slurm.md; every config key: docs/config.md).")
     s.add_argument("config", help="job config (YAML); see slurm/examples/")
     s.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
     s.add_argument("--local", action="store_true", help="run through submitit's local executor, even with SLURM")
@@ -175,7 +180,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--continue", dest="resume_finished", action="store_true",
                    help="submit on a run dir whose run has finished (to train past its old step count)")
     s.set_defaults(func=_submit)
-    st = sub.add_parser("status", help="the timeline of a submitted job (history.jsonl)")
+    st = sub.add_parser(
+        "status", help="the timeline of a submitted job (history.jsonl)",
+        description="The state of the job a run directory belongs to (pending, running, requeued, finished, failed, "
+                    "cancelled, gave_up, timeout), its newest events, where its log is and its last lines, what "
+                    "SLURM recorded where the history stops short, and a warning when the newest checkpoint nears "
+                    "the scratch's purge window. Exit 0 whatever the state.")
     st.add_argument("run_dir")
     st.add_argument("--json", action="store_true", help="print one JSON document")
     st.add_argument("--events", type=arg_int(0), metavar="N", default=TIMELINE,
