@@ -340,3 +340,36 @@ def test_a_symlinked_history_is_not_read(tmp_path: Path) -> None:
     assert history.read(run) == []
     r = _status(run)
     assert r.returncode == 2 and "not a regular file" in r.stderr and not r.stdout
+
+
+def test_submits_follower_prints_checkpoints_and_events_in_time_order(tmp_path: Path) -> None:
+    """A checkpoint line used to carry the time of the poll that found it, and came before events
+    of the same poll that were older (the signal before the final checkpoint, printed after it).
+    Now a checkpoint carries the time of its commit (LATEST's rewrite) and each poll prints in time
+    order; between commits it looks at LATEST with one stat instead of running the picker."""
+    run = _write(tmp_path / "run", [])
+    since = history.read_log(run).end
+    asked: list[int] = []
+
+    def newest(_: str) -> int | None:
+        asked.append(1)
+        return 40 if (run / "LATEST").exists() else None
+
+    out = io.StringIO()
+    follower = watch.Follower(str(run), newest, out, since)
+    follower.poll()
+    follower.poll()
+    assert out.getvalue() == "" and len(asked) == 1  # no LATEST, no change: the picker is asked once
+    t0 = time.time() - 30
+    history.append(run, "signal", job_id=DEAD, reason="timeout", step=40)  # appended "now" ...
+    (run / "LATEST").write_text("step-000000040\n")
+    os.utime(run / "LATEST", (t0 + 10, t0 + 10))  # ... after a commit 20 s earlier
+    with open(run / "history.jsonl", "a") as f:
+        f.write(json.dumps(_ev("started", job_id=DEAD, step=0) | {"time": t0}) + "\n")
+    follower.poll()
+    lines = out.getvalue().splitlines()
+    assert [line.split()[2] for line in lines] == ["started", "checkpoint", "signal"], lines
+    stamps = [line[:19] for line in lines]
+    assert stamps == sorted(stamps), lines
+    follower.poll()
+    assert len(out.getvalue().splitlines()) == 3 and len(asked) == 2

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from .. import _core
 from ..errors import UsageError
 from ..store.durable import read_small_inside
 from ..tools.textout import printable
@@ -26,6 +27,7 @@ from . import history
 LIVE_STATES = ("pending", "running", "requeued")
 _FIELDS = ("reason", "step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
 _LOG_DIR = "submitit"
+LATEST = _core.run_dir_names["latest"]  # the run directory's names belong to the core (run_dir.h)
 
 
 def _log_name(job_id: str) -> str:
@@ -172,22 +174,38 @@ def error_line(tail: list[str]) -> str | None:
 
 class Follower:
     """Prints what a job does while ``alpsck submit`` waits: one line per new history event, and
-    one per newly committed checkpoint (from the run directory's scan)."""
+    one per newly committed checkpoint, in the order of their times."""
 
     def __init__(self, run_dir: str, newest: Callable[[str], int | None], out: IO[str], since: int) -> None:
         """``since``: the log's size (:attr:`history.Log.end`) before the job was submitted."""
         self.run_dir, self.newest, self.out, self.seen = run_dir, newest, out, since
+        self.latest = self._latest()
         self.step = newest(run_dir)
 
+    def _latest(self) -> tuple[int, int] | None:
+        """LATEST's (mtime, inode): rank 0 rewrites it after every commit, so one ``stat`` per poll
+        says whether to ask the picker (which opens every shard) again."""
+        try:
+            st = os.stat(os.path.join(self.run_dir, LATEST))
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
     def poll(self) -> None:
-        step = self.newest(self.run_dir)  # first: a stop's final checkpoint is durable before its events
-        if step is not None and step != self.step:
-            now = dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
-            self.out.write(f"{now}  {'checkpoint':<17} step={step} (durable)\n")
-            self.step = step
+        lines: list[tuple[float, str]] = []
+        latest = self._latest()  # first: a stop's final checkpoint is durable before its events
+        if latest != self.latest:
+            self.latest = latest
+            step = self.newest(self.run_dir)
+            if step is not None and step != self.step:
+                when = latest[0] / 1e9 if latest is not None else time.time()  # LATEST's write: the commit
+                stamp = dt.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S")
+                lines.append((when, f"{stamp}  {'checkpoint':<17} step={step} (durable)"))
+                self.step = step
         log = history.read_log(self.run_dir, since=self.seen)
-        for e in log.events:
-            self.out.write(describe(e) + "\n")
+        lines += [(e["time"], describe(e)) for e in log.events]
+        for _, line in sorted(lines, key=lambda x: x[0]):  # stable: events keep their log order
+            self.out.write(line + "\n")
         self.seen = log.end or self.seen  # 0: no log (yet), or it could not be read this time
         self.out.flush()
 
