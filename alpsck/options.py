@@ -14,12 +14,18 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from . import _core
-from .errors import UsageError
+from .errors import UsageError, echo
 
-__all__ = ["DEFAULTS", "SPECS", "check", "problem"]
+__all__ = ["DEFAULTS", "NONE_REFUSED", "SPECS", "check", "problem"]
 
 SPECS: dict[str, dict[str, Any]] = {s["name"]: s for s in _core.engine_options()}
 DEFAULTS: dict[str, Any] = {name: s["default"] for name, s in SPECS.items()}
+# Options where None takes no default (as it does for the others): it reads as "no limit", and the
+# default would silently delete what the caller meant to keep. Refused, saying what to give instead.
+NONE_REFUSED: dict[str, str] = {
+    "keep_last": f"None is refused, not taken as the default ({DEFAULTS['keep_last']}), which would delete checkpoints: "
+                 "give 0 to keep every checkpoint, or leave it out for the default",
+}
 
 
 def _range(spec: dict[str, Any]) -> str:
@@ -32,18 +38,20 @@ def problem(name: str, value: Any) -> str | None:
     """Why ``value`` is not a valid value of option ``name`` (naming the allowed range), or None."""
     spec = SPECS[name]
     kind = spec["type"]
+    if value is None and name in NONE_REFUSED:
+        return NONE_REFUSED[name]
     if kind == "bool":
-        return None if isinstance(value, bool) else f"{value!r}: must be true or false"
+        return None if isinstance(value, bool) else f"{echo(value)}: must be true or false"
     if kind == "cpus":
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)):
-            return f"{value!r}: must be a list of CPU numbers"
+            return f"{echo(value)}: must be a list of CPU numbers"
         bad = [c for c in value if isinstance(c, bool) or not isinstance(c, int) or not spec["min"] <= c <= spec["max"]]
-        return f"{bad[0]!r} is not a CPU number {_range(spec)}" if bad else None
+        return f"{echo(bad[0])} is not a CPU number {_range(spec)}" if bad else None
     numeric: tuple[type, ...] = (int,) if kind == "int" else (int, float)
     if isinstance(value, bool) or not isinstance(value, numeric):
-        return f"{value!r}: must be {'an integer' if kind == 'int' else 'a number'}"
+        return f"{echo(value)}: must be {'an integer' if kind == 'int' else 'a number'}"
     if not spec["min"] <= value <= spec["max"]:  # NaN compares false: refused too
-        return f"{value!r}: must be {_range(spec)}"
+        return f"{echo(value)}: must be {_range(spec)}"
     return None
 
 
