@@ -391,7 +391,8 @@ def shell_problem(text: str) -> str | None:
         return None
     for i, wrapped in enumerate((text, "{\n:\n" + text + "\n}\n")):
         try:
-            r = subprocess.run([bash, "-n"], input=wrapped, capture_output=True, text=True, timeout=60,
+            # extglob on: a block may turn it on (shopt -s extglob) before it uses it, and -n runs no shopt
+            r = subprocess.run([bash, "-O", "extglob", "-n"], input=wrapped, capture_output=True, text=True, timeout=60,
                                env={"PATH": os.environ.get("PATH", ""), "LC_ALL": "C"})
         except (OSError, subprocess.SubprocessError) as e:
             return f"bash -n could not check it: {e}"
