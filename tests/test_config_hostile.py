@@ -370,6 +370,21 @@ def test_a_run_dir_that_cannot_be_a_directory_is_refused(tmp_path: Path, kind: s
     assert r.returncode != 0 and "run_dir" in r.stderr and r.stdout == "", r.stderr
 
 
+@pytest.mark.parametrize("kind", ["file", "empty-dir"])
+def test_a_venv_that_exists_here_and_is_not_one_is_refused(good: str, tmp_path: Path, kind: str) -> None:
+    venv = tmp_path / "venv"
+    if kind == "file":
+        venv.write_text("x")
+    else:
+        venv.mkdir()
+    with pytest.raises(ConfigError, match=r"<config>:\d+: environment\.venv: .* is not a virtual environment"):
+        parse_config(good + f"environment:\n  venv: {venv}\n")
+    (tmp_path / "real" / "bin").mkdir(parents=True)
+    (tmp_path / "real" / "bin" / "activate").write_text("")
+    for ok in (tmp_path / "real", tmp_path / "only-on-the-nodes"):
+        assert parse_config(good + f"environment:\n  venv: {ok}\n").environment.venv == str(ok)
+
+
 def test_submit_refuses_a_run_dir_that_became_a_file(good: str, tmp_path: Path) -> None:
     cfg = parse_config(good)
     Path(cfg.run_dir).write_text("not a directory")

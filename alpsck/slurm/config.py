@@ -536,6 +536,10 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
                 v = os.path.join(os.getcwd(), v)
             if not re.fullmatch(r"[^\s'\"`$;&|<>\\\x00]{1,1024}", v):
                 raise loc.err(f"environment.{k}", f"{echo(v)} must be a plain path or name (no spaces or shell characters)")
+            # A venv that exists here must be one: the batch shell's `source` of a missing activate only
+            # complains, and the job runs on without it. One that does not exist here may on the nodes.
+            if k == "venv" and os.path.lexists(v) and not os.path.isfile(os.path.join(v, "bin", "activate")):
+                raise loc.err("environment.venv", f"{echo(v)} is not a virtual environment (no bin/activate)")
             setattr(env, k, v)
     for i, line in enumerate(env.setup):
         if "\n" in line:
