@@ -121,7 +121,7 @@ def check_step(step: Any, what: str = "step", allow_none: bool = False) -> None:
         return
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
         none = "None or " if allow_none else ""
-        raise UsageError(f"{what} must be {none}an integer between 0 and 2^63-1, not {step!r}")
+        raise UsageError(f"{what} must be {none}an integer between 0 and 2^63-1, not {echo(step)}")
 
 
 def check_state(state: Any, mutable: bool = False) -> None:
@@ -135,7 +135,7 @@ def check_run_dir_arg(run_dir: Any) -> None:
     """Raise UsageError unless ``run_dir`` is a usable path: a non-empty str or os.PathLike."""
     path = os.fspath(run_dir) if isinstance(run_dir, (str, os.PathLike)) else None
     if not path or not isinstance(path, (str, bytes)) or ("\0" in path if isinstance(path, str) else b"\0" in path):
-        raise UsageError(f"run_dir must be a non-empty path without NUL bytes, not {run_dir!r}")
+        raise UsageError(f"run_dir must be a non-empty path without NUL bytes, not {echo(run_dir)}")
 
 
 # ------------------------------------------------------------------ command-line argument types
@@ -149,7 +149,7 @@ def _whole(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number: {echo(text)}") from None
 
 
 def arg_int(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -171,7 +171,7 @@ def arg_real(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = Fals
         try:
             x = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a number: {echo(text)}") from None
         below = x <= lo if lo_open else x < lo
         above = x >= hi if hi_open else x > hi
         if not math.isfinite(x) or below or above:

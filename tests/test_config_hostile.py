@@ -305,6 +305,9 @@ KEY = "x" * 1000  # YAML takes implicit keys up to 1024 characters
     (("slurm:\n", f"slurm:\n  {KEY}: 1\n"), "slurm.x"),
     (("name: t\n", f"name: t\n{KEY}: 1\n"), "x"),
     (("name: t\n", f"name: t\n? {LONG}\n: 1\n"), "x"),
+    (("name: t\n", f"name: t\nslurm_:\n  ? {LONG}\n  : 1\n  ? {LONG}\n  : 2\n"), "given twice"),
+    (("name: t", f"name: !{LONG} t"), "name: not valid YAML"),
+    (("name: t", f"name: !!int {LONG}"), "name: not valid YAML"),
     (("slurm:\n", f"slurm:\n  extra: {{comment: [{LONG}]}}\n"), "slurm.extra.comment"),
     (("function: alpsck.examples.llama.train:slurm_entry", f"function: '{LONG}'"), "entry.function"),
 ], ids=lambda p: p[1].split(":")[0][:40] if isinstance(p, tuple) else None)
@@ -314,7 +317,7 @@ def test_no_error_echoes_a_long_value_whole(good: str, patch: tuple[str, str], k
     with pytest.raises(ConfigError) as e:
         parse_config(text)
     msg = str(e.value)
-    assert key in msg and len(msg) < 600 and "x" * 100 not in msg, msg[:1000]
+    assert key in msg and len(msg) < 600 and "x" * 200 not in msg, msg[:1000]
 
 
 @pytest.mark.parametrize("tail", [f"environment:\n  setup: ['echo \"{LONG}']\n",

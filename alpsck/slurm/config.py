@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError, echo
+from ..errors import ECHO_CHARS, ConfigError, echo
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED
 from ..options import problem as option_problem
 from ..store.filesystem import layout_problem
@@ -229,7 +229,8 @@ def _yaml_error(e: yaml.YAMLError, source: str, loc: _Loc | None = None) -> Conf
     mark = getattr(e, "problem_mark", None)
     where = f"{source}:{mark.line + 1}" if mark is not None else source
     key = loc.key_at(mark.line + 1) if loc is not None and mark is not None else None
-    return ConfigError(f"{where}: {f'{key}: ' if key else ''}not valid YAML: {getattr(e, 'problem', None) or e}")
+    said = echo(getattr(e, "problem", None) or e, 2 * ECHO_CHARS, quoted=False)  # it may quote a tag, say
+    return ConfigError(f"{where}: {f'{echo(key, quoted=False)}: ' if key else ''}not valid YAML: {said}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -270,7 +271,8 @@ class _Loc:
                 key = f"{prefix}{k.value}"
                 line = k.start_mark.line + 1
                 if k.value in first:  # YAML would keep the last one and drop the other silently
-                    raise ConfigError(f"{self.source}:{line}: {key}: given twice (also on line {first[k.value]})")
+                    raise ConfigError(f"{self.source}:{line}: {echo(key, quoted=False)}: given twice (also on line "
+                                      f"{first[k.value]})")
                 first[k.value] = line
                 self.lines[key] = line
                 if isinstance(v, yaml.ScalarNode):
