@@ -73,7 +73,7 @@ from .errors import (
     UsageError,
 )
 from .handles import FutureMixin
-from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
+from .options import DEFAULTS, NONE_REFUSED, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .restore import RESTORED_HOOKS, peek, read_checkpoint, restore_into
@@ -176,7 +176,8 @@ class Checkpointer:
                  "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
                  "background_nice": background_nice, "copy_threads": copy_threads, "crc_in_copy": crc_in_copy,
                  "numa_node": numa_node, "commit_timeout_s": commit_timeout_s}
-        opts = {k: DEFAULTS[k] if v is None else v for k, v in given.items()}
+        # keep_last=None is refused instead (NONE_REFUSED): it reads as "keep all", and 3 would delete checkpoints
+        opts = {k: DEFAULTS[k] if v is None and k not in NONE_REFUSED else v for k, v in given.items()}
         for name, value in opts.items():
             check_option(name, value)
         _core.check_numa_node(numa_node if numa_node is not None else DEFAULTS["numa_node"])  # before the run dir

@@ -63,3 +63,19 @@ class StateTypeError(UsageError, TypeError):
 
 class SlurmError(AlpsckError):
     """A SLURM command failed or SLURM is not reachable."""
+
+
+ECHO_CHARS = 80  # how much of a value an error message quotes
+
+
+def echo(value: object, limit: int = ECHO_CHARS, *, quoted: bool = True) -> str:
+    """``repr(value)`` (``str`` with ``quoted=False``, for a key) for an error message, cut to
+    ``limit`` characters: a long value (a 1 MB string in a config) shows its start and its size,
+    ``'aaaa…' (1048576 bytes)``, never itself whole. Every config error quotes values through it."""
+    text = repr(value) if quoted else str(value)
+    if len(text) <= limit:
+        return text
+    size = len(value.encode("utf-8", "surrogatepass")) if isinstance(value, str) else \
+        len(value) if isinstance(value, (bytes, bytearray)) else len(text)
+    unit = "bytes" if isinstance(value, (str, bytes, bytearray)) else "characters"
+    return f"{text[:limit]}… ({size} {unit})"

@@ -14,12 +14,18 @@ from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from . import _core
-from .errors import UsageError
+from .errors import UsageError, echo
 
-__all__ = ["DEFAULTS", "SPECS", "check", "problem"]
+__all__ = ["DEFAULTS", "NONE_REFUSED", "SPECS", "check", "problem"]
 
 SPECS: dict[str, dict[str, Any]] = {s["name"]: s for s in _core.engine_options()}
 DEFAULTS: dict[str, Any] = {name: s["default"] for name, s in SPECS.items()}
+# Options where None takes no default (as it does for the others): it reads as "no limit", and the
+# default would silently delete what the caller meant to keep. Refused, saying what to give instead.
+NONE_REFUSED: dict[str, str] = {
+    "keep_last": f"None is refused, not taken as the default ({DEFAULTS['keep_last']}), which would delete checkpoints: "
+                 "give 0 to keep every checkpoint, or leave it out for the default",
+}
 
 
 def _range(spec: dict[str, Any]) -> str:
@@ -32,18 +38,20 @@ def problem(name: str, value: Any) -> str | None:
     """Why ``value`` is not a valid value of option ``name`` (naming the allowed range), or None."""
     spec = SPECS[name]
     kind = spec["type"]
+    if value is None and name in NONE_REFUSED:
+        return NONE_REFUSED[name]
     if kind == "bool":
-        return None if isinstance(value, bool) else f"{value!r}: must be true or false"
+        return None if isinstance(value, bool) else f"{echo(value)}: must be true or false"
     if kind == "cpus":
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)):
-            return f"{value!r}: must be a list of CPU numbers"
+            return f"{echo(value)}: must be a list of CPU numbers"
         bad = [c for c in value if isinstance(c, bool) or not isinstance(c, int) or not spec["min"] <= c <= spec["max"]]
-        return f"{bad[0]!r} is not a CPU number {_range(spec)}" if bad else None
+        return f"{echo(bad[0])} is not a CPU number {_range(spec)}" if bad else None
     numeric: tuple[type, ...] = (int,) if kind == "int" else (int, float)
     if isinstance(value, bool) or not isinstance(value, numeric):
-        return f"{value!r}: must be {'an integer' if kind == 'int' else 'a number'}"
+        return f"{echo(value)}: must be {'an integer' if kind == 'int' else 'a number'}"
     if not spec["min"] <= value <= spec["max"]:  # NaN compares false: refused too
-        return f"{value!r}: must be {_range(spec)}"
+        return f"{echo(value)}: must be {_range(spec)}"
     return None
 
 
@@ -113,7 +121,7 @@ def check_step(step: Any, what: str = "step", allow_none: bool = False) -> None:
         return
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
         none = "None or " if allow_none else ""
-        raise UsageError(f"{what} must be {none}an integer between 0 and 2^63-1, not {step!r}")
+        raise UsageError(f"{what} must be {none}an integer between 0 and 2^63-1, not {echo(step)}")
 
 
 def check_state(state: Any, mutable: bool = False) -> None:
@@ -127,7 +135,7 @@ def check_run_dir_arg(run_dir: Any) -> None:
     """Raise UsageError unless ``run_dir`` is a usable path: a non-empty str or os.PathLike."""
     path = os.fspath(run_dir) if isinstance(run_dir, (str, os.PathLike)) else None
     if not path or not isinstance(path, (str, bytes)) or ("\0" in path if isinstance(path, str) else b"\0" in path):
-        raise UsageError(f"run_dir must be a non-empty path without NUL bytes, not {run_dir!r}")
+        raise UsageError(f"run_dir must be a non-empty path without NUL bytes, not {echo(run_dir)}")
 
 
 # ------------------------------------------------------------------ command-line argument types
@@ -141,7 +149,7 @@ def _whole(text: str) -> int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number: {echo(text)}") from None
 
 
 def arg_int(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -163,7 +171,7 @@ def arg_real(lo: float, hi: float, *, lo_open: bool = True, hi_open: bool = Fals
         try:
             x = float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a number: {echo(text)}") from None
         below = x <= lo if lo_open else x < lo
         above = x >= hi if hi_open else x > hi
         if not math.isfinite(x) or below or above:

@@ -8,23 +8,31 @@ variable is an error naming it. Where a value is text (text keys, ``slurm.extra`
 ``entry.args``), a number or boolean is taken as written: ``010`` stays ``010``, not 8. Values
 that reach sbatch are checked against strict patterns, so no config value can inject a line or a
 shell word; ``environment.setup`` lines are the one place where you write shell yourself (they
-run verbatim in the batch script; under the local executor, bash runs them before the job).
+run verbatim in the batch script, as one ``eval`` of their text; under the local executor, bash
+runs them before the job). A setup block that does not parse, or leaves the shell open at its
+end, is refused (:func:`shell_problem`).
+
+Hostile input is bounded: a file over MAX_CONFIG_BYTES is refused before it is parsed, every
+number has a range (RANGES, and the engine's own table for its options), and an error quotes at
+most the start of a value (:func:`alpsck.errors.echo`).
 """
 
 from __future__ import annotations
 
+import datetime
 import difflib
-import math
 import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
-from ..options import DEFAULTS
+from ..errors import ECHO_CHARS, ConfigError, echo
+from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED
 from ..options import problem as option_problem
 from ..store.filesystem import layout_problem
 
@@ -38,22 +46,58 @@ _MAX_TIME_MINUTES = 365 * 1440
 # anything from there up is refused by sbatch, and far less already by any real cluster.
 _MAX_SLURM_COUNT = 2**32 - 3
 _MAX_YAML_DEPTH = 64  # nesting of lists and mappings a config may have (a job config needs 4)
-# sbatch options alpsck (or submitit for it) writes itself, and what sets them instead. An extra
-# option would replace ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue.
-_CONTROLLED = {
-    "signal": "use requeue.signal and requeue.signal_delay_s", "requeue": "it always requeues",
-    "no-requeue": "it always requeues", "time": "use slurm.time", "job-name": "use name",
-    "output": "logs go to RUN_DIR/submitit/", "error": "logs go to RUN_DIR/submitit/",
-    "open-mode": "a requeued job appends to its log", "nodes": "use slurm.nodes",
-    "ntasks-per-node": "use slurm.tasks_per_node", "ntasks": "use slurm.nodes and slurm.tasks_per_node",
-    "cpus-per-task": "use slurm.cpus_per_task", "partition": "use slurm.partition",
-    "gpus-per-node": "use slurm.gpus_per_node", "mem": "use slurm.mem", "constraint": "use slurm.constraint",
-    "account": "use slurm.account", "qos": "use slurm.qos", "reservation": "use slurm.reservation",
-    "environment": "use environment.container", "uenv": "use environment.uenv", "view": "use environment.view",
-    "wrap": "the entry runs through submitit", "array": "one job per config",
+MAX_CONFIG_BYTES = 1 << 20  # a job config needs a few hundred bytes; a bigger file is a mistake (or an attack)
+_DAY_S = 86_400
+_MAX_S = 365 * _DAY_S  # the longest time limit: a longer wait or interval never comes in a job
+# Every number a config holds, "section.key" -> (lowest, highest), checked when it loads (NaN and inf
+# are refused too): a value past these crashed the job's threads (a poll of 1e10 s overflows a wait) or
+# meant nothing. The engine's options (checkpoint.max_in_flight, threads, keep_last) take theirs from
+# alpsck.options. docs/config.md lists the same (tests/test_config_hostile.py compares).
+RANGES: dict[str, tuple[int | float, int | float]] = {
+    "slurm.nodes": (1, _MAX_SLURM_COUNT), "slurm.tasks_per_node": (1, _MAX_SLURM_COUNT),
+    "slurm.gpus_per_node": (0, _MAX_SLURM_COUNT), "slurm.cpus_per_task": (1, _MAX_SLURM_COUNT),
+    "checkpoint.every_steps": (1, MAX_STEP),  # steps are int64
+    "checkpoint.every_seconds": (0.001, _MAX_S),
+    "requeue.max_restarts": (0, 100_000),
+    "requeue.signal_delay_s": (1, _MAX_S),  # and less than the time limit
+    "requeue.maintenance_margin_s": (0, 7 * _DAY_S),
+    "requeue.maintenance_poll_s": (1, _DAY_S),  # the watcher runs scontrol show reservation once per poll
+    "requeue.same_error_retries": (0, 100_000),
+    "requeue.give_up_after_no_progress": (1, 100_000),
 }
-# sbatch takes any unambiguous abbreviation of a long option (--sig is --signal); these options
-# of its own start like one of ours and are not abbreviations of it.
+ENGINE_OPTIONS = ("max_in_flight", "threads", "keep_last")  # checkpoint.<option>: alpsck.options' table
+
+
+def _number(x: int | float) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def range_text(key: str) -> str:
+    """The allowed values of a RANGES key as docs/config.md writes them: ``1 .. 86400``."""
+    lo, hi = RANGES[key]
+    return " .. ".join("2^32-3" if x == _MAX_SLURM_COUNT else "2^63-1" if x == MAX_STEP else _number(x) for x in (lo, hi))
+
+
+# sbatch options alpsck (or submitit for it) writes itself, or that would contradict what it writes: the
+# long name -> (the short spelling, or "", and what sets it instead). An extra option would replace or
+# fight ours silently: ``signal`` breaks the time-limit stop, ``requeue`` the requeue, ``gpus`` the GPUs.
+_CONTROLLED: dict[str, tuple[str, str]] = {
+    "signal": ("", "use requeue.signal and requeue.signal_delay_s"), "requeue": ("", "it always requeues"),
+    "no-requeue": ("", "it always requeues"), "time": ("t", "use slurm.time"), "job-name": ("J", "use name"),
+    "output": ("o", "logs go to RUN_DIR/submitit/"), "error": ("e", "logs go to RUN_DIR/submitit/"),
+    "open-mode": ("", "a requeued job appends to its log"), "nodes": ("N", "use slurm.nodes"),
+    "ntasks-per-node": ("", "use slurm.tasks_per_node"), "ntasks": ("n", "use slurm.nodes and slurm.tasks_per_node"),
+    "cpus-per-task": ("c", "use slurm.cpus_per_task"), "partition": ("p", "use slurm.partition"),
+    "gpus-per-node": ("", "use slurm.gpus_per_node"), "gpus-per-task": ("", "use slurm.gpus_per_node"),
+    "mem": ("", "use slurm.mem"), "constraint": ("C", "use slurm.constraint"),
+    "account": ("A", "use slurm.account"), "qos": ("q", "use slurm.qos"), "reservation": ("", "use slurm.reservation"),
+    "environment": ("", "use environment.container"), "uenv": ("", "use environment.uenv"),
+    "view": ("", "use environment.view"), "wrap": ("", "the entry runs through submitit"),
+    "array": ("a", "one job per config"),
+}
+_SHORT = {short: long for long, (short, _) in _CONTROLLED.items() if short}
+# sbatch options of its own that start like one of ours and are not abbreviations of it. --gpus (the
+# job's GPUs in all) is free while slurm.gpus_per_node is 0, when alpsck writes no GPU option.
 _SBATCH_OPTIONS_LIKE_OURS = ("gpus",)
 
 
@@ -61,7 +105,7 @@ def parse_time_minutes(text: str) -> float:
     """Minutes of a SLURM time string: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
     m = _TIME.fullmatch(text.strip())
     if not m:
-        raise ValueError(f"bad time {text!r}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
+        raise ValueError(f"bad time {echo(text)}: use M, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
     days, a, b, c = m.group(1), m.group(2), m.group(3), m.group(4)
     d = int(days or 0)
     if days is not None:  # D-H[:M[:S]]
@@ -75,12 +119,12 @@ def parse_time_minutes(text: str) -> float:
     has_hours = days is not None or c is not None  # minutes then sit below hours: < 60
     has_seconds = c is not None or (days is None and b is not None)
     if (has_hours and mi >= 60) or (has_seconds and s >= 60) or (days is not None and h >= 24):
-        raise ValueError(f"bad time {text!r}: a field is out of range")
+        raise ValueError(f"bad time {echo(text)}: a field is out of range")
     total = d * 1440 + h * 60 + mi + s / 60
     if total <= 0:
-        raise ValueError(f"bad time {text!r}: must be positive")
+        raise ValueError(f"bad time {echo(text)}: must be positive")
     if total > _MAX_TIME_MINUTES:
-        raise ValueError(f"bad time {text!r}: more than 365 days")
+        raise ValueError(f"bad time {echo(text)}: more than 365 days")
     return total
 
 
@@ -185,7 +229,8 @@ def _yaml_error(e: yaml.YAMLError, source: str, loc: _Loc | None = None) -> Conf
     mark = getattr(e, "problem_mark", None)
     where = f"{source}:{mark.line + 1}" if mark is not None else source
     key = loc.key_at(mark.line + 1) if loc is not None and mark is not None else None
-    return ConfigError(f"{where}: {f'{key}: ' if key else ''}not valid YAML: {getattr(e, 'problem', None) or e}")
+    said = echo(getattr(e, "problem", None) or e, 2 * ECHO_CHARS, quoted=False)  # it may quote a tag, say
+    return ConfigError(f"{where}: {f'{echo(key, quoted=False)}: ' if key else ''}not valid YAML: {said}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -196,7 +241,7 @@ class _Loader(yaml.SafeLoader):
         try:
             return super().construct_object(node, deep=deep)
         except (ValueError, TypeError, OverflowError) as e:
-            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r}: {e}", node.start_mark) from None
+            raise yaml.constructor.ConstructorError(None, None, f"{echo(node.value)}: {e}", node.start_mark) from None
 
 
 class _Loc:
@@ -226,7 +271,8 @@ class _Loc:
                 key = f"{prefix}{k.value}"
                 line = k.start_mark.line + 1
                 if k.value in first:  # YAML would keep the last one and drop the other silently
-                    raise ConfigError(f"{self.source}:{line}: {key}: given twice (also on line {first[k.value]})")
+                    raise ConfigError(f"{self.source}:{line}: {echo(key, quoted=False)}: given twice (also on line "
+                                      f"{first[k.value]})")
                 first[k.value] = line
                 self.lines[key] = line
                 if isinstance(v, yaml.ScalarNode):
@@ -238,10 +284,10 @@ class _Loc:
                 self._walk(v, key + ".")
 
     def as_written(self, key: str, value: Any) -> Any:
-        """A number or boolean as the config wrote it, where the text is meant (YAML reads
-        1:30:00 as 5400, 0042 as 34, 010 as 8 and 1.10 as 1.1; SLURM and a script's argv get the
-        text); other values unchanged."""
-        if isinstance(value, (int, float, bool)):
+        """A number, boolean or date as the config wrote it, where the text is meant (YAML reads
+        1:30:00 as 5400, 0042 as 34, 010 as 8, 1.10 as 1.1 and 2024-01-02 as a date; SLURM and a
+        script's argv get the text); other values unchanged."""
+        if isinstance(value, (int, float, bool, datetime.date)):
             return self.raw.get(key, str(value))
         return value
 
@@ -252,7 +298,7 @@ class _Loc:
     def err(self, key: str, msg: str) -> ConfigError:
         line = self.lines.get(key)
         where = f"{self.source}:{line}" if line else self.source
-        return ConfigError(f"{where}: {key}: {msg}")
+        return ConfigError(f"{where}: {echo(key, quoted=False)}: {msg}")
 
 
 def _expand(value: str, key: str, loc: _Loc) -> str:
@@ -276,7 +322,7 @@ def _check_type(key: str, value: Any, want: str, loc: _Loc) -> Any:
         "dict": isinstance(value, dict),
     }[want]
     if not ok:
-        raise loc.err(key, f"expected {want}, got {type(value).__name__} {value!r}")
+        raise loc.err(key, f"expected {want}, got {type(value).__name__} {echo(value)}")
     if want == "list[str]":
         return [str(x) for x in value]
     return value
@@ -297,17 +343,32 @@ _TYPES: dict[str, dict[str, str]] = {
 _TOP = ("name", "run_dir", *_SECTIONS)
 
 
+def _spelled(option: str) -> str:
+    """``--time (-t)``: an sbatch option alpsck sets, in both spellings."""
+    short = _CONTROLLED[option][0]
+    return f"--{option} (-{short})" if short else f"--{option}"
+
+
 def _extra_value(key: str, option: Any, value: Any, loc: _Loc) -> str:
     """One ``slurm.extra`` option's value as sbatch gets it: the text as written, "" for a flag."""
-    if not isinstance(option, str) or not re.fullmatch(r"[a-z][a-z0-9-]*", option):
-        raise loc.err(key, "sbatch option names are lower-case words with dashes (e.g. 'exclusive')")
-    if option in _CONTROLLED:
-        raise loc.err(key, f"alpsck sets --{option} itself ({_CONTROLLED[option]})")
-    ours = [] if option in _SBATCH_OPTIONS_LIKE_OURS else [o for o in _CONTROLLED if o.startswith(option)]
+    if not isinstance(option, str):  # YAML reads the key `no` as false, `1` as 1
+        raise loc.err(key, f"YAML reads this key as the {type(option).__name__} {echo(option)}: sbatch option names are "
+                           "lower-case words with dashes (e.g. 'exclusive')")
+    # The option sbatch would read, however it is spelt: with its dashes, its short letter, or with
+    # underscores (submitit writes job_name as --job-name).
+    bare = option.lstrip("-").replace("_", "-")
+    long = _SHORT.get(bare, bare)
+    if long in _CONTROLLED:
+        raise loc.err(key, f"alpsck sets {_spelled(long)} itself ({_CONTROLLED[long][1]})")
+    ours = [o for o in _CONTROLLED if o.startswith(long)] if long and long not in _SBATCH_OPTIONS_LIKE_OURS else []
     if ours:
-        hint = f" ({_CONTROLLED[ours[0]]})" if len(ours) == 1 else ""
-        raise loc.err(key, f"sbatch takes --{option} as an abbreviation of --{' or --'.join(ours)}, which alpsck "
+        hint = f" ({_CONTROLLED[ours[0]][1]})" if len(ours) == 1 else ""
+        raise loc.err(key, f"sbatch takes --{long} as an abbreviation of --{' or --'.join(ours)}, which alpsck "
                            f"sets itself{hint}; write the full name of an option alpsck does not set")
+    if not re.fullmatch(r"[a-z][a-z0-9-]{1,63}", option):
+        raise loc.err(key, "sbatch option names are lower-case long names with dashes, without the leading -- "
+                           "(e.g. 'exclusive'), at most 64 characters; a one-letter key would reach sbatch as --x, "
+                           "not as -x")
     text = loc.as_written(key, value)
     if isinstance(value, bool):  # YAML 1.1 booleans: true is a flag, yes/no/on/off stay text (--kill-on-invalid-dep=no)
         if text.lower() == "true":
@@ -315,8 +376,48 @@ def _extra_value(key: str, option: Any, value: Any, loc: _Loc) -> str:
         if text.lower() == "false":
             raise loc.err(key, "false is not an sbatch value; leave the option out to not set it")
     if not isinstance(text, str) or not _SLURM_WORD.fullmatch(text):
-        raise loc.err(key, f"{value!r} is not a plain sbatch option value")
+        raise loc.err(key, f"{echo(value)} is not a plain sbatch option value")
     return text
+
+
+def shell_problem(text: str) -> str | None:
+    """Why bash would not run ``text`` (shell lines) as a block of its own, or None.
+
+    ``bash -n`` finds the syntax errors (an unterminated quote, ``$(`` or ``if``), and warns of an
+    unterminated here-document, which it accepts. The block is also parsed inside a group,
+    ``{ :; <text>; }``: a line left open at its end (that here-document, a trailing backslash)
+    swallows the group's ``}`` and fails to parse, where in a script it would have swallowed the
+    lines after the block. None too where bash is not on the PATH (nothing to check with)."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return None
+    for i, wrapped in enumerate((text, "{\n:\n" + text + "\n}\n")):
+        try:
+            # extglob on: a block may turn it on (shopt -s extglob) before it uses it, and -n runs no shopt
+            r = subprocess.run([bash, "-O", "extglob", "-n"], input=wrapped, capture_output=True, text=True, timeout=60,
+                               env={"PATH": os.environ.get("PATH", ""), "LC_ALL": "C"})
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"bash -n could not check it: {e}"
+        said = [re.sub(r"^\S*bash: (line \d+: )", r"\1", ln) for ln in r.stderr.splitlines() if ln.strip()]
+        if r.returncode == 0 and not said:
+            continue
+        if i == 0:  # bash's own words name the line (line N: the N-th line of the block)
+            return echo("; ".join(said) or f"bash -n exit code {r.returncode}", 240, quoted=False)
+        last = text.rstrip("\n").rsplit("\n", 1)[-1]
+        if (len(last) - len(last.rstrip("\\"))) % 2:
+            return "its last line ends with a backslash, which would join the line after the block to it"
+        return "a line leaves the shell open at its end (a here-document, say), so it would swallow the lines after it"
+    return None
+
+
+def _text(value: Any, key: str, loc: _Loc) -> Any:
+    """A text key's value: a number or date as written (unquoted, YAML reads slurm.time 1:30:00 as
+    5400, an account or a name 0042 as 34, 2024-01-02 as a date, while SLURM reads 1 h 30 min and
+    the account "0042"); a boolean stays one (``account: yes`` is more likely a mistake than a name),
+    and so does anything else, for the type check to refuse."""
+    if isinstance(value, (int, float, datetime.date)) and not isinstance(value, bool):
+        return loc.as_written(key, value)
+    return value
 
 
 def _unknown(key: str, options: list[str] | tuple[str, ...], loc: _Loc) -> ConfigError:
@@ -329,15 +430,41 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
     """Read and validate a job config file."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")  # YAML's own encoding, whatever the locale's
+        with open(p, "rb") as f:  # no more than the cap is read: the file may be huge, or endless (/dev/zero)
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the config: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(_too_big(str(path), size if size > MAX_CONFIG_BYTES else None))
+    try:
+        text = data.decode("utf-8")  # YAML's own encoding, whatever the locale's
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     return parse_config(text, source=str(path), base_dir=p.resolve().parent)
 
 
+def _too_big(source: str, size: int | None) -> str:
+    return (f"{source}: {'more than ' + str(MAX_CONFIG_BYTES) if size is None else size} bytes: a job config may "
+            f"have at most {MAX_CONFIG_BYTES} bytes (1 MiB)")
+
+
+def _run_dir_problem(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot become a directory: it, or the nearest of its parents that exists, is
+    something else (a regular file, a symlink to nothing...)."""
+    for p in (run_dir, *run_dir.parents):
+        if os.path.lexists(p):
+            if os.path.isdir(p):
+                return None
+            what = "a regular file" if os.path.isfile(p) else "a symbolic link to nothing" if os.path.islink(p) \
+                else "not a directory"
+            return f"{echo(str(p))} is {what}" + ("" if p == run_dir else ", so the run directory cannot be made there")
+    return None
+
+
 def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> JobConfig:
+    if len(text) > MAX_CONFIG_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
+        raise ConfigError(_too_big(source, len(text.encode("utf-8", "surrogatepass"))))
     loc = _Loc(text, source)
     try:
         doc = yaml.load(text, Loader=_Loader)  # a SafeLoader
@@ -348,11 +475,11 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     for k in doc:
         if k not in _TOP:
             raise _unknown(str(k), _TOP, loc)
-    name = doc.get("name")
+    name = _text(doc.get("name"), "name", loc)
     if name is None:
         raise loc.err("name", "missing (a job name such as 'llama-8b')")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise loc.err("name", f"{name!r} is not a valid job name (letters, digits, _ . + -; at most 128)")
+        raise loc.err("name", f"{echo(name)} is not a valid job name (letters, digits, _ . + -; at most 128)")
     sections: dict[str, Any] = {}
     for sec, cls in _SECTIONS.items():
         raw = doc.get(sec)
@@ -364,15 +491,14 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
             key = f"{sec}.{k}"
             if k not in _TYPES[sec]:
                 raise _unknown(key, list(_TYPES[sec]), loc)
-            if v is None:
+            if v is None:  # an empty value takes the default, except where it would read as "no limit"
+                if sec == "checkpoint" and k in NONE_REFUSED:
+                    raise loc.err(key, str(option_problem(k, None)))
                 continue
-            if _TYPES[sec][k] == "str" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                # A text key written as a number means the text as written: unquoted, YAML reads
-                # slurm.time 1:30:00 as 5400 (base 60) and an account 0042 as 34 (octal), while SLURM reads
-                # 1 h 30 min and the account "0042".
-                v = loc.as_written(key, v)
+            if _TYPES[sec][k] == "str":
+                v = _text(v, key, loc)
             elif _TYPES[sec][k] == "list[str]" and isinstance(v, list):  # entry.args: [--seed, 010] is "010"
-                v = [x if isinstance(x, bool) else loc.as_written(f"{key}[{i}]", x) for i, x in enumerate(v)]
+                v = [_text(x, f"{key}[{i}]", loc) for i, x in enumerate(v)]
             kwargs[k] = _check_type(key, v, _TYPES[sec][k], loc)
         sections[sec] = cls(**kwargs)
     slurm: SlurmConfig = sections["slurm"]
@@ -384,20 +510,20 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     for k in ("partition", "account", "qos", "reservation", "constraint", "mem"):
         v = getattr(slurm, k)
         if v is not None and not _SLURM_WORD.fullmatch(v):
-            raise loc.err(f"slurm.{k}", f"{v!r} contains characters SLURM does not accept here")
+            raise loc.err(f"slurm.{k}", f"{echo(v)} contains characters SLURM does not accept here")
     try:
         slurm.time_minutes  # noqa: B018 (validates)
     except ValueError as e:
         raise loc.err("slurm.time", str(e)) from None
-    for k in ("nodes", "tasks_per_node", "cpus_per_task"):
-        if getattr(slurm, k) < 1:
-            raise loc.err(f"slurm.{k}", "must be at least 1")
-    if slurm.gpus_per_node < 0:
-        raise loc.err("slurm.gpus_per_node", "must be 0 or more")
-    for k in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node"):
-        if getattr(slurm, k) > _MAX_SLURM_COUNT:
-            raise loc.err(f"slurm.{k}", f"{getattr(slurm, k)}: more than SLURM can count ({_MAX_SLURM_COUNT})")
+    for key, (lo, hi) in RANGES.items():
+        sec, k = key.split(".")
+        v = getattr(sections[sec], k)
+        if v is not None and not lo <= v <= hi:  # NaN compares false: refused too
+            raise loc.err(key, f"{echo(v)}: must be between {_number(lo)} and {_number(hi)}")
     slurm.extra = {str(k): _extra_value(f"slurm.extra.{k}", k, v, loc) for k, v in slurm.extra.items()}
+    if "gpus" in slurm.extra and slurm.gpus_per_node:
+        raise loc.err("slurm.extra.gpus", "alpsck sets --gpus-per-task or --gpus-per-node itself (slurm.gpus_per_node "
+                                             "is given): give the GPUs one way, not both")
 
     if env.view is not None and env.uenv is None:
         raise loc.err("environment.view", "a view of a uenv: give environment.uenv too")
@@ -411,18 +537,26 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
             if k == "venv" and not os.path.isabs(v):  # relative paths: to where `alpsck submit` runs
                 v = os.path.join(os.getcwd(), v)
             if not re.fullmatch(r"[^\s'\"`$;&|<>\\\x00]{1,1024}", v):
-                raise loc.err(f"environment.{k}", f"{v!r} must be a plain path or name (no spaces or shell characters)")
+                raise loc.err(f"environment.{k}", f"{echo(v)} must be a plain path or name (no spaces or shell characters)")
+            # A venv that exists here must be one: the batch shell's `source` of a missing activate only
+            # complains, and the job runs on without it. One that does not exist here may on the nodes.
+            if k == "venv" and os.path.lexists(v) and not os.path.isfile(os.path.join(v, "bin", "activate")):
+                raise loc.err("environment.venv", f"{echo(v)} is not a virtual environment (no bin/activate)")
             setattr(env, k, v)
     for i, line in enumerate(env.setup):
         if "\n" in line:
             raise loc.err("environment.setup", f"line {i + 1} contains a newline; give one list item per line")
         if "\x00" in line:  # no shell line can hold one (nor the local executor's environment)
             raise loc.err("environment.setup", f"line {i + 1} contains a NUL character")
+    if env.setup:  # they run in the batch script through eval (submit.environment_lines): refused here, not there
+        why = shell_problem("\n".join(env.setup))
+        if why is not None:
+            raise loc.err("environment.setup", f"does not parse as a block of shell lines: {why}")
 
     if (entry.function is None) == (entry.script is None):
         raise loc.err("entry", "give exactly one of entry.function ('module:function') or entry.script (a .py file)")
     if entry.function is not None and not _ENTRY_FN.fullmatch(entry.function):
-        raise loc.err("entry.function", f"{entry.function!r} is not 'package.module:function'")
+        raise loc.err("entry.function", f"{echo(entry.function)} is not 'package.module:function'")
     workdir = Path.cwd()  # one base for every relative path in a config: where `alpsck submit` runs
     if entry.script is not None:
         sp = Path(_expand(entry.script, "entry.script", loc)).expanduser()
@@ -432,13 +566,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
             raise loc.err("entry.script", f"{sp} does not exist")
         entry.script = str(sp)
 
-    if ck.every_steps is not None and ck.every_steps < 1:
-        raise loc.err("checkpoint.every_steps", "must be at least 1 (or omit it)")
-    if ck.every_seconds is not None and not (0 < ck.every_seconds < math.inf):  # .nan compared false: never due
-        raise loc.err("checkpoint.every_seconds", f"{ck.every_seconds!r}: must be a positive number (or omit it)")
     # The engine's own limits (alpsck.options): the Checkpointer would refuse them only in the job, after it
     # waited in the queue.
-    for option in ("max_in_flight", "threads", "keep_last"):
+    for option in ENGINE_OPTIONS:
         why = option_problem(option, getattr(ck, option))
         if why is not None:
             raise loc.err(f"checkpoint.{option}", why)
@@ -446,28 +576,18 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if why is not None:
         raise loc.err("checkpoint.lustre_layout", why)
     if rq.signal not in _SIGNALS:
-        raise loc.err("requeue.signal", f"{rq.signal!r}: use one of {', '.join(_SIGNALS)}")
+        raise loc.err("requeue.signal", f"{echo(rq.signal)}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:
         rq.signal_delay_s = int(min(120, slurm.time_minutes * 30))
         if rq.signal_delay_s < 1:  # the default, not the user's value, is what does not fit
-            raise loc.err("slurm.time", f"{slurm.time!r} leaves no time for the time-limit signal: give at least "
+            raise loc.err("slurm.time", f"{echo(slurm.time)} leaves no time for the time-limit signal: give at least "
                                         "2 seconds (the signal comes half the limit, at most 120 s, before the end)")
     if rq.signal_delay_s < 1 or rq.signal_delay_s >= slurm.time_minutes * 60:
         raise loc.err("requeue.signal_delay_s", f"must be between 1 and the time limit ({slurm.time_minutes * 60:.0f} s)")
-    if rq.max_restarts < 0:
-        raise loc.err("requeue.max_restarts", "must be 0 or more")
-    if rq.same_error_retries < 0:
-        raise loc.err("requeue.same_error_retries", "must be 0 or more")
-    if rq.give_up_after_no_progress < 1:
-        raise loc.err("requeue.give_up_after_no_progress", "must be at least 1")
-    if rq.maintenance_margin_s < 0:
-        raise loc.err("requeue.maintenance_margin_s", "must be 0 or more")
-    if rq.maintenance_poll_s < 1:  # the watcher runs scontrol show reservation once per poll
-        raise loc.err("requeue.maintenance_poll_s", "must be at least 1")
 
-    raw_run_dir = doc.get("run_dir", f"runs/{name}")
+    raw_run_dir = _text(doc.get("run_dir", f"runs/{name}"), "run_dir", loc)
     if not isinstance(raw_run_dir, str):
-        raise loc.err("run_dir", f"expected a path, got {raw_run_dir!r}")
+        raise loc.err("run_dir", f"expected a path, got {echo(raw_run_dir)}")
     if not raw_run_dir:
         raise loc.err("run_dir", "empty: leave it out for runs/<name>, or write . for the directory you submit from")
     run_dir = Path(_expand(raw_run_dir, "run_dir", loc)).expanduser()
@@ -482,7 +602,10 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     for c, what in (("%", f"a percent sign, {rewritten}"), ("\\", f"a backslash, {rewritten}"),
                     ("\x00", "a NUL character, which no path can hold")):
         if c in str(run_dir):
-            raise loc.err("run_dir", f"{str(run_dir)!r} contains {what}")
+            raise loc.err("run_dir", f"{echo(str(run_dir))} contains {what}")
+    why = _run_dir_problem(run_dir)
+    if why is not None:
+        raise loc.err("run_dir", f"{why}: give a directory, or a path where one can be made")
     return JobConfig(name=name, run_dir=str(run_dir), slurm=slurm, environment=env, entry=entry, checkpoint=ck,
                      requeue=rq, source=source, workdir=str(workdir),
                      config_dir=None if base_dir is None else str(base_dir))

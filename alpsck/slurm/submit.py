@@ -16,7 +16,11 @@ The sbatch script is submitit's, with our settings:
 - ``--requeue``;
 - srun with the container (``--environment``) or uenv per step, ``--cpus-per-task`` and
   ``--kill-on-bad-exit=1`` (:func:`srun_arguments`); no ``--wckey``;
-- the venv activation and the user's setup lines;
+- the venv activation and the user's setup lines, run as one block through ``eval`` of their
+  quoted text, so that no line of theirs can reach past the block: a here-document or quote left
+  open would have swallowed the srun line (the job trained nothing and ended COMPLETED). The
+  config refuses such a block (``config.shell_problem``), and ``bash -n`` checks the whole
+  script before sbatch gets it;
 - an EXIT trap that requeues the job when the job asked for it through
   ``RUN_DIR/.requeue-request`` (the fallback where ``scontrol`` is missing inside a container:
   the batch script runs on the host).
@@ -39,7 +43,7 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from . import history
-from .config import JobConfig
+from .config import JobConfig, shell_problem
 from .launch import job_python, start_local_controller, user_paths
 from .runner import REQUEST_FILE, JobRunner
 from .stop import term_verdict_shell
@@ -82,11 +86,18 @@ PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 
 def environment_lines(cfg: JobConfig) -> list[str]:
     """The venv activation and the user's setup lines: in the batch script on SLURM, and run by
-    bash before the job under the local executor (``local_python``)."""
+    bash before the job under the local executor (``local_python``).
+
+    The setup lines run verbatim, in this shell (what they export and source reaches the job),
+    but as one ``eval`` of their quoted text: whatever a line leaves open (a here-document, a
+    quote, ``$(``, an ``if``, a trailing backslash) ends with the eval's text, and cannot swallow
+    the lines after it, the srun line among them."""
     lines: list[str] = []
     if cfg.environment.venv:
         lines.append(f"source {shlex.quote(str(Path(cfg.environment.venv) / 'bin' / 'activate'))}")
-    lines += cfg.environment.setup  # the user's own shell lines, verbatim
+    if cfg.environment.setup:
+        lines += ["# environment.setup, as one block: no line of it reaches past it",
+                  f"eval {shlex.quote(chr(10).join(cfg.environment.setup))}"]
     return lines
 
 
@@ -130,8 +141,7 @@ def local_python(cfg: JobConfig) -> str:
                                            ("environment.setup", cfg.environment.setup)) if v)
         raise UsageError(f"{cfg.source}: {keys}: the local executor runs them with bash, as the batch script "
                          "would, and bash is not on the PATH")
-    # The empty line ends a setup line left open by a trailing backslash, as in the batch script.
-    script = "\n".join([*lines, "", 'exec "$@"'])
+    script = "\n".join([*lines, 'exec "$@"'])
     return shlex.join([bash, "-c", script, "alpsck-setup", sys.executable])
 
 
@@ -321,7 +331,23 @@ class _LocalExecutor(submitit.LocalExecutor):
         return submitit.LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
 
 
-class _ScriptOnlyExecutor(submitit.SlurmExecutor):
+class _SlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor, whose batch script ``bash -n`` checks before sbatch (or --dry-run)
+    gets it: a script that does not parse, or leaves the shell open at its end, would run nothing
+    of the job and still end COMPLETED."""
+
+    config_source = "<config>"
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        text = super()._make_submission_file_text(command, uid)
+        why = shell_problem(text)
+        if why is not None:
+            raise ConfigError(f"{self.config_source}: environment.setup: the batch script with these lines does not "
+                              f"parse: {why}")
+        return text
+
+
+class _ScriptOnlyExecutor(_SlurmExecutor):
     """A SlurmExecutor that only writes the script (--dry-run): it needs no ``srun`` here, where
     submitit's own refuses to start without one."""
 
@@ -343,11 +369,12 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     if not script_only and shutil.which("srun") is None:  # submitit's own error would be a traceback
         raise SlurmError("srun not found: the batch script starts the job's tasks with srun; submit where SLURM's "
                          "commands are installed, or use --local")
-    cls = _ScriptOnlyExecutor if script_only else submitit.SlurmExecutor
+    cls = _ScriptOnlyExecutor if script_only else _SlurmExecutor
     # python goes into the job's command line as shell text (submitit quotes only its default)
-    ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
-    ex.update_parameters(**slurm_parameters(cfg))
-    return ex
+    slurm_ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
+    slurm_ex.config_source = cfg.source
+    slurm_ex.update_parameters(**slurm_parameters(cfg))
+    return slurm_ex
 
 
 def sbatch_script(cfg: JobConfig) -> str:
@@ -369,7 +396,12 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
             jobs = ", ".join(f"job {i} ({state})" for i, state in busy)
             raise SlurmError(f"{cfg.run_dir} is the run directory of {jobs}: a second job there would fight it for "
                              f"the checkpoints. Wait for it, scancel it, or give this job another run_dir")
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # the config refused a file there; one may have appeared since
+        raise ConfigError(f"{cfg.source}: run_dir: cannot make the run directory {cfg.run_dir}: {e.strerror}") from None
+    if not Path(cfg.run_dir).is_dir():
+        raise ConfigError(f"{cfg.source}: run_dir: {cfg.run_dir} exists and is not a directory")
     ex = make_executor(cfg, local=use_local)
     if use_local:
         for unused in local_unused(cfg):

@@ -1,0 +1,413 @@
+"""Hostile and odd job configs (#41, "Job configs"): each test looks for a class of bug, not one case.
+
+1. setup lines that leave the shell open must not swallow the srun line;
+2. ``slurm.extra`` must not restate an sbatch option alpsck writes, however it is spelt;
+3. every number has a range, upper bound included (NaN and inf refused);
+4. a config has a size cap, and no error echoes a long value whole;
+5. a text key written as a number or date keeps its text;
+6. a run_dir that cannot be a directory, and ``keep_last=None``, are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from alpsck.errors import ConfigError, UsageError
+from alpsck.options import NONE_REFUSED, problem
+from alpsck.slurm import submit as submit_mod
+from alpsck.slurm.config import MAX_CONFIG_BYTES, RANGES, load_config, parse_config, range_text
+from alpsck.slurm.submit import local_python, sbatch_script, setup_lines, submit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = """\
+name: t
+run_dir: {run_dir}
+slurm:
+  time: "00:02:00"
+entry:
+  function: alpsck.examples.llama.train:slurm_entry
+"""
+
+
+@pytest.fixture()
+def good(tmp_path: Path) -> str:
+    return GOOD.format(run_dir=tmp_path / "run")
+
+
+def with_setup(good: str, lines: list[str]) -> str:
+    items = "".join(f"    - {json_str(x)}\n" for x in lines)
+    return good + f"environment:\n  setup:\n{items}"
+
+
+def json_str(text: str) -> str:
+    """A YAML double-quoted scalar holding ``text`` (JSON's escapes are YAML's)."""
+    import json
+    return json.dumps(text)
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "alpsck", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+# ------------------------------------------------------------------ 1. setup lines left open
+
+OPEN_BLOCKS = [
+    ["cat <<EOF"],                      # an unterminated here-document: bash -n only warns
+    ["cat <<'EOF'", "x"],
+    ["cat <<-EOF", "x", "  EOF"],        # <<- strips tabs, not spaces: still open
+    ["echo 'a"],                        # quotes
+    ['echo "a'],
+    ["echo `ls"],
+    ["echo $(ls"],                      # substitutions
+    ["echo $((1 +"],
+    ["if true; then", "echo a"],        # compound commands
+    ["for i in 1 2; do"],
+    ["case x in"],
+    ["{ echo a"],
+    ["( echo a"],
+    ["f() {"],
+    ["echo a \\"],                      # a trailing backslash joins the next line
+    ["export B=1", "echo a \\\\\\"],    # an odd number of them
+]
+
+
+@pytest.mark.parametrize("lines", OPEN_BLOCKS, ids=lambda b: " / ".join(b))
+@pytest.mark.parametrize("where", ["alone", "first", "last"])
+def test_a_setup_block_left_open_is_refused_naming_the_key(good: str, lines: list[str], where: str) -> None:
+    block = {"alone": lines, "first": [*lines, "export B=2"], "last": ["export B=2", *lines]}[where]
+    if where == "first" and lines[-1].endswith("\\"):
+        block = lines  # inside the block a trailing backslash continues the line (accepted below); at its end it leaks
+    with pytest.raises(ConfigError, match=r"<config>:\d+: environment\.setup: does not parse"):
+        parse_config(with_setup(good, block))
+
+
+@pytest.mark.parametrize("lines", [
+    ["cat > f <<EOF", "hello 'x' \"y\"", "EOF"],  # a here-document over several items, closed
+    ["if true; then", "  export A=1", "fi"],
+    ["echo a \\", "  b"],                           # a continuation inside the block
+    ["# a comment only"],
+    ["f() { echo in-f; }", "f"],
+    ["export A='it''s'", 'echo "$A" # trailing comment'],
+    ["# a comment ending in a backslash \\"],
+    ["shopt -s extglob", "ls !(*.tmp) >/dev/null 2>&1 || true"],  # bash -n runs no shopt: extglob is on for it
+])
+def test_a_closed_setup_block_is_accepted(good: str, lines: list[str]) -> None:
+    assert parse_config(with_setup(good, lines)).environment.setup == lines
+
+
+def fake_slurm_bin(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin dir whose ``srun`` records that it ran, with $A from the setup lines."""
+    bin_dir, marker = tmp_path / "bin", tmp_path / "srun-ran"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "srun A=%s\\n" "$A" > {shlex.quote(str(marker))}\n')
+    (bin_dir / "srun").chmod(0o755)
+    return bin_dir, marker
+
+
+def run_batch_script(script: str, tmp_path: Path) -> Path:
+    bin_dir, marker = fake_slurm_bin(tmp_path)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    r = subprocess.run(["bash", str(path)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return marker
+
+
+def test_the_generated_batch_script_runs_its_setup_and_then_srun(good: str, tmp_path: Path) -> None:
+    """Not only parsed: run under bash (with a stand-in srun), the script runs every setup line, a
+    here-document over several items included, and then the srun line with what they exported."""
+    lines = ["export A=from-setup", f"cat > {shlex.quote(str(tmp_path / 'heredoc'))} <<EOF", "in 'the' doc",
+             "EOF", "if true; then", "  export A=$A-and-if", "fi"]
+    marker = run_batch_script(sbatch_script(parse_config(with_setup(good, lines))), tmp_path)
+    assert marker.read_text() == "srun A=from-setup-and-if\n"
+    assert (tmp_path / "heredoc").read_text() == "in 'the' doc\n"
+
+
+@pytest.mark.parametrize("lines", OPEN_BLOCKS, ids=lambda b: " / ".join(b))
+def test_no_setup_line_can_reach_past_its_block_even_unchecked(good: str, tmp_path: Path, lines: list[str]) -> None:
+    """The config refuses these; were one to get past it (a config object built in Python), the
+    batch script still runs the lines after the block: the setup runs as one eval of its text."""
+    cfg = parse_config(good)
+    cfg.environment.setup = ["export A=before", *lines]
+    marker = run_batch_script("\n".join([*setup_lines(cfg), "srun"]), tmp_path)
+    assert marker.read_text() == "srun A=before\n"
+    # ... and under the local executor, whose bash runs the same lines before exec-ing the job
+    argv = [*shlex.split(local_python(cfg)), "-c", "import os; print('job ran', os.environ['A'])"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert "job ran before" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_the_whole_batch_script_is_checked_with_bash_n(good: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the setup lines written into the script raw (as they were), the script check refuses it."""
+    cfg = parse_config(good)
+    cfg.environment.setup = ["cat <<EOF"]
+    monkeypatch.setattr(submit_mod, "environment_lines", lambda c: list(c.environment.setup))
+    with pytest.raises(ConfigError, match=r"<config>: environment\.setup: the batch script .* does not parse"):
+        sbatch_script(cfg)
+
+
+def test_dry_run_refuses_an_open_setup_block_and_prints_no_script(good: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(with_setup(good, ["export A=1", "cat <<EOF"]))
+    r = cli("submit", str(cfg), "--dry-run", cwd=tmp_path)
+    assert r.returncode != 0 and r.stdout == ""
+    assert re.search(r"job\.yaml:\d+: environment\.setup: .*here-document", r.stderr), r.stderr
+
+
+# ------------------------------------------------------------------ 2. sbatch options alpsck sets
+
+OURS = {  # what the error must point to instead, per spelling
+    "time": "slurm.time", "t": "slurm.time", "-t": "slurm.time", "--time": "slurm.time", "tim": "slurm.time",
+    "job-name": "use name", "J": "use name", "job_name": "use name", "signal": "requeue.signal",
+    "sig": "requeue.signal", "requeue": "always requeues", "no-requeue": "always requeues",
+    "output": "RUN_DIR/submitit", "o": "RUN_DIR/submitit", "error": "RUN_DIR/submitit", "e": "RUN_DIR/submitit",
+    "open-mode": "appends", "nodes": "slurm.nodes", "N": "slurm.nodes", "ntasks": "slurm.tasks_per_node",
+    "n": "slurm.tasks_per_node", "ntasks-per-node": "slurm.tasks_per_node", "cpus-per-task": "slurm.cpus_per_task",
+    "c": "slurm.cpus_per_task", "partition": "slurm.partition", "p": "slurm.partition", "account": "slurm.account",
+    "A": "slurm.account", "qos": "slurm.qos", "q": "slurm.qos", "constraint": "slurm.constraint",
+    "C": "slurm.constraint", "reservation": "slurm.reservation", "mem": "slurm.mem",
+    "gpus-per-node": "slurm.gpus_per_node", "gpus-per-task": "slurm.gpus_per_node",
+    "environment": "environment.container", "uenv": "environment.uenv", "view": "environment.view",
+    "array": "one job", "a": "one job", "wrap": "submitit",
+}
+
+
+@pytest.mark.parametrize(("option", "instead"), OURS.items())
+def test_an_extra_option_alpsck_sets_is_refused_naming_what_to_use(good: str, option: str, instead: str) -> None:
+    text = good.replace("slurm:\n", f"slurm:\n  extra:\n    {json_str(option)}: '1'\n")
+    with pytest.raises(ConfigError, match=rf"<config>:\d+: slurm\.extra\.{re.escape(option)}: .*{re.escape(instead)}"):
+        parse_config(text)
+
+
+@pytest.mark.parametrize("slurm", [
+    "{gpus_per_node: 4, tasks_per_node: 4, account: a, partition: p, mem: 4G, constraint: c, qos: q, reservation: r}",
+    "{gpus_per_node: 3, tasks_per_node: 2, nodes: 2, cpus_per_task: 8}",
+])
+def test_every_option_the_batch_script_sets_is_one_extra_refuses(tmp_path: Path, slurm: str) -> None:
+    """The table of options alpsck sets covers what the script really writes: each #SBATCH line's
+    option, given again in slurm.extra, is refused."""
+    good = GOOD.format(run_dir=tmp_path / "run").replace('slurm:\n  time: "00:02:00"\n', f"slurm: {slurm}\n")
+    written = re.findall(r"^#SBATCH --([a-z-]+)", sbatch_script(parse_config(good)), flags=re.M)
+    assert {"time", "signal", "requeue", "job-name", "output", "nodes"} <= set(written)
+    for option in written:
+        with pytest.raises(ConfigError, match=rf"slurm\.extra\.{option}: alpsck sets --{option}"):
+            parse_config(re.sub(r"^slurm: \{", f"slurm: {{extra: {{{option}: '1'}}, ", good, flags=re.M))
+
+
+@pytest.mark.parametrize("option", ["d", "x", "-k", "Exclusive", "comment_", "x" * 65])
+def test_an_extra_key_that_is_not_a_long_option_name_is_refused(good: str, option: str) -> None:
+    with pytest.raises(ConfigError, match=r"slurm\.extra\..*: sbatch option names are lower-case long names"):
+        parse_config(good.replace("slurm:\n", f"slurm:\n  extra:\n    {json_str(option)}: '1'\n"))
+
+
+def test_extra_gpus_is_refused_only_beside_gpus_per_node(good: str) -> None:
+    """--gpus (the job's GPUs in all) is free while alpsck writes no GPU option; beside
+    slurm.gpus_per_node (--gpus-per-task or --gpus-per-node) it would ask for GPUs twice."""
+    extra = "  extra: {gpus: 4}\n"
+    assert parse_config(good.replace("slurm:\n", "slurm:\n" + extra)).slurm.extra == {"gpus": "4"}
+    with pytest.raises(ConfigError, match=r"slurm\.extra\.gpus: alpsck sets --gpus-per-task or --gpus-per-node"):
+        parse_config(good.replace("slurm:\n", "slurm:\n  gpus_per_node: 4\n" + extra))
+    for spelt in ("G", "--gpus"):  # not a long name: refused whatever it means
+        with pytest.raises(ConfigError, match=rf"slurm\.extra\.{re.escape(spelt)}: sbatch option names are"):
+            parse_config(good.replace("slurm:\n", f"slurm:\n  extra: {{{json_str(spelt)}: 4}}\n"))
+
+
+def test_extra_options_alpsck_does_not_set_reach_the_script(good: str) -> None:
+    text = good.replace("slurm:\n", "slurm:\n  extra: {exclusive: true, time-min: 1:30:00, gres: 'nvme:1', "
+                                    "comment: 0042}\n")
+    script = sbatch_script(parse_config(text))
+    for line in ("#SBATCH --exclusive", "#SBATCH --time-min=1:30:00", "#SBATCH --gres=nvme:1", "#SBATCH --comment=0042"):
+        assert line in script.splitlines()
+
+
+# ------------------------------------------------------------------ 3. every number has a range
+
+def _put(good: str, key: str, value: str) -> str:
+    sec, k = key.split(".")
+    if sec == "slurm":
+        return good.replace("slurm:\n", f"slurm:\n  {k}: {value}\n")
+    return good + f"{sec}:\n  {k}: {value}\n"
+
+
+@pytest.mark.parametrize("key", sorted(RANGES))
+def test_every_number_has_a_lower_and_an_upper_bound(good: str, key: str) -> None:
+    lo, hi = RANGES[key]
+    outside = [repr(lo - 1) if isinstance(lo, int) else "0.0", str(hi + 1) if isinstance(hi, int) else repr(hi * 10),
+               "100000000000000000000000000000"]
+    if isinstance(lo, float):
+        outside += [".nan", ".inf", "-.inf", "-1.0"]
+    for value in outside:
+        with pytest.raises(ConfigError, match=rf"<config>:\d+: {re.escape(key)}: .*must be between"):
+            parse_config(_put(good, key, value))
+    assert getattr(getattr(parse_config(_put(good, key, str(lo))), key.split(".")[0]), key.split(".")[1]) == lo
+    if key != "requeue.signal_delay_s":  # that one must also stay below the time limit
+        parse_config(_put(good.replace('"00:02:00"', '"365-0"'), key, str(hi)))
+
+
+def test_a_poll_interval_that_would_overflow_a_wait_is_refused(good: str) -> None:
+    with pytest.raises(ConfigError, match=r"requeue\.maintenance_poll_s: 10000000000: must be between 1 and 86400"):
+        parse_config(good + "requeue:\n  maintenance_poll_s: 10000000000\n")
+
+
+def test_the_docs_list_every_range(good: str) -> None:
+    doc = (ROOT / "docs" / "config.md").read_text()
+    for key in RANGES:
+        row = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{key.split('.')[1]}` |")), None)
+        assert row is not None and f"| {range_text(key)} |" in row, (key, row, range_text(key))
+
+
+# ------------------------------------------------------------------ 4. size cap and echoed values
+
+def test_a_config_over_the_cap_is_refused_fast_naming_size_and_cap(good: str, tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text(good)
+    os.truncate(big, 100 * MAX_CONFIG_BYTES)  # 100 MiB (sparse): parsing it took minutes
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"big\.yaml: {big.stat().st_size} bytes: .*at most {MAX_CONFIG_BYTES} "
+                                          r"bytes \(1 MiB\)"):
+        load_config(big)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ConfigError, match=r"more than 1048576 bytes"):
+        load_config("/dev/zero")  # endless: only the cap is read
+    with pytest.raises(ConfigError, match=r"<config>: \d+ bytes: a job config may have at most"):
+        parse_config(good + "#" + "é" * MAX_CONFIG_BYTES)
+    just = tmp_path / "just.yaml"
+    just.write_text(good + "#" + "x" * (MAX_CONFIG_BYTES - len(good) - 2) + "\n")
+    assert just.stat().st_size == MAX_CONFIG_BYTES and load_config(just).name == "t"
+
+
+LONG = "x" * 500_000
+KEY = "x" * 1000  # YAML takes implicit keys up to 1024 characters
+
+
+@pytest.mark.parametrize(("patch", "key"), [
+    (("name: t", f"name: a b{LONG}"), "name"),
+    (("run_dir: ", f"run_dir: /%{LONG}"), "run_dir"),
+    (("slurm:\n", f"slurm:\n  partition: 'a b{LONG}'\n"), "slurm.partition"),
+    (('"00:02:00"', f"'{LONG}'"), "slurm.time"),
+    (("slurm:\n", f"slurm:\n  nodes: '{LONG}'\n"), "slurm.nodes"),
+    (("slurm:\n", f"slurm:\n  nodes: 1{'0' * 100_000}\n"), "slurm.nodes"),  # past int()'s digit limit
+    (("slurm:\n", f"slurm:\n  extra: {{comment: 'a b{LONG}'}}\n"), "slurm.extra.comment"),
+    (("slurm:\n", f"slurm:\n  extra: {{{KEY}: '1'}}\n"), "slurm.extra.x"),
+    (("slurm:\n", f"slurm:\n  extra: {{{KEY}: true}}\n"), "slurm.extra.x"),
+    (("slurm:\n", f"slurm:\n  {KEY}: 1\n"), "slurm.x"),
+    (("name: t\n", f"name: t\n{KEY}: 1\n"), "x"),
+    (("name: t\n", f"name: t\n? {LONG}\n: 1\n"), "x"),
+    (("name: t\n", f"name: t\nslurm_:\n  ? {LONG}\n  : 1\n  ? {LONG}\n  : 2\n"), "given twice"),
+    (("name: t", f"name: !{LONG} t"), "name: not valid YAML"),
+    (("name: t", f"name: !!int {LONG}"), "name: not valid YAML"),
+    (("slurm:\n", f"slurm:\n  extra: {{comment: [{LONG}]}}\n"), "slurm.extra.comment"),
+    (("function: alpsck.examples.llama.train:slurm_entry", f"function: '{LONG}'"), "entry.function"),
+], ids=lambda p: p[1].split(":")[0][:40] if isinstance(p, tuple) else None)
+def test_no_error_echoes_a_long_value_whole(good: str, patch: tuple[str, str], key: str) -> None:
+    text = good.replace(*patch)
+    assert text != good
+    with pytest.raises(ConfigError) as e:
+        parse_config(text)
+    msg = str(e.value)
+    assert key in msg and len(msg) < 600 and "x" * 200 not in msg, msg[:1000]
+
+
+@pytest.mark.parametrize("tail", [f"environment:\n  setup: ['echo \"{LONG}']\n",
+                                  f"environment:\n  venv: '/a b{LONG}'\n",
+                                  f"requeue:\n  signal: {LONG}\n",
+                                  f"checkpoint:\n  threads: '{LONG}'\n"], ids=lambda t: t.split(":")[0])
+def test_no_error_echoes_a_long_value_whole_in_any_section(good: str, tail: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_config(good + tail)
+    assert len(str(e.value)) < 600 and "x" * 100 not in str(e.value), str(e.value)[:1000]
+
+
+# ------------------------------------------------------------------ 5. text keys keep their text
+
+@pytest.mark.parametrize(("written", "text"), [("0012", "0012"), ("12", "12"), ("1.50", "1.50"), ("0x1F", "0x1F"),
+                                               ("2024-01-02", "2024-01-02"), ("1_000", "1_000"), ("1e3", "1e3")])
+def test_a_text_key_written_as_a_number_or_date_keeps_its_text(good: str, tmp_path: Path, written: str, text: str) -> None:
+    cfg = parse_config(good.replace("name: t", f"name: {written}").replace("slurm:\n", f"slurm:\n  account: {written}\n"
+                                                                                      f"  extra: {{comment: {written}}}\n")
+                       + f"environment:\n  setup: [echo {written}, {written}]\n  uenv: {written}\n  view: {written}\n")
+    assert cfg.name == text and cfg.slurm.account == text and cfg.slurm.extra["comment"] == text
+    assert cfg.environment.setup == [f"echo {written}", text] and cfg.environment.uenv == text
+    assert cfg.environment.view == text
+    cfg = parse_config(good.replace(f"run_dir: {tmp_path / 'run'}", f"run_dir: {written}"))
+    assert cfg.run_dir == str(Path.cwd() / text)
+    args = parse_config(good.replace("slurm_entry\n", f"slurm_entry\n  args: [--x, {written}]\n")).entry.args
+    assert args == ["--x", text]
+
+
+def test_a_name_written_as_a_boolean_is_still_refused(good: str) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:1: name: True is not a valid job name"):
+        parse_config(good.replace("name: t", "name: yes"))
+
+
+# ------------------------------------------------------------------ 6. run_dir and keep_last
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file", "dangling-link", "link-to-file"])
+def test_a_run_dir_that_cannot_be_a_directory_is_refused(tmp_path: Path, kind: str) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    run_dir = {"file": f, "under-a-file": f / "run", "dangling-link": tmp_path / "dangling",
+               "link-to-file": tmp_path / "link"}[kind]
+    if kind == "dangling-link":
+        run_dir.symlink_to(tmp_path / "nowhere")
+    elif kind == "link-to-file":
+        run_dir.symlink_to(f)
+    good = GOOD.format(run_dir=run_dir)
+    with pytest.raises(ConfigError, match=r"<config>:2: run_dir: .*(regular file|symbolic link to nothing)"):
+        parse_config(good)
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(good)
+    r = cli("submit", str(cfg), "--dry-run", cwd=tmp_path)
+    assert r.returncode != 0 and "run_dir" in r.stderr and r.stdout == "", r.stderr
+
+
+@pytest.mark.parametrize("kind", ["file", "empty-dir"])
+def test_a_venv_that_exists_here_and_is_not_one_is_refused(good: str, tmp_path: Path, kind: str) -> None:
+    venv = tmp_path / "venv"
+    if kind == "file":
+        venv.write_text("x")
+    else:
+        venv.mkdir()
+    with pytest.raises(ConfigError, match=r"<config>:\d+: environment\.venv: .* is not a virtual environment"):
+        parse_config(good + f"environment:\n  venv: {venv}\n")
+    (tmp_path / "real" / "bin").mkdir(parents=True)
+    (tmp_path / "real" / "bin" / "activate").write_text("")
+    for ok in (tmp_path / "real", tmp_path / "only-on-the-nodes"):
+        assert parse_config(good + f"environment:\n  venv: {ok}\n").environment.venv == str(ok)
+
+
+def test_submit_refuses_a_run_dir_that_became_a_file(good: str, tmp_path: Path) -> None:
+    cfg = parse_config(good)
+    Path(cfg.run_dir).write_text("not a directory")
+    with pytest.raises(ConfigError, match=r"run_dir: cannot make the run directory"):
+        submit(cfg, local=True)
+
+
+@pytest.mark.parametrize("value", ["", " null", " ~"])
+def test_an_empty_keep_last_is_refused_not_taken_as_the_default(good: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=r"<config>:\d+: checkpoint\.keep_last: None is refused, not taken as the "
+                                          r"default \(3\), .*give 0 to keep every checkpoint"):
+        parse_config(good + f"checkpoint:\n  keep_last:{value}\n")
+    assert parse_config(good + "checkpoint:\n  threads:\n").checkpoint.threads == 8  # others: the default, as documented
+
+
+def test_keep_last_none_is_refused_by_the_checkpointer(tmp_path: Path) -> None:
+    from alpsck import Checkpointer
+
+    assert set(NONE_REFUSED) == {"keep_last"}
+    with pytest.raises(UsageError, match=r"keep_last: None is refused, .*give 0 to keep every checkpoint"):
+        Checkpointer(tmp_path / "run", keep_last=None)  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()
+    assert problem("keep_last", None) is not None and problem("threads", 8) is None
