@@ -320,6 +320,25 @@ def test_examples_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
         assert cfg.name and cfg.entry.function
 
 
+@pytest.mark.parametrize("example", ["alps-gh200", "alps-gh200-uenv"])
+def test_the_alps_examples_dry_run_anywhere(tmp_path: Path, example: str) -> None:
+    """The README offers --dry-run as the way to read the batch script; off Alps $SCRATCH is unset,
+    and the dry run refused the config. Now it prints the script with a stand-in that says so
+    (and names it on stderr); a real submit still refuses an unset variable."""
+    env = {k: v for k, v in os.environ.items() if k != "SCRATCH"}
+    config = str(ROOT / "slurm" / "examples" / f"{example}.yaml")
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", config, "--dry-run"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("#!/bin/bash") and "\nsrun " in r.stdout
+    assert "mkdir -p /SCRATCH-is-not-set-here/alpsck/" in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == ("alpsck: dry run: $SCRATCH is not set here; the script shows it as "
+                                                 "/SCRATCH-is-not-set-here")
+    assert "ALPSCK_TEST_UNSET_VAR" not in os.environ
+    with pytest.raises(ConfigError, match=r"run_dir: environment variable \$ALPSCK_TEST_UNSET_VAR is not set"):
+        parse_config(GOOD.replace("run_dir: /tmp/x", "run_dir: $ALPSCK_TEST_UNSET_VAR/x"))
+
+
 def _normalised_script(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     monkeypatch.chdir(tmp_path)
     cfg = load_config(ROOT / "slurm" / "examples" / "quickstart.yaml")

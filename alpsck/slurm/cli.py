@@ -22,13 +22,16 @@ TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from .config import load_config
+    from .config import load_config, unset_stand_in
     from .runner import newest_step
     from .submit import check_entry, sbatch_script, slurm_unavailable, submit
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, dry_run=args.dry_run)
     if args.dry_run:
         print(sbatch_script(cfg), end="")
+        for name in cfg.unset:  # after the script: a reader of the script sees it last
+            print(f"alpsck: dry run: ${name} is not set here; the script shows it as {unset_stand_in(name)}",
+                  file=sys.stderr)
         return 0
     before = history.read_log(cfg.run_dir)
     if history.state_of(before.events) == "finished" and not args.resume_finished:

@@ -200,6 +200,7 @@ class JobConfig:
     source: str = "<config>"
     workdir: str = ""               # where `alpsck submit` ran: the base of relative paths, and the job's cwd
     config_dir: str | None = None   # the config file's directory (the job imports entry modules from it too)
+    unset: tuple[str, ...] = ()     # a dry run's $VARs that were not set here (each read as unset_stand_in)
 
 
 # key -> (type, validator or None); nested sections handled below
@@ -244,11 +245,18 @@ class _Loader(yaml.SafeLoader):
             raise yaml.constructor.ConstructorError(None, None, f"{echo(node.value)}: {e}", node.start_mark) from None
 
 
+def unset_stand_in(name: str) -> str:
+    """What ``$name`` reads as in a dry run where it is not set: a path that says so."""
+    return f"/{name}-is-not-set-here"
+
+
 class _Loc:
     """Line numbers of keys in the YAML document (from the composed node tree)."""
 
-    def __init__(self, text: str, source: str) -> None:
+    def __init__(self, text: str, source: str, dry_run: bool = False) -> None:
         self.source = source
+        self.dry_run = dry_run  # an unset $VAR becomes a stand-in (unset_stand_in), named in JobConfig.unset
+        self.unset: dict[str, str] = {}
         self.lines: dict[str, int] = {}
         self.raw: dict[str, str] = {}  # scalars as written, before YAML resolved their type
         self._walked: set[int] = set()
@@ -305,6 +313,9 @@ def _expand(value: str, key: str, loc: _Loc) -> str:
     def sub(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(2)
         if name not in os.environ:
+            if loc.dry_run:  # a script to read, here (off Alps: $SCRATCH): a stand-in that says so
+                loc.unset.setdefault(name, unset_stand_in(name))
+                return loc.unset[name]
             raise loc.err(key, f"environment variable ${name} is not set")
         return os.environ[name]
 
@@ -426,8 +437,10 @@ def _unknown(key: str, options: list[str] | tuple[str, ...], loc: _Loc) -> Confi
     return loc.err(key, f"unknown key{hint}")
 
 
-def load_config(path: str | os.PathLike[str]) -> JobConfig:
-    """Read and validate a job config file."""
+def load_config(path: str | os.PathLike[str], *, dry_run: bool = False) -> JobConfig:
+    """Read and validate a job config file. ``dry_run``: for a script to read, not to submit: an
+    environment variable that is not set here (``$SCRATCH`` off Alps) reads as a stand-in path
+    that says so (:func:`unset_stand_in`), named in ``JobConfig.unset``, instead of an error."""
     p = Path(path)
     try:
         with open(p, "rb") as f:  # no more than the cap is read: the file may be huge, or endless (/dev/zero)
@@ -441,7 +454,7 @@ def load_config(path: str | os.PathLike[str]) -> JobConfig:
         text = data.decode("utf-8")  # YAML's own encoding, whatever the locale's
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
-    return parse_config(text, source=str(path), base_dir=p.resolve().parent)
+    return parse_config(text, source=str(path), base_dir=p.resolve().parent, dry_run=dry_run)
 
 
 def _too_big(source: str, size: int | None) -> str:
@@ -462,10 +475,10 @@ def _run_dir_problem(run_dir: Path) -> str | None:
     return None
 
 
-def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None) -> JobConfig:
+def parse_config(text: str, source: str = "<config>", base_dir: Path | None = None, *, dry_run: bool = False) -> JobConfig:
     if len(text) > MAX_CONFIG_BYTES // 4 and len(text.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ConfigError(_too_big(source, len(text.encode("utf-8", "surrogatepass"))))
-    loc = _Loc(text, source)
+    loc = _Loc(text, source, dry_run)
     try:
         doc = yaml.load(text, Loader=_Loader)  # a SafeLoader
     except yaml.YAMLError as e:  # what the composer accepts and no safe constructor builds: !tags, unhashable keys
@@ -608,4 +621,4 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("run_dir", f"{why}: give a directory, or a path where one can be made")
     return JobConfig(name=name, run_dir=str(run_dir), slurm=slurm, environment=env, entry=entry, checkpoint=ck,
                      requeue=rq, source=source, workdir=str(workdir),
-                     config_dir=None if base_dir is None else str(base_dir))
+                     config_dir=None if base_dir is None else str(base_dir), unset=tuple(loc.unset))
