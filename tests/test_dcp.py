@@ -388,12 +388,18 @@ def test_a_save_failing_between_plan_and_write_releases_the_lock(tmp_path: Path)
         pass
 
 
-def test_a_coordinator_other_than_rank_0_is_refused_naming_the_deprecated_argument(tmp_path: Path) -> None:
+def test_a_coordinator_other_than_rank_0_writes_shard_0(tmp_path: Path) -> None:
+    """The deprecated save_state_dict(coordinator_rank=1): the coordinator's shard is 0 (its engine tidies and
+    commits), the others follow in process-rank order; each plan names the process rank it is for."""
     w = AlpsckStorageWriter(tmp_path, 3)
-    with pytest.raises(UsageError, match=r"rank 1 was made the coordinator.*coordinator_rank"):
-        w.set_up_storage_writer(True, rank=1)
-    with pytest.raises(UsageError, match=r"rank 0 was not made the coordinator.*coordinator_rank"):
-        w.set_up_storage_writer(False, rank=0)
+    w.set_up_storage_writer(True, rank=1)
+    plans = w.prepare_global_plan([dcp.SavePlan([]), dcp.SavePlan([]), dcp.SavePlan([])])
+    assert [(p.storage_data.rank, p.storage_data.process_rank) for p in plans] == [(2, 0), (0, 1), (1, 2)]
+    w.close()
+    other = AlpsckStorageWriter(tmp_path, 3)
+    other.set_up_storage_writer(False, rank=0)
+    with pytest.raises(UsageError, match="the plan is for rank 1, this is rank 0"):
+        other.write_data(plans[1], dcp.DefaultSavePlanner())
 
 
 def test_metadata_too_large_to_commit_fails_the_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,3 +57,9 @@ def may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
 
 def same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
+
+
+def rank_local_dir(rank: int) -> str:
+    """The checkpoint of one rank saved with ``use_collectives=False`` beside the others: ``ID/__<rank>``
+    (FileSystemWriter names that rank's files ``ID/__<rank>_*`` and its metadata ``ID/__<rank>.metadata``)."""
+    return f"__{int(rank)}"

@@ -38,7 +38,7 @@ from ..store.run_dir import (
 )
 from ..store.shards import shard_name
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
-from .paths import is_alpsck_checkpoint_id, same_dir
+from .paths import is_alpsck_checkpoint_id, rank_local_dir, same_dir
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
@@ -137,20 +137,27 @@ class AlpsckStorageReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """All ranks: picks the checkpoint (afresh on every call) and returns its validated Metadata.
 
-        DCP asks again with ``rank=`` after a failure (for its rank-local metadata files); alpsck
-        has one global file, so that retry fails at once instead of repeating the search.
+        DCP asks again with ``rank=`` when that fails, for a checkpoint saved with
+        ``use_collectives=False``: with several ranks, each rank's is its own checkpoint in
+        ``ID/__<rank>`` (:func:`.paths.rank_local_dir`); none there fails at once.
         """
-        if kwargs.get("rank") is not None:
-            raise UsageError(f"alpsck keeps one {METADATA_FILE} per checkpoint, no rank-local metadata")
-        md = self._metadata = self._pick()
+        rank = kwargs.get("rank")
+        if rank is not None:  # the checkpoint this rank saved with use_collectives=False, beside the others'
+            local = None if self.run_dir is None else self.run_dir / rank_local_dir(int(rank))
+            if local is None or not local.is_dir():
+                raise NoCheckpointError(f"{self.run_dir}: no checkpoint of rank {rank} saved with use_collectives=False "
+                                        f"({rank_local_dir(int(rank))}/)")
+            md = self._metadata = self._pick(local)
+        else:
+            md = self._metadata = self._pick()
         md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
         return md
 
-    def _pick(self) -> Metadata:
+    def _pick(self, local: Path | None = None) -> Metadata:
         if self.run_dir is None:
             raise UsageError("AlpsckStorageReader() was given no checkpoint: pass checkpoint_id= to dcp.load (or a "
                              "path to AlpsckStorageReader)")
-        where, step = self.run_dir, self.requested_step
+        where, step = local or self.run_dir, self.requested_step
         if step is None and is_committed_step_dir(where):  # run/step-00000000N: that step of its run directory
             where, step = where.parent, _core.parse_run_dir_name(where.name)[1]
         if step is not None:
@@ -159,7 +166,7 @@ class AlpsckStorageReader(StorageReader):
         try:
             md = self._pick_newest(where, skipped, self.max_step)
         except NoCheckpointError:
-            if not (self.fallback and is_marked(where)):  # never from one run directory to another
+            if not (self.fallback and local is None and is_marked(where)):  # never from one run directory to another
                 raise
             md, instead = self._pick_sibling(where, skipped)
             warnings.warn(instead, RuntimeWarning, stacklevel=4)

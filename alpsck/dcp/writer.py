@@ -50,7 +50,7 @@ from .formats import (
     encode_value,
     extent_name,
 )
-from .paths import may_become_checkpoint, same_dir
+from .paths import may_become_checkpoint, rank_local_dir, same_dir
 
 __all__ = ["AlpsckStorageWriter"]
 
@@ -60,12 +60,13 @@ __all__ = ["AlpsckStorageWriter"]
 class _RankPlan:
     """What the coordinator tells each rank in its plan's ``storage_data``."""
 
-    rank: int
+    rank: int  # the rank's shard (the coordinator's is 0: its engine tidies the directory and commits)
     world_size: int
     step: int  # the step (run-directory mode) or generation (checkpoint-directory mode) the save writes
     # Where the ranks' engines agree (torch.distributed's store, under this key namespace, drawn by
     # the coordinator for this save): "" for none (one rank, or no process group): DONE records.
     store_ns: str = ""
+    process_rank: int = 0  # the process-group rank the plan is for (DCP's coordinator may be another than 0)
 
 
 def _agreement_store(ns: str) -> Any:
@@ -239,6 +240,8 @@ class AlpsckStorageWriter(StorageWriter):
         self._engine: _core.Engine | None = None
         self._lock: _core.RunDirLock | None = None
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
+        self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
+        self._subdir: str | None = None  # use_collectives=False with several ranks: this rank's rank_local_dir
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
         with contextlib.suppress(Exception):
@@ -265,7 +268,7 @@ class AlpsckStorageWriter(StorageWriter):
         if self.run_dir is None:
             raise UsageError("AlpsckStorageWriter() was given no checkpoint directory: pass checkpoint_id= to "
                              "dcp.save (or a path to AlpsckStorageWriter)")
-        return self.run_dir
+        return self.run_dir if self._subdir is None else self.run_dir / self._subdir
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -300,18 +303,22 @@ class AlpsckStorageWriter(StorageWriter):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
-        self.rank = int(kwargs.get("rank") or 0)
+        self._process_rank = int(kwargs.get("rank") or 0)
+        # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
+        # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
+        self.rank = 0 if is_coordinator else -1
         self._writing = self.step
         self._started = time.monotonic()  # the manifest's write_seconds counts from here
-        if is_coordinator != (self.rank == 0):
-            who = (f"rank {self.rank} was made the coordinator" if is_coordinator else
-                   "rank 0 was not made the coordinator")
-            raise UsageError(f"AlpsckStorageWriter needs rank 0 as the coordinator, and {who}: the deprecated "
-                             "save_state_dict(coordinator_rank=...) is not supported; use dcp.save, whose coordinator "
-                             "is rank 0")
+        self._subdir = None
         if not kwargs.get("use_collectives", True):
-            raise UsageError("AlpsckStorageWriter commits one checkpoint for all ranks: use_collectives=False is not "
-                             "supported")
+            # Every rank saves on its own, as its own coordinator, at world size 1. With several ranks each
+            # writes a checkpoint of its own in RANK_LOCAL/<rank>, which the reader finds when DCP asks for the
+            # rank-local metadata (read_metadata(rank=...)).
+            import torch.distributed as dist
+
+            self.rank = 0
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                self._subdir = rank_local_dir(self._process_rank)
         run_dir = self._dir()
         if self.step is not None:
             if (step_dir(run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
@@ -357,6 +364,9 @@ class AlpsckStorageWriter(StorageWriter):
             if plan.planner_data is not None:
                 encode_planner_data(plan.planner_data)  # fails now rather than in finish()
         self.world_size = world
+        me = self._process_rank if world == 1 else None  # one plan (one rank, or use_collectives=False): this one
+        # Each rank's shard: the coordinator's (this rank's) is 0, the others follow in process-rank order.
+        coordinator = self._process_rank if world > 1 else 0
         import torch.distributed as dist
 
         # Several ranks agree through the process group's store (no DONE record per rank for rank 0
@@ -374,7 +384,8 @@ class AlpsckStorageWriter(StorageWriter):
             # (DCP's finish_plan, or a subclass's write_data) leaves no lock behind.
             self._unlock()
         assert self._writing is not None
-        return [replace(plan, storage_data=_RankPlan(i, world, self._writing, self._store_ns))
+        return [replace(plan, storage_data=_RankPlan((i - coordinator) % world, world, self._writing, self._store_ns,
+                                                     i if me is None else me))
                 for i, plan in enumerate(plans)]
 
     def _open(self, rank: int, world: int) -> _core.Engine:
@@ -426,9 +437,9 @@ class AlpsckStorageWriter(StorageWriter):
             if not isinstance(info, _RankPlan):
                 raise UsageError("the plan carries no alpsck rank assignment: was prepare_global_plan of an "
                                  "AlpsckStorageWriter run?")
-            if info.rank != self.rank:
-                raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
-            self.world_size, step = info.world_size, info.step
+            if info.process_rank != self._process_rank:
+                raise UsageError(f"the plan is for rank {info.process_rank}, this is rank {self._process_rank}")
+            self.rank, self.world_size, step = info.rank, info.world_size, info.step
             self._store_ns = info.store_ns
             extents: list[_Extent] = []
             results: list[WriteResult] = []
