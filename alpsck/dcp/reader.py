@@ -3,6 +3,7 @@ whose docstring has the call order and the no-pickle policy)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -37,6 +38,7 @@ from ..store.run_dir import (
     read_failure,
 )
 from ..store.shards import shard_name
+from ..tree import np
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
 from .paths import is_alpsck_checkpoint_id, rank_local_dir, same_dir
 
@@ -58,6 +60,47 @@ def _set_value(planner: LoadPlanner, req: ReadItem, value: Any) -> None:
         set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
     else:
         planner.state_dict[req.dest_index.fqn] = value
+
+
+def like_live(live: Any, value: Any, depth: int = 0) -> Any:
+    """``value`` (decoded from JSON) in the type of the live value it replaces, where JSON lost the type and
+    the live value says what it was, as FileSystemWriter's pickle keeps it: a named tuple (of the live
+    one's class), a tuple, a set or frozenset, an OrderedDict, a NumPy array (from a list: alpsck stored
+    arrays as lists before 0.1) or scalar; recursively through containers of the same shape. Anything
+    else, or a value that does not fit the live one, is returned as decoded."""
+    if live is None or depth > 200:
+        return value
+    if isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor) and live.device != value.device:
+        with contextlib.suppress(RuntimeError):
+            return value.to(live.device)  # a tensor inside a value is stored from and read to the CPU
+        return value
+    if isinstance(live, tuple) and isinstance(value, (tuple, list)) and len(live) == len(value):
+        items = [like_live(x, v, depth + 1) for x, v in zip(live, value, strict=True)]
+        make = getattr(type(live), "_make", None)
+        if hasattr(type(live), "_fields") and callable(make):
+            with contextlib.suppress(Exception):
+                return make(items)
+        if hasattr(type(value), "_fields"):  # a named tuple decoded as one: keep it
+            return type(value)(*items)
+        return tuple(items)
+    if isinstance(live, list) and isinstance(value, list) and len(live) == len(value):
+        return [like_live(x, v, depth + 1) for x, v in zip(live, value, strict=True)]
+    if isinstance(live, dict) and isinstance(value, dict):
+        out = {k: like_live(live.get(k), v, depth + 1) for k, v in value.items()}
+        return collections.OrderedDict(out) if type(live) is collections.OrderedDict else out
+    if type(live) in (set, frozenset) and isinstance(value, (set, frozenset, list, tuple)):
+        with contextlib.suppress(TypeError):
+            return type(live)(value)
+        return value
+    if np is not None and isinstance(live, np.ndarray) and isinstance(value, list):
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return np.asarray(value, dtype=live.dtype)
+        return value
+    if (np is not None and isinstance(live, np.generic) and not isinstance(value, bool | np.generic)
+            and isinstance(value, int | float | complex)):
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return type(live)(value)
+    return value
 
 
 def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
@@ -322,7 +365,7 @@ class AlpsckStorageReader(StorageReader):
         values: list[tuple[ExtentRef, list[ReadItem], torch.Tensor]] = []
         copies: list[tuple[list[ReadItem], torch.Tensor, torch.Tensor | None]] = []  # (reqs, chunk, resolved dest)
         for ref, reqs in batch:
-            if ref.kind == "json":
+            if ref.kind in ("json", "raw"):
                 buf = torch.empty(ref.nbytes, dtype=torch.uint8)
                 if ref.nbytes:
                     dsts.append((ref.extent, buf))
@@ -360,9 +403,20 @@ class AlpsckStorageReader(StorageReader):
                 planner.commit_tensor(req, dest)
         for ref, reqs, buf in values:
             raw = buf.numpy().tobytes()
+            default = type(planner).load_bytes is DefaultLoadPlanner.load_bytes
             for req in reqs:
+                if ref.kind == "raw":  # a save planner's own bytes: for the load planner's own load_bytes, as they are
+                    if default or not isinstance(planner, LoadPlanner):
+                        raise UsageError(
+                            f"{req.storage_index.fqn!r} was saved as a planner's own bytes (its resolve_data or "
+                            f"transform_object), which {type(planner).__name__}.load_bytes would unpickle; alpsck "
+                            "never unpickles what it reads: load it with a planner whose load_bytes reads those bytes")
+                    planner.load_bytes(req, io.BytesIO(raw))
+                    continue
                 value = decode_value(raw, f"{shard}:{ref.extent}")  # a fresh object for each destination
-                if type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
+                if isinstance(planner, DefaultLoadPlanner):
+                    value = like_live(planner.state_dict.get(req.dest_index.fqn), value)
+                if default:
                     _set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
                     continue
                 pickled = io.BytesIO()

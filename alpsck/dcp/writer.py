@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -46,7 +47,6 @@ from .formats import (
     check_properties,
     decode_metadata,
     encode_metadata,
-    encode_planner_data,
     encode_value,
     extent_name,
 )
@@ -74,13 +74,28 @@ def _agreement_store(ns: str) -> Any:
     return process_group_store() if ns else None
 
 
-def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
-    """One BYTE_IO item as JSON, from the planner's original object (never DCP's pickle of it)."""
-    lookup = getattr(planner, "lookup_object", None)
-    if not callable(lookup):
-        raise UsageError(f"{item.index.fqn}: non-tensor values need a planner with lookup_object() (DefaultSavePlanner "
-                         f"or a subclass); {type(planner).__name__} has none")
-    return encode_value(lookup(item.index), item.index.fqn)
+def _default_bytes(planner: SavePlanner) -> bool:
+    """Whether the planner's bytes for a non-tensor value would be DefaultSavePlanner's torch.save of the object."""
+    if not isinstance(planner, DefaultSavePlanner):
+        return False
+    cls = type(planner)
+    return cls.resolve_data is DefaultSavePlanner.resolve_data and cls.transform_object is DefaultSavePlanner.transform_object
+
+
+def _encode_value(planner: SavePlanner, item: WriteItem) -> tuple[str, bytes]:
+    """One BYTE_IO item: ``("json", ...)``, the planner's original object as JSON (never DCP's default pickle
+    of it); or, from a planner with its own resolve_data or transform_object, ``("raw", ...)``: the bytes it
+    gave, as DCP keeps them (for that planner's own load_bytes to read)."""
+    if _default_bytes(planner):
+        assert isinstance(planner, DefaultSavePlanner)
+        return "json", encode_value(planner.lookup_object(item.index), item.index.fqn)
+    data = planner.resolve_data(item)
+    if isinstance(data, io.BytesIO):
+        return "raw", data.getvalue()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return "raw", bytes(data)
+    raise UsageError(f"{item.index.fqn}: {type(planner).__name__}.resolve_data gave a {type(data).__name__} for a "
+                     "non-tensor value (bytes or io.BytesIO expected)")
 
 
 @dataclass(frozen=True)
@@ -360,9 +375,6 @@ class AlpsckStorageWriter(StorageWriter):
         ranks open theirs in ``write_data``, after this plan reached them).
         """
         world = len(plans)
-        for plan in plans:
-            if plan.planner_data is not None:
-                encode_planner_data(plan.planner_data)  # fails now rather than in finish()
         self.world_size = world
         me = self._process_rank if world == 1 else None  # one plan (one rank, or use_collectives=False): this one
         # Each rank's shard: the coordinator's (this rank's) is 0, the others follow in process-rank order.
@@ -446,8 +458,8 @@ class AlpsckStorageWriter(StorageWriter):
             names: set[str] = set()
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO:
-                    kind = "json"
-                    data = torch.frombuffer(bytearray(_encode_value(planner, item)), dtype=torch.uint8)
+                    kind, raw = _encode_value(planner, item)
+                    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
                     extent = _Extent(extent_name(item.index, kind), data.numel(), functools.partial(_given, data))
                 else:
                     kind = "tensor"
