@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.checkpoint.stateful import Stateful
 
+from alpsck import _core
 from alpsck.dcp import AlpsckStorageReader
 
 
@@ -569,10 +570,11 @@ def test_custom_class_value(backend: Backend, tmp_path: Path) -> None:
 
 # A checkpoint left damaged (a crash, a disk error; alpsck's reader falls back past it) is written again under the
 # same id, as a resumed trainer does on reaching that step: FileSystemWriter overwrites it, and so does alpsck
-def test_resave_over_a_damaged_checkpoint(backend: Backend, tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["data", "all"])  # all: the .metadata file too
+def test_resave_over_a_damaged_checkpoint(backend: Backend, tmp_path: Path, damage: str) -> None:
     _save(backend, {"t": torch.ones(64), "n": 1}, tmp_path)
     for f in sorted(tmp_path.rglob("*")):
-        if f.is_file() and f.name != ".metadata" and f.stat().st_size > 1:
+        if f.is_file() and (damage == "all" or f.name != ".metadata") and f.stat().st_size > 1:
             with open(f, "r+b") as fh:
                 fh.truncate(f.stat().st_size // 2)
     _save(backend, {"t": torch.full((64,), 2.0), "n": 2}, tmp_path)
@@ -592,3 +594,29 @@ def test_tensor_inside_a_value(backend: Backend, tmp_path: Path) -> None:
         assert type(into[k]) is tuple and into[k][1] == saved[k][1], k
         got, want = into[k][0], saved[k][0]
         assert got.dtype == want.dtype and torch.equal(got, want), k
+
+
+class _OpaquePlannerData(DefaultSavePlanner):
+    def create_global_plan(self, all_plans: list[SavePlan]) -> Any:
+        plans, md = super().create_global_plan(all_plans)
+        md.planner_data = Custom(1)
+        return plans, md
+
+
+# planner.py's planner_data of a type JSON cannot hold: FileSystemWriter pickles it; alpsck refuses the save in one
+# line, and commits nothing
+def test_planner_data_json_cannot_hold(backend: Backend, tmp_path: Path) -> None:
+    def save() -> None:
+        dcp.save({"w": torch.ones(2)}, checkpoint_id=tmp_path, storage_writer=backend.writer(tmp_path),
+                 planner=_OpaquePlannerData())
+
+    if backend.name == "fs":
+        save()
+        reader = backend.reader(tmp_path)
+        reader.reset(tmp_path)
+        assert isinstance(reader.read_metadata().planner_data, Custom)
+        return
+    with pytest.raises(CheckpointException) as e:
+        save()
+    assert "planner_data" in str(e.value) and "never as a pickle" in str(e.value)
+    assert not [i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"]

@@ -40,7 +40,7 @@ from ..store.run_dir import (
 from ..store.shards import shard_name
 from ..tree import np
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
-from .paths import is_alpsck_checkpoint_id, rank_local_dir, same_dir
+from .paths import damaged_marker, is_alpsck_checkpoint_id, rank_local_dir, same_dir
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
@@ -236,7 +236,10 @@ class AlpsckStorageReader(StorageReader):
         if not run_dir.exists():
             raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
         why = marker_problem(run_dir)
-        if why is not None:
+        if why is not None and damaged_marker(run_dir):  # written anew by the next save
+            warnings.warn(f"{why}, and damaged: the directory holds alpsck's checkpoints only, read without it",
+                          RuntimeWarning, stacklevel=5)
+        elif why is not None:
             raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
         p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
         skipped.extend(k for k in p.skipped if not k.quiet)  # an attempt: quietly

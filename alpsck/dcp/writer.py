@@ -50,7 +50,7 @@ from .formats import (
     encode_value,
     extent_name,
 )
-from .paths import may_become_checkpoint, rank_local_dir, same_dir
+from .paths import damaged_marker, may_become_checkpoint, rank_local_dir, same_dir
 
 __all__ = ["AlpsckStorageWriter"]
 
@@ -349,7 +349,7 @@ class AlpsckStorageWriter(StorageWriter):
             return
         if not path.is_dir():
             raise UsageError(f"checkpoint_id {str(path)!r} is not a directory")
-        why = marker_problem(path)
+        why = None if damaged_marker(path) else marker_problem(path)  # a damaged marker of ours: written anew
         foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in MARKER_NAMES)
         if why is None and foreign:
             why = f"{path} holds files alpsck did not write ({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})"
