@@ -11,6 +11,7 @@ here only where they work with gloo on CPU at 2 ranks (dcp_torch_suite_worker.py
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 from concurrent.futures import Future as ConcurrentFuture
@@ -172,6 +173,8 @@ def test_save_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: st
         save_state_dict(state_dict, storage_writer=writer, coordinator_rank=0, no_dist=True)
     assert list(cm.value.failures) == [0]
     assert type(cm.value.failures[0][0]) is ValueError
+    if backend.name == "alpsck":
+        writer.close()  # its engine (opened by the global plan; the replaced write_data would have closed it)
     # the checkpoint id is not spoiled: the next save to it succeeds and loads
     _save(backend, state_dict, tmp_path / "ckpt")
     into = {"replicated": torch.zeros(10, 10), "bytes": [0]}
@@ -620,3 +623,45 @@ def test_planner_data_json_cannot_hold(backend: Backend, tmp_path: Path) -> None
         save()
     assert "planner_data" in str(e.value) and "never as a pickle" in str(e.value)
     assert not [i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"]
+
+
+# -------------------------------------------------------------- alpsck's run-directory mode (no FileSystemWriter twin)
+
+
+def _truncate_shards(step_path: Path) -> None:
+    for f in step_path.glob("rank-*.bin"):
+        with open(f, "r+b") as fh:
+            fh.truncate(f.stat().st_size // 2)
+
+
+# The re-save after a fall-back, in a run directory: step 5 is damaged, the reader falls back to step 3, the trainer
+# resumed from there saves step 5 again (FileSystemWriter would overwrite it): the damaged step 5 is retired and
+# written anew. A usable committed step is still written once, unless overwrite=True.
+def test_run_dir_resave_after_a_fall_back(tmp_path: Path) -> None:
+    from alpsck.dcp import AlpsckStorageWriter
+
+    for step in (3, 5):
+        dcp.save({"t": torch.full((64,), float(step))}, storage_writer=AlpsckStorageWriter(tmp_path, step))
+    with pytest.raises(CheckpointException, match="already committed.*overwrite=True"):
+        dcp.save({"t": torch.zeros(64)}, storage_writer=AlpsckStorageWriter(tmp_path, 5))
+    _truncate_shards(tmp_path / _core.step_dir_name(5))
+    into = {"t": torch.zeros(64)}
+    with pytest.warns(RuntimeWarning, match="skipping"):
+        dcp.load(into, storage_reader=AlpsckStorageReader(tmp_path))
+    assert torch.equal(into["t"], torch.full((64,), 3.0))  # fell back
+    with pytest.warns(RuntimeWarning, match=r"step\(s\) 5 retired"):
+        dcp.save({"t": torch.full((64,), 50.0)}, storage_writer=AlpsckStorageWriter(tmp_path, 5))
+    dcp.load(into, storage_reader=AlpsckStorageReader(tmp_path))
+    assert torch.equal(into["t"], torch.full((64,), 50.0))
+    # overwrite=True replaces a usable step (and retires the newer ones: one history)
+    with pytest.warns(RuntimeWarning, match=r"step\(s\) 3, 5 retired"):
+        dcp.save({"t": torch.full((64,), 30.0)}, storage_writer=AlpsckStorageWriter(tmp_path, 3, overwrite=True))
+    dcp.load(into, storage_reader=AlpsckStorageReader(tmp_path))
+    assert torch.equal(into["t"], torch.full((64,), 30.0))
+    # the same writer again, without a new checkpoint id
+    writer = AlpsckStorageWriter(tmp_path, 7, overwrite=True)
+    for v in (70.0, 71.0):
+        with contextlib.nullcontext() if v == 70.0 else pytest.warns(RuntimeWarning, match=r"step\(s\) 7 retired"):
+            dcp.save({"t": torch.full((64,), v)}, storage_writer=writer)
+        dcp.load(into, storage_reader=AlpsckStorageReader(tmp_path, 7))
+        assert torch.equal(into["t"], torch.full((64,), v))

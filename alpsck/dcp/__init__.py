@@ -57,7 +57,8 @@ Readers take no lock.
 
 Threading: a writer or reader serves one save or load at a time, driven by DCP on one thread per
 rank (``async_save`` runs the whole save on its background thread). Long core calls release the
-GIL. In a run directory a step is written once (a committed step raises UsageError); a checkpoint
+GIL. In a run directory a step is written once (a committed step raises UsageError) unless it is
+unusable or ``overwrite=True`` (then it and the newer steps are retired first, one history); a checkpoint
 directory is written over by each save to it. ``use_collectives=False`` saves every rank alone (with
 several ranks each in ``ID/__<rank>``); any process rank may be DCP's coordinator (it writes shard 0).
 

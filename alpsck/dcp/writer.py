@@ -38,7 +38,7 @@ from ..options import DEFAULTS, check_step
 from ..options import check as check_option
 from ..ranks import process_group_store
 from ..store.durable import make_dirs_durably
-from ..store.run_dir import MARKER_NAMES, entry_kind, lock_run_dir, marker_problem, step_dir, write_marker
+from ..store.run_dir import MARKER_NAMES, entry_kind, lock_run_dir, marker_problem, pick, step_dir, write_marker
 from .formats import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -67,6 +67,7 @@ class _RankPlan:
     # the coordinator for this save): "" for none (one rank, or no process group): DONE records.
     store_ns: str = ""
     process_rank: int = 0  # the process-group rank the plan is for (DCP's coordinator may be another than 0)
+    supersede: bool = False  # run-directory mode: the save retires the committed step and newer ones first
 
 
 def _agreement_store(ns: str) -> Any:
@@ -200,7 +201,9 @@ class AlpsckStorageWriter(StorageWriter):
 
     - **run-directory mode**, ``AlpsckStorageWriter(run_dir, step)``: checkpoint ``step`` of the
       alpsck run directory ``run_dir``, beside the Checkpointer's (``run_dir/step-00000000N``). A
-      step is written once.
+      step is written once, unless ``overwrite=True`` or its checkpoint is unusable (a reader fell
+      back past it): then the save retires it, and every newer step, to ``superseded-step-N-*``
+      (as a Checkpointer's save after a fall-back does; removed by ``alpsck prune``) and writes it anew.
     - **checkpoint-directory mode**, ``AlpsckStorageWriter()`` with ``dcp.save(...,
       checkpoint_id="folder/step-10")`` (or ``AlpsckStorageWriter("folder/step-10")``): the
       checkpoint is that directory, as with DCP's FileSystemWriter and torchtitan. alpsck keeps a
@@ -213,14 +216,14 @@ class AlpsckStorageWriter(StorageWriter):
     Args:
         run_dir: the run directory (run-directory mode), or the checkpoint directory (with no step).
             Use one that no :class:`alpsck.Checkpointer` has open: both take its writer lock.
-        step: the checkpoint's step in run-directory mode; it must not be committed yet.
+        step: the checkpoint's step in run-directory mode.
         threads, chunk_bytes, commit_timeout_s: the engine's options (None: the defaults in
             alpsck.options, as for the Checkpointer).
         keep_last: run-directory mode: after the commit, keep the newest ``keep_last`` committed
             checkpoints of the run directory, DCP or not (0 keeps all).
         direct_io: O_DIRECT where the file system allows.
-        overwrite: checkpoint-directory mode: whether a save may replace a committed checkpoint
-            (DCP's default, True).
+        overwrite: whether a save may replace a committed checkpoint. None (the default): yes in
+            checkpoint-directory mode (DCP's default), and in run-directory mode only an unusable one.
 
     CPU tensors that DCP's default planner hands over contiguous are written from their own memory
     (no snapshot copy): DCP keeps them unchanged until ``write_data`` returns (``dcp.async_save``
@@ -232,7 +235,7 @@ class AlpsckStorageWriter(StorageWriter):
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
                  threads: int | None = None, chunk_bytes: int | None = None, keep_last: int = 0,
-                 commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool = True) -> None:
+                 commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool | None = None) -> None:
         super().__init__()
         check_step(step, allow_none=True)
         if step is not None and run_dir is None:
@@ -246,7 +249,9 @@ class AlpsckStorageWriter(StorageWriter):
         for name in ("threads", "chunk_bytes", "keep_last", "commit_timeout_s"):
             check_option(name, getattr(self, name))
         self.direct_io = direct_io
-        self.overwrite = overwrite
+        self.overwrite = overwrite is not False
+        self._overwrite_given = overwrite
+        self._supersede = False  # run-directory mode: this save retires the committed step (and newer ones) first
         self.save_id = str(uuid.uuid4())
         self.rank = 0
         self.world_size: int | None = None
@@ -335,12 +340,22 @@ class AlpsckStorageWriter(StorageWriter):
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 self._subdir = rank_local_dir(self._process_rank)
         run_dir = self._dir()
+        self._supersede = False
         if self.step is not None:
             if (step_dir(run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
-                raise UsageError(f"{run_dir}: step {self.step} is already committed; a step is written once "
-                                 "(make a writer for a new step)")
+                if self._overwrite_given is not True and not self._unusable(run_dir, self.step):
+                    raise UsageError(f"{run_dir}: step {self.step} is already committed; a step is written once "
+                                     "(make a writer for a new step, or pass overwrite=True to replace it)")
+                self._supersede = True
         else:
             self._check_overwrite(run_dir)
+
+    @staticmethod
+    def _unusable(run_dir: Path, step: int) -> bool:
+        """Whether committed ``step`` is a DCP checkpoint no reader would load (corrupt, damaged): a save after
+        the fall-back past it writes it anew. A Checkpointer's checkpoint is never unusable here."""
+        p = pick(run_dir, kind="dcp", step=step)
+        return p.info is None and bool(p.skipped) and p.skipped[0].reason != "other_kind"
 
     def _check_overwrite(self, path: Path) -> None:
         """Checkpoint-directory mode: refuse a directory holding someone else's files, or (overwrite=False)
@@ -397,7 +412,7 @@ class AlpsckStorageWriter(StorageWriter):
             self._unlock()
         assert self._writing is not None
         return [replace(plan, storage_data=_RankPlan((i - coordinator) % world, world, self._writing, self._store_ns,
-                                                     i if me is None else me))
+                                                     i if me is None else me, self._supersede))
                 for i, plan in enumerate(plans)]
 
     def _open(self, rank: int, world: int) -> _core.Engine:
@@ -411,7 +426,7 @@ class AlpsckStorageWriter(StorageWriter):
                 # staging_bytes: slots for the items resolved while writing (mapped now, touched only then)
                 self._engine = _core.Engine(str(run_dir), threads=self.threads, chunk_bytes=self.chunk_bytes,
                                             staging_bytes=(self.threads + 2) * self.chunk_bytes,
-                                            max_in_flight=1, keep_last=0,
+                                            max_in_flight=1, keep_last=0, one_history=self._supersede,
                                             direct_io=self.direct_io, rank=rank, world_size=world,
                                             commit_timeout_s=self.commit_timeout_s,
                                             store=_agreement_store(self._store_ns), store_ns=self._store_ns)
@@ -452,6 +467,7 @@ class AlpsckStorageWriter(StorageWriter):
             if info.process_rank != self._process_rank:
                 raise UsageError(f"the plan is for rank {info.process_rank}, this is rank {self._process_rank}")
             self.rank, self.world_size, step = info.rank, info.world_size, info.step
+            self._supersede = info.supersede
             self._store_ns = info.store_ns
             extents: list[_Extent] = []
             results: list[WriteResult] = []
@@ -483,6 +499,11 @@ class AlpsckStorageWriter(StorageWriter):
             handle.wait()
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
+            retired = sorted(s for s, _ in engine.take_retired())
+            if retired and self.rank == 0:
+                warnings.warn(f"{self._dir()}: step(s) {', '.join(map(str, retired))} retired to superseded-step-* "
+                              f"before step {step} was written again (removed by alpsck prune)", RuntimeWarning,
+                              stacklevel=2)
         finally:
             self.close()
         fut: Future[list[WriteResult]] = Future()
