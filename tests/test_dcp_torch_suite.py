@@ -477,13 +477,14 @@ class _Rot13LoadPlanner(DefaultLoadPlanner):
 # planner.py (SavePlanner: "transform_object ... resolve_data", LoadPlanner.load_bytes): the bytes resolve_data
 # gave are stored as they are, and load_bytes gets exactly them
 def test_resolve_data_bytes_are_kept(backend: Backend, tmp_path: Path) -> None:
-    sd = {"w": torch.ones(2), "name": "alpha", "n": 7}
+    sd = {"w": torch.ones(2), "name": "alpha", "n": 7, "empty": ""}
     dcp.save(sd, checkpoint_id=tmp_path, storage_writer=backend.writer(tmp_path), planner=_Rot13SavePlanner())
     planner = _Rot13LoadPlanner()
-    into: dict[str, Any] = {"w": torch.zeros(2), "name": "", "n": 0}
+    into: dict[str, Any] = {"w": torch.zeros(2), "name": "", "n": 0, "empty": "x"}
     dcp.load(into, checkpoint_id=tmp_path, storage_reader=backend.reader(tmp_path), planner=planner)
     assert planner.got["name"] == bytes((b + 13) % 256 for b in b"alpha")
     assert into["name"] == "alpha" and into["n"] == "7" and torch.equal(into["w"], torch.ones(2))
+    assert planner.got["empty"] == b"" and into["empty"] == ""  # no bytes at all, kept as such
 
 
 # The same checkpoint loaded with DefaultLoadPlanner: FileSystemReader torch.loads the planner's bytes (and
@@ -518,6 +519,8 @@ def test_non_tensor_values_keep_their_type(backend: Backend, tmp_path: Path) -> 
         "np_rng": rs.get_state(),
         "np_gen": np.random.default_rng(3).bit_generator.state,
         "ids": {1, 5, 9},
+        "shape": torch.Size([2, 3]),
+        "z": complex(1.5, -2.0),
         "frozen": frozenset({"a", "b"}),
         "nested": {"p": Point(3, 4.5), "rows": [np.ones(2, dtype=np.float16)]},
     }
@@ -526,7 +529,7 @@ def test_non_tensor_values_keep_their_type(backend: Backend, tmp_path: Path) -> 
         "arr": np.zeros((3, 4), dtype=np.float32), "iarr": np.zeros((2, 2), dtype=np.int64),
         "barr": np.zeros(2, dtype=bool), "scalar": np.float64(0), "point": Point(0, 0.0),
         "np_rng": np.random.RandomState(0).get_state(), "np_gen": np.random.default_rng(0).bit_generator.state,
-        "ids": set(), "frozen": frozenset(),
+        "ids": set(), "frozen": frozenset(), "shape": torch.Size([0]), "z": 0j,
         "nested": {"p": Point(0, 0.0), "rows": [np.zeros(2, dtype=np.float16)]},
     }
     _load(backend, into, tmp_path)
@@ -542,6 +545,8 @@ def test_non_tensor_values_keep_their_type(backend: Backend, tmp_path: Path) -> 
             assert got._asdict() == want._asdict() and (got.x, got.y) == (want.x, want.y)
     assert type(into["nested"]["rows"][0]) is np.ndarray and into["nested"]["rows"][0].dtype == np.float16
     assert into["ids"] == {1, 5, 9} and type(into["ids"]) is set
+    assert type(into["shape"]) is torch.Size and into["shape"] == torch.Size([2, 3])
+    assert type(into["z"]) is complex and into["z"] == complex(1.5, -2.0)
     assert into["frozen"] == frozenset({"a", "b"}) and type(into["frozen"]) is frozenset
     restored = np.random.RandomState()
     restored.set_state(into["np_rng"])

@@ -441,6 +441,8 @@ _VALUE_TAGS: dict[str, frozenset[str]] = {  # the tags of non-tensor values beyo
     "frozenset": frozenset({"items"}),
     "namedtuple": frozenset({"name", "fields", "items"}),  # a named tuple: its class's name, its fields, its items
     "vtensor": frozenset({"dtype", "shape", "b64"}),  # a tensor inside a non-tensor value: its dtype, shape, bytes
+    "size": frozenset({"items"}),  # a torch.Size: its ints
+    "complex": frozenset({"re", "im"}),  # a Python complex number: its parts, as floats are encoded
 }
 MAX_FIELDS = 1024
 
@@ -479,6 +481,10 @@ class _ValueEncoder(tree.Encoder):
             if isinstance(v, np.generic):
                 return {tree.TAG: "npscalar", "dtype": name, "b64": raw}
             return {tree.TAG: "ndarray", "dtype": name, "shape": list(arr.shape), "b64": raw}
+        if isinstance(v, torch.Size):
+            return {tree.TAG: "size", "items": [int(d) for d in v]}
+        if isinstance(v, complex):
+            return {tree.TAG: "complex", "re": self.value(v.real, path, depth + 1), "im": self.value(v.imag, path, depth + 1)}
         fields = getattr(type(v), "_fields", None) if isinstance(v, tuple) and type(v) is not tuple else None
         if isinstance(fields, tuple):
             return {tree.TAG: "namedtuple", "name": type(v).__name__, "fields": list(fields),
@@ -543,6 +549,17 @@ class _ValueDecoder(tree.Decoder):
             return cls(*(self.value(x, f"{path}/{i}", depth + 1) for i, x in enumerate(items)))
         if tag == "vtensor":
             return _vtensor(node, path)
+        if tag == "size":
+            dims = node["items"]
+            if (not isinstance(dims, list) or len(dims) > tree.MAX_DIMS
+                    or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= tree.MAX_ELEMENTS for d in dims)):
+                raise CorruptCheckpointError(f"{path}: invalid torch.Size {_short(dims)}")
+            return torch.Size(dims)
+        if tag == "complex":
+            re_, im = (self.value(node[k], f"{path}/{k}", depth + 1) for k in ("re", "im"))
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (re_, im)):
+                raise CorruptCheckpointError(f"{path}: invalid complex parts {_short(re_)}, {_short(im)}")
+            return complex(re_, im)
         if np is None:
             raise CorruptCheckpointError(f"{path}: a NumPy value, and NumPy is not installed")
         dtype, raw = node["dtype"], node["b64"]
