@@ -36,13 +36,15 @@ types (tensor dtypes from :data:`alpsck.tree.TENSOR_DTYPES`; unknown types, fiel
 layouts raise :class:`UnsafeCheckpointError`, inconsistent sizes and offsets
 :class:`CorruptCheckpointError`, each naming the field). Non-tensor values (DCP's ``BYTE_IO``
 items: ints, floats, strings, tuples, dicts ... that DCP would ``torch.save``) are stored as
-alpsck's tagged JSON (:mod:`alpsck.tree`), taken from the planner's ``lookup_object`` (so
-DCP's own pickle of them is never written); a value JSON cannot hold (a custom class, a tuple
-holding tensors) fails the save with :class:`UsageError`; ``bytes`` and ``io.BytesIO`` values
-(torchtitan's dataloader and train state) are stored as their bytes. On load a value is decoded
-from JSON and set where DefaultLoadPlanner would set it, with no pickle at all; a planner with
-its own ``load_bytes`` gets a ``torch.save`` of the decoded plain value, made here in memory:
-what it unpickles was never read from disk.
+alpsck's tagged JSON (:mod:`alpsck.tree`, plus NumPy arrays and scalars, sets, named tuples and tensors
+inside a value: :mod:`.formats`), taken from the planner's ``lookup_object`` (so DCP's own pickle of
+them is never written); a value JSON cannot hold (a custom class) fails the save with
+:class:`UsageError`; ``bytes`` and ``io.BytesIO`` values (torchtitan's dataloader and train state) are
+stored as their bytes. A save planner with its own ``resolve_data``/``transform_object`` has its bytes
+stored as they are, for its load planner's ``load_bytes``. On load a value is decoded from JSON, put
+in the live value's type where JSON lost it, and set where DefaultLoadPlanner would set it, with no
+pickle at all; a planner with its own ``load_bytes`` gets a ``torch.save`` of the decoded value, made
+here in memory: what it unpickles was never read from disk. docs/dcp.md lists what is refused.
 
 Locking: a writer takes the run directory's per-rank writer lock
 (:func:`alpsck.store.run_dir.lock_run_dir`) while it writes: the coordinator in
@@ -55,7 +57,10 @@ Readers take no lock.
 
 Threading: a writer or reader serves one save or load at a time, driven by DCP on one thread per
 rank (``async_save`` runs the whole save on its background thread). Long core calls release the
-GIL. In a run directory a step is written once (a committed step raises UsageError).
+GIL. In a run directory a step is written once (a committed step raises UsageError) unless it is
+unusable or ``overwrite=True`` (then it and the newer steps are retired first, one history); a checkpoint
+directory is written over by each save to it. ``use_collectives=False`` saves every rank alone (with
+several ranks each in ``ID/__<rank>``); any process rank may be DCP's coordinator (it writes shard 0).
 
 Checkpoint-directory mode (``dcp.save(..., checkpoint_id="folder/step-10")``, as torchtitan names
 its checkpoints): the named directory is a run directory of its own, each save the next generation

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from .. import _core
-from ..store.run_dir import entry_kind, is_committed_step_dir
+from ..store.durable import read_small
+from ..store.run_dir import MARKER_FILE, MARKER_NAMES, entry_kind, is_committed_step_dir, marker_problem
 
 
 def holds_alpsck_state(path: Path) -> bool:
@@ -57,3 +58,22 @@ def may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
 
 def same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
+
+
+def rank_local_dir(rank: int) -> str:
+    """The checkpoint of one rank saved with ``use_collectives=False`` beside the others: ``ID/__<rank>``
+    (FileSystemWriter names that rank's files ``ID/__<rank>_*`` and its metadata ``ID/__<rank>.metadata``)."""
+    return f"__{int(rank)}"
+
+
+def damaged_marker(path: Path) -> bool:
+    """Whether ``path`` is an alpsck checkpoint directory whose ``.metadata`` marker is damaged (not a pickle,
+    not alpsck's JSON), beside alpsck's entries only: a writer may write over it, a reader look past it."""
+    try:
+        if marker_problem(path) is None or read_small(path / MARKER_FILE, 1)[:1] == b"\x80":
+            return False
+        names = os.listdir(path)
+        return (all(entry_kind(n) != "other" or n in MARKER_NAMES for n in names)
+                and any(entry_kind(n) not in ("other", "lock") for n in names))
+    except OSError:
+        return False

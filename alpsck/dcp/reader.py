@@ -3,6 +3,7 @@ whose docstring has the call order and the no-pickle policy)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import json
@@ -37,8 +38,9 @@ from ..store.run_dir import (
     read_failure,
 )
 from ..store.shards import shard_name
+from ..tree import np
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
-from .paths import is_alpsck_checkpoint_id, same_dir
+from .paths import damaged_marker, is_alpsck_checkpoint_id, rank_local_dir, same_dir
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
@@ -58,6 +60,47 @@ def _set_value(planner: LoadPlanner, req: ReadItem, value: Any) -> None:
         set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
     else:
         planner.state_dict[req.dest_index.fqn] = value
+
+
+def like_live(live: Any, value: Any, depth: int = 0) -> Any:
+    """``value`` (decoded from JSON) in the type of the live value it replaces, where JSON lost the type and
+    the live value says what it was, as FileSystemWriter's pickle keeps it: a named tuple (of the live
+    one's class), a tuple, a set or frozenset, an OrderedDict, a NumPy array (from a list: alpsck stored
+    arrays as lists before 0.1) or scalar; recursively through containers of the same shape. Anything
+    else, or a value that does not fit the live one, is returned as decoded."""
+    if live is None or depth > 200:
+        return value
+    if isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor) and live.device != value.device:
+        with contextlib.suppress(RuntimeError):
+            return value.to(live.device)  # a tensor inside a value is stored from and read to the CPU
+        return value
+    if isinstance(live, tuple) and isinstance(value, (tuple, list)) and len(live) == len(value):
+        items = [like_live(x, v, depth + 1) for x, v in zip(live, value, strict=True)]
+        make = getattr(type(live), "_make", None)
+        if hasattr(type(live), "_fields") and callable(make):
+            with contextlib.suppress(Exception):
+                return make(items)
+        if hasattr(type(value), "_fields"):  # a named tuple decoded as one: keep it
+            return type(value)(*items)
+        return tuple(items)
+    if isinstance(live, list) and isinstance(value, list) and len(live) == len(value):
+        return [like_live(x, v, depth + 1) for x, v in zip(live, value, strict=True)]
+    if isinstance(live, dict) and isinstance(value, dict):
+        out = {k: like_live(live.get(k), v, depth + 1) for k, v in value.items()}
+        return collections.OrderedDict(out) if type(live) is collections.OrderedDict else out
+    if type(live) in (set, frozenset) and isinstance(value, (set, frozenset, list, tuple)):
+        with contextlib.suppress(TypeError):
+            return type(live)(value)
+        return value
+    if np is not None and isinstance(live, np.ndarray) and isinstance(value, list):
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return np.asarray(value, dtype=live.dtype)
+        return value
+    if (np is not None and isinstance(live, np.generic) and not isinstance(value, bool | np.generic)
+            and isinstance(value, int | float | complex)):
+        with contextlib.suppress(TypeError, ValueError, OverflowError):
+            return type(live)(value)
+    return value
 
 
 def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
@@ -137,20 +180,27 @@ class AlpsckStorageReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """All ranks: picks the checkpoint (afresh on every call) and returns its validated Metadata.
 
-        DCP asks again with ``rank=`` after a failure (for its rank-local metadata files); alpsck
-        has one global file, so that retry fails at once instead of repeating the search.
+        DCP asks again with ``rank=`` when that fails, for a checkpoint saved with
+        ``use_collectives=False``: with several ranks, each rank's is its own checkpoint in
+        ``ID/__<rank>`` (:func:`.paths.rank_local_dir`); none there fails at once.
         """
-        if kwargs.get("rank") is not None:
-            raise UsageError(f"alpsck keeps one {METADATA_FILE} per checkpoint, no rank-local metadata")
-        md = self._metadata = self._pick()
+        rank = kwargs.get("rank")
+        if rank is not None:  # the checkpoint this rank saved with use_collectives=False, beside the others'
+            local = None if self.run_dir is None else self.run_dir / rank_local_dir(int(rank))
+            if local is None or not local.is_dir():
+                raise NoCheckpointError(f"{self.run_dir}: no checkpoint of rank {rank} saved with use_collectives=False "
+                                        f"({rank_local_dir(int(rank))}/)")
+            md = self._metadata = self._pick(local)
+        else:
+            md = self._metadata = self._pick()
         md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
         return md
 
-    def _pick(self) -> Metadata:
+    def _pick(self, local: Path | None = None) -> Metadata:
         if self.run_dir is None:
             raise UsageError("AlpsckStorageReader() was given no checkpoint: pass checkpoint_id= to dcp.load (or a "
                              "path to AlpsckStorageReader)")
-        where, step = self.run_dir, self.requested_step
+        where, step = local or self.run_dir, self.requested_step
         if step is None and is_committed_step_dir(where):  # run/step-00000000N: that step of its run directory
             where, step = where.parent, _core.parse_run_dir_name(where.name)[1]
         if step is not None:
@@ -159,7 +209,7 @@ class AlpsckStorageReader(StorageReader):
         try:
             md = self._pick_newest(where, skipped, self.max_step)
         except NoCheckpointError:
-            if not (self.fallback and is_marked(where)):  # never from one run directory to another
+            if not (self.fallback and local is None and is_marked(where)):  # never from one run directory to another
                 raise
             md, instead = self._pick_sibling(where, skipped)
             warnings.warn(instead, RuntimeWarning, stacklevel=4)
@@ -186,7 +236,10 @@ class AlpsckStorageReader(StorageReader):
         if not run_dir.exists():
             raise NoCheckpointError(f"{run_dir}: no valid DCP checkpoint (no such directory)")
         why = marker_problem(run_dir)
-        if why is not None:
+        if why is not None and damaged_marker(run_dir):  # written anew by the next save
+            warnings.warn(f"{why}, and damaged: the directory holds alpsck's checkpoints only, read without it",
+                          RuntimeWarning, stacklevel=5)
+        elif why is not None:
             raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
         p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
         skipped.extend(k for k in p.skipped if not k.quiet)  # an attempt: quietly
@@ -315,7 +368,7 @@ class AlpsckStorageReader(StorageReader):
         values: list[tuple[ExtentRef, list[ReadItem], torch.Tensor]] = []
         copies: list[tuple[list[ReadItem], torch.Tensor, torch.Tensor | None]] = []  # (reqs, chunk, resolved dest)
         for ref, reqs in batch:
-            if ref.kind == "json":
+            if ref.kind in ("json", "raw"):
                 buf = torch.empty(ref.nbytes, dtype=torch.uint8)
                 if ref.nbytes:
                     dsts.append((ref.extent, buf))
@@ -353,9 +406,20 @@ class AlpsckStorageReader(StorageReader):
                 planner.commit_tensor(req, dest)
         for ref, reqs, buf in values:
             raw = buf.numpy().tobytes()
+            default = type(planner).load_bytes is DefaultLoadPlanner.load_bytes
             for req in reqs:
+                if ref.kind == "raw":  # a save planner's own bytes: for the load planner's own load_bytes, as they are
+                    if default or not isinstance(planner, LoadPlanner):
+                        raise UsageError(
+                            f"{req.storage_index.fqn!r} was saved as a planner's own bytes (its resolve_data or "
+                            f"transform_object), which {type(planner).__name__}.load_bytes would unpickle; alpsck "
+                            "never unpickles what it reads: load it with a planner whose load_bytes reads those bytes")
+                    planner.load_bytes(req, io.BytesIO(raw))
+                    continue
                 value = decode_value(raw, f"{shard}:{ref.extent}")  # a fresh object for each destination
-                if type(planner).load_bytes is DefaultLoadPlanner.load_bytes:
+                if isinstance(planner, DefaultLoadPlanner):
+                    value = like_live(planner.state_dict.get(req.dest_index.fqn), value)
+                if default:
                     _set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
                     continue
                 pickled = io.BytesIO()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from ..options import DEFAULTS, check_step
 from ..options import check as check_option
 from ..ranks import process_group_store
 from ..store.durable import make_dirs_durably
-from ..store.run_dir import MARKER_NAMES, entry_kind, lock_run_dir, marker_problem, step_dir, write_marker
+from ..store.run_dir import MARKER_NAMES, entry_kind, lock_run_dir, marker_problem, pick, step_dir, write_marker
 from .formats import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -46,11 +47,10 @@ from .formats import (
     check_properties,
     decode_metadata,
     encode_metadata,
-    encode_planner_data,
     encode_value,
     extent_name,
 )
-from .paths import may_become_checkpoint, same_dir
+from .paths import damaged_marker, may_become_checkpoint, rank_local_dir, same_dir
 
 __all__ = ["AlpsckStorageWriter"]
 
@@ -60,12 +60,14 @@ __all__ = ["AlpsckStorageWriter"]
 class _RankPlan:
     """What the coordinator tells each rank in its plan's ``storage_data``."""
 
-    rank: int
+    rank: int  # the rank's shard (the coordinator's is 0: its engine tidies the directory and commits)
     world_size: int
     step: int  # the step (run-directory mode) or generation (checkpoint-directory mode) the save writes
     # Where the ranks' engines agree (torch.distributed's store, under this key namespace, drawn by
     # the coordinator for this save): "" for none (one rank, or no process group): DONE records.
     store_ns: str = ""
+    process_rank: int = 0  # the process-group rank the plan is for (DCP's coordinator may be another than 0)
+    supersede: bool = False  # run-directory mode: the save retires the committed step and newer ones first
 
 
 def _agreement_store(ns: str) -> Any:
@@ -73,13 +75,28 @@ def _agreement_store(ns: str) -> Any:
     return process_group_store() if ns else None
 
 
-def _encode_value(planner: SavePlanner, item: WriteItem) -> bytes:
-    """One BYTE_IO item as JSON, from the planner's original object (never DCP's pickle of it)."""
-    lookup = getattr(planner, "lookup_object", None)
-    if not callable(lookup):
-        raise UsageError(f"{item.index.fqn}: non-tensor values need a planner with lookup_object() (DefaultSavePlanner "
-                         f"or a subclass); {type(planner).__name__} has none")
-    return encode_value(lookup(item.index), item.index.fqn)
+def _default_bytes(planner: SavePlanner) -> bool:
+    """Whether the planner's bytes for a non-tensor value would be DefaultSavePlanner's torch.save of the object."""
+    if not isinstance(planner, DefaultSavePlanner):
+        return False
+    cls = type(planner)
+    return cls.resolve_data is DefaultSavePlanner.resolve_data and cls.transform_object is DefaultSavePlanner.transform_object
+
+
+def _encode_value(planner: SavePlanner, item: WriteItem) -> tuple[str, bytes]:
+    """One BYTE_IO item: ``("json", ...)``, the planner's original object as JSON (never DCP's default pickle
+    of it); or, from a planner with its own resolve_data or transform_object, ``("raw", ...)``: the bytes it
+    gave, as DCP keeps them (for that planner's own load_bytes to read)."""
+    if _default_bytes(planner):
+        assert isinstance(planner, DefaultSavePlanner)
+        return "json", encode_value(planner.lookup_object(item.index), item.index.fqn)
+    data = planner.resolve_data(item)
+    if isinstance(data, io.BytesIO):
+        return "raw", data.getvalue()
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return "raw", bytes(data)
+    raise UsageError(f"{item.index.fqn}: {type(planner).__name__}.resolve_data gave a {type(data).__name__} for a "
+                     "non-tensor value (bytes or io.BytesIO expected)")
 
 
 @dataclass(frozen=True)
@@ -184,7 +201,9 @@ class AlpsckStorageWriter(StorageWriter):
 
     - **run-directory mode**, ``AlpsckStorageWriter(run_dir, step)``: checkpoint ``step`` of the
       alpsck run directory ``run_dir``, beside the Checkpointer's (``run_dir/step-00000000N``). A
-      step is written once.
+      step is written once, unless ``overwrite=True`` or its checkpoint is unusable (a reader fell
+      back past it): then the save retires it, and every newer step, to ``superseded-step-N-*``
+      (as a Checkpointer's save after a fall-back does; removed by ``alpsck prune``) and writes it anew.
     - **checkpoint-directory mode**, ``AlpsckStorageWriter()`` with ``dcp.save(...,
       checkpoint_id="folder/step-10")`` (or ``AlpsckStorageWriter("folder/step-10")``): the
       checkpoint is that directory, as with DCP's FileSystemWriter and torchtitan. alpsck keeps a
@@ -197,14 +216,14 @@ class AlpsckStorageWriter(StorageWriter):
     Args:
         run_dir: the run directory (run-directory mode), or the checkpoint directory (with no step).
             Use one that no :class:`alpsck.Checkpointer` has open: both take its writer lock.
-        step: the checkpoint's step in run-directory mode; it must not be committed yet.
+        step: the checkpoint's step in run-directory mode.
         threads, chunk_bytes, commit_timeout_s: the engine's options (None: the defaults in
             alpsck.options, as for the Checkpointer).
         keep_last: run-directory mode: after the commit, keep the newest ``keep_last`` committed
             checkpoints of the run directory, DCP or not (0 keeps all).
         direct_io: O_DIRECT where the file system allows.
-        overwrite: checkpoint-directory mode: whether a save may replace a committed checkpoint
-            (DCP's default, True).
+        overwrite: whether a save may replace a committed checkpoint. None (the default): yes in
+            checkpoint-directory mode (DCP's default), and in run-directory mode only an unusable one.
 
     CPU tensors that DCP's default planner hands over contiguous are written from their own memory
     (no snapshot copy): DCP keeps them unchanged until ``write_data`` returns (``dcp.async_save``
@@ -216,7 +235,7 @@ class AlpsckStorageWriter(StorageWriter):
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
                  threads: int | None = None, chunk_bytes: int | None = None, keep_last: int = 0,
-                 commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool = True) -> None:
+                 commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool | None = None) -> None:
         super().__init__()
         check_step(step, allow_none=True)
         if step is not None and run_dir is None:
@@ -230,7 +249,9 @@ class AlpsckStorageWriter(StorageWriter):
         for name in ("threads", "chunk_bytes", "keep_last", "commit_timeout_s"):
             check_option(name, getattr(self, name))
         self.direct_io = direct_io
-        self.overwrite = overwrite
+        self.overwrite = overwrite is not False
+        self._overwrite_given = overwrite
+        self._supersede = False  # run-directory mode: this save retires the committed step (and newer ones) first
         self.save_id = str(uuid.uuid4())
         self.rank = 0
         self.world_size: int | None = None
@@ -239,6 +260,8 @@ class AlpsckStorageWriter(StorageWriter):
         self._engine: _core.Engine | None = None
         self._lock: _core.RunDirLock | None = None
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
+        self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
+        self._subdir: str | None = None  # use_collectives=False with several ranks: this rank's rank_local_dir
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
         with contextlib.suppress(Exception):
@@ -265,7 +288,7 @@ class AlpsckStorageWriter(StorageWriter):
         if self.run_dir is None:
             raise UsageError("AlpsckStorageWriter() was given no checkpoint directory: pass checkpoint_id= to "
                              "dcp.save (or a path to AlpsckStorageWriter)")
-        return self.run_dir
+        return self.run_dir if self._subdir is None else self.run_dir / self._subdir
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -300,25 +323,39 @@ class AlpsckStorageWriter(StorageWriter):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
-        self.rank = int(kwargs.get("rank") or 0)
+        self._process_rank = int(kwargs.get("rank") or 0)
+        # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
+        # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
+        self.rank = 0 if is_coordinator else -1
         self._writing = self.step
         self._started = time.monotonic()  # the manifest's write_seconds counts from here
-        if is_coordinator != (self.rank == 0):
-            who = (f"rank {self.rank} was made the coordinator" if is_coordinator else
-                   "rank 0 was not made the coordinator")
-            raise UsageError(f"AlpsckStorageWriter needs rank 0 as the coordinator, and {who}: the deprecated "
-                             "save_state_dict(coordinator_rank=...) is not supported; use dcp.save, whose coordinator "
-                             "is rank 0")
+        self._subdir = None
         if not kwargs.get("use_collectives", True):
-            raise UsageError("AlpsckStorageWriter commits one checkpoint for all ranks: use_collectives=False is not "
-                             "supported")
+            # Every rank saves on its own, as its own coordinator, at world size 1. With several ranks each
+            # writes a checkpoint of its own in RANK_LOCAL/<rank>, which the reader finds when DCP asks for the
+            # rank-local metadata (read_metadata(rank=...)).
+            import torch.distributed as dist
+
+            self.rank = 0
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                self._subdir = rank_local_dir(self._process_rank)
         run_dir = self._dir()
+        self._supersede = False
         if self.step is not None:
             if (step_dir(run_dir, self.step) / _core.run_dir_names["manifest"]).exists():
-                raise UsageError(f"{run_dir}: step {self.step} is already committed; a step is written once "
-                                 "(make a writer for a new step)")
+                if self._overwrite_given is not True and not self._unusable(run_dir, self.step):
+                    raise UsageError(f"{run_dir}: step {self.step} is already committed; a step is written once "
+                                     "(make a writer for a new step, or pass overwrite=True to replace it)")
+                self._supersede = True
         else:
             self._check_overwrite(run_dir)
+
+    @staticmethod
+    def _unusable(run_dir: Path, step: int) -> bool:
+        """Whether committed ``step`` is a DCP checkpoint no reader would load (corrupt, damaged): a save after
+        the fall-back past it writes it anew. A Checkpointer's checkpoint is never unusable here."""
+        p = pick(run_dir, kind="dcp", step=step)
+        return p.info is None and bool(p.skipped) and p.skipped[0].reason != "other_kind"
 
     def _check_overwrite(self, path: Path) -> None:
         """Checkpoint-directory mode: refuse a directory holding someone else's files, or (overwrite=False)
@@ -327,7 +364,7 @@ class AlpsckStorageWriter(StorageWriter):
             return
         if not path.is_dir():
             raise UsageError(f"checkpoint_id {str(path)!r} is not a directory")
-        why = marker_problem(path)
+        why = None if damaged_marker(path) else marker_problem(path)  # a damaged marker of ours: written anew
         foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in MARKER_NAMES)
         if why is None and foreign:
             why = f"{path} holds files alpsck did not write ({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})"
@@ -353,10 +390,10 @@ class AlpsckStorageWriter(StorageWriter):
         ranks open theirs in ``write_data``, after this plan reached them).
         """
         world = len(plans)
-        for plan in plans:
-            if plan.planner_data is not None:
-                encode_planner_data(plan.planner_data)  # fails now rather than in finish()
         self.world_size = world
+        me = self._process_rank if world == 1 else None  # one plan (one rank, or use_collectives=False): this one
+        # Each rank's shard: the coordinator's (this rank's) is 0, the others follow in process-rank order.
+        coordinator = self._process_rank if world > 1 else 0
         import torch.distributed as dist
 
         # Several ranks agree through the process group's store (no DONE record per rank for rank 0
@@ -374,7 +411,8 @@ class AlpsckStorageWriter(StorageWriter):
             # (DCP's finish_plan, or a subclass's write_data) leaves no lock behind.
             self._unlock()
         assert self._writing is not None
-        return [replace(plan, storage_data=_RankPlan(i, world, self._writing, self._store_ns))
+        return [replace(plan, storage_data=_RankPlan((i - coordinator) % world, world, self._writing, self._store_ns,
+                                                     i if me is None else me, self._supersede))
                 for i, plan in enumerate(plans)]
 
     def _open(self, rank: int, world: int) -> _core.Engine:
@@ -388,7 +426,7 @@ class AlpsckStorageWriter(StorageWriter):
                 # staging_bytes: slots for the items resolved while writing (mapped now, touched only then)
                 self._engine = _core.Engine(str(run_dir), threads=self.threads, chunk_bytes=self.chunk_bytes,
                                             staging_bytes=(self.threads + 2) * self.chunk_bytes,
-                                            max_in_flight=1, keep_last=0,
+                                            max_in_flight=1, keep_last=0, one_history=self._supersede,
                                             direct_io=self.direct_io, rank=rank, world_size=world,
                                             commit_timeout_s=self.commit_timeout_s,
                                             store=_agreement_store(self._store_ns), store_ns=self._store_ns)
@@ -426,17 +464,18 @@ class AlpsckStorageWriter(StorageWriter):
             if not isinstance(info, _RankPlan):
                 raise UsageError("the plan carries no alpsck rank assignment: was prepare_global_plan of an "
                                  "AlpsckStorageWriter run?")
-            if info.rank != self.rank:
-                raise UsageError(f"the plan is for rank {info.rank}, this is rank {self.rank}")
-            self.world_size, step = info.world_size, info.step
+            if info.process_rank != self._process_rank:
+                raise UsageError(f"the plan is for rank {info.process_rank}, this is rank {self._process_rank}")
+            self.rank, self.world_size, step = info.rank, info.world_size, info.step
+            self._supersede = info.supersede
             self._store_ns = info.store_ns
             extents: list[_Extent] = []
             results: list[WriteResult] = []
             names: set[str] = set()
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO:
-                    kind = "json"
-                    data = torch.frombuffer(bytearray(_encode_value(planner, item)), dtype=torch.uint8)
+                    kind, raw = _encode_value(planner, item)
+                    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
                     extent = _Extent(extent_name(item.index, kind), data.numel(), functools.partial(_given, data))
                 else:
                     kind = "tensor"
@@ -460,6 +499,11 @@ class AlpsckStorageWriter(StorageWriter):
             handle.wait()
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
+            retired = sorted(s for s, _ in engine.take_retired())
+            if retired and self.rank == 0:
+                warnings.warn(f"{self._dir()}: step(s) {', '.join(map(str, retired))} retired to superseded-step-* "
+                              f"before step {step} was written again (removed by alpsck prune)", RuntimeWarning,
+                              stacklevel=2)
         finally:
             self.close()
         fut: Future[list[WriteResult]] = Future()
