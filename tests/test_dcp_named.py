@@ -422,3 +422,18 @@ def test_a_new_checkpoint_directory_is_made_durable_in_its_parent(tmp_path: Path
     synced.clear()
     dcp.save(reference(2), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())  # exists: nothing to do
     assert synced == []
+
+
+def test_an_empty_checkpoint_id_is_refused_not_the_current_directory(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path("") is the current directory: an unset variable in a trainer's checkpoint path wrote a
+    checkpoint there. The writer and the reader refuse an empty path, built or given to dcp."""
+    monkeypatch.chdir(tmp_path)
+    for build in (AlpsckStorageWriter, AlpsckStorageReader):
+        with pytest.raises(UsageError, match="the checkpoint path is empty; give a directory"):
+            build("")
+    with pytest.raises(UsageError, match="dcp.save's checkpoint_id: the checkpoint path is empty"):
+        dcp.save({"a": torch.ones(3)}, storage_writer=AlpsckStorageWriter(), checkpoint_id="")
+    with pytest.raises(UsageError, match="dcp.load's checkpoint_id: the checkpoint path is empty"):
+        dcp.load({"a": torch.ones(3)}, storage_reader=AlpsckStorageReader(), checkpoint_id="")
+    assert os.listdir(tmp_path) == []

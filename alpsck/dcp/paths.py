@@ -12,8 +12,18 @@ import os
 from pathlib import Path
 
 from .. import _core
+from ..errors import UsageError
 from ..store.durable import read_small
 from ..store.run_dir import MARKER_FILE, MARKER_NAMES, entry_kind, is_committed_step_dir, marker_problem
+
+
+def checkpoint_path(checkpoint_id: str | os.PathLike[str], who: str) -> Path:
+    """``checkpoint_id`` as the path a writer or reader uses. An empty one is refused: ``Path("")`` is
+    the current directory, where an unset variable or a typo would write (or look for) a checkpoint."""
+    text = os.fsdecode(os.fspath(checkpoint_id))
+    if not text:
+        raise UsageError(f"{who}: the checkpoint path is empty; give a directory ('.' for the current one)")
+    return Path(text)
 
 
 def holds_alpsck_state(path: Path) -> bool:

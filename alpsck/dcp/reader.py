@@ -40,7 +40,7 @@ from ..store.run_dir import (
 from ..store.shards import shard_name
 from ..tree import np
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
-from .paths import damaged_marker, is_alpsck_checkpoint_id, rank_local_dir, same_dir
+from .paths import checkpoint_path, damaged_marker, is_alpsck_checkpoint_id, rank_local_dir, same_dir
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
@@ -149,7 +149,7 @@ class AlpsckStorageReader(StorageReader):
         self.max_step = max_step
         self.verify_data = verify_data
         self.failed: dict[Path, str] = {}  # checkpoints whose data failed in an earlier load (alpsck.dcp.load): why
-        self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
+        self.run_dir: Path | None = None if run_dir is None else checkpoint_path(run_dir, "AlpsckStorageReader")
         self.requested_step = step
         self.threads = threads
         self.read_batch_bytes = read_batch_bytes
@@ -173,7 +173,7 @@ class AlpsckStorageReader(StorageReader):
         """A new load begins (DCP calls this with ``dcp.load(checkpoint_id=...)``): the run directory keeps
         ``step``; any other path is read instead (a checkpoint directory, or a run directory's newest)."""
         if checkpoint_id is not None and (self.run_dir is None or not same_dir(checkpoint_id, self.run_dir)):
-            self.run_dir, self.requested_step = Path(checkpoint_id), None
+            self.run_dir, self.requested_step = checkpoint_path(checkpoint_id, "dcp.load's checkpoint_id"), None
         self.load_id = str(uuid.uuid4())
         self.step = self.path = self._metadata = None
 

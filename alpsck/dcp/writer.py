@@ -50,7 +50,7 @@ from .formats import (
     encode_value,
     extent_name,
 )
-from .paths import damaged_marker, may_become_checkpoint, rank_local_dir, same_dir
+from .paths import checkpoint_path, damaged_marker, may_become_checkpoint, rank_local_dir, same_dir
 
 __all__ = ["AlpsckStorageWriter"]
 
@@ -240,7 +240,7 @@ class AlpsckStorageWriter(StorageWriter):
         check_step(step, allow_none=True)
         if step is not None and run_dir is None:
             raise UsageError("AlpsckStorageWriter: step= needs the run directory it belongs to")
-        self.run_dir: Path | None = None if run_dir is None else Path(run_dir)
+        self.run_dir: Path | None = None if run_dir is None else checkpoint_path(run_dir, "AlpsckStorageWriter")
         self.step = step  # None: checkpoint-directory mode
         self.threads = DEFAULTS["threads"] if threads is None else threads
         self.chunk_bytes = DEFAULTS["chunk_bytes"] if chunk_bytes is None else chunk_bytes
@@ -307,7 +307,7 @@ class AlpsckStorageWriter(StorageWriter):
             keep = self.run_dir is not None and self.step is not None and (
                 same_dir(checkpoint_id, self.run_dir) or same_dir(checkpoint_id, step_dir(self.run_dir, self.step)))
             if not keep:
-                self.run_dir, self.step = Path(checkpoint_id), None
+                self.run_dir, self.step = checkpoint_path(checkpoint_id, "dcp.save's checkpoint_id"), None
         self.save_id = str(uuid.uuid4())
 
     def storage_meta(self) -> StorageMeta | None:
