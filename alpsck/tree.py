@@ -98,6 +98,13 @@ _TAG_FIELDS: dict[str, frozenset[str]] = {
 _KINDS = ("module", "tensor", "stateful", "value")
 
 
+def check_tag_fields(node: Mapping[str, Any], tag: str, fields: frozenset[str], path: str) -> None:
+    """CorruptCheckpointError unless the tagged node holds exactly ``fields`` besides its tag (for
+    this module's tags and those a subclass of :class:`Decoder` adds)."""
+    if set(node) != fields | {TAG}:
+        raise CorruptCheckpointError(f"{path}: tag {tag!r} needs fields {sorted(fields)}, got {sorted(map(str, node))}")
+
+
 @dataclass(frozen=True)
 class TensorRef:
     """A tensor of a checkpoint's tree, described without reading its bytes.
@@ -315,9 +322,7 @@ class Decoder:
         tag = node[TAG]
         if not isinstance(tag, str) or tag not in _TAG_FIELDS:
             raise UnsafeCheckpointError(f"{path}: unknown tag {_short(tag)}; refusing to decode it")
-        if set(node) != _TAG_FIELDS[tag] | {TAG}:
-            raise CorruptCheckpointError(
-                f"{path}: tag {tag!r} needs fields {sorted(_TAG_FIELDS[tag])}, got {sorted(map(str, node))}")
+        check_tag_fields(node, tag, _TAG_FIELDS[tag], path)
         if tag in ("tuple", "dict"):
             items = node["items"]
             if not isinstance(items, list):

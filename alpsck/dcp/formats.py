@@ -527,9 +527,7 @@ class _ValueDecoder(tree.Decoder):
         tag = node[tree.TAG]
         if not isinstance(tag, str) or tag not in _VALUE_TAGS:
             return super().tagged(node, path, depth)
-        if set(node) != _VALUE_TAGS[tag] | {tree.TAG}:
-            raise CorruptCheckpointError(
-                f"{path}: tag {tag!r} needs fields {sorted(_VALUE_TAGS[tag])}, got {sorted(map(str, node))}")
+        tree.check_tag_fields(node, tag, _VALUE_TAGS[tag], path)
         if tag in ("set", "frozenset"):
             items = node["items"]
             if not isinstance(items, list):
