@@ -52,12 +52,16 @@ def log_tail(run_dir: str | os.PathLike[str], job_id: str, lines: int = 15) -> l
     return [printable(line) for line in data.decode(errors="replace").splitlines()[-lines:]]
 
 
+def _stamp(t: float) -> str:
+    """A timeline line's time (local): ``2026-11-28 04:21:52``."""
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def describe(e: dict[str, Any]) -> str:
     """One event (as :func:`history.normalise` leaves it) as a timeline line: time, event, its
     fields, escaped for the terminal."""
-    when = dt.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
     extra = " ".join(f"{k}={printable(e[k], 500)}" for k in _FIELDS if e.get(k) is not None)
-    return f"{when}  {printable(e['event'], 40):<17} {extra}".rstrip()
+    return f"{_stamp(e['time'])}  {printable(e['event'], 40):<17} {extra}".rstrip()
 
 
 def last_submission(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -199,8 +203,7 @@ class Follower:
             step = self.newest(self.run_dir)
             if step is not None and step != self.step:
                 when = latest[0] / 1e9 if latest is not None else time.time()  # LATEST's write: the commit
-                stamp = dt.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S")
-                lines.append((when, f"{stamp}  {'checkpoint':<17} step={step} (durable)"))
+                lines.append((when, f"{_stamp(when)}  {'checkpoint':<17} step={step} (durable)"))
                 self.step = step
         log = history.read_log(self.run_dir, since=self.seen)
         lines += [(e["time"], describe(e)) for e in log.events]
