@@ -53,7 +53,8 @@ def coordinator(backend: str, root: Path) -> None:
 
 
 def nocoll(backend: str, root: Path) -> None:
-    """dcp.save(..., use_collectives=False): every rank on its own (its own keys); dcp.load finds each rank's part."""
+    """dcp.save(..., use_collectives=False): every rank on its own (its own keys); dcp.load finds each rank's part;
+    a collective save to the same id afterwards is loaded by every rank."""
     rank = dist.get_rank()
     path = root / "nocoll"
     sd = {"w": torch.full((3,), float(rank + 1)), "step": 10 + rank}
@@ -62,6 +63,13 @@ def nocoll(backend: str, root: Path) -> None:
     into = {"w": torch.zeros(3), "step": 0}
     dcp.load(into, checkpoint_id=path, storage_reader=reader(backend, path))
     assert torch.equal(into["w"], sd["w"]) and into["step"] == 10 + rank, (rank, into)
+    dist.barrier()
+    # Then a collective save to the same id writes over the ranks' own checkpoints, as FileSystemWriter does.
+    common = {"w": torch.full((3,), 9.0), "step": 99}
+    dcp.save(common, checkpoint_id=path, storage_writer=writer(backend, path))
+    into = {"w": torch.zeros(3), "step": 0}
+    dcp.load(into, checkpoint_id=path, storage_reader=reader(backend, path))
+    assert torch.equal(into["w"], common["w"]) and into["step"] == 99, (rank, into)
 
 
 def main() -> int:

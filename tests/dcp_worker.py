@@ -8,6 +8,8 @@ Started once per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gl
 * ``named``: world size 2; torchtitan's naming: ``dcp.save(..., checkpoint_id=FOLDER/step-N)`` with one
   reused ``AlpsckStorageWriter()``: step-5, step-10, step-10 again holding reference(11) (an
   overwrite), and step-15 through ``dcp.async_save`` on a gloo group.
+* ``same``: world size 2; loads the newest checkpoint into the sharding it was saved with (so each rank
+  reads its own shard's part of ``w`` and ``wb``), printing every RuntimeWarning as ``WARN ...``.
 * ``load``: any world size; loads the newest checkpoint into DTensors sharded differently
   (Shard(1) where the save had Shard(0), and the other way round) and checks every value bit for bit.
 
@@ -104,6 +106,24 @@ def main() -> int:
         dist.destroy_process_group()
         print(f"OK rank {rank}")
         return 0
+    if mode == "same":
+        import warnings
+
+        state = sharded(template(), 0, 1, None)
+        reader = AlpsckStorageReader(run_dir)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always", RuntimeWarning)
+            dcp.load(state, storage_reader=reader)
+        for w in seen:
+            if issubclass(w.category, RuntimeWarning):
+                print(f"WARN {w.message}")
+        full = {"model": {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state["model"].items()},
+                "step_t": state["step_t"], "extra": state["extra"]}
+        bad = check(full, reader.step or -1)
+        dist.barrier()
+        dist.destroy_process_group()
+        print(f"OK rank {rank} step {reader.step}" if not bad else f"rank {rank}: step {reader.step}: {bad}")
+        return 1 if bad else 0
     state = sharded(template(), 1, 0, 1)  # resharded: other dims, other world size
     reader = AlpsckStorageReader(run_dir)
     dcp.load(state, storage_reader=reader)

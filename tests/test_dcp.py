@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from dcp_worker import check, template
+from dcp_worker import check, reference, template
 from manifests import sealed
 from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import METADATA_FILE, AlpsckStorageReader, AlpsckStorageWriter
+from alpsck.dcp import load as alpsck_dcp_load
 from alpsck.dcp.formats import decode_value
 from alpsck.errors import (
     CorruptCheckpointError,
@@ -161,19 +162,59 @@ def test_layout_is_an_ordinary_alpsck_checkpoint(saved: Path, capsys: pytest.Cap
 # ------------------------------------------------------------------------------ damage
 
 
-def test_bit_flip_in_a_shard_fails_the_load(run: Path) -> None:
-    shard = run / "step-000000015" / "rank-00001.bin"
+def _flip(shard: Path, offset: int = 3) -> None:
     with open(shard, "r+b") as f:
-        f.seek(3)
+        f.seek(offset)
         b = f.read(1)
-        f.seek(3)
+        f.seek(offset)
         f.write(bytes([b[0] ^ 0x10]))
-    with pytest.raises(CheckpointException) as e:
-        _load(run)
-    assert isinstance(_root_cause(e.value), CorruptCheckpointError) and "CRC" in str(_root_cause(e.value))
+
+
+def test_bit_flip_in_a_shard_falls_back_within_one_dcp_load(run: Path) -> None:
+    """A plain ``dcp.load`` (as torchtitan calls it) whose newest checkpoint's data fails its CRC loads the one
+    before, with a warning naming the step and the chunk, over the values the damaged one had filled in; a
+    pinned step, or fallback=False, raises the data failure instead."""
+    _flip(run / "step-000000015" / "rank-00001.bin")
     assert [i["status"] for i in _core.scan(str(run), verify=True)] == ["committed", "corrupt"]
-    state, _ = _load(run, step=10)  # the previous checkpoint is intact
+    with pytest.warns(RuntimeWarning, match=r"step-000000015 \(step 15: data_crc\): .*rank-00001.bin: CRC mismatch"):
+        state, reader = _load(run)
+    assert reader.step == 10 and check(state, 10) == [] and reader.path == run / "step-000000010"
+    for pinned in ({"step": 15}, {"fallback": False}):
+        with pytest.raises(CheckpointException) as e:
+            dcp.load(template(), storage_reader=AlpsckStorageReader(run, **pinned))  # type: ignore[arg-type]
+        assert isinstance(_root_cause(e.value), CorruptCheckpointError) and "CRC" in str(_root_cause(e.value))
+    _flip(run / "step-000000010" / "rank-00000.bin")  # nothing valid left: the data failure of the last one tried
+    with pytest.raises(CheckpointException, match=r"no valid DCP checkpoint \(skipped: .*15: data_crc: .*10: data_crc: .*CRC"):
+        _load(run)
+
+
+def test_alpsck_dcp_load_plans_again_for_a_fallback_saved_at_another_world_size(run: Path) -> None:
+    """Step 10 saved again at world size 1 (one chunk per tensor), step 15 at 2 (DTensor shards) and damaged:
+    step 10 cannot stand in for step 15's plan, so ``dcp.load`` raises naming why, and ``alpsck.dcp.load``
+    plans again for it (the reader remembers step 15 failed) and returns 10."""
+    shutil.rmtree(run / "step-000000010")
+    dcp.save(reference(10), storage_writer=AlpsckStorageWriter(run, 10))
+    _flip(run / "step-000000015" / "rank-00000.bin")
+    with pytest.raises(CheckpointException, match="otherwise than the checkpoint whose data failed"):
+        _load(run)
+    state = template()
+    reader = AlpsckStorageReader(run)
+    with pytest.warns(RuntimeWarning, match=r"step 15: data_crc"):
+        assert alpsck_dcp_load(state, storage_reader=reader) == 10
     assert check(state, 10) == []
+    with pytest.raises(CheckpointException, match="CRC mismatch"):  # pinned: nothing is retried
+        alpsck_dcp_load(template(), storage_reader=AlpsckStorageReader(run, 15))
+
+
+def test_a_data_failure_on_one_rank_makes_every_rank_fall_back(run: Path) -> None:
+    """Two ranks load in the sharding of the save, so only rank 0 reads its shard (its parts of ``w`` and
+    ``wb``; rank 1's shard holds the values both read): the ranks agree through the store (no collective of
+    their own inside DCP's read) and both load step 10, bit for bit; rank 1 names rank 0's failure."""
+    _flip(run / "step-000000015" / "rank-00000.bin")
+    outs = _ranks("same", run, 2)
+    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0 step 10", "OK rank 1 step 10"], outs
+    assert "(step 15: data_crc)" in outs[0] and "rank-00000.bin: CRC mismatch" in outs[0], outs[0]
+    assert "(step 15: unreadable): rank 0: " in outs[1] and "CRC mismatch" in outs[1], outs[1]
 
 
 def test_bit_flip_in_the_metadata_falls_back(run: Path) -> None:

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
-from alpsck.errors import CorruptCheckpointError, NoCheckpointError, UsageError
+from alpsck.errors import CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
 from alpsck.store.run_dir import MARKER_FILE, MARKER_FORMAT
 
 
@@ -165,6 +165,75 @@ def test_a_corrupt_named_checkpoint_falls_back_to_the_last_good_one(tmp_path: Pa
         AlpsckStorageReader(folder / "step-30", fallback=True).read_metadata() if _damage_all(folder) else None
     with pytest.raises(NoCheckpointError, match="step-99: no valid DCP checkpoint"):
         AlpsckStorageReader(folder / "step-99").read_metadata()
+
+
+def test_a_named_checkpoint_whose_data_fails_or_is_gone_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    """torchtitan loads ``folder/step-N`` with a plain ``dcp.load``: a data chunk that fails its CRC there
+    (found only while reading) and a marked checkpoint whose generations an interrupted purge removed each
+    load the newest good sibling, with a warning naming the checkpoint and why; never an error that would
+    stop every restart of the job."""
+    folder = tmp_path / "ckpt"
+    writer = AlpsckStorageWriter()
+    for step in (10, 20, 30):
+        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
+    shard = folder / "step-30" / _core.step_dir_name(1) / "rank-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0x40
+    shard.write_bytes(bytes(data))
+    reader = AlpsckStorageReader()
+    with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint \(.*data_crc: .*CRC mismatch"):
+        assert check(_load_named(folder / "step-30", reader), 20) == []
+    assert reader.path is not None and reader.path.parent == folder / "step-20"
+    # An interrupted purge (torchtitan's rmtree) left the marker and the lock of step-30, and nothing else.
+    for name in os.listdir(folder / "step-30"):
+        if name not in (MARKER_FILE, ".lock"):
+            shutil.rmtree(folder / "step-30" / name) if (folder / "step-30" / name).is_dir() else \
+                (folder / "step-30" / name).unlink()
+    with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint \(no committed checkpoint\)"):
+        assert check(_load_named(folder / "step-30"), 20) == []
+    # The next save to step-30 writes it anew over what the purge left.
+    dcp.save(reference(30), checkpoint_id=folder / "step-30", storage_writer=writer)
+    assert check(_load_named(folder / "step-30"), 30) == []
+
+
+def test_a_folder_of_checkpoints_or_a_directory_in_use_is_refused_where_the_writer_is_made(tmp_path: Path) -> None:
+    """Refused in one line before DCP starts (not as a CheckpointException of every rank's traceback): a
+    trainer's folder of named checkpoints given as one checkpoint (a writer would add a generation among
+    them), to a writer or a reader, made or pointed at it by checkpoint_id; and a directory another live
+    process writes. A reused writer whose own save holds the lock is not refused."""
+    folder = tmp_path / "ckpt"
+    writer = AlpsckStorageWriter()
+    for step in (10, 20):
+        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
+    before = sorted(os.listdir(folder))
+    folder_error = r"'.*ckpt' holds checkpoint directories \(step-10, step-20\): it is a folder of checkpoints; name one"
+    for attempt in (lambda: AlpsckStorageWriter(folder), lambda: AlpsckStorageReader(folder),
+                    lambda: dcp.save(reference(30), checkpoint_id=folder, storage_writer=AlpsckStorageWriter()),
+                    lambda: _load_named(folder)):
+        with pytest.raises(UsageError, match=folder_error):
+            attempt()
+    assert sorted(os.listdir(folder)) == before  # nothing written among them
+    # Another process's Checkpointer holds run/: refused where the writer is made, naming its pid.
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", f"import alpsck, time; c = alpsck.Checkpointer({str(run)!r}); "
+                               "print('holding', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        for attempt in (lambda: AlpsckStorageWriter(run, 5),
+                        lambda: dcp.save(reference(5), checkpoint_id=run, storage_writer=AlpsckStorageWriter())):
+            with pytest.raises(RunDirLockedError, match=rf"a writer holds it \(pid {holder.pid} .*two writers in one"):
+                attempt()
+    finally:
+        holder.kill()
+        holder.wait()
+    AlpsckStorageWriter(run, 5)  # the holder is gone: its lock went with it
+    # This process's own save in flight holds step-20's lock: pointing a writer at it again is no refusal.
+    from alpsck.store.run_dir import lock_run_dir
+    own = lock_run_dir(folder / "step-20", 0)
+    try:
+        AlpsckStorageWriter(folder / "step-20")
+    finally:
+        own.release()
 
 
 def _damage_all(folder: Path) -> bool:

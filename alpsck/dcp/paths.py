@@ -66,6 +66,22 @@ def may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
         return False
 
 
+def refuse_folder_of_checkpoints(path: Path) -> None:
+    """Refuse ``path`` as one checkpoint when it is a trainer's folder of them (``folder/step-10``,
+    ``folder/step-20``: names alpsck never gives a generation, or directories that are checkpoints
+    themselves), for a writer (which would write a generation among them) and a reader alike."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return  # not there (a new checkpoint), or not a directory: the caller says what it is
+    nested = sorted(n for n in names if entry_kind(n) == "step" and (
+        n != _core.step_dir_name(_core.parse_run_dir_name(n)[1]) or os.path.lexists(path / n / MARKER_FILE)))
+    if nested:
+        raise UsageError(f"checkpoint_id {str(path)!r} holds checkpoint directories ({', '.join(nested[:3])}"
+                         f"{' ...' if len(nested) > 3 else ''}): it is a folder of checkpoints; name one checkpoint "
+                         f"in it (such as {str(path / nested[-1])!r})")
+
+
 def same_dir(a: str | os.PathLike[str], b: Path) -> bool:
     return Path(a).resolve() == b.resolve()
 
@@ -74,6 +90,13 @@ def rank_local_dir(rank: int) -> str:
     """The checkpoint of one rank saved with ``use_collectives=False`` beside the others: ``ID/__<rank>``
     (FileSystemWriter names that rank's files ``ID/__<rank>_*`` and its metadata ``ID/__<rank>.metadata``)."""
     return f"__{int(rank)}"
+
+
+def is_rank_local_checkpoint(path: Path, name: str) -> bool:
+    """Whether ``path/name`` is one rank's checkpoint saved with ``use_collectives=False`` beside the others'
+    (:func:`rank_local_dir`): alpsck's own entry of a checkpoint directory, not someone else's file."""
+    return name.startswith("__") and name[2:].isdigit() and name == rank_local_dir(int(name[2:])) \
+        and is_alpsck_checkpoint_id(path / name)
 
 
 def damaged_marker(path: Path) -> bool:

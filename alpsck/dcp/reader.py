@@ -12,7 +12,7 @@ import re
 import uuid
 import warnings
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from torch.futures import Future
 from .. import _core
 from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, StateMismatchError, UsageError
 from ..options import DEFAULTS, check_step
+from ..ranks import process_group_store
 from ..store.durable import read_small
 from ..store.run_dir import (
     Skipped,
@@ -40,7 +41,14 @@ from ..store.run_dir import (
 from ..store.shards import shard_name
 from ..tree import np
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
-from .paths import checkpoint_path, damaged_marker, is_alpsck_checkpoint_id, rank_local_dir, same_dir
+from .paths import (
+    checkpoint_path,
+    damaged_marker,
+    is_alpsck_checkpoint_id,
+    rank_local_dir,
+    refuse_folder_of_checkpoints,
+    same_dir,
+)
 
 DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
@@ -133,10 +141,10 @@ class AlpsckStorageReader(StorageReader):
 
     The pick is the picker's (:func:`alpsck.store.run_dir.pick`, kind "dcp"; docs/guarantees.md): what it
     skipped (an alpsck.Checkpointer checkpoint is ``other_kind``) is warned about. Each load picks its
-    checkpoint afresh (a reused reader sees saves committed since). A chunk that fails its CRC in
-    ``read_data`` raises :class:`CorruptCheckpointError` out of ``dcp.load`` (as DCP's
-    CheckpointException, on every rank); destinations already filled by then keep the new values.
-    :func:`alpsck.dcp.load` retries such a load with the checkpoint before it.
+    checkpoint afresh (a reused reader sees saves committed since, and skips what failed in its
+    earlier loads: ``failed``). A chunk that fails its CRC in ``read_data`` (or a read's I/O error), on
+    any rank, makes every rank fall back within the same ``dcp.load`` (:meth:`read_data`): a plain
+    ``dcp.load``, as torchtitan calls it, never crash-loops on a damaged newest checkpoint.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
@@ -148,8 +156,11 @@ class AlpsckStorageReader(StorageReader):
         check_step(max_step, allow_none=True)
         self.max_step = max_step
         self.verify_data = verify_data
-        self.failed: dict[Path, str] = {}  # checkpoints whose data failed in an earlier load (alpsck.dcp.load): why
+        # Checkpoints whose data failed while this reader loaded them (this rank's error, or another rank's report).
+        self.failed: dict[Path, BaseException | str] = {}
         self.run_dir: Path | None = None if run_dir is None else checkpoint_path(run_dir, "AlpsckStorageReader")
+        if self.run_dir is not None and not is_marked(self.run_dir):
+            refuse_folder_of_checkpoints(self.run_dir)
         self.requested_step = step
         self.threads = threads
         self.read_batch_bytes = read_batch_bytes
@@ -174,6 +185,8 @@ class AlpsckStorageReader(StorageReader):
         ``step``; any other path is read instead (a checkpoint directory, or a run directory's newest)."""
         if checkpoint_id is not None and (self.run_dir is None or not same_dir(checkpoint_id, self.run_dir)):
             self.run_dir, self.requested_step = checkpoint_path(checkpoint_id, "dcp.load's checkpoint_id"), None
+            if not is_marked(self.run_dir):  # in one line, before DCP's load starts
+                refuse_folder_of_checkpoints(self.run_dir)
         self.load_id = str(uuid.uuid4())
         self.step = self.path = self._metadata = None
 
@@ -244,9 +257,8 @@ class AlpsckStorageReader(StorageReader):
         p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
         skipped.extend(k for k in p.skipped if not k.quiet)  # an attempt: quietly
         for info in p.candidates:
-            if Path(info["path"]) in self.failed:
-                skipped.append(read_failure(info, CorruptCheckpointError(
-                    f"{self.failed[Path(info['path'])]} (in the load before)")))
+            if Path(info["path"]) in self.failed:  # its data failed on a rank while this reader loaded it
+                skipped.append(read_failure(info, self.failed[Path(info["path"])]))
                 continue
             if self.verify_data and not info["verified"]:
                 bad = data_error(info)
@@ -316,13 +328,79 @@ class AlpsckStorageReader(StorageReader):
         if len(steps) > 1:
             raise UsageError(f"{self.run_dir}: the ranks picked different checkpoints (steps {steps}); pass step= to "
                              "AlpsckStorageReader")
-        return plans
+        import torch.distributed as dist
+
+        world = len(plans)
+        # Several ranks agree on how their reads went through the process group's store, under keys of this load.
+        ns = f"alpsck-dcp-load/{uuid.uuid4().hex}/" if world > 1 and dist.is_initialized() else ""
+        return [replace(p, storage_data=_LoadPlanInfo(i, world, ns)) for i, p in enumerate(plans)]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        """All ranks: reads what ``plan`` asks for, shard by shard, each shard opened once."""
-        md, path = self._metadata, self.path
-        if md is None or path is None:
+        """All ranks: reads what ``plan`` asks for, shard by shard, each shard opened once; then the ranks
+        agree (:class:`_LoadVerdict`) that every one of them read its part without a data failure.
+
+        A chunk that fails its CRC, or a read that fails with an I/O error, on any rank makes every rank
+        skip that checkpoint, with a warning naming it and why, and read the same items from the one the
+        picker gives next (an older generation, or a lower-numbered sibling checkpoint directory), which
+        overwrites what the failed one had filled in: the fall-back of the picker's rule, inside one
+        ``dcp.load``. Not with ``fallback=False`` or a pinned ``step``, nor to a checkpoint whose stored
+        layout differs from the plan's (saved at another world size): then the data failure is raised.
+        """
+        if self._metadata is None or self.path is None:
             raise UsageError("read_data before read_metadata")
+        info = plan.storage_data
+        verdict = _LoadVerdict(info if isinstance(info, _LoadPlanInfo) else None)
+        while True:
+            failed: BaseException | None = None
+            fatal: BaseException | None = None
+            try:
+                self._read_plan(plan, planner, self._metadata, self.path)
+            except CheckpointError as e:
+                if isinstance(e, (UsageError, StateMismatchError, NoCheckpointError)):
+                    fatal = e
+                else:
+                    failed = e  # the checkpoint's bytes, or reading them
+            except BaseException as e:
+                fatal = e
+            outcome, why = verdict.agree(fatal, failed)
+            if outcome == _LoadVerdict.OK:
+                break
+            if outcome == _LoadVerdict.FATAL:
+                if fatal is not None:
+                    raise fatal
+                raise CheckpointError(f"{self.path}: the load failed on another rank ({why}), so no rank loaded")
+            bad = failed if failed is not None else why
+            if not self.fallback or self.requested_step is not None:
+                if isinstance(bad, BaseException):
+                    raise bad
+                raise CorruptCheckpointError(f"{self.path}: {bad}")
+            self.failed[self.path] = bad
+            self._fall_back(plan, verdict)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _fall_back(self, plan: LoadPlan, verdict: _LoadVerdict) -> None:
+        """Every rank: the checkpoint just read failed on some rank; pick the next (it skips ``failed``, with
+        the warning) and check that it stores every item of ``plan`` as the failed one did."""
+        old, failed_path = self._metadata, self.path
+        assert old is not None
+        refusal: BaseException | None = None
+        try:
+            md = self._pick()
+            self._metadata = md
+            md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
+            _check_same_layout(plan, old, md, self.path)
+        except BaseException as e:
+            refusal = e
+        outcome, why = verdict.agree(refusal, None)
+        if outcome != _LoadVerdict.OK:
+            if refusal is not None:
+                raise refusal
+            raise CheckpointError(f"{failed_path}: its data failed, and another rank could not fall back ({why})")
+
+    def _read_plan(self, plan: LoadPlan, planner: LoadPlanner, md: Metadata, path: Path) -> None:
+        """Reads every item of ``plan`` from the checkpoint at ``path`` (``md`` its metadata)."""
         storage: dict[MetadataIndex, ExtentRef] = md.storage_data
         by_rank: dict[int, dict[str, list[ReadItem]]] = {}
         refs: dict[str, ExtentRef] = {}
@@ -356,9 +434,6 @@ class AlpsckStorageReader(StorageReader):
                     batch, size = [], 0
             if batch:
                 self._read_batch(reader, shard, batch, planner, md)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
 
     def _read_batch(self, reader: _core.ShardReader, shard: Path, batch: list[tuple[ExtentRef, list[ReadItem]]],
                     planner: LoadPlanner, md: Metadata) -> None:
@@ -438,44 +513,98 @@ class AlpsckStorageReader(StorageReader):
         raise CorruptCheckpointError(f"{req.storage_index.fqn!r}: no chunk at {req.storage_index.offset}")
 
 
-def _data_failure(e: BaseException) -> BaseException | None:
-    """The first failure of a DCP CheckpointException that is about a checkpoint's bytes or their
-    reading (a CRC mismatch, an I/O error: CheckpointError), not about the state or a bug; else None."""
-    failures = getattr(e, "failures", None)
-    if not isinstance(failures, dict) or not failures:
-        return None
-    found: BaseException | None = None
-    for failure in failures.values():
-        exc = failure[0] if isinstance(failure, tuple) else failure
-        if not isinstance(exc, CheckpointError) or isinstance(exc, (UsageError, StateMismatchError, NoCheckpointError)):
-            return None  # any other failure decides: it is raised
-        found = found or exc
-    return found
+@dataclass(frozen=True)
+class _LoadPlanInfo:
+    """What the coordinator's global plan tells each rank (``LoadPlan.storage_data``): its index among the
+    plans, their number, and the store namespace this load's ranks agree under ('' with one rank)."""
+
+    index: int
+    world: int
+    store_ns: str
+
+
+class _LoadVerdict:
+    """How every rank's read of one checkpoint went, agreed by all ranks after their reads: OK (every rank
+    read its part), FALL_BACK (a rank's data failed a CRC or its read an I/O error: every rank skips the
+    checkpoint) or FATAL (anything else on a rank: every rank raises). Several ranks agree through the
+    process group's store (the writer's commit does the same), one round per checkpoint tried, four
+    operations per rank per round whatever the world size, and keys removed by the last rank out.
+    """
+
+    OK, FALL_BACK, FATAL = 0, 1, 2
+    _WEIGHT = {OK: 0, FALL_BACK: 1, FATAL: 1 << 30}
+
+    def __init__(self, info: _LoadPlanInfo | None) -> None:
+        self.info = info
+        self.round = 0
+
+    def agree(self, fatal: BaseException | None, failed: BaseException | None) -> tuple[int, str]:
+        """This rank's outcome in, everyone's out: (outcome, one failing rank's report, or '')."""
+        mine = self.FATAL if fatal is not None else self.FALL_BACK if failed is not None else self.OK
+        info = self.info
+        if info is None or info.world == 1 or not info.store_ns:
+            return mine, str(fatal or failed or "")
+        store = process_group_store()
+        ns = f"{info.store_ns}{self.round}/"
+        self.round += 1
+        if mine != self.OK:
+            store.set(f"{ns}why{mine}", f"rank {info.index}: {fatal or failed}"[:4096])
+            store.add(f"{ns}verdict", self._WEIGHT[mine])
+        if store.add(f"{ns}arrived", 1) == info.world:  # every rank's report is in before "all" is set
+            store.set(f"{ns}all", "1")
+        store.wait([f"{ns}all"])
+        total = store.add(f"{ns}verdict", 0)
+        outcome = self.FATAL if total >= self._WEIGHT[self.FATAL] else self.FALL_BACK if total else self.OK
+        why = "" if outcome == self.OK else store.get(f"{ns}why{outcome}").decode(errors="replace")
+        if store.add(f"{ns}left", 1) == info.world:  # the last rank out removes the round's keys
+            for key in (f"why{self.FALL_BACK}", f"why{self.FATAL}", "verdict", "arrived", "all", "left"):
+                with contextlib.suppress(Exception):
+                    store.delete_key(ns + key)
+        return outcome, why
+
+
+def _check_same_layout(plan: LoadPlan, old: Metadata, new: Metadata, path: Path | None) -> None:
+    """The checkpoint fallen back to must store every item of ``plan`` (made from ``old``) as ``old`` did: the
+    same chunk of the same tensor with the same dtype, or a value of the same kind. Else the data failure
+    stands (a checkpoint saved at another world size is loaded by planning for it: a new ``dcp.load``)."""
+    for req in plan.items:
+        index = req.storage_index
+        a, b = old.storage_data.get(index), new.storage_data.get(index)
+        same = a is not None and b is not None and a.kind == b.kind
+        if same and a.kind not in ("json", "raw"):
+            ta, tb = old.state_dict_metadata.get(index.fqn), new.state_dict_metadata.get(index.fqn)
+            same = (isinstance(ta, TensorStorageMetadata) and isinstance(tb, TensorStorageMetadata)
+                    and ta.properties.dtype == tb.properties.dtype and ta.size == tb.size
+                    and [c.sizes for c in ta.chunks if c.offsets == index.offset]
+                    == [c.sizes for c in tb.chunks if c.offsets == index.offset])
+        if not same:
+            raise CorruptCheckpointError(
+                f"{path}: stores {index.fqn!r} otherwise than the checkpoint whose data failed (saved at another "
+                "world size?), so it cannot stand in for it within this load; alpsck.dcp.load plans again for it")
 
 
 def load(state_dict: dict[str, Any], checkpoint_id: str | os.PathLike[str] | None = None, *,
          storage_reader: AlpsckStorageReader | None = None, **kwargs: Any) -> int:
-    """``dcp.load`` with the fall-back ``dcp.load`` cannot do itself: returns the step loaded.
+    """``dcp.load`` that returns the step loaded, and plans again where one ``dcp.load`` cannot fall back.
 
-    DCP reads data only after every rank agreed on the plan, so a chunk that fails its CRC (or an I/O
-    error) in ``read_data`` ends ``dcp.load`` with a CheckpointException, on every rank alike (DCP
-    gathers the failures). When every failure is such a data failure, this loads again, skipping that
-    checkpoint (the reader's ``failed``: the same on every rank, since every rank picked the same
-    one, so the retry is collective-safe), with a RuntimeWarning naming it and why; the older checkpoint then overwrites
-    what the failed one had filled in. Any other failure, or one with ``step=`` pinned, is raised.
-    ``kwargs`` go to ``dcp.load`` (``planner``, ``process_group``).
+    The reader falls back within ``dcp.load`` (:meth:`AlpsckStorageReader.read_data`) when the checkpoint
+    it falls back to stores every planned item as the failed one did; one saved at another world size
+    cannot stand in for it within that plan, and ``dcp.load`` raises. This loads again then: the
+    reader's ``failed`` (the same on every rank: the ranks agreed on it) makes the new plan's pick
+    skip the failed checkpoint, with a warning. Nothing else is retried: an error with no checkpoint
+    newly skipped, ``fallback=False`` or a pinned ``step`` is raised. ``kwargs`` go to ``dcp.load``
+    (``planner``, ``process_group``).
     """
     import torch.distributed.checkpoint as dcp
 
     reader = storage_reader or AlpsckStorageReader(checkpoint_id)
     while True:
+        skipped = len(reader.failed)
         try:
             dcp.load(state_dict, checkpoint_id=checkpoint_id, storage_reader=reader, **kwargs)
-        except BaseException as e:  # DCP's CheckpointException derives from BaseException
-            bad = _data_failure(e)
-            if bad is None or reader.path is None or reader.requested_step is not None or reader.path in reader.failed:
+        except BaseException:  # DCP's CheckpointException derives from BaseException
+            if len(reader.failed) == skipped or not reader.fallback or reader.requested_step is not None:
                 raise
-            reader.failed[reader.path] = str(bad)  # the retry's pick skips it, with a warning naming why
             continue
         assert reader.step is not None
         return reader.step

@@ -33,12 +33,21 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from .. import _core, tree
-from ..errors import UsageError
+from ..errors import RunDirLockedError, UsageError
 from ..options import DEFAULTS, check_step
 from ..options import check as check_option
 from ..ranks import process_group_store
 from ..store.durable import make_dirs_durably
-from ..store.run_dir import MARKER_NAMES, entry_kind, lock_run_dir, marker_problem, pick, step_dir, write_marker
+from ..store.run_dir import (
+    MARKER_NAMES,
+    entry_kind,
+    lock_holder,
+    lock_run_dir,
+    marker_problem,
+    pick,
+    step_dir,
+    write_marker,
+)
 from .formats import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -50,7 +59,15 @@ from .formats import (
     encode_value,
     extent_name,
 )
-from .paths import checkpoint_path, damaged_marker, may_become_checkpoint, rank_local_dir, same_dir
+from .paths import (
+    checkpoint_path,
+    damaged_marker,
+    is_rank_local_checkpoint,
+    may_become_checkpoint,
+    rank_local_dir,
+    refuse_folder_of_checkpoints,
+    same_dir,
+)
 
 __all__ = ["AlpsckStorageWriter"]
 
@@ -68,6 +85,18 @@ class _RankPlan:
     store_ns: str = ""
     process_rank: int = 0  # the process-group rank the plan is for (DCP's coordinator may be another than 0)
     supersede: bool = False  # run-directory mode: the save retires the committed step and newer ones first
+
+
+def _refuse_another_writer(path: Path) -> None:
+    """Where a writer is made for a directory, or pointed at one by ``dcp.save(checkpoint_id=...)``: refuse one
+    another live process is writing (a Checkpointer, another job), in one line, before DCP starts a save (whose
+    failure it would print as a traceback of every rank's). The lock itself is still taken for every save; an
+    async save of this process's own in flight is no reason to refuse. One probe of the lock file, none
+    where the directory does not exist yet (a new checkpoint) beyond the failed open."""
+    why = lock_holder(path, others_only=True)
+    if why is not None:
+        raise RunDirLockedError(f"{why}; two writers in one directory would corrupt each other's checkpoints: "
+                                "stop the other writer, or save somewhere else")
 
 
 def _agreement_store(ns: str) -> Any:
@@ -251,6 +280,8 @@ class AlpsckStorageWriter(StorageWriter):
         self.direct_io = direct_io
         self.overwrite = overwrite is not False
         self._overwrite_given = overwrite
+        if self.run_dir is not None:  # refused here, in one line, rather than inside DCP's save
+            self._check_target()
         self._supersede = False  # run-directory mode: this save retires the committed step (and newer ones) first
         self.save_id = str(uuid.uuid4())
         self.rank = 0
@@ -308,6 +339,7 @@ class AlpsckStorageWriter(StorageWriter):
                 same_dir(checkpoint_id, self.run_dir) or same_dir(checkpoint_id, step_dir(self.run_dir, self.step)))
             if not keep:
                 self.run_dir, self.step = checkpoint_path(checkpoint_id, "dcp.save's checkpoint_id"), None
+                self._check_target()  # before DCP's save starts: its failures print every rank's traceback
         self.save_id = str(uuid.uuid4())
 
     def storage_meta(self) -> StorageMeta | None:
@@ -357,6 +389,17 @@ class AlpsckStorageWriter(StorageWriter):
         p = pick(run_dir, kind="dcp", step=step)
         return p.info is None and bool(p.skipped) and p.skipped[0].reason != "other_kind"
 
+    def _check_target(self) -> None:
+        """Where a writer is made for a directory, or pointed at one by ``dcp.save(checkpoint_id=...)``: refuse,
+        in one line, one that another live process is writing, and (checkpoint-directory mode) a trainer's
+        folder of checkpoints. A new checkpoint costs one probe of a missing file. What FileSystemWriter
+        refuses inside DCP's save (``overwrite=False``, a directory of other files) is refused there too,
+        as DCP's CheckpointException (:meth:`_check_overwrite`), so its callers' handling matches."""
+        assert self.run_dir is not None
+        _refuse_another_writer(self.run_dir)
+        if self.step is None:
+            refuse_folder_of_checkpoints(self.run_dir)
+
     def _check_overwrite(self, path: Path) -> None:
         """Checkpoint-directory mode: refuse a directory holding someone else's files, or (overwrite=False)
         a committed checkpoint; DCP's wording, so its callers' checks match."""
@@ -365,9 +408,12 @@ class AlpsckStorageWriter(StorageWriter):
         if not path.is_dir():
             raise UsageError(f"checkpoint_id {str(path)!r} is not a directory")
         why = None if damaged_marker(path) else marker_problem(path)  # a damaged marker of ours: written anew
-        foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in MARKER_NAMES)
+        foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in MARKER_NAMES
+                         and not is_rank_local_checkpoint(path, n))  # a use_collectives=False save's: ours
         if why is None and foreign:
             why = f"{path} holds files alpsck did not write ({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})"
+        if why is None:
+            refuse_folder_of_checkpoints(path)
         if why is not None:
             raise UsageError(f"{why}; alpsck does not write over it: remove it or choose another checkpoint_id")
         if not self.overwrite and any(i["status"] == "committed" for i in _core.scan(str(path))):

@@ -364,8 +364,9 @@ def _this_host(name: str) -> bool:
     return name in (here, here.split(".")[0], "localhost") or name.split(".")[0] == here.split(".")[0]
 
 
-def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
-    """Why the run directory's writer lock says a writer may be active (a message naming it), or None.
+def lock_holder(run_dir: str | os.PathLike[str], *, others_only: bool = False) -> str | None:
+    """Why the run directory's writer lock says a writer may be active (a message naming it), or None;
+    ``others_only``: None too when the writer holding it is this process (an async save of its own in flight).
 
     A writer holds an ``flock`` on ``RUN_DIR/.lock`` while it writes and keeps its owner there
     (JSON ``{"pid", "host", "job_id"}``), emptying it on a clean close (the core's RunDirLock). So:
@@ -385,6 +386,8 @@ def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
     host, job = owner["host"], owner["job_id"]
     who = f"pid {owner['pid'] or '?'}" + (f", job {job}" if job else "")
     if held:
+        if others_only and owner["pid"] == str(os.getpid()) and (not host or _this_host(host)):
+            return None
         return f"{lock}: a writer holds it ({who}{f' on {host}' if host else ''})"
     if host and not _this_host(host):
         return (f"{lock} names a writer on host {host} ({who}), which cannot be checked from {socket.gethostname()}; "
