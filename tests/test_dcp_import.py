@@ -194,3 +194,26 @@ def test_the_command_is_listed_with_its_risk_in_its_help() -> None:
                        timeout=120)
     text = " ".join(p.stdout.split())  # argparse wraps at the terminal's width
     assert p.returncode == 0 and "--trust-pickle" in text and "runs any code" in text
+
+
+def test_stopped_right_after_the_exchange_a_rerun_puts_the_original_aside(
+        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = _snapshot(folder / "step-10")
+    real_rename = os.rename
+
+    def stop(src: Any, dst: Any) -> None:
+        if str(dst).endswith(".filesystemwriter"):
+            raise KeyboardInterrupt
+        real_rename(src, dst)
+
+    monkeypatch.setattr(convert, "_exchange", lambda a, b: (real_rename(a, str(a) + ".x"), real_rename(b, a),
+                                                            real_rename(str(a) + ".x", b)) and True)
+    monkeypatch.setattr(os, "rename", stop)
+    with pytest.raises(KeyboardInterrupt):
+        import_dcp(folder / "step-10", trust_pickle=True)
+    monkeypatch.setattr(os, "rename", real_rename)
+    assert is_alpsck_checkpoint_id(folder / "step-10")  # the name holds the whole conversion
+    done = import_dcp(folder / "step-10", trust_pickle=False)  # nothing left to unpickle
+    assert [(c.action, c.detail) for c in done] == [("resumed", "the swap was done")]
+    assert _snapshot(folder / ".alpsck-import" / "step-10.filesystemwriter") == original
+    assert check(_load(folder / "step-10"), 10) == []

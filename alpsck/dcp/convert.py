@@ -21,7 +21,8 @@ One checkpoint, ``folder/step-N`` (docs/dcp.md, "Moving in from FileSystemWriter
 4. swap: the new directory takes the name ``folder/step-N`` and the original goes to
    ``folder/.alpsck-import/step-N.filesystemwriter``: one atomic exchange where the file system has
    ``renameat2(RENAME_EXCHANGE)``, else two renames (between them ``step-N`` is absent: a trainer
-   resumes from an older step, and running the command again finishes the move); each made durable;
+   resumes from an older step, and running the command again finishes the move); each made durable
+   (stopped right after the exchange, the original is under the new one's name: a rerun puts it aside);
 5. the original is kept there unless ``delete_original``; it is removed only after the swap is durable.
 
 The result is a one-shard alpsck checkpoint: DCP's planner reshards it on load at any world size.
@@ -136,6 +137,14 @@ def convert_one(step_dir: Path, *, delete_original: bool = False) -> Converted:
     if step_dir.exists() and not step_dir.is_dir():
         return Converted(step_dir, "skipped", "not a directory")
     if step_dir.is_dir() and not is_filesystemwriter_checkpoint(step_dir):
+        if not aside.exists() and is_filesystemwriter_checkpoint(new) and is_alpsck_checkpoint_id(step_dir):
+            # stopped right after the exchange: the original is under the new one's name; put it aside
+            os.rename(new, aside)
+            fsync_path(work)
+            if delete_original:
+                _remove(aside, work)
+                return Converted(step_dir, "resumed", "the swap was done; original removed")
+            return Converted(step_dir, "resumed", "the swap was done", aside)
         if aside.is_dir() and is_alpsck_checkpoint_id(step_dir):
             if delete_original:
                 _remove(aside, work)
@@ -152,6 +161,9 @@ def convert_one(step_dir: Path, *, delete_original: bool = False) -> Converted:
         source = step_dir
     make_dirs_durably(work)
     if new.exists():  # an earlier import stopped before its swap: start again
+        if is_filesystemwriter_checkpoint(new):
+            raise UsageError(f"{step_dir}: {new} holds a FileSystemWriter checkpoint (an earlier import's original?): "
+                             "move it away first")
         shutil.rmtree(new)
     shards, nbytes = _copy(source, new)
     fsync_path(work)
