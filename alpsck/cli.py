@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "alpsck.tools.prune",                # prune
     "alpsck.tools.export",               # export
     "alpsck.tools.promote",              # promote
+    "alpsck.tools.import_dcp",           # import-dcp
     "alpsck.bench.cli",                  # bench
     "alpsck.slurm.cli",                  # submit, status
     "alpsck.tools.doctor",               # doctor

@@ -169,6 +169,6 @@ def test_every_command_says_what_it_does_in_its_help() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) >= {"submit", "status", "inspect-checkpoints", "export", "prune", "promote", "doctor",
-                                     "bench"}
+                                     "bench", "import-dcp"}
     for name, sub in commands.choices.items():
         assert sub.description and len(sub.description) > 40, f"alpsck {name} --help has no description"
