@@ -1,0 +1,103 @@
+"""Restarts inside the allocation (#42): the batch script's restart loop, run by bash with a stand-in srun,
+and the runner's side of it (what a start that failed asks for, what the next start records). The real
+thing, on the local SLURM: tests/test_slurm_cluster.py::test_a_task_sigkilled_mid_run_*."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_slurm_runner import _run
+
+from alpsck.slurm.config import parse_config
+from alpsck.slurm.runner import REQUEST_FILE, RESTART_EXIT
+from alpsck.slurm.submit import sbatch_script
+
+
+def _script(tmp_path: Path, restarts: int) -> tuple[Path, Path]:
+    """The job's real batch script, and a stand-in srun that exits with the codes in ``codes`` in turn
+    (one per start) and logs each start's ALPSCK_ATTEMPT and the end of the one before."""
+    run = tmp_path / "run"
+    cfg = parse_config(f"name: t\nrun_dir: {run}\nentry:\n  function: m:f\nrequeue:\n  in_job_restarts: {restarts}\n")
+    script = tmp_path / "job.sh"
+    script.write_text(sbatch_script(cfg))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    srun = fake / "srun"
+    srun.write_text(f"""#!/bin/bash
+echo "start attempt=$ALPSCK_ATTEMPT previous=${{ALPSCK_PREVIOUS_EXIT:-none}}" >> {tmp_path / "starts"}
+code=$(head -n 1 {tmp_path / "codes"}); sed -i 1d {tmp_path / "codes"}
+if [ "$code" = TERM ]; then kill -TERM $PPID; sleep 0.2; code=137; fi
+exit "$code"
+""")
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    return script, fake
+
+
+def _batch(tmp_path: Path, restarts: int, codes: list[str]) -> tuple[int, list[str], str]:
+    script, fake = _script(tmp_path, restarts)
+    (tmp_path / "codes").write_text("\n".join(codes) + "\n")
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    starts = (tmp_path / "starts").read_text().splitlines()
+    return r.returncode, starts, r.stderr
+
+
+@pytest.mark.parametrize(("codes", "restarts", "want_rc", "want_starts"), [
+    (["0"], 3, 0, 1),                      # finished (or stopped, or cancelled): no restart
+    (["1"], 3, 1, 1),                      # failed for good, or gave up
+    (["3"], 3, 3, 1),                      # asked for a requeue: the EXIT trap's business
+    (["137", "0"], 3, 0, 2),               # a task SIGKILLed, then the new step finishes
+    ([str(RESTART_EXIT), "139", "0"], 3, 0, 3),  # an exception worth a retry, a segfault, then done
+    (["137", "137", "137", "137", "0"], 3, 137, 4),  # the budget: 3 restarts, then the job ends FAILED
+    (["137"], 0, 137, 1),                  # in_job_restarts: 0: no loop
+    (["TERM", "0"], 3, 137, 1),            # a job-level stop reached the batch shell: no restart
+])
+def test_the_batch_script_restarts_a_step_that_died_within_its_budget(tmp_path: Path, codes: list[str], restarts: int,
+                                                                      want_rc: int, want_starts: int) -> None:
+    rc, starts, err = _batch(tmp_path, restarts, codes)
+    assert rc == want_rc and len(starts) == want_starts, (rc, starts, err)
+    assert [s.split()[1] for s in starts] == [f"attempt={i}" for i in range(want_starts)]
+    assert [s.split()[2] for s in starts[1:]] == [f"previous={c}" for c in codes[:want_starts - 1]]
+    assert err.count("starting it again in this allocation") == want_starts - 1, err
+
+
+def test_an_exception_in_slurm_asks_for_a_restart_in_the_allocation_while_the_budget_lasts(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "crashes")
+    failed = events[-1]
+    assert r.returncode == RESTART_EXIT and failed["event"] == "failed", events
+    assert failed["will_restart"] is True and failed["will_requeue"] is False and "requeue" not in calls.split()
+    assert not (tmp_path / "run" / REQUEST_FILE).exists()  # no SIGTERM came: nothing for the EXIT trap
+    # The budget spent (this is the 3rd restart of 3): the requeue rules, as without restarts in the allocation.
+    (tmp_path / "spent").mkdir()  # a fresh run: no earlier failure with this error (that rule is tested apart)
+    r, events, calls = _run(tmp_path / "spent", "crashes",
+                            env_extra={"ALPSCK_ATTEMPT": "3", "ALPSCK_PREVIOUS_EXIT": "75"})
+    assert r.returncode == 0 and events[-1]["event"] == "requeued" and "requeue" in calls.split(), events
+
+
+def test_a_sigterm_with_the_job_still_running_restarts_and_leaves_a_request_should_it_be_a_preemption(
+        tmp_path: Path) -> None:
+    """A peer's death cancels the step (SIGTERM, SLURM still shows RUNNING, as in a preemption's grace time):
+    the runner asks for a restart, and leaves the requeue request the batch script's EXIT trap acts on if
+    its shell was told to stop too (a preemption). A SIGTERM that SLURM calls a requeue or a cancel ends it."""
+    r, events, _ = _run(tmp_path, "requeued_by_hand_then_crash", fields="JobState=RUNNING Reason=None Restarts=0")
+    assert r.returncode == RESTART_EXIT and events[-1]["will_restart"] is True, events
+    assert (tmp_path / "run" / REQUEST_FILE).read_text().startswith("999 0\n")
+    for fields in ("JobState=COMPLETING Reason=None Restarts=1", "JobState=CANCELLED Reason=None Restarts=0"):
+        r, events, _ = _run(tmp_path, "requeued_by_hand_then_crash", fields=fields)
+        assert r.returncode != RESTART_EXIT and "will_restart" not in events[-1], (fields, events)
+
+
+def test_the_next_start_records_how_the_step_before_died(tmp_path: Path) -> None:
+    r, events, _ = _run(tmp_path, "crashes", env_extra={"ALPSCK_ATTEMPT": "1", "ALPSCK_PREVIOUS_EXIT": "137",
+                                                        "ALPSCK_PREVIOUS_END": "1000.5"})
+    crashed, started = events[0], events[1]
+    assert crashed["event"] == "crashed" and crashed["exit_code"] == 137 and crashed["signal"] == "SIGKILL", events
+    assert crashed["attempt"] == 0 and crashed["time_of_end"] == 1000.5
+    assert started["event"] == "started" and started["attempt"] == 1 and started["down_s"] > 0, events
+    # A step that said why it ended (failed, asking for the restart) is not called a crash again.
+    r, events, _ = _run(tmp_path, "crashes", env_extra={"ALPSCK_ATTEMPT": "2", "ALPSCK_PREVIOUS_EXIT": "75"})
+    assert [e["event"] for e in events].count("crashed") == 1, events
