@@ -101,3 +101,53 @@ def test_the_next_start_records_how_the_step_before_died(tmp_path: Path) -> None
     # A step that said why it ended (failed, asking for the restart) is not called a crash again.
     r, events, _ = _run(tmp_path, "crashes", env_extra={"ALPSCK_ATTEMPT": "2", "ALPSCK_PREVIOUS_EXIT": "75"})
     assert [e["event"] for e in events].count("crashed") == 1, events
+
+
+_DOG = r'''
+import sys, threading, time
+from alpsck import progress
+from alpsck.slurm.watchdog import Watchdog
+
+mode, run_dir = sys.argv[1], sys.argv[2]
+dog = Watchdog(1.0, run_dir=run_dir, job_id="J", rank=0, attempt=2, poll_s=0.1, grace_s=0.5)
+progress.install(dog)
+dog.start()
+for _ in range(5):                       # steps of 0.3 s: progress each time
+    progress.mark_loop("step")
+    time.sleep(0.3)
+if mode == "slow-save":                  # a save blocking 3x the step timeout: its own section, 4x
+    with progress.section("save"):
+        time.sleep(3.0)
+    progress.mark_loop("step")
+    dog.stop()
+    print("survived", flush=True)
+else:
+    threading.Event().wait()             # the main thread blocked forever
+'''
+
+
+@pytest.mark.parametrize("mode", ["blocked", "slow-save"])
+def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(tmp_path: Path, mode: str) -> None:
+    """Through shared memory, no file: a main thread blocked forever is found within its timeout + 1 s, its
+    stacks dumped (faulthandler, while it is blocked in C), a ``hang`` event recorded, and the process
+    SIGKILLed; a save lasting 3x the step timeout is no hang."""
+    import sys
+    import time
+
+    from alpsck.slurm import history
+
+    script = tmp_path / "dog.py"
+    script.write_text(_DOG)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(script), mode, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    if mode == "slow-save":
+        assert r.returncode == 0 and r.stdout.strip() == "survived", r.stderr
+        assert not (tmp_path / history.HISTORY).exists()
+        return
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    assert "no progress in section 'step'" in r.stderr and "most recent call first" in r.stderr, r.stderr
+    assert "in <module>" in r.stderr and "wait" in r.stderr  # the blocked main thread, where it waits
+    hang = history.read(tmp_path)
+    assert [e["event"] for e in hang] == ["hang"] and hang[0]["section"] == "step" and hang[0]["attempt"] == 2
+    assert 1.0 <= hang[0]["seconds"] < 2.0, hang  # found within its timeout + 1 s
+    assert time.monotonic() - t0 < 20

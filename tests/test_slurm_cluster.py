@@ -598,3 +598,42 @@ def test_an_exception_restarts_in_the_allocation_and_a_hard_crash_at_every_start
     assert [s.get("attempt", 0) for s in starts] == [0, 1, 2, 3], events(run2)
     assert [c["exit_code"] for c in events(run2, "crashed")] == [7, 7, 7], events(run2)
     assert "no progress" in events(run2, "gave_up")[0]["message"] and not events(run2, "requeued")
+
+
+def test_a_main_thread_blocked_forever_is_a_hang_every_rank_dumps_and_the_step_restarts(cluster: None,
+                                                                                         tmp_path: Path) -> None:
+    """Rank 0's main thread blocks forever once (after a checkpoint), rank 1 waits for it in a collective:
+    both watchdogs see no progress for the step timeout, every rank's threads' stacks reach its log, rank 0
+    records ``hang``, the step is ended and restarted in the allocation (one job id, no requeue), and the
+    losses equal an uninterrupted run's, bit for bit."""
+    steps = steps_for_seconds(40)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "blocks_once.py").write_text(
+        "import os\nimport threading\n\nfrom alpsck.examples.llama.train import slurm_entry\n"
+        "from alpsck.store.run_dir import pick\n\n\n"
+        "def main(job):\n"
+        "    if os.environ.get('ALPSCK_ATTEMPT', '0') == '0' and job.rank == 0:\n"
+        "        polled = job.stop_requested\n\n"
+        "        def stop_requested():\n"
+        f"            if (pick(job.run_dir).step or 0) >= {steps // 3}:\n"
+        "                threading.Event().wait()  # blocked forever, in C, holding nothing\n"
+        "            return polled()\n\n"
+        "        job.stop_requested = stop_requested\n"
+        "    return slurm_entry(job)\n")
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps, world=2)
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=10, tasks=2,
+                            entry="blocks_once:main", requeue_extra="hang_timeout_s: 8"))
+    assert wait_done(run, job, 600) == "finished", events(run)
+    evs = events(run)
+    hang = events(run, "hang")
+    assert len(hang) == 1 and hang[0]["section"] == "step" and 8 < hang[0]["seconds"] < 30, evs
+    assert not events(run, "requeued") and not events(run, "crashed") and all(e["job_id"] == job for e in evs), evs
+    assert [s.get("attempt", 0) for s in events(run, "started")] == [0, 1], evs
+    assert (run / "loss.csv").read_text() == clean
+    for rank in (0, 1):
+        log = (run / "submitit" / f"{job}_{rank}_log.out").read_text()
+        assert f"alpsck: rank {rank}: no progress in section 'step'" in log, log[-3000:]
+        assert "most recent call first" in log, log[-3000:]
+    assert "stop_requested" in (run / "submitit" / f"{job}_0_log.out").read_text()  # where rank 0 blocked

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
+from .. import progress as loop_progress
 from ..errors import CheckpointError, ConfigError, UsageError
 from ..job_env import JobEnv
 from ..restore import RESTORED_HOOKS
@@ -72,6 +73,7 @@ from .config import JobConfig
 from .context import JobContext, _set_current
 from .launch import user_paths
 from .stop import StopController, job_fields, scontrol_available, scontrol_requeue, term_verdict
+from .watchdog import Watchdog
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
@@ -137,6 +139,18 @@ def remove_request(run_dir: str) -> None:
         pass
     except OSError as e:  # a directory in its place, no permission: the request written later fails loudly
         print(f"alpsck: cannot remove {os.path.join(run_dir, REQUEST_FILE)}: {e}", file=sys.stderr, flush=True)
+
+
+def _said_why(events: list[dict[str, Any]], job_id: str) -> bool:
+    """Whether this job's last start recorded why it ended (a ``failed`` or a ``hang`` after its ``started``)."""
+    for e in reversed(events):
+        if e.get("job_id") != job_id:
+            continue
+        if e["event"] == "started":
+            return False
+        if e["event"] in ("failed", "hang"):
+            return True
+    return False
 
 
 def _signal_name(exit_code: int | None) -> str | None:
@@ -258,7 +272,7 @@ class JobRunner:
         if rank == 0:
             remove_request(cfg.run_dir)
             resume = newest_step(cfg.run_dir)
-            if attempt and job.previous_exit != RESTART_EXIT:  # the step before died without a word (a failure says it)
+            if attempt and not _said_why(events, job_id):  # the step before died without a word
                 log("crashed", attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
                     **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
             log("started", restart=restart, step=resume, rank=rank, world_size=world,
@@ -296,6 +310,11 @@ class JobRunner:
 
         RESTORED_HOOKS.append(restored)
         _set_current(ctx)
+        dog = None
+        if rq.hang_timeout_s > 0:
+            dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt)
+            loop_progress.install(dog)
+            dog.start()
         try:
             result = self._run_entry(ctx)
         except BaseException as e:  # noqa: BLE001 - SystemExit from a script counts as a failure too
@@ -305,6 +324,9 @@ class JobRunner:
                 stop.close()
                 return self._failed(log, ctx, e)
         finally:
+            if dog is not None:
+                dog.stop()
+                loop_progress.install(None)
             _set_current(None)
             RESTORED_HOOKS.remove(restored)
         stop.close()
