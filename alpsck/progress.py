@@ -25,9 +25,11 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def install(sink: Sink | None) -> None:
-    """Set (or with None, remove) the process's sink."""
+    """Set (or with None, remove) the process's sink; the loop is in its ``start`` section until it polls."""
     global _SINK
     _SINK = sink
+    _LOOP[0] = "start"
+    _OPEN.clear()
 
 
 def mark(section: str) -> None:
@@ -36,26 +38,30 @@ def mark(section: str) -> None:
         _SINK.mark(section)
 
 
-_CURRENT = ["step"]  # the section a blocking call returns to (the loop's, set by mark_loop)
+_LOOP = ["start"]  # the loop's own section (set by mark_loop), where a blocking call returns to
+_OPEN: list[str] = []  # the blocking calls under way, outermost first (a wait inside a close)
 
 
 def mark_loop(section: str) -> None:
     """The loop's own section from now on (``step``, or ``final`` once it saw a stop): progress in it."""
-    _CURRENT[0] = section
+    _LOOP[0] = section
     mark(section)
 
 
 @contextmanager
 def section(name: str) -> Iterator[None]:
-    """A blocking call in a section of its own; progress in the loop's section when it returns."""
+    """A blocking call in a section of its own; when it returns, progress in the section it was called from."""
     if _SINK is None:
         yield
         return
+    _OPEN.append(name)
     _SINK.mark(name)
     try:
         yield
     finally:
-        _SINK.mark(_CURRENT[0])
+        _OPEN.pop()
+        if _SINK is not None:
+            _SINK.mark(_OPEN[-1] if _OPEN else _LOOP[0])
 
 
 def blocking(name: str) -> Callable[[_F], _F]:

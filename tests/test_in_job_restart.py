@@ -151,3 +151,30 @@ def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(
     assert [e["event"] for e in hang] == ["hang"] and hang[0]["section"] == "step" and hang[0]["attempt"] == 2
     assert 1.0 <= hang[0]["seconds"] < 2.0, hang  # found within its timeout + 1 s
     assert time.monotonic() - t0 < 20
+
+
+def test_progress_sections_nest_and_return_to_the_loops_own() -> None:
+    """A Checkpointer's wait inside its close stays in ``save`` until the close returns; then the loop's section
+    (``start`` until the first poll, then ``step`` or ``final``). Without a sink nothing is recorded."""
+    from alpsck import progress
+
+    marks: list[str] = []
+
+    class Sink:
+        def mark(self, section: str) -> None:
+            marks.append(section)
+
+    progress.mark("step")  # no sink: a no-op
+    progress.install(Sink())
+    try:
+        with progress.section("restore"):
+            pass
+        progress.mark_loop("step")
+        with progress.section("save"), progress.section("save"):
+            pass
+        progress.mark_loop("final")
+        with progress.section("save"):
+            pass
+    finally:
+        progress.install(None)
+    assert marks == ["restore", "start", "step", "save", "save", "save", "step", "final", "save", "final"]
