@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from . import _core, fit, tree
+from . import _core, fit, progress, tree
 from .capture import capture
 from .errors import (
     CheckpointError,
@@ -102,6 +102,7 @@ class CoreSave(FutureMixin):
         """True once the checkpoint is durable (or its save failed)."""
         return bool(self._h.done())
 
+    @progress.blocking("save")
     def wait(self, timeout: float | None = None) -> None:
         """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
         try:
@@ -326,6 +327,7 @@ class Checkpointer:
         if failed:
             failed[0].wait()  # raises the save's error
 
+    @progress.blocking("save")
     def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False) -> CoreSave:
         """Snapshot ``state`` as checkpoint ``step`` and persist it in the background.
 
@@ -418,6 +420,7 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.wait_copies()
 
+    @progress.blocking("save")
     def wait_snapshot(self) -> None:
         """Wait until every snapshot taken so far is copied out of the live tensors.
 
@@ -444,6 +447,7 @@ class Checkpointer:
             self._owners = {sizes: (owners := assign_owners(dict(sizes), self.world_size))}
         return owners
 
+    @progress.blocking("save")
     def wait(self) -> None:
         """Block until every save so far is durable; raise the first error among them."""
         if self._engine is not None:
@@ -454,6 +458,7 @@ class Checkpointer:
         if failed:
             failed[0].wait()
 
+    @progress.blocking("save")
     def close(self) -> None:
         """Wait for in-flight saves, stop the writer threads and free staging memory.
 
@@ -498,6 +503,7 @@ class Checkpointer:
         restore itself, which falls back to the one before on a mismatch)."""
         return pick(self.run_dir, kind="alpsck").step
 
+    @progress.blocking("restore")
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
         """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
 

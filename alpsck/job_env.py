@@ -6,7 +6,8 @@ submitit job (``SUBMITIT_EXECUTOR`` set: the SLURM or the local executor) submit
 ``JobEnvironment`` says what the job id, rank and task count are; outside one (a runner started
 by hand or by a test, a training under plain ``srun``) the SLURM, submitit-local and torchrun
 variables do, in that order. SLURM's restart count (``SLURM_RESTART_COUNT``), which
-``JobEnvironment`` does not expose, is read here too.
+``JobEnvironment`` does not expose, is read here too, and so are the batch script's in-job restart
+variables (which start of the job step this is in its allocation, and how the one before ended).
 
 It reads the environment when it is built (:meth:`JobEnv.detect`), and nothing after that.
 """
@@ -27,6 +28,20 @@ def _int(env: Mapping[str, str], *names: str, default: int = 0) -> int:
     return default
 
 
+# Set by the batch script's restart loop for each start of the job step (alpsck.slurm.submit).
+ATTEMPT_ENV = "ALPSCK_ATTEMPT"
+PREVIOUS_EXIT_ENV = "ALPSCK_PREVIOUS_EXIT"
+PREVIOUS_END_ENV = "ALPSCK_PREVIOUS_END"
+
+
+def _float(v: str | None) -> float | None:
+    try:
+        f = float(v) if v else None
+    except ValueError:
+        return None
+    return f if f is not None and f == f and abs(f) < 1e12 else None
+
+
 @dataclass(frozen=True)
 class JobEnv:
     """Where this process runs; the defaults describe a process outside any job."""
@@ -37,6 +52,11 @@ class JobEnv:
     local: bool = False              # run by submitit's local executor (no SLURM)
     slurm_job_id: str | None = None  # $SLURM_JOB_ID, the id scontrol takes; None outside SLURM
     slurm_restarts: int | None = None  # this start's SLURM restart count; None where SLURM does not say
+    # The batch script's in-job restarts (alpsck.slurm.submit.restart_loop_lines): which start of the job step
+    # in this allocation this is (0: the first), and how the one before ended (its srun exit code, and when).
+    attempt: int = 0
+    previous_exit: int | None = None
+    previous_end: float | None = None
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
@@ -46,12 +66,18 @@ class JobEnv:
         # SLURM sets the restart count only once the job was requeued: 0 before that in a SLURM job.
         restarts = (_int(env, "SLURM_RESTART_COUNT") if "SLURM_RESTART_COUNT" in env
                     else 0 if slurm_job_id else None)
+        attempt = max(0, _int(env, ATTEMPT_ENV))
+        previous_exit = _int(env, PREVIOUS_EXIT_ENV, default=-1) if attempt else -1
+        previous_end = _float(env.get(PREVIOUS_END_ENV)) if attempt else None
+        loop = {"attempt": attempt, "previous_exit": previous_exit if previous_exit >= 0 else None,
+                "previous_end": previous_end}
         if env.get("SUBMITIT_EXECUTOR") and environ is None:
             import submitit
 
             sub = submitit.JobEnvironment()
-            return cls(str(sub.job_id), sub.global_rank, sub.num_tasks, local_id is not None, slurm_job_id, restarts)
+            return cls(str(sub.job_id), sub.global_rank, sub.num_tasks, local_id is not None, slurm_job_id, restarts,
+                       **loop)
         return cls(job_id=slurm_job_id or local_id,
                    rank=_int(env, "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "RANK"),
                    world_size=_int(env, "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "WORLD_SIZE", default=1),
-                   local=local_id is not None, slurm_job_id=slurm_job_id, slurm_restarts=restarts)
+                   local=local_id is not None, slurm_job_id=slurm_job_id, slurm_restarts=restarts, **loop)

@@ -308,7 +308,8 @@ def test_a_job_that_exits_hard_at_every_start_shows_failed_with_its_exit_code(cl
     conf.mkdir()
     (conf / "hard_exit.py").write_text("import os\n\ndef main(job):\n    os._exit(7)\n")
     run = tmp_path / "run"
-    job = submit(job_config(conf / "job.yaml", run, steps=10, time="5", entry="hard_exit:main"))
+    job = submit(job_config(conf / "job.yaml", run, steps=10, time="5", entry="hard_exit:main",
+                            requeue_extra="in_job_restarts: 0"))  # no restart in the allocation (tested below)
     wait_for(lambda: not in_queue(job), 180, f"job {job} to end", poll=1)
     ended = time.monotonic()
 
@@ -387,7 +388,7 @@ def test_the_same_crash_at_two_starts_ends_the_run_failed_with_the_error(cluster
     (conf / "crash_entry.py").write_text("def crash(job):\n    raise RuntimeError('boom')\n")
     run = tmp_path / "run"
     cfg = job_config(conf / "job.yaml", run, steps=10, time="5", delay=60, entry="crash_entry:crash",
-                     max_restarts=5, no_progress=5)
+                     max_restarts=5, no_progress=5, requeue_extra="in_job_restarts: 0")  # requeues, not restarts
     job = submit(cfg)
     assert wait_done(run, job, 300) == "failed", events(run)
     fails = events(run, "failed")
@@ -498,3 +499,141 @@ def test_usr1_as_the_time_limit_signal_checkpoints_and_requeues(cluster: None, t
         assert [i["step"] for i in _core.scan(str(run), verify=True) if i["status"] == "committed"] == [final["step"]]
     finally:
         subprocess.run(["scancel", job], timeout=30)
+
+
+# ---------------------------------------------------------------------------- in-job restarts (#42)
+
+_DIES_ONCE = '''"""The reference training, and once, on the first start of the job step in its allocation, a death: {how}."""
+import os
+import signal
+import threading
+import time
+
+from alpsck.examples.llama.train import slurm_entry
+from alpsck.store.run_dir import pick
+
+
+def main(job):
+    if os.environ.get("ALPSCK_ATTEMPT", "0") == "0" and job.rank == {rank}:
+        def watch():
+            while (pick(job.config.run_dir).step or 0) < {after}:  # once a checkpoint past step {after} is durable
+                time.sleep(0.1)
+            {action}
+
+        threading.Thread(target=watch, daemon=True).start()
+    return slurm_entry(job)
+'''
+
+
+def _dies_once(conf: Path, how: str, action: str, *, rank: int, after: int) -> None:
+    conf.mkdir(exist_ok=True)
+    (conf / "dies_once.py").write_text(_DIES_ONCE.format(how=how, action=action, rank=rank, after=after))
+
+
+def test_a_task_sigkilled_mid_run_restarts_in_its_allocation_bit_exact(cluster: None, tmp_path: Path) -> None:
+    """Rank 1 of 2 is SIGKILLed once, mid-run: srun ends the step (--kill-on-bad-exit), the batch script
+    starts a new one in the same allocation (one job id, no requeue), the new step records the crash and
+    resumes from the newest checkpoint, and the losses equal an uninterrupted run's, bit for bit. The entry
+    lives in a module beside the config, as a user's would."""
+    steps = steps_for_seconds(45)
+    conf = tmp_path / "conf"
+    _dies_once(conf, "rank 1 SIGKILLs itself", "os.kill(os.getpid(), signal.SIGKILL)", rank=1, after=steps // 3)
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps, world=2)
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=10, tasks=2,
+                            entry="dies_once:main"))
+    assert wait_done(run, job, 600) == "finished", events(run)
+    evs = events(run)
+    assert all(e["job_id"] == job for e in evs) and not events(run, "requeued"), evs
+    crashed = events(run, "crashed")
+    assert len(crashed) == 1 and crashed[0]["attempt"] == 0, evs
+    assert crashed[0]["exit_code"] not in (0, 1, 3), crashed
+    starts = events(run, "started")
+    assert [s.get("attempt", 0) for s in starts] == [0, 1] and [s["restart"] for s in starts] == [0, 0], starts
+    assert starts[1]["step"] is not None and starts[1]["step"] >= steps // 3 and starts[1]["down_s"] < 60, starts
+    assert (run / "loss.csv").read_text() == clean
+    text = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True,
+                          timeout=120).stdout
+    assert "crashed" in text, text
+
+
+def test_an_exception_restarts_in_the_allocation_and_a_hard_crash_at_every_start_is_bounded(cluster: None,
+                                                                                             tmp_path: Path) -> None:
+    """An exception once, after a checkpoint: the runner records ``failed`` with ``will_restart`` and the step
+    starts again in the allocation (no requeue), finishing bit for bit. A task that exits hard at every start
+    (no checkpoint ever) is restarted, and the third start in a row from the same step gives up: the job ends
+    with no requeue and no endless loop, whatever ``in_job_restarts`` allows."""
+    steps = steps_for_seconds(25)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "raise_once.py").write_text(
+        "import os\n\nfrom alpsck.examples.llama.train import slurm_entry\nfrom alpsck.store.run_dir import pick\n\n\n"
+        "def main(job):\n"
+        "    if os.environ.get('ALPSCK_ATTEMPT', '0') == '0':\n"
+        "        polled = job.stop_requested\n\n"
+        "        def stop_requested():  # polled once per step: raises once a checkpoint past a third is durable\n"
+        f"            if (pick(job.run_dir).step or 0) >= {steps // 3}:\n"
+        "                raise RuntimeError('injected after a checkpoint')\n"
+        "            return polled()\n\n"
+        "        job.stop_requested = stop_requested\n"
+        "    return slurm_entry(job)\n")
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps)
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=10, entry="raise_once:main"))
+    assert wait_done(run, job, 600) == "finished", events(run)
+    evs = events(run)
+    failed = events(run, "failed")
+    assert len(failed) == 1 and failed[0]["will_restart"] is True and failed[0]["will_requeue"] is False, evs
+    assert "RuntimeError: injected after a checkpoint" in failed[0]["message"]
+    assert not events(run, "requeued") and not events(run, "crashed") and all(e["job_id"] == job for e in evs), evs
+    assert [s.get("attempt", 0) for s in events(run, "started")] == [0, 1]
+    assert (run / "loss.csv").read_text() == clean
+    # A hard exit at every start, before any checkpoint.
+    (conf / "hard_exit.py").write_text("import os\n\n\ndef main(job):\n    os._exit(7)\n")
+    run2 = tmp_path / "run2"
+    job2 = submit(job_config(conf / "job2.yaml", run2, steps=10, time="10", entry="hard_exit:main",
+                             requeue_extra="in_job_restarts: 5"))
+    assert wait_done(run2, job2, 300) == "gave_up", events(run2)
+    starts = events(run2, "started")
+    assert [s.get("attempt", 0) for s in starts] == [0, 1, 2, 3], events(run2)
+    assert [c["exit_code"] for c in events(run2, "crashed")] == [7, 7, 7], events(run2)
+    assert "no progress" in events(run2, "gave_up")[0]["message"] and not events(run2, "requeued")
+
+
+def test_a_main_thread_blocked_forever_is_a_hang_every_rank_dumps_and_the_step_restarts(cluster: None,
+                                                                                         tmp_path: Path) -> None:
+    """Rank 0's main thread blocks forever once (after a checkpoint), rank 1 waits for it in a collective:
+    both watchdogs see no progress for the step timeout, every rank's threads' stacks reach its log, rank 0
+    records ``hang``, the step is ended and restarted in the allocation (one job id, no requeue), and the
+    losses equal an uninterrupted run's, bit for bit."""
+    steps = steps_for_seconds(40)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "blocks_once.py").write_text(
+        "import os\nimport threading\n\nfrom alpsck.examples.llama.train import slurm_entry\n"
+        "from alpsck.store.run_dir import pick\n\n\n"
+        "def main(job):\n"
+        "    if os.environ.get('ALPSCK_ATTEMPT', '0') == '0' and job.rank == 0:\n"
+        "        polled = job.stop_requested\n\n"
+        "        def stop_requested():\n"
+        f"            if (pick(job.run_dir).step or 0) >= {steps // 3}:\n"
+        "                threading.Event().wait()  # blocked forever, in C, holding nothing\n"
+        "            return polled()\n\n"
+        "        job.stop_requested = stop_requested\n"
+        "    return slurm_entry(job)\n")
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps, world=2)
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=10, tasks=2,
+                            entry="blocks_once:main", requeue_extra="hang_timeout_s: 8"))
+    assert wait_done(run, job, 600) == "finished", events(run)
+    evs = events(run)
+    hang = events(run, "hang")
+    assert len(hang) == 1 and hang[0]["section"] == "step" and 8 < hang[0]["seconds"] < 30, evs
+    assert not events(run, "requeued") and not events(run, "crashed") and all(e["job_id"] == job for e in evs), evs
+    assert [s.get("attempt", 0) for s in events(run, "started")] == [0, 1], evs
+    assert (run / "loss.csv").read_text() == clean
+    for rank in (0, 1):
+        log = (run / "submitit" / f"{job}_{rank}_log.out").read_text()
+        assert f"alpsck: rank {rank}: no progress in section 'step'" in log, log[-3000:]
+        assert "most recent call first" in log, log[-3000:]
+    assert "stop_requested" in (run / "submitit" / f"{job}_0_log.out").read_text()  # where rank 0 blocked

@@ -368,7 +368,7 @@ def test_the_alps_examples_scripts_match_golden(monkeypatch: pytest.MonkeyPatch,
     assert ("--uenv=pytorch/v2.6.0:v1 --view=default" in srun) == (example == "alps-gh200-uenv")
     # The batch shell outlives the signals SLURM sends it, and its EXIT trap acts on the request.
     assert text.index("trap '' USR1 USR2 HUP INT") < text.index("mkdir -p")
-    assert "trap : TERM" in text and "trap alpsck_requeue_on_request EXIT" in text
+    assert "trap alpsck_stopping=1 TERM" in text and "trap alpsck_requeue_on_request EXIT" in text
 
 
 def test_a_uenv_gets_the_default_view_unless_told(tmp_path: Path) -> None:

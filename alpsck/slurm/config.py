@@ -64,6 +64,8 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "requeue.maintenance_poll_s": (1, _DAY_S),  # the watcher runs scontrol show reservation once per poll
     "requeue.same_error_retries": (0, 100_000),
     "requeue.give_up_after_no_progress": (1, 100_000),
+    "requeue.in_job_restarts": (0, 1_000),
+    "requeue.hang_timeout_s": (0, _MAX_S),
 }
 ENGINE_OPTIONS = ("max_in_flight", "threads", "keep_last")  # checkpoint.<option>: alpsck.options' table
 
@@ -186,6 +188,8 @@ class RequeueConfig:
     on_failure: bool = True
     same_error_retries: int = 1  # requeues of a start that failed as the one before, with no checkpoint between
     give_up_after_no_progress: int = 3
+    in_job_restarts: int = 3  # a job step that dies starts again in its allocation, this many times per allocation
+    hang_timeout_s: float = 900.0  # no progress in a step for this long is a hang (other sections: 4x); 0: no watchdog
 
 
 @dataclass
@@ -349,7 +353,8 @@ _TYPES: dict[str, dict[str, str]] = {
                    "keep_last": "int", "lustre_layout": "str", "preflight": "bool"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
-                "same_error_retries": "int", "give_up_after_no_progress": "int"},
+                "same_error_retries": "int", "give_up_after_no_progress": "int", "in_job_restarts": "int",
+                "hang_timeout_s": "float"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 

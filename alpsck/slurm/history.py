@@ -205,7 +205,7 @@ def state_of(events: list[dict[str, Any]]) -> str:
             return "gave_up"
         if ev == "cancelled":
             return "cancelled"
-        if ev == "failed" and not e.get("will_requeue"):
+        if ev == "failed" and not (e.get("will_requeue") or e.get("will_restart")):
             return "failed"
         if ev == "requeued":
             return "requeued"

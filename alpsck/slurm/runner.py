@@ -28,6 +28,14 @@ On each start (rank 0 writes history; every rank runs the entry):
      an ImportError, SyntaxError or config error, or the same error as the previous start with
      no checkpoint in between, ends the run ``failed`` at once; else exit 1.
 
+Restart in the allocation first (under SLURM, ``requeue.in_job_restarts`` times per allocation): a
+failure the rules above would requeue exits with :data:`RESTART_EXIT` instead, unless the allocation
+is ending (:meth:`StopController.allocation_ending`), and the batch script's restart loop
+(:func:`alpsck.slurm.submit.restart_loop_lines`) starts the job step again; so it does for a step
+whose task died without a word (a signal, a hard exit). The next start records ``crashed`` for such
+a step (its exit code, from ``JobEnv.previous_exit``), logs ``started`` with its ``attempt``, and
+resumes from the newest checkpoint, under the same give-up rules.
+
 Requeue: under submitit's local executor, exit with its requeue code (144), which restarts the
 task. Under SLURM, ``scontrol requeue $SLURM_JOB_ID`` from rank 0, unless SLURM requeued the job
 already (reason ``requeue``: it starts again by itself). Where scontrol fails (Slurm commands
@@ -54,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
+from .. import progress as loop_progress
 from ..errors import CheckpointError, ConfigError, UsageError
 from ..job_env import JobEnv
 from ..restore import RESTORED_HOOKS
@@ -64,9 +73,15 @@ from .config import JobConfig
 from .context import JobContext, _set_current
 from .launch import user_paths
 from .stop import StopController, job_fields, scontrol_available, scontrol_requeue, term_verdict
+from .watchdog import Watchdog
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
+RESTART_EXIT = 75         # asks the batch script's restart loop to start the job step again (EX_TEMPFAIL)
+# Exit codes of a job step that end the batch script's restart loop: the run finished or was stopped
+# (0), failed for good or gave up (1), or asked for a requeue (3). Any other (a signal's 128 + N, a
+# hard exit, RESTART_EXIT) is a step that died: started again in the allocation while the budget lasts.
+FINAL_EXITS = (0, 1, REQUEUE_EXIT)
 REQUEST_FILE = _core.run_dir_names["requeue_request"]  # the run directory's names are the core's (run_dir.h)
 DECISION_FILE = _core.run_dir_names["start_decision"]
 DECISION_TIMEOUT_S = 600.0
@@ -126,27 +141,53 @@ def remove_request(run_dir: str) -> None:
         print(f"alpsck: cannot remove {os.path.join(run_dir, REQUEST_FILE)}: {e}", file=sys.stderr, flush=True)
 
 
+def _said_why(events: list[dict[str, Any]], job_id: str) -> bool:
+    """Whether this job's last start recorded why it ended (a ``failed`` or a ``hang`` after its ``started``)."""
+    for e in reversed(events):
+        if e.get("job_id") != job_id:
+            continue
+        if e["event"] == "started":
+            return False
+        if e["event"] in ("failed", "hang"):
+            return True
+    return False
+
+
+def _signal_name(exit_code: int | None) -> str | None:
+    """The signal a job step's exit code says ended it (srun reports 128 + N), or None."""
+    import signal
+
+    if exit_code is None or not 128 < exit_code < 128 + 65:
+        return None
+    try:
+        return signal.Signals(exit_code - 128).name
+    except ValueError:
+        return None
+
+
 def _error_text(err: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
 
 
-def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None) -> None:
+def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None,
+                   attempt: int = 0) -> None:
     """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
     path = os.path.join(run_dir, DECISION_FILE)
     tmp = temp_name(path)
     with os.fdopen(open_own(tmp), "w") as f:
-        json.dump({"job_id": job_id, "restart": restart, "resume": resume, "give_up": give_up}, f)
+        json.dump({"job_id": job_id, "restart": restart, "attempt": attempt, "resume": resume, "give_up": give_up}, f)
     os.replace(tmp, path)
 
 
-def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float) -> dict[str, Any]:
-    """Wait for rank 0's decision of this start (same job id and restart count)."""
+def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float, attempt: int = 0) -> dict[str, Any]:
+    """Wait for rank 0's decision of this start (same job id, restart count and in-job attempt)."""
     path = os.path.join(run_dir, DECISION_FILE)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             d = json.loads(read_small(path, 1 << 16))
-            if isinstance(d, dict) and d.get("job_id") == job_id and d.get("restart") == restart:
+            if (isinstance(d, dict) and d.get("job_id") == job_id and d.get("restart") == restart
+                    and d.get("attempt", 0) == attempt):
                 resume, give_up = d.get("resume"), d.get("give_up")
                 if (resume is None or isinstance(resume, int)) and (give_up is None or isinstance(give_up, str)):
                     return {"resume": resume, "give_up": give_up}
@@ -158,11 +199,22 @@ def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float) -> 
         time.sleep(0.2)
 
 
-def export_torch_distributed_env() -> None:
+def attempt_port(job_id: str, attempt: int) -> int:
+    """The rendezvous port of an in-job restart: a new one for each attempt (submitit draws the first from
+    the job id), so the new ranks never meet the store of the step that died (a socket still closing)."""
+    import random
+
+    return random.Random(f"{job_id}/{attempt}").randint(20000, 60000)
+
+
+def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:
     """MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the SLURM job, unless already set."""
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return
     import submitit
+
+    if attempt and "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(attempt_port(job_id, attempt))
 
     # CUDA_VISIBLE_DEVICES stays as SLURM set it (on Alps one GPU per task with --gpus-per-task).
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
@@ -216,10 +268,16 @@ class JobRunner:
         restart = self._restart_count(job_id, events)
         self._events = events
         self._charged = charged_starts(events, job_id)  # earlier starts only
+        attempt = job.attempt
         if rank == 0:
             remove_request(cfg.run_dir)
             resume = newest_step(cfg.run_dir)
-            log("started", restart=restart, step=resume, rank=rank, world_size=world)
+            if attempt and not _said_why(events, job_id):  # the step before died without a word
+                log("crashed", attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
+                    **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
+            log("started", restart=restart, step=resume, rank=rank, world_size=world,
+                **({"attempt": attempt, "down_s": round(time.time() - job.previous_end, 3)}
+                   if attempt and job.previous_end else {"attempt": attempt} if attempt else {}))
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
             same = [e for e in starts[-rq.give_up_after_no_progress:] if e.get("step") == resume]
             verdict = None
@@ -229,17 +287,17 @@ class JobRunner:
             elif len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
                 verdict = f"no progress: the last {len(same)} starts all resumed from step {resume}"
             if world > 1:
-                write_decision(cfg.run_dir, job_id, restart, resume, verdict)
+                write_decision(cfg.run_dir, job_id, restart, resume, verdict, attempt)
             if verdict is not None:
                 return self._give_up(log, verdict)
         else:
-            decision = wait_decision(cfg.run_dir, job_id, restart, DECISION_TIMEOUT_S)
+            decision = wait_decision(cfg.run_dir, job_id, restart, DECISION_TIMEOUT_S, attempt)
             if decision["give_up"] is not None:
                 print(f"alpsck: rank {rank}: rank 0 gave up: {decision['give_up']}", file=sys.stderr, flush=True)
                 raise SystemExit(1)
             resume = decision["resume"]
         if world > 1:
-            export_torch_distributed_env()
+            export_torch_distributed_env(job_id, attempt)
 
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
 
@@ -252,6 +310,11 @@ class JobRunner:
 
         RESTORED_HOOKS.append(restored)
         _set_current(ctx)
+        dog = None
+        if rq.hang_timeout_s > 0:
+            dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt)
+            loop_progress.install(dog)
+            dog.start()
         try:
             result = self._run_entry(ctx)
         except BaseException as e:  # noqa: BLE001 - SystemExit from a script counts as a failure too
@@ -261,6 +324,9 @@ class JobRunner:
                 stop.close()
                 return self._failed(log, ctx, e)
         finally:
+            if dog is not None:
+                dog.stop()
+                loop_progress.install(None)
             _set_current(None)
             RESTORED_HOOKS.remove(restored)
         stop.close()
@@ -344,16 +410,42 @@ class JobRunner:
         message = _error_text(err)
         step = newest_step(self.config.run_dir)
         why_not = self._retry_verdict(ctx, err, message, step)
-        will = why_not is None and ctx.rank == 0
+        # Inside the allocation first (the batch script's restart loop), while its budget lasts and no stop
+        # came (a time limit, a preemption, a requeue by hand: the allocation is ending): every rank decides
+        # alike (the same history, the same attempt) and exits for it.
+        here = (why_not is None and not self._job.local and self._job.attempt < self.config.requeue.in_job_restarts
+                and not ctx.stop.allocation_ending())
+        will = why_not is None and ctx.rank == 0 and not here
         # The event keeps the error, also for a cancelled job (its final checkpoint may be missing).
-        log("failed", message=message, step=step, will_requeue=will,
+        log("failed", message=message, step=step, will_requeue=will, **({"will_restart": True} if here else {}),
             **({"cancelled": True} if ctx.stop.cancelled() else {}), **({"not_requeued": why_not} if why_not else {}))
         traceback.print_exception(type(err), err, err.__traceback__)
+        if here:
+            if ctx.rank == 0 and ctx.stop.terminated():
+                # A SIGTERM came: the step's own end, or a preemption in its grace time (SLURM shows both as
+                # RUNNING). The batch script starts the step again in the first case; in the second its shell
+                # was told to stop too, and its EXIT trap requeues the job from this request.
+                self._write_request("failure", step, progress=False)
+            print(f"alpsck: restarting the job step in this allocation (in-job restart {self._job.attempt + 1} of "
+                  f"{self.config.requeue.in_job_restarts})", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(RESTART_EXIT)
         if will:
             return self._requeue(log, "failure", step, progress=False)
         if why_not:
             print(f"alpsck: not requeued: {why_not}", file=sys.stderr, flush=True)
         raise SystemExit(1)
+
+    def _write_request(self, reason: str, step: int | None, progress: bool) -> None:
+        """The requeue request for the batch script's EXIT trap (:func:`request_text`), written durably."""
+        path = os.path.join(self.config.run_dir, REQUEST_FILE)
+        remove_request(self.config.run_dir)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(request_text(self._job.slurm_job_id or "", (self._job.slurm_restarts or 0), reason, step, progress))
+            f.flush()
+            os.fsync(f.fileno())
 
     def _requeue(self, log: Any, reason: str, step: int | None, *, progress: bool) -> None:
         """Requeue this job; ``progress``: the newest checkpoint advanced during this start, so
@@ -382,13 +474,7 @@ class JobRunner:
                     log("requeued", reason=reason, step=step, mechanism="scontrol")
                     os._exit(0)
                 print(f"alpsck: scontrol requeue failed ({e}); asking the batch script", file=sys.stderr)
-        path = os.path.join(self.config.run_dir, REQUEST_FILE)
-        remove_request(self.config.run_dir)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(request_text(job_id, (self._job.slurm_restarts or 0), reason, step, progress))
-            f.flush()
-            os.fsync(f.fileno())
+        self._write_request(reason, step, progress)
         # The batch script records the outcome (requeued, or cancelled) from the request.
         print(f"alpsck: asked the batch script to requeue job {job_id} ({reason})", file=sys.stderr, flush=True)
         os._exit(REQUEUE_EXIT)

@@ -300,6 +300,24 @@ class StopController:
         not: a job that then fails must not requeue itself again."""
         return self.settle() == "requeue" or self._unpolled_term("requeue")
 
+    def allocation_ending(self) -> bool:
+        """Whether the job's allocation is ending, for a start that failed: the loop saw a stop, the
+        time-limit signal came, or a SIGTERM came that SLURM calls a cancel, a requeue or a time
+        limit. A SIGTERM of a job that SLURM still runs is the job step's own end (srun cancels the
+        step when one of its tasks dies, ``--kill-on-bad-exit``), or a preemption in its grace time:
+        SLURM shows both alike (RUNNING), so the step may start again, and the batch script, whose
+        shell only a job-level stop reaches (its TERM trap), decides."""
+        if self.settle() in ("timeout", "maintenance") or any(s == self.timeout_signal for s, _ in self._signals):
+            return True
+        # A SIGTERM's verdict is asked afresh: the one the loop settled on ("preemption": the job was still
+        # RUNNING) is also what a step's own cancel looks like, and a cancel may have come since.
+        return (any(s == signal.SIGTERM for s, _ in self._signals)
+                and self._term_verdict() in ("cancel", "requeue", "timeout"))
+
+    def terminated(self) -> bool:
+        """Whether a SIGTERM came (polled by the loop or not)."""
+        return any(s == signal.SIGTERM for s, _ in self._signals)
+
     @property
     def reason(self) -> str | None:
         return self._reason

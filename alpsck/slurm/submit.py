@@ -42,10 +42,11 @@ from typing import Any
 import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
+from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
 from . import history
 from .config import JobConfig, shell_problem
 from .launch import job_python, start_local_controller, user_paths
-from .runner import REQUEST_FILE, JobRunner
+from .runner import FINAL_EXITS, REQUEST_FILE, JobRunner
 from .stop import term_verdict_shell
 
 
@@ -115,7 +116,36 @@ def environment_lines(cfg: JobConfig) -> list[str]:
 #   shell asks to end it): the job ends without a final checkpoint, and ``alpsck status`` reports
 #   SLURM's record.
 BATCH_SIGNAL_LINES = ["trap '' USR1 USR2 HUP INT  # scancel --batch --signal=USR1/USR2/HUP/INT must not end the job",
-                      "trap : TERM  # wait for the step's final checkpoint; the EXIT trap decides"]
+                      "alpsck_stopping=0",
+                      "trap alpsck_stopping=1 TERM  # wait for the step's final checkpoint; the EXIT trap decides"]
+
+
+def restart_loop_lines(srun_line: str, in_job_restarts: int) -> list[str]:
+    """The batch script's start of the job step (``srun_line``, submitit's), in a loop: a step that dies,
+    with an exit code other than :data:`runner.FINAL_EXITS` (a task killed by a signal, a hard exit, or the
+    runner's :data:`runner.RESTART_EXIT` after a failure worth retrying) while no stop came (the TERM trap)
+    is started again in this allocation, up to ``in_job_restarts`` times (``requeue.in_job_restarts``): a
+    new srun step, every rank together (``--kill-on-bad-exit``: one task's death ends them all), each told
+    which attempt it is and how the one before ended (:class:`alpsck.job_env.JobEnv`); the runner of the
+    new start records the crash, resumes from the newest checkpoint and applies the give-up rules. The
+    script ends with the last step's exit code, so SLURM records the job's end as before."""
+    final = "|".join(str(c) for c in FINAL_EXITS)
+    return [
+        "# requeue.in_job_restarts: a job step that dies (not stopped, not ended) starts again in this allocation",
+        "alpsck_attempt=0",
+        "while :; do",
+        f"  export {ATTEMPT_ENV}=$alpsck_attempt",
+        srun_line,  # at the line's start, as submitit writes it (what tools and tests look for)
+        "  alpsck_rc=$?",
+        f"  export {PREVIOUS_EXIT_ENV}=$alpsck_rc {PREVIOUS_END_ENV}=$(date +%s.%N)",
+        f'  case "$alpsck_rc" in {final}) break ;; esac',
+        f'  if [ "$alpsck_stopping" != 0 ] || [ "$alpsck_attempt" -ge {int(in_job_restarts)} ]; then break; fi',
+        "  alpsck_attempt=$((alpsck_attempt + 1))",
+        f'  echo "alpsck: the job step ended with exit code $alpsck_rc; starting it again in this allocation '
+        f'(in-job restart $alpsck_attempt of {int(in_job_restarts)})" >&2',
+        "done",
+        'exit "$alpsck_rc"',
+    ]
 
 
 def setup_lines(cfg: JobConfig) -> list[str]:
@@ -337,9 +367,16 @@ class _SlurmExecutor(submitit.SlurmExecutor):
     of the job and still end COMPLETED."""
 
     config_source = "<config>"
+    in_job_restarts = 0
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         text = super()._make_submission_file_text(command, uid)
+        lines = text.split("\n")
+        starts = [i for i, line in enumerate(lines) if line.startswith("srun ")]
+        if len(starts) != 1:  # submitit's template has one srun line, the job step's
+            raise SlurmError(f"submitit's batch script has {len(starts)} srun lines, alpsck expects one")
+        lines[starts[0]:starts[0] + 1] = restart_loop_lines(lines[starts[0]], self.in_job_restarts)
+        text = "\n".join(lines)
         why = shell_problem(text)
         if why is not None:
             raise ConfigError(f"{self.config_source}: environment.setup: the batch script with these lines does not "
@@ -373,6 +410,7 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     # python goes into the job's command line as shell text (submitit quotes only its default)
     slurm_ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
     slurm_ex.config_source = cfg.source
+    slurm_ex.in_job_restarts = cfg.requeue.in_job_restarts
     slurm_ex.update_parameters(**slurm_parameters(cfg))
     return slurm_ex
 

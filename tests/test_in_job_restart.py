@@ -1,0 +1,180 @@
+"""Restarts inside the allocation (#42): the batch script's restart loop, run by bash with a stand-in srun,
+and the runner's side of it (what a start that failed asks for, what the next start records). The real
+thing, on the local SLURM: tests/test_slurm_cluster.py::test_a_task_sigkilled_mid_run_*."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_slurm_runner import _run
+
+from alpsck.slurm.config import parse_config
+from alpsck.slurm.runner import REQUEST_FILE, RESTART_EXIT
+from alpsck.slurm.submit import sbatch_script
+
+
+def _script(tmp_path: Path, restarts: int) -> tuple[Path, Path]:
+    """The job's real batch script, and a stand-in srun that exits with the codes in ``codes`` in turn
+    (one per start) and logs each start's ALPSCK_ATTEMPT and the end of the one before."""
+    run = tmp_path / "run"
+    cfg = parse_config(f"name: t\nrun_dir: {run}\nentry:\n  function: m:f\nrequeue:\n  in_job_restarts: {restarts}\n")
+    script = tmp_path / "job.sh"
+    script.write_text(sbatch_script(cfg))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    srun = fake / "srun"
+    srun.write_text(f"""#!/bin/bash
+echo "start attempt=$ALPSCK_ATTEMPT previous=${{ALPSCK_PREVIOUS_EXIT:-none}}" >> {tmp_path / "starts"}
+code=$(head -n 1 {tmp_path / "codes"}); sed -i 1d {tmp_path / "codes"}
+if [ "$code" = TERM ]; then kill -TERM $PPID; sleep 0.2; code=137; fi
+exit "$code"
+""")
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    return script, fake
+
+
+def _batch(tmp_path: Path, restarts: int, codes: list[str]) -> tuple[int, list[str], str]:
+    script, fake = _script(tmp_path, restarts)
+    (tmp_path / "codes").write_text("\n".join(codes) + "\n")
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    starts = (tmp_path / "starts").read_text().splitlines()
+    return r.returncode, starts, r.stderr
+
+
+@pytest.mark.parametrize(("codes", "restarts", "want_rc", "want_starts"), [
+    (["0"], 3, 0, 1),                      # finished (or stopped, or cancelled): no restart
+    (["1"], 3, 1, 1),                      # failed for good, or gave up
+    (["3"], 3, 3, 1),                      # asked for a requeue: the EXIT trap's business
+    (["137", "0"], 3, 0, 2),               # a task SIGKILLed, then the new step finishes
+    ([str(RESTART_EXIT), "139", "0"], 3, 0, 3),  # an exception worth a retry, a segfault, then done
+    (["137", "137", "137", "137", "0"], 3, 137, 4),  # the budget: 3 restarts, then the job ends FAILED
+    (["137"], 0, 137, 1),                  # in_job_restarts: 0: no loop
+    (["TERM", "0"], 3, 137, 1),            # a job-level stop reached the batch shell: no restart
+])
+def test_the_batch_script_restarts_a_step_that_died_within_its_budget(tmp_path: Path, codes: list[str], restarts: int,
+                                                                      want_rc: int, want_starts: int) -> None:
+    rc, starts, err = _batch(tmp_path, restarts, codes)
+    assert rc == want_rc and len(starts) == want_starts, (rc, starts, err)
+    assert [s.split()[1] for s in starts] == [f"attempt={i}" for i in range(want_starts)]
+    assert [s.split()[2] for s in starts[1:]] == [f"previous={c}" for c in codes[:want_starts - 1]]
+    assert err.count("starting it again in this allocation") == want_starts - 1, err
+
+
+def test_an_exception_in_slurm_asks_for_a_restart_in_the_allocation_while_the_budget_lasts(tmp_path: Path) -> None:
+    r, events, calls = _run(tmp_path, "crashes")
+    failed = events[-1]
+    assert r.returncode == RESTART_EXIT and failed["event"] == "failed", events
+    assert failed["will_restart"] is True and failed["will_requeue"] is False and "requeue" not in calls.split()
+    assert not (tmp_path / "run" / REQUEST_FILE).exists()  # no SIGTERM came: nothing for the EXIT trap
+    # The budget spent (this is the 3rd restart of 3): the requeue rules, as without restarts in the allocation.
+    (tmp_path / "spent").mkdir()  # a fresh run: no earlier failure with this error (that rule is tested apart)
+    r, events, calls = _run(tmp_path / "spent", "crashes",
+                            env_extra={"ALPSCK_ATTEMPT": "3", "ALPSCK_PREVIOUS_EXIT": "75"})
+    assert r.returncode == 0 and events[-1]["event"] == "requeued" and "requeue" in calls.split(), events
+
+
+def test_a_sigterm_with_the_job_still_running_restarts_and_leaves_a_request_should_it_be_a_preemption(
+        tmp_path: Path) -> None:
+    """A peer's death cancels the step (SIGTERM, SLURM still shows RUNNING, as in a preemption's grace time):
+    the runner asks for a restart, and leaves the requeue request the batch script's EXIT trap acts on if
+    its shell was told to stop too (a preemption). A SIGTERM that SLURM calls a requeue or a cancel ends it."""
+    r, events, _ = _run(tmp_path, "requeued_by_hand_then_crash", fields="JobState=RUNNING Reason=None Restarts=0")
+    assert r.returncode == RESTART_EXIT and events[-1]["will_restart"] is True, events
+    assert (tmp_path / "run" / REQUEST_FILE).read_text().startswith("999 0\n")
+    for fields in ("JobState=COMPLETING Reason=None Restarts=1", "JobState=CANCELLED Reason=None Restarts=0"):
+        r, events, _ = _run(tmp_path, "requeued_by_hand_then_crash", fields=fields)
+        assert r.returncode != RESTART_EXIT and "will_restart" not in events[-1], (fields, events)
+
+
+def test_the_next_start_records_how_the_step_before_died(tmp_path: Path) -> None:
+    r, events, _ = _run(tmp_path, "crashes", env_extra={"ALPSCK_ATTEMPT": "1", "ALPSCK_PREVIOUS_EXIT": "137",
+                                                        "ALPSCK_PREVIOUS_END": "1000.5"})
+    crashed, started = events[0], events[1]
+    assert crashed["event"] == "crashed" and crashed["exit_code"] == 137 and crashed["signal"] == "SIGKILL", events
+    assert crashed["attempt"] == 0 and crashed["time_of_end"] == 1000.5
+    assert started["event"] == "started" and started["attempt"] == 1 and started["down_s"] > 0, events
+    # A step that said why it ended (failed, asking for the restart) is not called a crash again.
+    r, events, _ = _run(tmp_path, "crashes", env_extra={"ALPSCK_ATTEMPT": "2", "ALPSCK_PREVIOUS_EXIT": "75"})
+    assert [e["event"] for e in events].count("crashed") == 1, events
+
+
+_DOG = r'''
+import sys, threading, time
+from alpsck import progress
+from alpsck.slurm.watchdog import Watchdog
+
+mode, run_dir = sys.argv[1], sys.argv[2]
+dog = Watchdog(1.0, run_dir=run_dir, job_id="J", rank=0, attempt=2, poll_s=0.1, grace_s=0.5)
+progress.install(dog)
+dog.start()
+for _ in range(5):                       # steps of 0.3 s: progress each time
+    progress.mark_loop("step")
+    time.sleep(0.3)
+if mode == "slow-save":                  # a save blocking 3x the step timeout: its own section, 4x
+    with progress.section("save"):
+        time.sleep(3.0)
+    progress.mark_loop("step")
+    dog.stop()
+    print("survived", flush=True)
+else:
+    threading.Event().wait()             # the main thread blocked forever
+'''
+
+
+@pytest.mark.parametrize("mode", ["blocked", "slow-save"])
+def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(tmp_path: Path, mode: str) -> None:
+    """Through shared memory, no file: a main thread blocked forever is found within its timeout + 1 s, its
+    stacks dumped (faulthandler, while it is blocked in C), a ``hang`` event recorded, and the process
+    SIGKILLed; a save lasting 3x the step timeout is no hang."""
+    import sys
+    import time
+
+    from alpsck.slurm import history
+
+    script = tmp_path / "dog.py"
+    script.write_text(_DOG)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, str(script), mode, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    if mode == "slow-save":
+        assert r.returncode == 0 and r.stdout.strip() == "survived", r.stderr
+        assert not (tmp_path / history.HISTORY).exists()
+        return
+    assert r.returncode == -9, (r.returncode, r.stderr)
+    assert "no progress in section 'step'" in r.stderr and "most recent call first" in r.stderr, r.stderr
+    assert "in <module>" in r.stderr and "wait" in r.stderr  # the blocked main thread, where it waits
+    hang = history.read(tmp_path)
+    assert [e["event"] for e in hang] == ["hang"] and hang[0]["section"] == "step" and hang[0]["attempt"] == 2
+    assert 1.0 <= hang[0]["seconds"] < 2.0, hang  # found within its timeout + 1 s
+    assert time.monotonic() - t0 < 20
+
+
+def test_progress_sections_nest_and_return_to_the_loops_own() -> None:
+    """A Checkpointer's wait inside its close stays in ``save`` until the close returns; then the loop's section
+    (``start`` until the first poll, then ``step`` or ``final``). Without a sink nothing is recorded."""
+    from alpsck import progress
+
+    marks: list[str] = []
+
+    class Sink:
+        def mark(self, section: str) -> None:
+            marks.append(section)
+
+    progress.mark("step")  # no sink: a no-op
+    progress.install(Sink())
+    try:
+        with progress.section("restore"):
+            pass
+        progress.mark_loop("step")
+        with progress.section("save"), progress.section("save"):
+            pass
+        progress.mark_loop("final")
+        with progress.section("save"):
+            pass
+    finally:
+        progress.install(None)
+    assert marks == ["restore", "start", "step", "save", "save", "save", "step", "final", "save", "final"]
