@@ -69,15 +69,15 @@ class JobEnv:
         attempt = max(0, _int(env, ATTEMPT_ENV))
         previous_exit = _int(env, PREVIOUS_EXIT_ENV, default=-1) if attempt else -1
         previous_end = _float(env.get(PREVIOUS_END_ENV)) if attempt else None
-        loop = {"attempt": attempt, "previous_exit": previous_exit if previous_exit >= 0 else None,
-                "previous_end": previous_end}
+        ended = previous_exit if previous_exit >= 0 else None
         if env.get("SUBMITIT_EXECUTOR") and environ is None:
             import submitit
 
             sub = submitit.JobEnvironment()
             return cls(str(sub.job_id), sub.global_rank, sub.num_tasks, local_id is not None, slurm_job_id, restarts,
-                       **loop)
+                       attempt, ended, previous_end)
         return cls(job_id=slurm_job_id or local_id,
                    rank=_int(env, "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "RANK"),
                    world_size=_int(env, "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "WORLD_SIZE", default=1),
-                   local=local_id is not None, slurm_job_id=slurm_job_id, slurm_restarts=restarts, **loop)
+                   local=local_id is not None, slurm_job_id=slurm_job_id, slurm_restarts=restarts, attempt=attempt,
+                   previous_exit=ended, previous_end=previous_end)
