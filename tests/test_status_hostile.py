@@ -305,7 +305,7 @@ def test_job_ids_that_are_paths_never_name_a_log() -> None:
     assert watch.log_path("/run", "4242_3") == Path("/run/submitit/4242_3_0_log.out")
 
 
-@pytest.mark.parametrize("how", ["id", "log symlink", "dir symlink", "fifo"])
+@pytest.mark.parametrize("how", ["id", "log symlink", "dir symlink", "fifo", "hard link"])
 def test_status_prints_no_file_from_outside_the_run_directory(tmp_path: Path, how: str) -> None:
     secret = tmp_path / "outside"
     secret.mkdir()
@@ -323,6 +323,8 @@ def test_status_prints_no_file_from_outside_the_run_directory(tmp_path: Path, ho
             (run / "submitit" / f"{DEAD}_0_log.out").symlink_to(secret / "secret.txt")
         elif how == "fifo":
             os.mkfifo(run / "submitit" / f"{DEAD}_0_log.out")
+        elif how == "hard link":  # no path shows it: the same inode as a file outside
+            os.link(secret / "secret.txt", run / "submitit" / f"{DEAD}_0_log.out")
     for args in ((), ("--json",)):
         r = _status(run, *args, timeout=60)
         assert r.returncode == 0, r.stderr

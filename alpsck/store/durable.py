@@ -97,7 +97,8 @@ def read_small_inside(root: str | os.PathLike[str], parts: tuple[str, ...], limi
     """:func:`read_small` of ``root/parts[0]/.../parts[-1]`` where nothing below ``root`` is followed:
     each directory in ``parts`` and the file are opened with O_NOFOLLOW, each relative to the one
     before, so what is read lies inside ``root`` (a symlink on the way is OSError ELOOP, a part
-    that is empty, ``.``, ``..`` or holds a ``/`` is OSError EINVAL)."""
+    that is empty, ``.``, ``..`` or holds a ``/`` is OSError EINVAL). A file with more than one link is
+    OSError EMLINK: a hard link's content may be a file outside ``root`` (no path shows it)."""
     if not parts or any(p in ("", ".", "..") or "/" in p or "\0" in p for p in parts):
         raise OSError(errno.EINVAL, "not a name inside the directory", str(Path(root, *parts)))
     fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
@@ -105,6 +106,9 @@ def read_small_inside(root: str | os.PathLike[str], parts: tuple[str, ...], limi
         for part in parts[:-1]:
             fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
         fds.append(open_regular(parts[-1], follow=False, dir_fd=fds[-1]))
+        if os.fstat(fds[-1]).st_nlink > 1:
+            raise OSError(errno.EMLINK, "a hard link: its content may be a file outside the directory",
+                          str(Path(root, *parts)))
         return _read_fd(fds[-1], limit, tail)
     finally:
         for fd in fds:
