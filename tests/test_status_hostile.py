@@ -220,6 +220,22 @@ def test_submit_follows_only_the_events_after_it_submitted_past_the_window(tmp_p
     assert out.getvalue().splitlines()[3:] == [watch.describe(_ev("finished", job_id=DEAD, step=1))]
 
 
+def test_a_job_whose_submission_lies_before_the_window_is_still_asked_whether_it_lives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ``submitted`` event is older than the part of the history read; its ``started`` events carry the
+    backend too, so status still asks whether the job lives (a dead local job: failed, with the note), rather
+    than showing ``running`` for ever; so does submit's check for a live job on the run directory."""
+    run = _write(tmp_path / "run", [_ev("submitted", job_id=DEAD, backend="local"),
+                                    *[_ev("signal", job_id=DEAD, step=i, reason="timeout") for i in range(2000)],
+                                    _ev("started", job_id=DEAD, backend="local", restart=1)])
+    monkeypatch.setattr(history, "MAX_BYTES", 4096)
+    events = history.read(run)
+    assert not any(e["event"] == "submitted" for e in events)  # out of the window
+    out = watch.reconcile(run, events)
+    assert out["state"] == "failed" and f"job {DEAD} no longer exists" in out["note"], out
+    assert watch.last_submission(events) == events[-1]
+
+
 # -- 3. fast and bounded on 100 MB ------------------------------------------------------------
 
 

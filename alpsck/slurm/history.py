@@ -195,6 +195,14 @@ def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return read_log(run_dir).events
 
 
+def submissions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events that name a job and its backend, oldest first: ``submitted``, and ``started``, which
+    carries the backend too, so that a job whose ``submitted`` lies before the part of the history
+    read (:func:`read_log`'s window) is still known, and asked whether it lives."""
+    return [e for e in events if e["event"] in ("submitted", "started") and e.get("backend") in ("slurm", "local")
+            and e.get("job_id")]
+
+
 def state_of(events: list[dict[str, Any]]) -> str:
     """The job's state from its newest decisive event."""
     for e in reversed(events):

@@ -276,6 +276,7 @@ class JobRunner:
                 log("crashed", attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
                     **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
             log("started", restart=restart, step=resume, rank=rank, world_size=world,
+                backend="local" if job.local else "slurm",
                 **({"attempt": attempt, "down_s": round(time.time() - job.previous_end, 3)}
                    if attempt and job.previous_end else {"attempt": attempt} if attempt else {}))
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]

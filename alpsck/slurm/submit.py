@@ -328,8 +328,8 @@ def live_jobs(run_dir: str | Path) -> list[tuple[str, str]] | None:
     A job the controller no longer knows (finished long ago, or from a cluster since restarted)
     is not live. None when squeue gave no answer (not there, timed out, controller down).
     """
-    ids = [str(e["job_id"]) for e in history.read(run_dir)
-           if e["event"] == "submitted" and e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()]
+    ids = list(dict.fromkeys(str(e["job_id"]) for e in history.submissions(history.read(run_dir))
+                             if e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()))
     if not ids:
         return []
     try:

@@ -65,7 +65,9 @@ def describe(e: dict[str, Any]) -> str:
 
 
 def last_submission(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((e for e in reversed(events) if e["event"] == "submitted"), None)
+    """The newest event naming a job and its backend (:func:`history.submissions`)."""
+    found = history.submissions(events)
+    return found[-1] if found else None
 
 
 def local_job_alive(job_id: str, run_dir: str | os.PathLike[str]) -> bool:
