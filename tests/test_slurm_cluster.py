@@ -554,7 +554,19 @@ def test_a_task_sigkilled_mid_run_restarts_in_its_allocation_bit_exact(cluster: 
     assert (run / "loss.csv").read_text() == clean
     text = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True,
                           timeout=120).stdout
-    assert "crashed" in text, text
+    assert "crashed" in text and "goodput: ETTR" in text and "restarts: 1 crashed" in text, text
+    _check_goodput(run, ["crashed"])
+
+
+def _check_goodput(run: Path, causes: list[str]) -> None:
+    """status --json's goodput: the restarts' causes, each in the allocation within seconds, the parts adding up."""
+    doc = json.loads(subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True,
+                                    text=True, timeout=120).stdout)
+    g = doc["goodput"]
+    assert [r["cause"] for r in g["restarts"]] == causes, g
+    assert all(r["in_allocation"] and 0 < r["restart_s"] < 30 for r in g["restarts"]), g
+    parts = sum(g[f"{k}_s"] for k in ("training", "startup", "stall", "final", "unaccounted", "restart_gap", "queue"))
+    assert abs(parts - g["wall_s"]) <= 0.01 * g["wall_s"] and 0 < g["ettr"] < 1, g
 
 
 def test_an_exception_restarts_in_the_allocation_and_a_hard_crash_at_every_start_is_bounded(cluster: None,
@@ -637,3 +649,4 @@ def test_a_main_thread_blocked_forever_is_a_hang_every_rank_dumps_and_the_step_r
         assert f"alpsck: rank {rank}: no progress in section 'step'" in log, log[-3000:]
         assert "most recent call first" in log, log[-3000:]
     assert "stop_requested" in (run / "submitit" / f"{job}_0_log.out").read_text()  # where rank 0 blocked
+    _check_goodput(run, ["hang"])

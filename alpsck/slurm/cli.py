@@ -16,7 +16,7 @@ from ..errors import AlpsckError, UsageError
 from ..options import arg_int
 from ..tools import jsonout
 from ..tools.textout import printable
-from . import history, watch
+from . import goodput, history, watch
 
 TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
 
@@ -129,6 +129,7 @@ def _status(args: argparse.Namespace) -> int:
     if on_disk is not None and (s["last_step"] is None or on_disk > s["last_step"]):
         s["last_step"] = on_disk
     s["purge"] = purge
+    s["goodput"] = goodput.goodput(log.events)  # of the events read (the newest 8 MiB of the history)
     if args.json:
         print(jsonout.dumps(s))
         return 0
@@ -147,6 +148,8 @@ def _print_status(s: dict[str, Any]) -> None:
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
     if s["note"]:
         print(f"  note: {printable(s['note'])}")
+    if s["goodput"]:
+        print(f"  {goodput.line(s['goodput'])}")
     if s["purge"]["warning"]:
         print(f"  warning: {printable(s['purge']['warning'])}")
     if s["slurm"]:

@@ -74,7 +74,9 @@ def _shallow(v: Any) -> bool:
 _CHECKS: dict[str, Callable[[Any], bool]] = {
     "job_id": _text, "backend": _text, "reason": _text, "message": _text, "mechanism": _text, "host": _text,
     "step": _count, "restart": _count, "resume_step": _count, "seconds": _real,
-    "progress": _flag, "will_requeue": _flag}
+    "progress": _flag, "will_requeue": _flag, "will_restart": _flag, "attempt": _count, "exit_code": _count,
+    "down_s": _real, "time_of_end": _real, "section": _text, "timeout_s": _real, "polls": _count,
+    "start_s": _real, "step_s": _real, "save_s": _real, "restore_s": _real, "final_s": _real}
 
 
 def record(event: str, **fields: Any) -> dict[str, Any]:

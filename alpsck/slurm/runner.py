@@ -316,18 +316,26 @@ class JobRunner:
             dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt)
             loop_progress.install(dog)
             dog.start()
+
+        def end_watch() -> None:  # once the entry returned or raised, before any outcome (some end the process)
+            nonlocal dog
+            if dog is not None:
+                watched, dog = dog, None
+                watched.stop()
+                loop_progress.install(None)
+                log("times", attempt=attempt, **watched.times())  # where this start's time went: goodput's parts
+
         try:
             result = self._run_entry(ctx)
         except BaseException as e:  # noqa: BLE001 - SystemExit from a script counts as a failure too
+            end_watch()
             if isinstance(e, SystemExit) and e.code in (0, None):
                 result = None
             else:
                 stop.close()
                 return self._failed(log, ctx, e)
         finally:
-            if dog is not None:
-                dog.stop()
-                loop_progress.install(None)
+            end_watch()
             _set_current(None)
             RESTORED_HOOKS.remove(restored)
         stop.close()

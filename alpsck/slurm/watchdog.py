@@ -49,10 +49,25 @@ class Watchdog:
         self.poll_s, self.grace_s = poll_s, grace_s
         self._mem = mmap.mmap(-1, mmap.PAGESIZE)  # anonymous and shared: the forked child sees every write
         self._child: int | None = None
+        # Where this start's time went, by section (for the runner's ``times`` event: the goodput's parts).
+        self.totals = dict.fromkeys(SECTIONS, 0.0)
+        self.polls = 0
+        self._section, self._since = "start", time.monotonic()
         self.mark("start")
 
     def mark(self, section: str) -> None:
-        _LAYOUT.pack_into(self._mem, 0, time.monotonic(), SECTIONS.index(section))
+        now = time.monotonic()
+        self.totals[self._section] += now - self._since
+        self._section, self._since = section, now
+        if section in ("step", "final"):
+            self.polls += 1
+        _LAYOUT.pack_into(self._mem, 0, now, SECTIONS.index(section))
+
+    def times(self) -> dict[str, float | int]:
+        """Seconds in each section so far (``start``: imports, set-up and restore until the first poll;
+        ``step``: training; ``save``: the loop blocked in a save; ``final``: after it saw a stop), and polls."""
+        self.mark(self._section)
+        return {f"{k}_s": round(v, 3) for k, v in self.totals.items()} | {"polls": self.polls}
 
     def read(self) -> tuple[float, str]:
         at, index = _LAYOUT.unpack_from(self._mem, 0)

@@ -1,0 +1,74 @@
+"""alpsck status's goodput (alpsck.slurm.goodput): where a run's wall time went, from its history alone. The
+parts add up to the wall time; each restart has its cause. On a real job: test_slurm_cluster.py's in-job
+restart tests read it from ``status --json``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from alpsck.slurm import goodput, history
+
+
+def _ev(t: float, event: str, **f: Any) -> dict[str, Any]:
+    rec = history.normalise({"time": t, "event": event, "job_id": "7", **f})
+    assert rec is not None
+    return rec
+
+
+def _times(t: float, start: float, step: float, save: float = 0.0, final: float = 0.0) -> dict[str, Any]:
+    return _ev(t, "times", start_s=start, step_s=step, save_s=save, restore_s=0.0, final_s=final, polls=10)
+
+
+RUN = [  # 0: submitted; a start SIGKILLed at 100 (in-job restart at 102); a time-limit requeue; a start that finishes
+    _ev(0, "submitted", backend="slurm"),
+    _ev(10, "started", restart=0, backend="slurm"),
+    _ev(101.5, "crashed", attempt=0, exit_code=137, time_of_end=100.0, signal="SIGKILL"),
+    _ev(102, "started", restart=0, attempt=1, down_s=2.0, backend="slurm"),
+    _times(290, start=4.0, step=169.0, save=6.0, final=9.0),
+    _ev(290, "signal", reason="timeout"), _ev(290.5, "final_checkpoint", reason="timeout", seconds=9.0),
+    _ev(291, "requeued", reason="timeout", progress=True, mechanism="scontrol"),
+    _ev(400, "started", restart=1, backend="slurm"),
+    _times(500, start=5.0, step=94.0, save=1.0),
+    _ev(500, "finished", step=300),
+]
+
+
+def test_the_parts_add_up_to_the_wall_time_and_each_restart_has_its_cause() -> None:
+    g = goodput.goodput(RUN)
+    assert g is not None
+    assert g["wall_s"] == 490.0  # first start to the end
+    parts = sum(g[f"{k}_s"] for k in ("training", "startup", "stall", "final", "unaccounted", "restart_gap", "queue"))
+    assert parts == pytest.approx(g["wall_s"], rel=0.01)
+    assert g["training_s"] == 263.0 and g["stall_s"] == 7.0 and g["final_s"] == 9.0 and g["startup_s"] == 9.0
+    assert g["unaccounted_s"] == pytest.approx(90.0 + 1.0)  # the killed start (10 -> 100), a second of teardown
+    assert g["restart_gap_s"] == 2.0 and g["queue_s"] == 109.0
+    assert g["ettr"] == pytest.approx(263.0 / 490.0, abs=1e-4)
+    assert [(r["cause"], r["in_allocation"], r["restart_s"]) for r in g["restarts"]] == [
+        ("crashed", True, 6.0), ("timeout", False, 114.0)]
+    text = goodput.line(g)
+    assert text.startswith("goodput: ETTR 54% (training 4m23s of 8m10s;") and "restarts: 1 crashed, 1 timeout" in text
+
+
+def test_a_hang_a_failure_and_a_run_still_going() -> None:
+    events = [_ev(0, "started", restart=0, backend="slurm"),
+              _ev(50, "hang", section="step", seconds=8.5, timeout_s=8.0, attempt=0),
+              _ev(52, "started", restart=0, attempt=1, backend="slurm"),
+              _times(80, start=3.0, step=25.0),
+              _ev(80, "failed", message="RuntimeError: x", will_restart=True, will_requeue=False),
+              _ev(81, "started", restart=0, attempt=2, backend="slurm")]
+    g = goodput.goodput(events, now=100.0)
+    assert g is not None and g["wall_s"] == 100.0
+    assert [r["cause"] for r in g["restarts"]] == ["hang", "failed"]
+    assert [r["restart_s"] for r in g["restarts"]] == [5.0, 1.0]  # to the first poll; the last start logged none yet
+    parts = sum(g[f"{k}_s"] for k in ("training", "startup", "stall", "final", "unaccounted", "restart_gap", "queue"))
+    assert parts == pytest.approx(100.0, rel=0.01) and g["unaccounted_s"] == pytest.approx(50 + 19.0)
+
+
+def test_no_start_no_goodput_and_hostile_values_are_no_crash() -> None:
+    assert goodput.goodput([_ev(0, "submitted", backend="slurm")]) is None
+    # Values of the wrong type are dropped by history.normalise; times out of order never exceed the wall time.
+    events = [_ev(10, "started"), _times(5, start=1e9, step=1e9), _ev(3, "finished")]
+    g = goodput.goodput(events)
+    assert g is not None and g["wall_s"] == 0.0 and g["ettr"] is None
