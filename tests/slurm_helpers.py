@@ -23,7 +23,7 @@ PACE = 0.25
 def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay: int = 60, every: int = 200,
                partition: str | None = "debug", max_restarts: int = 10, no_progress: int = 3,
                extra_args: list[str] | None = None, entry: str = "alpsck.examples.llama.train:slurm_entry",
-               requeue_extra: str = "", tasks: int = 1) -> Path:
+               requeue_extra: str = "", tasks: int = 1, checkpoint_extra: str = "") -> Path:
     args = [*MODEL_ARGS, "--min-step-seconds", str(PACE), "--training-steps", str(steps), *(extra_args or [])]
     lines = [
         "name: alpsck-test",
@@ -42,6 +42,7 @@ def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay:
         "  args: [" + ", ".join(f"'{a}'" for a in args) + "]",
         "checkpoint:",
         f"  every_steps: {every}",
+        *[f"  {line}" for line in checkpoint_extra.splitlines() if line.strip()],
         "requeue:",
         f"  signal_delay_s: {delay}",
         f"  max_restarts: {max_restarts}",

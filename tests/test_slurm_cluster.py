@@ -650,3 +650,27 @@ def test_a_main_thread_blocked_forever_is_a_hang_every_rank_dumps_and_the_step_r
         assert "most recent call first" in log, log[-3000:]
     assert "stop_requested" in (run / "submitit" / f"{job}_0_log.out").read_text()  # where rank 0 blocked
     _check_goodput(run, ["hang"])
+
+
+def test_every_auto_chooses_the_interval_from_the_measured_save_cost_and_status_shows_why(cluster: None,
+                                                                                       tmp_path: Path) -> None:
+    """checkpoint.every: auto with an MTBF of 60 s: the job measures what a save costs its loop, records Daly's
+    interval (an interval event), checkpoints by it, and finishes with the losses of an uninterrupted run;
+    status names the interval and the numbers it came from."""
+    steps = steps_for_seconds(20)
+    run = tmp_path / "run"
+    clean = clean_losses(tmp_path, steps)
+    job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="10", every=10 ** 6,
+                            checkpoint_extra="every: auto\nmtbf_s: 60"))
+    assert wait_done(run, job, 600) == "finished", events(run)
+    chosen = events(run, "interval")
+    assert chosen and chosen[0]["mtbf_s"] == 60 and chosen[0]["mtbf_from"] == "configured", events(run)
+    assert 0 <= chosen[0]["save_cost_s"] < 5 and 1 <= chosen[0]["seconds"] <= 60, chosen
+    from alpsck import _core
+
+    committed = [i["step"] for i in _core.scan(str(run)) if i["status"] == "committed"]
+    assert committed and min(committed) < steps // 2, committed  # by the interval, not every_steps (10**6)
+    assert (run / "loss.csv").read_text() == clean
+    text = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True,
+                          timeout=120).stdout
+    assert "checkpoint interval (every: auto):" in text and "MTBF of 60 s (configured)" in text, text

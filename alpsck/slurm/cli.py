@@ -130,6 +130,9 @@ def _status(args: argparse.Namespace) -> int:
         s["last_step"] = on_disk
     s["purge"] = purge
     s["goodput"] = goodput.goodput(log.events)  # of the events read (the newest 8 MiB of the history)
+    chosen = next((e for e in reversed(log.events) if e["event"] == "interval"), None)  # checkpoint.every: auto
+    s["interval"] = ({k: chosen.get(k) for k in ("seconds", "save_cost_s", "mtbf_s", "mtbf_from", "time")}
+                     if chosen else None)
     if args.json:
         print(jsonout.dumps(s))
         return 0
@@ -150,6 +153,10 @@ def _print_status(s: dict[str, Any]) -> None:
         print(f"  note: {printable(s['note'])}")
     if s["goodput"]:
         print(f"  {goodput.line(s['goodput'])}")
+    if s["interval"] and all(type(s["interval"][k]) in (int, float) for k in ("seconds", "save_cost_s", "mtbf_s")):
+        i = s["interval"]
+        print(f"  checkpoint interval (every: auto): {i['seconds']:.1f} s, by Daly from a save cost of "
+              f"{i['save_cost_s']:.3f} s and an MTBF of {i['mtbf_s']:.0f} s ({printable(i['mtbf_from'], 20)})")
     if s["purge"]["warning"]:
         print(f"  warning: {printable(s['purge']['warning'])}")
     if s["slurm"]:

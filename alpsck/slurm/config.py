@@ -58,6 +58,7 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "slurm.gpus_per_node": (0, _MAX_SLURM_COUNT), "slurm.cpus_per_task": (1, _MAX_SLURM_COUNT),
     "checkpoint.every_steps": (1, MAX_STEP),  # steps are int64
     "checkpoint.every_seconds": (0.001, _MAX_S),
+    "checkpoint.mtbf_s": (1, _MAX_S),
     "requeue.max_restarts": (0, 100_000),
     "requeue.signal_delay_s": (1, _MAX_S),  # and less than the time limit
     "requeue.maintenance_margin_s": (0, 7 * _DAY_S),
@@ -170,6 +171,8 @@ class EntryConfig:
 class CheckpointConfig:
     every_steps: int | None = 50
     every_seconds: float | None = None
+    every: str | None = None  # "auto": the interval by Young/Daly from the measured save cost (alpsck.slurm.interval)
+    mtbf_s: float | None = None  # for every: auto; unset: observed in the history, else a day
     max_in_flight: int = DEFAULTS["max_in_flight"]  # the engine's options: defaults from alpsck.options
     threads: int = DEFAULTS["threads"]
     keep_last: int = DEFAULTS["keep_last"]
@@ -349,7 +352,8 @@ _TYPES: dict[str, dict[str, str]] = {
               "constraint": "str", "mem": "str", "extra": "dict"},
     "environment": {"container": "str", "uenv": "str", "view": "str", "venv": "str", "setup": "list[str]"},
     "entry": {"function": "str", "script": "str", "args": "list[str]"},
-    "checkpoint": {"every_steps": "int", "every_seconds": "float", "max_in_flight": "int", "threads": "int",
+    "checkpoint": {"every_steps": "int", "every_seconds": "float", "every": "str", "mtbf_s": "float",
+                   "max_in_flight": "int", "threads": "int",
                    "keep_last": "int", "lustre_layout": "str", "preflight": "bool"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
@@ -593,6 +597,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     why = layout_problem(ck.lustre_layout)
     if why is not None:
         raise loc.err("checkpoint.lustre_layout", why)
+    if ck.every not in (None, "auto"):
+        raise loc.err("checkpoint.every", f"{echo(ck.every)}: the only value is auto (or give every_steps or "
+                                          "every_seconds)")
     if rq.signal not in _SIGNALS:
         raise loc.err("requeue.signal", f"{echo(rq.signal)}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:

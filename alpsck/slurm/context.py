@@ -42,6 +42,7 @@ class JobContext:
     resume_step: int | None = None   # the step a restore tries first, at start (data CRCs not read)
     restored_step: int | None = None  # the step a Checkpointer.restore of this job used (None: none yet, or fresh)
     _last_save: float = field(default_factory=time.monotonic)
+    _auto: Any = None  # checkpoint.every: auto (alpsck.slurm.interval.AutoInterval), made at the first step
 
     @property
     def run_dir(self) -> str:
@@ -65,8 +66,20 @@ class JobContext:
         return self.stop.reason
 
     def checkpoint_due(self, step: int) -> bool:
-        """True when ``checkpoint.every_steps`` or ``checkpoint.every_seconds`` says to save now."""
+        """True when ``checkpoint.every_steps`` or ``checkpoint.every_seconds`` says to save now; with
+        ``checkpoint.every: auto``, when Young/Daly's interval from the measured save cost has passed."""
         ck = self.config.checkpoint
+        if ck.every == "auto":
+            if self._auto is None:
+                from . import history
+                from .interval import AutoInterval
+
+                def record(**kw: Any) -> None:
+                    if self.rank == 0:
+                        history.append(self.run_dir, "interval", job_id=self.job_id, **kw)
+
+                self._auto = AutoInterval(ck.mtbf_s, history.read(self.run_dir), record)
+            return bool(self._auto.due())
         due = bool(ck.every_steps and step % ck.every_steps == 0)
         if ck.every_seconds and time.monotonic() - self._last_save >= ck.every_seconds:
             due = True

@@ -76,7 +76,8 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "step": _count, "restart": _count, "resume_step": _count, "seconds": _real,
     "progress": _flag, "will_requeue": _flag, "will_restart": _flag, "attempt": _count, "exit_code": _count,
     "down_s": _real, "time_of_end": _real, "section": _text, "timeout_s": _real, "polls": _count,
-    "start_s": _real, "step_s": _real, "save_s": _real, "restore_s": _real, "final_s": _real}
+    "start_s": _real, "step_s": _real, "save_s": _real, "restore_s": _real, "final_s": _real,
+    "save_cost_s": _real, "mtbf_s": _real, "mtbf_from": _text}
 
 
 def record(event: str, **fields: Any) -> dict[str, Any]:
