@@ -170,6 +170,7 @@ class AlpsckStorageReader(StorageReader):
         self.step: int | None = None          # the step read_metadata picked
         self.path: Path | None = None         # its directory
         self._metadata: Metadata | None = None
+        self._local: Path | None = None  # the rank-local checkpoint read_metadata(rank=...) picked from
 
     @property
     def checkpoint_id(self) -> str:
@@ -198,14 +199,14 @@ class AlpsckStorageReader(StorageReader):
         ``ID/__<rank>`` (:func:`.paths.rank_local_dir`); none there fails at once.
         """
         rank = kwargs.get("rank")
+        local: Path | None = None  # where read_data falls back within, too
         if rank is not None:  # the checkpoint this rank saved with use_collectives=False, beside the others'
             local = None if self.run_dir is None else self.run_dir / rank_local_dir(int(rank))
             if local is None or not local.is_dir():
                 raise NoCheckpointError(f"{self.run_dir}: no checkpoint of rank {rank} saved with use_collectives=False "
                                         f"({rank_local_dir(int(rank))}/)")
-            md = self._metadata = self._pick(local)
-        else:
-            md = self._metadata = self._pick()
+        self._local = local
+        md = self._metadata = self._pick(local)
         md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
         return md
 
@@ -387,7 +388,7 @@ class AlpsckStorageReader(StorageReader):
         assert old is not None
         refusal: BaseException | None = None
         try:
-            md = self._pick()
+            md = self._pick(self._local)
             self._metadata = md
             md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
             _check_same_layout(plan, old, md, self.path)
