@@ -372,8 +372,11 @@ class _SlurmExecutor(submitit.SlurmExecutor):
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         text = super()._make_submission_file_text(command, uid)
         lines = text.split("\n")
-        starts = [i for i, line in enumerate(lines) if line.startswith("srun ")]
-        if len(starts) != 1:  # submitit's template has one srun line, the job step's
+        # submitit's template ends with "# command" and the job step's srun line (a setup line's text, quoted
+        # in its eval block above, may hold a line that starts with srun too)
+        after = next((i for i, line in enumerate(lines) if line == "# command"), 0)
+        starts = [i for i, line in enumerate(lines) if i > after and line.startswith("srun ")]
+        if len(starts) != 1:
             raise SlurmError(f"submitit's batch script has {len(starts)} srun lines, alpsck expects one")
         lines[starts[0]:starts[0] + 1] = restart_loop_lines(lines[starts[0]], self.in_job_restarts)
         text = "\n".join(lines)
