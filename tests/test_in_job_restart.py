@@ -178,3 +178,12 @@ def test_progress_sections_nest_and_return_to_the_loops_own() -> None:
     finally:
         progress.install(None)
     assert marks == ["restore", "start", "step", "save", "save", "save", "step", "final", "save", "final"]
+
+
+def test_a_setup_line_that_starts_with_srun_is_not_taken_for_the_job_step() -> None:
+    cfg = parse_config("name: t\nrun_dir: /tmp/x\nentry:\n  function: m:f\nenvironment:\n  setup:\n    - echo a\n"
+                       "    - srun hostname\n")
+    text = sbatch_script(cfg)
+    loop = text[text.index("while :; do"):]
+    assert "\nsrun hostname" in text[:text.index("while :; do")] and "submitit.core._submit" in loop
+    assert loop.count("\nsrun ") == 1
