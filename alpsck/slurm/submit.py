@@ -16,7 +16,8 @@ The sbatch script is submitit's, with our settings:
 - ``--requeue``;
 - srun with the container (``--environment``) or uenv per step, ``--cpus-per-task`` and
   ``--kill-on-bad-exit=1`` (:func:`srun_arguments`); no ``--wckey``;
-- the venv activation and the user's setup lines, run as one block through ``eval`` of their
+- the venv activation (with a container or uenv: in each task's command instead, :func:`job_interpreter`)
+  and the user's setup lines, run as one block through ``eval`` of their
   quoted text, so that no line of theirs can reach past the block: a here-document or quote left
   open would have swallowed the srun line (the job trained nothing and ended COMPLETED). The
   config refuses such a block (``config.shell_problem``), and ``bash -n`` checks the whole
