@@ -153,7 +153,7 @@ def test_the_whole_batch_script_is_checked_with_bash_n(good: str, monkeypatch: p
     """Were the setup lines written into the script raw (as they were), the script check refuses it."""
     cfg = parse_config(good)
     cfg.environment.setup = ["cat <<EOF"]
-    monkeypatch.setattr(submit_mod, "environment_lines", lambda c: list(c.environment.setup))
+    monkeypatch.setattr(submit_mod, "environment_lines", lambda c, **_: list(c.environment.setup))
     with pytest.raises(ConfigError, match=r"<config>: environment\.setup: the batch script .* does not parse"):
         sbatch_script(cfg)
 

@@ -103,7 +103,8 @@ def test_paths_expand_a_leading_tilde(monkeypatch: pytest.MonkeyPatch, tmp_path:
                        + "environment:\n  venv: $VENVS/a\n  container: ~/edf.toml\n")
     assert cfg.environment.venv == f"{tmp_path}/venvs/a" and cfg.environment.container == f"{tmp_path}/edf.toml"
     assert cfg.entry.script == str(tmp_path / "train.py")
-    assert f"source {tmp_path}/venvs/a/bin/activate\n" in sbatch_script(cfg)
+    # with a container, the venv is activated in the task's command (bash -c), its path expanded here
+    assert f"source {tmp_path}/venvs/a/bin/activate && exec python3" in sbatch_script(cfg)
 
 
 def test_the_python_in_the_job_command_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
