@@ -153,7 +153,7 @@ def test_the_whole_batch_script_is_checked_with_bash_n(good: str, monkeypatch: p
     """Were the setup lines written into the script raw (as they were), the script check refuses it."""
     cfg = parse_config(good)
     cfg.environment.setup = ["cat <<EOF"]
-    monkeypatch.setattr(submit_mod, "environment_lines", lambda c: list(c.environment.setup))
+    monkeypatch.setattr(submit_mod, "environment_lines", lambda c, **_: list(c.environment.setup))
     with pytest.raises(ConfigError, match=r"<config>: environment\.setup: the batch script .* does not parse"):
         sbatch_script(cfg)
 
@@ -181,6 +181,10 @@ OURS = {  # what the error must point to instead, per spelling
     "gpus-per-node": "slurm.gpus_per_node", "gpus-per-task": "slurm.gpus_per_node",
     "environment": "environment.container", "uenv": "environment.uenv", "view": "environment.view",
     "array": "one job", "a": "one job", "wrap": "submitit",
+    # --export=NONE drops the environment the job needs; --chdir moves it from where alpsck expects it
+    "export": "environment.setup", "--export": "environment.setup", "exp": "environment.setup",
+    "chdir": "alpsck submit runs in", "D": "alpsck submit runs in", "-D": "alpsck submit runs in",
+    "chd": "alpsck submit runs in",
 }
 
 
@@ -411,3 +415,32 @@ def test_keep_last_none_is_refused_by_the_checkpointer(tmp_path: Path) -> None:
         Checkpointer(tmp_path / "run", keep_last=None)  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
     assert problem("keep_last", None) is not None and problem("threads", 8) is None
+
+
+@pytest.mark.parametrize("value", ["NONE", "ALL", "NONE,PATH"])
+def test_extra_export_is_refused_whatever_its_value(good: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=r"slurm\.extra\.export: alpsck sets --export itself"):
+        parse_config(good.replace("slurm:\n", f"slurm:\n  extra: {{export: {json_str(value)}}}\n"))
+
+
+# ------------------------------------------------------------------ YAML 1.1 keys that are not text
+
+@pytest.mark.parametrize("key", ["on", "off", "yes", "no", "On", "NO", "true", "1", "1.5", "~"])
+@pytest.mark.parametrize("where", ["top", "slurm", "requeue", "slurm.extra", "environment"])
+def test_a_key_yaml_reads_as_a_boolean_or_number_is_refused_naming_it(good: str, key: str, where: str) -> None:
+    """docs/config.md: a key is text; `on:` would otherwise reach the checks as True (an error
+    naming `True`, which the config never wrote)."""
+    line = f"{key}: x"
+    text = {"top": good + line + "\n", "slurm": good.replace("slurm:\n", f"slurm:\n  {line}\n"),
+            "requeue": good + f"requeue:\n  {line}\n", "environment": good + f"environment:\n  {line}\n",
+            "slurm.extra": good.replace("slurm:\n", f"slurm:\n  extra:\n    {line}\n")}[where]
+    prefix = "" if where == "top" else where + "."
+    with pytest.raises(ConfigError, match=rf"<config>:\d+: {re.escape(prefix + key)}: YAML reads this key as a "
+                                          rf"\w+, not as its text; every key is text \(quote it"):
+        parse_config(text)
+
+
+@pytest.mark.parametrize("key", ["on", "no", "yes", "off"])
+def test_a_quoted_key_is_its_text(good: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"<config>:\d+: requeue\.{key}: unknown key"):
+        parse_config(good + f"requeue:\n  '{key}': true\n")

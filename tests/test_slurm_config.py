@@ -103,7 +103,8 @@ def test_paths_expand_a_leading_tilde(monkeypatch: pytest.MonkeyPatch, tmp_path:
                        + "environment:\n  venv: $VENVS/a\n  container: ~/edf.toml\n")
     assert cfg.environment.venv == f"{tmp_path}/venvs/a" and cfg.environment.container == f"{tmp_path}/edf.toml"
     assert cfg.entry.script == str(tmp_path / "train.py")
-    assert f"source {tmp_path}/venvs/a/bin/activate\n" in sbatch_script(cfg)
+    # with a container, the venv is activated in the task's command (bash -c), its path expanded here
+    assert f"source {tmp_path}/venvs/a/bin/activate && exec python3" in sbatch_script(cfg)
 
 
 def test_the_python_in_the_job_command_is_quoted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -363,8 +364,11 @@ def test_the_alps_examples_scripts_match_golden(monkeypatch: pytest.MonkeyPatch,
     assert not any(p.startswith(("#SBATCH --environment", "#SBATCH --uenv", "#SBATCH --wckey")) for p in params)
     assert "#SBATCH --gpus-per-task=1" in params and "#SBATCH --ntasks-per-node=4" in params
     assert "--cpus-per-task=72" in srun and "--kill-on-bad-exit=1" in srun and sys.executable not in srun
-    assert " python3 -u -c " in srun
-    assert ("--environment=/users/user/.edf/pytorch.toml" in srun) == (example == "alps-gh200")
+    # the uenv example's venv is activated in the task, then its python3 runs (CSCS: inside srun)
+    assert (" python3 -u -c " in srun) == (example == "alps-gh200")
+    assert (""" bash -c 'source /capstor/scratch/cscs/user/venvs/alpsck/bin/activate && exec python3 "$@"' \
+alpsck-task -u -c """ in srun) == (example == "alps-gh200-uenv")
+    assert ("--environment=/users/user/.edf/alps-gh200.toml" in srun) == (example == "alps-gh200")
     assert ("--uenv=pytorch/v2.6.0:v1 --view=default" in srun) == (example == "alps-gh200-uenv")
     # The batch shell outlives the signals SLURM sends it, and its EXIT trap acts on the request.
     assert text.index("trap '' USR1 USR2 HUP INT") < text.index("mkdir -p")
@@ -500,3 +504,93 @@ def test_the_job_python_survives_a_stop_signal_before_the_runner_and_hands_it_ov
             assert p.returncode == 0 and out.strip() == f"[{int(signal.SIGUSR2)}]", (p.returncode, out)
         else:
             assert p.returncode == -signal.SIGUSR2  # the trap is real: a bare python dies
+
+
+# ------------------------------------------------------------------ the Alps examples, after CSCS's pages
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "slurm" / "examples"
+# https://docs.cscs.ch/software/communication/nccl/: "should always be set ... when using NCCL with uenv"
+CSCS_NCCL_ENV = {"NCCL_NET": "AWS Libfabric", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1",
+                 "NCCL_PROTO": "^LL128", "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_DEFAULT_TX_SIZE": "16384",
+                 "FI_CXI_DISABLE_HOST_REGISTER": "1", "FI_CXI_RX_MATCH_MODE": "software",
+                 "FI_MR_CACHE_MONITOR": "userfaultfd"}
+
+
+def _example(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[object, str]:
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cfg = load_config(EXAMPLES / name)
+    script = sbatch_script(cfg)
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    return cfg, script
+
+
+def _srun_line(script: str) -> str:
+    (line,) = [ln for ln in script.splitlines() if ln.startswith("srun ")]
+    return line
+
+
+def test_the_uenv_example_activates_its_venv_inside_the_srun_task(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """CSCS: the venv on top of the uenv is activated inside the srun command, where the uenv's
+    Python exists; the batch script (on the host) never sources it. Run the srun line with an srun
+    that only drops its options: the task's python3 is the venv's."""
+    _, script = _example("alps-gh200-uenv.yaml", tmp_path, monkeypatch)
+    srun = _srun_line(script)
+    host = script[:script.index(srun)]
+    assert "bin/activate" not in host
+    venv = tmp_path / "scratch" / "venvs" / "alpsck"
+    assert srun.index("--uenv=pytorch/") < srun.index(f"source {venv}/bin/activate") < srun.index("python3")
+    (venv / "bin").mkdir(parents=True)
+    out = tmp_path / "task.out"
+    (venv / "bin" / "activate").write_text(f'export VIRTUAL_ENV={venv}\nexport PATH="{venv}/bin:$PATH"\n')
+    (venv / "bin" / "python3").write_text(f'#!/bin/sh\necho "$VIRTUAL_ENV $0 $*" > {out}\n')
+    (venv / "bin" / "python3").chmod(0o755)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text('#!/bin/bash\nwhile [ $# -gt 0 ]; do case $1 in --output) shift 2;; --*) shift;; '
+                               '*) break;; esac; done\nexec "$@"\n')
+    (bin_ / "srun").chmod(0o755)
+    env = {"PATH": f"{bin_}:{os.environ['PATH']}"}
+    subprocess.run(["bash", "-c", srun], env=env, check=True, timeout=60)
+    words = out.read_text().split()
+    assert words[:2] == [str(venv), str(venv / "bin" / "python3")] and words[2:4] == ["-u", "-c"]
+    assert words[-3:] == ["-m", "submitit.core._submit", str(tmp_path / "scratch/alpsck/llama-8b-uenv/submitit")]
+
+
+def test_the_uenv_example_exports_the_nccl_variables_cscs_says_to_always_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from alpsck.slurm.submit import environment_lines
+    cfg, _ = _example("alps-gh200-uenv.yaml", tmp_path, monkeypatch)
+    lines = environment_lines(cfg, batch=True)  # type: ignore[arg-type]
+    got = subprocess.run(["bash", "-c", "\n".join([*lines, "env -0"])], capture_output=True, text=True, check=True,
+                         env={"PATH": os.environ["PATH"]}).stdout
+    env = dict(kv.split("=", 1) for kv in got.split("\0") if "=" in kv)
+    assert {k: env.get(k) for k in CSCS_NCCL_ENV} == CSCS_NCCL_ENV
+    assert env["MPICH_GPU_SUPPORT_ENABLED"] == "0" and "NCCL_NET_PLUGIN" not in env  # the NCCL page warns of it
+
+
+def test_the_container_example_uses_the_edf_example_with_the_nccl_hook(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook sets CSCS's NCCL variables inside the container (the NCCL page); the EDF mounts
+    the run directory's file system (Capstor scratch) and names a workdir."""
+    import tomllib
+    cfg, script = _example("alps-gh200.yaml", tmp_path, monkeypatch)
+    edf_name = Path(cfg.environment.container).name  # type: ignore[attr-defined]
+    assert f"--environment={tmp_path}/home/.edf/{edf_name}" in _srun_line(script)
+    assert f"slurm/examples/{edf_name}" in (Path(__file__).resolve().parent.parent / "docs" / "slurm.md").read_text()
+    edf = tomllib.loads((EXAMPLES / edf_name).read_text())
+    assert edf["annotations"]["com"]["hooks"]["aws_ofi_nccl"]["enabled"] == "true"
+    assert edf["image"].endswith(".sqsh") and "/capstor" in edf["mounts"] and edf["workdir"]
+    assert edf["env"]["MPICH_GPU_SUPPORT_ENABLED"] == "0"
+
+
+def test_a_host_venv_stays_in_the_batch_script_and_a_container_venv_moves_into_the_task() -> None:
+    host = sbatch_script(parse_config(GOOD + "environment:\n  venv: /opt/v\n"))
+    assert "source /opt/v/bin/activate\n" in host and "bash -c" not in _srun_line(host)
+    inside = sbatch_script(parse_config(GOOD + "environment:\n  venv: /opt/v\n  container: /e.toml\n"))
+    srun = _srun_line(inside)
+    assert "bin/activate" not in inside[:inside.index(srun)]
+    words = shlex.split(srun)
+    assert words[words.index("--environment=/e.toml") + 1:][:3] == [
+        "bash", "-c", "source /opt/v/bin/activate && exec python3 \"$@\""]

@@ -97,6 +97,10 @@ _CONTROLLED: dict[str, tuple[str, str]] = {
     "environment": ("", "use environment.container"), "uenv": ("", "use environment.uenv"),
     "view": ("", "use environment.view"), "wrap": ("", "the entry runs through submitit"),
     "array": ("a", "one job per config"),
+    # The job needs the submitting shell's environment (PATH, $SCRATCH, SLURM's and submitit's variables):
+    # --export=NONE drops it; and it runs where `alpsck submit` ran (entry.function's module is found there).
+    "export": ("", "the job needs the environment it is submitted from; put variables in environment.setup"),
+    "chdir": ("D", "the job runs in the directory alpsck submit runs in, where it finds entry.function's module"),
 }
 _SHORT = {short: long for long, (short, _) in _CONTROLLED.items() if short}
 # sbatch options of its own that start like one of ours and are not abbreviations of it. --gpus (the
@@ -285,6 +289,10 @@ class _Loc:
                     continue
                 key = f"{prefix}{k.value}"
                 line = k.start_mark.line + 1
+                if k.tag != "tag:yaml.org,2002:str":  # YAML 1.1 reads on/off/yes/no as booleans, 1 as a number
+                    raise ConfigError(f"{self.source}:{line}: {echo(key, quoted=False)}: YAML reads this key as a "
+                                      f"{k.tag.rsplit(':', 1)[-1]}, not as its text; every key is text (quote it: "
+                                      f"'{k.value}')")
                 if k.value in first:  # YAML would keep the last one and drop the other silently
                     raise ConfigError(f"{self.source}:{line}: {echo(key, quoted=False)}: given twice (also on line "
                                       f"{first[k.value]})")

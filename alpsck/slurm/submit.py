@@ -16,7 +16,8 @@ The sbatch script is submitit's, with our settings:
 - ``--requeue``;
 - srun with the container (``--environment``) or uenv per step, ``--cpus-per-task`` and
   ``--kill-on-bad-exit=1`` (:func:`srun_arguments`); no ``--wckey``;
-- the venv activation and the user's setup lines, run as one block through ``eval`` of their
+- the venv activation (with a container or uenv: in each task's command instead, :func:`job_interpreter`)
+  and the user's setup lines, run as one block through ``eval`` of their
   quoted text, so that no line of theirs can reach past the block: a here-document or quote left
   open would have swallowed the srun line (the job trained nothing and ended COMPLETED). The
   config refuses such a block (``config.shell_problem``), and ``bash -n`` checks the whole
@@ -85,16 +86,25 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
 PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 
 
-def environment_lines(cfg: JobConfig) -> list[str]:
-    """The venv activation and the user's setup lines: in the batch script on SLURM, and run by
-    bash before the job under the local executor (``local_python``).
+def venv_in_task(cfg: JobConfig) -> bool:
+    """Whether the venv is activated inside each srun'd task rather than in the batch script: with
+    a container or a uenv, whose Python (the venv's base) exists only inside the job step. CSCS:
+    "every Slurm job making use of this virtual environment will need to activate it first (inside
+    the srun command)" (https://docs.cscs.ch/software/ml/pytorch/)."""
+    return bool(cfg.environment.venv and (cfg.environment.container or cfg.environment.uenv))
+
+
+def environment_lines(cfg: JobConfig, *, batch: bool = False) -> list[str]:
+    """The venv activation and the user's setup lines: in the batch script on SLURM (``batch``:
+    without the venv where ``venv_in_task``, which ``job_interpreter`` activates in each task), and
+    run by bash before the job under the local executor (``local_python``).
 
     The setup lines run verbatim, in this shell (what they export and source reaches the job),
     but as one ``eval`` of their quoted text: whatever a line leaves open (a here-document, a
     quote, ``$(``, an ``if``, a trailing backslash) ends with the eval's text, and cannot swallow
     the lines after it, the srun line among them."""
     lines: list[str] = []
-    if cfg.environment.venv:
+    if cfg.environment.venv and not (batch and venv_in_task(cfg)):
         lines.append(f"source {shlex.quote(str(Path(cfg.environment.venv) / 'bin' / 'activate'))}")
     if cfg.environment.setup:
         lines += ["# environment.setup, as one block: no line of it reaches past it",
@@ -153,7 +163,7 @@ def setup_lines(cfg: JobConfig) -> list[str]:
     return [*BATCH_SIGNAL_LINES, f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
             # submitit in the job must expect the configured signal too, or an early one finds no
             # handler (USR1's default action ends the process)
-            f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *environment_lines(cfg)]
+            f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *environment_lines(cfg, batch=True)]
 
 
 def local_python(cfg: JobConfig) -> str:
@@ -237,7 +247,11 @@ def signal_delay(cfg: JobConfig) -> int:
 def job_interpreter(cfg: JobConfig) -> str:
     """The Python the job's tasks run, as shell words: this one, or, inside a container or a uenv
     (which exist only on the compute nodes, with their own Python), ``python3`` from the
-    environment's PATH, never a path of the submitting host."""
+    environment's PATH, never a path of the submitting host. With a venv there (``venv_in_task``),
+    a bash in the task activates it first and then runs that python3: the venv's own."""
+    if venv_in_task(cfg):
+        activate = shlex.quote(str(Path(str(cfg.environment.venv)) / "bin" / "activate"))
+        return shlex.join(["bash", "-c", f'source {activate} && exec python3 "$@"', "alpsck-task"])
     if cfg.environment.container or cfg.environment.uenv:
         return "python3"
     return shlex.quote(sys.executable)
