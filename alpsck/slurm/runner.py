@@ -141,14 +141,14 @@ def remove_request(run_dir: str) -> None:
         print(f"alpsck: cannot remove {os.path.join(run_dir, REQUEST_FILE)}: {e}", file=sys.stderr, flush=True)
 
 
-def _said_why(events: list[dict[str, Any]], job_id: str) -> bool:
-    """Whether this job's last start recorded why it ended (a ``failed`` or a ``hang`` after its ``started``)."""
+def _hung(events: list[dict[str, Any]], job_id: str) -> bool:
+    """Whether this job's last start was ended by the hang watchdog (a ``hang`` after its ``started``)."""
     for e in reversed(events):
         if e.get("job_id") != job_id:
             continue
         if e["event"] == "started":
             return False
-        if e["event"] in ("failed", "hang"):
+        if e["event"] == "hang":
             return True
     return False
 
@@ -272,7 +272,10 @@ class JobRunner:
         if rank == 0:
             remove_request(cfg.run_dir)
             resume = newest_step(cfg.run_dir)
-            if attempt and not _said_why(events, job_id):  # the step before died without a word
+            # The step before died without asking for the restart (RESTART_EXIT): a task killed or exiting hard.
+            # A rank that failed because of it (a peer gone) may have recorded that failure first; the crash is
+            # still the cause. The watchdog's own kill is recorded as the hang it was.
+            if attempt and job.previous_exit != RESTART_EXIT and not _hung(events, job_id):
                 log("crashed", attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
                     **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
             log("started", restart=restart, step=resume, rank=rank, world_size=world,
