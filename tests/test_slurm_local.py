@@ -62,11 +62,13 @@ class _Job:
         monkeypatch.setattr(stop_mod, "job_fields", lambda job_id, run=None: {
             "JobState": self.state, "Reason": self.reason, "Restarts": str(self.restarts)})
         monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step, **kw: self.requeues.append(reason))
+        # A restart in the allocation ends the process (exit 75): recorded here instead, never run in pytest's.
+        monkeypatch.setattr(JobRunner, "_restart_here", lambda runner, ctx, step: self.requeues.append("in-job restart"))
         module = types.ModuleType("alpsck_test_entry")
         module.main = entry  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "alpsck_test_entry", module)
         self.config = parse_config(f"name: t\nrun_dir: {self.run_dir}\nentry:\n  function: alpsck_test_entry:main\n"
-                                   f"requeue:\n  on_maintenance: false\n{requeue}")
+                                   f"requeue:\n  on_maintenance: false\n  hang_timeout_s: 0\n{requeue}")
 
     def __call__(self) -> int:
         """Run one start; the exit code it would end with (0, or 1 from SystemExit)."""
@@ -148,7 +150,13 @@ def test_a_failure_without_a_cancel_is_still_requeued(tmp_path: Path, monkeypatc
         _send(ctx.stop, signal.SIGTERM)  # preemption (the job stays RUNNING), then a crash
         raise RuntimeError("boom")
 
+    # A restart in the allocation first (SLURM shows a step's own end and a preemption's grace time alike).
     job = _Job(tmp_path, monkeypatch, entry)
+    job()
+    assert job.requeues == ["in-job restart"] and events(job.run_dir, "failed")[-1]["will_restart"] is True
+    # Without restarts in the allocation: requeued.
+    (tmp_path / "norestart").mkdir()
+    job = _Job(tmp_path / "norestart", monkeypatch, entry, requeue="  in_job_restarts: 0\n")
     job()
     assert job.requeues == ["failure"] and events(job.run_dir, "failed")[-1]["will_requeue"] is True
 

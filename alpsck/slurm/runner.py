@@ -433,21 +433,25 @@ class JobRunner:
             **({"cancelled": True} if ctx.stop.cancelled() else {}), **({"not_requeued": why_not} if why_not else {}))
         traceback.print_exception(type(err), err, err.__traceback__)
         if here:
-            if ctx.rank == 0 and ctx.stop.terminated():
-                # A SIGTERM came: the step's own end, or a preemption in its grace time (SLURM shows both as
-                # RUNNING). The batch script starts the step again in the first case; in the second its shell
-                # was told to stop too, and its EXIT trap requeues the job from this request.
-                self._write_request("failure", step, progress=False)
-            print(f"alpsck: restarting the job step in this allocation (in-job restart {self._job.attempt + 1} of "
-                  f"{self.config.requeue.in_job_restarts})", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(RESTART_EXIT)
+            return self._restart_here(ctx, step)
         if will:
             return self._requeue(log, "failure", step, progress=False)
         if why_not:
             print(f"alpsck: not requeued: {why_not}", file=sys.stderr, flush=True)
         raise SystemExit(1)
+
+    def _restart_here(self, ctx: JobContext, step: int | None) -> None:
+        """Ask the batch script's restart loop to start the job step again in this allocation (exit 75)."""
+        if ctx.rank == 0 and ctx.stop.terminated():
+            # A SIGTERM came: the step's own end, or a preemption in its grace time (SLURM shows both as
+            # RUNNING). The batch script starts the step again in the first case; in the second its shell
+            # was told to stop too, and its EXIT trap requeues the job from this request.
+            self._write_request("failure", step, progress=False)
+        print(f"alpsck: restarting the job step in this allocation (in-job restart {self._job.attempt + 1} of "
+              f"{self.config.requeue.in_job_restarts})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(RESTART_EXIT)
 
     def _write_request(self, reason: str, step: int | None, progress: bool) -> None:
         """The requeue request for the batch script's EXIT trap (:func:`request_text`), written durably."""
