@@ -107,6 +107,8 @@ exit 0
     run = tmp_path / "run"
     cfg = (f"name: t\nrun_dir: {run}\nentry:\n  function: runner_entry:{entry}\n"
            f"requeue:\n  on_maintenance: false\n{extra}")
+    if "hang_timeout_s" not in extra:  # the runner's logic alone (the watchdog: test_in_job_restart.py)
+        cfg += "  hang_timeout_s: 0\n"
     # SIGINT as in an srun task: Python's KeyboardInterrupt. A job started in the background by a
     # non-interactive shell (a CI runner's `cmd &`) inherits SIGINT ignored, and Python then leaves
     # it ignored: the interrupt scenario would not be one.
