@@ -59,8 +59,10 @@ class _Job:
             monkeypatch.delenv(k)
         monkeypatch.setenv("ALPSCK_NO_SCONTROL", "1")  # nothing reaches a real cluster
         monkeypatch.setenv("SUBMITIT_LOCAL_JOB_ID" if local else "SLURM_JOB_ID", "L1" if local else "999")
+        self.end_time: str | None = None  # scontrol's EndTime, when a test sets it
         monkeypatch.setattr(stop_mod, "job_fields", lambda job_id, run=None: {
-            "JobState": self.state, "Reason": self.reason, "Restarts": str(self.restarts)})
+            "JobState": self.state, "Reason": self.reason, "Restarts": str(self.restarts),
+            **({"EndTime": self.end_time} if self.end_time else {})})
         monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step, **kw: self.requeues.append(reason))
         # A restart in the allocation ends the process (exit 75): recorded here instead, never run in pytest's.
         monkeypatch.setattr(JobRunner, "_restart_here", lambda runner, ctx, step: self.requeues.append("in-job restart"))
@@ -441,3 +443,25 @@ exit 1
     assert [(e["reason"], e["mechanism"], e["step"], e["progress"]) for e in requeued] == [
         ("timeout", "scontrol", 7, True)], proc.stderr
     assert not (run_dir / ".requeue-request").exists() and "asking the batch script" not in proc.stderr
+
+
+@pytest.mark.parametrize("left_s", [30, 3600])
+def test_a_restart_in_the_allocation_past_the_signal_stops_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    handlers: None, left_s: int) -> None:
+    """The time-limit signal comes once, to the job step running then: a step restarted in the allocation after
+    that point (30 s left, the signal comes 60 s before the end) stops at its first poll, with a final
+    checkpoint and the requeue, as if the signal had reached it; with an hour left it trains."""
+    import datetime as dt
+
+    def entry(ctx: JobContext) -> str:
+        return "stopped" if ctx.stop_requested() else "trained"
+
+    monkeypatch.setenv("ALPSCK_ATTEMPT", "1")
+    monkeypatch.setenv("ALPSCK_PREVIOUS_EXIT", "137")
+    job = _Job(tmp_path, monkeypatch, entry, requeue="  signal_delay_s: 60\n")
+    job.end_time = (dt.datetime.now() + dt.timedelta(seconds=left_s)).strftime("%Y-%m-%dT%H:%M:%S")
+    job()
+    if left_s < 60:
+        assert job.requeues == ["timeout"] and "final_checkpoint" in job.events(), job.events()
+    else:
+        assert job.requeues == [] and job.events()[-1] == "finished", job.events()

@@ -72,7 +72,7 @@ from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current
 from .launch import user_paths
-from .stop import StopController, job_fields, scontrol_available, scontrol_requeue, term_verdict
+from .stop import StopController, job_end_time, job_fields, scontrol_available, scontrol_requeue, term_verdict
 from .watchdog import Watchdog
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
@@ -272,6 +272,13 @@ class JobRunner:
         if rank == 0:
             remove_request(cfg.run_dir)
             resume = newest_step(cfg.run_dir)
+            if attempt and not job.local and rq.signal_delay_s is not None:
+                # The time-limit signal comes once, to the job step then running: one that came between two
+                # attempts reached none. Past that point of the allocation, the restarted step stops at once
+                # (a final checkpoint and the requeue, as after the signal); the loop agrees on it across ranks.
+                end = job_end_time(job_id)
+                if end is not None and end - time.time() <= rq.signal_delay_s:
+                    stop.request("timeout")
             # The step before died without asking for the restart (RESTART_EXIT): a task killed or exiting hard.
             # A rank that failed because of it (a peer gone) may have recorded that failure first; the crash is
             # still the cause. The watchdog's own kill is recorded as the hang it was.
