@@ -45,8 +45,8 @@ def observed_mtbf(events: list[dict[str, Any]]) -> float | None:
         if e["event"] == "started":
             begun = float(e["time"])
         elif begun is not None and e["event"] in _ENDS:
-            end = e.get("time_of_end") if e["event"] == "crashed" else e["time"]
-            running += max(0.0, float(end if type(end) in (int, float) else e["time"]) - begun)
+            end: Any = e.get("time_of_end") if e["event"] == "crashed" else None  # a crash: its step's end
+            running += max(0.0, (float(end) if type(end) in (int, float) else float(e["time"])) - begun)
             begun = None
     return running / failures if failures and running > 0 else None
 
