@@ -669,7 +669,7 @@ def test_every_auto_chooses_the_interval_from_the_measured_save_cost_and_status_
     from alpsck import _core
 
     committed = [i["step"] for i in _core.scan(str(run)) if i["status"] == "committed"]
-    assert committed and min(committed) < steps // 2, committed  # by the interval, not every_steps (10**6)
+    assert len(committed) >= 2, committed  # saves by the interval: every_steps (10**6) alone leaves the final one
     assert (run / "loss.csv").read_text() == clean
     text = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True,
                           timeout=120).stdout
