@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from . import _core, fit, progress, tree
+from . import _core, fit, tree
 from .capture import capture
 from .errors import (
     CheckpointError,
@@ -72,7 +72,7 @@ from .errors import (
     StateMismatchError,
     UsageError,
 )
-from .handles import FutureMixin
+from .handles import FutureMixin, blocking
 from .options import DEFAULTS, NONE_REFUSED, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
@@ -102,7 +102,7 @@ class CoreSave(FutureMixin):
         """True once the checkpoint is durable (or its save failed)."""
         return bool(self._h.done())
 
-    @progress.blocking("save")
+    @blocking("save")
     def wait(self, timeout: float | None = None) -> None:
         """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
         try:
@@ -327,7 +327,7 @@ class Checkpointer:
         if failed:
             failed[0].wait()  # raises the save's error
 
-    @progress.blocking("save")
+    @blocking("save")
     def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False) -> CoreSave:
         """Snapshot ``state`` as checkpoint ``step`` and persist it in the background.
 
@@ -420,7 +420,7 @@ class Checkpointer:
         if self._stager is not None:
             self._stager.wait_copies()
 
-    @progress.blocking("save")
+    @blocking("save")
     def wait_snapshot(self) -> None:
         """Wait until every snapshot taken so far is copied out of the live tensors.
 
@@ -447,7 +447,7 @@ class Checkpointer:
             self._owners = {sizes: (owners := assign_owners(dict(sizes), self.world_size))}
         return owners
 
-    @progress.blocking("save")
+    @blocking("save")
     def wait(self) -> None:
         """Block until every save so far is durable; raise the first error among them."""
         if self._engine is not None:
@@ -458,7 +458,7 @@ class Checkpointer:
         if failed:
             failed[0].wait()
 
-    @progress.blocking("save")
+    @blocking("save")
     def close(self) -> None:
         """Wait for in-flight saves, stop the writer threads and free staging memory.
 
@@ -503,7 +503,7 @@ class Checkpointer:
         restore itself, which falls back to the one before on a mismatch)."""
         return pick(self.run_dir, kind="alpsck").step
 
-    @progress.blocking("restore")
+    @blocking("restore")
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
         """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import progress
+from ..handles import mark_loop
 from .config import JobConfig
 from .stop import StopController
 
@@ -55,10 +55,10 @@ class JobContext:
     def stop_requested(self) -> bool:
         """Poll at step boundaries: True once a time-limit, preemption, cancel or maintenance
         stop was requested. Then save a final checkpoint, wait for it, and return. Each poll is
-        the loop's progress for the hang watchdog (:mod:`alpsck.progress`): a step's, or once a
+        the loop's progress for the hang watchdog (:mod:`alpsck.handles`): a step's, or once a
         stop was seen the final checkpoint's, which has a timeout of its own."""
         stopping = self.stop.requested()
-        progress.mark_loop("final" if stopping else "step")
+        mark_loop("final" if stopping else "step")
         return stopping
 
     @property

@@ -62,8 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
-from .. import progress as loop_progress
 from ..errors import CheckpointError, ConfigError, UsageError
+from ..handles import install_progress
 from ..job_env import JobEnv
 from ..restore import RESTORED_HOOKS
 from ..store.durable import open_own, read_small
@@ -324,7 +324,7 @@ class JobRunner:
         dog = None
         if rq.hang_timeout_s > 0:
             dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt)
-            loop_progress.install(dog)
+            install_progress(dog)
             dog.start()
 
         def end_watch() -> None:  # once the entry returned or raised, before any outcome (some end the process)
@@ -332,7 +332,7 @@ class JobRunner:
             if dog is not None:
                 watched, dog = dog, None
                 watched.stop()
-                loop_progress.install(None)
+                install_progress(None)
                 log("times", attempt=attempt, **watched.times())  # where this start's time went: goodput's parts
 
         try:

@@ -2,7 +2,7 @@
 memory (never a file), and ends a task whose loop made none for its section's timeout.
 
 The runner starts one per task (:meth:`Watchdog.start`, a forked child) before the entry runs. The
-loop's progress (:mod:`alpsck.progress`: each ``stop_requested()`` poll, and the Checkpointer's
+loop's progress (:mod:`alpsck.handles`: each ``stop_requested()`` poll, and the Checkpointer's
 blocking calls in sections of their own) is a time and a section written into an anonymous shared
 mapping; the supervisor reads it every ``poll_s``. Sections and their timeouts
 (``requeue.hang_timeout_s`` = T): ``step`` T; ``start`` (imports, restore, until the first poll),
@@ -40,7 +40,7 @@ DUMP_SIGNAL = signal.SIGRTMIN + 7
 
 
 class Watchdog:
-    """One task's watchdog: :meth:`mark` (the :mod:`alpsck.progress` sink) in the task, a supervisor child."""
+    """One task's watchdog: :meth:`mark` (the :mod:`alpsck.handles` sink) in the task, a supervisor child."""
 
     def __init__(self, timeout_s: float, *, run_dir: str, job_id: str, rank: int, attempt: int,
                  poll_s: float = 1.0, grace_s: float = 3.0) -> None:
