@@ -79,6 +79,10 @@ class Watchdog:
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the supervisor: nothing but memory reads, sleeps, its own writes and signals
+            # Close every descriptor but stdin/out/err first: a fork keeps them all (close-on-exec needs an
+            # exec), and a pipe end kept here (the stdout of an scontrol another thread of the task was
+            # running) would keep that thread's read waiting for an EOF that never comes.
+            os.closerange(3, _max_fd())
             code = 0
             try:
                 self._supervise(parent)
@@ -117,6 +121,13 @@ class Watchdog:
             time.sleep(self.grace_s)
             os.kill(parent, signal.SIGKILL)
             return
+
+
+def _max_fd() -> int:
+    try:
+        return max(256, int(os.sysconf("SC_OPEN_MAX")))
+    except (ValueError, OSError):
+        return 65536
 
 
 def _append_hang(run_dir: str, job_id: str, section: str, quiet: float, limit: float, attempt: int) -> None:
