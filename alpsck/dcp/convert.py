@@ -32,8 +32,6 @@ in the entries of ``folder`` only), so torchtitan neither loads nor purges what 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import io
 import os
 import shutil
@@ -197,21 +195,10 @@ def _remove(aside: Path, work: Path) -> None:
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap the names ``a`` and ``b`` (renameat2 RENAME_EXCHANGE); False where the system or the
-    file system cannot (then the caller renames twice)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: not here; anything else is a real failure
-        return False
-    raise OSError(err, os.strerror(err), str(b))
+    """Atomically swap the names ``a`` and ``b``: not done (renameat2's RENAME_EXCHANGE needs a call into libc
+    that alpsck's extension does not expose yet); False, so the caller renames twice, each made durable."""
+    del a, b
+    return False
 
 
 def _set_element(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
