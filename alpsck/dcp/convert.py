@@ -19,10 +19,10 @@ One checkpoint, ``folder/step-N`` (docs/dcp.md, "Moving in from FileSystemWriter
 3. verify: :class:`AlpsckStorageReader` loads it back and every tensor is compared bit for bit, and
    every value, with what FileSystemReader loaded;
 4. swap: the new directory takes the name ``folder/step-N`` and the original goes to
-   ``folder/.alpsck-import/step-N.filesystemwriter``: one atomic exchange where the file system has
-   ``renameat2(RENAME_EXCHANGE)``, else two renames (between them ``step-N`` is absent: a trainer
-   resumes from an older step, and running the command again finishes the move); each made durable
-   (stopped right after the exchange, the original is under the new one's name: a rerun puts it aside);
+   ``folder/.alpsck-import/step-N.filesystemwriter``: two renames (between them ``step-N`` is absent: a
+   trainer resumes from an older step, and running the command again finishes the move), each made
+   durable (an atomic exchange, ``renameat2(RENAME_EXCHANGE)``, needs the core to expose it: not yet;
+   the recovery of a rerun stopped right after one is kept for it);
 5. the original is kept there unless ``delete_original``; it is removed only after the swap is durable.
 
 The result is a one-shard alpsck checkpoint: DCP's planner reshards it on load at any world size.
