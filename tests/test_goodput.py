@@ -27,9 +27,9 @@ RUN = [  # 0: submitted; a start SIGKILLed at 100 (in-job restart at 102); a tim
     _ev(101.5, "crashed", attempt=0, exit_code=137, time_of_end=100.0, signal="SIGKILL"),
     _ev(102, "started", restart=0, attempt=1, down_s=2.0, backend="slurm"),
     _times(290, start=4.0, step=169.0, save=6.0, final=9.0),
-    _ev(290, "signal", reason="timeout"), _ev(290.5, "final_checkpoint", reason="timeout", seconds=9.0),
-    _ev(291, "requeued", reason="timeout", progress=True, mechanism="scontrol"),
-    _ev(400, "started", restart=1, backend="slurm"),
+    _ev(290, "signal", reason="timeout"), _ev(290.5, "final_checkpoint", reason="timeout", seconds=9.0, step=200),
+    _ev(291, "requeued", reason="timeout", progress=True, mechanism="scontrol", step=200),
+    _ev(400, "started", restart=1, backend="slurm", step=200, step_taken_at=289.0),
     _times(500, start=5.0, step=94.0, save=1.0),
     _ev(500, "finished", step=300),
 ]
@@ -39,7 +39,7 @@ def test_the_parts_add_up_to_the_wall_time_and_each_restart_has_its_cause() -> N
     g = goodput.goodput(RUN)
     assert g is not None
     assert g["wall_s"] == 490.0  # first start to the end
-    parts = sum(g[f"{k}_s"] for k in ("training", "startup", "stall", "final", "unaccounted", "restart_gap", "queue"))
+    parts = sum(g[f"{k}_s"] for k in goodput.PARTS)
     assert parts == pytest.approx(g["wall_s"], rel=0.01)
     assert g["training_s"] == 263.0 and g["stall_s"] == 7.0 and g["final_s"] == 9.0 and g["startup_s"] == 9.0
     assert g["unaccounted_s"] == pytest.approx(90.0 + 1.0)  # the killed start (10 -> 100), a second of teardown
@@ -62,8 +62,48 @@ def test_a_hang_a_failure_and_a_run_still_going() -> None:
     assert g is not None and g["wall_s"] == 100.0
     assert [r["cause"] for r in g["restarts"]] == ["hang", "failed"]
     assert [r["restart_s"] for r in g["restarts"]] == [5.0, 1.0]  # to the first poll; the last start logged none yet
-    parts = sum(g[f"{k}_s"] for k in ("training", "startup", "stall", "final", "unaccounted", "restart_gap", "queue"))
+    assert g["restarts"][0]["detect_s"] == 8.5 and g["restarts"][0]["setup_s"] == 3.0
+    parts = sum(g[f"{k}_s"] for k in goodput.PARTS)
     assert parts == pytest.approx(100.0, rel=0.01) and g["unaccounted_s"] == pytest.approx(50 + 19.0)
+
+
+def test_work_lost_and_each_restart_split_into_its_parts() -> None:
+    """A hang at 60 after 50 s of steps; the next start resumes from a state taken at 45: 15 s trained again
+    (about 15 steps of 0.98 s). Its failure at 100 loses what it trained after 90. The restart's parts: the
+    hang's detection, teardown to the step's end, the new step's start (srun, imports), set-up, restore and
+    the first step; ETTR counts only the training that stayed."""
+    steps = {"polls": 51}
+    events = [_ev(0, "started", restart=0, backend="slurm"),
+              _ev(60, "times", start_s=5.0, step_s=50.0, save_s=5.0, restore_s=0.0, final_s=0.0, **steps),
+              _ev(60, "hang", section="step", seconds=9.0, timeout_s=8.0, attempt=0),
+              _ev(65, "started", restart=0, attempt=1, down_s=2.0, step=40, step_taken_at=45.0, backend="slurm"),
+              _ev(100, "times", start_s=3.0, restore_s=1.0, step_s=30.0, save_s=1.0, final_s=0.0, polls=31,
+                  first_step_s=0.5),
+              _ev(100, "failed", message="RuntimeError: x", will_restart=True, will_requeue=False),
+              _ev(103, "started", restart=0, attempt=2, down_s=2.5, step=70, step_taken_at=90.0, backend="slurm"),
+              _ev(150, "times", start_s=2.0, restore_s=1.0, step_s=42.0, save_s=2.0, final_s=0.0, polls=43,
+                  first_step_s=0.4),
+              _ev(150, "finished", step=110)]
+    g = goodput.goodput(events)
+    assert g is not None and g["wall_s"] == 150.0
+    assert g["lost_s"] == pytest.approx(15.0 + 10.0) and g["training_s"] == pytest.approx(35.0 + 20.0 + 42.0)
+    assert sum(g[f"{k}_s"] for k in goodput.PARTS) == pytest.approx(150.0, rel=0.01)
+    assert g["ettr"] == pytest.approx(97.0 / 150.0, abs=1e-4)
+    hang, failed = g["restarts"]
+    assert hang == {"cause": "hang", "at": 60.0, "in_allocation": True, "detect_s": 9.0, "teardown_s": 3.0,
+                    "start_s": 2.0, "setup_s": 3.0, "restore_s": 1.0, "first_step_s": 0.5, "restart_s": 9.5,
+                    "lost_s": 15.0, "lost_steps": 15}
+    assert failed["cause"] == "failed" and failed["restart_s"] == pytest.approx(3.0 + 2.0 + 1.0 + 0.4)
+    assert failed["lost_s"] == 10.0 and failed["teardown_s"] == 0.5 and failed["start_s"] == 2.5
+    assert [s["outcome"] for s in g["starts"]] == ["hang", "failed", "finished"]
+    assert "work lost 25s" in goodput.line(g)
+    # A stop with a final checkpoint of the step the next start resumes from loses nothing.
+    stopped = [_ev(0, "started", restart=0, backend="slurm"), _times(50, start=2.0, step=40.0, final=3.0),
+               _ev(50, "final_checkpoint", reason="timeout", step=80, seconds=3.0),
+               _ev(50, "requeued", reason="timeout", progress=True),
+               _ev(80, "started", restart=1, step=80, step_taken_at=48.0, backend="slurm")]
+    g = goodput.goodput(stopped, now=90.0)
+    assert g is not None and g["lost_s"] == 0.0 and g["restarts"][0]["queue_s"] == 30.0
 
 
 def test_no_start_no_goodput_and_hostile_values_are_no_crash() -> None:

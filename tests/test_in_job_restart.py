@@ -48,7 +48,8 @@ def _batch(tmp_path: Path, restarts: int, codes: list[str]) -> tuple[int, list[s
 
 @pytest.mark.parametrize(("codes", "restarts", "want_rc", "want_starts"), [
     (["0"], 3, 0, 1),                      # finished (or stopped, or cancelled): no restart
-    (["1"], 3, 1, 1),                      # failed for good, or gave up
+    (["1"], 3, 1, 1),                      # failed for good
+    (["93"], 3, 93, 1),                    # gave up: do not requeue, do not restart
     (["3"], 3, 3, 1),                      # asked for a requeue: the EXIT trap's business
     (["137", "0"], 3, 0, 2),               # a task SIGKILLed, then the new step finishes
     ([str(RESTART_EXIT), "139", "0"], 3, 0, 3),  # an exception worth a retry, a segfault, then done
@@ -109,7 +110,12 @@ from alpsck import handles
 from alpsck.slurm.watchdog import Watchdog
 
 mode, run_dir = sys.argv[1], sys.argv[2]
-dog = Watchdog(1.0, run_dir=run_dir, job_id="J", rank=0, attempt=2, poll_s=0.1, grace_s=0.5)
+if mode == "learned":                    # a fixed timeout that would never fire: learned from the steps
+    prior = [{"event": "times", "longest": {"step": 0.1}, "seen": {"step": 30}}]  # an earlier start's
+    dog = Watchdog(1000.0, run_dir=run_dir, job_id="J", rank=0, attempt=2, poll_s=0.1, grace_s=0.5,
+                   learn=(0.2, prior))
+else:
+    dog = Watchdog(1.0, run_dir=run_dir, job_id="J", rank=0, attempt=2, poll_s=0.1, grace_s=0.5)
 handles.install_progress(dog)
 dog.start()
 for _ in range(5):                       # steps of 0.3 s: progress each time
@@ -126,11 +132,12 @@ else:
 '''
 
 
-@pytest.mark.parametrize("mode", ["blocked", "slow-save"])
+@pytest.mark.parametrize("mode", ["blocked", "slow-save", "learned"])
 def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(tmp_path: Path, mode: str) -> None:
     """Through shared memory, no file: a main thread blocked forever is found within its timeout + 1 s, its
-    stacks dumped (faulthandler, while it is blocked in C), a ``hang`` event recorded, and the process
-    SIGKILLed; a save lasting 3x the step timeout is no hang."""
+    stacks dumped (faulthandler, while it is blocked in C), where the start's time went and a ``hang`` event
+    recorded, and the process SIGKILLed; a save lasting 3x the step timeout is no hang. Learned: the timeout
+    is 5x the longest step seen (0.3 s here, over an earlier start's 0.1 s): 1.5 s, not the configured 1000."""
     import sys
     import time
 
@@ -147,9 +154,14 @@ def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(
     assert r.returncode == -9, (r.returncode, r.stderr)
     assert "no progress in section 'step'" in r.stderr and "most recent call first" in r.stderr, r.stderr
     assert "in <module>" in r.stderr and "wait" in r.stderr  # the blocked main thread, where it waits
-    hang = history.read(tmp_path)
-    assert [e["event"] for e in hang] == ["hang"] and hang[0]["section"] == "step" and hang[0]["attempt"] == 2
-    assert 1.0 <= hang[0]["seconds"] < 2.0, hang  # found within its timeout + 1 s
+    times, hang = history.read(tmp_path)
+    assert times["event"] == "times" and hang["event"] == "hang", (times, hang)
+    assert hang["section"] == "step" and hang["attempt"] == 2 and times["attempt"] == 2
+    limit = 1.5 if mode == "learned" else 1.0
+    assert hang["timeout_s"] == limit and limit <= hang["seconds"] < limit + 1.0, hang  # within its timeout + 1 s
+    # The hung start's time: 4 steps of 0.3 s, then the hung one, until it was found; 5 polls.
+    assert times["polls"] == 5 and 1.2 + limit <= times["step_s"] < 1.2 + limit + 1.5, times
+    assert 0.25 <= times["first_step_s"] < 0.6, times
     assert time.monotonic() - t0 < 20
 
 

@@ -565,8 +565,15 @@ def _check_goodput(run: Path, causes: list[str]) -> None:
     g = doc["goodput"]
     assert [r["cause"] for r in g["restarts"]] == causes, g
     assert all(r["in_allocation"] and 0 < r["restart_s"] < 30 for r in g["restarts"]), g
-    parts = sum(g[f"{k}_s"] for k in ("training", "startup", "stall", "final", "unaccounted", "restart_gap", "queue"))
+    from alpsck.slurm.goodput import PARTS
+
+    parts = sum(g[f"{k}_s"] for k in PARTS)
     assert abs(parts - g["wall_s"]) <= 0.01 * g["wall_s"] and 0 < g["ettr"] < 1, g
+    # Each restart split (the new step's start, its set-up, restore and first step) and its work lost.
+    for r in g["restarts"]:
+        split = sum(r.get(k, 0.0) for k in ("teardown_s", "start_s", "setup_s", "restore_s", "first_step_s"))
+        assert "first_step_s" in r and abs(split - r["restart_s"]) < 0.01 and r["lost_s"] >= 0, r
+    assert [s["outcome"] for s in g["starts"]] == [*causes, "finished"], g
 
 
 def test_an_exception_restarts_in_the_allocation_and_a_hard_crash_at_every_start_is_bounded(cluster: None,
@@ -610,6 +617,11 @@ def test_an_exception_restarts_in_the_allocation_and_a_hard_crash_at_every_start
     assert [s.get("attempt", 0) for s in starts] == [0, 1, 2, 3], events(run2)
     assert [c["exit_code"] for c in events(run2, "crashed")] == [7, 7, 7], events(run2)
     assert "no progress" in events(run2, "gave_up")[0]["message"] and not events(run2, "requeued")
+    # The job's end, as SLURM recorded it: the resiliency extension's "do not requeue" code.
+    from alpsck.slurm.watch import slurm_record
+
+    record = wait_for(lambda: slurm_record(job2), 60, "SLURM's record of the job's end")
+    assert record == {"state": "FAILED", "exit_code": "93:0"}, record
 
 
 def test_a_main_thread_blocked_forever_is_a_hang_every_rank_dumps_and_the_step_restarts(cluster: None,

@@ -67,6 +67,7 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "requeue.give_up_after_no_progress": (1, 100_000),
     "requeue.in_job_restarts": (0, 1_000),
     "requeue.hang_timeout_s": (0, _MAX_S),
+    "requeue.hang_timeout_min_s": (1, _MAX_S),
 }
 ENGINE_OPTIONS = ("max_in_flight", "threads", "keep_last")  # checkpoint.<option>: alpsck.options' table
 
@@ -197,6 +198,8 @@ class RequeueConfig:
     give_up_after_no_progress: int = 3
     in_job_restarts: int = 3  # a job step that dies starts again in its allocation, this many times per allocation
     hang_timeout_s: float = 900.0  # no progress in a step for this long is a hang (other sections: 4x); 0: no watchdog
+    hang_timeout: str = "fixed"    # "learned": 5x the longest visit of each section seen in the run, once seen enough
+    hang_timeout_min_s: float = 60.0  # the least a learned timeout can be
 
 
 @dataclass
@@ -366,7 +369,7 @@ _TYPES: dict[str, dict[str, str]] = {
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
                 "same_error_retries": "int", "give_up_after_no_progress": "int", "in_job_restarts": "int",
-                "hang_timeout_s": "float"},
+                "hang_timeout_s": "float", "hang_timeout": "str", "hang_timeout_min_s": "float"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 
@@ -608,6 +611,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if ck.every not in (None, "auto"):
         raise loc.err("checkpoint.every", f"{echo(ck.every)}: the only value is auto (or give every_steps or "
                                           "every_seconds)")
+    if rq.hang_timeout not in ("fixed", "learned"):
+        raise loc.err("requeue.hang_timeout", f"{echo(rq.hang_timeout)}: use fixed or learned")
     if rq.signal not in _SIGNALS:
         raise loc.err("requeue.signal", f"{echo(rq.signal)}: use one of {', '.join(_SIGNALS)}")
     if rq.signal_delay_s is None:

@@ -22,9 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from .goodput import FAILURES, starts
+
 DEFAULT_MTBF_S = 86_400.0
 MIN_INTERVAL_S = 1.0
-_ENDS = ("times", "finished", "failed", "requeued", "cancelled", "gave_up", "hang", "crashed")
 
 
 def daly_interval(cost_s: float, mtbf_s: float) -> float:
@@ -37,17 +38,11 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
 
 
 def observed_mtbf(events: list[dict[str, Any]]) -> float | None:
-    """The run's time running over its failures (``crashed``, ``hang``, ``failed``), from its history; None
-    before its first failure. A start runs from its ``started`` to the first event that ends it."""
-    failures = sum(1 for e in events if e["event"] in ("crashed", "hang", "failed"))
-    running, begun = 0.0, None
-    for e in events:
-        if e["event"] == "started":
-            begun = float(e["time"])
-        elif begun is not None and e["event"] in _ENDS:
-            end: Any = e.get("time_of_end") if e["event"] == "crashed" else None  # a crash: its step's end
-            running += max(0.0, (float(end) if type(end) in (int, float) else float(e["time"])) - begun)
-            begun = None
+    """The run's time running over its failures (starts that crashed, hung or failed), from its history
+    (:func:`alpsck.slurm.goodput.starts`); None before its first failure. The start still running is left out."""
+    ended = [s for s in starts(events) if s.outcome != "running"]
+    failures = sum(1 for s in ended if s.outcome in FAILURES)
+    running = sum(s.end - s.t0 for s in ended)
     return running / failures if failures and running > 0 else None
 
 

@@ -5,7 +5,7 @@ On each start (rank 0 writes history; every rank runs the entry):
 1. install stop handlers (replacing submitit's, which would checkpoint inside the signal
    handler) and the maintenance watcher;
 2. record ``started`` with the restart count and the step it resumes from; end with
-   ``gave_up`` if the restart budget is spent (:func:`charged_starts`: a requeue after which
+   ``gave_up`` (exit :data:`GIVE_UP_EXIT`, 93: do not requeue) if the restart budget is spent (:func:`charged_starts`: a requeue after which
    the newest checkpoint had advanced costs nothing; a crash or a stop without progress costs
    one), or if the last ``give_up_after_no_progress`` starts all resumed from the same step (a
    job that crashes at every start). With several
@@ -78,10 +78,14 @@ from .watchdog import Watchdog
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
 REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
 RESTART_EXIT = 75         # asks the batch script's restart loop to start the job step again (EX_TEMPFAIL)
+# The run gave up (restarts without progress, the budget spent): do not requeue, do not restart. The
+# code of NVIDIA's resiliency extension for the same outcome, so that a launcher built on its contract
+# (or the extension itself, on GPU nodes) reads alpsck's verdict alike.
+GIVE_UP_EXIT = 93
 # Exit codes of a job step that end the batch script's restart loop: the run finished or was stopped
-# (0), failed for good or gave up (1), or asked for a requeue (3). Any other (a signal's 128 + N, a
+# (0), failed for good (1), asked for a requeue (3) or gave up (93). Any other (a signal's 128 + N, a
 # hard exit, RESTART_EXIT) is a step that died: started again in the allocation while the budget lasts.
-FINAL_EXITS = (0, 1, REQUEUE_EXIT)
+FINAL_EXITS = (0, 1, REQUEUE_EXIT, GIVE_UP_EXIT)
 REQUEST_FILE = _core.run_dir_names["requeue_request"]  # the run directory's names are the core's (run_dir.h)
 DECISION_FILE = _core.run_dir_names["start_decision"]
 DECISION_TIMEOUT_S = 600.0
@@ -92,10 +96,21 @@ def newest_step(run_dir: str) -> int | None:
     kind: the entry may save with Checkpointer or DCP), or None: no run directory, none usable, or not
     readable. Data CRCs are not read: a restore that meets a mismatch falls back to an older step, which
     ``JobContext.restored_step`` then records."""
+    return resume_point(run_dir)[0]
+
+
+def resume_point(run_dir: str) -> tuple[int | None, float | None]:
+    """:func:`newest_step`, and when its state was taken (unix seconds: the manifest's time less its write's
+    duration), for the goodput's work lost: what the start before trained after it is trained again."""
     try:
-        return pick(run_dir).step
+        p = pick(run_dir)
     except (CheckpointError, OSError):
-        return None
+        return None, None
+    info = p.info or {}
+    created, took = info.get("created"), info.get("write_seconds")
+    if type(created) not in (int, float) or not created > 0:
+        return p.step, None
+    return p.step, float(created) - (float(took) if type(took) in (int, float) and 0 <= took < created else 0.0)
 
 
 # Errors that a new start meets again: a requeue would only spend another allocation on them.
@@ -271,7 +286,7 @@ class JobRunner:
         attempt = job.attempt
         if rank == 0:
             remove_request(cfg.run_dir)
-            resume = newest_step(cfg.run_dir)
+            resume, taken_at = resume_point(cfg.run_dir)
             if attempt and not job.local and rq.signal_delay_s is not None:
                 # The time-limit signal comes once, to the job step then running: one that came between two
                 # attempts reached none. Past that point of the allocation, the restarted step stops at once
@@ -286,7 +301,7 @@ class JobRunner:
                 log("crashed", attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
                     **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
             log("started", restart=restart, step=resume, rank=rank, world_size=world,
-                backend="local" if job.local else "slurm",
+                backend="local" if job.local else "slurm", **({"step_taken_at": round(taken_at, 3)} if taken_at else {}),
                 **({"attempt": attempt, "down_s": round(time.time() - job.previous_end, 3)}
                    if attempt and job.previous_end else {"attempt": attempt} if attempt else {}))
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
@@ -305,7 +320,7 @@ class JobRunner:
             decision = wait_decision(cfg.run_dir, job_id, restart, DECISION_TIMEOUT_S, attempt)
             if decision["give_up"] is not None:
                 print(f"alpsck: rank {rank}: rank 0 gave up: {decision['give_up']}", file=sys.stderr, flush=True)
-                raise SystemExit(1)
+                raise SystemExit(GIVE_UP_EXIT)
             resume = decision["resume"]
         if world > 1:
             export_torch_distributed_env(job_id, attempt)
@@ -323,7 +338,8 @@ class JobRunner:
         _set_current(ctx)
         dog = None
         if rq.hang_timeout_s > 0:
-            dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt)
+            dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt,
+                           learn=(rq.hang_timeout_min_s, events) if rq.hang_timeout == "learned" else None)
             install_progress(dog)
             dog.start()
 
@@ -391,9 +407,9 @@ class JobRunner:
         return None
 
     def _give_up(self, log: Any, message: str) -> None:
-        log("gave_up", message=message, step=newest_step(self.config.run_dir))
-        print(f"alpsck: giving up: {message}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
+        log("gave_up", message=message, step=newest_step(self.config.run_dir), exit_code=GIVE_UP_EXIT)
+        print(f"alpsck: giving up (exit {GIVE_UP_EXIT}: do not requeue): {message}", file=sys.stderr, flush=True)
+        raise SystemExit(GIVE_UP_EXIT)
 
     def _retry_verdict(self, ctx: JobContext, err: BaseException, message: str, step: int | None) -> str | None:
         """Why a failed start is not worth another allocation, or None when a retry may succeed."""

@@ -15,8 +15,17 @@ collective for this one) it SIGKILLs the task. srun ends the step, and the batch
 loop starts it again in the allocation (:mod:`alpsck.slurm.submit`), where the runner resumes from
 the newest checkpoint.
 
+Learned timeouts (``requeue.hang_timeout: learned``): a section's timeout becomes
+:data:`LEARN_FACTOR` times the longest visit of it seen in the run (never under
+``requeue.hang_timeout_min_s``) once the run has seen :data:`LEARN_AFTER` of them; until then the
+configured one holds. What a start saw goes into its ``times`` event (``longest``, ``seen``), so the
+next start, after a restart or a requeue, begins from the run's numbers (:func:`learned_from`): every
+rank reads the same history, so every rank starts from the same timeouts. Within a start each rank
+learns from its own loop, which in a data-parallel loop waits on the same collectives as the others'.
+
 The supervisor only reads memory, sleeps, writes its own lines and signals its parent; it exits
-when the parent is gone, and the runner stops it when the entry returns.
+when the parent is gone, and the runner stops it when the entry returns. Rank 0's records where the
+hung start's time went (a ``times`` event, from the shared memory) before its ``hang``.
 """
 
 from __future__ import annotations
@@ -28,22 +37,52 @@ import signal
 import struct
 import sys
 import time
+from typing import Any
 
 from . import history
 
 SECTIONS = ("start", "step", "save", "restore", "final")
 SECTION_FACTOR = {"start": 4.0, "step": 1.0, "save": 4.0, "restore": 4.0, "final": 4.0}
-_LAYOUT = struct.Struct("<dI")  # monotonic time of the last progress, section index
+LEARN_FACTOR = 5.0  # a learned timeout: this many times the longest visit seen (NVIDIA's resiliency extension's)
+LEARN_AFTER = {"start": 1, "step": 20, "save": 2, "restore": 1, "final": 1}  # visits seen before one is learned
+# The shared page: the time of the last progress (monotonic), its section's index, that section's timeout
+# now; then the seconds spent in each section, the polls and the first step's duration (the hung start's
+# ``times``, which the supervisor records).
+_HEAD = struct.Struct("<dId")
+_TOTALS = struct.Struct(f"<{len(SECTIONS)}dId")
+_TOTALS_AT = 64
 # The signal the supervisor sends for the stack dump (faulthandler's C handler in the task); a real-time
 # signal nothing else in a training job uses.
 DUMP_SIGNAL = signal.SIGRTMIN + 7
 
 
+def learned_from(events: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int]]:
+    """The longest visit of each section and how many were seen, over the run's ``times`` events."""
+    longest = dict.fromkeys(SECTIONS, 0.0)
+    seen = dict.fromkeys(SECTIONS, 0)
+    for e in events:
+        if e["event"] != "times":
+            continue
+        lo, n = e.get("longest"), e.get("seen")
+        for k in SECTIONS:
+            v = lo.get(k) if isinstance(lo, dict) else None
+            c = n.get(k) if isinstance(n, dict) else None
+            if type(v) in (int, float) and 0 <= v < 1e9:
+                longest[k] = max(longest[k], float(v))
+            if type(c) is int and c > 0:
+                seen[k] += c
+    return longest, seen
+
+
 class Watchdog:
-    """One task's watchdog: :meth:`mark` (the :mod:`alpsck.handles` sink) in the task, a supervisor child."""
+    """One task's watchdog: :meth:`mark` (the :mod:`alpsck.handles` sink) in the task, a supervisor child.
+
+    ``learn``: (min_s, the run's history) to learn the timeouts (:func:`learned_from`), or None for
+    fixed ones."""
 
     def __init__(self, timeout_s: float, *, run_dir: str, job_id: str, rank: int, attempt: int,
-                 poll_s: float = 1.0, grace_s: float = 3.0) -> None:
+                 poll_s: float = 1.0, grace_s: float = 3.0,
+                 learn: tuple[float, list[dict[str, Any]]] | None = None) -> None:
         self.timeout_s = timeout_s
         self.run_dir, self.job_id, self.rank, self.attempt = run_dir, job_id, rank, attempt
         self.poll_s, self.grace_s = poll_s, grace_s
@@ -52,26 +91,60 @@ class Watchdog:
         # Where this start's time went, by section (for the runner's ``times`` event: the goodput's parts).
         self.totals = dict.fromkeys(SECTIONS, 0.0)
         self.polls = 0
+        self.first_step_s: float | None = None  # from the first poll to the second
+        self._first_poll = 0.0
+        self._min_s = learn[0] if learn is not None else None
+        self._prior_longest, self._prior_seen = learned_from(learn[1]) if learn is not None else ({}, {})
+        self.longest = dict.fromkeys(SECTIONS, 0.0)  # this start's longest visit of each section
+        self.seen = dict.fromkeys(SECTIONS, 0)
         self._section, self._since = "start", time.monotonic()
         self.mark("start")
 
+    def limit(self, section: str) -> float:
+        """The section's timeout now: learned once enough of its visits were seen, else the configured one."""
+        fixed = self.timeout_s * SECTION_FACTOR[section]
+        if self._min_s is None:
+            return fixed
+        seen = self.seen[section] + self._prior_seen.get(section, 0)
+        if seen < LEARN_AFTER[section]:
+            return fixed
+        longest = max(self.longest[section], self._prior_longest.get(section, 0.0))
+        return max(self._min_s, LEARN_FACTOR * longest)
+
     def mark(self, section: str) -> None:
         now = time.monotonic()
-        self.totals[self._section] += now - self._since
-        self._section, self._since = section, now
+        took = now - self._since
+        left = self._section
+        self.totals[left] += took
+        if left != section or section in ("step", "final"):  # a visit ended (each poll ends a step's)
+            self.longest[left] = max(self.longest[left], took)
+            self.seen[left] += 1
         if section in ("step", "final"):
             self.polls += 1
-        _LAYOUT.pack_into(self._mem, 0, now, SECTIONS.index(section))
+            if self.polls == 1:
+                self._first_poll = now
+            elif self.polls == 2:
+                self.first_step_s = now - self._first_poll
+        self._section, self._since = section, now
+        _HEAD.pack_into(self._mem, 0, now, SECTIONS.index(section), self.limit(section))
+        _TOTALS.pack_into(self._mem, _TOTALS_AT, *(self.totals[k] for k in SECTIONS), self.polls,
+                          -1.0 if self.first_step_s is None else self.first_step_s)
 
-    def times(self) -> dict[str, float | int]:
+    def times(self) -> dict[str, Any]:
         """Seconds in each section so far (``start``: imports, set-up and restore until the first poll;
-        ``step``: training; ``save``: the loop blocked in a save; ``final``: after it saw a stop), and polls."""
-        self.mark(self._section)
-        return {f"{k}_s": round(v, 3) for k, v in self.totals.items()} | {"polls": self.polls}
+        ``step``: training; ``save``: the loop blocked in a save; ``final``: after it saw a stop), the
+        polls, the first step's seconds, and each section's longest visit and visits (for learning)."""
+        now = time.monotonic()
+        totals = dict(self.totals)
+        totals[self._section] += now - self._since
+        return _times(totals, self.polls, self.first_step_s) | {
+            "longest": {k: round(v, 3) for k, v in self.longest.items() if self.seen[k]},
+            "seen": {k: v for k, v in self.seen.items() if v}}
 
-    def read(self) -> tuple[float, str]:
-        at, index = _LAYOUT.unpack_from(self._mem, 0)
-        return at, SECTIONS[index] if index < len(SECTIONS) else "step"
+    def read(self) -> tuple[float, str, float]:
+        """The last progress (monotonic time), its section, and that section's timeout."""
+        at, index, limit = _HEAD.unpack_from(self._mem, 0)
+        return at, SECTIONS[index] if index < len(SECTIONS) else "step", limit
 
     def start(self) -> None:
         """Register the stack dump and fork the supervisor."""
@@ -107,9 +180,8 @@ class Watchdog:
             signal.signal(s, signal.SIG_IGN)
         while os.getppid() == parent:
             time.sleep(self.poll_s)
-            at, section = self.read()
+            at, section, limit = self.read()
             quiet = time.monotonic() - at
-            limit = self.timeout_s * SECTION_FACTOR[section]
             if quiet <= limit:
                 continue
             os.write(2, (f"alpsck: rank {self.rank}: no progress in section {section!r} for {quiet:.0f} s (its "
@@ -117,10 +189,25 @@ class Watchdog:
                          "and restarted\n").encode())
             os.kill(parent, DUMP_SIGNAL)
             if self.rank == 0:
-                _append_hang(self.run_dir, self.job_id, section, quiet, limit, self.attempt)
+                self._record_hang(section, quiet, limit)
             time.sleep(self.grace_s)
             os.kill(parent, signal.SIGKILL)
             return
+
+    def _record_hang(self, section: str, quiet: float, limit: float) -> None:
+        """Rank 0's supervisor: where the hung start's time went (the hung section's time included), then ``hang``."""
+        *spent, polls, first = _TOTALS.unpack_from(self._mem, _TOTALS_AT)
+        totals = dict(zip(SECTIONS, spent))
+        totals[section] += quiet
+        history.append(self.run_dir, "times", job_id=self.job_id, attempt=self.attempt,
+                       **_times(totals, polls, None if first < 0 else first))
+        history.append(self.run_dir, "hang", job_id=self.job_id, section=section, seconds=round(quiet, 1),
+                       timeout_s=round(limit, 1), attempt=self.attempt)
+
+
+def _times(totals: dict[str, float], polls: int, first_step_s: float | None) -> dict[str, Any]:
+    return {f"{k}_s": round(v, 3) for k, v in totals.items()} | {"polls": polls} | (
+        {} if first_step_s is None else {"first_step_s": round(first_step_s, 4)})
 
 
 def _max_fd() -> int:
@@ -128,8 +215,3 @@ def _max_fd() -> int:
         return max(256, int(os.sysconf("SC_OPEN_MAX")))
     except (ValueError, OSError):
         return 65536
-
-
-def _append_hang(run_dir: str, job_id: str, section: str, quiet: float, limit: float, attempt: int) -> None:
-    history.append(run_dir, "hang", job_id=job_id, section=section, seconds=round(quiet, 1), timeout_s=round(limit, 1),
-                   attempt=attempt)
