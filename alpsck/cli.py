@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "alpsck.bench.cli",                  # bench
     "alpsck.slurm.cli",                  # submit, status
     "alpsck.tools.doctor",               # doctor
+    "alpsck.tools.plot",                 # plot
 )
 
 

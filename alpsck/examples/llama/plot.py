@@ -1,25 +1,16 @@
 """Plot loss curves: ``python -m alpsck.examples.llama.plot LOSS_CSV [LOSS_CSV ...] -o out.png``.
 
-Reads the ``step,loss`` files the training writes; needs matplotlib (``pip install matplotlib``).
+Reads the ``step,loss`` files the training writes (:func:`alpsck.tools.plot.read_losses`; ``alpsck plot
+RUN_DIR`` draws one with the run's timeline); needs matplotlib (``pip install matplotlib``).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
-
-def read_losses(path: str | Path) -> tuple[list[int], list[float]]:
-    """Steps and losses of one loss CSV (header ``step,loss``)."""
-    steps: list[int] = []
-    losses: list[float] = []
-    with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            steps.append(int(row["step"]))
-            losses.append(float(row["loss"]))
-    return steps, losses
+from alpsck.tools.plot import read_losses  # the one reader of a loss file (alpsck plot draws it too)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,290 @@
+"""``alpsck plot RUN_DIR [-o OUT.png] [--loss FILE]``: a run's timeline and its loss, as one PNG.
+
+``alpsck status`` says where the time went in numbers; this draws it, for whoever would rather look
+than read. Top: each start of the run as a bar in wall-clock time since the first start, coloured by
+how it ended, with markers for crashes, hangs, failures, stop signals, final checkpoints and
+requeues, and the gaps between starts shaded (restarts inside the allocation apart from the queue).
+Bottom: the loss against the step (``RUN_DIR/loss.csv``, the reference training's file), with a
+dashed line at each step a start resumed from.
+
+Everything comes from the history (:func:`alpsck.slurm.history.read`) and its goodput
+(:func:`alpsck.slurm.goodput.goodput`). The default output is ``./<run-dir-name>-timeline.png`` in
+the current directory, never a file in the run directory: like ``status`` this command only reads a
+run, whose directory a live job may be writing, another user may own, and whose names belong to the
+core. matplotlib is imported only when drawing, so the CLI starts without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import csv
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..slurm import goodput, history
+from .textout import printable
+
+WIDTH_PX, HEIGHT_PX, DPI = 1600, 900, 100  # the PNG's size: readable on a laptop screen, at a glance
+LOSS_FILE = "loss.csv"  # what the reference training writes into the run directory
+
+_ENDS = ("finished", "failed", "requeued", "cancelled", "gave_up", "hang")  # what ends a start (as goodput)
+OUTCOME_COLOURS = {
+    "finished": "#2ca02c", "running": "#1f77b4", "crashed": "#d62728", "hang": "#9467bd", "failed": "#8c2d04",
+    "requeued": "#ff9f1c", "cancelled": "#7f7f7f", "gave_up": "#222222", "unknown": "#c7c7c7"}
+# Events drawn as markers above their start's bar: (marker, colour, legend label, height above the
+# bar's centre). Three heights, so that a stop signal, its final checkpoint and the requeue seconds
+# apart stay apart: incidents, stops, saves.
+MARKERS = {
+    "crashed": ("X", "#d62728", "crash (srun ended)", 0.34), "hang": ("P", "#9467bd", "hang detected", 0.34),
+    "failed": ("x", "#8c2d04", "failure (exception)", 0.34), "gave_up": ("*", "#222222", "gave up", 0.34),
+    "signal": ("v", "#444444", "stop signal", 0.46), "requeued": (">", "#ff9f1c", "requeued", 0.46),
+    "cancelled": ("s", "#7f7f7f", "cancelled", 0.46), "final_checkpoint": ("D", "#17becf", "final checkpoint", 0.58)}
+GAP_COLOURS = {"restart_gap": "#f4b6b6", "queue": "#fde2b0"}  # shaded between starts
+
+
+def read_losses(path: str | Path) -> tuple[list[int], list[float]]:
+    """Steps and losses of one loss CSV (header ``step,loss``), in file order: after a resume the
+    recomputed steps appear again, and a plot shows them as they are."""
+    steps: list[int] = []
+    losses: list[float] = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            steps.append(int(row["step"]))
+            losses.append(float(row["loss"]))
+    return steps, losses
+
+
+def _label(value: Any, limit: int = 24) -> str:
+    """A history value as figure text: escaped like the terminal's (the log is anyone's to write),
+    short, and with ``$`` escaped, which matplotlib would otherwise parse as mathematics."""
+    return printable(value, limit).replace("$", r"\$")
+
+
+def _starts(events: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Each start's interval and outcome, derived from the events, for a goodput that does not list
+    ``starts`` yet: from its ``started`` to its first ending event (a ``crashed`` ends at its
+    ``time_of_end``), else to the next ``started`` (outcome unknown), else to ``now`` (running)."""
+    idx = [i for i, e in enumerate(events) if e["event"] == "started"]
+    out = []
+    for k, i in enumerate(idx):
+        t0 = float(events[i]["time"])
+        own = events[i + 1:idx[k + 1] if k + 1 < len(idx) else len(events)]
+        end_ev = next((e for e in own if e["event"] in _ENDS or e["event"] == "crashed"), None)
+        if end_ev is None:
+            outcome, end = ("unknown", float(events[idx[k + 1]]["time"])) if k + 1 < len(idx) else ("running", now)
+        else:
+            outcome, end = end_ev["event"], float(end_ev.get("time_of_end") or end_ev["time"])
+        out.append({"job_id": events[i].get("job_id"), "attempt": events[i].get("attempt"), "t0": t0,
+                    "end": max(end, t0), "resume_step": events[i].get("step"), "outcome": outcome})
+    return out
+
+
+def _time_unit(span_s: float) -> tuple[float, str]:
+    """Seconds per x unit and its name: hours for a long run, minutes, or seconds for a short test."""
+    return (3600.0, "hours") if span_s >= 3 * 3600 else (60.0, "minutes") if span_s >= 180 else (1.0, "seconds")
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def _title(name: str, g: dict[str, Any]) -> str:
+    ettr = "-" if g.get("ettr") is None else f"{100 * g['ettr']:.0f}%"
+    causes: dict[str, int] = {}
+    for r in g.get("restarts", []):
+        causes[str(r.get("cause"))] = causes.get(str(r.get("cause")), 0) + 1
+    why = f" ({', '.join(f'{n} {_label(c)}' for c, n in causes.items())})" if causes else ""
+    return (f"{_label(name, 60)}: ETTR {ettr} (training {_duration(g.get('training_s', 0.0))} of "
+            f"{_duration(g.get('wall_s', 0.0))} wall); {len(g.get('restarts', []))} restart(s){why}")
+
+
+def _rows(starts: list[dict[str, Any]]) -> list[int]:
+    """The timeline row of each start: one row per allocation, a new one at each start that is not
+    a restart inside the allocation (attempt 0 or none), so in-allocation restarts line up."""
+    rows, row = [], -1
+    for s in starts:
+        if not s.get("attempt") or row < 0:
+            row += 1
+        rows.append(row)
+    return rows
+
+
+def _draw_timeline(ax: Any, events: list[dict[str, Any]], starts: list[dict[str, Any]], g: dict[str, Any],
+                   t_first: float, unit: float, unit_name: str) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rows = _rows(starts)
+
+    def x(t: float) -> float:
+        return (t - t_first) / unit
+
+    t_last = t_first + float(g.get("wall_s") or 0.0)
+    span = max(x(max([t_last] + [s["end"] for s in starts])), 1e-9)
+    shown: dict[str, Any] = {}
+    for k, s in enumerate(starts):  # the gap before each start, then the start
+        if k > 0 and s["t0"] > starts[k - 1]["end"]:
+            kind = "restart_gap" if s.get("attempt") else "queue"
+            ax.axvspan(x(starts[k - 1]["end"]), x(s["t0"]), color=GAP_COLOURS[kind], zorder=0)
+            shown.setdefault(kind, Patch(color=GAP_COLOURS[kind], label="restart in the allocation" if kind ==
+                                         "restart_gap" else "queue (requeued / resubmitted)"))
+        colour = OUTCOME_COLOURS.get(s["outcome"], OUTCOME_COLOURS["unknown"])
+        w = x(s["end"]) - x(s["t0"])
+        ax.barh(rows[k], w, left=x(s["t0"]), height=0.5, color=colour, edgecolor="black", linewidth=0.6, zorder=2)
+        shown.setdefault(s["outcome"], Patch(facecolor=colour, edgecolor="black", label=f"start: {_label(s['outcome'])}"))
+        if w >= 0.03 * span:  # a label only where it fits; the row names the job anyway
+            ax.text(x(s["t0"]) + w / 2, rows[k], f"attempt {_label(s.get('attempt') or 0)}", ha="center",
+                    va="center", fontsize=9, color="white", zorder=4, clip_on=True)
+    if starts and starts[-1]["outcome"] != "running" and t_last - starts[-1]["end"] > 1.0:  # awaits its next start
+        ax.axvspan(x(starts[-1]["end"]), x(t_last), color=GAP_COLOURS["queue"], zorder=0)
+        shown.setdefault("queue", Patch(color=GAP_COLOURS["queue"], label="queue (requeued / resubmitted)"))
+    t0s = [s["t0"] for s in starts]
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    for e in events:  # each kind in one call: a long history holds thousands of signals
+        if e["event"] in MARKERS:
+            t = float(e.get("time_of_end") or e["time"]) if e["event"] == "crashed" else float(e["time"])
+            xs, ys = points.setdefault(e["event"], ([], []))
+            xs.append(x(t))
+            ys.append(rows[max(0, bisect.bisect_right(t0s, t) - 1)] - MARKERS[e["event"]][3])  # the start it hit
+    for kind, (xs, ys) in points.items():
+        marker, colour, text, _ = MARKERS[kind]
+        ax.plot(xs, ys, marker=marker, color=colour, markersize=9, markeredgecolor="black", markeredgewidth=0.5,
+                linestyle="none", zorder=5)
+        shown["m:" + kind] = Line2D([], [], marker=marker, color=colour, markeredgecolor="black", linestyle="none",
+                                    markersize=8, label=text)
+    n_rows = max(rows) + 1 if rows else 1
+    first_of_row = {r: starts[k] for k, r in reversed(list(enumerate(rows)))}
+    # A requeued SLURM job keeps its id: the row says which allocation of it this is.
+    ax.set_yticks(range(n_rows), [f"job {_label(first_of_row[r].get('job_id') or '?')}\nallocation {r + 1}"
+                                  for r in range(n_rows)])
+    ax.set_ylim(n_rows - 0.6, -0.7)  # first allocation on top, room above each bar for its markers
+    ax.set_xlim(min(0.0, x(min(t0s))) - 0.01 * span, span * 1.01)
+    when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t_first))
+    ax.set_xlabel(f"wall-clock time since the first start ({when}), {unit_name}")
+    ax.grid(axis="x", alpha=0.3)
+    order = sorted(shown, key=lambda k: (k.startswith("m:"), k in GAP_COLOURS))  # outcomes, gaps, markers
+    ax.legend(handles=[shown[k] for k in order], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9,
+              title="timeline", frameon=False)
+
+
+def _draw_loss(ax: Any, loss_csv: Path | None, starts: list[dict[str, Any]]) -> None:
+    if loss_csv is None:
+        ax.text(0.5, 0.5, f"no loss file ({LOSS_FILE} not in the run directory; --loss FILE names one)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=12, color="#555555")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    steps, losses = _losses(loss_csv)
+    # After a resume the recomputed steps appear again: each run of rising steps is drawn in file
+    # order, so a later segment lies over the one it repeats.
+    cuts = [0] + [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]] + [len(steps)]
+    for a, b in zip(cuts, cuts[1:], strict=False):  # (a segment of one row is a dot)
+        ax.plot(steps[a:b], losses[a:b], color="#1f77b4", linewidth=1.2, zorder=2 + a / max(len(steps), 1),
+                marker="." if b - a == 1 else None, label="loss" if a == 0 else None)
+    resumed: dict[int, list[str]] = {}
+    for s in starts:
+        if s.get("resume_step") is not None:
+            resumed.setdefault(int(s["resume_step"]), []).append(f"attempt {_label(s.get('attempt') or 0)}, "
+                                                                 f"job {_label(s.get('job_id') or '?')}")
+    for step, who in sorted(resumed.items()):
+        ax.axvline(step, color="#555555", linestyle="--", linewidth=1, zorder=1)
+        more = f" (+{len(who) - 1})" if len(who) > 1 else ""
+        ax.text(step, 0.98, f" resumed from {step}: {who[0]}{more}", rotation=90, va="top", ha="right",
+                fontsize=8, color="#333333", transform=ax.get_xaxis_transform())
+    if resumed:
+        ax.plot([], [], color="#555555", linestyle="--", label="a start resumed from this step")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+
+
+def _losses(path: Path) -> tuple[list[int], list[float]]:
+    """:func:`read_losses`, with a file that is not a ``step,loss`` CSV as a one-line error."""
+    try:
+        steps, losses = read_losses(path)
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError, csv.Error) as e:
+        raise UsageError(f"{path} is not a step,loss CSV: {type(e).__name__}: {printable(str(e), 200)}") from None
+    if not steps:
+        raise UsageError(f"{path} holds no step,loss rows")
+    return steps, losses
+
+
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display needed), or a UsageError saying
+    how to install it: matplotlib is optional (the ``bench`` and ``test`` extras)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("alpsck plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def default_output(run_dir: str | Path) -> Path:
+    """``./<run-dir-name>-timeline.png``: in the current directory, named after the run (see the
+    module docstring for why not in the run directory)."""
+    return Path(f"{Path(run_dir).resolve().name or 'run'}-timeline.png")
+
+
+def plot_run(run_dir: str | Path, output: str | Path, loss_csv: str | Path | None = None) -> Path:
+    """Draw the run in ``run_dir`` into the PNG ``output`` (WIDTH_PX x HEIGHT_PX) and return its
+    path. ``loss_csv``: the loss file (default ``RUN_DIR/loss.csv`` when there is one; without one
+    the loss panel says so). A run directory without a history, or with no start yet, is a
+    UsageError naming it; so is a missing matplotlib."""
+    run = Path(run_dir)
+    events = history.read(run)
+    if not events:
+        why = "is not a directory" if not run.is_dir() else f"has no readable {history.HISTORY}"
+        raise UsageError(f"{run} {why}: nothing to plot (is it the run directory of an alpsck job?)")
+    now = time.time()
+    g = goodput.goodput(events, now=now)
+    if g is None:
+        raise UsageError(f"{run}: the run has not started yet ({len(events)} event(s), no 'started'): nothing to plot")
+    if loss_csv is not None and not Path(loss_csv).is_file():
+        raise UsageError(f"loss file {loss_csv} does not exist or is not a file")
+    loss = Path(loss_csv) if loss_csv is not None else run / LOSS_FILE if (run / LOSS_FILE).is_file() else None
+    starts = g.get("starts") or _starts(events, now)
+    plt = _pyplot()
+    t_first = min(s["t0"] for s in starts)
+    unit, unit_name = _time_unit(max(float(g.get("wall_s") or 0.0), max(s["end"] for s in starts) - t_first))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI,
+                                      gridspec_kw={"height_ratios": [1, 1.3]})
+    try:
+        _draw_timeline(top, events, starts, g, t_first, unit, unit_name)
+        top.set_title(_title(run.resolve().name, g), fontsize=13, loc="left")
+        _draw_loss(bottom, loss, starts)
+        fig.subplots_adjust(left=0.08, right=0.80, top=0.94, bottom=0.07, hspace=0.32)
+        out = Path(output)
+        try:
+            fig.savefig(out, dpi=DPI, format="png")
+        except OSError as e:
+            raise UsageError(f"cannot write {out}: {e.strerror or e} (-o names another file)") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "plot", help="draw a run's timeline (starts, crashes, requeues) and its loss as a PNG",
+        description="Draw a run as one PNG: each start in wall-clock time, coloured by how it ended, with its "
+                    "crashes, hangs, failures, signals, final checkpoints and requeues, the queue and restart gaps "
+                    "shaded, and ETTR in the title; below, the loss against the step with the steps the starts "
+                    "resumed from. Reads the run directory only.")
+    p.add_argument("run_dir")
+    p.add_argument("-o", "--output", metavar="OUT.png",
+                   help="the PNG to write (default: ./<run-dir-name>-timeline.png in the current directory)")
+    p.add_argument("--loss", metavar="FILE", help=f"a step,loss CSV (default: RUN_DIR/{LOSS_FILE} when present)")
+
+    def run(a: argparse.Namespace) -> int:
+        print(plot_run(a.run_dir, a.output or default_output(a.run_dir), a.loss))
+        return 0
+
+    p.set_defaults(func=run)
