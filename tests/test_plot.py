@@ -81,10 +81,10 @@ def test_a_crash_with_a_restart_in_the_allocation_a_hang_and_a_requeue(tmp_path:
                  (12000, "finished", {"job_id": "7", "step": 400}))
     _losses(run, range(1, 111), range(101, 131), range(121, 301), range(301, 401))
     _check_png(plot.plot_run(run, tmp_path / "t.png"))
-    # The start intervals the figure draws, when goodput does not list them itself.
-    starts = plot._starts(history.read(run), now=T0 + 99999)
+    # The start intervals the figure draws (goodput's).
+    starts = _starts(run, now=T0 + 99999)
     assert [(s["outcome"], s["attempt"], s["resume_step"], s["end"] - T0) for s in starts] == [
-        ("crashed", None, None, 1800), ("hang", 1, 100, 2400), ("requeued", 2, 120, 7030), ("finished", None, 300, 12000)]
+        ("crashed", 0, None, 1800), ("hang", 1, 100, 2400), ("requeued", 2, 120, 7030), ("finished", 0, 300, 12000)]
     assert plot._rows(starts) == [0, 0, 0, 1]  # the restarts in the allocation share its row
 
 
@@ -96,7 +96,7 @@ def test_a_run_still_going_without_a_loss_file_is_drawn_up_to_now(tmp_path: Path
     rec = history.record("started", job_id="55", restart=0)
     rec["time"] = time.time() - 600
     (run / history.HISTORY).write_text(history.line(rec) + "\n")
-    starts = plot._starts(history.read(run), now=time.time())
+    starts = _starts(run, now=time.time())
     assert starts[0]["outcome"] == "running" and starts[0]["end"] - starts[0]["t0"] == pytest.approx(600, abs=5)
     _check_png(plot.plot_run(run, tmp_path / "t.png"))  # the loss panel says there is none
     # Requeued and not started again: the queue is drawn up to now as well.
@@ -107,22 +107,10 @@ def test_a_run_still_going_without_a_loss_file_is_drawn_up_to_now(tmp_path: Path
     _check_png(plot.plot_run(run, tmp_path / "t.png"))
 
 
-def test_goodputs_own_starts_are_used_when_it_lists_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = _write(tmp_path / "run", (0, "started", {"job_id": "1"}), (100, "finished", {"job_id": "1"}))
-    real = goodput.goodput
-    seen: list[str] = []
-
-    def with_starts(events: list[dict[str, Any]], now: float | None = None) -> dict[str, Any] | None:
-        g = real(events, now)
-        assert g is not None
-        seen.append("called")
-        return {**g, "starts": [{"job_id": "1", "attempt": 0, "t0": T0, "end": T0 + 50, "resume_step": None,
-                                 "outcome": "gave_up"}], "lost_s": 0.0}
-
-    monkeypatch.setattr(goodput, "goodput", with_starts)
-    monkeypatch.setattr(plot, "_starts", lambda *a: pytest.fail("derived the starts goodput listed"))
-    _check_png(plot.plot_run(run, tmp_path / "t.png"))
-    assert seen == ["called"]
+def _starts(run: Path, now: float) -> list[dict[str, Any]]:
+    g = goodput.goodput(history.read(run), now=now)
+    assert g is not None
+    return list(g["starts"])
 
 
 def test_the_cli_writes_the_default_file_in_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -5,11 +5,11 @@ On each start (rank 0 writes history; every rank runs the entry):
 1. install stop handlers (replacing submitit's, which would checkpoint inside the signal
    handler) and the maintenance watcher;
 2. record ``started`` with the restart count and the step it resumes from; end with
-   ``gave_up`` (exit :data:`GIVE_UP_EXIT`, 93: do not requeue) if the restart budget is spent (:func:`charged_starts`: a requeue after which
-   the newest checkpoint had advanced costs nothing; a crash or a stop without progress costs
-   one), or if the last ``give_up_after_no_progress`` starts all resumed from the same step (a
-   job that crashes at every start). With several
-   tasks, rank 0 decides and writes its decision to ``RUN_DIR/.start-decision``; the other
+   ``gave_up`` (exit :data:`GIVE_UP_EXIT`, 93: do not requeue) if the restart budget is spent
+   (:func:`charged_starts`: a requeue after which the newest checkpoint had advanced costs
+   nothing; a crash or a stop without progress costs one), or if the last
+   ``give_up_after_no_progress`` starts all resumed from the same step (a job that crashes at
+   every start). With several tasks, rank 0 decides and writes its decision to ``RUN_DIR/.start-decision``; the other
    ranks wait for it, so that all of them run (from the same step) or none;
 3. export the torch.distributed environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
    ``WORLD_SIZE``, ``LOCAL_RANK``) for a multi-task job, so the entry can call
@@ -108,9 +108,9 @@ def resume_point(run_dir: str) -> tuple[int | None, float | None]:
         return None, None
     info = p.info or {}
     created, took = info.get("created"), info.get("write_seconds")
-    if type(created) not in (int, float) or not created > 0:
+    if not isinstance(created, (int, float)) or not created > 0:
         return p.step, None
-    return p.step, float(created) - (float(took) if type(took) in (int, float) and 0 <= took < created else 0.0)
+    return p.step, float(created) - (float(took) if isinstance(took, (int, float)) and 0 <= took < created else 0.0)
 
 
 # Errors that a new start meets again: a requeue would only spend another allocation on them.

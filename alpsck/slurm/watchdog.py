@@ -67,9 +67,9 @@ def learned_from(events: list[dict[str, Any]]) -> tuple[dict[str, float], dict[s
         for k in SECTIONS:
             v = lo.get(k) if isinstance(lo, dict) else None
             c = n.get(k) if isinstance(n, dict) else None
-            if type(v) in (int, float) and 0 <= v < 1e9:
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e9:
                 longest[k] = max(longest[k], float(v))
-            if type(c) is int and c > 0:
+            if isinstance(c, int) and not isinstance(c, bool) and c > 0:
                 seen[k] += c
     return longest, seen
 
@@ -197,7 +197,7 @@ class Watchdog:
     def _record_hang(self, section: str, quiet: float, limit: float) -> None:
         """Rank 0's supervisor: where the hung start's time went (the hung section's time included), then ``hang``."""
         *spent, polls, first = _TOTALS.unpack_from(self._mem, _TOTALS_AT)
-        totals = dict(zip(SECTIONS, spent))
+        totals = dict(zip(SECTIONS, spent, strict=True))
         totals[section] += quiet
         history.append(self.run_dir, "times", job_id=self.job_id, attempt=self.attempt,
                        **_times(totals, polls, None if first < 0 else first))

@@ -30,7 +30,6 @@ from .textout import printable
 WIDTH_PX, HEIGHT_PX, DPI = 1600, 900, 100  # the PNG's size: readable on a laptop screen, at a glance
 LOSS_FILE = "loss.csv"  # what the reference training writes into the run directory
 
-_ENDS = ("finished", "failed", "requeued", "cancelled", "gave_up", "hang")  # what ends a start (as goodput)
 OUTCOME_COLOURS = {
     "finished": "#2ca02c", "running": "#1f77b4", "crashed": "#d62728", "hang": "#9467bd", "failed": "#8c2d04",
     "requeued": "#ff9f1c", "cancelled": "#7f7f7f", "gave_up": "#222222", "unknown": "#c7c7c7"}
@@ -61,25 +60,6 @@ def _label(value: Any, limit: int = 24) -> str:
     """A history value as figure text: escaped like the terminal's (the log is anyone's to write),
     short, and with ``$`` escaped, which matplotlib would otherwise parse as mathematics."""
     return printable(value, limit).replace("$", r"\$")
-
-
-def _starts(events: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
-    """Each start's interval and outcome, derived from the events, for a goodput that does not list
-    ``starts`` yet: from its ``started`` to its first ending event (a ``crashed`` ends at its
-    ``time_of_end``), else to the next ``started`` (outcome unknown), else to ``now`` (running)."""
-    idx = [i for i, e in enumerate(events) if e["event"] == "started"]
-    out = []
-    for k, i in enumerate(idx):
-        t0 = float(events[i]["time"])
-        own = events[i + 1:idx[k + 1] if k + 1 < len(idx) else len(events)]
-        end_ev = next((e for e in own if e["event"] in _ENDS or e["event"] == "crashed"), None)
-        if end_ev is None:
-            outcome, end = ("unknown", float(events[idx[k + 1]]["time"])) if k + 1 < len(idx) else ("running", now)
-        else:
-            outcome, end = end_ev["event"], float(end_ev.get("time_of_end") or end_ev["time"])
-        out.append({"job_id": events[i].get("job_id"), "attempt": events[i].get("attempt"), "t0": t0,
-                    "end": max(end, t0), "resume_step": events[i].get("step"), "outcome": outcome})
-    return out
 
 
 def _time_unit(span_s: float) -> tuple[float, str]:
@@ -250,7 +230,7 @@ def plot_run(run_dir: str | Path, output: str | Path, loss_csv: str | Path | Non
     if loss_csv is not None and not Path(loss_csv).is_file():
         raise UsageError(f"loss file {loss_csv} does not exist or is not a file")
     loss = Path(loss_csv) if loss_csv is not None else run / LOSS_FILE if (run / LOSS_FILE).is_file() else None
-    starts = g.get("starts") or _starts(events, now)
+    starts = g["starts"]  # goodput.starts: the one walk over the run's starts
     plt = _pyplot()
     t_first = min(s["t0"] for s in starts)
     unit, unit_name = _time_unit(max(float(g.get("wall_s") or 0.0), max(s["end"] for s in starts) - t_first))
