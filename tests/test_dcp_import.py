@@ -130,8 +130,7 @@ def test_delete_original_removes_each_once_its_conversion_is_durable(folder: Pat
 
 def test_stopped_between_the_two_renames_the_original_is_whole_aside_and_a_rerun_finishes(
         folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the file system has no RENAME_EXCHANGE: the original goes aside, then the new one takes the name."""
-    monkeypatch.setattr(convert, "_exchange", lambda a, b: False)
+    """The original goes aside, then the new one takes the name: a kill between leaves the original whole."""
     original = _snapshot(folder / "step-10")
     real_rename = os.rename
 
@@ -180,40 +179,8 @@ def test_a_conversion_that_reads_back_differently_is_never_swapped_in(
     assert _snapshot(folder / "step-10") == original
 
 
-def test_the_swap_is_one_atomic_exchange_where_the_file_system_has_it(tmp_path: Path) -> None:
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    (tmp_path / "a" / "x").write_text("a")
-    if not convert._exchange(tmp_path / "a", tmp_path / "b"):
-        pytest.skip("no renameat2(RENAME_EXCHANGE) on this file system: the two-rename path is tested above")
-    assert (tmp_path / "b" / "x").read_text() == "a" and not (tmp_path / "a" / "x").exists()
-
-
 def test_the_command_is_listed_with_its_risk_in_its_help() -> None:
     p = subprocess.run([sys.executable, "-m", "alpsck", "import-dcp", "--help"], capture_output=True, text=True,
                        timeout=120)
     text = " ".join(p.stdout.split())  # argparse wraps at the terminal's width
     assert p.returncode == 0 and "--trust-pickle" in text and "runs any code" in text
-
-
-def test_stopped_right_after_the_exchange_a_rerun_puts_the_original_aside(
-        folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    original = _snapshot(folder / "step-10")
-    real_rename = os.rename
-
-    def stop(src: Any, dst: Any) -> None:
-        if str(dst).endswith(".filesystemwriter"):
-            raise KeyboardInterrupt
-        real_rename(src, dst)
-
-    monkeypatch.setattr(convert, "_exchange", lambda a, b: (real_rename(a, str(a) + ".x"), real_rename(b, a),
-                                                            real_rename(str(a) + ".x", b)) and True)
-    monkeypatch.setattr(os, "rename", stop)
-    with pytest.raises(KeyboardInterrupt):
-        import_dcp(folder / "step-10", trust_pickle=True)
-    monkeypatch.setattr(os, "rename", real_rename)
-    assert is_alpsck_checkpoint_id(folder / "step-10")  # the name holds the whole conversion
-    done = import_dcp(folder / "step-10", trust_pickle=False)  # nothing left to unpickle
-    assert [(c.action, c.detail) for c in done] == [("resumed", "the swap was done")]
-    assert _snapshot(folder / ".alpsck-import" / "step-10.filesystemwriter") == original
-    assert check(_load(folder / "step-10"), 10) == []

@@ -21,8 +21,7 @@ One checkpoint, ``folder/step-N`` (docs/dcp.md, "Moving in from FileSystemWriter
 4. swap: the new directory takes the name ``folder/step-N`` and the original goes to
    ``folder/.alpsck-import/step-N.filesystemwriter``: two renames (between them ``step-N`` is absent: a
    trainer resumes from an older step, and running the command again finishes the move), each made
-   durable (an atomic exchange, ``renameat2(RENAME_EXCHANGE)``, needs the core to expose it: not yet;
-   the recovery of a rerun stopped right after one is kept for it);
+   durable (an atomic exchange, ``renameat2(RENAME_EXCHANGE)``, would need the core to expose it);
 5. the original is kept there unless ``delete_original``; it is removed only after the swap is durable.
 
 The result is a one-shard alpsck checkpoint: DCP's planner reshards it on load at any world size.
@@ -135,14 +134,6 @@ def convert_one(step_dir: Path, *, delete_original: bool = False) -> Converted:
     if step_dir.exists() and not step_dir.is_dir():
         return Converted(step_dir, "skipped", "not a directory")
     if step_dir.is_dir() and not is_filesystemwriter_checkpoint(step_dir):
-        if not aside.exists() and is_filesystemwriter_checkpoint(new) and is_alpsck_checkpoint_id(step_dir):
-            # stopped right after the exchange: the original is under the new one's name; put it aside
-            os.rename(new, aside)
-            fsync_path(work)
-            if delete_original:
-                _remove(aside, work)
-                return Converted(step_dir, "resumed", "the swap was done; original removed")
-            return Converted(step_dir, "resumed", "the swap was done", aside)
         if aside.is_dir() and is_alpsck_checkpoint_id(step_dir):
             if delete_original:
                 _remove(aside, work)
@@ -167,9 +158,7 @@ def convert_one(step_dir: Path, *, delete_original: bool = False) -> Converted:
     fsync_path(work)
     if resuming:
         os.rename(new, step_dir)
-    elif _exchange(new, step_dir):
-        os.rename(new, aside)  # new now names the original
-    else:
+    else:  # two renames, each made durable: a kill between them leaves the original whole, aside (resumed above)
         os.rename(step_dir, aside)
         fsync_path(work)
         fsync_path(step_dir.parent)
@@ -192,13 +181,6 @@ def _remove(aside: Path, work: Path) -> None:
         fsync_path(work.parent)
     except OSError:
         pass
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap the names ``a`` and ``b``: not done (renameat2's RENAME_EXCHANGE needs a call into libc
-    that alpsck's extension does not expose yet); False, so the caller renames twice, each made durable."""
-    del a, b
-    return False
 
 
 def _set_element(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:

@@ -66,14 +66,16 @@ def may_become_checkpoint(checkpoint_id: str | os.PathLike[str]) -> bool:
         return False
 
 
-def refuse_folder_of_checkpoints(path: Path) -> None:
+def refuse_folder_of_checkpoints(path: Path, names: list[str] | None = None) -> None:
     """Refuse ``path`` as one checkpoint when it is a trainer's folder of them (``folder/step-10``,
     ``folder/step-20``: names alpsck never gives a generation, or directories that are checkpoints
-    themselves), for a writer (which would write a generation among them) and a reader alike."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return  # not there (a new checkpoint), or not a directory: the caller says what it is
+    themselves), for a writer (which would write a generation among them) and a reader alike.
+    ``names``: the directory's entries, where the caller listed them already."""
+    if names is None:
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return  # not there (a new checkpoint), or not a directory: the caller says what it is
     nested = sorted(n for n in names if entry_kind(n) == "step" and (
         n != _core.step_dir_name(_core.parse_run_dir_name(n)[1]) or os.path.lexists(path / n / MARKER_FILE)))
     if nested:

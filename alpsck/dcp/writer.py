@@ -408,12 +408,13 @@ class AlpsckStorageWriter(StorageWriter):
         if not path.is_dir():
             raise UsageError(f"checkpoint_id {str(path)!r} is not a directory")
         why = None if damaged_marker(path) else marker_problem(path)  # a damaged marker of ours: written anew
-        foreign = sorted(n for n in os.listdir(path) if entry_kind(n) == "other" and n not in MARKER_NAMES
+        names = os.listdir(path)
+        foreign = sorted(n for n in names if entry_kind(n) == "other" and n not in MARKER_NAMES
                          and not is_rank_local_checkpoint(path, n))  # a use_collectives=False save's: ours
         if why is None and foreign:
             why = f"{path} holds files alpsck did not write ({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})"
         if why is None:
-            refuse_folder_of_checkpoints(path)
+            refuse_folder_of_checkpoints(path, names)
         if why is not None:
             raise UsageError(f"{why}; alpsck does not write over it: remove it or choose another checkpoint_id")
         if not self.overwrite and any(i["status"] == "committed" for i in _core.scan(str(path))):
