@@ -73,7 +73,7 @@ from .errors import (
     UsageError,
 )
 from .handles import FutureMixin, blocking
-from .options import DEFAULTS, NONE_REFUSED, check_run_dir_arg, check_state, check_step
+from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .restore import RESTORED_HOOKS, peek, read_checkpoint, restore_into
@@ -328,8 +328,13 @@ class Checkpointer:
             failed[0].wait()  # raises the save's error
 
     @blocking("save")
-    def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False) -> CoreSave:
+    def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False,
+             metrics: Mapping[str, Any] | None = None) -> CoreSave:
         """Snapshot ``state`` as checkpoint ``step`` and persist it in the background.
+
+        ``metrics``: numbers recorded in the checkpoint's manifest (``{"loss": ..., "val_loss": ...}``),
+        shown by ``inspect-checkpoints`` and ``status``; NaN and the infinities are kept as such. Rank 0's
+        are recorded: pass the same on every rank (a loss all-reduced already).
 
         By default the snapshot copy finishes before the writes start, which gives the shortest
         stall: on small machines, writes racing the copy slow it down. ``urgent=True``
@@ -342,6 +347,7 @@ class Checkpointer:
         """
         check_step(step)
         check_state(state)
+        pairs = check_metrics(metrics)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self._reap()
         cap = capture(state)
@@ -356,10 +362,11 @@ class Checkpointer:
                 self.engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
                 raise DiskFullError(refusal)
             if self._is_pipelined(cuda):
-                handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state)))
+                handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
-                handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot"))
+                handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
+                                                   metrics=pairs))
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
@@ -504,8 +511,13 @@ class Checkpointer:
         return pick(self.run_dir, kind="alpsck").step
 
     @blocking("restore")
-    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None, *,
+                allow_unhealthy: bool = False) -> int | None:
         """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
+
+        A checkpoint whose metrics (``save(..., metrics=)``) hold a NaN or an infinity is unhealthy: a
+        diverged run's. It is skipped, with a warning naming its step and metrics, in favour of the newest
+        healthy one, unless ``allow_unhealthy=True``.
 
         A checkpoint that fails verification or cannot be read (I/O error) is reported with a
         warning naming what was wrong and skipped in favour of the previous one. With several
@@ -522,7 +534,7 @@ class Checkpointer:
             self._record(fit.skeleton(state), "restore()")
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
             self._record(None, "")
-        restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks)
+        restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks, allow_unhealthy=allow_unhealthy)
         for hook in list(RESTORED_HOOKS):
             hook(self.run_dir, restored)
         self._continued_from = -1 if restored is None else restored

@@ -131,6 +131,34 @@ def check_state(state: Any, mutable: bool = False) -> None:
                          f"not {type(state).__name__}")
 
 
+MAX_METRICS = 64  # the core's kMaxMetrics (commit.h)
+
+
+def check_metrics(metrics: Any) -> list[tuple[str, float]]:
+    """``save(..., metrics=)`` as the core takes it: (name, value) pairs, in the mapping's order. Raise
+    UsageError naming the problem unless it is a mapping of at most 64 names (1-64 printable ASCII
+    characters, no space) to real numbers (a Python or NumPy number, a one-element tensor; NaN and the
+    infinities included: they are what a health check must see)."""
+    if metrics is None:
+        return []
+    if not isinstance(metrics, Mapping):
+        raise UsageError(f"metrics must be a mapping of names to numbers, not {type(metrics).__name__}")
+    if len(metrics) > MAX_METRICS:
+        raise UsageError(f"metrics: at most {MAX_METRICS} per checkpoint, not {len(metrics)}")
+    out = []
+    for name, value in metrics.items():
+        if not isinstance(name, str) or not 0 < len(name) <= 64 or any(not "!" <= c <= "~" for c in name):
+            raise UsageError(f"metric name {echo(name)}: use 1-64 printable ASCII characters, no space")
+        if isinstance(value, (bool, str, bytes)):
+            raise UsageError(f"metric {name!r} must be a number, not {echo(value)}")
+        try:
+            out.append((name, float(value)))
+        except (TypeError, ValueError, RuntimeError):
+            raise UsageError(f"metric {name!r} must be a number (or a one-element tensor), not "
+                             f"{type(value).__name__}") from None
+    return out
+
+
 def check_run_dir_arg(run_dir: Any) -> None:
     """Raise UsageError unless ``run_dir`` is a usable path: a non-empty str or os.PathLike."""
     path = os.fspath(run_dir) if isinstance(run_dir, (str, os.PathLike)) else None

@@ -77,7 +77,7 @@ def read_checkpoint(
 
 
 def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0, *,
-         verify: bool = False) -> dict[str, Any]:
+         verify: bool = False, allow_unhealthy: bool = False) -> dict[str, Any]:
     """The non-tensor state of a run's newest valid checkpoint (or of ``step``), before any model exists.
 
     Returns ``{state key: value}`` as ``restore()`` would decode it (tuples, bytes, dtypes, ...;
@@ -103,7 +103,7 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
 
     if rank < 0:
         raise UsageError(f"rank must be 0 or more, not {rank}")
-    picked = pick(run_dir, kind="alpsck", step=step, verify_data=verify)
+    picked = pick(run_dir, kind="alpsck", step=step, verify_data=verify, allow_unhealthy=allow_unhealthy)
     if step is not None and not any(i["step"] == step for i in picked.scanned):
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
     _warn_skipped(picked, stacklevel=3)
@@ -120,8 +120,9 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
             warnings.warn(bad.warning(), RuntimeWarning, stacklevel=2)
             continue
         return {key: value for key, (_kind, value, _md) in entries.items()}
-    raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid" if step is not None
-                            else f"{run_dir}: no valid checkpoint")
+    why = f" ({picked.why_not()})" if picked.skipped else ""
+    raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid{why}" if step is not None
+                            else f"{run_dir}: no valid checkpoint{why}")
 
 
 def _warn_skipped(picked: Pick, stacklevel: int) -> None:
@@ -150,8 +151,11 @@ def restore_into(
     threads: int = DEFAULTS["read_threads"],
     rank: int = 0,
     ranks: Ranks | None = None,
+    allow_unhealthy: bool = False,
 ) -> int | None:
-    """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore).
+    """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore). By
+    default a checkpoint whose recorded metrics are not finite is skipped as ``unhealthy``
+    (``allow_unhealthy=True``: restored like any other).
 
     The checkpoints tried are the picker's candidates (:func:`alpsck.store.run_dir.pick`, kind "alpsck",
     this world size; the rule: docs/guarantees.md), each step skipped on the way warned about with its
@@ -186,7 +190,8 @@ def restore_into(
     unlisted: Exception | None = None
     if ranks.rank == 0:
         try:
-            picked = pick(run_dir, kind="alpsck", world_size=ranks.world_size, step=step)
+            picked = pick(run_dir, kind="alpsck", world_size=ranks.world_size, step=step,
+                          allow_unhealthy=allow_unhealthy)
         except Exception as e:  # NoCheckpointError for a missing run directory, as peek and pick say it
             unlisted, refusal = e, _UNLISTED
     if picked is not None:
@@ -297,5 +302,6 @@ def restore_into(
             f"on {_ranks_named([r for r, v in enumerate(ends) if v == _UNREAD])}; rebuild the state on every rank "
             "before training")
     if step is not None:
-        raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid")
+        why = f" ({picked.why_not()})" if picked is not None and picked.skipped else ""
+        raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid{why}")
     return None

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlpsckError, UsageError
+from ..errors import AlpsckError, CheckpointError, UsageError
 from ..options import arg_int
+from ..store.run_dir import metrics_text
 from ..tools import jsonout
 from ..tools.textout import printable
 from . import goodput, history, watch
@@ -106,7 +107,7 @@ def _purge(run_dir: Path, days: int | None) -> dict[str, Any]:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from .runner import newest_step
+    from ..store.run_dir import pick
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -125,9 +126,16 @@ def _status(args: argparse.Namespace) -> int:
     s = history.summary(run_dir, log, args.events)
     s.update(state=rec["state"], note=rec["note"], log=rec["log"], log_tail=rec["log_tail"], slurm=rec["slurm"])
     # During a start, the newest committed checkpoint says more than the events (written at a start's ends).
-    on_disk = newest_step(str(run_dir))
+    try:
+        picked = pick(str(run_dir))  # the one a resume uses, and why not the newer ones
+    except (CheckpointError, OSError):
+        picked = None
+    on_disk = picked.step if picked is not None else None
     if on_disk is not None and (s["last_step"] is None or on_disk > s["last_step"]):
         s["last_step"] = on_disk
+    s["metrics"] = (picked.info or {}).get("metrics") or {} if picked is not None else {}  # its save's
+    s["unhealthy"] = [{"step": k.step, "message": k.message} for k in (picked.skipped if picked else ())
+                      if k.reason == "unhealthy"]
     s["purge"] = purge
     s["goodput"] = goodput.goodput(log.events)  # of the events read (the newest 8 MiB of the history)
     chosen = next((e for e in reversed(log.events) if e["event"] == "interval"), None)  # checkpoint.every: auto
@@ -151,6 +159,10 @@ def _print_status(s: dict[str, Any]) -> None:
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
     if s["note"]:
         print(f"  note: {printable(s['note'])}")
+    if s["metrics"]:
+        print(f"  metrics of the checkpoint a resume uses: {printable(metrics_text(s['metrics']))}")
+    for k in s["unhealthy"][:3]:
+        print(f"  skipped as unhealthy: step {k['step']}: {printable(k['message'])}")
     if s["goodput"]:
         print(f"  {goodput.line(s['goodput'])}")
     if s["interval"] and all(type(s["interval"][k]) in (int, float) for k in ("seconds", "save_cost_s", "mtbf_s")):

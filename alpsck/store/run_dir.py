@@ -177,7 +177,7 @@ def pick_checkpoint(run_dir: str | os.PathLike[str], step: int | None, *, kind: 
     A missing step raises NoCheckpointError naming it and listing the steps that exist; no usable
     checkpoint at all, NoCheckpointError saying why the newer ones were skipped.
     """
-    p = pick(run_dir, kind=kind, step=step)
+    p = pick(run_dir, kind=kind, step=step, allow_unhealthy=step is not None)  # a named step, whatever its health
     if p.info is not None:
         return p.info, p
     if step is None:
@@ -196,7 +196,8 @@ def pick_checkpoint(run_dir: str | os.PathLike[str], step: int | None, *, kind: 
 
 # Why a step newer than the pick was not picked (the core's PickCheckpoint, cpp/core/recovery.h;
 # the rule is stated once, in docs/guarantees.md "Which checkpoint a restore uses").
-REASONS = ("damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "data_crc")
+REASONS = ("damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "unhealthy",
+           "data_crc")
 KINDS = ("any", "alpsck", "dcp")
 # An attempt (a save in flight, or one a crash or an abort left): expected, so the readers skip it without
 # a warning (inspect-checkpoints --json lists it in ``skipped`` all the same).
@@ -224,6 +225,11 @@ class Skipped:
         """What every reader says when it skips this step (restore, peek, the DCP reader, export): one wording."""
         what = "corrupt" if self.reason == "data_crc" else self.reason.replace("_", "-")
         return f"skipping {what} checkpoint {self.path} (step {self.step}: {self.reason}): {self.message}"
+
+
+def metrics_text(metrics: Mapping[str, float]) -> str:
+    """A checkpoint's metrics in one line, ``loss=2.31 val_loss=nan``: four significant digits."""
+    return " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
 
 
 def read_failure(info: Mapping[str, Any], error: BaseException | str, corrupt: str = "data_crc") -> Skipped:
@@ -279,6 +285,7 @@ def pick(
     world_size: int | None = None,
     threads: int = DEFAULTS["read_threads"],
     progress: Callable[[int], None] | None = None,
+    allow_unhealthy: bool = False,
 ) -> Pick:
     """Which checkpoint of ``run_dir`` a restore uses, and why not the newer ones: the one picker.
 
@@ -286,7 +293,9 @@ def pick(
     (an attempt beside a committed step of the same number is irrelevant); newest first, within
     ``step`` (exactly) or ``max_step`` (at most); each must pass the quick check (manifest, shard
     footers and indexes, extra files), be of ``kind`` ("alpsck": Checkpointer's, "dcp": one that
-    committed ``dcp-metadata.json``, "any"), have ``world_size`` ranks (None: any) and, with
+    committed ``dcp-metadata.json``, "any"), have ``world_size`` ranks (None: any), unless
+    ``allow_unhealthy`` have only finite metrics (what ``save(..., metrics=)`` recorded: a NaN or
+    infinite loss is a diverged run's checkpoint, skipped as ``unhealthy``) and, with
     ``verify_data``, every chunk CRC (checked lazily, newest first, up to the first that passes).
     ``verify_all`` verifies every committed checkpoint (for a listing of them all).
 
@@ -296,7 +305,8 @@ def pick(
         raise UsageError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
     try:
         d = _core.pick(str(run_dir), verify_data=verify_data, verify_all=verify_all, kind=kind, step=step,
-                       max_step=max_step, world_size=world_size or 0, threads=threads, progress=progress)
+                       max_step=max_step, world_size=world_size or 0, threads=threads, progress=progress,
+                       allow_unhealthy=allow_unhealthy)
     except CheckpointIOError as e:
         if e.errno == errno.ENOENT:
             raise NoCheckpointError(f"{run_dir}: no such directory, so no checkpoint") from None

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..options import DEFAULTS, arg_rank, arg_step
 from ..store.filesystem import describe_layout
-from ..store.run_dir import check_run_dir, open_shard, pick, pick_checkpoint, scan_run_dir, superseded_dirs
+from ..store.run_dir import check_run_dir, metrics_text, open_shard, pick, pick_checkpoint, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
 from . import jsonout
 from .progress import ProgressBar, ShardProgress, human
@@ -115,7 +115,8 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         doc = {
             "latest_valid": latest,
             "checkpoints": [
-                {k: i[k] for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error")}
+                {k: i.get(k) for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error",
+                                        "metrics")}
                 for i in infos
             ],
             "skipped": [dataclasses.asdict(k) for k in picked.skipped],
@@ -127,6 +128,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         if not infos:
             print(f"{run_dir}: no checkpoints")
         else:
+            unhealthy_paths = {k.path for k in picked.skipped if k.reason == "unhealthy"}
             print(f"{'':1} {'step':>10}  {'status':<10} {'size':>10}  {'created':<19}  {'ranks':>5}  {'tensors':>7}  "
                   f"{'GB/s':>6}  note")
             for i in infos:
@@ -135,6 +137,9 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
                 ranks = str(i["ranks"]) if i["ranks"] else "-"
                 note = i["error"] or ("every chunk CRC matches" if verify and i["verified"] else "")
+                if i.get("metrics"):
+                    unhealthy = "unhealthy:" if i["path"] in unhealthy_paths else ""
+                    note = " ".join(filter(None, (unhealthy, metrics_text(i["metrics"]), note)))
                 print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
                       f"{i['tensors']:>7}  {rate}  {note}")
             print(_MARK_NOTE[verify] if latest is not None else "no valid checkpoint: restore would start fresh")
@@ -234,6 +239,7 @@ def describe_checkpoint(info: dict[str, Any], rank: int = 0) -> dict[str, Any]:
         "tensor_count": len(tensors),
         "tensor_bytes": sum(t["bytes"] for t in tensors),
         "tensors": tensors,
+        "metrics": info.get("metrics") or {},
         "state": summary,
     }
 
@@ -242,6 +248,8 @@ def _print_description(d: dict[str, Any], show_tensors: bool) -> None:
     print(f"checkpoint step {d['step']}: {d['path']} ({d['status']}"
           + (f", rank {d['rank']} of {d['ranks']}" if d["ranks"] > 1 else "") + ")")
     print(f"tensors: {d['tensor_count']}, {human(d['tensor_bytes'])}")
+    if d["metrics"]:
+        print(f"metrics: {metrics_text(d['metrics'])}")
     if show_tensors and d["tensors"]:
         w = max(len("name"), *(len(t["name"]) for t in d["tensors"]))
         print(f"  {'name':<{w}}  {'dtype':<14} {'shape':<20} {'bytes':>12}")

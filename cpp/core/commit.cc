@@ -1,6 +1,7 @@
 #include "commit.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <chrono>
 #include <cstdlib>
@@ -57,6 +58,58 @@ Status CheckExtraFile(const std::string& name, uint64_t bytes) {
   return Status::Ok();
 }
 
+namespace {
+
+bool IsMetricName(const std::string& n) {
+  if (n.empty() || n.size() > 64) return false;
+  for (char c : n)
+    if (c < 0x21 || c > 0x7e) return false;
+  return true;
+}
+
+Json MetricValue(double v) {
+  if (std::isnan(v)) return Json::Str("nan");
+  if (std::isinf(v)) return Json::Str(v > 0 ? "inf" : "-inf");
+  return Json::Double(v);
+}
+
+}  // namespace
+
+Status CheckMetrics(const Metrics& metrics) {
+  if (metrics.size() > kMaxMetrics)
+    return Status::Invalid("a checkpoint records at most " + std::to_string(kMaxMetrics) + " metrics, not " +
+                           std::to_string(metrics.size()));
+  for (size_t k = 0; k < metrics.size(); ++k) {
+    const std::string& n = metrics[k].first;
+    if (!IsMetricName(n))
+      return Status::Invalid("metric name " + JsonEscape(n) + ": use 1-64 printable ASCII characters, no space");
+    for (size_t j = 0; j < k; ++j)
+      if (metrics[j].first == n) return Status::Invalid("metric " + n + " is given twice");
+  }
+  return Status::Ok();
+}
+
+bool ParseMetrics(const Json& j, Metrics* out) {
+  const auto* members = j.members();
+  if (!members || members->size() > kMaxMetrics) return false;
+  Metrics m;
+  for (const auto& [name, value] : *members) {
+    double v = 0;
+    if (const std::string* s = value.get_string()) {
+      if (*s == "nan") v = std::nan("");
+      else if (*s == "inf") v = HUGE_VAL;
+      else if (*s == "-inf") v = -HUGE_VAL;
+      else return false;
+    } else if (!value.get_double(&v)) {
+      return false;
+    }
+    m.emplace_back(name, v);
+  }
+  if (!CheckMetrics(m).ok()) return false;
+  *out = std::move(m);
+  return true;
+}
+
 std::string EncodeManifest(const CommitRequest& req, double created_unix) {
   Json m = Json::Object();
   m.set("format", Json::Str(kManifestFormat));
@@ -83,6 +136,10 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
       f.set("bytes", Json::UInt(x.content.size()));
       f.set("crc", Json::UInt(Crc32c(x.content.data(), x.content.size())));
     }
+  }
+  if (!req.metrics.empty()) {
+    Json& metrics = m.set("metrics", Json::Object());
+    for (const auto& [name, value] : req.metrics) metrics.set(name, MetricValue(value));
   }
   m.set("bytes", Json::UInt(total));
   m.set("data_bytes", Json::UInt(data));

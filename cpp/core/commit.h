@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "env.h"
 #include "format.h"
+#include "json.h"
 #include "run_dir.h"
 #include "status.h"
 
@@ -39,6 +41,18 @@ struct ExtraFile {
   std::string content;
 };
 
+// Numbers the caller records with a checkpoint (a training loss, a validation score), in the
+// manifest's "metrics" object in this order. JSON has no literal for NaN or the infinities: those
+// are written as the strings "nan", "inf" and "-inf" (a diverged run's loss is exactly what a
+// health check must see).
+using Metrics = std::vector<std::pair<std::string, double>>;
+constexpr size_t kMaxMetrics = 64;
+// kInvalidArgument unless the metrics can be committed: at most kMaxMetrics, names of 1-64
+// printable ASCII characters (no space), each once.
+Status CheckMetrics(const Metrics& metrics);
+// The manifest's "metrics" member, parsed back (recovery): false if it is malformed.
+bool ParseMetrics(const Json& j, Metrics* out);
+
 struct CommitRequest {
   std::string run_dir;
   std::string tmp_dir;    // RUN_DIR/step-N.tmp (holds the sealed shard files)
@@ -46,6 +60,7 @@ struct CommitRequest {
   uint64_t step = 0;
   std::vector<ShardRecord> shards;  // one per rank, in rank order
   std::vector<ExtraFile> extra_files;
+  Metrics metrics;           // CheckMetrics'ed by the caller
   double write_seconds = 0;  // from the start of the save to every shard durable
   // Not in the manifest: a free directory (its name in run_dir) the verdict names for the ranks'
   // next save to claim, where the agreement carries it (StoreAgreement); "" for none.

@@ -264,8 +264,9 @@ void Engine::CommittedSpare(const std::string& name, bool committed) {
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
                     std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill,
-                    const Status& refusal) {
+                    const Status& refusal, const Metrics& metrics) {
   if (Forked()) return ForkedError();
+  ALPSCK_RETURN_IF_ERROR(CheckMetrics(metrics));
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
@@ -273,6 +274,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   job->step = step;
   job->commit = commit;
   job->refusal = refusal;
+  job->metrics = metrics;
   job->t0 = t0;
   job->handle = std::make_shared<SaveHandle>(step);
   std::vector<std::pair<std::string, uint64_t>> sizes;

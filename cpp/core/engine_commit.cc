@@ -58,7 +58,7 @@ void Engine::CommitterLoop() {
     if (opts_.rank == 0) {
       // The verdict names the free directory the ranks' next save claims (none listing RUN_DIR).
       const std::string spare = DesignateSpare();
-      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled);
+      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled, std::move(j->metrics));
       CommittedSpare(spare, s.ok());
     } else {
       s = j->commit_attempt->AwaitVerdict();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <mutex>
 #include <thread>
@@ -247,6 +248,9 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
       info->extra_files.push_back(*n->get_string());
     }
   }
+  if (const Json* metrics = m.find("metrics")) {
+    if (!ParseMetrics(*metrics, &info->metrics)) return corrupt("MANIFEST.json: 'metrics' is malformed");
+  }
   info->state = CheckpointState::kCommitted;
   info->verified = verify;
 }
@@ -304,6 +308,15 @@ CheckpointKind KindOf(const CheckpointInfo& info) {
   for (const std::string& n : info.extra_files)
     if (n == kDcpMetadataName) return CheckpointKind::kDcp;
   return CheckpointKind::kAlpsck;
+}
+
+std::string UnhealthyMetrics(const CheckpointInfo& info) {
+  std::string out;
+  for (const auto& [name, value] : info.metrics) {
+    if (std::isfinite(value)) continue;
+    out += (out.empty() ? "" : ", ") + name + "=" + (std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf");
+  }
+  return out;
 }
 
 Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& opts, Pick* out,
@@ -381,6 +394,9 @@ Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& o
       } else if (opts.world_size != 0 && i.ranks != opts.world_size) {  // rule 5
         why.reason = "other_world";
         why.message = "written by " + std::to_string(i.ranks) + " rank(s), not " + std::to_string(opts.world_size);
+      } else if (!opts.allow_unhealthy && !UnhealthyMetrics(i).empty()) {  // rule 5b
+        why.reason = "unhealthy";
+        why.message = "its metrics are not finite (" + UnhealthyMetrics(i) + "); allow_unhealthy=True restores it";
       } else {
         if (!out->step) {
           out->step = step;

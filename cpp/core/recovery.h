@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "commit.h"
 #include "env.h"
 #include "format.h"
 #include "run_dir.h"
@@ -47,6 +48,7 @@ struct CheckpointInfo {
   bool verified = false;      // every chunk CRC checked
   std::vector<std::string> shards;       // rank-00000.bin, rank-00001.bin, ...
   std::vector<std::string> extra_files;  // verified small files committed with the shards
+  Metrics metrics;                       // what the save recorded (commit.h), in its order
 };
 
 // Progress callback: bytes verified so far (called from worker threads, serialised). Returning
@@ -109,6 +111,8 @@ Status ScanRunDir(Env* env, const std::string& run_dir, bool verify, uint32_t th
 //   4. It must be of the kind asked for: a DCP checkpoint is one that committed dcp-metadata.json
 //      (kDcpMetadataName) with its shards; anything else is an alpsck (Checkpointer) one. Else other_kind.
 //   5. With world_size > 0 it must have been written by that many ranks, else other_world.
+//   5b. Unless allow_unhealthy, the metrics its save recorded (commit.h: Metrics) must all be
+//      finite, else unhealthy: a diverged run's checkpoint is never resumed from by default.
 //   6. With verify_data, every chunk CRC of its shards must match (checked lazily, newest first, up
 //      to the first that passes), else data_crc (or unreadable, for an access error).
 // The first that passes is the pick; `candidates` are it and every older one passing 1-5, newest
@@ -120,6 +124,8 @@ enum class CheckpointKind { kAny, kAlpsck, kDcp };
 const char* CheckpointKindName(CheckpointKind k);  // "any", "alpsck", "dcp"
 // The kind of a committed checkpoint: kDcp when it committed dcp-metadata.json, else kAlpsck.
 CheckpointKind KindOf(const CheckpointInfo& info);
+// Why a committed checkpoint is unhealthy ("loss=nan, grad_norm=inf"), or "" when every metric is finite.
+std::string UnhealthyMetrics(const CheckpointInfo& info);
 
 struct PickOptions {
   bool verify_data = false;  // rule 6, lazily
@@ -129,10 +135,12 @@ struct PickOptions {
   std::optional<uint64_t> max_step;  // only steps <= this
   uint32_t world_size = 0;           // 0: any
   uint32_t threads = 0;              // verify threads (0: the reader's default)
+  bool allow_unhealthy = false;      // rule 5b off: a checkpoint whose metrics hold NaN or an infinity passes
 };
 
 // Why a step newer than the pick was not picked. Stable strings (Python and --json see them):
-// "damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "data_crc".
+// "damaged", "corrupt", "unreadable", "incomplete", "aborted", "other_kind", "other_world", "unhealthy",
+// "data_crc".
 struct Skipped {
   uint64_t step = 0;
   std::string path;

@@ -378,7 +378,7 @@ class PyEngine {
   // only; the caller commits with commit_step).
   PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
                 const std::string& mode_name, nb::object keepalive, const std::string& commit_name,
-                const std::string& refuse) {
+                const std::string& refuse, const Metrics& metrics) {
     CommitMode commit = ParseCommit(commit_name);
     SaveMode mode;
     if (mode_name == "snapshot") mode = SaveMode::kSnapshot;
@@ -396,7 +396,7 @@ class PyEngine {
     {
       nb::gil_scoped_release nogil;
       s = e.Save(step, ex, meta, mode, &h, commit, nullptr,
-                 refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse));
+                 refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse), metrics);
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
@@ -438,7 +438,8 @@ class PyEngine {
 
   // An external-fill save: the caller fills staging slots itself (see PyFill).
   std::pair<PyHandle, PyFill> save_external(uint64_t step, const std::vector<std::pair<std::string, uint64_t>>& sizes,
-                                            const std::string& meta, const std::string& commit_name) {
+                                            const std::string& meta, const std::string& commit_name,
+                                            const Metrics& metrics) {
     CommitMode commit = ParseCommit(commit_name);
     std::vector<SaveExtent> ex;
     ex.reserve(sizes.size());
@@ -449,7 +450,7 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, SaveMode::kExternal, &h, commit, &fill);
+      s = e.Save(step, ex, meta, SaveMode::kExternal, &h, commit, &fill, Status::Ok(), metrics);
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (fill) {
@@ -609,6 +610,9 @@ nb::dict InfoDict(const CheckpointInfo& i) {
   d["verified"] = i.verified;
   d["shards"] = i.shards;
   d["extra_files"] = i.extra_files;
+  nb::dict metrics;
+  for (const auto& [name, value] : i.metrics) metrics[Text(name)] = value;
+  d["metrics"] = metrics;
   return d;
 }
 
@@ -661,8 +665,9 @@ nb::dict PickDict(const Pick& p) {
 
 nb::dict PickPy(const FsPath& run_dir, bool verify_data, bool verify_all, const std::string& kind,
                 std::optional<uint64_t> step, std::optional<uint64_t> max_step, uint32_t world_size, uint32_t threads,
-                nb::object progress) {
+                nb::object progress, bool allow_unhealthy) {
   PickOptions o;
+  o.allow_unhealthy = allow_unhealthy;
   o.verify_data = verify_data;
   o.verify_all = verify_all;
   o.kind = KindNamed(kind);
@@ -773,7 +778,7 @@ NB_MODULE(_core, m) {
         "Classify every checkpoint directory of run_dir (ascending steps).");
   m.def("pick", &PickPy, "run_dir"_a, "verify_data"_a = false, "verify_all"_a = false, "kind"_a = "any",
         "step"_a = nb::none(), "max_step"_a = nb::none(), "world_size"_a = 0, "threads"_a = read_threads,
-        "progress"_a = nb::none(),
+        "progress"_a = nb::none(), "allow_unhealthy"_a = false,
         "Which checkpoint of run_dir a restore uses, and why not the newer ones (the core's PickCheckpoint, "
         "cpp/core/recovery.h): {step, path, info, candidates, skipped: [{step, path, reason, message}], scanned}. "
         "Use alpsck.store.run_dir.pick.");
@@ -901,11 +906,13 @@ NB_MODULE(_core, m) {
            "which the ranks agree on each commit, under keys starting with store_ns (the same on every rank, "
            "unique to this run directory and job); None: through the attempt's directory.")
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
-           "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "",
+           "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "", "metrics"_a = Metrics{},
            "Save a shard; refuse (not empty): a pre-flight check failed: abort the attempt on every rank with this "
-           "reason (DiskFullError here) before the shard takes a byte.")
+           "reason (DiskFullError here) before the shard takes a byte. metrics: [(name, value)] for the manifest "
+           "(rank 0's are recorded).")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
-           "Start a save whose staging slots the caller fills (returns (handle, fill)).")
+           "metrics"_a = Metrics{},
+           "Start a save whose staging slots the caller fills (returns (handle, fill)); metrics as for save.")
       .def("staging_tensor", &PyEngine::staging_tensor, nb::sig("def staging_tensor(self) -> torch.Tensor"),
            "The whole staging pool as one uint8 CPU tensor (zero-copy; keeps the memory alive past close).")
       .def_prop_ro("staging_address", [](PyEngine& e) {

@@ -1237,3 +1237,34 @@ TEST(wait_prepared_returns_once_the_pool_is_faulted_and_when_close_stops_the_pre
 }
 
 ALPSCK_TEST_MAIN()
+
+TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
+  TempDir d;
+  auto e = Open(d.path());
+  REQUIRE(e);
+  auto a = RandomBytes(1000, 3);
+  const Metrics metrics = {{"loss", 1.5}, {"val/loss", std::nan("")}, {"grad_norm", HUGE_VAL}, {"lr", -HUGE_VAL}};
+  std::shared_ptr<SaveHandle> h;
+  REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
+                  Status::Ok(), metrics).ok());
+  REQUIRE(h->Wait(-1));
+  REQUIRE(h->status().ok());
+  // Names a manifest cannot hold are refused before anything is queued.
+  for (const Metrics& bad : {Metrics{{"", 1.0}}, Metrics{{"a b", 1.0}}, Metrics{{"x", 1.0}, {"x", 2.0}},
+                             Metrics(kMaxMetrics + 1, {"m", 0.0})}) {
+    std::shared_ptr<SaveHandle> h2;
+    Status s = e->Save(8, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h2, CommitMode::kAuto, nullptr,
+                       Status::Ok(), bad);
+    CHECK(s.code() == Code::kInvalidArgument);
+  }
+  e->Close();
+  std::vector<CheckpointInfo> infos;
+  REQUIRE(ScanRunDir(Env::Default(), d.path(), false, 1, &infos).ok());
+  REQUIRE(infos.size() == 1 && infos[0].state == CheckpointState::kCommitted);
+  const Metrics& got = infos[0].metrics;
+  REQUIRE(got.size() == 4);
+  CHECK(got[0].first == "loss" && got[0].second == 1.5);
+  CHECK(got[1].first == "val/loss" && std::isnan(got[1].second));
+  CHECK(got[2].first == "grad_norm" && std::isinf(got[2].second) && got[2].second > 0);
+  CHECK(got[3].first == "lr" && std::isinf(got[3].second) && got[3].second < 0);
+}

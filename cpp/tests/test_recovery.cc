@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -425,4 +426,49 @@ TEST(pick_unreadable_and_missing_run_dir) {
   Pick none;
   CHECK(PickCheckpoint(Env::Default(), d.sub("nope"), PickOptions(), &none).code() == Code::kNotFound);
   CHECK_EQ(std::string(CheckpointKindName(CheckpointKind::kDcp)), std::string("dcp"));
+}
+
+TEST(metrics_parse_back_strictly) {
+  auto parse = [](const char* text, Metrics* out) {
+    Json j;
+    return ParseJson(text, &j).ok() && ParseMetrics(j, out);
+  };
+  Metrics m;
+  CHECK(parse("{\"loss\":2.5,\"step_time\":1,\"v\":\"nan\",\"w\":\"-inf\"}", &m));
+  REQUIRE(m.size() == 4);
+  CHECK(m[0].second == 2.5 && m[1].second == 1.0 && std::isnan(m[2].second) && std::isinf(m[3].second));
+  for (const char* bad : {"[1,2]", "{\"a\":\"NaN\"}", "{\"a\":{\"b\":1}}", "{\"a\":true}", "{\"a\":1,\"a\":2}",
+                          "{\"a b\":1}", "{\"\":1}", "{\"a\":null}"}) {
+    Metrics out = {{"kept", 1.0}};
+    CHECK(!parse(bad, &out));
+    CHECK(out.size() == 1 && out[0].first == "kept");  // left as it was
+  }
+}
+
+TEST(pick_skips_a_checkpoint_whose_metrics_are_not_finite_unless_allowed) {
+  TempDir d;
+  EngineOptions o;
+  o.run_dir = d.path();
+  o.keep_last = 0;
+  std::unique_ptr<Engine> e;
+  REQUIRE(Engine::Open(o, &e).ok());
+  std::vector<char> a(100, 'x');
+  for (const auto& [step, loss] : {std::make_pair(10, 1.0), std::make_pair(20, 0.5), std::make_pair(30, std::nan(""))}) {
+    std::shared_ptr<SaveHandle> h;
+    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
+                    Status::Ok(), {{"loss", loss}, {"lr", 0.1}}).ok());
+    REQUIRE(h->Wait(-1) && h->status().ok());
+  }
+  e->Close();
+  Pick p;
+  REQUIRE(PickCheckpoint(Env::Default(), d.path(), PickOptions{}, &p).ok());
+  REQUIRE(p.step && *p.step == 20);
+  REQUIRE(p.skipped.size() == 1);
+  CHECK(p.skipped[0].step == 30 && p.skipped[0].reason == "unhealthy");
+  CHECK(p.skipped[0].message.find("loss=nan") != std::string::npos);
+  CHECK(p.candidates.size() == 2);  // 20, then 10: a fall-back never lands on an unhealthy one either
+  PickOptions allow;
+  allow.allow_unhealthy = true;
+  REQUIRE(PickCheckpoint(Env::Default(), d.path(), allow, &p).ok());
+  CHECK(p.step && *p.step == 30 && p.skipped.empty());
 }

@@ -321,7 +321,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         nonlocal last_saved
         state["step"] = s
         if ckpt is not None:
-            ckpt.save(s, state, urgent=urgent)
+            # The step's loss goes into the checkpoint's manifest (alpsck's Checkpointer): a NaN one is
+            # then unhealthy, and no restore resumes from it (rank 0's loss is what is recorded).
+            kw = {"metrics": {"loss": result.last_loss}} if sharded and result.last_loss is not None else {}
+            ckpt.save(s, state, urgent=urgent, **kw)
             result.saved_steps.append(s)
         last_saved = s
 
