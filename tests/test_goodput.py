@@ -96,7 +96,8 @@ def test_work_lost_and_each_restart_split_into_its_parts() -> None:
     assert failed["cause"] == "failed" and failed["restart_s"] == pytest.approx(3.0 + 2.0 + 1.0 + 0.4)
     assert failed["lost_s"] == 10.0 and failed["teardown_s"] == 0.5 and failed["start_s"] == 2.5
     assert [s["outcome"] for s in g["starts"]] == ["hang", "failed", "finished"]
-    assert "work lost 25s" in goodput.line(g)
+    assert "work lost 25s" in goodput.line(g) and goodput.line(g).endswith(
+        "restarts: 1 hang, 1 failed (the slowest in the allocation: 9.5 s to its first step)")
     # A stop with a final checkpoint of the step the next start resumes from loses nothing.
     stopped = [_ev(0, "started", restart=0, backend="slurm"), _times(50, start=2.0, step=40.0, final=3.0),
                _ev(50, "final_checkpoint", reason="timeout", step=80, seconds=3.0),

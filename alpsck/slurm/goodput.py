@@ -239,9 +239,9 @@ def line(g: dict[str, Any]) -> str:
     for r in g["restarts"]:
         causes[r["cause"]] = causes.get(r["cause"], 0) + 1
     restarts = ", ".join(f"{n} {c}" for c, n in causes.items()) or "none"
-    slowest = max((r["restart_s"] for r in g["restarts"]), default=None)
+    slowest = max((r["restart_s"] for r in g["restarts"] if r["in_allocation"]), default=None)  # a requeue's is queue
     return (f"goodput: ETTR {ettr} (training {dur(g['training_s'])} of {dur(g['wall_s'])}; work lost "
             f"{dur(g['lost_s'])}, startup {dur(g['startup_s'])}, stalls {dur(g['stall_s'])}, final checkpoints "
             f"{dur(g['final_s'])}, queue {dur(g['queue_s'])}, restarts in the allocation {dur(g['restart_gap_s'])}, "
             f"unaccounted {dur(g['unaccounted_s'])}); restarts: {restarts}"
-            + (f" (slowest {slowest:.1f} s to the first step)" if slowest is not None else ""))
+            + (f" (the slowest in the allocation: {slowest:.1f} s to its first step)" if slowest is not None else ""))
