@@ -120,6 +120,8 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
             warnings.warn(bad.warning(), RuntimeWarning, stacklevel=2)
             continue
         return {key: value for key, (_kind, value, _md) in entries.items()}
+    if step is None and all_unhealthy(picked):
+        raise NoCheckpointError(f"{run_dir}: {all_unhealthy(picked)}")
     why = f" ({picked.why_not()})" if picked.skipped else ""
     raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid{why}" if step is not None
                             else f"{run_dir}: no valid checkpoint{why}")
@@ -136,7 +138,17 @@ def _warn_skipped(picked: Pick, stacklevel: int) -> None:
 # How a rank's read of one checkpoint went, as restore_into's ranks tell each other.
 _READ, _UNREAD, _FAILED = 0, 1, 2
 # What rank 0 decided from its listing of the run directory, as it tells the other ranks.
-_TRY, _NO_STEP, _OTHER_WORLD, _UNLISTED = 0, 1, 2, 3
+_TRY, _NO_STEP, _OTHER_WORLD, _UNLISTED, _ALL_UNHEALTHY = 0, 1, 2, 3, 4
+
+
+def all_unhealthy(picked: Pick) -> str | None:
+    """Why a restore must not start afresh: no checkpoint passes, yet some were skipped only as unhealthy (a
+    run whose every checkpoint diverged; starting from nothing would throw the run away). None otherwise."""
+    sick = [k for k in picked.skipped if k.reason == "unhealthy"]
+    if picked.step is not None or not sick:
+        return None
+    return (f"every checkpoint a restore could use is unhealthy (step {sick[0].step}: {sick[0].message}): pass "
+            "allow_unhealthy=True to restore one, or remove them to start afresh")
 
 
 def _ranks_named(ranks: Sequence[int]) -> str:
@@ -201,6 +213,8 @@ def restore_into(
         elif other_world:  # the newest usable one was written at another world size: never silently an older one
             refusal, order = _OTHER_WORLD, [other_world[0].step]
             written_by = next(int(i["ranks"]) for i in picked.scanned if i["step"] == other_world[0].step)
+        elif step is None and all_unhealthy(picked):  # a named step says why it is not valid below
+            refusal = _ALL_UNHEALTHY
         else:
             _warn_skipped(picked, stacklevel=3)
             order = picked.steps
@@ -213,6 +227,9 @@ def restore_into(
     if refusal == _NO_STEP:
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}"
                                 + ("" if ranks.rank == 0 else " (rank 0 lists none, and rank 0 decides)"))
+    if refusal == _ALL_UNHEALTHY:
+        why = all_unhealthy(picked) if picked is not None else "rank 0 finds every checkpoint unhealthy"
+        raise NoCheckpointError(f"{run_dir}: {why}")
     if refusal == _OTHER_WORLD:
         raise UsageError(
             f"{run_dir}: the checkpoint of step {order[0]} was written by {written_by} rank(s), this job "

@@ -120,3 +120,43 @@ def test_inspect_checkpoints_and_status_show_the_metrics(tmp_path: Path) -> None
     doc = json.loads(subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"],
                                     capture_output=True, text=True, timeout=120).stdout)
     assert doc["metrics"] == {"loss": 0.75, "lr": 0.5} and doc["unhealthy"][0]["step"] == 2
+
+
+def test_a_run_whose_every_checkpoint_is_unhealthy_never_restarts_from_nothing(tmp_path: Path) -> None:
+    """No healthy checkpoint left: restore() refuses to start afresh (that would throw the run away) and
+    says how to go on; allow_unhealthy=True restores the newest."""
+    run = _run(tmp_path, {10: math.nan, 20: math.inf})
+    state = {"w": torch.zeros(4)}
+    with alpsck.Checkpointer(run) as ck, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NoCheckpointError, match=r"every checkpoint a restore could use is unhealthy.*"
+                                                     r"allow_unhealthy=True"):
+            ck.restore(state)
+        with pytest.raises(NoCheckpointError, match="unhealthy"):
+            alpsck.peek(run)
+        assert ck.restore(state, allow_unhealthy=True) == 20
+    # A run directory with no checkpoint at all is still a fresh start.
+    with alpsck.Checkpointer(tmp_path / "empty") as ck:
+        assert ck.restore(state) is None
+
+
+def test_keep_last_never_expires_the_newest_healthy_checkpoint(tmp_path: Path) -> None:
+    """The engine's retention (keep_last 2): with NaN at 40 and 50, step 30 stays beside them, the one a
+    restore uses; once 60 is healthy, 30 and 40 go."""
+    run = _run(tmp_path, {10: 1.0, 20: 0.5, 30: 0.25, 40: math.nan, 50: math.nan}, keep_last=2)
+    assert [i["step"] for i in scan_run_dir(run) if i["status"] == "committed"] == [30, 40, 50]
+    with alpsck.Checkpointer(run, keep_last=2) as ck, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = {"w": torch.zeros(4)}
+        assert ck.restore(state, allow_unhealthy=True) == 50  # the same history: nothing retired
+        ck.save(60, state, metrics={"loss": 0.2}).wait()
+    assert [i["step"] for i in scan_run_dir(run) if i["status"] == "committed"] == [50, 60]
+
+
+def test_prune_keeps_healthy_ones_and_keeps_newer_unhealthy_ones_for_inspection(tmp_path: Path) -> None:
+    run = _run(tmp_path, {10: 1.0, 20: math.nan, 30: 0.5, 40: math.inf})
+    r = subprocess.run([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [i["step"] for i in scan_run_dir(run) if i["status"] == "committed"] == [30, 40]
+    assert "kept unhealthy checkpoint" in r.stdout + r.stderr and "inf" in r.stdout + r.stderr

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -70,12 +71,22 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
             break
         picked = pick(run_dir, verify_data=True, max_step=picked.step - 1)
     newest_valid = max(kept_steps) if kept_steps else None
+    # Unhealthy checkpoints (a NaN or infinite metric: the picker's rule 5b): never counted among the kept ones;
+    # the newer ones are kept for inspection, like a newer corrupt one, the older ones removed.
+    unhealthy = {str(i["path"]): "its metrics are not finite (" + ", ".join(
+        f"{k}={v}" for k, v in i["metrics"].items() if not math.isfinite(v)) + ")"
+        for i in infos if i["status"] == "committed" and not all(math.isfinite(v) for v in i.get("metrics", {}).values())}
     remove: list[tuple[Path, str]] = []
     warnings: list[str] = []
     for i in infos:
         p = Path(i["path"])
         if i["status"] == "committed":
-            if i["step"] not in kept_steps:
+            if i["path"] in unhealthy and (newest_valid is None or i["step"] > newest_valid):
+                warnings.append(f"kept unhealthy checkpoint {p} (newer than the newest healthy one) for inspection: "
+                                f"{unhealthy[i['path']]}")
+            elif i["path"] in unhealthy:
+                remove.append((p, f"unhealthy step {i['step']}: {unhealthy[i['path']]}"))
+            elif i["step"] not in kept_steps:
                 remove.append((p, f"committed step {i['step']}, beyond the newest {keep_last}"))
         elif i["status"] == "unreadable":  # maybe intact: never removed on an access error
             warnings.append(f"kept unreadable checkpoint {p} (fix its access and run prune again): {i['error']}")

@@ -89,6 +89,12 @@ Status CheckMetrics(const Metrics& metrics) {
   return Status::Ok();
 }
 
+bool MetricsFinite(const Metrics& metrics) {
+  for (const auto& m : metrics)
+    if (!std::isfinite(m.second)) return false;
+  return true;
+}
+
 bool ParseMetrics(const Json& j, Metrics* out) {
   const auto* members = j.members();
   if (!members || members->size() > kMaxMetrics) return false;

@@ -52,6 +52,8 @@ constexpr size_t kMaxMetrics = 64;
 Status CheckMetrics(const Metrics& metrics);
 // The manifest's "metrics" member, parsed back (recovery): false if it is malformed.
 bool ParseMetrics(const Json& j, Metrics* out);
+// Whether every metric is finite: a checkpoint with a NaN or an infinity is unhealthy (recovery.h).
+bool MetricsFinite(const Metrics& metrics);
 
 struct CommitRequest {
   std::string run_dir;

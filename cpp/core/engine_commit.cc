@@ -82,7 +82,8 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
     if (committed) {
       // Plain: shards and a manifest only (no DONE record: the store carried the records, or one
       // rank holds its own; no extra file: only the DCP backend's commits have them).
-      victims = history_.Committed(j->step, opts_.keep_last, opts_.store != nullptr || opts_.world_size == 1);
+      victims = history_.Committed(j->step, opts_.keep_last, opts_.store != nullptr || opts_.world_size == 1,
+                                   j->healthy);
       attempts_.erase(j->step);
     }
   }

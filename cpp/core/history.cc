@@ -40,20 +40,35 @@ bool History::Skips(uint64_t step, bool one_history) const {
   return committed_.count(step) && !(one_history && foreign_.count(step));
 }
 
-std::vector<Expiry> History::Committed(uint64_t step, uint32_t keep_last, bool plain) {
+std::vector<Expiry> History::Committed(uint64_t step, uint32_t keep_last, bool plain, bool healthy) {
   std::lock_guard<std::mutex> l(mu_);
   committed_.insert(step);
   if (plain)
     plain_.insert(step);
   else
     plain_.erase(step);
-  // Rank 0 expires old steps on disk (ExpireSteps); forget them here too.
+  if (healthy)
+    unhealthy_.erase(step);
+  else
+    unhealthy_.insert(step);
+  // Rank 0 expires old steps on disk (ExpireSteps); forget them here too. Kept: the newest
+  // keep_last, and the newest healthy one.
   std::vector<Expiry> victims;
-  while (keep_last && committed_.size() > keep_last) {
-    const uint64_t v = *committed_.begin();
+  if (!keep_last || committed_.size() <= keep_last) return victims;
+  int64_t healthiest = -1;
+  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it)
+    if (!unhealthy_.count(*it)) {
+      healthiest = static_cast<int64_t>(*it);
+      break;
+    }
+  const std::vector<uint64_t> all(committed_.begin(), committed_.end());  // ascending
+  for (size_t i = 0; i + keep_last < all.size(); ++i) {
+    const uint64_t v = all[i];
+    if (static_cast<int64_t>(v) == healthiest) continue;
     victims.push_back({v, plain_.count(v) > 0});
     plain_.erase(v);
-    committed_.erase(committed_.begin());
+    unhealthy_.erase(v);
+    committed_.erase(v);
   }
   return victims;
 }

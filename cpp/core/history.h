@@ -59,10 +59,12 @@ class History {
   // is saved anew (Supersede retires the old one first).
   bool Skips(uint64_t step, bool one_history) const;
   // This process committed `step`; with keep_last, the oldest beyond it are forgotten (rank 0
-  // expires them on disk: ExpireSteps).
-  // Returns the steps it forgot (the oldest beyond keep_last), for rank 0 to expire on disk
-  // (ExpireSteps); plain: this process committed `step` with nothing but shards and a manifest.
-  std::vector<Expiry> Committed(uint64_t step, uint32_t keep_last, bool plain = false);
+  // expires them on disk: ExpireSteps), but never the newest healthy one: a restore skips an
+  // unhealthy checkpoint (recovery.h, rule 5b), so keep_last alone could leave none it would use.
+  // Returns the steps it forgot, for rank 0 to expire on disk (ExpireSteps); plain: this process
+  // committed `step` with nothing but shards and a manifest; healthy: its metrics are all finite
+  // (steps found at Load count as healthy: a restore retires the newer unhealthy ones).
+  std::vector<Expiry> Committed(uint64_t step, uint32_t keep_last, bool plain = false, bool healthy = true);
 
   void ContinueFrom(int64_t step);
   // Whether any step directory is not of this history (else Supersede has nothing to do).
@@ -85,6 +87,7 @@ class History {
   mutable std::mutex mu_;                 // guards the fields below
   std::set<uint64_t> committed_;          // steps whose directory holds a manifest
   std::set<uint64_t> plain_;              // those of committed_ this process committed plainly
+  std::set<uint64_t> unhealthy_;          // those of committed_ this process committed with a non-finite metric
   std::set<uint64_t> foreign_;            // step-N directories not of this history (see ContinueFrom)
   std::vector<std::pair<uint64_t, std::string>> retired_log_;  // for TakeRetired
   int64_t base_ = kNoBase;                // ContinueFrom's step

@@ -1268,3 +1268,38 @@ TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
   CHECK(got[2].first == "grad_norm" && std::isinf(got[2].second) && got[2].second > 0);
   CHECK(got[3].first == "lr" && std::isinf(got[3].second) && got[3].second < 0);
 }
+
+// One snapshot save of extent "a" recording `metrics`, waited for: its final status.
+static Status SaveWithMetrics(Engine* e, uint64_t step, const std::vector<char>& a, const Metrics& metrics) {
+  std::shared_ptr<SaveHandle> h;
+  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
+                     Status::Ok(), metrics);
+  if (!s.ok()) return s;
+  h->Wait(-1);
+  return h->status();
+}
+
+static std::vector<uint64_t> CommittedSteps(const std::string& dir) {
+  std::vector<CheckpointInfo> infos;
+  std::vector<uint64_t> steps;
+  if (!ScanRunDir(Env::Default(), dir, false, 1, &infos).ok()) return steps;
+  for (const auto& i : infos)
+    if (i.state == CheckpointState::kCommitted) steps.push_back(i.step);
+  return steps;
+}
+
+TEST(retention_never_expires_the_newest_healthy_step) {
+  // keep_last 2, losses fine up to step 30, then NaN at 40 and 50: the newest two (40, 50) stay, and
+  // so does 30, the newest a restore would use (recovery.h, rule 5b); 10 and 20 expire. A healthy 60
+  // then makes 50, 60 the newest two and 60 the newest healthy: 30 and 40 expire.
+  TempDir d;
+  auto e = Open(d.path(), nullptr, 1, 2);
+  REQUIRE(e);
+  auto a = RandomBytes(5000, 8);
+  for (uint64_t s = 1; s <= 5; ++s)
+    REQUIRE(SaveWithMetrics(e.get(), s * 10, a, {{"loss", s <= 3 ? 1.0 / static_cast<double>(s) : std::nan("")}}).ok());
+  CHECK(CommittedSteps(d.path()) == (std::vector<uint64_t>{30, 40, 50}));
+  REQUIRE(SaveWithMetrics(e.get(), 60, a, {{"loss", 0.1}}).ok());
+  e->Close();
+  CHECK(CommittedSteps(d.path()) == (std::vector<uint64_t>{50, 60}));
+}
