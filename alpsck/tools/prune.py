@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import sys
 from pathlib import Path
@@ -73,9 +72,8 @@ def plan_prune(run_dir: Path, keep_last: int, verify: bool = False) -> tuple[lis
     newest_valid = max(kept_steps) if kept_steps else None
     # Unhealthy checkpoints (a NaN or infinite metric: the picker's rule 5b): never counted among the kept ones;
     # the newer ones are kept for inspection, like a newer corrupt one, the older ones removed.
-    unhealthy = {str(i["path"]): "its metrics are not finite (" + ", ".join(
-        f"{k}={v}" for k, v in i["metrics"].items() if not math.isfinite(v)) + ")"
-        for i in infos if i["status"] == "committed" and not all(math.isfinite(v) for v in i.get("metrics", {}).values())}
+    unhealthy = {str(i["path"]): f"its metrics are not finite ({i['unhealthy']})" for i in infos
+                 if i["status"] == "committed" and i.get("unhealthy")}
     remove: list[tuple[Path, str]] = []
     warnings: list[str] = []
     for i in infos:

@@ -89,10 +89,13 @@ Status CheckMetrics(const Metrics& metrics) {
   return Status::Ok();
 }
 
-bool MetricsFinite(const Metrics& metrics) {
-  for (const auto& m : metrics)
-    if (!std::isfinite(m.second)) return false;
-  return true;
+std::string NonFiniteMetrics(const Metrics& metrics) {
+  std::string out;
+  for (const auto& [name, value] : metrics) {
+    if (std::isfinite(value)) continue;
+    out += (out.empty() ? "" : ", ") + name + "=" + (std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf");
+  }
+  return out;
 }
 
 bool ParseMetrics(const Json& j, Metrics* out) {

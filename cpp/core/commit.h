@@ -52,8 +52,10 @@ constexpr size_t kMaxMetrics = 64;
 Status CheckMetrics(const Metrics& metrics);
 // The manifest's "metrics" member, parsed back (recovery): false if it is malformed.
 bool ParseMetrics(const Json& j, Metrics* out);
-// Whether every metric is finite: a checkpoint with a NaN or an infinity is unhealthy (recovery.h).
-bool MetricsFinite(const Metrics& metrics);
+// The health rule, stated once: a checkpoint whose metrics hold a NaN or an infinity is unhealthy
+// (the picker's rule 5b, recovery.h; retention keeps the newest healthy step, history.h). Returns
+// the non-finite ones ("loss=nan, grad_norm=inf"), or "" for a healthy checkpoint.
+std::string NonFiniteMetrics(const Metrics& metrics);
 
 struct CommitRequest {
   std::string run_dir;

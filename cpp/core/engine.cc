@@ -275,7 +275,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   job->commit = commit;
   job->refusal = refusal;
   job->metrics = metrics;
-  job->healthy = MetricsFinite(metrics);
+  job->healthy = NonFiniteMetrics(metrics).empty();
   job->t0 = t0;
   job->handle = std::make_shared<SaveHandle>(step);
   std::vector<std::pair<std::string, uint64_t>> sizes;

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
 #include <mutex>
 #include <thread>
@@ -310,15 +309,6 @@ CheckpointKind KindOf(const CheckpointInfo& info) {
   return CheckpointKind::kAlpsck;
 }
 
-std::string UnhealthyMetrics(const CheckpointInfo& info) {
-  std::string out;
-  for (const auto& [name, value] : info.metrics) {
-    if (std::isfinite(value)) continue;
-    out += (out.empty() ? "" : ", ") + name + "=" + (std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf");
-  }
-  return out;
-}
-
 Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& opts, Pick* out,
                       const ProgressFn& progress) {
   *out = Pick();
@@ -394,9 +384,9 @@ Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& o
       } else if (opts.world_size != 0 && i.ranks != opts.world_size) {  // rule 5
         why.reason = "other_world";
         why.message = "written by " + std::to_string(i.ranks) + " rank(s), not " + std::to_string(opts.world_size);
-      } else if (!opts.allow_unhealthy && !UnhealthyMetrics(i).empty()) {  // rule 5b
+      } else if (!opts.allow_unhealthy && !NonFiniteMetrics(i.metrics).empty()) {  // rule 5b
         why.reason = "unhealthy";
-        why.message = "its metrics are not finite (" + UnhealthyMetrics(i) + "); allow_unhealthy=True restores it";
+        why.message = "its metrics are not finite (" + NonFiniteMetrics(i.metrics) + "); allow_unhealthy=True restores it";
       } else {
         if (!out->step) {
           out->step = step;

@@ -124,8 +124,7 @@ enum class CheckpointKind { kAny, kAlpsck, kDcp };
 const char* CheckpointKindName(CheckpointKind k);  // "any", "alpsck", "dcp"
 // The kind of a committed checkpoint: kDcp when it committed dcp-metadata.json, else kAlpsck.
 CheckpointKind KindOf(const CheckpointInfo& info);
-// Why a committed checkpoint is unhealthy ("loss=nan, grad_norm=inf"), or "" when every metric is finite.
-std::string UnhealthyMetrics(const CheckpointInfo& info);
+
 
 struct PickOptions {
   bool verify_data = false;  // rule 6, lazily

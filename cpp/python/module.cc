@@ -613,6 +613,8 @@ nb::dict InfoDict(const CheckpointInfo& i) {
   nb::dict metrics;
   for (const auto& [name, value] : i.metrics) metrics[Text(name)] = value;
   d["metrics"] = metrics;
+  const std::string sick = NonFiniteMetrics(i.metrics);  // the health rule (commit.h), told once
+  d["unhealthy"] = sick.empty() ? nb::none() : nb::object(Text(sick));
   return d;
 }
 
