@@ -100,14 +100,20 @@ def run_ended(events: list[dict[str, Any]]) -> bool:
         last["event"] == "failed" and not (last.get("will_requeue") or last.get("will_restart"))))
 
 
+def _run_end(events: list[dict[str, Any]], now: float | None) -> tuple[bool, float]:
+    """Whether the run ended for good, and its end: its last event's time, or now while it runs."""
+    ended = run_ended(events)
+    last = float(events[-1]["time"])
+    return ended, last if ended else max(last, time.time() if now is None else now)
+
+
 def starts(events: list[dict[str, Any]], now: float | None = None) -> list[Start]:
     """The run's starts, oldest first (events normalised, in the history's order). ``now``: the end of
     a start still running (default: the time now)."""
     idx = [i for i, e in enumerate(events) if e["event"] == "started"]
     if not idx:
         return []
-    ended = run_ended(events)
-    t_last = float(events[-1]["time"]) if ended else max(float(events[-1]["time"]), time.time() if now is None else now)
+    ended, t_last = _run_end(events, now)
     out: list[Start] = []
     for k, i in enumerate(idx):
         st = events[i]
@@ -161,9 +167,8 @@ def goodput(events: list[dict[str, Any]], now: float | None = None) -> dict[str,
                   if s.times is not None and _num(s.times.get("polls")) > 1 and _num(s.times.get("step_s")) > 0]
     step_s = statistics.median(step_times) if step_times else None
     restarts: list[dict[str, Any]] = []
-    ended = run_ended(events)
     t_first = runs[0].t0
-    t_last = float(events[-1]["time"]) if ended else max(float(events[-1]["time"]), time.time() if now is None else now)
+    t_last = _run_end(events, now)[1]
     for k, s in enumerate(runs):
         wall = s.end - s.t0
         training = 0.0
@@ -228,17 +233,25 @@ def _restart(s: Start, nxt: Start, gap: float, in_alloc: bool, lost: float, step
     return r
 
 
-def line(g: dict[str, Any]) -> str:
-    """One line for ``alpsck status``."""
-    def dur(s: float) -> str:
-        s = int(round(s))
-        return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+def duration(s: float) -> str:
+    """Seconds as ``1h05m``, ``4m23s`` or ``9s``: how goodput is written (status, the plot's title)."""
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
-    ettr = "-" if g["ettr"] is None else f"{100 * g['ettr']:.0f}%"
+
+def restart_causes(g: dict[str, Any]) -> dict[str, int]:
+    """How many restarts each cause had, in the order they first came."""
     causes: dict[str, int] = {}
     for r in g["restarts"]:
-        causes[r["cause"]] = causes.get(r["cause"], 0) + 1
-    restarts = ", ".join(f"{n} {c}" for c, n in causes.items()) or "none"
+        causes[str(r["cause"])] = causes.get(str(r["cause"]), 0) + 1
+    return causes
+
+
+def line(g: dict[str, Any]) -> str:
+    """One line for ``alpsck status``."""
+    dur = duration
+    ettr = "-" if g["ettr"] is None else f"{100 * g['ettr']:.0f}%"
+    restarts = ", ".join(f"{n} {c}" for c, n in restart_causes(g).items()) or "none"
     slowest = max((r["restart_s"] for r in g["restarts"] if r["in_allocation"]), default=None)  # a requeue's is queue
     return (f"goodput: ETTR {ettr} (training {dur(g['training_s'])} of {dur(g['wall_s'])}; work lost "
             f"{dur(g['lost_s'])}, startup {dur(g['startup_s'])}, stalls {dur(g['stall_s'])}, final checkpoints "

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..bench.report import pyplot
 from ..errors import UsageError
 from ..slurm import goodput, history
 from .textout import printable
@@ -67,19 +68,12 @@ def _time_unit(span_s: float) -> tuple[float, str]:
     return (3600.0, "hours") if span_s >= 3 * 3600 else (60.0, "minutes") if span_s >= 180 else (1.0, "seconds")
 
 
-def _duration(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
 def _title(name: str, g: dict[str, Any]) -> str:
-    ettr = "-" if g.get("ettr") is None else f"{100 * g['ettr']:.0f}%"
-    causes: dict[str, int] = {}
-    for r in g.get("restarts", []):
-        causes[str(r.get("cause"))] = causes.get(str(r.get("cause")), 0) + 1
+    ettr = "-" if g["ettr"] is None else f"{100 * g['ettr']:.0f}%"
+    causes = goodput.restart_causes(g)
     why = f" ({', '.join(f'{n} {_label(c)}' for c, n in causes.items())})" if causes else ""
-    return (f"{_label(name, 60)}: ETTR {ettr} (training {_duration(g.get('training_s', 0.0))} of "
-            f"{_duration(g.get('wall_s', 0.0))} wall); {len(g.get('restarts', []))} restart(s){why}")
+    return (f"{_label(name, 60)}: ETTR {ettr} (training {goodput.duration(g['training_s'])} of "
+            f"{goodput.duration(g['wall_s'])} wall); {len(g['restarts'])} restart(s){why}")
 
 
 def _rows(starts: list[dict[str, Any]]) -> list[int]:
@@ -195,15 +189,11 @@ def _losses(path: Path) -> tuple[list[int], list[float]]:
 
 
 def _pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (files only, no display needed), or a UsageError saying
+    """matplotlib.pyplot on the Agg backend (:func:`alpsck.bench.report.pyplot`), or a UsageError saying
     how to install it: matplotlib is optional (the ``bench`` and ``test`` extras)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise UsageError("alpsck plot needs matplotlib: pip install matplotlib") from None
+    plt = pyplot()
+    if plt is None:
+        raise UsageError("alpsck plot needs matplotlib: pip install matplotlib")
     return plt
 
 

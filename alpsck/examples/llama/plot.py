@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from alpsck.bench.report import pyplot
 from alpsck.tools.plot import read_losses  # the one reader of a loss file (alpsck plot draws it too)
 
 
@@ -20,12 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--title", default="training loss")
     p.add_argument("--logy", action="store_true", help="logarithmic loss axis")
     args = p.parse_args(argv)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("plot: matplotlib is not installed; run `pip install matplotlib`", file=sys.stderr)
         return 2
     fig, ax = plt.subplots(figsize=(8, 5))
