@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "crc32c.h"
+#include "retention.h"
 #include "file_io.h"
 #include "json.h"
 #include "platform.h"
@@ -89,6 +90,16 @@ Status CheckMetrics(const Metrics& metrics) {
   return Status::Ok();
 }
 
+Status CheckNotes(const SaveNotes& notes) {
+  ALPSCK_RETURN_IF_ERROR(CheckMetrics(notes.metrics));
+  if (notes.unhealthy.size() > kMaxUnhealthyText)
+    return Status::Invalid("the unhealthy text is " + std::to_string(notes.unhealthy.size()) + " bytes: at most " +
+                           std::to_string(kMaxUnhealthyText));
+  for (char c : notes.unhealthy)
+    if (c < 0x20 || c > 0x7e) return Status::Invalid("the unhealthy text holds a character that is not printable ASCII");
+  return Status::Ok();
+}
+
 std::string NonFiniteMetrics(const Metrics& metrics) {
   std::string out;
   for (const auto& [name, value] : metrics) {
@@ -146,10 +157,11 @@ std::string EncodeManifest(const CommitRequest& req, double created_unix) {
       f.set("crc", Json::UInt(Crc32c(x.content.data(), x.content.size())));
     }
   }
-  if (!req.metrics.empty()) {
+  if (!req.notes.metrics.empty()) {
     Json& metrics = m.set("metrics", Json::Object());
-    for (const auto& [name, value] : req.metrics) metrics.set(name, MetricValue(value));
+    for (const auto& [name, value] : req.notes.metrics) metrics.set(name, MetricValue(value));
   }
+  if (!req.notes.unhealthy.empty()) m.set("unhealthy", Json::Str(req.notes.unhealthy));
   m.set("bytes", Json::UInt(total));
   m.set("data_bytes", Json::UInt(data));
   m.set("write_seconds", Json::Double(req.write_seconds));
@@ -222,6 +234,7 @@ Status CommitCheckpoint(Env* env, const CommitRequest& req) {
     ALPSCK_RETURN_IF_ERROR(CheckExtraFile(x.name, x.content.size()));
     ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, JoinPath(req.tmp_dir, x.name), x.content));
   }
+  if (req.notes.pin) ALPSCK_RETURN_IF_ERROR(WritePin(env, req.tmp_dir));  // committed with it: never expired before
   ALPSCK_RETURN_IF_ERROR(
       WriteFileSynced(env, JoinPath(req.tmp_dir, kManifestName), EncodeManifest(req, created), !req.recycled_dir));
   ALPSCK_RETURN_IF_ERROR(SyncDir(env, req.tmp_dir));

@@ -57,6 +57,19 @@ bool ParseMetrics(const Json& j, Metrics* out);
 // the non-finite ones ("loss=nan, grad_norm=inf"), or "" for a healthy checkpoint.
 std::string NonFiniteMetrics(const Metrics& metrics);
 
+// What a save records about its checkpoint besides its data: its metrics, why its caller judged
+// it unhealthy besides them (a loss spike: the manifest's "unhealthy"; "" for none; the health
+// rule: retention.h, Unhealthy), and a pin (the PINNED file, written before the commit rename).
+struct SaveNotes {
+  Metrics metrics;
+  std::string unhealthy;
+  bool pin = false;
+};
+constexpr size_t kMaxUnhealthyText = 1024;
+// kInvalidArgument unless the notes can be committed (CheckMetrics; the text printable ASCII, at
+// most kMaxUnhealthyText bytes).
+Status CheckNotes(const SaveNotes& notes);
+
 struct CommitRequest {
   std::string run_dir;
   std::string tmp_dir;    // RUN_DIR/step-N.tmp (holds the sealed shard files)
@@ -64,7 +77,7 @@ struct CommitRequest {
   uint64_t step = 0;
   std::vector<ShardRecord> shards;  // one per rank, in rank order
   std::vector<ExtraFile> extra_files;
-  Metrics metrics;           // CheckMetrics'ed by the caller
+  SaveNotes notes;           // CheckNotes'ed by the caller
   double write_seconds = 0;  // from the start of the save to every shard durable
   // Not in the manifest: a free directory (its name in run_dir) the verdict names for the ranks'
   // next save to claim, where the agreement carries it (StoreAgreement); "" for none.

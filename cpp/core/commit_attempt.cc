@@ -21,7 +21,7 @@ Status CommitAttempt::Arrive(const ShardRecord& record) {
 }
 
 Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extra, Clock::time_point since,
-                             double earlier_s, const std::string& spare, bool recycled, Metrics metrics) {
+                             double earlier_s, const std::string& spare, bool recycled, SaveNotes notes) {
   contributed_ = true;
   CommitRequest req;
   req.run_dir = at_.run_dir;
@@ -29,7 +29,7 @@ Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extr
   req.final_dir = at_.final_dir();
   req.step = at_.step;
   req.extra_files = std::move(extra);
-  req.metrics = std::move(metrics);
+  req.notes = std::move(notes);
   req.next_spare = spare;
   req.recycled_dir = recycled;
   Status s = agreement_->AwaitShards(timeout_s_, own, &req.shards);

@@ -48,7 +48,7 @@ std::string NewSaveId() {
 Engine::Engine(const EngineOptions& opts)
     : opts_(opts),
       env_(opts.env ? opts.env : Env::Default()),
-      history_(env_, opts_.run_dir, opts_.rank),
+      history_(env_, opts_.run_dir, opts_.rank, RetentionOf(opts_)),
       published_(env_, opts_.run_dir, opts_.rank == 0) {}
 
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
@@ -264,9 +264,9 @@ void Engine::CommittedSpare(const std::string& name, bool committed) {
 
 Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
                     std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill,
-                    const Status& refusal, const Metrics& metrics) {
+                    const Status& refusal, const SaveNotes& notes) {
   if (Forked()) return ForkedError();
-  ALPSCK_RETURN_IF_ERROR(CheckMetrics(metrics));
+  ALPSCK_RETURN_IF_ERROR(CheckNotes(notes));
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
@@ -274,8 +274,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
   job->step = step;
   job->commit = commit;
   job->refusal = refusal;
-  job->metrics = metrics;
-  job->healthy = NonFiniteMetrics(metrics).empty();
+  job->notes = notes;
   job->t0 = t0;
   job->handle = std::make_shared<SaveHandle>(step);
   std::vector<std::pair<std::string, uint64_t>> sizes;

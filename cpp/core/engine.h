@@ -82,12 +82,13 @@ class Engine {
   // OK: the caller's pre-flight check failed, e.g. no room for what retention holds) aborts the
   // attempt on every rank with it, before this rank opens its shard, and is Save's error: the
   // other ranks hear the abort verdict at once instead of waiting out the commit timeout.
-  // metrics: numbers recorded in the manifest (commit.h: Metrics); rank 0's count (the coordinator
-  // writes the manifest), so every rank passes the same, e.g. a loss all-reduced already.
+  // notes: metrics recorded in the manifest, an unhealthy flag, a pin (commit.h: SaveNotes); rank
+  // 0's count (the coordinator writes the manifest), so every rank passes the same, e.g. a loss
+  // all-reduced already (every rank's retention decides from its own: history.h).
   Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
               std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto,
               std::shared_ptr<ExternalFill>* fill = nullptr, const Status& refusal = Status::Ok(),
-              const Metrics& metrics = {});
+              const SaveNotes& notes = {});
   void WaitAll();
   void Close();
 

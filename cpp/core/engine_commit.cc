@@ -1,6 +1,7 @@
 // The end of a save, from its sealed shard: its commit attempt with the other ranks
 // (commit_attempt.h: rank 0 commits for all, one rank is N = 1) on the committer thread, then the
 // history, LATEST, retention, the handle completed.
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -58,7 +59,7 @@ void Engine::CommitterLoop() {
     if (opts_.rank == 0) {
       // The verdict names the free directory the ranks' next save claims (none listing RUN_DIR).
       const std::string spare = DesignateSpare();
-      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled, std::move(j->metrics));
+      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled, j->notes);
       CommittedSpare(spare, s.ok());
     } else {
       s = j->commit_attempt->AwaitVerdict();
@@ -82,8 +83,13 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
     if (committed) {
       // Plain: shards and a manifest only (no DONE record: the store carried the records, or one
       // rank holds its own; no extra file: only the DCP backend's commits have them).
-      victims = history_.Committed(j->step, opts_.keep_last, opts_.store != nullptr || opts_.world_size == 1,
-                                   j->healthy);
+      RetainedStep facts;
+      facts.step = j->step;
+      facts.created = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      facts.metrics = j->notes.metrics;
+      facts.flagged = j->notes.unhealthy;
+      facts.pinned = j->notes.pin;
+      victims = history_.Committed(facts, !j->notes.pin && (opts_.store != nullptr || opts_.world_size == 1));
       attempts_.erase(j->step);
     }
   }

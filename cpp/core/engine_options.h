@@ -36,6 +36,9 @@ struct EngineOptions {
   uint32_t copy_threads;          // 0: min(4, allowed CPUs)
   uint64_t chunk_bytes;           // rounded up to the alignment
   uint32_t keep_last;             // 0 keeps all
+  uint64_t keep_every_steps;      // retention.h: milestones; 0: off
+  double keep_every_seconds;      // retention.h; 0: off
+  std::string keep_best;          // retention.h: "METRIC:min|max:K"; "": off
   uint64_t staging_bytes;         // 0: sized at the first copy-mode save to max_in_flight x its data
                                   // (+ one slot per writer), grown when a later save is larger
                                   // (external fills still use only the first mapping)

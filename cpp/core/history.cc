@@ -16,12 +16,17 @@ Status History::Load() {
   std::vector<std::string> names;
   int r = env_->ListDir(run_dir_, &names);
   if (r < 0) return Status::FromErrno(-r, "list run directory " + run_dir_);
-  std::set<uint64_t> committed, found;
+  std::map<uint64_t, RetainedStep> committed;
+  std::set<uint64_t> found;
   for (const std::string& n : names) {
     uint64_t step = 0;
     if (!ParseStepDirName(n, &step)) continue;
     const std::string p = JoinPath(run_dir_, n);
-    if (env_->IsDir(JoinPath(p, kManifestName)) == 0) committed.insert(step);
+    if (env_->IsDir(JoinPath(p, kManifestName)) == 0) {
+      RetainedStep& rs = committed[step];
+      rs.step = step;
+      if (policy_.keep_last && policy_.NeedsManifest()) ReadRetainedStep(env_, p, step, &rs);
+    }
     if (env_->IsDir(p) == 1) found.insert(step);
   }
   std::lock_guard<std::mutex> l(mu_);
@@ -32,7 +37,7 @@ Status History::Load() {
 
 int64_t History::newest() const {
   std::lock_guard<std::mutex> l(mu_);
-  return committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin());
+  return committed_.empty() ? -1 : static_cast<int64_t>(committed_.rbegin()->first);
 }
 
 bool History::Skips(uint64_t step, bool one_history) const {
@@ -40,34 +45,24 @@ bool History::Skips(uint64_t step, bool one_history) const {
   return committed_.count(step) && !(one_history && foreign_.count(step));
 }
 
-std::vector<Expiry> History::Committed(uint64_t step, uint32_t keep_last, bool plain, bool healthy) {
+std::vector<Expiry> History::Committed(const RetainedStep& step, bool plain) {
   std::lock_guard<std::mutex> l(mu_);
-  committed_.insert(step);
+  committed_[step.step] = step;
   if (plain)
-    plain_.insert(step);
+    plain_.insert(step.step);
   else
-    plain_.erase(step);
-  if (healthy)
-    unhealthy_.erase(step);
-  else
-    unhealthy_.insert(step);
-  // Rank 0 expires old steps on disk (ExpireSteps); forget them here too. Kept: the newest
-  // keep_last, and the newest healthy one.
+    plain_.erase(step.step);
   std::vector<Expiry> victims;
-  if (!keep_last || committed_.size() <= keep_last) return victims;
-  int64_t healthiest = -1;
-  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it)
-    if (!unhealthy_.count(*it)) {
-      healthiest = static_cast<int64_t>(*it);
-      break;
-    }
-  const std::vector<uint64_t> all(committed_.begin(), committed_.end());  // ascending
-  for (size_t i = 0; i + keep_last < all.size(); ++i) {
-    const uint64_t v = all[i];
-    if (static_cast<int64_t>(v) == healthiest) continue;
+  if (!policy_.keep_last || committed_.size() <= policy_.keep_last) return victims;
+  std::vector<RetainedStep> all;  // ascending
+  all.reserve(committed_.size());
+  for (const auto& c : committed_) all.push_back(c.second);
+  const std::vector<std::string> rules = DecideRetention(policy_, all);
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!rules[i].empty()) continue;
+    const uint64_t v = all[i].step;
     victims.push_back({v, plain_.count(v) > 0});
     plain_.erase(v);
-    unhealthy_.erase(v);
     committed_.erase(v);
   }
   return victims;
@@ -76,8 +71,8 @@ std::vector<Expiry> History::Committed(uint64_t step, uint32_t keep_last, bool p
 void History::ContinueFrom(int64_t step) {
   std::lock_guard<std::mutex> l(mu_);
   base_ = step < 0 ? -1 : step;
-  for (uint64_t c : committed_)  // this process's own commits after S too (a rollback)
-    if (static_cast<int64_t>(c) > base_) foreign_.insert(c);
+  for (const auto& c : committed_)  // this process's own commits after S too (a rollback)
+    if (static_cast<int64_t>(c.first) > base_) foreign_.insert(c.first);
   if (step >= 0) foreign_.erase(static_cast<uint64_t>(step));
 }
 
@@ -109,8 +104,8 @@ Status History::Retire(const std::vector<uint64_t>& victims, PublishedStep* publ
     int64_t remaining = -1;
     {
       std::lock_guard<std::mutex> l(mu_);
-      for (uint64_t c : committed_)
-        if (std::find(victims.begin(), victims.end(), c) == victims.end()) remaining = static_cast<int64_t>(c);
+      for (const auto& c : committed_)
+        if (std::find(victims.begin(), victims.end(), c.first) == victims.end()) remaining = static_cast<int64_t>(c.first);
     }
     published->Rewrite(remaining);
   }
@@ -152,7 +147,7 @@ Status History::Retire(const std::vector<uint64_t>& victims, PublishedStep* publ
     plain_.erase(v);
   }
   retired_log_.insert(retired_log_.end(), retired->begin(), retired->end());
-  published->Reset(committed_.empty() ? -1 : static_cast<int64_t>(*committed_.rbegin()));
+  published->Reset(committed_.empty() ? -1 : static_cast<int64_t>(committed_.rbegin()->first));
   return failure;  // on failure the renames done stay done, and the save must not proceed
 }
 

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -38,6 +39,7 @@
 #include <vector>
 
 #include "env.h"
+#include "retention.h"
 #include "run_dir.h"
 #include "status.h"
 
@@ -45,12 +47,14 @@ namespace alpsck {
 
 class History {
  public:
-  History(Env* env, std::string run_dir, uint32_t rank) : env_(env), run_dir_(std::move(run_dir)), rank_(rank) {}
+  History(Env* env, std::string run_dir, uint32_t rank, RetentionPolicy policy)
+      : env_(env), run_dir_(std::move(run_dir)), rank_(rank), policy_(std::move(policy)) {}
   History(const History&) = delete;
   History& operator=(const History&) = delete;
 
   // Open: what RUN_DIR already holds. Committed steps: a manifest exists (recovery does the deep
-  // checks). Every step directory found counts as not of this history (what Supersede may retire)
+  // checks); their manifests are read (creation time, metrics) only when the retention policy needs
+  // them (RetentionPolicy::NeedsManifest), else they count as healthy. Every step directory found counts as not of this history (what Supersede may retire)
   // until ContinueFrom says which stays.
   Status Load();
   // The newest committed step; -1 if none.
@@ -58,13 +62,14 @@ class History {
   // Whether a save of `step` is skipped as committed. With one_history, a step of another history
   // is saved anew (Supersede retires the old one first).
   bool Skips(uint64_t step, bool one_history) const;
-  // This process committed `step`; with keep_last, the oldest beyond it are forgotten (rank 0
-  // expires them on disk: ExpireSteps), but never the newest healthy one: a restore skips an
-  // unhealthy checkpoint (recovery.h, rule 5b), so keep_last alone could leave none it would use.
-  // Returns the steps it forgot, for rank 0 to expire on disk (ExpireSteps); plain: this process
-  // committed `step` with nothing but shards and a manifest; healthy: its metrics are all finite
-  // (steps found at Load count as healthy: a restore retires the newer unhealthy ones).
-  std::vector<Expiry> Committed(uint64_t step, uint32_t keep_last, bool plain = false, bool healthy = true);
+  // This process committed `step` (its creation time, metrics and pin: RetainedStep); the steps
+  // no rule of the retention policy keeps now (retention.h: DecideRetention, over the steps this
+  // process knows: those found at Load and committed since) are forgotten and returned, for rank
+  // 0 to expire on disk (ExpireSteps). Every rank decides alike from the same inputs (the metrics
+  // are passed alike to every rank's save; only keep_every_seconds reads each rank's own clock),
+  // and only rank 0 touches the disk. plain: this process committed it with nothing but shards
+  // and a manifest.
+  std::vector<Expiry> Committed(const RetainedStep& step, bool plain = false);
 
   void ContinueFrom(int64_t step);
   // Whether any step directory is not of this history (else Supersede has nothing to do).
@@ -84,10 +89,10 @@ class History {
   Env* const env_;
   const std::string run_dir_;
   const uint32_t rank_;
+  const RetentionPolicy policy_;
   mutable std::mutex mu_;                 // guards the fields below
-  std::set<uint64_t> committed_;          // steps whose directory holds a manifest
+  std::map<uint64_t, RetainedStep> committed_;  // steps whose directory holds a manifest, with what retention looks at
   std::set<uint64_t> plain_;              // those of committed_ this process committed plainly
-  std::set<uint64_t> unhealthy_;          // those of committed_ this process committed with a non-finite metric
   std::set<uint64_t> foreign_;            // step-N directories not of this history (see ContinueFrom)
   std::vector<std::pair<uint64_t, std::string>> retired_log_;  // for TakeRetired
   int64_t base_ = kNoBase;                // ContinueFrom's step

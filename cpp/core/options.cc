@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine_options.h"
+#include "retention.h"
 
 namespace alpsck {
 
@@ -23,6 +24,8 @@ EngineOptions::EngineOptions()
       copy_threads(static_cast<uint32_t>(Default("copy_threads"))),
       chunk_bytes(static_cast<uint64_t>(Default("chunk_bytes"))),
       keep_last(static_cast<uint32_t>(Default("keep_last"))),
+      keep_every_steps(static_cast<uint64_t>(Default("keep_every_steps"))),
+      keep_every_seconds(Default("keep_every_seconds")),
       staging_bytes(static_cast<uint64_t>(Default("staging_bytes"))),
       direct_io(Default("direct_io") != 0),
       background_nice(static_cast<uint32_t>(Default("background_nice"))),
@@ -42,8 +45,17 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
       {"chunk_bytes", OptionType::kInt, 8 << 20, 1, 1 << 30, nullptr,
        "unit of writing, CRC and pipelining (rounded up to the I/O alignment)"},
       {"keep_last", OptionType::kInt, 3, 0, kU32, "keep all",
-       "committed checkpoints kept; up to max_in_flight expired ones stay as free-* directories, overwritten "
-       "in place by later saves"},
+       "the newest checkpoints kept (besides the newest healthy one, pinned ones and those the keep_every_* and "
+       "keep_best rules keep: docs/retention.md); up to max_in_flight expired ones stay as free-* directories, "
+       "overwritten in place by later saves"},
+      {"keep_every_steps", OptionType::kInt, 0, 0, 4611686018427387904.0, "off",
+       "also keep every checkpoint whose step is a multiple of this (milestones)"},
+      {"keep_every_seconds", OptionType::kFloat, 0, 0, 31536000000.0, "off",
+       "also keep the oldest checkpoint, then each one saved at least this many seconds after the last one this "
+       "rule kept"},
+      {"keep_best", OptionType::kText, 0, 0, 0, nullptr,
+       "METRIC:min:K or METRIC:max:K: also keep the K checkpoints with the best value of that metric (a NaN, an "
+       "infinity or no value never counts among the best); empty: off"},
       {"staging_bytes", OptionType::kInt, 0, 0, 4611686018427387904.0,
        "auto: max_in_flight x the state's chunks (+ one per writer), at the first save, grown by a larger one",
        "pre-faulted staging memory"},
@@ -63,7 +75,11 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
        "alpsck.gpu_numa_node()); -1: wherever the thread that faults it in runs"},
       {"commit_timeout_s", OptionType::kFloat, 600, 0.001, 604800, nullptr,
        "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
-      // Not an EngineOptions field: the readers' (restore, verify, export, the DCP reader).
+      // Not EngineOptions fields: the Checkpointer's save (spike_factor), the readers' (read_threads:
+      // restore, verify, export, the DCP reader).
+      {"spike_factor", OptionType::kFloat, 0, 0, 1e6, "off",
+       "a save whose metric 'loss' is above this many times the median of the last 8 finite ones saved is "
+       "recorded unhealthy (a loss spike: no restore resumes from it unless asked); 0: off"},
       {"read_threads", OptionType::kInt, 16, 1, kMaxWriterThreads, nullptr,
        "threads reading and CRC-checking a shard in restore, verify and export"},
   };
@@ -101,6 +117,12 @@ Status CheckEngineOptions(const EngineOptions& o) {
   ALPSCK_RETURN_IF_ERROR(Check("copy_threads", o.copy_threads));
   ALPSCK_RETURN_IF_ERROR(Check("chunk_bytes", static_cast<double>(o.chunk_bytes)));
   ALPSCK_RETURN_IF_ERROR(Check("keep_last", o.keep_last));
+  ALPSCK_RETURN_IF_ERROR(Check("keep_every_steps", static_cast<double>(o.keep_every_steps)));
+  if (!(o.keep_every_seconds == o.keep_every_seconds)) return Status::Invalid("keep_every_seconds is not a number");
+  ALPSCK_RETURN_IF_ERROR(Check("keep_every_seconds", o.keep_every_seconds));
+  RetentionPolicy policy;
+  ALPSCK_RETURN_IF_ERROR(ParseKeepBest(o.keep_best, &policy));
+  ALPSCK_RETURN_IF_ERROR(CheckRetention(RetentionOf(o)));
   ALPSCK_RETURN_IF_ERROR(Check("staging_bytes", static_cast<double>(o.staging_bytes)));
   ALPSCK_RETURN_IF_ERROR(Check("background_nice", o.background_nice));
   ALPSCK_RETURN_IF_ERROR(Check("numa_node", o.numa_node));
@@ -113,6 +135,15 @@ Status CheckEngineOptions(const EngineOptions& o) {
                              " and " + Num(s.max));
   }
   return Status::Ok();
+}
+
+RetentionPolicy RetentionOf(const EngineOptions& o) {
+  RetentionPolicy p;
+  (void)ParseKeepBest(o.keep_best, &p);  // checked by CheckEngineOptions; unparsable: off
+  p.keep_last = o.keep_last;
+  p.keep_every_steps = o.keep_every_steps;
+  p.keep_every_seconds = o.keep_every_seconds;
+  return p;
 }
 
 }  // namespace alpsck

@@ -14,12 +14,12 @@ namespace alpsck {
 
 struct EngineOptions;
 
-enum class OptionType { kInt, kFloat, kBool, kCpuList };
+enum class OptionType { kInt, kFloat, kBool, kCpuList, kText };
 
 struct OptionSpec {
   const char* name;
   OptionType type;
-  double default_value;    // kBool: 0 or 1; kCpuList: unused (default: none)
+  double default_value;    // kBool: 0 or 1; kCpuList, kText: unused (default: none, "")
   double min, max;         // inclusive; kCpuList: of each CPU number
   const char* zero_means;  // what 0 means where it is not a plain count ("auto: ..."), else nullptr
   const char* doc;
@@ -33,5 +33,9 @@ const OptionSpec& EngineOptionSpec(const char* name);  // aborts on an unknown n
 // OK when every option lies within its limits; else kInvalidArgument naming the option, its value
 // and the allowed range.
 Status CheckEngineOptions(const EngineOptions& o);
+
+// The retention policy the options give (retention.h); CheckEngineOptions checked them.
+struct RetentionPolicy;
+RetentionPolicy RetentionOf(const EngineOptions& o);
 
 }  // namespace alpsck

@@ -12,6 +12,7 @@
 #include "file_io.h"
 #include "json.h"
 #include "platform.h"
+#include "retention.h"
 
 namespace alpsck {
 
@@ -250,6 +251,12 @@ void CheckCheckpoint(Env* env, const std::string& dir, uint64_t step, bool verif
   if (const Json* metrics = m.find("metrics")) {
     if (!ParseMetrics(*metrics, &info->metrics)) return corrupt("MANIFEST.json: 'metrics' is malformed");
   }
+  if (const Json* u = m.find("unhealthy")) {
+    const std::string* t = u->get_string();
+    if (!t || t->size() > kMaxUnhealthyText) return corrupt("MANIFEST.json: 'unhealthy' is malformed");
+    info->flagged = *t;
+  }
+  info->pinned = IsPinned(env, dir);
   info->state = CheckpointState::kCommitted;
   info->verified = verify;
 }
@@ -384,9 +391,9 @@ Status PickCheckpoint(Env* env, const std::string& run_dir, const PickOptions& o
       } else if (opts.world_size != 0 && i.ranks != opts.world_size) {  // rule 5
         why.reason = "other_world";
         why.message = "written by " + std::to_string(i.ranks) + " rank(s), not " + std::to_string(opts.world_size);
-      } else if (!opts.allow_unhealthy && !NonFiniteMetrics(i.metrics).empty()) {  // rule 5b
+      } else if (!opts.allow_unhealthy && !Unhealthy(i.metrics, i.flagged).empty()) {  // rule 5b
         why.reason = "unhealthy";
-        why.message = "its metrics are not finite (" + NonFiniteMetrics(i.metrics) + "); allow_unhealthy=True restores it";
+        why.message = Unhealthy(i.metrics, i.flagged) + "; allow_unhealthy=True restores it";
       } else {
         if (!out->step) {
           out->step = step;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "file_io.h"
+#include "retention.h"
 
 namespace alpsck {
 
@@ -194,12 +195,12 @@ void KeepOnlyShards(Env* env, const std::string& dir) {
 
 }  // namespace
 
-std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free) {
-  if (keep_last == 0) return "";
+std::string RetainNewest(Env* env, const std::string& run_dir, const RetentionPolicy& policy, uint32_t keep_free) {
+  if (policy.keep_last == 0) return "";
   std::vector<std::string> names;
   int r = env->ListDir(run_dir, &names);
   if (r < 0) return Status::FromErrno(-r, "retention: list " + run_dir).message();
-  std::vector<uint64_t> committed;
+  std::vector<RetainedStep> committed;
   uint32_t claimable = 0;
   for (const std::string& n : names) {
     uint64_t step = 0;
@@ -207,14 +208,21 @@ std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_las
     if (!is_step && !IsClaimableFreeDir(n)) continue;  // no call for the locks, LATEST, ...: one per rank
     const std::string p = JoinPath(run_dir, n);
     const bool real = env->IsOwnDir(p) == 1;  // a symlinked or foreign checkpoint is never expired nor recycled
-    if (is_step && real && env->IsDir(JoinPath(p, kManifestName)) >= 0)
-      committed.push_back(step);
-    else if (!is_step && real)
+    if (is_step && real && env->IsDir(JoinPath(p, kManifestName)) >= 0) {
+      RetainedStep rs;
+      rs.step = step;
+      // Unreadable (vanished, damaged): it counts as healthy, created at 0, without metrics.
+      if (policy.NeedsManifest()) ReadRetainedStep(env, p, step, &rs);
+      committed.push_back(rs);
+    } else if (!is_step && real) {
       ++claimable;
+    }
   }
-  std::sort(committed.begin(), committed.end());
+  std::sort(committed.begin(), committed.end(), [](const RetainedStep& a, const RetainedStep& b) { return a.step < b.step; });
+  const std::vector<std::string> rules = DecideRetention(policy, committed);
   std::vector<Expiry> victims;
-  for (size_t i = 0; i + keep_last < committed.size(); ++i) victims.push_back({committed[i], false});
+  for (size_t i = 0; i < committed.size(); ++i)
+    if (rules[i].empty()) victims.push_back({committed[i].step, false});
   std::vector<std::string> kept;
   return ExpireSteps(env, run_dir, victims, keep_free > claimable ? keep_free - claimable : 0, &kept);
 }
@@ -232,7 +240,7 @@ std::string ExpireSteps(Env* env, const std::string& run_dir, const std::vector<
     const std::string path = JoinPath(run_dir, StepDirName(v.step));
     // Looked at first, even one this process committed (it may have been swapped for a link to
     // a copy since): a symlinked or foreign checkpoint is never expired nor recycled.
-    if (env->IsOwnDir(path) != 1) continue;
+    if (env->IsOwnDir(path) != 1 || IsPinned(env, path)) continue;
     const uint64_t n = seq.fetch_add(1);
     // A directory kept for reuse is renamed to its claimable name at once: nothing claims it
     // before the caller hands the name out, after the fsync below (and TidyRunDir fsyncs before

@@ -46,6 +46,7 @@ namespace alpsck {
 
 constexpr char kManifestName[] = "MANIFEST.json";
 constexpr char kLatestName[] = "LATEST";
+constexpr char kPinName[] = "PINNED";  // in a step directory: a pin (retention.h)
 constexpr char kLockName[] = ".lock";
 constexpr char kHistoryName[] = "history.jsonl";
 constexpr char kRequeueRequestName[] = ".requeue-request";
@@ -226,10 +227,12 @@ class PublishedStep {
 // directories kept (claimable), oldest name first.
 std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free);
 
-// Retention from a listing (alpsck prune's, through the binding): keeps the newest keep_last
-// committed steps (0 keeps all) and expires the older ones (ExpireSteps), counting the claimable
-// directories already there. Returns a warning (empty if none): retention never fails a save.
-std::string RetainNewest(Env* env, const std::string& run_dir, uint32_t keep_last, uint32_t keep_free = 0);
+// Retention from a listing (the DCP writer's, through the binding): the committed steps that no
+// rule of `policy` keeps (retention.h: DecideRetention; each manifest is read only when the policy
+// needs it) are expired (ExpireSteps), counting the claimable directories already there. Returns
+// a warning (empty if none): retention never fails a save.
+struct RetentionPolicy;
+std::string RetainNewest(Env* env, const std::string& run_dir, const RetentionPolicy& policy, uint32_t keep_free = 0);
 
 // One committed step to expire. plain: the caller committed it itself with nothing but its shards
 // and manifest (no DONE record, no extra file), so its directory is not listed to strip the rest.
@@ -239,7 +242,8 @@ struct Expiry {
 };
 
 // Retention from what rank 0 knows, without listing RUN_DIR (the engine's, per save): each victim
-// (first checked to be our own directory, not a link) is expired by one rename. Up to `room` of
+// (first checked to be our own directory, not a link, and not pinned: a pin made since the
+// decision holds) is expired by one rename. Up to `room` of
 // them are kept for reuse: renamed to a claimable free-* name, with their shards (and their
 // manifest, which the claiming save's commit replaces; a victim that is not plain loses every
 // other file). The rest are renamed to free-*.new, lose their manifest first, and are removed.

@@ -33,8 +33,7 @@ struct SaveJob {
   std::unique_ptr<CommitAttempt> commit_attempt;  // its directories and its verdict (commit_attempt.h)
   CommitMode commit = CommitMode::kAuto;
   Status refusal;  // not OK: a pre-flight check failed; the attempt is aborted before the shard is opened
-  Metrics metrics;  // rank 0's go into the manifest
-  bool healthy = true;  // every metric finite (retention keeps the newest healthy step: history.h)
+  SaveNotes notes;  // rank 0's go into the manifest; every rank's retention reads its own (history.h)
   SaveResult result;                 // filled as the save goes (for the committer)
   std::string tmp_dir, final_dir, shard_path;
   int fd = -1;

@@ -33,6 +33,7 @@
 #include "env.h"
 #include "platform.h"
 #include "recovery.h"
+#include "retention.h"
 #include "run_dir.h"
 
 namespace nb = nanobind;
@@ -308,7 +309,8 @@ class PyEngine {
            uint32_t keep_last, uint64_t staging_bytes, std::vector<int> pin_cpus, bool direct_io, uint32_t rank,
            std::vector<nb::dict> faults, uint32_t copy_threads, uint32_t world_size, double commit_timeout_s,
            bool one_history, uint32_t background_nice, bool crc_in_copy, int32_t numa_node, nb::object store,
-           const std::string& store_ns) {
+           const std::string& store_ns, uint64_t keep_every_steps, double keep_every_seconds,
+           const std::string& keep_best) {
     EngineOptions o;
     if (!store.is_none()) {
       o.store = std::make_shared<PyKvStore>(store);
@@ -319,6 +321,9 @@ class PyEngine {
     o.chunk_bytes = chunk_bytes;
     o.max_in_flight = max_in_flight;
     o.keep_last = keep_last;
+    o.keep_every_steps = keep_every_steps;
+    o.keep_every_seconds = keep_every_seconds;
+    o.keep_best = keep_best;
     o.staging_bytes = staging_bytes;
     o.pin_cpus = std::move(pin_cpus);
     o.direct_io = direct_io;
@@ -378,7 +383,7 @@ class PyEngine {
   // only; the caller commits with commit_step).
   PyHandle save(uint64_t step, const std::vector<std::pair<std::string, Bytes>>& extents, const std::string& meta,
                 const std::string& mode_name, nb::object keepalive, const std::string& commit_name,
-                const std::string& refuse, const Metrics& metrics) {
+                const std::string& refuse, const Metrics& metrics, const std::string& unhealthy, bool pin) {
     CommitMode commit = ParseCommit(commit_name);
     SaveMode mode;
     if (mode_name == "snapshot") mode = SaveMode::kSnapshot;
@@ -396,7 +401,7 @@ class PyEngine {
     {
       nb::gil_scoped_release nogil;
       s = e.Save(step, ex, meta, mode, &h, commit, nullptr,
-                 refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse), metrics);
+                 refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse), SaveNotes{metrics, unhealthy, pin});
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
@@ -439,7 +444,7 @@ class PyEngine {
   // An external-fill save: the caller fills staging slots itself (see PyFill).
   std::pair<PyHandle, PyFill> save_external(uint64_t step, const std::vector<std::pair<std::string, uint64_t>>& sizes,
                                             const std::string& meta, const std::string& commit_name,
-                                            const Metrics& metrics) {
+                                            const Metrics& metrics, const std::string& unhealthy, bool pin) {
     CommitMode commit = ParseCommit(commit_name);
     std::vector<SaveExtent> ex;
     ex.reserve(sizes.size());
@@ -450,7 +455,7 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, SaveMode::kExternal, &h, commit, &fill, Status::Ok(), metrics);
+      s = e.Save(step, ex, meta, SaveMode::kExternal, &h, commit, &fill, Status::Ok(), SaveNotes{metrics, unhealthy, pin});
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (fill) {
@@ -613,8 +618,9 @@ nb::dict InfoDict(const CheckpointInfo& i) {
   nb::dict metrics;
   for (const auto& [name, value] : i.metrics) metrics[Text(name)] = value;
   d["metrics"] = metrics;
-  const std::string sick = NonFiniteMetrics(i.metrics);  // the health rule (commit.h), told once
+  const std::string sick = Unhealthy(i.metrics, i.flagged);  // the health rule (retention.h), told once
   d["unhealthy"] = sick.empty() ? nb::none() : nb::object(Text(sick));
+  d["pinned"] = i.pinned;
   return d;
 }
 
@@ -813,11 +819,50 @@ NB_MODULE(_core, m) {
           {
             nb::gil_scoped_release nogil;
             ConfinedRoot confined(Env::Default(), run_dir);
-            warning = RetainNewest(Env::Default(), run_dir, keep_last);
+            RetentionPolicy policy;
+            policy.keep_last = keep_last;
+            warning = RetainNewest(Env::Default(), run_dir, policy);
           }
           return Text(warning);
         },
         "run_dir"_a, "keep_last"_a, "Keep the newest keep_last committed checkpoints; returns a warning or ''.");
+
+  m.def("pin_step",
+        [](const FsPath& run_dir, uint64_t step, bool pin) {
+          Status s;
+          {
+            nb::gil_scoped_release nogil;
+            ConfinedRoot confined(Env::Default(), run_dir.bytes);
+            s = pin ? PinStep(Env::Default(), run_dir.bytes, step) : UnpinStep(Env::Default(), run_dir.bytes, step);
+          }
+          if (s.code() == Code::kNotFound) return Text(s.message());
+          if (!s.ok()) RaiseStatus(s, true);
+          return Text("");
+        },
+        "run_dir"_a, "step"_a, "pin"_a = true,
+        "Pin (pin=False: unpin) committed step `step` of run_dir: a pinned checkpoint is never expired by retention "
+        "(retention.h). Returns '' or, when step-N is not a committed checkpoint, why; other failures raise.");
+  m.def("decide_retention",
+        [](const std::vector<std::tuple<uint64_t, double, Metrics, std::string, bool>>& steps, uint32_t keep_last,
+           uint64_t keep_every_steps, double keep_every_seconds, const std::string& keep_best) {
+          RetentionPolicy p;
+          Status s = ParseKeepBest(keep_best, &p);
+          p.keep_last = keep_last;
+          p.keep_every_steps = keep_every_steps;
+          p.keep_every_seconds = keep_every_seconds;
+          if (s.ok()) s = CheckRetention(p);
+          if (!s.ok()) RaiseStatus(s, false);
+          std::vector<RetainedStep> in;
+          for (const auto& [step, created, metrics, flagged, pinned] : steps) {
+            if (!in.empty() && step <= in.back().step) throw nb::value_error("steps must be ascending, each once");
+            in.push_back({step, created, metrics, flagged, pinned});
+          }
+          return DecideRetention(p, in);
+        },
+        "steps"_a, "keep_last"_a, "keep_every_steps"_a = 0, "keep_every_seconds"_a = 0.0, "keep_best"_a = "",
+        "The retention rule (retention.h), over committed checkpoints given ascending by step as (step, created, "
+        "metrics, unhealthy flag, pinned): for each, the rules that keep it joined by ', ' ('': it expires). A "
+        "policy whose rules cannot take effect raises ValueError naming the option.");
 
   m.def("remove_entries",
         [](const FsPath& run_dir, const std::vector<FsPath>& names) {
@@ -876,8 +921,9 @@ NB_MODULE(_core, m) {
             case OptionType::kFloat: d["type"] = "float"; d["default"] = num(s.default_value); break;
             case OptionType::kBool: d["type"] = "bool"; d["default"] = nb::bool_(s.default_value != 0); break;
             case OptionType::kCpuList: d["type"] = "cpus"; d["default"] = nb::list(); break;
+            case OptionType::kText: d["type"] = "text"; d["default"] = ""; break;
           }
-          if (s.type != OptionType::kBool) {
+          if (s.type != OptionType::kBool && s.type != OptionType::kText) {
             d["min"] = num(s.min);
             d["max"] = num(s.max);
           }
@@ -895,7 +941,7 @@ NB_MODULE(_core, m) {
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, uint32_t, uint64_t, uint32_t, uint32_t, uint64_t, std::vector<int>, bool,
                     uint32_t, std::vector<nb::dict>, uint32_t, uint32_t, double, bool, uint32_t, bool, int32_t,
-                    nb::object, const std::string&>(),
+                    nb::object, const std::string&, uint64_t, double, const std::string&>(),
            "run_dir"_a, "threads"_a = defaults.threads, "chunk_bytes"_a = defaults.chunk_bytes,
            "max_in_flight"_a = defaults.max_in_flight, "keep_last"_a = defaults.keep_last,
            "staging_bytes"_a = defaults.staging_bytes, "pin_cpus"_a = defaults.pin_cpus,
@@ -904,17 +950,22 @@ NB_MODULE(_core, m) {
            "commit_timeout_s"_a = defaults.commit_timeout_s, "one_history"_a = false,
            "background_nice"_a = defaults.background_nice, "crc_in_copy"_a = defaults.crc_in_copy,
            "numa_node"_a = defaults.numa_node, "store"_a = nb::none(), "store_ns"_a = "",
+           "keep_every_steps"_a = defaults.keep_every_steps, "keep_every_seconds"_a = defaults.keep_every_seconds,
+           "keep_best"_a = defaults.keep_best,
            "An engine on run_dir. store: a torch.distributed Store (c10d: TCPStore, PrefixStore, ...) through "
            "which the ranks agree on each commit, under keys starting with store_ns (the same on every rank, "
            "unique to this run directory and job); None: through the attempt's directory.")
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "", "metrics"_a = Metrics{},
+           "unhealthy"_a = "", "pin"_a = false,
            "Save a shard; refuse (not empty): a pre-flight check failed: abort the attempt on every rank with this "
            "reason (DiskFullError here) before the shard takes a byte. metrics: [(name, value)] for the manifest "
-           "(rank 0's are recorded).")
+           "(rank 0's are recorded); unhealthy: why the caller judged it unhealthy besides its metrics (a loss "
+           "spike), '' for none; pin: commit it pinned (retention never expires it).")
       .def("save_external", &PyEngine::save_external, "step"_a, "sizes"_a, "meta"_a = "", "commit"_a = "auto",
-           "metrics"_a = Metrics{},
-           "Start a save whose staging slots the caller fills (returns (handle, fill)); metrics as for save.")
+           "metrics"_a = Metrics{}, "unhealthy"_a = "", "pin"_a = false,
+           "Start a save whose staging slots the caller fills (returns (handle, fill)); metrics, unhealthy and pin "
+           "as for save.")
       .def("staging_tensor", &PyEngine::staging_tensor, nb::sig("def staging_tensor(self) -> torch.Tensor"),
            "The whole staging pool as one uint8 CPU tensor (zero-copy; keeps the memory alive past close).")
       .def_prop_ro("staging_address", [](PyEngine& e) {

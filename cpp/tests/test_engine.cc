@@ -1246,7 +1246,7 @@ TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
   const Metrics metrics = {{"loss", 1.5}, {"val/loss", std::nan("")}, {"grad_norm", HUGE_VAL}, {"lr", -HUGE_VAL}};
   std::shared_ptr<SaveHandle> h;
   REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                  Status::Ok(), metrics).ok());
+                  Status::Ok(), SaveNotes{metrics, "", false}).ok());
   REQUIRE(h->Wait(-1));
   REQUIRE(h->status().ok());
   // Names a manifest cannot hold are refused before anything is queued.
@@ -1254,7 +1254,7 @@ TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
                              Metrics(kMaxMetrics + 1, {"m", 0.0})}) {
     std::shared_ptr<SaveHandle> h2;
     Status s = e->Save(8, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h2, CommitMode::kAuto, nullptr,
-                       Status::Ok(), bad);
+                       Status::Ok(), SaveNotes{bad, "", false});
     CHECK(s.code() == Code::kInvalidArgument);
   }
   e->Close();
@@ -1273,7 +1273,7 @@ TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
 static Status SaveWithMetrics(Engine* e, uint64_t step, const std::vector<char>& a, const Metrics& metrics) {
   std::shared_ptr<SaveHandle> h;
   Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                     Status::Ok(), metrics);
+                     Status::Ok(), SaveNotes{metrics, "", false});
   if (!s.ok()) return s;
   h->Wait(-1);
   return h->status();

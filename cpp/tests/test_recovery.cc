@@ -456,7 +456,7 @@ TEST(pick_skips_a_checkpoint_whose_metrics_are_not_finite_unless_allowed) {
   for (const auto& [step, loss] : {std::make_pair(10, 1.0), std::make_pair(20, 0.5), std::make_pair(30, std::nan(""))}) {
     std::shared_ptr<SaveHandle> h;
     REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                    Status::Ok(), {{"loss", loss}, {"lr", 0.1}}).ok());
+                    Status::Ok(), SaveNotes{{{"loss", loss}, {"lr", 0.1}}, "", false}).ok());
     REQUIRE(h->Wait(-1) && h->status().ok());
   }
   e->Close();
