@@ -73,7 +73,7 @@ from .errors import (
     UsageError,
 )
 from .handles import FutureMixin, blocking
-from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step
+from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step, keep_best_text
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
 from .restore import RESTORED_HOOKS, peek, read_checkpoint, restore_into
@@ -126,10 +126,12 @@ class Checkpointer:
 
     Args:
         run_dir: directory of this run's checkpoints (created if missing).
-        max_in_flight, threads, chunk_bytes, keep_last, staging_bytes, direct_io, pin_cpus,
-            background_nice, copy_threads, crc_in_copy, numa_node, commit_timeout_s: the engine's
-            options. Their defaults, limits and meaning are defined once, in the core
-            (``alpsck.options.SPECS``; the table in docs/python-api.md); None takes the default.
+        max_in_flight, threads, chunk_bytes, keep_last, keep_every_steps, keep_every_seconds,
+            keep_best, staging_bytes, direct_io, pin_cpus, background_nice, copy_threads, crc_in_copy,
+            numa_node, commit_timeout_s: the engine's options (retention: docs/retention.md;
+            ``keep_best`` also takes a ``(metric, "min" | "max", k)`` tuple). Their defaults, limits and
+            meaning are defined once, in the core (``alpsck.options.SPECS``; the table in
+            docs/python-api.md); None takes the default.
             A value out of range raises UsageError naming it.
         rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
         replicated: top-level state keys whose tensors are identical on every rank (written once).
@@ -155,6 +157,9 @@ class Checkpointer:
         threads: int | None = None,
         chunk_bytes: int | None = None,
         keep_last: int = DEFAULTS["keep_last"],
+        keep_every_steps: int = DEFAULTS["keep_every_steps"],
+        keep_every_seconds: float = DEFAULTS["keep_every_seconds"],
+        keep_best: str | tuple[str, str, int] = DEFAULTS["keep_best"],
         staging_bytes: int | None = None,
         direct_io: bool = DEFAULTS["direct_io"],
         pin_cpus: Sequence[int] | None = None,
@@ -173,7 +178,9 @@ class Checkpointer:
     ) -> None:
         # None: the core's default (alpsck.options). Every value is checked here, before anything is touched.
         given = {"max_in_flight": max_in_flight, "threads": threads, "chunk_bytes": chunk_bytes,
-                 "keep_last": keep_last, "staging_bytes": staging_bytes, "direct_io": direct_io,
+                 "keep_last": keep_last, "keep_every_steps": keep_every_steps,
+                 "keep_every_seconds": keep_every_seconds, "keep_best": keep_best_text(keep_best),
+                 "staging_bytes": staging_bytes, "direct_io": direct_io,
                  "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
                  "background_nice": background_nice, "copy_threads": copy_threads, "crc_in_copy": crc_in_copy,
                  "numa_node": numa_node, "commit_timeout_s": commit_timeout_s}
@@ -181,6 +188,9 @@ class Checkpointer:
         opts = {k: DEFAULTS[k] if v is None and k not in NONE_REFUSED else v for k, v in given.items()}
         for name, value in opts.items():
             check_option(name, value)
+        # The rules together (keep_last 0 keeps all: the others would be moot), by the core's one check.
+        _core.decide_retention([], opts["keep_last"], opts["keep_every_steps"], opts["keep_every_seconds"],
+                               opts["keep_best"])
         _core.check_numa_node(numa_node if numa_node is not None else DEFAULTS["numa_node"])  # before the run dir
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
@@ -201,7 +211,10 @@ class Checkpointer:
         self.layout: LayoutReport | None = None  # what rank 0 found and did about the Lustre layout
         self._preflight = preflight
         self._preflight_bytes = 0  # the shard size rank 0 last checked (0: not yet)
-        self._keep = keep_last + max_in_flight if keep_last else 1  # keep_last 0 keeps all: the next one at least
+        # What the pre-flight check makes room for: keep_last 0 keeps all, the next one at least. The
+        # milestone, time and pinned checkpoints cannot be known ahead; the best K can.
+        best = int(opts["keep_best"].rsplit(":", 1)[1]) if opts["keep_best"] else 0
+        self._keep = keep_last + max_in_flight + best if keep_last else 1
         self._stager: Stager | None = None
         self._hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> its hook
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
@@ -329,12 +342,17 @@ class Checkpointer:
 
     @blocking("save")
     def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False,
-             metrics: Mapping[str, Any] | None = None) -> CoreSave:
+             metrics: Mapping[str, Any] | None = None, pin: bool = False) -> CoreSave:
         """Snapshot ``state`` as checkpoint ``step`` and persist it in the background.
 
         ``metrics``: numbers recorded in the checkpoint's manifest (``{"loss": ..., "val_loss": ...}``),
         shown by ``inspect-checkpoints`` and ``status``; NaN and the infinities are kept as such. Rank 0's
-        are recorded: pass the same on every rank (a loss all-reduced already).
+        are recorded: pass the same on every rank (a loss all-reduced already). Retention's ``keep_best``
+        ranks checkpoints by one of them, and one holding a NaN or an infinity is unhealthy: no restore
+        resumes from it unless asked (docs/retention.md).
+
+        ``pin=True`` commits the checkpoint pinned: no retention rule ever expires it (``alpsck unpin``
+        releases it).
 
         By default the snapshot copy finishes before the writes start, which gives the shortest
         stall: on small machines, writes racing the copy slow it down. ``urgent=True``
@@ -348,6 +366,8 @@ class Checkpointer:
         check_step(step)
         check_state(state)
         pairs = check_metrics(metrics)
+        if not isinstance(pin, bool):
+            raise UsageError(f"pin must be True or False, not {pin!r}")
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self._reap()
         cap = capture(state)
@@ -362,11 +382,12 @@ class Checkpointer:
                 self.engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
                 raise DiskFullError(refusal)
             if self._is_pipelined(cuda):
-                handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs))
+                handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs,
+                                                         pin=pin))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
                 handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
-                                                   metrics=pairs))
+                                                   metrics=pairs, pin=pin))
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)

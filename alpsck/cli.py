@@ -19,7 +19,7 @@ from .errors import AlpsckError
 # Modules that contribute subcommands.
 COMMAND_MODULES = (
     "alpsck.tools.inspect_checkpoints",  # inspect-checkpoints
-    "alpsck.tools.prune",                # prune
+    "alpsck.tools.prune",                # prune, pin, unpin
     "alpsck.tools.export",               # export
     "alpsck.tools.promote",              # promote
     "alpsck.tools.import_dcp",           # import-dcp

@@ -16,7 +16,7 @@ from typing import Any
 from . import _core
 from .errors import UsageError, echo
 
-__all__ = ["DEFAULTS", "NONE_REFUSED", "SPECS", "check", "problem"]
+__all__ = ["DEFAULTS", "NONE_REFUSED", "SPECS", "check", "keep_best_text", "problem"]
 
 SPECS: dict[str, dict[str, Any]] = {s["name"]: s for s in _core.engine_options()}
 DEFAULTS: dict[str, Any] = {name: s["default"] for name, s in SPECS.items()}
@@ -42,6 +42,8 @@ def problem(name: str, value: Any) -> str | None:
         return NONE_REFUSED[name]
     if kind == "bool":
         return None if isinstance(value, bool) else f"{echo(value)}: must be true or false"
+    if kind == "text":
+        return _text_problem(name, value)
     if kind == "cpus":
         if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, range)):
             return f"{echo(value)}: must be a list of CPU numbers"
@@ -52,6 +54,27 @@ def problem(name: str, value: Any) -> str | None:
         return f"{echo(value)}: must be {'an integer' if kind == 'int' else 'a number'}"
     if not spec["min"] <= value <= spec["max"]:  # NaN compares false: refused too
         return f"{echo(value)}: must be {_range(spec)}"
+    return None
+
+
+def keep_best_text(value: Any) -> Any:
+    """``keep_best`` as the core takes it: ``("val_loss", "min", 2)`` becomes ``"val_loss:min:2"``;
+    anything else is returned as it is (and checked by :func:`problem`)."""
+    if isinstance(value, (tuple, list)) and len(value) == 3 and all(isinstance(v, (str, int)) for v in value):
+        return f"{value[0]}:{value[1]}:{value[2]}"
+    return value
+
+
+def _text_problem(name: str, value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"{echo(value)}: must be a string" + (" (METRIC:min:K or METRIC:max:K), or a (metric, mode, k) tuple"
+                                                      if name == "keep_best" else "")
+    if name == "keep_best" and value:
+        try:  # the core parses it (retention.h): the rule is stated once
+            _core.decide_retention([], 1, keep_best=value)
+        except ValueError as e:
+            text = str(e)
+            return text[len("keep_best is "):] if text.startswith("keep_best is ") else text
     return None
 
 
@@ -74,6 +97,8 @@ def default_text(name: str) -> str:
     spec, value = SPECS[name], DEFAULTS[name]
     if spec["type"] == "cpus":
         return "none"
+    if spec["type"] == "text":
+        return value or "off"
     if value == 0 and spec["zero_means"]:
         return spec["zero_means"]
     if name.endswith("_bytes"):
@@ -88,15 +113,19 @@ def range_text(name: str) -> str:
         return "true/false"
     if spec["type"] == "cpus":
         return f"CPU numbers {spec['min']} .. {spec['max']}"
+    if spec["type"] == "text":
+        return "text"
+    zero = f" (0: {'auto' if spec['zero_means'].startswith('auto') else spec['zero_means']})" if spec["zero_means"] else ""
     if spec["type"] == "float":
-        return f"{spec['min']:g} .. {spec['max']:g}"
+        return f"{spec['min']:g} .. {spec['max']:g}{zero}"
 
     def num(n: int) -> str:
         if name.endswith("_bytes"):
             return _human_bytes(n)
+        if n > 1 << 20 and n & (n - 1) == 0:
+            return f"2^{n.bit_length() - 1}"
         return f"2^{(n + 1).bit_length() - 1}-1" if n > 1 << 20 and (n + 1) & n == 0 else str(n)
 
-    zero = f" (0: {'auto' if spec['zero_means'].startswith('auto') else spec['zero_means']})" if spec["zero_means"] else ""
     return f"{num(spec['min'])} .. {num(spec['max'])}{zero}"
 
 

@@ -117,9 +117,10 @@ class Stager:
     # -- the training thread ------------------------------------------------------------------
 
     def save(self, step: int, tensors: list[tuple[str, torch.Tensor]], meta: str, guarded: set[tuple[str, int]],
-             commit: str = "auto", metrics: list[tuple[str, float]] | None = None) -> Any:
-        """Start checkpoint ``step`` of ``tensors`` (key, tensor); returns the core's save handle. ``metrics``:
-        for the manifest (:func:`alpsck.options.check_metrics`)."""
+             commit: str = "auto", metrics: list[tuple[str, float]] | None = None, unhealthy: str = "",
+             pin: bool = False) -> Any:
+        """Start checkpoint ``step`` of ``tensors`` (key, tensor); returns the core's save handle. ``metrics``
+        (:func:`alpsck.options.check_metrics`), ``unhealthy`` and ``pin``: as the core's ``Engine.save``."""
         # An earlier snapshot still waiting for slots must get them first: were this save to take
         # the slots the writers free, the feeder (which submits this save's chunks only after the
         # earlier one's) would wait for them forever. Waits only when the pool ran dry.
@@ -133,7 +134,7 @@ class Stager:
             is_guarded = p.data_ptr() == t.data_ptr() and (str(t.device), t.data_ptr()) in guarded and t.numel() > 0
             srcs[key] = (p.reshape(-1).view(torch.uint8), is_guarded)
         handle, fill = self._engine.save_external(step, [(k, s.numel()) for k, (s, _) in srcs.items()], meta, commit,
-                                                  metrics or [])
+                                                  metrics or [], unhealthy, pin)
         if not fill.needed:  # the step is already committed
             return handle
         snap = _Snapshot(step, fill, [_Chunk(i, None) for i in range(int(fill.num_chunks))])

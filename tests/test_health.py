@@ -116,7 +116,7 @@ def test_inspect_checkpoints_and_status_show_the_metrics(tmp_path: Path) -> None
     status = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run)], capture_output=True, text=True,
                             timeout=120)
     assert "metrics of the checkpoint a resume uses: loss=0.75 lr=0.5" in status.stdout, status.stdout
-    assert "skipped as unhealthy: step 2: its metrics are not finite (loss=nan)" in status.stdout
+    assert "skipped as unhealthy: step 2: loss=nan; allow_unhealthy=True restores it" in status.stdout
     doc = json.loads(subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"],
                                     capture_output=True, text=True, timeout=120).stdout)
     assert doc["metrics"] == {"loss": 0.75, "lr": 0.5} and doc["unhealthy"][0]["step"] == 2
@@ -154,9 +154,18 @@ def test_keep_last_never_expires_the_newest_healthy_checkpoint(tmp_path: Path) -
 
 
 def test_prune_keeps_healthy_ones_and_keeps_newer_unhealthy_ones_for_inspection(tmp_path: Path) -> None:
+    """keep_last counts the newest K whatever their health (40 stays for inspection); the newest healthy one
+    (30) is kept beside them by its own rule; the dry run names the rule behind every decision."""
     run = _run(tmp_path, {10: 1.0, 20: math.nan, 30: 0.5, 40: math.inf})
+    dry = subprocess.run([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1", "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    lines = dry.stdout.splitlines()
+    assert f"keep {run / 'step-000000040'}: keep_last 1" in lines
+    assert f"keep {run / 'step-000000030'}: newest healthy" in lines
+    gone = next(x for x in lines if str(run / "step-000000020") in x)
+    assert gone.startswith("would remove") and "no rule keeps it" in gone and "unhealthy: loss=nan" in gone
     r = subprocess.run([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [i["step"] for i in scan_run_dir(run) if i["status"] == "committed"] == [30, 40]
-    assert "kept unhealthy checkpoint" in r.stdout + r.stderr and "inf" in r.stdout + r.stderr

@@ -84,8 +84,8 @@ def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.Capture
     # Why each step newer than the pick is not it (the picker's reason codes).
     assert [(k["step"], k["reason"]) for k in doc["skipped"]] == [(6, "damaged"), (5, "incomplete"), (4, "corrupt")]
     assert all(set(k) == {"step", "path", "reason", "message"} for k in doc["skipped"])
-    assert all(set(c) == {"step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error", "metrics"}
-               for c in doc["checkpoints"])
+    assert all(set(c) == {"step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error", "metrics",
+                          "unhealthy", "pinned"} for c in doc["checkpoints"])
     assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [
         (1, "committed"), (2, "committed"), (3, "committed"),  # the quick check reads no data: 3 looks fine
         (4, "corrupt"), (5, "incomplete"), (6, "damaged")]

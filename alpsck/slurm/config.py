@@ -31,10 +31,11 @@ from typing import Any
 
 import yaml
 
-from ..errors import ECHO_CHARS, ConfigError, echo
+from ..errors import ECHO_CHARS, ConfigError, UsageError, echo
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED
 from ..options import problem as option_problem
 from ..store.filesystem import layout_problem
+from ..store.retention import Policy
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account, qos, constraint lists...
@@ -51,7 +52,7 @@ _DAY_S = 86_400
 _MAX_S = 365 * _DAY_S  # the longest time limit: a longer wait or interval never comes in a job
 # Every number a config holds, "section.key" -> (lowest, highest), checked when it loads (NaN and inf
 # are refused too): a value past these crashed the job's threads (a poll of 1e10 s overflows a wait) or
-# meant nothing. The engine's options (checkpoint.max_in_flight, threads, keep_last) take theirs from
+# meant nothing. The engine's options (checkpoint.max_in_flight, threads, keep_*) take theirs from
 # alpsck.options. docs/config.md lists the same (tests/test_config_hostile.py compares).
 RANGES: dict[str, tuple[int | float, int | float]] = {
     "slurm.nodes": (1, _MAX_SLURM_COUNT), "slurm.tasks_per_node": (1, _MAX_SLURM_COUNT),
@@ -69,7 +70,8 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "requeue.hang_timeout_s": (0, _MAX_S),
     "requeue.hang_timeout_min_s": (1, _MAX_S),
 }
-ENGINE_OPTIONS = ("max_in_flight", "threads", "keep_last")  # checkpoint.<option>: alpsck.options' table
+# checkpoint.<option>: alpsck.options' table
+ENGINE_OPTIONS = ("max_in_flight", "threads", "keep_last", "keep_every_steps", "keep_every_seconds", "keep_best")
 
 
 def _number(x: int | float) -> str:
@@ -181,6 +183,9 @@ class CheckpointConfig:
     max_in_flight: int = DEFAULTS["max_in_flight"]  # the engine's options: defaults from alpsck.options
     threads: int = DEFAULTS["threads"]
     keep_last: int = DEFAULTS["keep_last"]
+    keep_every_steps: int = DEFAULTS["keep_every_steps"]  # retention (docs/retention.md): the engine's rules
+    keep_every_seconds: float = DEFAULTS["keep_every_seconds"]
+    keep_best: str = DEFAULTS["keep_best"]  # "METRIC:min:K" or "METRIC:max:K"
     lustre_layout: str = "auto"  # on Lustre: "auto", "none" or lfs setstripe options (alpsck.store.filesystem)
     preflight: bool = True  # check space, inodes and quota before the first save (Checkpointer's preflight)
 
@@ -365,7 +370,8 @@ _TYPES: dict[str, dict[str, str]] = {
     "entry": {"function": "str", "script": "str", "args": "list[str]"},
     "checkpoint": {"every_steps": "int", "every_seconds": "float", "every": "str", "mtbf_s": "float",
                    "max_in_flight": "int", "threads": "int",
-                   "keep_last": "int", "lustre_layout": "str", "preflight": "bool"},
+                   "keep_last": "int", "keep_every_steps": "int", "keep_every_seconds": "float", "keep_best": "str",
+                   "lustre_layout": "str", "preflight": "bool"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
                 "same_error_retries": "int", "give_up_after_no_progress": "int", "in_job_restarts": "int",
@@ -605,6 +611,11 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         why = option_problem(option, getattr(ck, option))
         if why is not None:
             raise loc.err(f"checkpoint.{option}", why)
+    try:  # the rules together (keep_last 0 keeps all: another rule would be moot), by the core's one check
+        Policy(ck.keep_last, ck.keep_every_steps, ck.keep_every_seconds, ck.keep_best)
+    except UsageError as e:
+        option = next((o for o in ENGINE_OPTIONS[3:] if str(e).startswith(o)), "keep_last")
+        raise loc.err(f"checkpoint.{option}", str(e)) from None
     why = layout_problem(ck.lustre_layout)
     if why is not None:
         raise loc.err("checkpoint.lustre_layout", why)

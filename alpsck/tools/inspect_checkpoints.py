@@ -116,7 +116,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
             "latest_valid": latest,
             "checkpoints": [
                 {k: i.get(k) for k in ("step", "path", "status", "bytes", "created", "ranks", "tensors", "verified", "error",
-                                        "metrics")}
+                                        "metrics", "unhealthy", "pinned")}
                 for i in infos
             ],
             "skipped": [dataclasses.asdict(k) for k in picked.skipped],
@@ -137,9 +137,11 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                 rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
                 ranks = str(i["ranks"]) if i["ranks"] else "-"
                 note = i["error"] or ("every chunk CRC matches" if verify and i["verified"] else "")
-                if i.get("metrics"):
+                if i.get("metrics") or i.get("unhealthy"):
                     unhealthy = "unhealthy:" if i["path"] in unhealthy_paths else ""
                     note = " ".join(filter(None, (unhealthy, metrics_text(i["metrics"]), note)))
+                if i.get("pinned"):
+                    note = " ".join(filter(None, ("pinned", note)))
                 print(f"{mark:1} {i['step']:>10}  {i['status']:<10} {human(i['bytes']):>10}  {created:<19}  {ranks:>5}  "
                       f"{i['tensors']:>7}  {rate}  {note}")
             print(_MARK_NOTE[verify] if latest is not None else "no valid checkpoint: restore would start fresh")
