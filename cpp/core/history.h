@@ -53,9 +53,10 @@ class History {
   History& operator=(const History&) = delete;
 
   // Open: what RUN_DIR already holds. Committed steps: a manifest exists (recovery does the deep
-  // checks); their manifests are read (creation time, metrics) only when the retention policy needs
-  // them (RetentionPolicy::NeedsManifest), else they count as healthy. Every step directory found counts as not of this history (what Supersede may retire)
-  // until ContinueFrom says which stays.
+  // checks); their manifests are read (creation time, metrics) only when the retention policy
+  // needs them (RetentionPolicy::NeedsManifest), else they count as healthy (a restore retires
+  // the newer unhealthy ones: ContinueFrom). Every step directory found counts as not of this
+  // history (what Supersede may retire) until ContinueFrom says which stays.
   Status Load();
   // The newest committed step; -1 if none.
   int64_t newest() const;
