@@ -445,8 +445,10 @@ class Rollback:
     the data loader how many batches to skip (``skip_batches``; None: as many as the steps rolled
     back, the window that led to the bad loss), the same after a requeue as in-process. After
     ``max_rollbacks`` rollbacks of the run, the next bad loss raises :class:`RollbackLimitError`.
-    ``on_rollback`` (e.g. a history event) is called with each new record. A run whose losses stay
-    fine is untouched: nothing is read back, nothing is skipped.
+    ``on_rollback`` (e.g. a history event) is called with each new record. ``forget=True``: a run that
+    starts afresh on a used run directory (it restores nothing on purpose, so the checkpoints there are
+    an abandoned history) drops the records of that history. A run whose losses stay fine is
+    untouched: nothing is read back, nothing is skipped. The spike window starts empty at each start.
 
     With several ranks, every rank must call :meth:`roll_back` together (the restore is a collective):
     agree on :meth:`problem` first (an all-reduce), as the reference training does.
@@ -454,7 +456,7 @@ class Rollback:
 
     def __init__(self, checkpointer: _Restorer, state: MutableMapping[str, Any], *, max_rollbacks: int = 3,
                  skip_batches: int | None = None, spike_factor: float | None = None, window: int = 8,
-                 on_rollback: Callable[[RollbackRecord], None] | None = None) -> None:
+                 on_rollback: Callable[[RollbackRecord], None] | None = None, forget: bool = False) -> None:
         if type(max_rollbacks) is not int or max_rollbacks < 0:
             raise UsageError(f"max_rollbacks must be an integer >= 0, not {max_rollbacks!r}")
         if skip_batches is not None and (type(skip_batches) is not int or skip_batches < 0):
@@ -466,7 +468,10 @@ class Rollback:
         self.checkpointer, self.state = checkpointer, state
         self.max_rollbacks, self.skip_batches, self.spike_factor = max_rollbacks, skip_batches, spike_factor
         self.window, self.on_rollback = window, on_rollback
-        self.records: list[RollbackRecord] = read_rollbacks(checkpointer.run_dir)
+        self.records: list[RollbackRecord] = [] if forget else read_rollbacks(checkpointer.run_dir)
+        path = Path(checkpointer.run_dir) / ROLLBACKS_FILE
+        if forget and checkpointer.rank == 0 and path.exists():  # the old records would skip data in a new history
+            _write_rollbacks(Path(checkpointer.run_dir), [])
         self._recent: list[tuple[int, float]] = []  # (step, loss) of the last `window` fine losses
 
     def problem(self, step: int, loss: float) -> str | None:

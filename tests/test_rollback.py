@@ -105,6 +105,17 @@ def test_without_a_bad_loss_the_trace_is_bit_exact_with_rollback_off(tmp_path: P
     assert not (on / "ckpt" / ROLLBACKS_FILE).exists()
 
 
+def test_a_fresh_start_on_a_used_run_directory_forgets_its_rollbacks(tmp_path: Path) -> None:
+    train(_cfg(tmp_path, nan_at_step=6, training_steps=8))
+    assert len(read_rollbacks(tmp_path / "ckpt")) == 1
+    (tmp_path / "loss.csv").unlink()
+    train(_cfg(tmp_path, training_steps=8))  # no --load-checkpoint: a new history in the same directory
+    assert read_rollbacks(tmp_path / "ckpt") == []
+    clean = tmp_path / "clean"
+    train(_cfg(clean, training_steps=8, rollback=False))
+    assert (tmp_path / "loss.csv").read_bytes() == (clean / "loss.csv").read_bytes()
+
+
 def test_gives_up_after_max_rollbacks(tmp_path: Path) -> None:
     # max_rollbacks=0: the first bad loss is already one too many.
     with pytest.raises(RollbackLimitError, match=r"max_rollbacks \(0\)"):

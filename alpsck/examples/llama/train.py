@@ -340,7 +340,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         from alpsck.restore import Rollback
 
         rb = Rollback(ckpt, state, max_rollbacks=cfg.max_rollbacks, skip_batches=cfg.rollback_skip_batches,
-                      spike_factor=cfg.spike_factor, on_rollback=on_rollback)
+                      spike_factor=cfg.spike_factor, on_rollback=on_rollback,
+                      forget=not cfg.load_checkpoint)  # a fresh start: earlier rollbacks are another history's
     result = TrainResult(final_step=step, stopped=False, restored_step=restored, last_loss=None)
     last_saved = restored
 
