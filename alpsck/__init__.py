@@ -21,9 +21,10 @@ from . import errors
 from .bench.torch_save import TorchSaveCheckpointer
 from .checkpointer import Checkpointer, peek, restore_into
 from .numa import gpu_numa_node
+from .restore import Rollback, loss_problem
 from .rng import RNGState
 
 __version__ = "0.1.0"
 
-__all__ = ["Checkpointer", "RNGState", "TorchSaveCheckpointer", "errors", "gpu_numa_node", "peek", "restore_into",
-           "__version__"]
+__all__ = ["Checkpointer", "RNGState", "Rollback", "TorchSaveCheckpointer", "errors", "gpu_numa_node",
+           "loss_problem", "peek", "restore_into", "__version__"]

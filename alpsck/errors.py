@@ -48,6 +48,11 @@ class StateMismatchError(CheckpointError, ValueError):
     """A saved tensor does not fit the live object it is restored into (shape or dtype); names the tensor."""
 
 
+class RollbackLimitError(CheckpointError):
+    """The training's loss went bad again after ``max_rollbacks`` in-process rollbacks
+    (:class:`alpsck.restore.Rollback`): retrying will not help, so the job must not be requeued."""
+
+
 class RunDirLockedError(AlpsckError):
     """Another live process (job id and host named in the message) holds the run directory."""
 

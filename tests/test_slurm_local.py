@@ -465,3 +465,28 @@ def test_a_restart_in_the_allocation_past_the_signal_stops_at_once(tmp_path: Pat
         assert job.requeues == ["timeout"] and "final_checkpoint" in job.events(), job.events()
     else:
         assert job.requeues == [] and job.events()[-1] == "finished", job.events()
+
+
+@pytest.mark.parametrize("limit", [1, 0])
+def test_reference_training_rolls_back_under_the_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        handlers: None, limit: int) -> None:
+    """The reference training under the runner with a NaN loss at step 6 (checkpoints every 4 steps): with
+    one rollback allowed the history shows ``rollback`` (to step 4, from 6) and the run finishes; with none
+    allowed the job ends ``gave_up``, exit 93 (do not requeue), its message naming max_rollbacks."""
+    from alpsck.examples.llama.train import slurm_entry
+
+    job = _Job(tmp_path, monkeypatch, slurm_entry, local=True)
+    job.config.checkpoint.every_steps = 4
+    job.config.entry.args = ["--dim", "32", "--n-layers", "1", "--n-heads", "4", "--n-kv-heads", "2",
+                             "--multiple-of", "32", "--sequence-length", "16", "--batch-size", "4",
+                             "--training-steps", "8", "--warmup-steps", "2",
+                             "--log-every", "0", "--device", "cpu", "--nan-at-step", "6",
+                             "--max-rollbacks", str(limit)]
+    rc = job()
+    rollbacks = events(job.run_dir, "rollback")
+    if limit:
+        assert rc == 0 and final_state(job.run_dir) == "finished", job.events()
+        assert [(e["step"], e["from_step"], e["reason"], e["skip"]) for e in rollbacks] == [(4, 6, "loss is nan", 2)]
+    else:
+        assert rc == 93 and job.requeues == [] and job.events()[-1] == "gave_up" and rollbacks == []
+        assert "max_rollbacks (0)" in events(job.run_dir, "gave_up")[-1]["message"]

@@ -1,7 +1,9 @@
 """RUN_DIR/history.jsonl: one JSON event per line, appended and fsync'ed; and the timeline view.
 
 Events (``event`` field): submitted, started, signal, final_checkpoint, requeued, finished,
-failed, cancelled, gave_up (a start that resumes says so in ``started``'s ``step``). Each carries
+failed, cancelled, gave_up (a start that resumes says so in ``started``'s ``step``), and rollback
+(the training restored an earlier checkpoint in-process after a bad loss: ``step`` restored,
+``from_step`` whose loss was bad, ``reason``, ``skip`` batches skipped, ``seconds`` it took). Each carries
 ``time`` (unix seconds), ``job_id`` and, where it applies, ``reason`` (timeout, preemption,
 maintenance, cancel, requeue, term, failure: see :mod:`alpsck.slurm.stop`), ``step``,
 ``seconds``, ``restart``, ``host``, ``message``. Appends are single ``write`` calls of one line
@@ -77,7 +79,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "progress": _flag, "will_requeue": _flag, "will_restart": _flag, "attempt": _count, "exit_code": _count,
     "down_s": _real, "time_of_end": _real, "section": _text, "timeout_s": _real, "polls": _count,
     "start_s": _real, "step_s": _real, "save_s": _real, "restore_s": _real, "final_s": _real,
-    "save_cost_s": _real, "mtbf_s": _real, "mtbf_from": _text}
+    "save_cost_s": _real, "mtbf_s": _real, "mtbf_from": _text, "from_step": _count, "skip": _count}
 
 
 def record(event: str, **fields: Any) -> dict[str, Any]:

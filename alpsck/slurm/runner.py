@@ -26,7 +26,9 @@ On each start (rank 0 writes history; every rank runs the entry):
    - raised: ``failed``, then requeue if ``requeue.on_failure``, the job was not cancelled, the
      restart budget (the same one as a stop's) remains, and the error can change on a retry:
      an ImportError, SyntaxError or config error, or the same error as the previous start with
-     no checkpoint in between, ends the run ``failed`` at once; else exit 1.
+     no checkpoint in between, ends the run ``failed`` at once; else exit 1;
+   - raised RollbackLimitError (the loss went bad again after ``max_rollbacks`` in-process rollbacks):
+     ``gave_up`` with its message, exit 93 (a requeue would diverge again).
 
 Restart in the allocation first (under SLURM, ``requeue.in_job_restarts`` times per allocation): a
 failure the rules above would requeue exits with :data:`RESTART_EXIT` instead, unless the allocation
@@ -62,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
-from ..errors import CheckpointError, ConfigError, UsageError
+from ..errors import CheckpointError, ConfigError, RollbackLimitError, UsageError
 from ..handles import install_progress
 from ..job_env import JobEnv
 from ..restore import RESTORED_HOOKS
@@ -443,6 +445,9 @@ class JobRunner:
 
     def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
         message = _error_text(err)
+        if isinstance(err, RollbackLimitError):  # the loss kept going bad: another start would diverge again
+            traceback.print_exception(type(err), err, err.__traceback__)
+            return self._give_up(log, message)
         step = newest_step(self.config.run_dir)
         why_not = self._retry_verdict(ctx, err, message, step)
         # Inside the allocation first (the batch script's restart loop), while its budget lasts and no stop

@@ -25,7 +25,7 @@ from . import history
 
 # History states in which the job is still supposed to exist.
 LIVE_STATES = ("pending", "running", "requeued")
-_FIELDS = ("reason", "step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
+_FIELDS = ("reason", "step", "from_step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
 _LOG_DIR = "submitit"
 LATEST = _core.run_dir_names["latest"]  # the run directory's names belong to the core (run_dir.h)
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -55,6 +55,9 @@ from alpsck.examples.llama.model import ModelArgs, Transformer
 from alpsck.handles import CheckpointerLike
 from alpsck.options import DEFAULTS
 from alpsck.rng import RNGState
+
+if TYPE_CHECKING:  # imported when used: the alpsck checkpointer (compiled core) is optional here
+    from alpsck.restore import Rollback, RollbackRecord
 
 log = logging.getLogger("alpsck.examples.llama")
 
@@ -105,6 +108,13 @@ class TrainConfig:
     torch_threads: int | None = None
     log_every: int = 10
     min_step_seconds: float = 0.0  # pad each step to this wall time (stands in for a bigger model)
+    # In-process rollback on a bad loss (alpsck checkpointer only; alpsck.restore.Rollback): a run whose
+    # losses stay finite (and under the spike bound) is bit-exact with rollback off.
+    rollback: bool = True
+    max_rollbacks: int = 3  # the next bad loss after these many rollbacks of the run ends it: do not requeue
+    rollback_skip_batches: int | None = None  # batches skipped after the step restored (None: the steps rolled back)
+    spike_factor: float | None = None  # a loss above this x the median of the last 8 is bad too (None: off)
+    nan_at_step: int | None = None  # a test's fault: the loss of step N becomes NaN (once: not after a rollback from N)
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field."""
@@ -116,6 +126,13 @@ class TrainConfig:
         for name in ("checkpoint_freq", "warmup_steps", "log_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_rollbacks", "rollback_skip_batches"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.nan_at_step is not None and self.nan_at_step < 1:
+            raise ConfigError(f"nan_at_step must be >= 1 (a step of the run), got {self.nan_at_step}")
+        if self.spike_factor is not None and not 1 < self.spike_factor < float("inf"):  # also refuses NaN
+            raise ConfigError(f"spike_factor must be a finite number > 1 (or unset), got {self.spike_factor}")
         if not 0 <= self.min_step_seconds < float("inf"):  # also refuses NaN
             raise ConfigError(f"min_step_seconds must be finite and >= 0, got {self.min_step_seconds}")
         if self.model_dtype not in DTYPES:
@@ -149,6 +166,7 @@ class TrainResult:
     restored_step: int | None  # the step resumed from, None for a fresh start
     last_loss: float | None
     saved_steps: list[int] = field(default_factory=list)  # steps this process saved
+    rollbacks: list[tuple[int, int]] = field(default_factory=list)  # (from step, to step) of this process's rollbacks
 
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
@@ -239,26 +257,29 @@ def _seed_everything(seed: int, device: torch.device) -> None:
 
 
 def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
-          checkpoint_due: Callable[[int], bool] | None = None) -> TrainResult:
+          checkpoint_due: Callable[[int], bool] | None = None,
+          on_rollback: Callable[[RollbackRecord], None] | None = None) -> TrainResult:
     """Train per ``cfg``; see the module docstring for the step order.
 
     ``stop_requested`` is polled on the training thread at every step boundary (make it cheap,
     e.g. read a flag a signal handler sets). When it returns True (on any rank), the current step
     is saved if it was not yet, the save is waited for, and the result has ``stopped=True``.
+    ``on_rollback`` is called (on every rank) with the record of each in-process rollback.
     """
     cfg.validate()
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     rank, world, device, created_group = _setup_distributed(cfg)
     try:
-        return _train(cfg, rank, world, device, stop_requested, checkpoint_due)
+        return _train(cfg, rank, world, device, stop_requested, checkpoint_due, on_rollback)
     finally:
         if created_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
-           stop_requested: Callable[[], bool] | None, checkpoint_due: Callable[[int], bool] | None) -> TrainResult:
+           stop_requested: Callable[[], bool] | None, checkpoint_due: Callable[[int], bool] | None,
+           on_rollback: Callable[[RollbackRecord], None] | None = None) -> TrainResult:
     _seed_everything(cfg.seed, device)
     with torch.device(device):
         model = Transformer(cfg.model_args())
@@ -314,6 +335,13 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     loss_file = _open_loss_file(cfg.loss_file, restored) if cfg.loss_file and rank == 0 else None
+    rb: Rollback | None = None  # alpsck checkpointer only: the torch baseline has no restore on every rank
+    if sharded and cfg.rollback and ckpt is not None:
+        from alpsck.restore import Rollback
+
+        rb = Rollback(ckpt, state, max_rollbacks=cfg.max_rollbacks, skip_batches=cfg.rollback_skip_batches,
+                      spike_factor=cfg.spike_factor, on_rollback=on_rollback,
+                      forget=not cfg.load_checkpoint)  # a fresh start: earlier rollbacks are another history's
     result = TrainResult(final_step=step, stopped=False, restored_step=restored, last_loss=None)
     last_saved = restored
 
@@ -330,8 +358,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
 
     try:
         t0 = time.perf_counter()
-        _, stop = _agree(world, device, False, bool(stop_requested and stop_requested()))
-        for s in range(step + 1, cfg.training_steps + 1):
+        _, stop, _ = _agree(world, device, False, bool(stop_requested and stop_requested()), False)
+        s = step
+        while s < cfg.training_steps:
+            s += 1
             if stop:
                 result.stopped = True
                 break
@@ -339,10 +369,14 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                 if loss_file is not None:
                     loss_file.flush()
                 os._exit(FAIL_EXIT_CODE)  # a simulated crash: in-flight checkpoints may be lost
+            if rb is not None:  # the windows that led to earlier rollbacks (none: nothing changes)
+                data.position += rb.skip_before(s)
             t_step = time.perf_counter()
             inputs, targets = (t.to(device, non_blocking=True) for t in data.next())
             logits = net(inputs)
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            if s == cfg.nan_at_step and not (rb is not None and rb.rolled_back_from(s)):
+                loss = loss * float("nan")  # the injected fault: NaN gradients, then NaN parameters
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
@@ -362,7 +396,19 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
             # Not polled after the last step: the run is complete, and a stop it answered True to
             # would make the SLURM runner requeue (or give up on) a finished run.
             asked = bool(stop_requested and s < cfg.training_steps and stop_requested())
-            due, stop = _agree(world, device, due, asked)
+            why = rb.problem(s, value) if rb is not None else None
+            due, stop, bad = _agree(world, device, due, asked, why is not None)
+            if bad and rb is not None:  # every rank rolls back together (the restore is a collective)
+                r = rb.roll_back(s, why or "the loss of another rank went bad")
+                log.warning("step %d: %s: rolled back to step %d, skipping %d batch(es)", s,
+                            why or "another rank's loss", r, rb.records[-1].skip)
+                if loss_file is not None:  # the trace continues from the step restored, as on a resume
+                    loss_file.close()
+                    loss_file = _open_loss_file(cfg.loss_file or "", r)
+                result.rollbacks.append((s, r))
+                result.final_step, result.last_loss, last_saved, state["step"] = r, None, r, r
+                s = r
+                continue
             if due:
                 save(s)
         if last_saved != result.final_step:
@@ -379,13 +425,14 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     return result
 
 
-def _agree(world: int, device: torch.device, due: bool, stop: bool) -> tuple[bool, bool]:
-    """(checkpoint now, stop now), each true if any rank says so: all ranks save the same steps."""
+def _agree(world: int, device: torch.device, due: bool, stop: bool, bad: bool) -> tuple[bool, bool, bool]:
+    """(checkpoint now, stop now, roll back now), each true if any rank says so: all ranks save the same
+    steps, and roll back together."""
     if world > 1:
-        t = torch.tensor([int(due), int(stop)], device=device)
+        t = torch.tensor([int(due), int(stop), int(bad)], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        due, stop = bool(t[0].item()), bool(t[1].item())
-    return due, stop
+        due, stop, bad = bool(t[0].item()), bool(t[1].item()), bool(t[2].item())
+    return due, stop, bad
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -430,6 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--device", default=None)
     add("--torch-threads", type=int, default=None, help="torch.set_num_threads")
     add("--log-every", type=int, default=d.log_every)
+    add("--rollback", action=argparse.BooleanOptionalAction, default=d.rollback,
+        help="alpsck: on a NaN/inf (or spiking) loss, restore the newest healthy checkpoint in-process and go on")
+    add("--max-rollbacks", type=int, default=d.max_rollbacks,
+        help="the next bad loss after N rollbacks ends the run (under SLURM: gave_up, do not requeue)")
+    add("--rollback-skip-batches", type=int, default=None, metavar="N",
+        help="batches skipped after the step restored (default: as many as the steps rolled back)")
+    add("--spike-factor", type=float, default=None, metavar="F",
+        help="a loss above F x the median of the last 8 counts as bad too (default: off)")
+    add("--nan-at-step", type=int, default=None, metavar="N", help="test fault: the loss of step N becomes NaN (once)")
     add("--min-step-seconds", type=float, default=d.min_step_seconds, metavar="S",
         help="pad every step to at least S seconds of wall time: a bigger model's pace without its compute "
              "(requeue demos, tests whose jobs must run a known time whatever the load)")
@@ -461,11 +517,25 @@ def slurm_entry(job: Any) -> TrainResult:
     from the job config: checkpoints go to ``run_dir`` through the alpsck checkpointer, every
     start resumes from the newest valid one, the loss trace goes to ``run_dir/loss.csv`` unless
     ``--loss-file`` says otherwise, and a stop request (time limit, preemption, maintenance,
-    scancel) ends the loop at a step boundary with a final durable checkpoint.
+    scancel) ends the loop at a step boundary with a final durable checkpoint. Each in-process
+    rollback (a NaN loss, say) is a ``rollback`` event in the run's history; after ``--max-rollbacks``
+    the job gives up (exit 93, do not requeue).
     """
     cfg = config_from_args(job.argv)
     ck = job.config.checkpoint
     cfg = replace(cfg, checkpoint_dir=job.run_dir, checkpointer="alpsck", load_checkpoint=True, load_checkpoint_dir=None,
                   max_in_flight=ck.max_in_flight, threads=ck.threads, keep_last=ck.keep_last,
                   loss_file=cfg.loss_file or os.path.join(job.run_dir, "loss.csv"))
-    return train(cfg, stop_requested=job.stop_requested, checkpoint_due=job.checkpoint_due)
+    return train(cfg, stop_requested=job.stop_requested, checkpoint_due=job.checkpoint_due,
+                 on_rollback=_history_of_rollbacks(job))
+
+
+def _history_of_rollbacks(job: Any) -> Callable[[RollbackRecord], None]:
+    """A ``rollback`` event in the run's history per rollback (rank 0 writes it; the others do nothing)."""
+    from alpsck.slurm import history  # the apps layer: the checkpointer's layer never imports slurm
+
+    def record(rec: RollbackRecord) -> None:
+        if job.rank == 0:
+            history.append(job.run_dir, "rollback", job_id=job.job_id, step=rec.to_step, from_step=rec.from_step,
+                           reason=rec.reason, skip=rec.skip, seconds=round(rec.wait_s + rec.restore_s, 3))
+    return record
