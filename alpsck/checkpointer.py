@@ -55,6 +55,7 @@ from any thread. Nothing read back is ever unpickled: non-tensor state is tagged
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 import weakref
@@ -76,7 +77,7 @@ from .handles import FutureMixin, blocking
 from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step, keep_best_text
 from .options import check as check_option
 from .ranks import Ranks, assign_owners
-from .restore import RESTORED_HOOKS, peek, read_checkpoint, restore_into
+from .restore import RESTORED_HOOKS, SPIKE_WINDOW, loss_problem, peek, read_checkpoint, restore_into
 from .staging import Stager, guarded_pointers
 from .store.durable import make_dirs_durably
 from .store.filesystem import LayoutReport, checkpoint_files, ensure_layout, layout_problem, preflight
@@ -143,6 +144,9 @@ class Checkpointer:
             when the checkpointer opens): ``"auto"`` (CSCS's progressive layout, its stripe size
             matched to chunk_bytes), ``"none"``, or ``lfs setstripe`` options (``"-c 8 -S 4M"``).
             No ``lfs`` call on other file systems (:mod:`alpsck.store.filesystem`).
+        spike_factor: a save whose metric ``loss`` is above this many times the median of the last
+            8 finite ones this checkpointer saved is recorded unhealthy (a loss spike: the picker
+            skips it, :func:`alpsck.loss_problem` is the rule); 0 (default): off.
         preflight: before the first save, and when a save grows by more than a tenth, rank 0 checks
             that keep_last + max_in_flight checkpoints of this size fit (free space, inodes, and on
             Lustre the user's quota and the storage targets); when they do not, the save fails on
@@ -174,6 +178,7 @@ class Checkpointer:
         overlap_copy: bool | None = None,
         lustre_layout: str = "auto",
         preflight: bool = True,
+        spike_factor: float = DEFAULTS["spike_factor"],
         _faults: Sequence[dict[str, Any]] = (),
     ) -> None:
         # None: the core's default (alpsck.options). Every value is checked here, before anything is touched.
@@ -197,6 +202,9 @@ class Checkpointer:
         why = layout_problem(lustre_layout)
         if why is not None:
             raise UsageError(f"lustre_layout: {why}")
+        check_option("spike_factor", spike_factor)
+        self._spike_factor = spike_factor or None
+        self._recent_losses: list[float] = []  # the last SPIKE_WINDOW finite, unflagged losses saved
         if not isinstance(preflight, bool):
             raise UsageError(f"preflight: {preflight!r}: must be True or False")
         check_run_dir_arg(run_dir)
@@ -368,6 +376,7 @@ class Checkpointer:
         pairs = check_metrics(metrics)
         if not isinstance(pin, bool):
             raise UsageError(f"pin must be True or False, not {pin!r}")
+        spike = self._spike(pairs)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self._reap()
         cap = capture(state)
@@ -383,15 +392,26 @@ class Checkpointer:
                 raise DiskFullError(refusal)
             if self._is_pipelined(cuda):
                 handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs,
-                                                         pin=pin))
+                                                         unhealthy=spike, pin=pin))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
                 handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
-                                                   metrics=pairs, pin=pin))
+                                                   metrics=pairs, unhealthy=spike, pin=pin))
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
         return handle
+
+    def _spike(self, pairs: list[tuple[str, float]]) -> str:
+        """With spike_factor: why this save's ``loss`` is a spike (:func:`alpsck.loss_problem`), else "".
+        A NaN or infinite loss is the core's to judge (its metrics); a fine one joins the window."""
+        loss = dict(pairs).get("loss")
+        if self._spike_factor is None or loss is None or not math.isfinite(loss):
+            return ""
+        why = loss_problem(loss, self._recent_losses, self._spike_factor)
+        if why is None:
+            self._recent_losses = [*self._recent_losses, loss][-SPIKE_WINDOW:]
+        return why or ""
 
     def _record(self, skeleton: dict[str, tuple[str, Any]] | None, at: str) -> None:
         """What later saves must fit (module docstring), and forget what fitted the previous one."""

@@ -52,6 +52,8 @@ def problem(name: str, value: Any) -> str | None:
     numeric: tuple[type, ...] = (int,) if kind == "int" else (int, float)
     if isinstance(value, bool) or not isinstance(value, numeric):
         return f"{echo(value)}: must be {'an integer' if kind == 'int' else 'a number'}"
+    if value == 0 and spec["zero_means"]:  # 0 means something of its own ("off", "auto"), below min or not
+        return None
     if not spec["min"] <= value <= spec["max"]:  # NaN compares false: refused too
         return f"{echo(value)}: must be {_range(spec)}"
     return None

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import torch
 
-from . import fit, tree
+from . import _core, fit, tree
 from .capture import capture
 from .errors import (
     CheckpointError,
@@ -34,6 +34,7 @@ from .errors import (
     UsageError,
 )
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
+from .options import check as check_option
 from .ranks import Ranks
 from .store.durable import fsync_path, open_own, read_small
 from .store.run_dir import Pick, data_error, pick, read_failure, step_dir, temp_name
@@ -334,8 +335,10 @@ def restore_into(
 
 # -- rolling back in the training loop ------------------------------------------------------------
 
-ROLLBACKS_FILE = "rollbacks.json"  # in the run directory: the rollbacks so far, so a requeued run skips alike
+# In the run directory (its name is the core's: cpp/core/run_dir.h): the rollbacks so far, so a requeued run skips alike.
+ROLLBACKS_FILE = _core.run_dir_names["rollbacks"]
 _ROLLBACKS_FORMAT = 1
+SPIKE_WINDOW = 8  # the finite losses the spike rule takes the median of (Rollback's default window, the save's)
 _ROLLBACKS_MAX_BYTES = 1 << 20
 
 
@@ -455,14 +458,15 @@ class Rollback:
     """
 
     def __init__(self, checkpointer: _Restorer, state: MutableMapping[str, Any], *, max_rollbacks: int = 3,
-                 skip_batches: int | None = None, spike_factor: float | None = None, window: int = 8,
+                 skip_batches: int | None = None, spike_factor: float | None = None, window: int = SPIKE_WINDOW,
                  on_rollback: Callable[[RollbackRecord], None] | None = None, forget: bool = False) -> None:
         if type(max_rollbacks) is not int or max_rollbacks < 0:
             raise UsageError(f"max_rollbacks must be an integer >= 0, not {max_rollbacks!r}")
         if skip_batches is not None and (type(skip_batches) is not int or skip_batches < 0):
             raise UsageError(f"skip_batches must be None or an integer >= 0, not {skip_batches!r}")
-        if spike_factor is not None and not (isinstance(spike_factor, (int, float)) and 1 < spike_factor < math.inf):
-            raise UsageError(f"spike_factor must be None or a number > 1, not {spike_factor!r}")
+        if spike_factor is not None:  # the options table's limits (0: off, as None)
+            check_option("spike_factor", spike_factor)
+            spike_factor = spike_factor or None
         if type(window) is not int or window < 2:
             raise UsageError(f"window must be an integer >= 2, not {window!r}")
         self.checkpointer, self.state = checkpointer, state

@@ -65,7 +65,8 @@ def test_the_docs_option_table_is_generated_from_the_core_table() -> None:
 
 def test_the_config_reference_states_the_table_defaults_and_limits() -> None:
     text = (ROOT / "docs" / "config.md").read_text()
-    for name in ("max_in_flight", "threads", "keep_last", "keep_every_steps", "keep_every_seconds", "keep_best"):
+    for name in ("max_in_flight", "threads", "keep_last", "keep_every_steps", "keep_every_seconds", "keep_best",
+                 "spike_factor"):
         row = re.search(rf"^\| `{name}` \| ([^|]+) \| ([^|]+) \|", text, re.M)
         assert row, name
         assert (row.group(1).strip(), row.group(2).strip()) == (options.range_text(name), options.default_text(name))

@@ -261,3 +261,39 @@ def test_saves_in_flight_and_a_prune_killed_at_random_keep_the_promises(tmp_path
 def test_decide_refuses_steps_out_of_order() -> None:
     with pytest.raises(ValueError, match="ascending"):
         _core.decide_retention([(2, 0.0, [], "", False), (1, 0.0, [], "", False)], 1)
+
+
+# ----------------------------------------------------------------------------- spikes and the reference training
+
+
+def test_a_saved_loss_spike_is_recorded_unhealthy_and_never_resumed_from(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    losses = {1: 2.0, 2: 2.1, 3: 1.9, 4: 2.0, 5: 50.0}
+    with alpsck.Checkpointer(run, keep_last=1, spike_factor=3.0) as ck:
+        for s, loss in losses.items():
+            ck.save(s, {"w": torch.full((4,), float(s))}, metrics={"loss": loss})
+        ck.wait()
+    infos = {i["step"]: i for i in scan_run_dir(run) if i["status"] == "committed"}
+    assert set(infos) == {4, 5}  # keep_last 1 keeps the spike; the newest healthy (4) stays beside it
+    assert infos[5]["unhealthy"] == "loss 50 is above 3 x the median 2 of the last 4"
+    assert infos[4]["unhealthy"] is None
+    live = {"w": torch.zeros(4)}
+    with alpsck.Checkpointer(run) as ck:
+        with pytest.warns(RuntimeWarning, match=r"step 5.*loss 50 is above 3 x the median"):
+            assert ck.restore(live) == 4
+    with pytest.raises(UsageError, match=r"spike_factor: 0.5: must be between 1 and 1e\+06 \(0: off\)"):
+        alpsck.Checkpointer(tmp_path / "other", spike_factor=0.5)
+
+
+def test_the_reference_training_keeps_the_best_losses_it_records(tmp_path: Path) -> None:
+    from alpsck.examples.llama.train import TrainConfig, train
+
+    cfg = TrainConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, multiple_of=32, sequence_length=32, batch_size=8,
+                      training_steps=24, checkpoint_freq=2, warmup_steps=3, lr=1e-2, log_every=0, device="cpu",
+                      checkpoint_dir=str(tmp_path / "ckpt"), loss_file=str(tmp_path / "loss.csv"), keep_last=1,
+                      keep_every_steps=10, keep_best="loss:min:2")
+    train(cfg)
+    losses = {int(s): float(v) for s, v in (x.split(",") for x in (tmp_path / "loss.csv").read_text().splitlines()[1:])}
+    saved = {s: losses[s] for s in range(2, 25, 2)}
+    best = sorted(saved, key=lambda s: (saved[s], -s))[:2]
+    assert set(_committed(tmp_path / "ckpt")) == {*best, 10, 20, 24}

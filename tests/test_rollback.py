@@ -131,7 +131,7 @@ def test_gives_up_after_n_rollbacks_of_the_run_across_starts(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("key", "value"), [("max_rollbacks", -1), ("rollback_skip_batches", -2),
-                                            ("nan_at_step", 0), ("spike_factor", 1.0), ("spike_factor", math.nan)])
+                                            ("nan_at_step", 0), ("spike_factor", 0.5), ("spike_factor", math.nan)])
 def test_bad_config_names_the_key(tmp_path: Path, key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=key):
         train(_cfg(tmp_path, **{key: value}))

@@ -35,6 +35,7 @@ from ..errors import ECHO_CHARS, ConfigError, UsageError, echo
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED
 from ..options import problem as option_problem
 from ..store.filesystem import layout_problem
+from ..store.retention import RULES as RETENTION_RULES
 from ..store.retention import Policy
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
@@ -71,7 +72,7 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "requeue.hang_timeout_min_s": (1, _MAX_S),
 }
 # checkpoint.<option>: alpsck.options' table
-ENGINE_OPTIONS = ("max_in_flight", "threads", "keep_last", "keep_every_steps", "keep_every_seconds", "keep_best")
+ENGINE_OPTIONS = ("max_in_flight", "threads", *RETENTION_RULES, "spike_factor")
 
 
 def _number(x: int | float) -> str:
@@ -186,6 +187,7 @@ class CheckpointConfig:
     keep_every_steps: int = DEFAULTS["keep_every_steps"]  # retention (docs/retention.md): the engine's rules
     keep_every_seconds: float = DEFAULTS["keep_every_seconds"]
     keep_best: str = DEFAULTS["keep_best"]  # "METRIC:min:K" or "METRIC:max:K"
+    spike_factor: float = DEFAULTS["spike_factor"]  # a saved loss this many times the recent median is unhealthy
     lustre_layout: str = "auto"  # on Lustre: "auto", "none" or lfs setstripe options (alpsck.store.filesystem)
     preflight: bool = True  # check space, inodes and quota before the first save (Checkpointer's preflight)
 
@@ -371,6 +373,7 @@ _TYPES: dict[str, dict[str, str]] = {
     "checkpoint": {"every_steps": "int", "every_seconds": "float", "every": "str", "mtbf_s": "float",
                    "max_in_flight": "int", "threads": "int",
                    "keep_last": "int", "keep_every_steps": "int", "keep_every_seconds": "float", "keep_best": "str",
+                   "spike_factor": "float",
                    "lustre_layout": "str", "preflight": "bool"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
@@ -612,9 +615,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         if why is not None:
             raise loc.err(f"checkpoint.{option}", why)
     try:  # the rules together (keep_last 0 keeps all: another rule would be moot), by the core's one check
-        Policy(ck.keep_last, ck.keep_every_steps, ck.keep_every_seconds, ck.keep_best)
+        Policy(**{o: getattr(ck, o) for o in RETENTION_RULES})
     except UsageError as e:
-        option = next((o for o in ENGINE_OPTIONS[3:] if str(e).startswith(o)), "keep_last")
+        option = next((o for o in RETENTION_RULES if str(e).startswith(o)), "keep_last")
         raise loc.err(f"checkpoint.{option}", str(e)) from None
     why = layout_problem(ck.lustre_layout)
     if why is not None:

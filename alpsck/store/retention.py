@@ -17,7 +17,7 @@ from ..errors import NoCheckpointError
 from ..options import DEFAULTS, check, keep_best_text
 from .run_dir import check_run_dir
 
-__all__ = ["Policy", "decide", "pin", "unpin"]
+__all__ = ["RULES", "Policy", "decide", "pin", "unpin"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,9 @@ class Policy:
         if self.keep_best:
             parts.append("keep_best " + self.keep_best.replace(":", " "))
         return ", ".join(parts)
+
+
+RULES = tuple(f.name for f in dataclasses.fields(Policy))  # the retention options: keep_last, keep_every_steps, ...
 
 
 def decide(policy: Policy, infos: Sequence[Mapping[str, Any]]) -> dict[int, str]:

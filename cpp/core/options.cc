@@ -77,7 +77,7 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
        "how long a multi-rank commit waits for the other ranks before the attempt is aborted"},
       // Not EngineOptions fields: the Checkpointer's save (spike_factor), the readers' (read_threads:
       // restore, verify, export, the DCP reader).
-      {"spike_factor", OptionType::kFloat, 0, 0, 1e6, "off",
+      {"spike_factor", OptionType::kFloat, 0, 1, 1e6, "off",
        "a save whose metric 'loss' is above this many times the median of the last 8 finite ones saved is "
        "recorded unhealthy (a loss spike: no restore resumes from it unless asked); 0: off"},
       {"read_threads", OptionType::kInt, 16, 1, kMaxWriterThreads, nullptr,
@@ -103,7 +103,7 @@ std::string Num(double v) {
 
 Status Check(const char* name, double value) {
   const OptionSpec& s = EngineOptionSpec(name);
-  if (value >= s.min && value <= s.max) return Status::Ok();
+  if ((value >= s.min && value <= s.max) || (value == 0 && s.zero_means)) return Status::Ok();
   std::string range = Num(s.min) + " and " + Num(s.max);
   if (s.zero_means) range += " (0: " + std::string(s.zero_means) + ")";
   return Status::Invalid(std::string(name) + " is " + Num(value) + ": it must be between " + range);

@@ -20,7 +20,7 @@ struct OptionSpec {
   const char* name;
   OptionType type;
   double default_value;    // kBool: 0 or 1; kCpuList, kText: unused (default: none, "")
-  double min, max;         // inclusive; kCpuList: of each CPU number
+  double min, max;         // inclusive (0 too, where zero_means says what it means); kCpuList: of each CPU number
   const char* zero_means;  // what 0 means where it is not a plain count ("auto: ..."), else nullptr
   const char* doc;
 };

@@ -130,8 +130,9 @@ RunDirEntry ParseRunDirName(std::string_view name) {
     e.kind = EntryKind::kLock;
   } else if (name == kHistoryName) {
     e.kind = EntryKind::kHistory;
-  } else if (name == kRequeueRequestName || name == kStartDecisionName ||
-             name == TempFileName(kRequeueRequestName) || name == TempFileName(kStartDecisionName)) {
+  } else if (name == kRequeueRequestName || name == kStartDecisionName || name == kRollbacksName ||
+             name == TempFileName(kRequeueRequestName) || name == TempFileName(kStartDecisionName) ||
+             name == TempFileName(kRollbacksName)) {
     e.kind = EntryKind::kJobRecord;
   } else if (StartsWith(name, kDeletingPrefix) && name.size() > std::string_view(kDeletingPrefix).size()) {
     e.kind = EntryKind::kDeleting;

@@ -51,6 +51,7 @@ constexpr char kLockName[] = ".lock";
 constexpr char kHistoryName[] = "history.jsonl";
 constexpr char kRequeueRequestName[] = ".requeue-request";
 constexpr char kStartDecisionName[] = ".start-decision";
+constexpr char kRollbacksName[] = "rollbacks.json";  // the training's in-process rollbacks (alpsck.restore.Rollback)
 constexpr char kDcpMarkerName[] = ".metadata";
 constexpr char kDcpMetadataName[] = "dcp-metadata.json";  // a DCP checkpoint's extra file (its Metadata, JSON)
 constexpr char kTempSuffix[] = ".tmp";  // a file written whole, then renamed to the name without it
@@ -71,7 +72,7 @@ enum class EntryKind {
   kLatest,
   kLock,         // .lock, .lock-rank-RRRRR
   kHistory,
-  kJobRecord,    // .requeue-request, .start-decision (and either being written: <name>.tmp)
+  kJobRecord,    // .requeue-request, .start-decision, rollbacks.json (and each being written: <name>.tmp)
   kDeleting,     // .deleting-*
 };
 

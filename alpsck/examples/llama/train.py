@@ -54,7 +54,9 @@ from alpsck.examples.llama.data import (
 from alpsck.examples.llama.model import ModelArgs, Transformer
 from alpsck.handles import CheckpointerLike
 from alpsck.options import DEFAULTS
+from alpsck.options import problem as option_problem
 from alpsck.rng import RNGState
+from alpsck.store.retention import RULES
 
 if TYPE_CHECKING:  # imported when used: the alpsck checkpointer (compiled core) is optional here
     from alpsck.restore import Rollback, RollbackRecord
@@ -66,6 +68,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 CHECKPOINTERS = ("torch", "alpsck")
 LOSS_HEADER = "step,loss\n"
 REPLICATED = ("model", "optim")  # identical on every DDP rank: written once per checkpoint
+
+
+RETENTION = RULES[1:]  # TrainConfig's retention keys beside keep_last (the alpsck checkpointer's)
 
 
 @dataclass
@@ -101,6 +106,10 @@ class TrainConfig:
     max_in_flight: int = DEFAULTS["max_in_flight"]  # the Checkpointer's defaults (alpsck.options)
     threads: int = DEFAULTS["threads"]
     keep_last: int = DEFAULTS["keep_last"]
+    # Retention beside keep_last (alpsck checkpointer only; docs/retention.md): the engine's options.
+    keep_every_steps: int = DEFAULTS["keep_every_steps"]
+    keep_every_seconds: float = DEFAULTS["keep_every_seconds"]
+    keep_best: str = DEFAULTS["keep_best"]
     overlap_copy: bool = False  # alpsck: pipelined snapshots for CPU states too (always on for GPU ones)
     data_file: str | None = None
     data_column: str = "text"
@@ -123,6 +132,13 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in RETENTION:
+            why = option_problem(name, getattr(self, name))
+            if why is not None:
+                raise ConfigError(f"{name}: {why}")
+            if self.checkpointer != "alpsck" and getattr(self, name) != DEFAULTS[name]:
+                raise ConfigError(f"{name}: the alpsck checkpointer's retention rule (checkpointer is "
+                                  f"{self.checkpointer!r})")
         for name in ("checkpoint_freq", "warmup_steps", "log_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -131,8 +147,9 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.nan_at_step is not None and self.nan_at_step < 1:
             raise ConfigError(f"nan_at_step must be >= 1 (a step of the run), got {self.nan_at_step}")
-        if self.spike_factor is not None and not 1 < self.spike_factor < float("inf"):  # also refuses NaN
-            raise ConfigError(f"spike_factor must be a finite number > 1 (or unset), got {self.spike_factor}")
+        why = None if self.spike_factor is None else option_problem("spike_factor", self.spike_factor)
+        if why is not None:  # the options table's limits (alpsck.options; NaN refused too)
+            raise ConfigError(f"spike_factor: {why}")
         if not 0 <= self.min_step_seconds < float("inf"):  # also refuses NaN
             raise ConfigError(f"min_step_seconds must be finite and >= 0, got {self.min_step_seconds}")
         if self.model_dtype not in DTYPES:
@@ -170,7 +187,8 @@ class TrainResult:
 
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
-                      keep_last: int, overlap_copy: bool = False, numa_node: int = -1) -> CheckpointerLike:
+                      keep_last: int, overlap_copy: bool = False, numa_node: int = -1,
+                      **retention: Any) -> CheckpointerLike:
     """``"torch"``: :class:`alpsck.bench.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
     a shard per rank when torch.distributed is initialised (model and optimizer written once), its
     staging memory on NUMA node ``numa_node`` (-1: first touch)."""
@@ -186,7 +204,8 @@ def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, thr
             raise ConfigError(f"checkpointer 'alpsck' is not available here ({e}); use 'torch'") from e
 
         return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last,
-                            replicated=REPLICATED, overlap_copy=overlap_copy or None, numa_node=numa_node)
+                            replicated=REPLICATED, overlap_copy=overlap_copy or None, numa_node=numa_node,
+                            **retention)
     raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {kind!r}")
 
 
@@ -300,6 +319,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     sharded = cfg.checkpointer == "alpsck"  # every rank saves its shard (else rank 0 alone)
     if sharded:
         ckpt_kwargs["overlap_copy"] = cfg.overlap_copy
+        ckpt_kwargs.update({name: getattr(cfg, name) for name in RETENTION})
         if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.numa)
             from alpsck.numa import gpu_numa_node
 
@@ -337,8 +357,10 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     loss_file = _open_loss_file(cfg.loss_file, restored) if cfg.loss_file and rank == 0 else None
     rb: Rollback | None = None  # alpsck checkpointer only: the torch baseline has no restore on every rank
     if sharded and cfg.rollback and ckpt is not None:
+        from alpsck.checkpointer import Checkpointer
         from alpsck.restore import Rollback
 
+        assert isinstance(ckpt, Checkpointer)  # sharded: the alpsck checkpointer, on every rank
         rb = Rollback(ckpt, state, max_rollbacks=cfg.max_rollbacks, skip_batches=cfg.rollback_skip_batches,
                       spike_factor=cfg.spike_factor, on_rollback=on_rollback,
                       forget=not cfg.load_checkpoint)  # a fresh start: earlier rollbacks are another history's
@@ -470,6 +492,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-in-flight", type=int, default=d.max_in_flight)
     add("--threads", type=int, default=d.threads, help="checkpoint writer threads")
     add("--keep-last", type=int, default=d.keep_last)
+    add("--keep-every-steps", type=int, default=d.keep_every_steps, metavar="N", help="also keep every step N*k")
+    add("--keep-every-seconds", type=float, default=d.keep_every_seconds, metavar="S",
+        help="also keep one checkpoint per S seconds")
+    add("--keep-best", default=d.keep_best, metavar="METRIC:MODE:K", help="also keep the K best by a metric (loss:min:2)")
     add("--overlap-copy", action="store_true",
         help="alpsck: copy the model and optimizer out while the next step runs (GPU states always do)")
     add("--data-file", default=None, help="local .txt or .parquet (byte-level tokens); default: synthetic")
@@ -525,6 +551,8 @@ def slurm_entry(job: Any) -> TrainResult:
     ck = job.config.checkpoint
     cfg = replace(cfg, checkpoint_dir=job.run_dir, checkpointer="alpsck", load_checkpoint=True, load_checkpoint_dir=None,
                   max_in_flight=ck.max_in_flight, threads=ck.threads, keep_last=ck.keep_last,
+                  **{name: getattr(ck, name) for name in RETENTION},
+                  spike_factor=cfg.spike_factor if cfg.spike_factor is not None else ck.spike_factor or None,
                   loss_file=cfg.loss_file or os.path.join(job.run_dir, "loss.csv"))
     return train(cfg, stop_requested=job.stop_requested, checkpoint_due=job.checkpoint_due,
                  on_rollback=_history_of_rollbacks(job))
