@@ -297,3 +297,24 @@ def test_the_reference_training_keeps_the_best_losses_it_records(tmp_path: Path)
     saved = {s: losses[s] for s in range(2, 25, 2)}
     best = sorted(saved, key=lambda s: (saved[s], -s))[:2]
     assert set(_committed(tmp_path / "ckpt")) == {*best, 10, 20, 24}
+
+
+def test_a_pinned_checkpoint_of_an_abandoned_history_is_moved_aside_never_deleted(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, keep_last=3) as ck:
+        for s in (1, 2, 3):
+            ck.save(s, {"w": torch.full((4,), float(s))}, pin=s == 3)
+        ck.wait()
+    live = {"w": torch.zeros(4)}
+    with alpsck.Checkpointer(run, keep_last=3) as ck:
+        assert ck.restore(live, step=2) == 2  # the run goes on from 2: the old 3 is another history's
+        with pytest.warns(RuntimeWarning, match="abandoned history"):
+            ck.save(3, live)
+            ck.wait()
+    moved = [p for p in run.iterdir() if p.name.startswith("superseded-")]
+    assert len(moved) == 1 and (moved[0] / "PINNED").exists()
+    r = _alpsck("prune", str(run), "--keep-last", "1")
+    assert r.returncode == 0, r.stderr
+    assert moved[0].exists() and "kept pinned" in r.stderr
+    (moved[0] / "PINNED").unlink()
+    assert _alpsck("prune", str(run), "--keep-last", "1").returncode == 0 and not moved[0].exists()

@@ -17,7 +17,9 @@ from ..errors import NoCheckpointError
 from ..options import DEFAULTS, check, keep_best_text
 from .run_dir import check_run_dir
 
-__all__ = ["RULES", "Policy", "decide", "pin", "unpin"]
+__all__ = ["PIN_NAME", "RULES", "Policy", "decide", "pin", "unpin"]
+
+PIN_NAME = _core.run_dir_names["pin"]  # a pin: this file in a checkpoint's directory (cpp/core/run_dir.h)
 
 
 @dataclasses.dataclass(frozen=True)

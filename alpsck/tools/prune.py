@@ -33,7 +33,7 @@ from ..errors import (
     UsageError,
 )
 from ..options import SPECS, arg_int
-from ..store.retention import Policy, decide, pin, unpin
+from ..store.retention import PIN_NAME, Policy, decide, pin, unpin
 from ..store.run_dir import (
     check_run_dir,
     data_error,
@@ -109,7 +109,11 @@ def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan
         if kind in ("free", "free-pending") and p.is_dir() and not p.is_symlink():
             plan.remove.append((p, "expired (free-*) directory"))
         elif kind == "superseded" and p.is_dir() and not p.is_symlink():
-            plan.remove.append((p, "superseded (abandoned history)"))
+            if (p / PIN_NAME).exists():  # a pin outlives its history: moved aside, never deleted
+                plan.warnings.append(f"kept pinned {p} (a checkpoint of an abandoned history; alpsck unpin releases "
+                                     "it only while it is a step-N: remove its PINNED file to let prune remove it)")
+            else:
+                plan.remove.append((p, "superseded (abandoned history)"))
         elif kind == "deleting" and (p.is_dir() or p.is_file()) and not p.is_symlink():
             plan.remove.append((p, "left over by an interrupted prune"))
     return plan

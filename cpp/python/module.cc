@@ -781,7 +781,7 @@ NB_MODULE(_core, m) {
       {"manifest", kManifestName}, {"latest", kLatestName}, {"lock", kLockName}, {"history", kHistoryName},
       {"deleting_prefix", kDeletingPrefix}, {"superseded_prefix", kSupersededPrefix},
       {"requeue_request", kRequeueRequestName}, {"start_decision", kStartDecisionName}, {"dcp_marker", kDcpMarkerName},
-      {"dcp_metadata", kDcpMetadataName}, {"rollbacks", kRollbacksName},
+      {"dcp_metadata", kDcpMetadataName}, {"rollbacks", kRollbacksName}, {"pin", kPinName},
       {"temp_suffix", kTempSuffix}};
   m.def("scan", &Scan, "run_dir"_a, "verify"_a = false, "threads"_a = read_threads, "progress"_a = nb::none(),
         "Classify every checkpoint directory of run_dir (ascending steps).");
