@@ -343,8 +343,10 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> Non
     # `alpsck status RUN | head -1`: far more output than a pipe holds, and the reader leaves.
     lines = [json.dumps({"time": 1.7e9 + i, "event": "started", "job_id": "7", "restart": i}) for i in range(5000)]
     (tmp_path / "history.jsonl").write_text("\n".join(lines) + "\n")
-    p = subprocess.Popen([sys.executable, "-m", "alpsck", "status", str(tmp_path)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    # --events 5000: some 270 KB, far more than a pipe holds (the default shows the last few events only,
+    # which fit in it: the command could end before the reader leaves, and the test would race).
+    p = subprocess.Popen([sys.executable, "-m", "alpsck", "status", str(tmp_path), "--events", "5000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stderr is not None
     assert p.stdout.readline().startswith(f"{tmp_path}: ")
     p.stdout.close()
