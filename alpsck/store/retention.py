@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import _core
 from ..errors import NoCheckpointError
-from ..options import DEFAULTS, check, keep_best_text
+from ..options import DEFAULTS, check, check_step, keep_best_text
 from .run_dir import check_run_dir
 
 __all__ = ["PIN_NAME", "RULES", "Policy", "decide", "pin", "unpin"]
@@ -70,8 +70,7 @@ def decide(policy: Policy, infos: Sequence[Mapping[str, Any]]) -> dict[int, str]
 
 def _pin(run_dir: str | os.PathLike[str], step: int, on: bool) -> None:
     path = check_run_dir(run_dir)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise NoCheckpointError(f"{step!r} is not a step number")
+    check_step(step)
     why = _core.pin_step(str(path), step, on)
     if why:
         raise NoCheckpointError(why)

@@ -75,7 +75,7 @@ def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan
         unchecked = [i for i in valid if rules[i["step"]] and not i["verified"] and i["path"] not in checked]
         if not unchecked:
             break
-        for i in unchecked:  # newest first: the one a restore would use decides the most
+        for i in unchecked:
             checked.add(i["path"])
             bad = data_error(i)
             if bad is not None:
