@@ -36,7 +36,7 @@ from .errors import (
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks
-from .store.durable import fsync_path, open_own, read_small
+from .store.durable import read_small, replace_durably
 from .store.run_dir import Pick, data_error, pick, read_failure, step_dir, temp_name
 from .store.shards import CheckpointShards
 
@@ -412,16 +412,8 @@ def _write_rollbacks(run_dir: Path, records: Sequence[RollbackRecord]) -> None:
     """Replace the records durably: a temp file, fsync, rename, fsync of the directory (a power
     loss leaves the old list or the new one, never a torn one)."""
     path = run_dir / ROLLBACKS_FILE
-    tmp = temp_name(str(path))
     data = json.dumps({"format": _ROLLBACKS_FORMAT, "rollbacks": [asdict(r) for r in records]}, indent=1).encode()
-    fd = open_own(tmp)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_path(run_dir)
+    replace_durably(path, data, temp_name(str(path)))
 
 
 class _Restorer(Protocol):

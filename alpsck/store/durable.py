@@ -115,6 +115,22 @@ def read_small_inside(root: str | os.PathLike[str], parts: tuple[str, ...], limi
             os.close(fd)
 
 
+def replace_durably(path: str | os.PathLike[str], data: bytes, tmp: str | os.PathLike[str]) -> None:
+    """Replace the file at ``path`` with ``data``, durably: written whole to ``tmp`` (a file of alpsck's
+    own: :func:`open_own`), fsync'ed, renamed over ``path``, and the directory fsync'ed, so a power loss
+    leaves the old content or the new, never a torn file."""
+    fd = open_own(tmp)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_path(Path(path).parent)
+
+
 def make_dirs_durably(path: Path) -> None:
     """``mkdir -p path``, each directory it creates made durable in its parent, so what is committed
     inside later does not vanish with its name (a DCP checkpoint directory is new at every save)."""
