@@ -7,11 +7,16 @@
 #   tests/readme_quickstart.sh local   # no SLURM: submitit's local executor (the embedded default)
 #   tests/readme_quickstart.sh slurm   # the local one-node SLURM (slurm/local-cluster/start.sh first)
 #
-# "local" hides a running cluster behind stand-in SLURM commands that fail as on a machine with
-# slurm-wlm installed and no controller (the no-SLURM path `alpsck submit` takes there). The clone
-# is of the committed HEAD: uncommitted changes are not in it.
+# "local" runs on a machine without SLURM: in a private mount namespace (unshare -m, as root) where
+# SLURM's commands are covered by /dev/null, which is not executable, so they are not on the PATH (a
+# machine with SLURM installed but its controller down must not run the job locally: `alpsck submit`
+# refuses there). The clone is of the committed HEAD: uncommitted changes are not in it.
 set -euo pipefail
 mode=${1:?usage: tests/readme_quickstart.sh local|slurm}
+if [ "$mode" = local ] && [ -z "${ALPSCK_NO_SLURM_NS:-}" ]; then
+  command -v unshare >/dev/null || { echo "readme_quickstart: unshare (util-linux) is missing" >&2; exit 1; }
+  exec env ALPSCK_NO_SLURM_NS=1 unshare -m --propagation private bash "$0" "$@"
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 limit_s=720  # 12 minutes from submission to finished
 
@@ -24,13 +29,15 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/alpsck-readme-$mode.XXXXXX")
 git clone -q "$root" "$work/clone"
 python3 -m venv "$work/venv"
 if [ "$mode" = local ]; then
-  mkdir "$work/no-slurm"
-  for tool in sinfo sbatch srun squeue scontrol scancel sacct; do
-    printf '#!/bin/sh\necho "%s: error: Unable to contact slurm controller (no cluster for this run)" >&2\nexit 1\n' \
-      "$tool" >"$work/no-slurm/$tool"
-    chmod +x "$work/no-slurm/$tool"
+  IFS=: read -r -a path_dirs <<<"$PATH"
+  for tool in sinfo sbatch srun squeue scontrol scancel sacct salloc; do
+    for dir in "${path_dirs[@]}"; do
+      if [ -f "$dir/$tool" ] && [ -x "$dir/$tool" ]; then mount --bind /dev/null "$dir/$tool"; fi
+    done
   done
-  export PATH="$work/no-slurm:$PATH"
+  if python3 -c 'import shutil, sys; sys.exit(shutil.which("sbatch") is None)'; then
+    echo "readme_quickstart: could not hide sbatch" >&2; exit 1
+  fi
 elif [ "$mode" != slurm ]; then
   echo "readme_quickstart: mode must be local or slurm, not '$mode'" >&2; exit 2
 fi

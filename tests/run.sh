@@ -27,7 +27,7 @@ require() { command -v "$1" >/dev/null || { echo "tests/run.sh: required tool '$
 # it timing-sensitive) starts once they are done. Both run against the installed package, from
 # outside the source tree (so its compiled _core is what is tested).
 root=$(pwd)
-job_tests=("$root/tests/test_slurm_cluster.py" "$root/tests/test_slurm_local.py")
+job_tests=("$root/tests/test_slurm_cluster.py" "$root/tests/test_slurm_local.py" "$root/tests/test_slurm_front_door.py")
 section "local SLURM cluster"
 if bash slurm/local-cluster/start.sh; then
   cluster=1

@@ -1,4 +1,4 @@
-"""``alpsck submit`` and ``alpsck status``."""
+"""``alpsck submit``, ``alpsck status`` and ``alpsck cancel``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shlex
+import socket
 import sys
 import time
 from pathlib import Path
@@ -17,35 +18,48 @@ from ..options import arg_int
 from ..store.run_dir import metrics_text
 from ..tools import jsonout
 from ..tools.textout import printable
-from . import goodput, history, watch
+from . import commands, goodput, history, watch
 
 TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
+FOLLOW_POLL_S = 2.0  # how often ``status --follow`` and ``cancel`` look again
 
 
 def _submit(args: argparse.Namespace) -> int:
     from .config import load_config, unset_stand_in
     from .runner import newest_step
-    from .submit import check_entry, sbatch_script, slurm_unavailable, submit
+    from .submit import check_entry, sbatch_script, submit
 
     cfg = load_config(args.config, dry_run=args.dry_run)
+    where = _storage(cfg.source, cfg.run_dir, allow_home=args.allow_home)
     if args.dry_run:
         print(sbatch_script(cfg), end="")
-        for name in cfg.unset:  # after the script: a reader of the script sees it last
+        # After the script: a reader of the script sees these last.
+        print(f"alpsck: dry run: checkpoints go to {cfg.run_dir}: {where.describe()}", file=sys.stderr)
+        if where.warning:
+            print(f"alpsck: warning: {where.warning}", file=sys.stderr)
+        if args.no_check:
+            print("alpsck: dry run: not checked whether the entry imports (--no-check)", file=sys.stderr)
+        else:
+            note = check_entry(cfg)  # ConfigError (exit 2) when it does not import
+            print(f"alpsck: dry run: {note or 'the entry imports in the job environment'}", file=sys.stderr)
+        for name in cfg.unset:
             print(f"alpsck: dry run: ${name} is not set here; the script shows it as {unset_stand_in(name)}",
                   file=sys.stderr)
         return 0
     before = history.read_log(cfg.run_dir)
     if history.state_of(before.events) == "finished" and not args.resume_finished:
-        raise UsageError(f"{cfg.run_dir}: this run has finished (newest checkpoint: step {newest_step(cfg.run_dir)}); a "
+        newest = newest_step(cfg.run_dir)
+        held = f"newest checkpoint: step {newest}" if newest is not None else "no checkpoint left in it"
+        raise UsageError(f"{cfg.run_dir}: this run has finished ({held}); a "
                          "new job would resume there and end at once. To train further, raise the step count and "
                          "submit with --continue; to start afresh, give the config another run_dir")
-    is_local = bool(args.local)
-    if not is_local:
-        why = slurm_unavailable()
-        if why is not None:
-            say = sys.stderr if args.json else sys.stdout
-            print(f"alpsck: no SLURM here ({why}): running through submitit's local executor", file=say, flush=True)
-            is_local = True
+    is_local = bool(args.local) or commands.backend() == "local"  # SlurmError: installed, but no answer
+    if is_local and not args.local:
+        say = sys.stderr if args.json else sys.stdout
+        print(f"alpsck: no SLURM installed here ({commands.NOT_INSTALLED}): running through submitit's local executor "
+              f"on this machine ({socket.gethostname()})", file=say, flush=True)
+    if where.warning and not is_local:  # a job on this machine keeps its run dir, wherever it lies
+        print(f"alpsck: warning: {where.warning}", file=sys.stderr, flush=True)
     if not args.no_check:
         note = check_entry(cfg)
         if note:
@@ -91,6 +105,18 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state == "finished" else 1
 
 
+def _storage(source: str, run_dir: str, *, allow_home: bool) -> Any:
+    """What the run directory lies on (:func:`alpsck.store.filesystem.storage`); UsageError for a home
+    directory on a network file system (Alps: NFS, 50 GB, 500k inodes) unless ``allow_home``."""
+    from ..store.filesystem import storage
+
+    where = storage(run_dir)
+    if where.needs_opt_in and not allow_home:
+        raise UsageError(f"{source}: run_dir: {run_dir} is on {where.describe()}: {where.warning}; "
+                         "pass --allow-home to use it all the same")
+    return where
+
+
 def _purge(run_dir: Path, days: int | None) -> dict[str, Any]:
     """The purge window (``--purge-days``, else the scratch's: filesystem.purge_days) and a warning
     when the newest checkpoint nears it."""
@@ -106,10 +132,19 @@ def _purge(run_dir: Path, days: int | None) -> dict[str, Any]:
     return out
 
 
-def _status(args: argparse.Namespace) -> int:
-    from ..store.run_dir import pick
+def _where(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the newest job ran (``backend``: slurm or local; ``host``: the submitting host for a local
+    one, which on a cluster is a login node) and the watchers its newest start could not run."""
+    sub = watch.last_submission(events)
+    start = next((e for e in reversed(events) if e["event"] == "started"), None)
+    off = start.get("maintenance_watch") if start is not None else None
+    return {"backend": sub.get("backend") if sub else None,
+            "host": sub.get("host") if sub and sub.get("backend") == "local" else None,
+            "watchers_off": {"maintenance": off} if isinstance(off, str) else {}}
 
-    run_dir = Path(args.run_dir)
+
+def _history_path(run_dir: Path) -> Path:
+    """RUN_DIR's job history, or AlpsckError saying why it has none to read."""
     if not run_dir.is_dir():
         raise AlpsckError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}")
     path = run_dir / history.HISTORY
@@ -117,6 +152,16 @@ def _status(args: argparse.Namespace) -> int:
         raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
     if path.is_symlink() or not path.is_file():
         raise AlpsckError(f"{path}: not a regular file, so it holds no job history")
+    return path
+
+
+def _status(args: argparse.Namespace) -> int:
+    from ..store.run_dir import pick
+
+    run_dir = Path(args.run_dir)
+    if args.follow and args.json:
+        raise UsageError("status: --follow prints lines as they come; --json prints one document: choose one")
+    path = _history_path(run_dir)
     purge = _purge(run_dir, args.purge_days)  # first: what follows reads the checkpoints
     log = history.read_log(run_dir)
     if not log.events:  # "pending" would claim a job that nothing here records
@@ -137,6 +182,7 @@ def _status(args: argparse.Namespace) -> int:
     s["unhealthy"] = [{"step": k.step, "message": k.message} for k in (picked.skipped if picked else ())
                       if k.reason == "unhealthy"]
     s["purge"] = purge
+    s.update(_where(log.events))
     s["goodput"] = goodput.goodput(log.events)  # of the events read (the newest 8 MiB of the history)
     chosen = next((e for e in reversed(log.events) if e["event"] == "interval"), None)  # checkpoint.every: auto
     s["interval"] = ({k: chosen.get(k) for k in ("seconds", "save_cost_s", "mtbf_s", "mtbf_from", "time")}
@@ -145,7 +191,32 @@ def _status(args: argparse.Namespace) -> int:
         print(jsonout.dumps(s))
         return 0
     _print_status(s)
+    if args.follow:
+        _follow(run_dir, log.end, s["state"])
     return 0
+
+
+def _follow(run_dir: Path, since: int, state: str) -> None:
+    """``status --follow``: each new event and newly durable checkpoint as it comes (the Follower of
+    ``submit --wait``), until the run ends (its state leaves watch.LIVE_STATES); then its end, its
+    goodput and its newest checkpoint."""
+    from .runner import newest_step
+
+    print(f"  following {printable(str(run_dir))} (Ctrl-C to stop following; the job goes on)", flush=True)
+    follower = watch.Follower(str(run_dir), newest_step, sys.stdout, since)
+    ended = {"state": state}
+
+    def done() -> bool:
+        ended["state"] = watch.reconcile(run_dir)["state"]
+        return ended["state"] not in watch.LIVE_STATES
+
+    if state in watch.LIVE_STATES:
+        follower.wait(done, interval=FOLLOW_POLL_S)
+    events = history.read(run_dir)
+    g = goodput.goodput(events)
+    newest = newest_step(str(run_dir))
+    print(f"run ended: {ended['state']}; newest checkpoint: {'-' if newest is None else f'step {newest}'}"
+          + (f"; {goodput.line(g)}" if g else ""), flush=True)
 
 
 def _print_status(s: dict[str, Any]) -> None:
@@ -157,8 +228,13 @@ def _print_status(s: dict[str, Any]) -> None:
     more = f" and {len(s['job_ids']) - len(ids)} more" if len(s["job_ids"]) > len(ids) else ""
     print(f"{printable(s['run_dir'])}: {s['state']}  (jobs {', '.join(ids) or '-'}{more}, {s['starts']} starts, "
           f"{s['requeues']} requeues, last step {'-' if s['last_step'] is None else s['last_step']})")
+    if s["backend"] == "local":
+        print(f"  ran through submitit's local executor on {printable(s['host'] or 'the submitting host', 80)}, "
+              "not through SLURM")
     if s["note"]:
         print(f"  note: {printable(s['note'])}")
+    for name, why in s["watchers_off"].items():
+        print(f"  warning: the {name} watcher is {printable(why)}")
     if s["metrics"]:
         print(f"  metrics of the checkpoint a resume uses: {printable(metrics_text(s['metrics']))}")
     for k in s["unhealthy"][:3]:
@@ -188,20 +264,81 @@ def _print_status(s: dict[str, Any]) -> None:
         print("\n".join(f"    {line}" for line in s["log_tail"]))
 
 
+def _cancel(args: argparse.Namespace) -> int:
+    """``alpsck cancel RUN_DIR``: end the run's live jobs for good (no requeue) and record it."""
+    import signal
+
+    from .runner import newest_step
+    from .submit import live_jobs
+
+    run_dir = Path(args.run_dir)
+    _history_path(run_dir)
+    events = history.read(run_dir)
+    sub = watch.last_submission(events)
+    slurm = live_jobs(run_dir, budget=None) if any(e.get("backend") == "slurm" for e in history.submissions(events)) \
+        else []
+    if slurm is None:
+        raise AlpsckError(f"{run_dir}: SLURM did not answer squeue about this run's jobs, so nothing was cancelled; "
+                          "try again when the controller answers")
+    local = [sub["job_id"]] if sub is not None and sub.get("backend") == "local" and \
+        watch.local_job_alive(sub["job_id"], run_dir) else []
+    if not slurm and not local:
+        state = watch.reconcile(run_dir, events)["state"]
+        print(f"{printable(str(run_dir))}: no live job to cancel (state: {state})")
+        return 0
+    for job_id, _ in slurm:
+        # scancel: SIGTERM to the steps and the batch shell; the runner and the batch script's EXIT trap
+        # ask scontrol, see the cancel, take the final checkpoint and do not requeue (alpsck.slurm.stop).
+        commands.run(["scancel", job_id], read=False)
+    for job_id in local:
+        # submitit's own LocalJob.cancel: the controller interrupts its task, then kills it within a second or
+        # two. The task records that interruption as its failure: the cancel is recorded after it, as the last word.
+        os.kill(int(job_id), signal.SIGINT)
+        gone_by = time.monotonic() + 30
+        while watch.local_job_alive(job_id, run_dir) and time.monotonic() < gone_by:
+            time.sleep(0.2)
+    ids = [i for i, _ in slurm] + local
+    history.append(run_dir, "cancelled", job_id=ids[-1], step=newest_step(str(run_dir)), recorded_by="alpsck cancel")
+    print(f"cancelled job{'s' if len(ids) > 1 else ''} {', '.join(ids)} of {printable(str(run_dir))}", flush=True)
+    if args.no_wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        gone = not (live_jobs(run_dir) or any(watch.local_job_alive(i, run_dir) for i in local))
+        if gone:
+            rec = watch.reconcile(run_dir)
+            code = (rec["slurm"] or {}).get("exit_code")
+            print(f"job ended: {rec['state']}" + (f" (SLURM: {rec['slurm']['state']}, exit code {code})"
+                                                  if rec["slurm"] else ""))
+            return 0
+        time.sleep(FOLLOW_POLL_S)
+    raise AlpsckError(f"{run_dir}: the job was cancelled but is still in the queue after {args.timeout} s (its final "
+                      "checkpoint may be running); alpsck status shows when it ends")
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s = sub.add_parser(
-        "submit", help="submit a training job (SLURM, or locally when there is no cluster)",
-        description="Submit the training job a YAML config describes: to SLURM through sbatch when a cluster answers, "
-                    "else through submitit's local executor on this machine. The job checkpoints, and at a time limit, "
+        "submit", help="submit a training job (SLURM, or locally where no SLURM is installed)",
+        description="Submit the training job a YAML config describes: to SLURM through sbatch wherever SLURM is "
+                    "installed (a controller that does not answer is retried for about 30 s, then an error: never a "
+                    "run on this host), else, or with --local, through submitit's local executor on this machine. "
+                    "The job checkpoints, and at a time limit, "
                     "a preemption or a maintenance window takes a final checkpoint, requeues and resumes "
                     "(docs/slurm.md; every config key: docs/config.md).")
     s.add_argument("config", help="job config (YAML); see slurm/examples/")
-    s.add_argument("--dry-run", action="store_true", help="print the sbatch script and submit nothing")
-    s.add_argument("--local", action="store_true", help="run through submitit's local executor, even with SLURM")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the sbatch script, where checkpoints go, and whether the entry imports; submit nothing")
+    s.add_argument("--local", action="store_true",
+                   help="run the job on this machine through submitit's local executor, even where SLURM is installed "
+                        "(without it, submit runs locally only where no SLURM is installed)")
     s.add_argument("--json", action="store_true", help='print one line {"job_id": ..., "run_dir": ...}')
     s.add_argument("--wait", action="store_true", help="wait until the job has finished (default for local runs)")
     s.add_argument("--no-wait", action="store_true", help="return at once, also for local runs")
-    s.add_argument("--no-check", action="store_true", help="do not check that the entry imports before submitting")
+    s.add_argument("--no-check", action="store_true",
+                   help="do not check that the entry imports before submitting (or in --dry-run)")
+    s.add_argument("--allow-home", action="store_true",
+                   help="accept a run_dir in a home directory on a network file system (on Alps: NFS, 50 GB, "
+                        "500k inodes; checkpoints belong on /capstor/scratch)")
     s.add_argument("--continue", dest="resume_finished", action="store_true",
                    help="submit on a run dir whose run has finished (to train past its old step count)")
     s.set_defaults(func=_submit)
@@ -218,4 +355,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     st.add_argument("--purge-days", type=arg_int(0), metavar="DAYS",
                     help="the scratch's purge window (days without access); warns a week before the newest "
                          "checkpoint reaches it (default: 30 on /capstor, 14 on /iopsstor, none elsewhere; 0: off)")
+    st.add_argument("--follow", action="store_true",
+                    help="then print each new event and checkpoint as it comes, until the run ends")
     st.set_defaults(func=_status)
+    c = sub.add_parser(
+        "cancel", help="cancel a run's live jobs for good (no requeue)",
+        description="Cancel the live jobs of the run a run directory belongs to: scancel under SLURM (the job takes "
+                    "its final checkpoint when it can and is not requeued), the local executor's job otherwise, and "
+                    "record 'cancelled' in the run's history. Waits until the jobs have left the queue.")
+    c.add_argument("run_dir")
+    c.add_argument("--no-wait", action="store_true", help="return once the jobs are told, without waiting for their end")
+    c.add_argument("--timeout", type=arg_int(1), metavar="SECONDS", default=600,
+                   help="how long to wait for the jobs to leave the queue (default 600)")
+    c.set_defaults(func=_cancel)

@@ -211,6 +211,17 @@ class StopController:
             self._watcher = threading.Thread(target=self._watch, name="alpsck-maintenance", daemon=True)
             self._watcher.start()
 
+    def maintenance_off(self) -> str | None:
+        """Why the maintenance watcher asked for does not run (after :meth:`install`), or None: it runs,
+        or was not asked for. ``alpsck status`` shows it, so that a promise of the config is never
+        silently dropped."""
+        if not self._maintenance or self._watcher is not None:
+            return None
+        if os.environ.get("ALPSCK_NO_SCONTROL") == "1":
+            return "off: ALPSCK_NO_SCONTROL=1 hides scontrol from the job"
+        return ("off: scontrol is not on the job's PATH (inside a container: mount SLURM's commands and "
+                "configuration into it, docs/alps.md), so the weekly maintenance reservation is not watched")
+
     def close(self) -> None:
         self._stop_watch.set()
 

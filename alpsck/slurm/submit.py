@@ -14,8 +14,9 @@ The sbatch script is submitit's, with our settings:
   signal through SUBMITIT_PREEMPT_SIGNAL) and ``--open-mode=append`` (from submitit; a requeued
   job must not truncate its own log);
 - ``--requeue``;
-- srun with the container (``--environment``) or uenv per step, ``--cpus-per-task`` and
-  ``--kill-on-bad-exit=1`` (:func:`srun_arguments`); no ``--wckey``;
+- ``#SBATCH --uenv`` and ``--view`` for a uenv (:func:`uenv_parameters`); srun with the container
+  (``--environment``) per step, ``--cpus-per-task`` and ``--kill-on-bad-exit=1``
+  (:func:`srun_arguments`); no ``--wckey``;
 - the venv activation (with a container or uenv: in each task's command instead, :func:`job_interpreter`)
   and the user's setup lines, run as one block through ``eval`` of their
   quoted text, so that no line of theirs can reach past the block: a here-document or quote left
@@ -37,6 +38,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,7 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
-from . import history
+from . import commands, history
 from .config import JobConfig, shell_problem
 from .launch import job_python, start_local_controller, user_paths
 from .runner import FINAL_EXITS, REQUEST_FILE, JobRunner
@@ -260,8 +262,10 @@ def job_interpreter(cfg: JobConfig) -> str:
 def srun_arguments(cfg: JobConfig) -> list[str]:
     """Options of the srun that starts the tasks (on Alps as CSCS documents them):
 
-    - the container (``--environment``) or uenv (``--uenv`` and its ``--view``) per job step, not on the batch
-      script: the batch script stays on the host, where its EXIT trap can run ``scontrol requeue``;
+    - the container (``--environment``) per job step, not on the batch script: the batch script stays on
+      the host, where its EXIT trap can run ``scontrol requeue`` (a uenv is on the batch script instead,
+      :func:`uenv_parameters`, as CSCS's PyTorch job script has it: it only mounts an image, and the
+      host's commands stay);
     - ``--cpus-per-task`` again: srun does not inherit it from sbatch (Slurm 22.05 and later);
     - ``--kill-on-bad-exit=1``: one task that dies ends the step, instead of leaving the others
       hanging in a collective until the time limit.
@@ -269,10 +273,17 @@ def srun_arguments(cfg: JobConfig) -> list[str]:
     args = [f"--cpus-per-task={cfg.slurm.cpus_per_task}", "--kill-on-bad-exit=1"]
     if cfg.environment.container:
         args.append(f"--environment={cfg.environment.container}")
-    if cfg.environment.uenv:
-        # Without a view the uenv is only mounted: python3 would be the node's own.
-        args += [f"--uenv={cfg.environment.uenv}", f"--view={cfg.environment.view}"]
     return args
+
+
+def uenv_parameters(cfg: JobConfig) -> dict[str, str]:
+    """``#SBATCH --uenv=IMAGE`` and ``--view=VIEW`` for a config with a uenv, as CSCS's PyTorch page
+    writes its job script: every srun step of the job inherits them. Without a view the uenv is only
+    mounted, and python3 would be the node's own. ``alpsck submit`` runs in a plain login shell: uenv
+    v10 refuses sbatch from inside ``uenv start``."""
+    if not cfg.environment.uenv:
+        return {}
+    return {"uenv": cfg.environment.uenv, "view": str(cfg.environment.view)}
 
 
 def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
@@ -284,6 +295,7 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     for key in ("account", "qos", "reservation"):
         if getattr(s, key):
             extra[key] = getattr(s, key)
+    extra.update(uenv_parameters(cfg))
     extra.update({k: (True if v == "" else v) for k, v in s.extra.items()})
     params: dict[str, Any] = {
         "job_name": cfg.name,
@@ -313,22 +325,9 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
 
 
 def slurm_unavailable() -> str | None:
-    """Why SLURM cannot take a job here, or None when it can: no sbatch, or no controller answering
-    (slurm-wlm installed but not running, as after the test suite's local cluster stopped)."""
-    if shutil.which("sbatch") is None:
-        return "sbatch not found"
-    try:
-        r = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"sinfo failed: {e}"
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"no SLURM controller answers ({last if last.startswith('sinfo') else 'sinfo: ' + last})"
-    return None
-
-
-def slurm_available() -> bool:
-    return slurm_unavailable() is None
+    """Why SLURM cannot take a job here right now, or None (:func:`commands.unavailable`: one
+    ``sinfo``, no retry; for reports)."""
+    return commands.unavailable()
 
 
 # squeue states after which a job no longer runs nor comes back by itself.
@@ -336,22 +335,21 @@ _ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL
           "REVOKED"}
 
 
-def live_jobs(run_dir: str | Path) -> list[tuple[str, str]] | None:
+def live_jobs(run_dir: str | Path, *, budget: float | None = 0) -> list[tuple[str, str]] | None:
     """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
 
     A job the controller no longer knows (finished long ago, or from a cluster since restarted)
-    is not live. None when squeue gave no answer (not there, timed out, controller down).
+    is not live. None when squeue gave no answer within ``budget`` seconds of retries (None: the
+    default budget of :mod:`commands`; 0: one try).
     """
     ids = list(dict.fromkeys(str(e["job_id"]) for e in history.submissions(history.read(run_dir))
                              if e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()))
     if not ids:
         return []
-    try:
-        r = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], capture_output=True,
-                           text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if r.returncode != 0 and "Invalid job id" not in r.stderr:  # that one: no job of the list is known
+    try:  # "Invalid job id": no job of the list is known
+        r = commands.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], read=True, budget=budget,
+                         accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
+    except SlurmError:
         return None
     out = []
     for line in r.stdout.splitlines():
@@ -382,6 +380,22 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 
     config_source = "<config>"
     in_job_restarts = 0
+    tag: str | None = None  # the job's --comment, "alpsck:<uuid>": how a lost sbatch answer is found again
+
+    def _submit_command(self, command: str) -> submitit.Job[Any]:
+        """submitit's own, with sbatch run through :mod:`commands` (retried while the controller is not
+        reached) instead of once."""
+        uid = uuid.uuid4().hex
+        path = submitit.core.utils.JobPaths.get_first_id_independent_folder(self.folder) / f".submission_file_{uid}.sh"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self._make_submission_file_text(command, uid))
+        answer = sbatch(path, self.tag)
+        job_id = self._get_job_id_from_submission_command(answer.stdout)
+        job: submitit.Job[Any] = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+        job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
+        self._write_job_id(job.job_id, uid)
+        self._set_job_permissions(job.paths.folder)
+        return job
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         text = super()._make_submission_file_text(command, uid)
@@ -399,6 +413,29 @@ class _SlurmExecutor(submitit.SlurmExecutor):
             raise ConfigError(f"{self.config_source}: environment.setup: the batch script with these lines does not "
                               f"parse: {why}")
         return text
+
+
+def sbatch(script: Path, tag: str | None) -> commands.Answer:
+    """``sbatch SCRIPT``, retried while the controller is not reached (:func:`commands.run`). After a
+    failure that may have submitted the job all the same (its answer lost: "Socket timed out"), the
+    queue is asked for a job whose comment is ``tag`` before sbatch runs again, so that one submit
+    makes one job; without a tag (the config sets its own comment) such a failure is not retried."""
+
+    def submitted_already(said: str) -> commands.Answer | None:
+        if not commands.ambiguous(said):
+            return None
+        if tag is None:
+            raise SlurmError(f"`sbatch {script}` failed: {said}; it may have submitted the job all the same (see "
+                             "squeue --me), and without alpsck's tag in the job's comment (slurm.extra.comment is "
+                             "set) alpsck cannot tell, so it does not try again")
+        found = commands.run(["squeue", "--me", "-h", "-o", "%i|%k"], read=True)
+        job_id = next((i for i, _, k in (ln.partition("|") for ln in found.stdout.splitlines()) if k.strip() == tag), None)
+        return None if job_id is None else commands.Answer(f"Submitted batch job {job_id.strip()}", "", 0)
+
+    try:
+        return commands.run(["sbatch", str(script)], read=False, before_retry=submitted_already)
+    except SlurmError as e:
+        raise SlurmError(f"sbatch refused the job: {e}") from None
 
 
 class _ScriptOnlyExecutor(_SlurmExecutor):
@@ -428,7 +465,11 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     slurm_ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
     slurm_ex.config_source = cfg.source
     slurm_ex.in_job_restarts = cfg.requeue.in_job_restarts
-    slurm_ex.update_parameters(**slurm_parameters(cfg))
+    params = slurm_parameters(cfg)
+    if not script_only and "comment" not in params["additional_parameters"]:
+        slurm_ex.tag = f"alpsck:{uuid.uuid4().hex}"
+        params["additional_parameters"]["comment"] = slurm_ex.tag
+    slurm_ex.update_parameters(**params)
     return slurm_ex
 
 
@@ -440,8 +481,9 @@ def sbatch_script(cfg: JobConfig) -> str:
 
 
 def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
-    """Submit the job; ``local=None`` picks SLURM when sbatch exists, else the local executor."""
-    use_local = (not slurm_available()) if local is None else local
+    """Submit the job; ``local=None`` asks :func:`commands.backend` (SLURM wherever it is installed,
+    SlurmError when its controller does not answer; the local executor only where none is)."""
+    use_local = (commands.backend() == "local") if local is None else local
     if use_local and cfg.slurm.nodes * cfg.slurm.tasks_per_node > 1:
         raise UsageError(f"{cfg.source}: slurm.nodes x slurm.tasks_per_node is {cfg.slurm.nodes * cfg.slurm.tasks_per_node}: "
                          "a multi-task job needs SLURM (srun); the local executor runs one task")
@@ -467,9 +509,8 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
     os.environ[PREEMPT_SIGNAL_ENV] = cfg.requeue.signal
     try:
         job = ex.submit(JobRunner(cfg))
-    except submitit.core.utils.FailedJobError as e:  # sbatch refused the job: its own words say why
-        reason = " / ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        raise SlurmError(f"{cfg.source}: sbatch refused the job: {reason}") from None
+    except SlurmError as e:  # sbatch refused the job, or the controller never answered: its own words say why
+        raise SlurmError(f"{cfg.source}: {e}") from None
     finally:
         if saved is None:
             os.environ.pop(PREEMPT_SIGNAL_ENV, None)
