@@ -316,6 +316,7 @@ def test_env_vars_expand(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_examples_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCRATCH", "/scratch/me")
+    monkeypatch.setenv("USER", "me")
     for p in sorted((ROOT / "slurm" / "examples").glob("*.yaml")):
         cfg = load_config(p)
         assert cfg.name and cfg.entry.function
@@ -323,18 +324,23 @@ def test_examples_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("example", ["alps-gh200", "alps-gh200-uenv"])
 def test_the_alps_examples_dry_run_anywhere(tmp_path: Path, example: str) -> None:
-    """The README offers --dry-run as the way to read the batch script; off Alps $SCRATCH is unset,
+    """The README offers --dry-run as the way to read the batch script; off Alps $USER may be unset,
     and the dry run refused the config. Now it prints the script with a stand-in that says so
-    (and names it on stderr); a real submit still refuses an unset variable."""
-    env = {k: v for k, v in os.environ.items() if k != "SCRATCH"}
+    (and names it on stderr), and where the checkpoints go (Capstor scratch, as CSCS advises);
+    a real submit still refuses an unset variable."""
+    env = {k: v for k, v in os.environ.items() if k != "USER"}
     config = str(ROOT / "slurm" / "examples" / f"{example}.yaml")
     r = subprocess.run([sys.executable, "-m", "alpsck", "submit", config, "--dry-run"], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("#!/bin/bash") and "\nsrun " in r.stdout
-    assert "mkdir -p /SCRATCH-is-not-set-here/alpsck/" in r.stdout
-    assert r.stderr.strip().splitlines()[-1] == ("alpsck: dry run: $SCRATCH is not set here; the script shows it as "
-                                                 "/SCRATCH-is-not-set-here")
+    assert "mkdir -p /capstor/scratch/cscs/USER-is-not-set-here/alpsck/" in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == "alpsck: dry run: $USER is not set here; the script shows it as /USER-is-not-set-here"
+    assert any(ln.startswith("alpsck: dry run: checkpoints go to /capstor/scratch/cscs/") and "Capstor" in ln
+               and "30 days" in ln for ln in lines), lines
+    assert "alpsck: dry run: not checked whether entry.function imports: its container or uenv exists only in the job" \
+        in lines
     assert "ALPSCK_TEST_UNSET_VAR" not in os.environ
     with pytest.raises(ConfigError, match=r"run_dir: environment variable \$ALPSCK_TEST_UNSET_VAR is not set"):
         parse_config(GOOD.replace("run_dir: /tmp/x", "run_dir: $ALPSCK_TEST_UNSET_VAR/x"))
@@ -349,10 +355,11 @@ def _normalised_script(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
 
 @pytest.mark.parametrize("example", ["alps-gh200", "alps-gh200-uenv"])
 def test_the_alps_examples_scripts_match_golden(monkeypatch: pytest.MonkeyPatch, example: str) -> None:
-    """As CSCS documents: the container or uenv on srun (per step), never on the batch script; the
+    """As CSCS documents: the container on srun (per step), never on the batch script; the uenv on the
+    batch script (#SBATCH --uenv/--view, as CSCS's PyTorch job script), which every step inherits; the
     tasks run python3 from it, not a host path; one GPU per task; srun repeats --cpus-per-task and
-    ends the step when a task dies; no --wckey."""
-    monkeypatch.setenv("SCRATCH", "/capstor/scratch/cscs/user")
+    ends the step when a task dies; no --wckey; the run directory on Capstor scratch."""
+    monkeypatch.setenv("USER", "user")
     monkeypatch.setenv("HOME", "/users/user")
     text = sbatch_script(load_config(ROOT / "slurm" / "examples" / f"{example}.yaml"))
     golden = GOLDEN.parent / f"{example}.sbatch"
@@ -361,15 +368,19 @@ def test_the_alps_examples_scripts_match_golden(monkeypatch: pytest.MonkeyPatch,
     assert text == golden.read_text(), "sbatch script changed; review, then ALPSCK_UPDATE_GOLDEN=1 pytest ..."
     params = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     srun = next(line for line in text.splitlines() if line.startswith("srun "))
-    assert not any(p.startswith(("#SBATCH --environment", "#SBATCH --uenv", "#SBATCH --wckey")) for p in params)
+    assert not any(p.startswith(("#SBATCH --environment", "#SBATCH --wckey")) for p in params)
+    assert (["#SBATCH --uenv=pytorch/v2.9.1:v2", "#SBATCH --view=default"] == [p for p in params if
+                                                                           p.startswith(("#SBATCH --uenv", "#SBATCH --view"))]
+            ) == (example == "alps-gh200-uenv")
+    assert f"mkdir -p /capstor/scratch/cscs/user/alpsck/{'llama-8b-uenv' if 'uenv' in example else 'llama-8b'}" in text
     assert "#SBATCH --gpus-per-task=1" in params and "#SBATCH --ntasks-per-node=4" in params
     assert "--cpus-per-task=72" in srun and "--kill-on-bad-exit=1" in srun and sys.executable not in srun
     # the uenv example's venv is activated in the task, then its python3 runs (CSCS: inside srun)
     assert (" python3 -u -c " in srun) == (example == "alps-gh200")
-    assert (""" bash -c 'source /capstor/scratch/cscs/user/venvs/alpsck/bin/activate && exec python3 "$@"' \
+    assert (""" bash -c 'source /users/user/venvs/alpsck-pytorch-v2.9.1/bin/activate && exec python3 "$@"' \
 alpsck-task -u -c """ in srun) == (example == "alps-gh200-uenv")
     assert ("--environment=/users/user/.edf/alps-gh200.toml" in srun) == (example == "alps-gh200")
-    assert ("--uenv=pytorch/v2.6.0:v1 --view=default" in srun) == (example == "alps-gh200-uenv")
+    assert "--uenv" not in srun and "--view" not in srun
     # The batch shell outlives the signals SLURM sends it, and its EXIT trap acts on the request.
     assert text.index("trap '' USR1 USR2 HUP INT") < text.index("mkdir -p")
     assert "trap alpsck_stopping=1 TERM" in text and "trap alpsck_requeue_on_request EXIT" in text
@@ -378,11 +389,12 @@ alpsck-task -u -c """ in srun) == (example == "alps-gh200-uenv")
 def test_a_uenv_gets_the_default_view_unless_told(tmp_path: Path) -> None:
     """Without --view a uenv is only mounted, and python3 would be the node's own (CSCS: use the
     default view); a view without a uenv names the key."""
-    from alpsck.slurm.submit import srun_arguments
+    from alpsck.slurm.submit import uenv_parameters
 
     base = GOOD + "environment:\n  uenv: pytorch/v2.8.0:v1\n"
-    assert srun_arguments(parse_config(base))[-2:] == ["--uenv=pytorch/v2.8.0:v1", "--view=default"]
-    assert srun_arguments(parse_config(base + "  view: modules\n"))[-1] == "--view=modules"
+    assert uenv_parameters(parse_config(base)) == {"uenv": "pytorch/v2.8.0:v1", "view": "default"}
+    assert uenv_parameters(parse_config(base + "  view: modules\n"))["view"] == "modules"
+    assert uenv_parameters(parse_config(GOOD)) == {}
     with pytest.raises(ConfigError, match=r"environment\.view.*environment\.uenv"):
         parse_config(GOOD + "environment:\n  view: default\n")
     with pytest.raises(ConfigError, match=r"environment\.view"):
@@ -517,7 +529,7 @@ CSCS_NCCL_ENV = {"NCCL_NET": "AWS Libfabric", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL
 
 
 def _example(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[object, str]:
-    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.setenv("USER", "me")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     cfg = load_config(EXAMPLES / name)
     script = sbatch_script(cfg)
@@ -539,8 +551,8 @@ def test_the_uenv_example_activates_its_venv_inside_the_srun_task(tmp_path: Path
     srun = _srun_line(script)
     host = script[:script.index(srun)]
     assert "bin/activate" not in host
-    venv = tmp_path / "scratch" / "venvs" / "alpsck"
-    assert srun.index("--uenv=pytorch/") < srun.index(f"source {venv}/bin/activate") < srun.index("python3")
+    venv = tmp_path / "home" / "venvs" / "alpsck-pytorch-v2.9.1"
+    assert "#SBATCH --uenv=pytorch/" in host and srun.index(f"source {venv}/bin/activate") < srun.index("python3")
     (venv / "bin").mkdir(parents=True)
     out = tmp_path / "task.out"
     (venv / "bin" / "activate").write_text(f'export VIRTUAL_ENV={venv}\nexport PATH="{venv}/bin:$PATH"\n')
@@ -555,7 +567,7 @@ def test_the_uenv_example_activates_its_venv_inside_the_srun_task(tmp_path: Path
     subprocess.run(["bash", "-c", srun], env=env, check=True, timeout=60)
     words = out.read_text().split()
     assert words[:2] == [str(venv), str(venv / "bin" / "python3")] and words[2:4] == ["-u", "-c"]
-    assert words[-3:] == ["-m", "submitit.core._submit", str(tmp_path / "scratch/alpsck/llama-8b-uenv/submitit")]
+    assert words[-3:] == ["-m", "submitit.core._submit", "/capstor/scratch/cscs/me/alpsck/llama-8b-uenv/submitit"]
 
 
 def test_the_uenv_example_exports_the_nccl_variables_cscs_says_to_always_set(
