@@ -150,7 +150,9 @@ class Checkpointer:
         preflight: before the first save, and when a save grows by more than a tenth, rank 0 checks
             that keep_last + max_in_flight checkpoints of this size fit (free space, inodes, and on
             Lustre the user's quota and the storage targets); when they do not, the save fails on
-            every rank before a byte is written, with the numbers (DiskFullError on rank 0).
+            every rank before a byte is written, with the numbers (DiskFullError on rank 0). On
+            Lustre without a working ``lfs`` (a container image), the layout, quota and targets
+            steps are skipped with one RuntimeWarning per process; saves go on.
     """
 
     def __init__(
@@ -264,7 +266,7 @@ class Checkpointer:
     def _ensure_layout(self, setting: str, chunk_bytes: int) -> LayoutReport | None:
         """The Lustre layout (:func:`alpsck.store.filesystem.ensure_layout`). lfs failing is a warning
         for the automatic layout (the checkpoints are as safe without it) and an error for one the
-        user gave."""
+        user gave; an lfs that cannot run at all is ensure_layout's one warning for either."""
         try:
             return ensure_layout(self.run_dir, setting, chunk_bytes)
         except CheckpointError as e:

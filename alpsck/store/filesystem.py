@@ -15,6 +15,12 @@ Lustre:
   rank 0 checks that what retention will hold fits, bytes and inodes: ``statvfs`` everywhere, the
   user's ``lfs quota`` and the free space of the storage targets (``lfs df``) on Lustre. A save that
   cannot fit fails before it writes a byte, with the numbers.
+- **No lfs** (:class:`LfsUnavailable`: not on PATH, or it cannot run, as in a container image
+  without Lustre's client tools): the layout, quota and targets steps are skipped with one
+  warning per process; saves go on (statvfs still checks). An ``lfs`` that runs and fails is an
+  error, as before: it says something about the file system.
+- **Where** (:func:`storage`): which of Alps' storage a path is on (Capstor, Iopsstor, Ritom, home,
+  temporary or local), its purge window, and why it is a poor place for checkpoints, if it is.
 
 ``ALPSCK_FS_KIND`` (``lustre``, ``nfs`` or any other name) overrides what ``statfs`` says: for a
 file system it misreports (a bind or FUSE mount of Lustre), and for the tests, which run the same
@@ -30,6 +36,8 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
+import warnings
 from pathlib import Path
 
 from .. import _core
@@ -39,7 +47,8 @@ from .run_dir import entry_kind, is_committed_step_dir
 KIND_ENV = "ALPSCK_FS_KIND"
 # statfs f_type values (linux/magic.h and the file systems' own headers).
 _MAGIC = {0x0BD00BD0: "lustre", 0x6969: "nfs", 0xEF53: "ext4", 0x58465342: "xfs", 0x01021994: "tmpfs",
-          0x794C7630: "overlay", 0x9123683E: "btrfs", 0x65735546: "fuse", 0x2FC12FC1: "zfs", 0x47504653: "gpfs"}
+          0x794C7630: "overlay", 0x9123683E: "btrfs", 0x65735546: "fuse", 0x2FC12FC1: "zfs", 0x47504653: "gpfs",
+          0x858458F6: "ramfs", 0xFF534D42: "cifs", 0xFE534D42: "smb2", 0x00C36400: "ceph"}
 LAYOUTS = ("auto", "none")  # the named settings of lustre_layout; anything else is lfs setstripe options
 LFS_TIMEOUT_S = 120.0
 _MiB = 1 << 20
@@ -61,22 +70,50 @@ def kind(path: str | os.PathLike[str]) -> str:
 # ----------------------------------------------------------------------------- the lfs command
 
 
+class LfsUnavailable(CheckpointError):
+    """``lfs`` cannot run here: not on PATH, or not executable (a container image without Lustre's
+    client tools, or a host binary mounted in without its libraries)."""
+
+
 def lfs(*args: str) -> str:
-    """Runs ``lfs ARGS`` (an argument list: no shell) and returns its output; CheckpointError naming
-    the command and what it said when it is missing, fails or hangs."""
+    """Runs ``lfs ARGS`` (an argument list: no shell) and returns its output; LfsUnavailable when it
+    is missing or cannot run (exit 126 or 127: the shell's "cannot execute" and "not found"), and
+    CheckpointError naming the command and what it said when it fails or hangs."""
     exe = shutil.which("lfs")
     if exe is None:
-        raise CheckpointError(f"`lfs {' '.join(args)}`: the file system is Lustre but no `lfs` command is on PATH")
+        raise LfsUnavailable("no `lfs` command is on PATH (a container image without Lustre's client tools?)")
     try:
         r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=LFS_TIMEOUT_S, check=False,
                            stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise CheckpointError(f"`lfs {shlex.join(args)}` did not answer within {LFS_TIMEOUT_S:.0f} s") from None
+    except OSError as e:
+        raise LfsUnavailable(f"`{exe}` cannot run ({e.strerror or e})") from None
+    said = (r.stderr or r.stdout).strip().splitlines()
+    if r.returncode in (126, 127):
+        raise LfsUnavailable(f"`{exe}` cannot run (exit {r.returncode}" + (f": {said[-1]})" if said else ")"))
     if r.returncode != 0:
-        said = (r.stderr or r.stdout).strip().splitlines()
         raise CheckpointError(f"`lfs {shlex.join(args)}` failed (exit {r.returncode})"
                               + (f": {said[-1]}" if said else ""))
     return r.stdout
+
+
+_lfs_warned = False  # whether this process has warned that lfs is unavailable (once per process)
+_lfs_warned_lock = threading.Lock()
+
+
+def warn_lfs_unavailable(run_dir: str | os.PathLike[str], why: LfsUnavailable) -> None:
+    """The one warning per process that ``run_dir`` is on Lustre but ``lfs`` cannot run: what alpsck
+    then skips, and what to do."""
+    global _lfs_warned
+    with _lfs_warned_lock:
+        if _lfs_warned:
+            return
+        _lfs_warned = True
+    warnings.warn(f"{run_dir} is on Lustre but {why}: alpsck neither sets its Lustre layout nor checks the Lustre "
+                  "quota and storage targets before saves (statvfs still checks free space); saves go on. Run "
+                  "where `lfs` works (the host, or mount it into the container) to have them", RuntimeWarning,
+                  stacklevel=3)
 
 
 # ----------------------------------------------------------------------------- layout
@@ -137,23 +174,31 @@ class LayoutReport:
     kind: str
     set_args: tuple[str, ...] = ()  # the lfs setstripe options it set ([] when it set none)
     kept: bool = False  # the directory had a layout of its own
+    unavailable: str = ""  # why lfs could not run (nothing was set), or ''
 
     def __str__(self) -> str:
         if self.kind != "lustre":
             return f"{self.kind}: no layout (not Lustre)"
+        if self.unavailable:
+            return f"lustre: no layout set ({self.unavailable})"
         return ("lustre: kept the layout set on it" if self.kept else
                 f"lustre: set layout {shlex.join(self.set_args)}" if self.set_args else "lustre: layout left as it is")
 
 
 def ensure_layout(run_dir: str | os.PathLike[str], setting: str, chunk_bytes: int) -> LayoutReport:
     """Gives ``run_dir`` (which exists) the layout of ``setting`` when it is on Lustre and has none
-    of its own; no ``lfs`` call elsewhere, nor with ``none``. CheckpointError when ``lfs`` fails."""
+    of its own; no ``lfs`` call elsewhere, nor with ``none``. CheckpointError when ``lfs`` fails;
+    when it cannot run at all (:class:`LfsUnavailable`), a warning (once per process) and nothing set."""
     args = layout_args(setting, chunk_bytes)  # a bad setting is refused on every file system
     fs = kind(run_dir)
     if fs != "lustre" or not args:
         return LayoutReport(fs)
-    if has_own_layout(lfs("getstripe", "-d", "--raw", str(run_dir))):
-        return LayoutReport(fs, kept=True)
+    try:
+        if has_own_layout(lfs("getstripe", "-d", "--raw", str(run_dir))):
+            return LayoutReport(fs, kept=True)
+    except LfsUnavailable as e:
+        warn_lfs_unavailable(run_dir, e)
+        return LayoutReport(fs, unavailable=str(e))
     lfs("setstripe", *args, str(run_dir))
     return LayoutReport(fs, set_args=tuple(args))
 
@@ -177,30 +222,47 @@ class Room:
     source: str
 
 
-def _quota(run_dir: Path) -> Room | None:
-    """The user's Lustre quota on the file system of ``run_dir`` (``lfs quota -q -u UID``): what
-    its hard limits (else its soft ones) leave; None when it sets none."""
-    out = lfs("quota", "-q", "-u", str(os.getuid()), str(run_dir))
+@dataclasses.dataclass(frozen=True)
+class Quota:
+    """The user's Lustre quota on one file system (``lfs quota``): what is used, and the hard limit
+    (else the soft one; None where neither is set), in bytes and inodes."""
+
+    used_bytes: int
+    limit_bytes: int | None
+    used_inodes: int
+    limit_inodes: int | None
+
+
+def lustre_quota(path: str | os.PathLike[str]) -> Quota:
+    """The user's Lustre quota on the file system of ``path`` (which exists): ``lfs quota -q -u UID``.
+    CheckpointError (LfsUnavailable where lfs cannot run) when it cannot be read."""
+    out = lfs("quota", "-q", "-u", str(os.getuid()), str(path))
     tokens = out.split()
     start = next((i for i, t in enumerate(tokens) if t.startswith("/")), None)
     if start is None or len(tokens) < start + 8:
-        raise CheckpointError(f"`lfs quota -q -u {os.getuid()} {run_dir}`: cannot read its answer: {out.strip()!r}")
+        raise CheckpointError(f"`lfs quota -q -u {os.getuid()} {path}`: cannot read its answer: {out.strip()!r}")
 
     def num(t: str) -> int:
         t = t.rstrip("*")  # over quota
         if not t.isdigit():
-            raise CheckpointError(f"`lfs quota -q -u {os.getuid()} {run_dir}`: {t!r} is not a number: {out.strip()!r}")
+            raise CheckpointError(f"`lfs quota -q -u {os.getuid()} {path}`: {t!r} is not a number: {out.strip()!r}")
         return int(t)
 
     kbytes, kquota, klimit = (num(t) for t in tokens[start + 1:start + 4])
     files, fquota, flimit = (num(t) for t in tokens[start + 5:start + 8])
-    blimit = klimit or kquota
-    ilimit = flimit or fquota
-    if not blimit and not ilimit:
+    blimit, ilimit = klimit or kquota, flimit or fquota
+    return Quota(kbytes * 1024, blimit * 1024 or None, files, ilimit or None)
+
+
+def _quota(run_dir: Path) -> Room | None:
+    """What the user's Lustre quota on the file system of ``run_dir`` leaves; None when it sets none."""
+    q = lustre_quota(run_dir)
+    if q.limit_bytes is None and q.limit_inodes is None:
         return None
-    return Room(max(0, blimit - kbytes) * 1024 if blimit else None, max(0, ilimit - files) if ilimit else None,
-                f"the user's Lustre quota (`lfs quota -u {os.getuid()}`: {kbytes * 1024} of {blimit * 1024 or '-'} "
-                f"bytes, {files} of {ilimit or '-'} inodes used)")
+    return Room(max(0, q.limit_bytes - q.used_bytes) if q.limit_bytes is not None else None,
+                max(0, q.limit_inodes - q.used_inodes) if q.limit_inodes is not None else None,
+                f"the user's Lustre quota (`lfs quota -u {os.getuid()}`: {q.used_bytes} of {q.limit_bytes or '-'} "
+                f"bytes, {q.used_inodes} of {q.limit_inodes or '-'} inodes used)")
 
 
 def _targets(run_dir: Path) -> list[tuple[str, int]]:
@@ -215,13 +277,18 @@ def _targets(run_dir: Path) -> list[tuple[str, int]]:
 
 def rooms(run_dir: str | os.PathLike[str], fs: str | None = None) -> list[Room]:
     """Every limit on what ``run_dir`` can still take: the file system's free space (statvfs), and on
-    Lustre the user's quota. ``fs``: :func:`kind` of it, when the caller has it."""
+    Lustre the user's quota (skipped, with the once-per-process warning, where ``lfs`` cannot run).
+    ``fs``: :func:`kind` of it, when the caller has it."""
     path = Path(run_dir)
     st = os.statvfs(path)
     found = [Room(st.f_bavail * st.f_frsize, st.f_favail if st.f_files else None,
                   f"the file system's free space (statvfs {path})")]
     if (fs or kind(path)) == "lustre":
-        quota = _quota(path)
+        try:
+            quota = _quota(path)
+        except LfsUnavailable as e:
+            warn_lfs_unavailable(path, e)
+            quota = None
         if quota is not None:
             found.append(quota)
     return found
@@ -238,7 +305,8 @@ def preflight(run_dir: str | os.PathLike[str], *, checkpoint_bytes: int, checkpo
     (committed, and expired ones kept for reuse) count as room already taken by the run. On Lustre
     the bytes must also fit the storage targets: the new bytes spread over ``stripes`` targets (at
     most as many as there are), and fewer targets than that with room for their share fails too (a
-    full target fails a write with ENOSPC however much the file system has free)."""
+    full target fails a write with ENOSPC however much the file system has free). Where ``lfs``
+    cannot run, only statvfs is checked (one warning per process)."""
     path = Path(run_dir)
     held = sum(1 for n in os.listdir(path) if entry_kind(n) in ("step", "free"))  # one readdir
     more = max(0, keep - held)
@@ -260,7 +328,11 @@ def preflight(run_dir: str | os.PathLike[str], *, checkpoint_bytes: int, checkpo
                                 "false in a job config)")
     if fs != "lustre":
         return
-    targets = _targets(path)
+    try:
+        targets = _targets(path)
+    except LfsUnavailable as e:
+        warn_lfs_unavailable(path, e)
+        return
     if not targets:
         return
     wanted = min(stripes, len(targets))
@@ -287,13 +359,104 @@ def checkpoint_files(world_size: int) -> int:
 # Days without access after which CSCS purges a scratch file, by file system (a path component).
 PURGE_DAYS = {"capstor": 30, "iopsstor": 14}
 PURGE_MARGIN_DAYS = 7  # warn this long before
+# Alps' storage, named by a component of the resolved path (/capstor/scratch/cscs/$USER, ...).
+ALPS_STORAGE = {"capstor": "Capstor", "iopsstor": "Iopsstor", "ritom": "Ritom"}
+CHECKPOINT_SCRATCH = "/capstor/scratch/cscs/$USER"  # where CSCS advises checkpoints to go
+HOME_QUOTA = "50 GB and 500k inodes"  # Alps home, per user (NFS)
+NETWORK_KINDS = frozenset({"nfs", "lustre", "gpfs", "cifs", "smb2", "ceph"})
+MEMORY_KINDS = frozenset({"tmpfs", "ramfs"})
+TMP_DIRS = ("/tmp", "/dev/shm")  # node-local and temporary wherever they are
+_KIND_NAMES = {"lustre": "Lustre", "nfs": "NFS", "gpfs": "GPFS", "cifs": "CIFS", "smb2": "SMB", "ceph": "Ceph"}
+
+
+def _alps_area(parts: tuple[str, ...]) -> tuple[str, str] | None:
+    """(storage, the component after it: ``scratch``, ``store``, ...) of the first Alps storage name
+    among ``parts``, or None."""
+    for i, part in enumerate(parts):
+        if part in ALPS_STORAGE:
+            return part, parts[i + 1] if i + 1 < len(parts) else ""
+    return None
 
 
 def purge_days(path: str | os.PathLike[str]) -> int | None:
     """The purge window of the scratch holding ``path``, from its name (``/capstor/...`` 30 days,
-    ``/iopsstor/...`` 14), or None where none is known."""
-    parts = Path(os.path.realpath(path)).parts
-    return next((days for name, days in PURGE_DAYS.items() if name in parts), None)
+    ``/iopsstor/...`` 14; not a project store, ``/capstor/store/...``), or None where none is known."""
+    area = _alps_area(Path(os.path.realpath(path)).parts)
+    if area is None or area[1] == "store":
+        return None
+    return PURGE_DAYS.get(area[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    """Which storage a run directory is on (:func:`storage`), and whether it is a good place for
+    checkpoints. ``warning`` is one line without the path: callers name the path."""
+
+    name: str  # "capstor", "iopsstor", "ritom", "home", "tmp", "local" or the file system's kind
+    kind: str  # kind(path): lustre, nfs, ext4, ...
+    purge_days: int | None  # days without access after which CSCS purges it, None if not purged
+    warning: str | None  # one line: why this is a poor place for checkpoints and what to do; None when fine
+    needs_opt_in: bool  # a run dir under $HOME on a network file system (Alps home: NFS, 50 GB, 500k inodes)
+
+    def describe(self) -> str:
+        """One line: ``Capstor scratch (Lustre), purged after 30 days without access``."""
+        fs = _KIND_NAMES.get(self.kind, self.kind)
+        purge = f", purged after {self.purge_days} days without access" if self.purge_days else ""
+        if self.name in ALPS_STORAGE:
+            label = ALPS_STORAGE[self.name]
+            if self.name == "ritom":
+                return f"{label} scratch ({'VAST over NFS' if self.kind == 'nfs' else fs}){purge}"
+            if self.purge_days is None:
+                return f"{label}, not scratch ({fs}), not purged"
+            return f"{label} scratch ({fs}){purge}"
+        if self.name == "home":
+            return f"home directory ({fs}" + (f", a {HOME_QUOTA} quota)" if self.needs_opt_in else ")")
+        if self.name == "tmp":
+            return f"temporary storage ({fs})"
+        if self.name == "local":
+            return f"local disk ({fs})"
+        return f"{fs} file system{purge}"
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+def storage(path: str | os.PathLike[str]) -> Storage:
+    """Which storage ``path`` (or, where it does not exist yet, its nearest existing parent) is on,
+    from its resolved path and :func:`kind`, in this order: Alps' Capstor, Iopsstor and Ritom (by
+    path component: Iopsstor, ``$SCRATCH`` on Clariden and Bristen, warns of its 14-day purge);
+    memory (tmpfs, ramfs) or under /tmp or /dev/shm (warns: gone with the node or the job); under
+    the real ``$HOME`` (a network file system there needs an opt-in and warns of home's quota; a
+    laptop's local disk is fine); a local disk; else the file system's kind."""
+    real = os.path.realpath(path)
+    fs = kind(real)
+    days = purge_days(real)
+    area = _alps_area(Path(real).parts)
+    if area is not None:
+        name = area[0]
+        warning = None
+        if name == "iopsstor" and days is not None:
+            warning = (f"Iopsstor ($SCRATCH on Clariden and Bristen) purges files after {days} days without access "
+                       f"and is meant for data sets: CSCS advises {CHECKPOINT_SCRATCH} for checkpoints (purged after "
+                       f"{PURGE_DAYS['capstor']} days without access)")
+        return Storage(name, fs, days, warning, False)
+    home = os.path.realpath(os.path.expanduser("~"))
+    at_home = home != os.sep and _under(real, home)
+    if fs in MEMORY_KINDS or (not at_home and any(_under(real, os.path.realpath(t)) for t in TMP_DIRS)):
+        return Storage("tmp", fs, None, "temporary storage does not survive the job or the node: a requeued job would "
+                       f"find no checkpoint; put the run dir on persistent storage (on Alps {CHECKPOINT_SCRATCH})",
+                       False)
+    if at_home:
+        if fs in NETWORK_KINDS:
+            return Storage("home", fs, None, f"$HOME is {_KIND_NAMES.get(fs, fs)} with a {HOME_QUOTA} quota for all "
+                           "your files; it is not purged, but checkpoints fill it and load a file system every login "
+                           f"shares: put the run dir on {CHECKPOINT_SCRATCH} (copy checkpoints to keep with `alpsck "
+                           "promote`)", True)
+        return Storage("home", fs, None, None, False)
+    if fs not in NETWORK_KINDS and fs != "fuse" and not fs.startswith("0x"):
+        return Storage("local", fs, None, None, False)
+    return Storage(fs, fs, None, None, False)
 
 
 def newest_committed(run_dir: str | os.PathLike[str]) -> Path | None:
