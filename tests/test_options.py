@@ -185,7 +185,7 @@ CLI_BAD = [
     (["export", "RUN", "OUT.safetensors", "--threads", "0"], "--threads: 0: must be between"),
     (["inspect-checkpoints", "RUN", "--rank", "-1"], "--rank: -1 is out of range"),
     (["inspect-checkpoints", "RUN", "--step", "x"], "--step: not a whole number: 'x'"),
-    (["prune", "RUN", "--keep-last", "0"], "--keep-last: 0 is out of range: at least 1"),
+    (["prune", "RUN", "--keep-last", "-1"], "--keep-last: -1 is out of range: at least 0"),
 ]
 
 

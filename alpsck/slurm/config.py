@@ -342,9 +342,30 @@ def _expand(value: str, key: str, loc: _Loc) -> str:
                 loc.unset.setdefault(name, unset_stand_in(name))
                 return loc.unset[name]
             raise loc.err(key, f"environment variable ${name} is not set")
-        return os.environ[name]
+        return _utf8(os.environ[name], key, loc, f"${name} expands to")
 
     return re.sub(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))", sub, value)
+
+
+def _utf8(value: str, key: str, loc: _Loc, what: str) -> str:
+    """``value`` if it is UTF-8 text, else a ConfigError naming ``key``: a value from the environment or the
+    file system (``$X`` holding bytes that are not UTF-8, which Python keeps as surrogate escapes) cannot be
+    written into the batch script, given to sbatch or to bash, which all take UTF-8 text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape")
+        raise loc.err(key, f"{what} bytes that are not UTF-8 ({echo(shown)}), which the batch script cannot hold; "
+                           "give a path that is UTF-8 text") from None
+    return value
+
+
+def _expand_path(value: str, key: str, loc: _Loc) -> str:
+    """``$VAR``, ``${VAR}`` and a leading ``~`` expanded (:func:`_expand`), each part UTF-8 text."""
+    expanded = _expand(value, key, loc)
+    if expanded.startswith("~"):
+        expanded = _utf8(os.path.expanduser(expanded), key, loc, f"{echo(expanded.split('/', 1)[0])} expands to")
+    return expanded
 
 
 def _check_type(key: str, value: Any, want: str, loc: _Loc) -> Any:
@@ -575,9 +596,10 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         v = getattr(env, k)
         if v is not None:
             # ~ too: the batch script quotes the path, so its shell would not expand it
-            v = os.path.expanduser(_expand(v, f"environment.{k}", loc))
+            v = _expand_path(v, f"environment.{k}", loc)
             if k == "venv" and not os.path.isabs(v):  # relative paths: to where `alpsck submit` runs
-                v = os.path.join(os.getcwd(), v)
+                v = _utf8(os.path.join(os.getcwd(), v), "environment.venv", loc,
+                          "relative to the current directory, it is a path of")
             if not re.fullmatch(r"[^\s'\"`$;&|<>\\\x00]{1,1024}", v):
                 raise loc.err(f"environment.{k}", f"{echo(v)} must be a plain path or name (no spaces or shell characters)")
             # A venv that exists here must be one: the batch shell's `source` of a missing activate only
@@ -601,9 +623,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("entry.function", f"{echo(entry.function)} is not 'package.module:function'")
     workdir = Path.cwd()  # one base for every relative path in a config: where `alpsck submit` runs
     if entry.script is not None:
-        sp = Path(_expand(entry.script, "entry.script", loc)).expanduser()
+        sp = Path(_expand_path(entry.script, "entry.script", loc))
         if not sp.is_absolute():
-            sp = workdir / sp
+            sp = Path(_utf8(str(workdir / sp), "entry.script", loc, "relative to the current directory, it is a path of"))
         if not sp.is_file():
             raise loc.err("entry.script", f"{sp} does not exist")
         entry.script = str(sp)
@@ -642,9 +664,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         raise loc.err("run_dir", f"expected a path, got {echo(raw_run_dir)}")
     if not raw_run_dir:
         raise loc.err("run_dir", "empty: leave it out for runs/<name>, or write . for the directory you submit from")
-    run_dir = Path(_expand(raw_run_dir, "run_dir", loc)).expanduser()
+    run_dir = Path(_expand_path(raw_run_dir, "run_dir", loc))
     if not run_dir.is_absolute():  # relative to where `alpsck submit` runs, like sbatch's own paths
-        run_dir = workdir / run_dir
+        run_dir = Path(_utf8(str(workdir / run_dir), "run_dir", loc, "relative to the current directory, it is a path of"))
     if any(c in str(run_dir) for c in "\n\r"):
         raise loc.err("run_dir", "contains a newline")
     # The job's log paths (--output) hold the run dir: SLURM reads % there as a pattern (%j, %x...)

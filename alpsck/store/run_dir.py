@@ -28,6 +28,7 @@ from ..errors import (
     CheckpointIOError,
     NoCheckpointError,
     UsageError,
+    echo,
 )
 from ..job_env import JobEnv
 from ..options import DEFAULTS
@@ -38,6 +39,25 @@ _ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 LOCK_NAME = _core.run_dir_names["lock"]
 DELETING_PREFIX = _core.run_dir_names["deleting_prefix"]
 TEMP_SUFFIX = _core.run_dir_names["temp_suffix"]
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` is UTF-8 text: no surrogate escapes (the bytes of a file name or a file's content
+    that are not valid UTF-8, as Python holds them), which the core's text parameters cannot take."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def core_text(value: str) -> str:
+    """``value`` as the core's text parameters take it: bytes that are not UTF-8 (surrogate escapes, from a
+    file the core read, such as the lock's owner record, or from :func:`os.fsdecode`) each become U+FFFD.
+    Text only, never a path: paths go to the core as bytes (its FsPath), whatever they hold."""
+    if is_text(value):
+        return value
+    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")  # any lone surrogate: U+FFFD
 
 
 def temp_name(path: str) -> str:
@@ -385,6 +405,9 @@ def lock_holder(run_dir: str | os.PathLike[str], *, others_only: bool = False) -
     with advice; content of a process on this host that holds no flock → a crashed writer, stale.
     A lock name that is a symlink or not a regular file raises UsageError (never followed or opened).
     """
+    def printable(value: object, limit: int) -> str:  # as it is, or escaped (repr) when it holds a control character
+        return echo(value, limit, quoted=not str(value).isprintable())
+
     lock = Path(run_dir) / LOCK_NAME
     try:
         held, text = _core.probe_lock(str(run_dir), 0)
@@ -392,9 +415,11 @@ def lock_holder(run_dir: str | os.PathLike[str], *, others_only: bool = False) -
         if e.errno in _ACCESS_ERRNOS:
             raise _denied(lock, "cannot read the lock file") from None
         raise
-    owner = _core.parse_lock_owner(text)  # the core's one parser of the record
-    host, job = owner["host"], owner["job_id"]
-    who = f"pid {owner['pid'] or '?'}" + (f", job {job}" if job else "")
+    # The core's one parser of the record. Bytes that are not UTF-8 in it (a garbled or foreign file) are
+    # read as U+FFFD: the record keeps its shape, and a host name it garbles is not this host.
+    owner = _core.parse_lock_owner(core_text(text))
+    host, job = printable(owner["host"], 200), printable(owner["job_id"], 100)
+    who = f"pid {printable(owner['pid'], 40) or '?'}" + (f", job {job}" if job else "")
     if held:
         if others_only and owner["pid"] == str(os.getpid()) and (not host or _this_host(host)):
             return None

@@ -17,15 +17,18 @@ followed. DEST takes the run directory's writer lock for the copy.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import _core
 from ..errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import arg_step
 from ..store.durable import fsync_path, make_dirs_durably
 from ..store.run_dir import check_run_dir, pick, remove_entries, writer_lock
+from . import jsonout
 from .progress import human
 
 _BUFFER = 16 << 20
@@ -51,8 +54,24 @@ def _copy_file(src: Path, dst: Path) -> int:
         os.close(fd_in)
 
 
-def promote(run_dir: str, dest: str, step: int | None = None) -> int:
-    """``alpsck promote``: see the module docstring. Returns 0; failures raise (exit 2)."""
+def promote(run_dir: str, dest: str, step: int | None = None, as_json: bool = False) -> int:
+    """``alpsck promote``: see the module docstring. Returns 0; failures raise (exit 2). ``as_json``: one
+    document on stdout (:func:`promote_checkpoint`'s) in place of the line."""
+    r = promote_checkpoint(run_dir, dest, step)
+    if as_json:
+        print(jsonout.dumps(r))
+    else:
+        print(f"promoted step {r['step']}: {r['source']} -> {r['path']} ({human(r['bytes'])}), every chunk CRC verified "
+              "after the copy")
+    return 0
+
+
+def promote_checkpoint(run_dir: str, dest: str, step: int | None = None) -> dict[str, Any]:
+    """Copy one checkpoint into ``dest`` (see the module docstring) and return what was done:
+    ``{"run_dir", "source", "dest", "path", "step", "files", "bytes", "verified", "skipped"}``: the
+    checkpoint directory copied, DEST, the copy (``DEST/step-N``), its regular files and their bytes,
+    ``verified`` (always true: a copy that does not verify raises), and each newer step passed over with
+    why (``{"step", "path", "reason", "message"}``)."""
     src_dir = check_run_dir(run_dir)
     out = Path(dest)
     if out.resolve() == src_dir.resolve():
@@ -66,6 +85,7 @@ def promote(run_dir: str, dest: str, step: int | None = None) -> int:
     for k in picked.skipped:
         if not k.quiet:
             print(f"alpsck: warning: {k.warning()}", file=sys.stderr)
+    files = 0
     info = picked.info
     s = int(info["step"])
     source = Path(info["path"])
@@ -87,6 +107,7 @@ def promote(run_dir: str, dest: str, step: int | None = None) -> int:
                     raise CorruptCheckpointError(f"{entry.path}: not a regular file; a checkpoint holds only regular "
                                                  "files, and promote never follows a link")
                 total += _copy_file(Path(entry.path), tmp / entry.name)
+                files += 1
             fsync_path(tmp)
             os.rename(tmp, final)
             fsync_path(out)
@@ -99,8 +120,8 @@ def promote(run_dir: str, dest: str, step: int | None = None) -> int:
             remove_entries(out, [final.name])
             why = "not found" if copied is None else f"{copied['status']}: {copied['error']}"
             raise CorruptCheckpointError(f"{final}: the copy did not verify ({why}); it was removed")
-    print(f"promoted step {s}: {source} -> {final} ({human(total)}), every chunk CRC verified after the copy")
-    return 0
+    return {"run_dir": str(run_dir), "source": str(source), "dest": str(dest), "path": str(final), "step": s,
+            "files": files, "bytes": total, "verified": True, "skipped": [dataclasses.asdict(k) for k in picked.skipped]}
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -112,4 +133,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr.add_argument("run_dir")
     pr.add_argument("dest")
     pr.add_argument("--step", type=arg_step, help="promote this checkpoint (default: the newest valid one)")
-    pr.set_defaults(func=lambda a: promote(a.run_dir, a.dest, a.step))
+    pr.add_argument("--json", action="store_true",
+                    help="print one JSON document: the checkpoint copied (source, step), the copy (path), its files "
+                         "and bytes")
+    pr.set_defaults(func=lambda a: promote(a.run_dir, a.dest, a.step, a.json))

@@ -16,6 +16,10 @@ retention): each is first renamed to ``.deleting-<name>`` (atomic expiry: the ch
 scans at once), the run directory is fsync'ed, then the files are deleted without following a symlink,
 so a prune killed anywhere leaves every checkpoint it kept restorable (the next prune finishes it).
 
+``--keep-last 0`` keeps every committed checkpoint (the engine's ``keep_last 0``, "keep all"; another
+``--keep-*`` rule beside it is refused by name, as the core refuses it); the leftovers above still go.
+``--json`` prints one document saying what was done (:func:`prune_document`).
+
 ``pin RUN_DIR STEP`` / ``unpin RUN_DIR STEP``: :func:`alpsck.store.retention.pin`.
 """
 
@@ -27,24 +31,29 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from .. import _core
 from ..errors import (
     RunDirLockedError,
     UsageError,
 )
 from ..options import SPECS, arg_int
-from ..store.retention import PIN_NAME, Policy, decide, pin, unpin
+from ..store.retention import PIN_NAME, RULES, Policy, decide, pin, unpin
 from ..store.run_dir import (
     check_run_dir,
     data_error,
     dir_bytes,
     entry_kind,
+    is_text,
     lock_holder,
     remove_entries,
     scan_run_dir,
     writer_lock,
 )
+from . import jsonout
 from .progress import human
+from .textout import printable
 
 
 @dataclasses.dataclass
@@ -55,6 +64,9 @@ class PrunePlan:
     keep: list[tuple[Path, str]]  # the committed checkpoints kept, with the rules that keep them
     warnings: list[str]
     kept_steps: list[int]
+    # Entries kept that are not committed checkpoints (corrupt or damaged newer ones, unreadable ones, a pinned
+    # superseded directory): path, status, why.
+    spared: list[tuple[Path, str, str]] = dataclasses.field(default_factory=list)
 
 
 def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan:
@@ -95,6 +107,7 @@ def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan
                 plan.remove.append((p, f"committed step {i['step']}: no rule keeps it{sick}"))
         elif i["status"] == "unreadable":  # maybe intact: never removed on an access error
             plan.warnings.append(f"kept unreadable checkpoint {p} (fix its access and run prune again): {i['error']}")
+            plan.spared.append((p, "unreadable", f"never removed on an access error: {i['error']}"))
         elif i["status"] == "incomplete" and entry_kind(p.name) != "step":  # an attempt: in flight, abandoned or aborted
             plan.remove.append((p, f"incomplete step {i['step']}: {i['error']}"))
         elif newest_valid is not None and i["step"] < newest_valid:
@@ -103,6 +116,7 @@ def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan
             why = "newer than the newest valid one" if newest_valid is not None else "no valid checkpoint exists"
             what = "corrupt checkpoint" if i["status"] == "corrupt" else "damaged checkpoint"
             plan.warnings.append(f"kept {what} {p} ({why}) for inspection: {i['error']}")
+            plan.spared.append((p, str(i["status"]), f"{why}, kept for inspection: {i['error']}"))
     for n in sorted(os.listdir(run_dir)):
         p = run_dir / n
         kind = entry_kind(n)
@@ -112,6 +126,7 @@ def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan
             if (p / PIN_NAME).exists():  # a pin outlives its history: moved aside, never deleted
                 plan.warnings.append(f"kept pinned {p} (a checkpoint of an abandoned history; alpsck unpin releases "
                                      "it only while it is a step-N: remove its PINNED file to let prune remove it)")
+                plan.spared.append((p, "superseded", "pinned (a checkpoint of an abandoned history)"))
             else:
                 plan.remove.append((p, "superseded (abandoned history)"))
         elif kind == "deleting" and (p.is_dir() or p.is_file()) and not p.is_symlink():
@@ -119,11 +134,73 @@ def plan_prune(run_dir: Path, policy: Policy, verify: bool = False) -> PrunePlan
     return plan
 
 
-def prune(run_dir: str, policy: Policy, dry_run: bool = False, verify: bool = False) -> int:
-    """``alpsck prune``: see the module docstring. Exit 0; refusals raise (exit 2)."""
-    if policy.keep_last < 1:
-        raise UsageError(f"--keep-last must be at least 1 (the newest valid checkpoint is always kept), not "
-                         f"{policy.keep_last}")
+def prune_policy(keep_last: int, keep_every_steps: int = 0, keep_every_seconds: float = 0.0,
+                 keep_best: str = "") -> Policy:
+    """The policy of ``prune``'s options, refused in one line naming the option (UsageError): ``--keep-last 0``
+    keeps all, and another ``--keep-*`` rule beside it is moot (the core's CheckRetention says which);
+    a ``--keep-best`` that is not UTF-8 text (a metric is named in printable ASCII) never reaches the core."""
+    if not is_text(keep_best):
+        raise UsageError(f"--keep-best: {printable(keep_best, 80)} holds bytes that are not UTF-8; a metric is named "
+                         "in printable ASCII (METRIC:min|max:K)")
+    try:
+        return Policy(keep_last, keep_every_steps, keep_every_seconds, keep_best)
+    except UsageError as e:  # the core names its options (keep_every_steps); here they are command-line options
+        said = str(e)
+        for rule in RULES:
+            said = said.replace(rule, "--" + rule.replace("_", "-"))
+        raise UsageError(said) from None
+
+
+def _entry(p: Path, why: str, size: int) -> dict[str, Any]:
+    kind, step, _ = _core.parse_run_dir_name(p.name)
+    return {"path": str(p), "name": p.name, "kind": str(kind),
+            "step": int(step) if kind in ("step", "attempt", "aborted", "superseded") else None,
+            "bytes": size, "reason": why}
+
+
+def prune_document(path: Path, policy: Policy, plan: PrunePlan, sizes: dict[Path, int], *, dry_run: bool,
+                   verify: bool, removed: list[int] | None = None, error: str | None = None) -> dict[str, Any]:
+    """``prune --json``: what was done (or, ``dry_run``, what would be), as one document.
+
+    ``run_dir``, ``dry_run``, ``verify``; ``policy`` (the four rules and ``text``, as the text output
+    writes it); ``kept``: each entry kept, ``{"path", "name", "step", "status", "rules", "reason"}`` (a
+    committed checkpoint with the rules that keep it, or a corrupt, damaged, unreadable or pinned
+    superseded one kept with why, ``rules`` empty); ``kept_steps``; ``removed`` (empty in a dry run) and
+    ``would_remove`` (only in a dry run): ``{"path", "name", "kind", "step", "bytes", "reason"}``;
+    ``freed_bytes`` / ``would_free_bytes``; ``warnings``; ``error``: why the removal stopped, or null.
+    """
+    kept: list[dict[str, Any]] = []
+    for p, why in plan.keep:
+        kept.append({"path": str(p), "name": p.name, "step": int(_core.parse_run_dir_name(p.name)[1]),
+                     "status": "committed", "rules": why.split(", "), "reason": why})
+    for p, status, why in plan.spared:
+        kind, step, _ = _core.parse_run_dir_name(p.name)
+        kept.append({"path": str(p), "name": p.name, "step": int(step) if kind != "other" else None, "status": status,
+                     "rules": [], "reason": why})
+    entries = [_entry(p, why, sizes.get(p, 0)) for p, why in plan.remove]
+    gone = [entries[i] for i in (removed or [])]
+    return {
+        "run_dir": str(path),
+        "dry_run": dry_run,
+        "verify": verify,
+        "policy": {**dataclasses.asdict(policy), "text": policy.describe()},
+        "kept": kept,
+        "kept_steps": plan.kept_steps,
+        "removed": [] if dry_run else gone,
+        "would_remove": entries if dry_run else [],
+        "freed_bytes": 0 if dry_run else sum(e["bytes"] for e in gone),
+        "would_free_bytes": sum(e["bytes"] for e in entries) if dry_run else 0,
+        "warnings": plan.warnings,
+        "error": error,
+    }
+
+
+def prune(run_dir: str, policy: Policy, dry_run: bool = False, verify: bool = False, as_json: bool = False) -> int:
+    """``alpsck prune``: see the module docstring. Exit 0; refusals raise (exit 2). ``as_json``: one
+    document on stdout (:func:`prune_document`) in place of the lines; a removal that fails part-way
+    prints it (with ``error``) before it raises."""
+    if policy.keep_last < 0:
+        raise UsageError(f"--keep-last must be 0 (keep all) or more, not {policy.keep_last}")
     path = check_run_dir(run_dir)
     holder = lock_holder(path)
     if holder is not None:
@@ -134,17 +211,28 @@ def prune(run_dir: str, policy: Policy, dry_run: bool = False, verify: bool = Fa
             print(f"alpsck: warning: {w}", file=sys.stderr)
         sizes = {p: dir_bytes(p) for p, _ in plan.remove}
         kept = ", ".join(map(str, plan.kept_steps)) or "none"
-        print(f"policy: {policy.describe()}")
         if dry_run:
+            if as_json:
+                print(jsonout.dumps(prune_document(path, policy, plan, sizes, dry_run=True, verify=verify)))
+                return 0
+            print(f"policy: {policy.describe()}")
             for p, why in plan.keep:
                 print(f"keep {p}: {why}")
             for p, why in plan.remove:
                 print(f"would remove {p} ({human(sizes[p])}): {why}")
             print(f"dry run: would free {human(sum(sizes.values()))}; keeping step(s) {kept}")
             return 0
+        if not as_json:
+            print(f"policy: {policy.describe()}")
         # The run-directory unit removes them: renamed to .deleting-* first (atomic expiry), RUN_DIR
         # fsync'ed, then deleted without following a symlink (run_dir.h, RemoveEntries).
         removed, error = remove_entries(path, [p.name for p, _ in plan.remove])
+        if as_json:
+            print(jsonout.dumps(prune_document(path, policy, plan, sizes, dry_run=False, verify=verify,
+                                               removed=removed, error=None if error is None else str(error))))
+            if error is not None:
+                raise error
+            return 0
         freed = 0
         for i in removed:
             p, why = plan.remove[i]
@@ -173,7 +261,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "inspection; unreadable ones are never removed). Refuses while RUN_DIR/.lock names a live "
                     "process.")
     pr.add_argument("run_dir")
-    pr.add_argument("--keep-last", type=arg_int(1), required=True, metavar="K", help="committed checkpoints to keep (K >= 1)")
+    pr.add_argument("--keep-last", type=arg_int(0), required=True, metavar="K",
+                    help="committed checkpoints to keep; 0 keeps all (then no other --keep-* rule)")
     pr.add_argument("--keep-every-steps", type=arg_int(0), default=0, metavar="N", help=SPECS["keep_every_steps"]["doc"])
     pr.add_argument("--keep-every-seconds", type=float, default=0.0, metavar="S", help=SPECS["keep_every_seconds"]["doc"])
     pr.add_argument("--keep-best", default="", metavar="METRIC:MODE:K", help=SPECS["keep_best"]["doc"])
@@ -182,8 +271,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pr.add_argument("--verify", action="store_true",
                     help="check every checkpoint's CRCs, not only those of the checkpoints kept (which are always "
                          "checked)")
-    pr.set_defaults(func=lambda a: prune(a.run_dir, Policy(a.keep_last, a.keep_every_steps, a.keep_every_seconds,
-                                                           a.keep_best), a.dry_run, a.verify))
+    pr.add_argument("--json", action="store_true",
+                    help="print one JSON document: the policy, each entry kept with its rules, each removed (or, with "
+                         "--dry-run, that would be) with its reason")
+    pr.set_defaults(func=lambda a: prune(a.run_dir, prune_policy(a.keep_last, a.keep_every_steps, a.keep_every_seconds,
+                                                                 a.keep_best), a.dry_run, a.verify, a.json))
     for name, what in (("pin", "pin a checkpoint: no retention rule (the engine's, prune's) ever removes it"),
                        ("unpin", "release a pin")):
         pp = sub.add_parser(name, help=what, description=what.capitalize() + ". A pin is the file PINNED in the "
