@@ -7,6 +7,11 @@ binding's ``RaiseStatus`` (``cpp/python/module.cc``), by the engine's status cod
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import ModuleType
+
 
 class AlpsckError(Exception):
     """Base class of every error alpsck raises on purpose."""
@@ -70,6 +75,13 @@ class SlurmError(AlpsckError):
     """A SLURM command failed or SLURM is not reachable."""
 
 
+class TorchMissingError(AlpsckError, ImportError):
+    """torch is not installed and alpsck's training side (``alpsck.Checkpointer``, a job's entry) was
+    reached; the command line runs without torch. The message is the one line of :data:`MISSING_TORCH`
+    (:func:`torch_required`, :func:`import_needing_torch`). An ``ImportError`` too, so ``except
+    ImportError`` still catches it."""
+
+
 ECHO_CHARS = 80  # how much of a value an error message quotes
 
 
@@ -84,3 +96,46 @@ def echo(value: object, limit: int = ECHO_CHARS, *, quoted: bool = True) -> str:
         len(value) if isinstance(value, (bytes, bytearray)) else len(text)
     unit = "bytes" if isinstance(value, (str, bytes, bytearray)) else "characters"
     return f"{text[:limit]}… ({size} {unit})"
+
+
+# ----------------------------------------------------------------------------- torch, missing
+# alpsck's command line (submit, status, cancel, doctor, --help) runs without torch, on a login node;
+# the training side (alpsck.Checkpointer, the job that runs a training) needs it. This is the one place
+# that says so: where that side is reached without torch, TorchMissingError with MISSING_TORCH (inside
+# a command, the command line prints it as `alpsck: error: ...`, exit 2). A torch that is installed but
+# fails to import (a broken CUDA library, say) is never reported as missing: that error goes up as it is.
+
+TORCH_PIN = "2.13.0"  # what the README's set-up and CI install (the CPU wheel; an unpinned torch pulls CUDA)
+
+MISSING_TORCH = (f"alpsck's training side needs torch; install torch (pip install torch=={TORCH_PIN}, "
+                 "or use a uenv/container that has it)")
+
+
+def torch_missing(what: str | None = None) -> TorchMissingError:
+    """The error to raise where ``what`` (``alpsck.Checkpointer``, a job's entry) needs torch."""
+    return TorchMissingError(f"{what}: {MISSING_TORCH}" if what else MISSING_TORCH, name="torch")
+
+
+def _is_torch_missing(e: ImportError) -> bool:
+    # Only torch itself: without torch, `import torch.nn` fails on "torch" too; a missing torch.something
+    # beside an installed torch (a build without it) is another error, raised as it is.
+    return isinstance(e, ModuleNotFoundError) and e.name == "torch"
+
+
+def import_needing_torch(module: str, what: str | None = None) -> ModuleType:
+    """Import ``module`` (an alpsck module that imports torch at its top); a torch that is not
+    installed becomes :class:`TorchMissingError` naming ``what``."""
+    with torch_required(what or module):
+        return importlib.import_module(module)
+
+
+@contextmanager
+def torch_required(what: str) -> Iterator[None]:
+    """Run the block (an import, a job's entry); a torch that is not installed, imported anywhere
+    inside it, becomes :class:`TorchMissingError` naming ``what``: one line."""
+    try:
+        yield
+    except ImportError as e:
+        if _is_torch_missing(e):
+            raise torch_missing(what) from None
+        raise

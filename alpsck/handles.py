@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 
@@ -162,6 +163,11 @@ class Sink(Protocol):
 
 _SINK: Sink | None = None
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
+# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
+# Here, not in alpsck.restore (which imports torch), so that the runner imports without torch.
+RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
 
 
 def install_progress(sink: Sink | None) -> None:

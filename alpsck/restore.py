@@ -33,6 +33,7 @@ from .errors import (
     StateMismatchError,
     UsageError,
 )
+from .handles import RESTORED_HOOKS  # re-exported (the list lives there, importable without torch)
 from .options import DEFAULTS, check_run_dir_arg, check_state, check_step
 from .options import check as check_option
 from .ranks import Ranks
@@ -42,10 +43,6 @@ from .store.shards import CheckpointShards
 
 __all__ = ["RESTORED_HOOKS", "ROLLBACKS_FILE", "Rollback", "RollbackRecord", "loss_problem", "peek",
            "read_checkpoint", "read_rollbacks", "restore_into"]
-
-# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
-# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
-RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
 
 
 def read_checkpoint(

@@ -19,8 +19,10 @@ from ..errors import AlpsckError
 from ..options import arg_int, arg_real
 from ..tools import jsonout
 
-if TYPE_CHECKING:  # imported lazily: it pulls in torch, and `alpsck --help` should stay quick
-    from .overhead import OverheadConfig
+# Every benchmark module imports torch: each is imported inside the command that runs it, so that the CLI
+# (which imports this module to register `bench`) starts without torch, on a login node.
+if TYPE_CHECKING:
+    from .overhead_config import OverheadConfig
 
 
 def _ints(text: str) -> list[int]:
@@ -50,7 +52,7 @@ def _sizes(text: str) -> list[float]:
 
 
 def _methods(text: str) -> list[str]:
-    from .overhead import METHODS
+    from .overhead_config import METHODS
 
     vals = [x for x in text.split(",") if x]
     bad = [x for x in vals if x not in METHODS]
@@ -205,6 +207,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _overhead_defaults() -> OverheadConfig:
-    from .overhead import OverheadConfig
+    from .overhead_config import OverheadConfig
 
     return OverheadConfig()

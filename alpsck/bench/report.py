@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .run import BenchResult
+if TYPE_CHECKING:  # .run imports torch; `alpsck plot` uses pyplot() from here on login nodes without it
+    from .run import BenchResult
 
 
 def table(r: BenchResult) -> str:

@@ -64,10 +64,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import _core
-from ..errors import CheckpointError, ConfigError, RollbackLimitError, UsageError
-from ..handles import install_progress
+from ..errors import CheckpointError, ConfigError, RollbackLimitError, UsageError, torch_required
+from ..handles import RESTORED_HOOKS, install_progress
 from ..job_env import JobEnv
-from ..restore import RESTORED_HOOKS
 from ..store.durable import open_own, read_small
 from ..store.run_dir import pick, temp_name
 from . import history
@@ -304,6 +303,7 @@ class JobRunner:
                     **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
             log("started", restart=restart, step=resume, rank=rank, world_size=world,
                 backend="local" if job.local else "slurm", **({"step_taken_at": round(taken_at, 3)} if taken_at else {}),
+                maintenance_watch=stop.maintenance_off(),
                 **({"attempt": attempt, "down_s": round(time.time() - job.previous_end, 3)}
                    if attempt and job.previous_end else {"attempt": attempt} if attempt else {}))
             starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
@@ -354,7 +354,8 @@ class JobRunner:
                 log("times", attempt=attempt, **watched.times())  # where this start's time went: goodput's parts
 
         try:
-            result = self._run_entry(ctx)
+            with torch_required(f"the job's entry {self.config.entry.function or self.config.entry.script}"):
+                result = self._run_entry(ctx)
         except BaseException as e:  # noqa: BLE001 - SystemExit from a script counts as a failure too
             end_watch()
             if isinstance(e, SystemExit) and e.code in (0, None):

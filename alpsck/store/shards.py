@@ -16,12 +16,15 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .. import _core, tree
+from .. import _core
 from ..errors import CorruptCheckpointError
+
+if TYPE_CHECKING:  # torch only where a shard is read (alpsck status/doctor import this without torch)
+    import torch
+
+    from .. import tree
 
 META_FORMAT = "alpsck-tree/1"  # the meta document in each shard index: {format, step, rank, world_size, tree}
 DCP_META_FORMAT = "alpsck-dcp/1"  # ... of a shard written by the DCP backend (alpsck.dcp): no tree
@@ -49,6 +52,8 @@ def read_meta(reader: _core.ShardReader, shard: Path) -> tuple[dict[str, Any], d
                                      "dcp.load(..., storage_reader=alpsck.dcp.AlpsckStorageReader(run_dir))")
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT or not isinstance(meta.get("tree"), dict):
         raise CorruptCheckpointError(f"{shard}: the state tree is not an {META_FORMAT} document")
+    from .. import tree
+
     return meta, tree.tensor_specs(meta["tree"])
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -50,17 +51,15 @@ import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import torch
-
-from .. import tree
 from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
 from ..store.durable import fsync_path
 from ..store.run_dir import (
     check_run_dir,
     is_run_entry,
+    is_text,
     open_shard,
     pick,
     pick_checkpoint,
@@ -69,28 +68,37 @@ from ..store.run_dir import (
     writer_lock,
 )
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
+from . import jsonout
 from .progress import human
+from .textout import printable
+
+# torch (and alpsck.tree, which imports it) only inside the functions that export: the CLI imports this
+# module to register `export`, on login nodes without torch too.
+if TYPE_CHECKING:
+    import torch
+
+    from .. import tree
 
 #: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
 BATCH_BYTES = 64 << 20
 
-SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-    torch.bool: "BOOL",
-    torch.complex64: "C64",
+SAFETENSORS_DTYPES: dict[str, str] = {  # tree dtype name (alpsck.tree.dtype_name) -> safetensors code
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "bool": "BOOL",
+    "complex64": "C64",
 }
 
 FORMATS = ("safetensors", "torch")
@@ -108,6 +116,8 @@ class _Item:
 
 def _refs_below(value: Any, path: str = "") -> Iterator[tuple[str, tree.TensorRef]]:
     """(path below the entry, reference) of every tensor in a decoded entry, nested keys joined with ``/``."""
+    from .. import tree
+
     if isinstance(value, tree.TensorRef):
         yield path, value
     elif isinstance(value, dict):
@@ -121,6 +131,8 @@ def _refs_below(value: Any, path: str = "") -> Iterator[tuple[str, tree.TensorRe
 def _plan(shards: CheckpointShards, subtree: str | None = None) -> list[_Item]:
     """The checkpoint's tensors (only those under ``subtree``, named below it) in on-disk order
     (sizes were validated by CheckpointShards)."""
+    from .. import tree
+
     order = shards.keys_in_file_order()
     if subtree is None:
         return [_Item(key, shards.specs[key]) for key in order]
@@ -150,6 +162,8 @@ def _stream(shards: CheckpointShards, items: list[_Item], threads: int,
 
     Tensors are read in batches of up to ``max(largest, batch_bytes)`` bytes into one buffer.
     """
+    import torch
+
     if not items:
         return
     largest = max(it.nbytes for it in items)
@@ -183,10 +197,12 @@ def _write_all(fh: BinaryIO, view: torch.Tensor) -> None:
 
 
 def _safetensors_header(items: list[_Item], metadata: dict[str, str]) -> bytes:
+    from .. import tree
+
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for it in items:
-        code = SAFETENSORS_DTYPES.get(it.spec.dtype)
+        code = SAFETENSORS_DTYPES.get(tree.dtype_name(it.spec.dtype))
         if code is None:
             raise UsageError(f"tensor {it.name!r}: dtype {tree.dtype_name(it.spec.dtype)} has no safetensors code; "
                              "use --format torch")
@@ -223,6 +239,8 @@ class _TensorStub:
         self.storage, self.shape = storage, shape
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        import torch
+
         stride: list[int] = []
         acc = 1
         for d in reversed(self.shape):
@@ -239,6 +257,8 @@ class _StubPickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:  # same tuples as torch.serialization._save
         if not isinstance(obj, _StorageStub):
             return None
+        import torch
+
         if obj.dtype in torch.storage._new_dtypes():
             return ("storage", torch.UntypedStorage, obj.key, "cpu", obj.numel * obj.dtype.itemsize)
         name = torch.empty(0, dtype=obj.dtype)._typed_storage()._pickle_storage_type()
@@ -254,6 +274,7 @@ def _torch_pickle(items: list[_Item]) -> bytes:
 
 
 def _write_torch(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], threads: int, batch_bytes: int) -> None:
+    import torch
     from torch import serialization
 
     get_crc = getattr(serialization, "get_crc32_options", lambda: True)
@@ -377,10 +398,16 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     """Write one checkpoint's tensors (only those under ``subtree``, if given) to ``out`` (see the
     module docstring); returns what was written.
 
-    Returns ``{"path", "bytes", "step", "format", "tensors"}``.
+    Returns ``{"run_dir", "source", "step", "rank", "subtree", "path", "format", "tensors", "tensor_bytes",
+    "bytes", "skipped"}``: the checkpoint directory read and its step, the file written (``bytes``: its
+    size; ``tensor_bytes``: the tensors' data in it) and each newer step passed over, with why
+    (``{"step", "path", "reason", "message"}``). ``export --json`` prints it.
     """
     if rank < 0:
         raise UsageError(f"--rank must be 0 or more, not {rank}")
+    if subtree is not None and not is_text(subtree):  # a tree key is UTF-8 text (JSON): no such key, ever
+        raise UsageError(f"--subtree {printable(subtree, 80)}: bytes that are not UTF-8; a checkpoint's state keys "
+                         "are UTF-8 text")
     out_path = _destination(out)
     fmt = format_for(Path(out), fmt)  # the suffix of the name given, also for a symlink
     if fmt not in FORMATS:
@@ -408,8 +435,10 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
     if first["status"] != "committed":
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "
                                      "not exporting it")
+    skipped: list[dict[str, Any]] = []
     for k in picked.skipped if step is None else ():
         print(f"alpsck: warning: {k.warning()}", file=sys.stderr)
+        skipped.append(dataclasses.asdict(k))
     candidates = [first] if step is not None else list(picked.candidates)
     tmp = Path(temp_name(str(out_path)))
     for info in candidates:
@@ -440,7 +469,9 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             if step is not None:
                 raise CorruptCheckpointError(f"checkpoint of step {info['step']} failed verification: {e}; "
                                              "nothing was written") from None
-            print(f"alpsck: warning: {read_failure(info, e).warning()}", file=sys.stderr)
+            failed = read_failure(info, e)
+            print(f"alpsck: warning: {failed.warning()}", file=sys.stderr)
+            skipped.append(dataclasses.asdict(failed))
             continue
         except NoCheckpointError as e:
             raise NoCheckpointError(f"checkpoint of step {info['step']} has no shard for rank {rank}: {e}") from None
@@ -451,13 +482,17 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
                 raise
             raise CheckpointError(f"{e.filename or tmp}: {e.strerror or e}; nothing was written") from None
         _fsync_dir(out_path.parent if str(out_path.parent) else Path("."))
-        return {"path": str(out_path), "bytes": out_path.stat().st_size, "step": int(info["step"]), "format": fmt,
-                "tensors": len(items)}
+        return {"run_dir": str(run_dir), "source": str(info["path"]), "step": int(info["step"]), "rank": rank,
+                "subtree": subtree, "path": str(out_path), "format": fmt, "tensors": len(items),
+                "tensor_bytes": sum(it.nbytes for it in items), "bytes": out_path.stat().st_size, "skipped": skipped}
     raise NoCheckpointError(f"{run_dir}: no valid checkpoint left to export (every one failed verification)")
 
 
 def _export_cmd(a: argparse.Namespace) -> int:
     r = export_checkpoint(a.run_dir, a.out, a.step, a.format, a.rank, a.threads, subtree=a.subtree)
+    if a.json:
+        print(jsonout.dumps(r))
+        return 0
     print(f"exported step {r['step']} ({r['tensors']} tensors, {r['format']}) to {r['path']}: "
           f"{human(r['bytes'])} ({r['bytes']} bytes)")
     return 0
@@ -482,4 +517,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ex.add_argument("--subtree", metavar="KEY",
                     help="only the tensors under top-level state key KEY, named below it: --subtree model writes the "
                          "model's plain state_dict (model.load_state_dict(torch.load(OUT, weights_only=True)))")
+    ex.add_argument("--json", action="store_true",
+                    help="print one JSON document: the checkpoint read (source, step), the file written (path, format, "
+                         "tensors, tensor_bytes, bytes) and the newer steps skipped")
     ex.set_defaults(func=_export_cmd)

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import _core, tree
+from .. import _core
 from ..errors import (
     AlpsckError,
     CheckpointError,
@@ -157,6 +157,8 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
 
 def _plain(v: Any) -> Any:
     """A JSON-able rendering of a decoded scalar (tensor references become their description)."""
+    from .. import tree  # torch: only where a checkpoint's tree is read (the module imports without it)
+
     if isinstance(v, tree.TensorRef):
         return f"<tensor {v.key} {tree.dtype_name(v.dtype)} {list(v.shape)}>"
     if v is None or isinstance(v, (bool, int, float, str)):
@@ -189,6 +191,8 @@ def summarize_state(tree_doc: dict[str, Any]) -> dict[str, Any]:
 
     Decodes with the tree's own validating decoder; tensors are only references (nothing is read).
     """
+    from .. import tree
+
     entries = tree.decode_refs(tree_doc)
     kinds = {key: kind for key, (kind, _, _) in entries.items()}
     lrs: list[dict[str, Any]] = []
@@ -224,6 +228,8 @@ def summarize_state(tree_doc: dict[str, Any]) -> dict[str, Any]:
 
 def describe_checkpoint(info: dict[str, Any], rank: int = 0) -> dict[str, Any]:
     """Tensor inventory and state summary of one checkpoint (rank ``rank``'s shard), from its tree only."""
+    from .. import tree
+
     shards = CheckpointShards(info["path"], rank, open_shard)
     meta, specs = shards.meta, shards.specs
     tensors = [
