@@ -406,6 +406,8 @@ class Storage:
             label = ALPS_STORAGE[self.name]
             if self.name == "ritom":
                 return f"{label} scratch ({'VAST over NFS' if self.kind == 'nfs' else fs}){purge}"
+            if self.kind != "lustre":  # the path names Capstor or Iopsstor, which is not mounted on this machine
+                fs = "Lustre on Alps; not mounted here"
             if self.purge_days is None:
                 return f"{label}, not scratch ({fs}), not purged"
             return f"{label} scratch ({fs}){purge}"
