@@ -97,3 +97,18 @@ def events(run_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
 
 def final_state(run_dir: Path) -> str:
     return history.state_of(history.read(run_dir))
+
+
+def flaky_command(bin_dir: Path, name: str, fail_first: int, said: str, *, then: str, before_failing: str = "") -> Path:
+    """A stand-in ``name`` in ``bin_dir`` that fails its first ``fail_first`` calls saying ``said`` (after
+    running ``before_failing``), then runs ``then``; it counts its calls in bin_dir/NAME.calls, which it
+    returns. Shell builtins only, so it works on any PATH."""
+    bin_dir.mkdir(exist_ok=True)
+    calls = bin_dir / f"{name}.calls"
+    (bin_dir / name).write_text(
+        "#!/bin/sh\n"
+        f'n=0; [ -f "{calls}" ] && read -r n < "{calls}"; n=$((n + 1)); echo $n > "{calls}"\n'
+        f'if [ "$n" -le {fail_first} ]; then {before_failing}echo "{name}: error: {said}" >&2; exit 1; fi\n'
+        f"{then}\n")
+    (bin_dir / name).chmod(0o755)
+    return calls

@@ -14,24 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
 
 TERMINAL = ("finished", "failed", "cancelled", "gave_up")
-
-
-@pytest.fixture(scope="module")
-def cluster() -> None:
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-        ok = out.returncode == 0 and out.stdout.strip() != ""
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        msg = "no SLURM cluster reachable: run slurm/local-cluster/start.sh (tests/run.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
 
 
 def submit(cfg: Path, env: dict[str, str] | None = None) -> str:

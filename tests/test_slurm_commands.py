@@ -12,23 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from slurm_helpers import flaky_command
 
 from alpsck.errors import SlurmError
 from alpsck.slurm import commands
 
 
 def _stand_in(bin_dir: Path, name: str, fail_first: int, said: str, then: str = "echo ok") -> Path:
-    """``name`` on ``bin_dir``: fails its first ``fail_first`` calls saying ``said``, then runs ``then``;
-    counts its calls in bin_dir/name.calls."""
-    bin_dir.mkdir(exist_ok=True)
-    calls = bin_dir / f"{name}.calls"
-    (bin_dir / name).write_text(
-        "#!/bin/sh\n"
-        f'n=0; [ -f "{calls}" ] && read -r n < "{calls}"; n=$((n + 1)); echo $n > "{calls}"\n'
-        f'if [ "$n" -le {fail_first} ]; then echo "{name}: error: {said}" >&2; exit 1; fi\n'
-        f"{then}\n")
-    (bin_dir / name).chmod(0o755)
-    return calls
+    return flaky_command(bin_dir, name, fail_first, said, then=then)
 
 
 def test_a_read_is_retried_until_it_answers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -16,41 +16,18 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-from slurm_helpers import events, job_config, steps_for_seconds, wait_for
+from slurm_helpers import events, flaky_command, job_config, steps_for_seconds, wait_for
 
 from alpsck.slurm import commands
 
 
-@pytest.fixture(scope="module")
-def cluster() -> None:
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-        ok = out.returncode == 0 and out.stdout.strip() != ""
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        msg = "no SLURM cluster reachable: run slurm/local-cluster/start.sh (tests/run.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-
-
 def _flaky(bin_dir: Path, name: str, fail_first: int, said: str, *, submit_first: bool = False) -> Path:
-    """A stand-in ``name`` that fails its first ``fail_first`` calls with ``said`` (after running the
-    real command when ``submit_first``: its answer is lost), then runs the real one."""
+    """The real ``name`` behind a stand-in that fails its first ``fail_first`` calls with ``said`` (after
+    running the real command when ``submit_first``: its answer is lost)."""
     real = shutil.which(name)
     assert real is not None, f"{name} is not installed"
-    bin_dir.mkdir(exist_ok=True)
-    calls = bin_dir / f"{name}.calls"
     first = f'"{real}" "$@" > "{bin_dir}/{name}.lost"; ' if submit_first else ""
-    (bin_dir / name).write_text(
-        "#!/bin/sh\n"
-        f'n=0; [ -f "{calls}" ] && read -r n < "{calls}"; n=$((n + 1)); echo $n > "{calls}"\n'
-        f'if [ "$n" -le {fail_first} ]; then {first}echo "{name}: error: {said}" >&2; exit 1; fi\n'
-        f'exec "{real}" "$@"\n')
-    (bin_dir / name).chmod(0o755)
-    return calls
+    return flaky_command(bin_dir, name, fail_first, said, then=f'exec "{real}" "$@"', before_failing=first)
 
 
 def _alpsck(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
