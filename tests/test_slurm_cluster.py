@@ -241,6 +241,7 @@ def test_scancel_takes_a_final_checkpoint_and_does_not_requeue(cluster: None, tm
     assert not events(run, "requeued")
     final = events(run, "final_checkpoint")[0]
     assert final["reason"] == "cancel" and isinstance(final["step"], int) and final["step"] > 0
+    assert "maintenance_watch" not in events(run, "started")[0]  # scontrol is there: the watcher runs
     ck = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run), "--verify", "--json"],
                         capture_output=True, text=True, timeout=120)
     assert json.loads(ck.stdout)["latest_valid"] == final["step"]
@@ -262,6 +263,10 @@ def test_in_a_container_scancel_is_a_cancel_with_no_requeue_and_no_leftover_requ
     assert final["reason"] == "term" and isinstance(final["step"], int) and final["step"] > 0
     assert events(run, "cancelled")[0]["step"] == final["step"]
     assert not (run / ".requeue-request").exists()
+    # The maintenance watcher (requeue.on_maintenance, on by default) could not run without scontrol: status says so.
+    st = subprocess.run([sys.executable, "-m", "alpsck", "status", str(run), "--json"], capture_output=True, text=True,
+                        timeout=120)
+    assert json.loads(st.stdout)["watchers_off"] == {"maintenance": "off: ALPSCK_NO_SCONTROL=1 hides scontrol from the job"}
     time.sleep(15)  # a requeued job would be back in the queue by now
     assert not in_queue(job)
 
