@@ -202,7 +202,13 @@ def test_submit_dry_run_prints_the_batch_script(venv: Venv, tmp_path: Path, exam
     assert re.search(rf"^#SBATCH --account={re.escape(cfg['slurm']['account'])}$", script, re.M), script
     assert re.search(r"^#SBATCH --signal=USR2@\d+$", script, re.M), script
     assert re.search(r"^\s*srun .*-m submitit\.core\._submit ", script, re.M), script
+    # The checkpoints on Capstor scratch, where CSCS says they go, and the dry run says so.
+    assert re.search(r"^mkdir -p /capstor/scratch/cscs/alpsck-test/alpsck/", script, re.M), script
+    assert "alpsck: dry run: checkpoints go to /capstor/scratch/cscs/alpsck-test/" in r.stderr, r.stderr
     env = cfg["environment"]
+    if "venv" in env:  # activated inside each srun'd task, where the uenv's Python exists
+        srun = next(line for line in script.splitlines() if line.startswith("srun "))
+        assert "source " + env["venv"].replace("$HOME", str(home)) + "/bin/activate" in srun, srun
     if "uenv" in env:
         assert re.search(rf"^#SBATCH --uenv={re.escape(env['uenv'])}\b", script, re.M), script
         assert re.search(rf"^#SBATCH --view={re.escape(env['view'])}$", script, re.M), script
@@ -241,7 +247,11 @@ def test_status_and_cancel(venv: Venv, tmp_path: Path) -> None:
     assert r.stdout.strip() == f"{run_dir}: no live job to cancel (state: finished)", r.stdout
 
 
-def test_doctor(venv: Venv) -> None:
+def test_doctor(venv: Venv, tmp_path: Path) -> None:
+    r = venv.run("alpsck", "doctor", "--alps", str(tmp_path), timeout=180)  # a login node's check, without torch
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"^storage: (ok|warning|info): ", r.stdout, re.M) and re.search(r"^alps: \d of 7 checks warn", r.stdout,
+                                                                                      re.M), r.stdout
     r = venv.run("alpsck", "doctor", "--json", timeout=180)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)

@@ -279,8 +279,8 @@ def check_thp(path: str = THP_PATH) -> Check:
 
 def check_mem(env: Mapping[str, str], machine: str) -> Check:
     """SLURM's ``--mem`` of this job (``SLURM_MEM_PER_NODE``, in MB; 0 is all of the node's)."""
-    advice = (f"a GH200 node allows --mem={NODE_MEM}; alpsck's staging (pinned copies of each checkpoint) and its "
-              "memory tier count against the job's memory")
+    advice = (f"a GH200 node allows --mem={NODE_MEM}; alpsck's staging memory (the copies of the state a save "
+              "takes, max_in_flight of them) counts against the job's memory")
     if not env.get("SLURM_JOB_ID"):
         return Check("slurm --mem", "info", f"not in a SLURM job: {advice}")
     per_node = env.get("SLURM_MEM_PER_NODE", "").strip()
