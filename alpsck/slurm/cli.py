@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import AlpsckError, CheckpointError, UsageError
 from ..options import arg_int
+from ..store.filesystem import Storage, storage
 from ..store.run_dir import metrics_text
 from ..tools import jsonout
 from ..tools.textout import printable
@@ -105,11 +106,9 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state == "finished" else 1
 
 
-def _storage(source: str, run_dir: str, *, allow_home: bool) -> Any:
+def _storage(source: str, run_dir: str, *, allow_home: bool) -> Storage:
     """What the run directory lies on (:func:`alpsck.store.filesystem.storage`); UsageError for a home
     directory on a network file system (Alps: NFS, 50 GB, 500k inodes) unless ``allow_home``."""
-    from ..store.filesystem import storage
-
     where = storage(run_dir)
     if where.needs_opt_in and not allow_home:
         raise UsageError(f"{source}: run_dir: {run_dir} is on {where.describe()}: {where.warning}; "
