@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -263,10 +264,34 @@ def _print_status(s: dict[str, Any]) -> None:
         print("\n".join(f"    {line}" for line in s["log_tail"]))
 
 
-def _cancel(args: argparse.Namespace) -> int:
-    """``alpsck cancel RUN_DIR``: end the run's live jobs for good (no requeue) and record it."""
+LOCAL_GRACE_S = 30.0  # how long a local job has to end on SIGINT before it and its tasks are killed
+
+
+def _end_local(job_id: str, run_dir: Path) -> None:
+    """End a local executor's job (``job_id``: its controller's pid): SIGINT, as submitit's own
+    LocalJob.cancel (the controller interrupts its tasks and kills them a second later); a controller
+    still there after LOCAL_GRACE_S is killed with its tasks. The task records the interruption as its
+    failure: ``cancel`` records the cancel after it, as the last word."""
     import signal
 
+    pid = int(job_id)
+    os.kill(pid, signal.SIGINT)
+    gone_by = time.monotonic() + LOCAL_GRACE_S
+    while watch.local_job_alive(job_id, run_dir):
+        if time.monotonic() >= gone_by:
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                children = []
+            for victim in [*map(int, children), pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    """``alpsck cancel RUN_DIR``: end the run's live jobs for good (no requeue) and record it."""
     from .runner import newest_step
     from .submit import live_jobs
 
@@ -290,12 +315,7 @@ def _cancel(args: argparse.Namespace) -> int:
         # ask scontrol, see the cancel, take the final checkpoint and do not requeue (alpsck.slurm.stop).
         commands.run(["scancel", job_id], read=False)
     for job_id in local:
-        # submitit's own LocalJob.cancel: the controller interrupts its task, then kills it within a second or
-        # two. The task records that interruption as its failure: the cancel is recorded after it, as the last word.
-        os.kill(int(job_id), signal.SIGINT)
-        gone_by = time.monotonic() + 30
-        while watch.local_job_alive(job_id, run_dir) and time.monotonic() < gone_by:
-            time.sleep(0.2)
+        _end_local(job_id, run_dir)
     ids = [i for i, _ in slurm] + local
     history.append(run_dir, "cancelled", job_id=ids[-1], step=newest_step(str(run_dir)), recorded_by="alpsck cancel")
     print(f"cancelled job{'s' if len(ids) > 1 else ''} {', '.join(ids)} of {printable(str(run_dir))}", flush=True)

@@ -59,8 +59,12 @@ def user_paths(config_dir: str | None, workdir: str) -> list[str]:
 # job that makes no progress (requeue.max_restarts, give_up_after_no_progress).
 LOCAL_MAX_STARTS = 100_000
 
+# SIGINT ends the controller and its tasks (submitit's LocalJob.cancel, ``alpsck cancel``): its handler is
+# set here because a submit run in the background of a non-interactive shell (``alpsck submit ... &``) hands
+# its children SIGINT ignored, and Python then never raises KeyboardInterrupt.
 _CONTROLLER = (
-    "import sys\n"
+    "import signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "del sys.path[0]\n"
     "from pathlib import Path\n"
     "from submitit.local.local import Controller\n"
