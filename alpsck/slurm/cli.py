@@ -299,8 +299,7 @@ def _cancel(args: argparse.Namespace) -> int:
     _history_path(run_dir)
     events = history.read(run_dir)
     sub = watch.last_submission(events)
-    slurm = live_jobs(run_dir, budget=None) if any(e.get("backend") == "slurm" for e in history.submissions(events)) \
-        else []
+    slurm = live_jobs(run_dir, budget=None)  # [] without a SLURM job in the history: squeue is not asked
     if slurm is None:
         raise AlpsckError(f"{run_dir}: SLURM did not answer squeue about this run's jobs, so nothing was cancelled; "
                           "try again when the controller answers")

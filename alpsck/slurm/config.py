@@ -37,6 +37,7 @@ from ..options import problem as option_problem
 from ..store.filesystem import layout_problem
 from ..store.retention import RULES as RETENTION_RULES
 from ..store.retention import Policy
+from ..store.run_dir import is_text
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account, qos, constraint lists...
@@ -351,12 +352,10 @@ def _utf8(value: str, key: str, loc: _Loc, what: str) -> str:
     """``value`` if it is UTF-8 text, else a ConfigError naming ``key``: a value from the environment or the
     file system (``$X`` holding bytes that are not UTF-8, which Python keeps as surrogate escapes) cannot be
     written into the batch script, given to sbatch or to bash, which all take UTF-8 text."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
+    if not is_text(value):
         shown = value.encode("utf-8", "surrogateescape")
         raise loc.err(key, f"{what} bytes that are not UTF-8 ({echo(shown)}), which the batch script cannot hold; "
-                           "give a path that is UTF-8 text") from None
+                           "give a path that is UTF-8 text")
     return value
 
 
