@@ -1,11 +1,24 @@
-"""Fixtures shared by the test modules (pytest finds them here; no test module imports another)."""
+"""Fixtures shared across the tiers, and the path to the support package (no test module imports another:
+what they share is in tests/support/). The tiers' own conftest.py files mark their tests; the durations
+budget (tests/budget.toml, ``--budget``) is tests/support/budget.py, registered here."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+# `support.<module>` importable from any working directory (tests/run.sh runs pytest from a temporary one).
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+pytest_plugins = ["support.budget"]
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +36,14 @@ def cluster() -> None:
             pytest.fail(msg)
         pytest.skip(msg)
 
+
+@pytest.fixture
+def dcp_quiet() -> Iterator[None]:
+    """DCP's warnings about running without a process group and its deprecated names, silenced (the DCP
+    contract tests run its single-process cases on purpose)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message=".*save_state_dict.*deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=".*load_state_dict.*deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+        yield

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tmpfs import mounted_tmpfs
+from support.tmpfs import mounted_tmpfs
 
 from alpsck.bench.overhead import OverheadConfig, plot, run_overhead, table
 from alpsck.bench.run import disk_needed, restore_vs_raw_read
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _env() -> dict[str, str]:

@@ -26,7 +26,7 @@ from alpsck.slurm import submit as submit_mod
 from alpsck.slurm.config import MAX_CONFIG_BYTES, RANGES, load_config, parse_config, range_text
 from alpsck.slurm.submit import local_python, sbatch_script, setup_lines, submit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 GOOD = """\
 name: t

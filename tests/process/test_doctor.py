@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_filesystem import Lfs
+from support.lfs import Lfs
 
 import alpsck
 from alpsck import _core
 from alpsck.tools import doctor
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = str(Path(alpsck.__file__).resolve().parent)
 
 

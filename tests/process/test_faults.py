@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from corrupt import flip_byte
-from manifests import reseal, sealed
+from support.corrupt import flip_byte
+from support.manifests import reseal, sealed
 
 import alpsck
 from alpsck import _core

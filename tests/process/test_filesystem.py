@@ -22,37 +22,13 @@ from typing import Any
 
 import pytest
 import torch
-from tmpfs import mounted_tmpfs
+from support.lfs import Lfs
+from support.tmpfs import mounted_tmpfs
 
 import alpsck
 from alpsck import _core, cli
 from alpsck.errors import DiskFullError, UsageError
 from alpsck.store import filesystem
-
-STANDIN = Path(__file__).with_name("lfs_standin.py")
-
-
-class Lfs:
-    """The stand-in installed as ``lfs`` on PATH: its state and the calls it received."""
-
-    def __init__(self, root: Path) -> None:
-        self.bin = root / "bin"
-        self.bin.mkdir()
-        (self.bin / "lfs").write_text(f"#!/bin/sh\nexec {sys.executable} {STANDIN} \"$@\"\n")
-        (self.bin / "lfs").chmod(0o755)
-        self.state_path, self.log = root / "lfs-state.json", root / "lfs-calls.jsonl"
-
-    def set(self, **state: Any) -> None:
-        old = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
-        self.state_path.write_text(json.dumps({**old, **state}))
-
-    def calls(self) -> list[list[str]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines()]
-
-    def layouts(self) -> dict[str, list[str]]:
-        return dict(json.loads(self.state_path.read_text()).get("layouts", {})) if self.state_path.exists() else {}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_slurm_runner import _run
+from support.runner_start import run_start as _run
 
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.runner import REQUEST_FILE, RESTART_EXIT

@@ -36,7 +36,7 @@ import yaml
 
 pytestmark = pytest.mark.install
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "no-torch"
 EXAMPLES = ROOT / "slurm" / "examples"
 MISSING_TORCH = "alpsck's training side needs torch; install torch (pip install torch=="

@@ -21,12 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.manifests import reseal
 
 import alpsck
 from alpsck import _core
-
-sys.path.insert(0, str(Path(__file__).parent))
-from manifests import reseal  # noqa: E402
 
 STEP = _core.step_dir_name
 BAD = b"\xff\xfe"  # never valid UTF-8

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from slurm_helpers import flaky_command
+from support.slurm_helpers import flaky_command
 
 from alpsck.errors import SlurmError
 from alpsck.slurm import commands

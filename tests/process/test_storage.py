@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_filesystem import Lfs
-from tmpfs import mounted_tmpfs
+from support.lfs import Lfs
+from support.tmpfs import mounted_tmpfs
 
 import alpsck
 from alpsck import _core

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from dcp_worker import check, reference
-from test_dcp import _ranks
+from support import SUPPORT
+from support.dcp_worker import check, reference
+from support.ranks import run_ranks
 
 from alpsck.cli import main
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter, convert
@@ -29,7 +30,7 @@ from alpsck.dcp.convert import import_dcp, is_filesystemwriter_checkpoint
 from alpsck.dcp.paths import is_alpsck_checkpoint_id
 from alpsck.errors import UsageError
 
-WORKER = Path(__file__).with_name("dcp_import_worker.py")
+WORKER = SUPPORT / "dcp_import_worker.py"
 
 
 @pytest.fixture(autouse=True)
@@ -40,10 +41,10 @@ def _quiet_no_dist() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def saved_2_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved_2run_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """step-5 and step-10 written by FileSystemWriter at 2 ranks, DTensors sharded (never changed: copy it)."""
     folder = tmp_path_factory.mktemp("fsw") / "checkpoint"
-    outs = _ranks("save", folder, 2, script=WORKER)
+    outs = run_ranks("save", folder, 2, script=WORKER)
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"]
     assert sorted(n for n in os.listdir(folder / "step-10") if n.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     return folder
@@ -76,7 +77,7 @@ def test_a_2_rank_sharded_checkpoint_converts_and_loads_resharded_at_2_ranks_and
     assert sorted(os.listdir(folder)) == [".alpsck-import", "step-10", "step-5"]
     kept = folder / ".alpsck-import" / "step-10.filesystemwriter"
     assert done[1].original == kept and _snapshot(kept) == original  # the original, as it was
-    outs = _ranks("load", folder, 2, script=WORKER)
+    outs = run_ranks("load", folder, 2, script=WORKER)
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"]
     assert check(_load(folder / "step-5"), 5) == [] and check(_load(folder / "step-10"), 10) == []
     # the planner data (the nesting of the keys) is the original's

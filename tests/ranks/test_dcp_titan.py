@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dcp import _free_port
+from support import SUPPORT
+from support.ranks import free_port
 
-TRAINER = Path(__file__).with_name("titan_trainer.py")
+TRAINER = SUPPORT / "titan_trainer.py"
 STEPS, INTERVAL = 12, 4
 
 
 def _train(folder: Path, mode: str, kill_at: int | None = None) -> list[int]:
     """Run the trainer on 2 ranks until they exit; returns their exit codes (-9: killed as asked)."""
-    port = _free_port()
+    port = free_port()
     procs = []
     args = [sys.executable, str(TRAINER), str(folder), str(STEPS), str(INTERVAL), mode]
     if kill_at is not None:

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 import torch
+from support import SUPPORT
 
 from alpsck.dcp.paths import is_alpsck_checkpoint_id
 
-WORKER = Path(__file__).with_name("torchtitan_release_worker.py")
+WORKER = SUPPORT / "torchtitan_release_worker.py"
 TORCHTITAN = "0.3.0"
 
 

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
+from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
 
 TERMINAL = ("finished", "failed", "cancelled", "gave_up")
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_helpers import events, flaky_command, job_config, steps_for_seconds, wait_for
+from support.slurm_helpers import events, flaky_command, job_config, steps_for_seconds, wait_for
 
 from alpsck.slurm import commands
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds
+from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds
 
 from alpsck.slurm import history
 from alpsck.slurm import stop as stop_mod

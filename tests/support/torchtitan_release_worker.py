@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "dcp.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "dcp.md"
 MODULE = "torchtitan.components.checkpointer.dcp"
 
 

@@ -1,6 +1,6 @@
 """alpsck.dcp: torch.distributed.checkpoint on the alpsck core, resharded by DCP's planner.
 
-Real processes (gloo on CPU, tests/dcp_worker.py) save at world size 2 and load at world size 4;
+Real processes (gloo on CPU, tests/support/dcp_worker.py) save at world size 2 and load at world size 4;
 the other tests load in this process at world size 1 (no process group) from a copy of that run.
 """
 
@@ -10,7 +10,6 @@ import gc
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import warnings
@@ -21,8 +20,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from dcp_worker import check, reference, template
-from manifests import sealed
+from support.dcp_worker import check, reference, template
+from support.manifests import sealed
+from support.ranks import run_ranks
 from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
@@ -38,44 +38,12 @@ from alpsck.errors import (
 )
 from alpsck.tools.inspect_checkpoints import inspect_checkpoints
 
-WORKER = Path(__file__).with_name("dcp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ranks(mode: str, run_dir: Path, world: int, script: Path = WORKER) -> list[str]:
-    """Run ``script mode run_dir`` (the worker) on ``world`` ranks; every rank must exit 0. Returns their outputs."""
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(script), mode, str(run_dir)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=180)
-            outs.append(out)
-    finally:
-        for p in procs:  # a rank that failed leaves the others waiting in a collective
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"rank {r}:\n{out}"
-    return outs
-
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Steps 5, 10, 15 saved at world size 2 (the last with keep_last=2, so step 5 is gone)."""
     run = tmp_path_factory.mktemp("dcp") / "run"
-    outs = _ranks("save", run, 2)
+    outs = run_ranks("save", run, 2)
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"]
     return run
 
@@ -111,7 +79,7 @@ def _root_cause(e: CheckpointException) -> BaseException:
 
 def test_saved_at_2_loads_at_4_resharded(saved: Path) -> None:
     """Four ranks load into DTensors sharded on other dims (Shard(1) for Shard(0), and back): bit for bit."""
-    outs = _ranks("load", saved, 4)
+    outs = run_ranks("load", saved, 4)
     assert all(o.strip().splitlines()[-1].startswith(f"OK rank {r} step 15") for r, o in enumerate(outs)), outs
 
 
@@ -211,7 +179,7 @@ def test_a_data_failure_on_one_rank_makes_every_rank_fall_back(run: Path) -> Non
     ``wb``; rank 1's shard holds the values both read): the ranks agree through the store (no collective of
     their own inside DCP's read) and both load step 10, bit for bit; rank 1 names rank 0's failure."""
     _flip(run / "step-000000015" / "rank-00000.bin")
-    outs = _ranks("same", run, 2)
+    outs = run_ranks("same", run, 2)
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0 step 10", "OK rank 1 step 10"], outs
     assert "(step 15: data_crc)" in outs[0] and "rank-00000.bin: CRC mismatch" in outs[0], outs[0]
     assert "(step 15: unreadable): rank 0: " in outs[1] and "CRC mismatch" in outs[1], outs[1]

@@ -5,61 +5,32 @@ test_file_system_checkpoint_cpu.py, test_checkpoint.py, e2e/test_e2e_save_and_lo
 test_fsspec.py, test_save_load_api.py), with the same assertions, and runs once with DCP's
 FileSystemWriter/Reader (the reference) and once with alpsck's writer and reader. A regression
 reads "fs passes, alpsck fails". Single-process cases; the multi-rank ones are in
-tests/test_dcp.py and tests/test_dcp_named.py.
+tests/unit/test_dcp.py and tests/unit/test_dcp_named.py.
 """
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from test_dcp import _ranks
+from support import SUPPORT
+from support.dcp_backends import BACKENDS, Backend, faulty
+from support.ranks import run_ranks
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.futures import Future
 
 from alpsck import Checkpointer
-from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
 
-
-@dataclass
-class Backend:
-    name: str
-    writer: Callable[..., Any]  # (path, **options) -> StorageWriter
-    reader: Callable[..., Any]  # (path) -> StorageReader
-
-
-BACKENDS = {
-    "fs": Backend("fs", lambda path, threads=1, overwrite=True: FileSystemWriter(path, thread_count=threads,
-                                                                                overwrite=overwrite),
-                  lambda path: FileSystemReader(path)),
-    "alpsck": Backend("alpsck", lambda path, threads=1, overwrite=True: AlpsckStorageWriter(path, threads=threads,
-                                                                                           overwrite=overwrite),
-                      lambda path: AlpsckStorageReader(path)),
-}
+pytestmark = pytest.mark.usefixtures("dcp_quiet")
 
 
 @pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> Backend:
     return BACKENDS[request.param]
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        warnings.filterwarnings("ignore", message=".*save_state_dict.*deprecated", category=FutureWarning)
-        warnings.filterwarnings("ignore", message=".*load_state_dict.*deprecated", category=FutureWarning)
-        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
-        yield
 
 
 def _save(b: Backend, sd: dict[str, Any], path: Path, **options: Any) -> None:
@@ -155,24 +126,10 @@ READER_STAGES = ["set_up_storage_reader", "prepare_local_plan", "prepare_global_
                  "read_data_async"]
 
 
-def _faulty(base: type, stage: str) -> type:
-    """A subclass of ``base`` whose ``stage`` raises ValueError (``*_async``: returns a failed future)."""
-    name = stage.removesuffix("_async")
-
-    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if stage.endswith("_async"):
-            fut: Future[Any] = Future()
-            fut.set_exception(ValueError(f"injected failure in {stage}"))
-            return fut
-        raise ValueError(f"injected failure in {stage}")
-
-    return type(f"Faulty{base.__name__}", (base,), {name: broken})
-
-
 @pytest.mark.parametrize("stage", WRITER_STAGES)
 def test_save_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: str) -> None:
     base = type(backend.writer(tmp_path / "probe"))
-    writer = _faulty(base, stage)(tmp_path / "ckpt")
+    writer = faulty(base, stage)(tmp_path / "ckpt")
     with pytest.raises(CheckpointException) as e:
         dcp.save({"w": torch.ones(3), "lr": 0.1}, checkpoint_id=tmp_path / "ckpt", storage_writer=writer)
     assert list(e.value.failures) == [0]
@@ -188,7 +145,7 @@ def test_save_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: st
 @pytest.mark.parametrize("stage", READER_STAGES)
 def test_load_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: str) -> None:
     _save(backend, {"w": torch.ones(3), "lr": 0.1}, tmp_path)
-    reader = _faulty(type(backend.reader(tmp_path)), stage)(tmp_path)
+    reader = faulty(type(backend.reader(tmp_path)), stage)(tmp_path)
     with pytest.raises(CheckpointException) as e:
         dcp.load({"w": torch.zeros(3), "lr": 0.0}, checkpoint_id=tmp_path, storage_reader=reader)
     assert list(e.value.failures) == [0]
@@ -282,5 +239,5 @@ def test_load_is_in_place(backend: Backend, tmp_path: Path) -> None:
 
 
 def test_two_ranks(backend: Backend, tmp_path: Path) -> None:
-    outs = _ranks(backend.name, tmp_path, 2, script=Path(__file__).with_name("dcp_contract_worker.py"))
+    outs = run_ranks(backend.name, tmp_path, 2, script=SUPPORT / "dcp_contract_worker.py")
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs

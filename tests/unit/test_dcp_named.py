@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from dcp_worker import check, reference, template
-from test_dcp import _ranks
+from support.dcp_worker import check, reference, template
+from support.ranks import run_ranks
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -268,7 +268,7 @@ def test_run_dir_mode_is_unchanged_by_a_checkpoint_id_naming_it(tmp_path: Path) 
 
 def test_saved_at_2_ranks_by_name_with_overwrite_and_async_loads_at_1(tmp_path: Path) -> None:
     folder = tmp_path / "titan"
-    outs = _ranks("named", folder, 2)
+    outs = run_ranks("named", folder, 2)
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"]
     assert sorted(os.listdir(folder)) == ["step-10", "step-15", "step-5"] and _latest_step(folder) == 15
     for name, step in (("step-5", 5), ("step-10", 11), ("step-15", 15)):

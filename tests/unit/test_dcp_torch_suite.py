@@ -24,8 +24,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from test_dcp import _ranks
-from test_dcp_contract import BACKENDS, Backend, _faulty, _quiet  # noqa: F401  (autouse fixture)
+from support import SUPPORT
+from support.dcp_backends import BACKENDS, Backend, faulty
+from support.ranks import run_ranks
 from torch import nn
 from torch.distributed.checkpoint import load_state_dict, save_state_dict
 from torch.distributed.checkpoint._traverse import set_element
@@ -45,6 +46,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from alpsck import _core
 from alpsck.dcp import AlpsckStorageReader
+
+pytestmark = pytest.mark.usefixtures("dcp_quiet")
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -168,7 +171,7 @@ def test_read_write_tensor_and_blob(backend: Backend, tmp_path: Path, thread_cou
                                    "write_data", "write_data_async"])
 def test_save_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: str) -> None:
     state_dict = {"replicated": torch.rand(10, 10), "bytes": [1, 2, 3, 4]}
-    writer = _faulty(type(backend.writer(tmp_path / "probe")), stage)(tmp_path / "ckpt")
+    writer = faulty(type(backend.writer(tmp_path / "probe")), stage)(tmp_path / "ckpt")
     with pytest.raises(CheckpointException) as cm:
         save_state_dict(state_dict, storage_writer=writer, coordinator_rank=0, no_dist=True)
     assert list(cm.value.failures) == [0]
@@ -185,15 +188,15 @@ def test_save_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: st
 # test_checkpoint.py::TestDistributedFailure::_test_save with coordinator_rank=1, and the coordinator ranks of
 # test_load_error_handling, on the real storage: 2 gloo ranks (dcp_torch_suite_worker.py "coordinator")
 def test_coordinator_rank_1(backend: Backend, tmp_path: Path) -> None:
-    outs = _ranks(f"{backend.name}:coordinator", tmp_path, 2,
-                  script=Path(__file__).with_name("dcp_torch_suite_worker.py"))
+    outs = run_ranks(f"{backend.name}:coordinator", tmp_path, 2,
+                  script=SUPPORT / "dcp_torch_suite_worker.py")
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
 
 
 # state_dict_saver.save(use_collectives=False) (test_file_system_checkpoint.py's no-collectives saves): 2 gloo
 # ranks, each saving and loading without rank coordination
 def test_no_collectives_two_ranks(backend: Backend, tmp_path: Path) -> None:
-    outs = _ranks(f"{backend.name}:nocoll", tmp_path, 2, script=Path(__file__).with_name("dcp_torch_suite_worker.py"))
+    outs = run_ranks(f"{backend.name}:nocoll", tmp_path, 2, script=SUPPORT / "dcp_torch_suite_worker.py")
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
 
 

@@ -22,7 +22,7 @@ import yaml
 from alpsck import cli
 from alpsck.slurm import config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # Where a mention of a command or flag must name a real one: the README and every docs page.
 MENTION_PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "alpsck"
+PACKAGE = Path(__file__).resolve().parents[2] / "alpsck"
 
 # Bottom to top. A module may import from its own layer and the ones below. A name is a module or
 # a package prefix (the longest one that matches decides).

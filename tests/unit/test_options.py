@@ -21,7 +21,7 @@ from alpsck.errors import ConfigError, StateTypeError, UsageError
 from alpsck.examples.llama.train import TrainConfig
 from alpsck.slurm.config import CheckpointConfig, load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_core_table_is_the_python_table_and_every_default_is_within_its_limits() -> None:
@@ -268,7 +268,7 @@ def test_crc_in_copy_either_way_the_crcs_are_those_of_the_bytes_on_disk(tmp_path
     """Wherever the chunk CRCs are taken (inside the snapshot copy, or by the writers afterwards), in
     the default and the urgent (overlapped) snapshot: both checkpoints restore bit for bit, and one
     flipped data byte makes the newest corrupt, so restore falls back to the one before."""
-    from corrupt import flip_byte
+    from support.corrupt import flip_byte
 
     g = torch.Generator().manual_seed(3)
     state = {f"t{i}": torch.randn(n, generator=g) for i, n in enumerate([70_000, 3, 0, 150_000, 33_333])}

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from corrupt import flip_byte
+from support.corrupt import flip_byte
 from torch.distributed.checkpoint.api import CheckpointException
 
 import alpsck

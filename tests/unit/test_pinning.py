@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from smaps import mapping_field
+from support.smaps import mapping_field
 
 import alpsck
 from alpsck.staging import Stager

@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import SUPPORT
 
 from alpsck.errors import ConfigError
 from alpsck.slurm.config import load_config, parse_config, parse_time_minutes
 from alpsck.slurm.submit import sbatch_script
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).parent / "golden" / "quickstart.sbatch"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = SUPPORT / "golden" / "quickstart.sbatch"
 
 GOOD = """\
 name: t
@@ -520,7 +521,7 @@ def test_the_job_python_survives_a_stop_signal_before_the_runner_and_hands_it_ov
 
 # ------------------------------------------------------------------ the Alps examples, after CSCS's pages
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "slurm" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "slurm" / "examples"
 # https://docs.cscs.ch/software/communication/nccl/: "should always be set ... when using NCCL with uenv"
 CSCS_NCCL_ENV = {"NCCL_NET": "AWS Libfabric", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1",
                  "NCCL_PROTO": "^LL128", "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_DEFAULT_TX_SIZE": "16384",
@@ -590,7 +591,7 @@ def test_the_container_example_uses_the_edf_example_with_the_nccl_hook(tmp_path:
     cfg, script = _example("alps-gh200.yaml", tmp_path, monkeypatch)
     edf_name = Path(cfg.environment.container).name  # type: ignore[attr-defined]
     assert f"--environment={tmp_path}/home/.edf/{edf_name}" in _srun_line(script)
-    assert f"slurm/examples/{edf_name}" in (Path(__file__).resolve().parent.parent / "docs" / "slurm.md").read_text()
+    assert f"slurm/examples/{edf_name}" in (Path(__file__).resolve().parents[2] / "docs" / "slurm.md").read_text()
     edf = tomllib.loads((EXAMPLES / edf_name).read_text())
     assert edf["annotations"]["com"]["hooks"]["aws_ofi_nccl"]["enabled"] == "true"
     assert edf["image"].endswith(".sqsh") and "/capstor" in edf["mounts"] and edf["workdir"]

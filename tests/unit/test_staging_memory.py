@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from smaps import mapping_field
+from support.smaps import mapping_field
 
 import alpsck
 

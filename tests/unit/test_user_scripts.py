@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from corrupt import flip_byte
 from safetensors.torch import load_file
+from support.corrupt import flip_byte
 from torch import nn
 
 import alpsck
@@ -334,7 +334,7 @@ def test_export_subtree_refuses_an_unknown_key_naming_the_keys(tmp_path: Path) -
 
 def _readme_library_example() -> str:
     """The README's "Checkpointing your own training loop" block, as a user pastes it."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = text[text.index("## Checkpointing your own training loop"):]
     start = section.index("```python\n") + len("```python\n")
     return section[start:section.index("```", start)]
@@ -348,7 +348,7 @@ def test_the_readmes_library_example_runs_pasted_in_the_clones_root(tmp_path: Pa
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     code = _readme_library_example()
     assert 'Checkpointer("runs/exp1"' in code
     code = code.replace('"runs/exp1"', repr(str(tmp_path / "exp1")))
@@ -371,7 +371,7 @@ def test_the_source_trees_core_stand_in_says_what_to_do_without_an_installed_alp
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-S", "-c", "import runpy; runpy.run_path('alpsck/_core.py')"], cwd=root,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
