@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,15 @@ def cluster() -> None:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+@pytest.fixture(params=["fs", "alpsck"])
+def backend(request: pytest.FixtureRequest) -> Any:
+    """The DCP storage backend a contract case runs on: DCP's FileSystemWriter/Reader (the reference), then
+    alpsck's (support/dcp_backends.py)."""
+    from support.dcp_backends import BACKENDS
+
+    return BACKENDS[request.param]
 
 
 @pytest.fixture

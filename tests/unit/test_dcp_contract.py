@@ -16,9 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from support import SUPPORT
-from support.dcp_backends import BACKENDS, Backend, faulty
-from support.ranks import run_ranks
+from support.dcp_backends import Backend, faulty
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
@@ -26,11 +24,6 @@ from torch.distributed.checkpoint.stateful import Stateful
 from alpsck import Checkpointer
 
 pytestmark = pytest.mark.usefixtures("dcp_quiet")
-
-
-@pytest.fixture(params=list(BACKENDS))
-def backend(request: pytest.FixtureRequest) -> Backend:
-    return BACKENDS[request.param]
 
 
 def _save(b: Backend, sd: dict[str, Any], path: Path, **options: Any) -> None:
@@ -236,8 +229,3 @@ def test_load_is_in_place(backend: Backend, tmp_path: Path) -> None:
 
 # -- the 2-rank cases (tests/dcp_contract_worker.py): resharding on load into a checkpoint saved again and
 # again, sharded <-> plain tensors, ranks listing their keys in another order with collectives in Stateful
-
-
-def test_two_ranks(backend: Backend, tmp_path: Path) -> None:
-    outs = run_ranks(backend.name, tmp_path, 2, script=SUPPORT / "dcp_contract_worker.py")
-    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs

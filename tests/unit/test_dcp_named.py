@@ -14,11 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,14 +22,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from support.dcp_named import latest_step, load_named
 from support.dcp_worker import check, reference, template
-from support.ranks import run_ranks
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
-from alpsck.errors import CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
+from alpsck.errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from alpsck.store.run_dir import MARKER_FILE, MARKER_FORMAT
 
 
@@ -45,16 +40,6 @@ def _quiet_no_dist() -> Iterator[None]:
         yield
 
 
-def _latest_step(folder: Path) -> int:
-    """torchtitan's discovery: an unanchored ``step-(\\d+)`` over the listing, counted where
-    ``.metadata`` is a file; -1: start from scratch."""
-    if not folder.is_dir():
-        return -1
-    steps = [int(m.group(1)) for name in os.listdir(folder)
-             if (m := re.search(r"step-(\d+)", name)) and (folder / name / ".metadata").is_file()]
-    return max(steps, default=-1)
-
-
 def _old_purge(folder: Path, keep: int) -> None:
     """An older torchtitan purge: ``int(re.search(...).group(1))`` on every entry (crashes on a foreign
     one), then ``rmtree(ignore_errors=True)`` of all but the newest ``keep``."""
@@ -63,16 +48,10 @@ def _old_purge(folder: Path, keep: int) -> None:
         shutil.rmtree(folder / f"step-{step}", ignore_errors=True)
 
 
-def _load_named(checkpoint_id: Path, reader: AlpsckStorageReader | None = None) -> dict[str, Any]:
-    state = template()
-    dcp.load(state, checkpoint_id=checkpoint_id, storage_reader=reader or AlpsckStorageReader())
-    return state
-
-
 def test_torchtitan_naming_discovery_overwrite_and_purge(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoint"
     writer, reader = AlpsckStorageWriter(), AlpsckStorageReader()
-    assert _latest_step(folder) == -1
+    assert latest_step(folder) == -1
     for step in (1, 10, 20):
         dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
         assert writer.checkpoint_id == str(folder / f"step-{step}")
@@ -81,12 +60,12 @@ def test_torchtitan_naming_discovery_overwrite_and_purge(tmp_path: Path) -> None
     for step in (1, 10, 20):
         marker = json.loads((folder / f"step-{step}" / MARKER_FILE).read_bytes())
         assert marker["format"] == MARKER_FORMAT and marker["reader"] == "alpsck.dcp.AlpsckStorageReader"
-    assert _latest_step(folder) == 20
-    assert check(_load_named(folder / "step-20", reader), 20) == []
-    assert check(_load_named(folder / "step-10", reader), 10) == []  # the same reader, another id
+    assert latest_step(folder) == 20
+    assert check(load_named(folder / "step-20", reader), 20) == []
+    assert check(load_named(folder / "step-10", reader), 10) == []  # the same reader, another id
     # Saving over step-10 (a resumed run reaching it again) replaces it: one generation stays.
     dcp.save(reference(11), checkpoint_id=folder / "step-10", storage_writer=writer)
-    assert check(_load_named(folder / "step-10", reader), 11) == []
+    assert check(load_named(folder / "step-10", reader), 11) == []
     committed = [i for i in _core.scan(str(folder / "step-10")) if i["status"] == "committed"]
     assert [i["step"] for i in committed] == [2]
     # A reused reader without a new id sees what was committed since its last load.
@@ -96,7 +75,7 @@ def test_torchtitan_naming_discovery_overwrite_and_purge(tmp_path: Path) -> None
     assert check(state, 12) == []
     # The older torchtitan purge meets nothing but step-N entries, and rmtree removes a checkpoint whole.
     _old_purge(folder, keep=2)
-    assert sorted(os.listdir(folder)) == ["step-10", "step-20"] and _latest_step(folder) == 20
+    assert sorted(os.listdir(folder)) == ["step-10", "step-20"] and latest_step(folder) == 20
     # The trainer's folder is not itself mistaken for an alpsck run directory.
     assert not AlpsckStorageReader.validate_checkpoint_id(folder)
     assert not AlpsckStorageWriter.validate_checkpoint_id(folder)
@@ -109,7 +88,7 @@ def test_overwrite_false_refuses_with_dcps_wording_and_foreign_checkpoints_are_l
     dcp.save(reference(3), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter(overwrite=False))
     with pytest.raises(CheckpointException, match="Checkpoint already exists"):
         dcp.save(reference(4), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter(overwrite=False))
-    assert check(_load_named(ckpt), 3) == []
+    assert check(load_named(ckpt), 3) == []
     # A FileSystemWriter checkpoint: alpsck neither writes over it nor unpickles its .metadata.
     fs = tmp_path / "fs" / "step-7"
     dcp.save(reference(7), storage_writer=FileSystemWriter(fs))
@@ -118,7 +97,7 @@ def test_overwrite_false_refuses_with_dcps_wording_and_foreign_checkpoints_are_l
         dcp.save(reference(8), checkpoint_id=fs, storage_writer=AlpsckStorageWriter())
     assert {p.name: p.read_bytes() for p in fs.iterdir()} == before
     with pytest.raises(CheckpointException, match="load it with DCP's FileSystemReader"):
-        _load_named(fs)
+        load_named(fs)
     other = tmp_path / "notes"
     other.mkdir()
     (other / "README").write_text("mine")
@@ -156,11 +135,11 @@ def test_a_corrupt_named_checkpoint_falls_back_to_the_last_good_one(tmp_path: Pa
     meta.write_bytes(bytes(raw))
     with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint \(.*CRC mismatch\); loading .*step-20 instead"):
         reader = AlpsckStorageReader()
-        assert check(_load_named(folder / "step-30", reader), 20) == []
+        assert check(load_named(folder / "step-30", reader), 20) == []
     assert reader.path is not None and reader.path.parent == folder / "step-20"
     # DCP wraps what read_metadata raised in its own AssertionError; alpsck's message is inside.
     with pytest.raises(CheckpointException, match=r"step-30: no valid DCP checkpoint \(skipped: .*CRC mismatch"):
-        _load_named(folder / "step-30", AlpsckStorageReader(fallback=False))
+        load_named(folder / "step-30", AlpsckStorageReader(fallback=False))
     with pytest.raises(NoCheckpointError, match=r"step-30: no valid DCP checkpoint .*no valid one of a lower number"):
         AlpsckStorageReader(folder / "step-30", fallback=True).read_metadata() if _damage_all(folder) else None
     with pytest.raises(NoCheckpointError, match="step-99: no valid DCP checkpoint"):
@@ -182,7 +161,7 @@ def test_a_named_checkpoint_whose_data_fails_or_is_gone_falls_back_to_the_one_be
     shard.write_bytes(bytes(data))
     reader = AlpsckStorageReader()
     with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint \(.*data_crc: .*CRC mismatch"):
-        assert check(_load_named(folder / "step-30", reader), 20) == []
+        assert check(load_named(folder / "step-30", reader), 20) == []
     assert reader.path is not None and reader.path.parent == folder / "step-20"
     # An interrupted purge (torchtitan's rmtree) left the marker and the lock of step-30, and nothing else.
     for name in os.listdir(folder / "step-30"):
@@ -190,50 +169,10 @@ def test_a_named_checkpoint_whose_data_fails_or_is_gone_falls_back_to_the_one_be
             shutil.rmtree(folder / "step-30" / name) if (folder / "step-30" / name).is_dir() else \
                 (folder / "step-30" / name).unlink()
     with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint \(no committed checkpoint\)"):
-        assert check(_load_named(folder / "step-30"), 20) == []
+        assert check(load_named(folder / "step-30"), 20) == []
     # The next save to step-30 writes it anew over what the purge left.
     dcp.save(reference(30), checkpoint_id=folder / "step-30", storage_writer=writer)
-    assert check(_load_named(folder / "step-30"), 30) == []
-
-
-def test_a_folder_of_checkpoints_or_a_directory_in_use_is_refused_where_the_writer_is_made(tmp_path: Path) -> None:
-    """Refused in one line before DCP starts (not as a CheckpointException of every rank's traceback): a
-    trainer's folder of named checkpoints given as one checkpoint (a writer would add a generation among
-    them), to a writer or a reader, made or pointed at it by checkpoint_id; and a directory another live
-    process writes. A reused writer whose own save holds the lock is not refused."""
-    folder = tmp_path / "ckpt"
-    writer = AlpsckStorageWriter()
-    for step in (10, 20):
-        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
-    before = sorted(os.listdir(folder))
-    folder_error = r"'.*ckpt' holds checkpoint directories \(step-10, step-20\): it is a folder of checkpoints; name one"
-    for attempt in (lambda: AlpsckStorageWriter(folder), lambda: AlpsckStorageReader(folder),
-                    lambda: dcp.save(reference(30), checkpoint_id=folder, storage_writer=AlpsckStorageWriter()),
-                    lambda: _load_named(folder)):
-        with pytest.raises(UsageError, match=folder_error):
-            attempt()
-    assert sorted(os.listdir(folder)) == before  # nothing written among them
-    # Another process's Checkpointer holds run/: refused where the writer is made, naming its pid.
-    run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", f"import alpsck, time; c = alpsck.Checkpointer({str(run)!r}); "
-                               "print('holding', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
-        for attempt in (lambda: AlpsckStorageWriter(run, 5),
-                        lambda: dcp.save(reference(5), checkpoint_id=run, storage_writer=AlpsckStorageWriter())):
-            with pytest.raises(RunDirLockedError, match=rf"a writer holds it \(pid {holder.pid} .*two writers in one"):
-                attempt()
-    finally:
-        holder.kill()
-        holder.wait()
-    AlpsckStorageWriter(run, 5)  # the holder is gone: its lock went with it
-    # This process's own save in flight holds step-20's lock: pointing a writer at it again is no refusal.
-    from alpsck.store.run_dir import lock_run_dir
-    own = lock_run_dir(folder / "step-20", 0)
-    try:
-        AlpsckStorageWriter(folder / "step-20")
-    finally:
-        own.release()
+    assert check(load_named(folder / "step-30"), 30) == []
 
 
 def _damage_all(folder: Path) -> bool:
@@ -262,69 +201,8 @@ def test_run_dir_mode_is_unchanged_by_a_checkpoint_id_naming_it(tmp_path: Path) 
     dcp.save(reference(6), checkpoint_id=run / _core.step_dir_name(6), storage_writer=w)
     assert sorted(i["step"] for i in _core.scan(str(run))) == [5, 6]
     dcp.save(reference(7), checkpoint_id=tmp_path / "elsewhere", storage_writer=w)
-    assert w.named and check(_load_named(tmp_path / "elsewhere"), 7) == []
-    assert check(_load_named(run / _core.step_dir_name(5)), 5) == []  # a committed step names itself
-
-
-def test_saved_at_2_ranks_by_name_with_overwrite_and_async_loads_at_1(tmp_path: Path) -> None:
-    folder = tmp_path / "titan"
-    outs = run_ranks("named", folder, 2)
-    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"]
-    assert sorted(os.listdir(folder)) == ["step-10", "step-15", "step-5"] and _latest_step(folder) == 15
-    for name, step in (("step-5", 5), ("step-10", 11), ("step-15", 15)):
-        info = [i for i in _core.scan(str(folder / name), verify=True) if i["status"] == "committed"]
-        assert len(info) == 1 and info[0]["ranks"] == 2 and info[0]["verified"], name
-        assert check(_load_named(folder / name), step) == [], name
-
-
-_OVERWRITER = textwrap.dedent("""
-    import os, sys, warnings
-    import torch, torch.distributed.checkpoint as dcp
-    from alpsck.dcp import AlpsckStorageWriter
-    warnings.filterwarnings("ignore")
-    ckpt, n = sys.argv[1], int(sys.argv[2])
-    writer = AlpsckStorageWriter(threads=2, chunk_bytes=1 << 20)
-    i = 0
-    while True:
-        i += 1
-        dcp.save({"w": torch.full((n,), float(i)), "i": torch.tensor(i)}, checkpoint_id=ckpt, storage_writer=writer)
-        print(i, flush=True)
-""")
-
-
-def test_overwrite_killed_at_any_point_leaves_old_or_new_never_torn(tmp_path: Path) -> None:
-    """SIGKILL a process that saves over one checkpoint id again and again: after every kill the id
-    loads, whole (every element the same save's), at least as new as the last save it reported."""
-    ckpt = tmp_path / "step-10"
-    n = 16 << 20  # 64 MiB of float32: a save takes long enough to be killed inside it
-    script = tmp_path / "overwriter.py"
-    script.write_text(_OVERWRITER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    for kill_after in (0.35, 0.8, 1.3):
-        p = subprocess.Popen([sys.executable, str(script), str(ckpt), str(n)], stdout=subprocess.PIPE, text=True,
-                             env=env)
-        assert p.stdout is not None
-        first = p.stdout.readline()  # one save done: the kill lands in a later one
-        assert first.strip(), "the overwriter saved nothing"
-        time.sleep(kill_after)
-        p.send_signal(signal.SIGKILL)
-        out = first + p.stdout.read()
-        p.wait()
-        reported = int(out.split()[-1])
-        state = {"w": torch.zeros(n), "i": torch.tensor(0)}
-        dcp.load(state, checkpoint_id=ckpt, storage_reader=AlpsckStorageReader(fallback=False))
-        i = int(state["i"])
-        # Each process counts from 1 and reported one save before the kill: what loads is its own, whole.
-        assert i >= reported and torch.equal(state["w"], torch.full((n,), float(i))), (i, reported)
-    committed = [i for i in _core.scan(str(ckpt)) if i["status"] == "committed"]
-    assert 1 <= len(committed) <= 2  # a kill between the commit and the removal of the old generation: two
-    state = {"w": torch.zeros(n), "i": torch.tensor(0)}
-    dcp.save({"w": torch.full((n,), -1.0), "i": torch.tensor(-1)}, checkpoint_id=ckpt,
-             storage_writer=AlpsckStorageWriter())  # the next save tidies what the kills left
-    dcp.load(state, checkpoint_id=ckpt, storage_reader=AlpsckStorageReader())
-    assert int(state["i"]) == -1
-    assert [e for e in os.listdir(ckpt) if e.endswith(".tmp")] == []
-    assert len([i for i in _core.scan(str(ckpt)) if i["status"] == "committed"]) == 1
+    assert w.named and check(load_named(tmp_path / "elsewhere"), 7) == []
+    assert check(load_named(run / _core.step_dir_name(5)), 5) == []  # a committed step names itself
 
 
 def test_a_corrupt_overwrite_is_never_loaded_in_place_of_a_good_generation(tmp_path: Path) -> None:
@@ -338,7 +216,7 @@ def test_a_corrupt_overwrite_is_never_loaded_in_place_of_a_good_generation(tmp_p
     shard = ckpt / _core.step_dir_name(2) / "dcp-metadata.json"
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.warns(RuntimeWarning, match="skipping corrupt checkpoint"):
-        assert check(_load_named(ckpt), 4) == []
+        assert check(load_named(ckpt), 4) == []
     with pytest.raises(CorruptCheckpointError):
         AlpsckStorageReader(ckpt, 2).read_metadata()
 
@@ -393,20 +271,6 @@ def test_a_planner_with_its_own_load_bytes_gets_the_value_as_dcp_would_give_it(t
     state: dict[str, Any] = {"w": torch.zeros(2), "lr": 0.0, "name": ""}
     dcp.load(state, checkpoint_id=tmp_path / "c", storage_reader=AlpsckStorageReader(), planner=Recording())
     assert sorted(seen) == [("lr", 0.5), ("name", "adamw")] and state["lr"] == 0.5 and state["name"] == "adamw"
-
-
-def test_the_tools_name_a_checkpoint_of_a_trainers_folder_instead_of_calling_them_damaged(tmp_path: Path) -> None:
-    folder = tmp_path / "checkpoint"
-    writer = AlpsckStorageWriter()
-    for step in (1, 10):
-        dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
-    for cmd in (["inspect-checkpoints", str(folder)], ["prune", str(folder), "--keep-last", "1"]):
-        p = subprocess.run([sys.executable, "-m", "alpsck", *cmd], capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2 and f"name one, e.g. {folder / 'step-10'}" in p.stderr, p.stderr
-    assert sorted(os.listdir(folder)) == ["step-1", "step-10"]
-    p = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(folder / "step-10"), "--verify"],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "committed" in p.stdout, p.stdout + p.stderr
 
 
 def test_symlinks_at_the_markers_names_never_lead_a_write_outside(tmp_path: Path) -> None:

@@ -24,9 +24,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from support import SUPPORT
-from support.dcp_backends import BACKENDS, Backend, faulty
-from support.ranks import run_ranks
+from support.dcp_backends import Backend, faulty
 from torch import nn
 from torch.distributed.checkpoint import load_state_dict, save_state_dict
 from torch.distributed.checkpoint._traverse import set_element
@@ -48,11 +46,6 @@ from alpsck import _core
 from alpsck.dcp import AlpsckStorageReader
 
 pytestmark = pytest.mark.usefixtures("dcp_quiet")
-
-
-@pytest.fixture(params=list(BACKENDS))
-def backend(request: pytest.FixtureRequest) -> Backend:
-    return BACKENDS[request.param]
 
 
 def _save(b: Backend, sd: Any, path: Path, **kw: Any) -> None:
@@ -183,21 +176,6 @@ def test_save_error_handling_no_dist(backend: Backend, tmp_path: Path, stage: st
     into = {"replicated": torch.zeros(10, 10), "bytes": [0]}
     _load(backend, into, tmp_path / "ckpt")
     assert torch.equal(into["replicated"], state_dict["replicated"]) and into["bytes"] == [1, 2, 3, 4]
-
-
-# test_checkpoint.py::TestDistributedFailure::_test_save with coordinator_rank=1, and the coordinator ranks of
-# test_load_error_handling, on the real storage: 2 gloo ranks (dcp_torch_suite_worker.py "coordinator")
-def test_coordinator_rank_1(backend: Backend, tmp_path: Path) -> None:
-    outs = run_ranks(f"{backend.name}:coordinator", tmp_path, 2,
-                  script=SUPPORT / "dcp_torch_suite_worker.py")
-    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
-
-
-# state_dict_saver.save(use_collectives=False) (test_file_system_checkpoint.py's no-collectives saves): 2 gloo
-# ranks, each saving and loading without rank coordination
-def test_no_collectives_two_ranks(backend: Backend, tmp_path: Path) -> None:
-    outs = run_ranks(f"{backend.name}:nocoll", tmp_path, 2, script=SUPPORT / "dcp_torch_suite_worker.py")
-    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
 
 
 # dcp.save(..., use_collectives=False), one process (the loader finds the checkpoint without coordination)

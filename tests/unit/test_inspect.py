@@ -7,17 +7,15 @@ import fcntl
 import io
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from support.inspect_runs import prunable_run, run_cli, run_listing, save_steps, shard_of, truncate_shard
 from torch import nn
 
 import alpsck
-from alpsck import _core, cli, tree
+from alpsck import _core, tree
 from alpsck.capture import capture
 from alpsck.data import ResumableLoader
 from alpsck.errors import CheckpointIOError
@@ -26,29 +24,8 @@ from alpsck.tools import inspect_checkpoints as ins
 from alpsck.tools import progress
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the real ``alpsck`` command line in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as e:  # argparse refused an argument (exit 2, its message on stderr)
-        rc = int(e.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
-
-
-def _save(run_dir: Path, steps: list[int], n: int = 2000) -> None:
-    with alpsck.Checkpointer(run_dir, keep_last=0, chunk_bytes=64 << 10) as ck:
-        for s in steps:
-            ck.save(s, {"w": torch.full((n,), float(s)), "b": torch.arange(n, dtype=torch.int32), "step": s}).wait()
-
-
-def _shard(run_dir: Path, step: int) -> Path:
-    return run_dir / f"step-{step:09d}" / "rank-00000.bin"
-
-
 def _flip_data_byte(run_dir: Path, step: int, extent: str = "w", at: int = 100) -> None:
-    shard = _shard(run_dir, step)
+    shard = shard_of(run_dir, step)
     offsets = {name: off for name, off, _ in _core.ShardReader(str(shard)).extents}
     with open(shard, "r+b") as fh:
         fh.seek(offsets[extent] + at)
@@ -57,18 +34,13 @@ def _flip_data_byte(run_dir: Path, step: int, extent: str = "w", at: int = 100) 
         fh.write(bytes([b[0] ^ 0x10]))
 
 
-def _truncate(run_dir: Path, step: int) -> None:
-    shard = _shard(run_dir, step)
-    os.truncate(shard, shard.stat().st_size - 100)
-
-
 @pytest.fixture(scope="module")
 def mixed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Steps 1, 2 good; 3 bit-flipped in its data; 4 truncated; step-5.tmp; step-6 without MANIFEST.json (damaged)."""
     run = tmp_path_factory.mktemp("mixed")
-    _save(run, [1, 2, 3, 4])
+    save_steps(run, [1, 2, 3, 4])
     _flip_data_byte(run, 3)
-    _truncate(run, 4)
+    truncate_shard(run, 4)
     (run / "step-000000005.tmp").mkdir()
     (run / "step-000000006").mkdir()
     (run / "step-000000006" / "rank-00000.bin").write_bytes(b"\0" * 10)
@@ -76,7 +48,7 @@ def mixed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--json")
     assert rc == 0
     doc = json.loads(out)
     assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded", "lustre_layout"}
@@ -95,14 +67,14 @@ def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.Capture
 
 
 def test_verify_finds_the_bit_flip_and_exits_1(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--verify", "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--verify", "--json")
     assert rc == 1
     doc = json.loads(out)
     assert doc["latest_valid"] == 2
     by_step = {c["step"]: c for c in doc["checkpoints"]}
     assert by_step[3]["status"] == "corrupt" and "CRC" in by_step[3]["error"]
     assert by_step[1]["verified"] and by_step[2]["verified"]
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--verify")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--verify")
     assert rc == 1 and "CRC mismatch" in out and "incomplete" in out
     # Said in words off a terminal too (capsys is not one): which rows passed, and the verdict.
     assert sum("every chunk CRC matches" in line for line in out.splitlines()) == 2, out
@@ -125,17 +97,17 @@ def test_a_crc_error_names_the_chunks_tensors_briefly(tmp_path: Path) -> None:
 
 
 def test_verify_of_a_clean_run_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2])
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path), "--verify", "--json")
+    save_steps(tmp_path, [1, 2])
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(tmp_path), "--verify", "--json")
     assert rc == 0 and json.loads(out)["latest_valid"] == 2
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path), "--verify")  # not a terminal: no bar
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(tmp_path), "--verify")  # not a terminal: no bar
     assert rc == 0
     assert sum("every chunk CRC matches" in line for line in out.splitlines()[1:3]) == 2, out
     assert "--verify: re-read 2 checkpoint(s)" in out and out.rstrip().endswith("every chunk CRC matches"), out
 
 
 def test_verify_progress_bar(mixed_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2, 3], n=100_000)  # several 64 KiB chunks per shard
+    save_steps(tmp_path, [1, 2, 3], n=100_000)  # several 64 KiB chunks per shard
     bar = io.StringIO()
     assert ins.inspect_checkpoints(str(tmp_path), verify=True, as_json=False, progress_stream=bar) == 0
     frames = bar.getvalue().split("\r")
@@ -206,7 +178,7 @@ def training_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
 
 def test_step_tensors_json(training_run: tuple[Path, dict[str, object]], capsys: pytest.CaptureFixture[str]) -> None:
     run, state = training_run
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7", "--tensors", "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(run), "--step", "7", "--tensors", "--json")
     assert rc == 0
     doc = json.loads(out)
     live = capture(state).tensors
@@ -232,7 +204,7 @@ def test_step_tensors_json(training_run: tuple[Path, dict[str, object]], capsys:
 
 def test_step_tensors_text(training_run: tuple[Path, dict[str, object]], capsys: pytest.CaptureFixture[str]) -> None:
     run, _ = training_run
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "8", "--tensors")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(run), "--step", "8", "--tensors")
     assert rc == 0
     assert "checkpoint step 8" in out
     line = next(x for x in out.splitlines() if "model/out.weight" in x).split()
@@ -243,57 +215,57 @@ def test_step_tensors_text(training_run: tuple[Path, dict[str, object]], capsys:
     assert "data position (data): epoch=0 position=12" in out
     assert "step = 8" in out
     # --tensors alone describes the newest valid checkpoint; --step alone gives the summary without the table
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--tensors", "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(run), "--tensors", "--json")
     assert rc == 0 and json.loads(out)["step"] == 8
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(run), "--step", "7")
     assert rc == 0 and "learning rate" in out and "model/out.weight" not in out
 
 
 def test_step_verify(training_run: tuple[Path, dict[str, object]], capsys: pytest.CaptureFixture[str]) -> None:
     run, _ = training_run
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "7", "--verify", "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(run), "--step", "7", "--verify", "--json")
     assert rc == 0 and json.loads(out)["verified"] is True
 
 
 def test_step_verify_of_a_checkpoint_the_scan_finds_corrupt_exits_1(mixed_run: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """--verify promises exit 1 on corruption (2 is for errors): step 4's truncated shard gave exit 2."""
-    rc, out, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--verify")
+    rc, out, err = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--verify")
     assert rc == 1 and "CORRUPT:" in out and "footer" in out and err == ""
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--verify", "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--verify", "--json")
     doc = json.loads(out)
     assert rc == 1 and doc["step"] == 4 and doc["status"] == "corrupt" and doc["verified"] is False and "footer" in doc["error"]
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "5", "--verify")
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--step", "5", "--verify")
     assert rc == 2 and "step 5 is incomplete" in err  # not corruption: an error, as before
 
 
 def test_missing_step_names_it_and_lists_available(mixed_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "42", "--tensors")
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--step", "42", "--tensors")
     assert rc == 2
     assert "no checkpoint of step 42" in err
     assert "available: 1 (committed), 2 (committed), 3 (committed), 4 (corrupt), 5 (incomplete)" in err
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--tensors")
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--step", "4", "--tensors")
     assert rc == 2 and "step 4 is corrupt" in err and "footer" in err
 
 
 def test_bad_run_directories(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "missing"))
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path / "missing"))
     assert rc == 2 and f"{tmp_path / 'missing'}: no such directory" in err
     (tmp_path / "file").write_text("x")
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "file"))
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path / "file"))
     assert rc == 2 and "not a directory" in err
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("x")
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "other"))
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path / "other"))
     assert rc == 2 and "not an alpsck run directory" in err
-    rc, _, err = _run(capsys, "prune", str(tmp_path / "other"), "--keep-last", "1")
+    rc, _, err = run_cli(capsys, "prune", str(tmp_path / "other"), "--keep-last", "1")
     assert rc == 2 and "not an alpsck run directory" in err
     with alpsck.TorchSaveCheckpointer(tmp_path / "torch") as tc:  # the baseline's files are named as such
         tc.save(4, {"w": torch.ones(2)})
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(tmp_path / "torch"))
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path / "torch"))
     assert rc == 2 and "1 torch-step-*.pt file(s) are the torch.save baseline's" in err, err
     (tmp_path / "other" / "LATEST").write_text("3")  # a run dir whose checkpoints are all gone
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(tmp_path / "other"))
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(tmp_path / "other"))
     assert rc == 0 and "no checkpoints" in out
 
 
@@ -304,7 +276,7 @@ def test_permission_denied_names_the_path(mixed_run: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(run_dir_unit._core, "scan", denied_scan)
     monkeypatch.setattr(run_dir_unit._core, "pick", denied_scan)  # the picker lists the run directory too
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(mixed_run))
     assert rc == 2 and f"{mixed_run}: permission denied" in err
     monkeypatch.undo()
 
@@ -312,108 +284,8 @@ def test_permission_denied_names_the_path(mixed_run: Path, monkeypatch: pytest.M
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
     monkeypatch.setattr(run_dir_unit.os, "listdir", denied_listdir)
-    rc, _, err = _run(capsys, "inspect-checkpoints", str(mixed_run))
+    rc, _, err = run_cli(capsys, "inspect-checkpoints", str(mixed_run))
     assert rc == 2 and f"{mixed_run}: permission denied" in err
-
-
-def test_permission_denied_for_real(tmp_path: Path) -> None:
-    """A run dir the user cannot read (as root, CI's user: without the capabilities that bypass permissions)."""
-    run = tmp_path / "run"
-    _save(run, [1])
-    cmd = [sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run)]
-    if os.geteuid() == 0:
-        assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
-        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
-    run.chmod(0)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    finally:
-        run.chmod(0o755)
-    assert r.returncode == 2 and "permission denied" in r.stderr and str(run) in r.stderr, r.stderr
-
-
-def _without_root_bypass(cmd: list[str]) -> list[str]:
-    if os.geteuid() == 0:
-        assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's permission bypass"
-        return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", *cmd]
-    return cmd
-
-
-def test_prune_never_removes_a_checkpoint_it_only_could_not_read(tmp_path: Path) -> None:
-    """Permission denied (or EIO, ESTALE) says nothing about the bytes: the checkpoint is
-    "unreadable", kept by prune with a warning, and not counted as one of the newest K."""
-    run = tmp_path / "run"
-    _save(run, [10, 20, 30, 40])
-    shard = _shard(run, 30)
-    shard.chmod(0)
-    try:
-        r = subprocess.run(_without_root_bypass([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "2"]),
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        listing = subprocess.run(_without_root_bypass([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(run),
-                                                       "--json"]), capture_output=True, text=True, timeout=120,
-                                 cwd=tmp_path)
-    finally:
-        shard.chmod(0o644)
-    assert r.returncode == 0, r.stderr
-    assert "kept unreadable checkpoint" in r.stderr + r.stdout and "ermission denied" in r.stderr + r.stdout
-    assert shard.exists()
-    assert sorted(p.name for p in run.iterdir() if p.name.startswith("step-")) == [
-        "step-000000020", "step-000000030", "step-000000040"]
-    doc = json.loads(listing.stdout)
-    assert {c["step"]: c["status"] for c in doc["checkpoints"]} == {20: "committed", 30: "unreadable",
-                                                                     40: "committed"}
-
-
-def test_prune_that_cannot_delete_says_so_and_the_next_one_finishes(tmp_path: Path) -> None:
-    """The run-directory unit removes (RemoveEntries): a checkpoint whose files cannot be deleted
-    is expired all the same (renamed to .deleting-*, gone from scans), the error names it, exit 2;
-    once its permissions are fixed the next prune finishes it."""
-    run = tmp_path / "run"
-    _save(run, [10, 20, 30])
-    stuck = run / "step-000000010"
-    stuck.chmod(0o555)
-    try:
-        r = subprocess.run(_without_root_bypass([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1"]),
-                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    finally:
-        for p in run.iterdir():
-            if p.name.endswith("step-000000010"):
-                p.chmod(0o755)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "permission denied (cannot delete it)" in r.stderr and ".deleting-step-000000010" in r.stderr, r.stderr
-    assert f"removed {run / 'step-000000020'}" in r.stdout  # the others are removed all the same
-    assert [i["step"] for i in _core.scan(str(run))] == [30]  # step 10 expired at once: no longer a checkpoint
-    assert sorted(p.name for p in run.iterdir() if p.name != ".lock") == [
-        ".deleting-step-000000010", "LATEST", "step-000000030"]
-    r = subprocess.run([sys.executable, "-m", "alpsck", "prune", str(run), "--keep-last", "1"],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in run.iterdir() if p.name != ".lock") == ["LATEST", "step-000000030"]
-
-
-def test_an_exception_in_the_verify_progress_callback_is_raised_not_aborting(tmp_path: Path) -> None:
-    """Ctrl-C at the terminal during --verify: the callback's KeyboardInterrupt used to unwind through
-    the reader threads (std::terminate, SIGABRT). It now cancels the scan and is raised."""
-    run = tmp_path / "run"
-    _save(run, [1, 2, 3], n=200_000)
-    code = ("import sys; from alpsck import _core\n"
-            "def cb(done):\n    raise KeyboardInterrupt\n"
-            "try:\n    _core.scan(sys.argv[1], verify=True, threads=2, progress=cb)\n"
-            "except KeyboardInterrupt:\n    print('interrupted')\n")
-    r = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120,
-                       cwd=tmp_path)
-    assert r.returncode == 0 and r.stdout.strip() == "interrupted", (r.returncode, r.stderr)
-    calls: list[int] = []
-
-    def stop_after_two(done: int) -> None:
-        calls.append(done)
-        if len(calls) == 2:
-            raise ValueError("enough")
-
-    with pytest.raises(ValueError, match="enough"):
-        _core.scan(str(run), verify=True, threads=2, progress=stop_after_two)
-    assert len(calls) == 2  # no further call once it raised
-    assert [i["status"] for i in _core.scan(str(run), verify=True)] == ["committed"] * 3
 
 
 def test_json_output_is_strict_json_with_non_finite_values(tmp_path: Path,
@@ -421,7 +293,7 @@ def test_json_output_is_strict_json_with_non_finite_values(tmp_path: Path,
     run = tmp_path / "run"
     with alpsck.Checkpointer(run) as ck:
         ck.save(1, {"w": torch.ones(3), "best": float("inf"), "last": float("nan"), "low": float("-inf")}).wait()
-    rc, out, _ = _run(capsys, "inspect-checkpoints", str(run), "--step", "1", "--json")
+    rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(run), "--step", "1", "--json")
     assert rc == 0
 
     def refuse(name: str) -> None:
@@ -437,48 +309,27 @@ def test_a_file_system_error_is_one_line_and_exit_2(tmp_path: Path, capsys: pyte
     """Exit 1 means "corruption found" for --verify; an OSError no command explained (here a
     read-only file system, which this machine cannot mount for a test) must not look like it."""
     run = tmp_path / "run"
-    _save(run, [1, 2])
+    save_steps(run, [1, 2])
 
     def read_only(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(run / "step-000000001"))
 
     monkeypatch.setattr(os, "walk", read_only)  # prune sizes what it removes
-    rc, _, err = _run(capsys, "prune", str(run), "--keep-last", "1")
+    rc, _, err = run_cli(capsys, "prune", str(run), "--keep-last", "1")
     assert rc == 2
     assert err.strip().splitlines() == [f"alpsck: error: {run / 'step-000000001'}: Read-only file system"]
     assert "Traceback" not in err
 
 
-def test_commands_are_registered_with_the_cli() -> None:
-    r = subprocess.run([sys.executable, "-m", "alpsck", "prune", "--help"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "--keep-last" in r.stdout
-
-
 # ----------------------------------------------------------------------------- prune
 
 
-def _listing(run: Path) -> list[str]:
-    return sorted(n for n in os.listdir(run) if n != ".lock")  # the writer lock stays (emptied) after close
-
-
-def _prunable_run(run: Path) -> None:
-    """Committed 1, 2, 4, 5, 7; corrupt 3 (older than the newest valid) and 8 (newer); step-9.tmp; free-*; step-6 w/o manifest."""
-    _save(run, [1, 2, 3, 4, 5, 7, 8])
-    _truncate(run, 3)
-    _truncate(run, 8)
-    (run / "step-000000009.tmp").mkdir()
-    (run / "step-000000009.tmp" / "rank-00000.bin").write_bytes(b"x" * 1000)
-    (run / "step-000000006").mkdir()
-    (run / "free-2-1234").mkdir()
-    (run / "free-2-1234" / "rank-00000.bin").write_bytes(b"x" * 1000)
-
-
 def test_prune_keeps_the_newest_k(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _prunable_run(tmp_path)
+    prunable_run(tmp_path)
     latest = (tmp_path / "LATEST").read_text()
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "2")
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "2")
     assert rc == 0, err
-    assert _listing(tmp_path) == ["LATEST", "step-000000005", "step-000000007", "step-000000008"]
+    assert run_listing(tmp_path) == ["LATEST", "step-000000005", "step-000000007", "step-000000008"]
     assert "step-000000008" in err and "warning" in err  # the newer corrupt one is kept, with a warning
     for gone in ("step-000000001", "step-000000003", "step-000000009.tmp", "free-2-1234", "step-000000006"):
         assert f"removed {tmp_path / gone}" in out
@@ -494,56 +345,56 @@ def test_prune_keeps_the_newest_k(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_prune_survives_odd_entries_a_user_or_tool_left(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A symlinked step dir is sized (and removed) as the link, never walked; a lock file that is
     deeply nested JSON is read as text, not a RecursionError."""
-    _save(tmp_path, [2, 3])
+    save_steps(tmp_path, [2, 3])
     target = tmp_path.parent / "elsewhere"
     target.mkdir()
     (target / "big").write_bytes(b"x" * 3_000_000)
     (tmp_path / "step-000000001").symlink_to(target)  # no manifest, older than the newest valid: removed
     (tmp_path / ".lock").write_text("{\"a\":" * 100_000)
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
     assert rc == 0, err
     line = next(x for x in out.splitlines() if "step-000000001" in x)
     assert "(0 B)" in line, line
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1")
     assert rc == 0, err
     assert not (tmp_path / "step-000000001").exists() and (target / "big").exists()
 
 
 def test_prune_dry_run_removes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _prunable_run(tmp_path)
-    before = _listing(tmp_path)
-    rc, out, _ = _run(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
+    prunable_run(tmp_path)
+    before = run_listing(tmp_path)
+    rc, out, _ = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1", "--dry-run")
     assert rc == 0
-    assert _listing(tmp_path) == before
+    assert run_listing(tmp_path) == before
     assert f"would remove {tmp_path / 'step-000000005'}" in out
     assert f"would remove {tmp_path / 'free-2-1234'}" in out
     assert "would remove" not in "".join(x for x in out.splitlines() if "step-000000007" in x)
 
 
 def test_prune_never_removes_the_last_valid_or_newer_corrupt(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2])
-    _truncate(tmp_path, 1)
-    _truncate(tmp_path, 2)  # no valid checkpoint at all: keep the corrupt ones for inspection
-    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    save_steps(tmp_path, [1, 2])
+    truncate_shard(tmp_path, 1)
+    truncate_shard(tmp_path, 2)  # no valid checkpoint at all: keep the corrupt ones for inspection
+    rc, _, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1")
     assert rc == 0 and "step-000000001" in err and "step-000000002" in err
-    assert _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002"]
-    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "0")  # keep all: still nothing lost
-    assert rc == 0 and _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002"]
+    assert run_listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002"]
+    rc, _, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "0")  # keep all: still nothing lost
+    assert rc == 0 and run_listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002"]
 
 
 @pytest.mark.parametrize("verify", [False, True])
 def test_prune_never_keeps_data_corruption_in_place_of_a_good_checkpoint(tmp_path: Path, verify: bool,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2, 3, 4])
+    save_steps(tmp_path, [1, 2, 3, 4])
     _flip_data_byte(tmp_path, 4)  # only a CRC check sees it: sizes, footer and manifest are intact
     _flip_data_byte(tmp_path, 2)
     assert [i["status"] for i in _core.scan(str(tmp_path))] == ["committed"] * 4  # the quick scan trusts both
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "2", *(["--verify"] if verify else []))
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "2", *(["--verify"] if verify else []))
     assert rc == 0, err
     # 4 is kept for inspection (newer than the newest valid one), with a warning naming the CRC;
     # 2 is not counted as one of the two kept, so 1 stays beside 3.
     assert "step-000000004" in err and "CRC" in err
-    assert _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000003", "step-000000004"]
+    assert run_listing(tmp_path) == ["LATEST", "step-000000001", "step-000000003", "step-000000004"]
     assert f"corrupt step 2: {tmp_path / 'step-000000002'}" in out and "keeping step(s) 1, 3" in out
     live = {"w": torch.zeros(2000), "b": torch.zeros(2000, dtype=torch.int32), "step": 0}
     with pytest.warns(RuntimeWarning, match="corrupt"):
@@ -551,78 +402,45 @@ def test_prune_never_keeps_data_corruption_in_place_of_a_good_checkpoint(tmp_pat
 
 
 def test_prune_finishes_an_interrupted_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2])
+    save_steps(tmp_path, [1, 2])
     os.rename(tmp_path / "step-000000001", tmp_path / ".deleting-step-000000001")
-    rc, _, _ = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
-    assert rc == 0 and _listing(tmp_path) == ["LATEST", "step-000000002"]
-
-
-def test_prune_refuses_while_a_live_checkpointer_holds_the_run_dir(tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    _prunable_run(tmp_path)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, alpsck; c = alpsck.Checkpointer(sys.argv[1]); "
-                               "print('ok', flush=True); time.sleep(60)", str(tmp_path)], stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "SLURM_JOB_ID": "77"})
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ok"
-        before = _listing(tmp_path)  # (opening a writer recycles abandoned .tmp dirs)
-        rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
-    finally:
-        holder.kill()
-        holder.wait()
-    assert rc == 2
-    assert f"pid {holder.pid}, job 77" in err and str(tmp_path / ".lock") in err
-    assert _listing(tmp_path) == before
-    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")  # the killed writer's lock is stale
-    assert rc == 0, err
-
-
-def test_prune_lock_of_a_dead_pid_or_other_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2])
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": "no-such-node-x", "job_id": 5}))
-    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
-    assert rc == 2 and "no-such-node-x" in err  # another host's pid cannot be checked from here
-    (tmp_path / ".lock").write_text(f"pid={dead.pid}\n")
-    rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
-    assert rc == 0, err
-    assert _listing(tmp_path) == ["LATEST", "step-000000002"]
+    rc, _, _ = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    assert rc == 0 and run_listing(tmp_path) == ["LATEST", "step-000000002"]
 
 
 def test_prune_refuses_while_the_lock_file_is_flocked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _save(tmp_path, [1, 2])
+    save_steps(tmp_path, [1, 2])
     lock = tmp_path / ".lock"
     lock.write_text("")
     fd = os.open(lock, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        rc, _, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+        rc, _, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1")
     finally:
         os.close(fd)
     assert rc == 2 and "lock" in err
-    assert "step-000000001" in _listing(tmp_path)
+    assert "step-000000001" in run_listing(tmp_path)
 
 
 def test_prune_keeps_a_manifest_less_step_dir_newer_than_the_newest_valid(tmp_path: Path,
                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """A step-N without MANIFEST.json was never committed (a copy still in progress, say): like a corrupt
     checkpoint, it is removed when older than the newest valid one and kept, with a warning, when newer."""
-    _save(tmp_path, [1, 2, 3, 4])
+    save_steps(tmp_path, [1, 2, 3, 4])
     (tmp_path / "step-000000002" / "MANIFEST.json").unlink()
     (tmp_path / "step-000000004" / "MANIFEST.json").unlink()
     (tmp_path / "step-000000005.tmp").mkdir()  # a .tmp is abandoned whatever its step: removed
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1")
     assert rc == 0, err
-    assert _listing(tmp_path) == ["LATEST", "step-000000003", "step-000000004"]
+    assert run_listing(tmp_path) == ["LATEST", "step-000000003", "step-000000004"]
     warning = next(x for x in err.splitlines() if "step-000000004" in x)
     assert "warning" in warning and "newer than the newest valid one" in warning and "MANIFEST.json" in warning
     for gone in ("step-000000001", "step-000000002", "step-000000005.tmp"):
         assert f"removed {tmp_path / gone}" in out
-    _truncate(tmp_path, 3)  # no valid checkpoint left: nothing is known to be newer, so it stays too
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "1")
+    truncate_shard(tmp_path, 3)  # no valid checkpoint left: nothing is known to be newer, so it stays too
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "1")
     assert rc == 0 and "no valid checkpoint exists" in err
-    assert _listing(tmp_path) == ["LATEST", "step-000000003", "step-000000004"]
+    assert run_listing(tmp_path) == ["LATEST", "step-000000003", "step-000000004"]
 
 
 # ----------------------------------------------------------------------------- superseded histories
@@ -637,7 +455,7 @@ def _supersede(run: Path, step: int, pid: int = 4321, seq: int = 0) -> str:
 
 def _abandoned_run(run: Path) -> tuple[str, str]:
     """Committed 1, 2, 3; steps 4 and 5 superseded (the run went on from 3); two look-alikes that are not."""
-    _save(run, [1, 2, 3, 4, 5])
+    save_steps(run, [1, 2, 3, 4, 5])
     names = (_supersede(run, 4, seq=0), _supersede(run, 5, seq=1))
     (run / "superseded-notes").mkdir()  # not a name the core writes: neither listed nor removed
     (run / "superseded-step-12x-1-0").mkdir()
@@ -646,7 +464,7 @@ def _abandoned_run(run: Path) -> tuple[str, str]:
 
 def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s4, s5 = _abandoned_run(tmp_path)
-    rc, out, err = _run(capsys, "inspect-checkpoints", str(tmp_path), "--json")
+    rc, out, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path), "--json")
     assert rc == 0, err
     doc = json.loads(out)
     assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded", "lustre_layout"}
@@ -654,7 +472,7 @@ def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pyte
     assert doc["latest_valid"] == 3 and [c["step"] for c in doc["checkpoints"]] == [1, 2, 3]
     assert [(s["step"], s["path"]) for s in doc["superseded"]] == [(4, str(tmp_path / s4)), (5, str(tmp_path / s5))]
     assert all(s["bytes"] == run_dir_unit.dir_bytes(tmp_path / s["path"]) > 0 for s in doc["superseded"])
-    rc, out, err = _run(capsys, "inspect-checkpoints", str(tmp_path))
+    rc, out, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path))
     assert rc == 0, err
     assert ("2 superseded checkpoint directories (an abandoned history, never restored): "
             f"step 4 ({s4}), step 5 ({s5}); `alpsck prune` removes them") in out.splitlines()
@@ -665,7 +483,7 @@ def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pyte
     only = tmp_path / "only"
     only.mkdir()
     os.rename(tmp_path / s5, only / s5)
-    rc, out, err = _run(capsys, "inspect-checkpoints", str(only))
+    rc, out, err = run_cli(capsys, "inspect-checkpoints", str(only))
     assert rc == 0, err
     assert out.splitlines() == [f"{only}: no checkpoints",
                                 "1 superseded checkpoint directory (an abandoned history, never restored): "
@@ -674,24 +492,24 @@ def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pyte
 
 def test_prune_removes_superseded_directories(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s4, s5 = _abandoned_run(tmp_path)
-    before = _listing(tmp_path)
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10", "--dry-run")
+    before = run_listing(tmp_path)
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "10", "--dry-run")
     assert rc == 0, err
-    assert _listing(tmp_path) == before
+    assert run_listing(tmp_path) == before
     for s in (s4, s5):
         line = next(x for x in out.splitlines() if s in x)
         assert line.startswith(f"would remove {tmp_path / s} (") and line.endswith("): superseded (abandoned history)")
     assert out.count("would remove") == 2 and "keeping step(s) 1, 2, 3" in out
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10")
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "10")
     assert rc == 0, err
-    assert _listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002", "step-000000003",
+    assert run_listing(tmp_path) == ["LATEST", "step-000000001", "step-000000002", "step-000000003",
                                   "superseded-notes", "superseded-step-12x-1-0"]
     assert f"removed {tmp_path / s4}" in out and f"removed {tmp_path / s5}" in out
     assert [(i["step"], i["status"]) for i in _core.scan(str(tmp_path), verify=True)] == [
         (1, "committed"), (2, "committed"), (3, "committed")]
     # an interrupted prune of one (renamed, not yet deleted) is finished by the next
-    _save(tmp_path, [6])
+    save_steps(tmp_path, [6])
     os.rename(tmp_path / _supersede(tmp_path, 6), tmp_path / ".deleting-superseded-step-000000006-1-0")
-    rc, out, err = _run(capsys, "prune", str(tmp_path), "--keep-last", "10")
+    rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "10")
     assert rc == 0, err
-    assert not any(n.startswith(".deleting-") for n in _listing(tmp_path))
+    assert not any(n.startswith(".deleting-") for n in run_listing(tmp_path))

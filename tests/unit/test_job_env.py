@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import submitit
-
 from alpsck.job_env import JobEnv
 
 
@@ -31,15 +27,3 @@ def test_the_local_executor_and_torchrun_variables() -> None:
     # SLURM's variables come first; a value that is not a number is not taken
     mixed = JobEnv.detect({"SLURM_JOB_ID": "9", "SLURM_PROCID": "x", "RANK": "4", "SLURM_NTASKS": "7", "WORLD_SIZE": "2"})
     assert (mixed.rank, mixed.world_size) == (4, 7)
-
-
-def test_in_a_submitit_job_submitits_job_environment_says(tmp_path: Path) -> None:
-    """A real submitit job (the local executor, two tasks): what JobEnv reports is what submitit's
-    JobEnvironment says, task by task."""
-    ex = submitit.LocalExecutor(folder=tmp_path)
-    ex.update_parameters(tasks_per_node=2, nodes=1, timeout_min=2)
-    job = ex.submit(JobEnv.detect)  # importable in the job (this test module is not)
-    envs = job.results()
-    assert sorted(e.rank for e in envs) == [0, 1]
-    assert {e.world_size for e in envs} == {2} and {e.job_id for e in envs} == {str(job.job_id)}
-    assert all(e.local and e.slurm_job_id is None for e in envs)

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from support.losses import read_losses
 
 from alpsck.errors import CheckpointError, ConfigError, RollbackLimitError
 from alpsck.examples.llama.train import TrainConfig, config_from_args, train
@@ -21,10 +22,6 @@ def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
             "checkpoint_dir": str(tmp_path / "ckpt"), "log_every": 0, "device": "cpu",
             "loss_file": str(tmp_path / "loss.csv")}
     return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
-
-
-def _losses(path: Path) -> dict[int, str]:
-    return {int(s): v for s, v in (line.split(",") for line in path.read_text().splitlines()[1:])}
 
 
 # -- the health rule of one value ----------------------------------------------------------------
@@ -48,12 +45,12 @@ def test_nan_rolls_back_to_the_newest_healthy_checkpoint_and_finishes(tmp_path: 
     recs = read_rollbacks(tmp_path / "ckpt")
     assert [(r.from_step, r.to_step, r.reason, r.skip) for r in recs] == [(10, 8, "loss is nan", 2)]
     assert recs[0].wait_s + recs[0].restore_s < 2.0  # the in-process cost (the budget: 2 s plus the restore)
-    losses = _losses(tmp_path / "loss.csv")
+    losses = read_losses(tmp_path / "loss.csv")
     assert sorted(losses) == list(range(1, 17)) and all(math.isfinite(float(v)) for v in losses.values())
     # The window was skipped: step 9 onwards drew the batches from position 10 on (steps 9, 10 skipped) ...
     clean = tmp_path / "clean"
     train(_cfg(clean, rollback=False))
-    ref = _losses(clean / "loss.csv")
+    ref = read_losses(clean / "loss.csv")
     assert all(losses[s] == ref[s] for s in range(1, 9))  # ... the history up to the restored step is kept
     assert losses[9] != ref[9]
     # ... and the data position of the final checkpoint says so: 16 steps drew 18 batches.
@@ -69,17 +66,17 @@ def test_a_requeue_skips_the_window_again_and_does_not_reinject(tmp_path: Path) 
     polls = iter(range(100))
     first = train(_cfg(tmp_path, nan_at_step=10, checkpoint_freq=8), stop_requested=lambda: next(polls) == 14)
     assert first.rollbacks == [(10, 8)] and first.stopped
-    once = _losses(tmp_path / "loss.csv")
+    once = read_losses(tmp_path / "loss.csv")
     # The requeued start: restores the newest (the stop's final checkpoint), finishes, never re-injects.
     second = train(_cfg(tmp_path, nan_at_step=10, checkpoint_freq=8, load_checkpoint=True))
     assert second.rollbacks == [] and second.final_step == 16
     # A start that restores step 8 (before the skipped window) skips it again: the same losses as the first run.
-    full = _losses(tmp_path / "loss.csv")
+    full = read_losses(tmp_path / "loss.csv")
     assert all(full[s] == once[s] for s in once)
     third = train(_cfg(tmp_path, nan_at_step=10, checkpoint_freq=8, load_checkpoint=True,
                        checkpoint_dir=str(_only_step(tmp_path, 8)), loss_file=str(tmp_path / "again.csv")))
     assert third.restored_step == 8 and third.rollbacks == []
-    again = _losses(tmp_path / "again.csv")
+    again = read_losses(tmp_path / "again.csv")
     assert all(again[s] == full[s] for s in range(9, 17))
     assert len(read_rollbacks(tmp_path / "ckpt")) == len(read_rollbacks(tmp_path / "only8")) == 1
 
@@ -149,27 +146,3 @@ def test_a_bad_rollback_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / ROLLBACKS_FILE).write_text(json.dumps({"format": 1, "rollbacks": [{"from_step": "x"}]}))
     with pytest.raises(CheckpointError, match="from_step"):
         read_rollbacks(tmp_path)
-
-
-def test_two_ddp_ranks_roll_back_together(tmp_path: Path) -> None:
-    """torchrun, two gloo ranks, NaN at step 7 (checkpoints every 5): both ranks go back to step 5 in the
-    same step (the restore is a collective; a rank left behind would hang), and the run finishes."""
-    import os
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "-m", "alpsck.examples.llama", "--training-steps", "10",
-            "--checkpoint-freq", "5", "--dim", "32", "--multiple-of", "32", "--sequence-length", "16",
-            "--batch-size", "4", "--warmup-steps", "2", "--device", "cpu", "--torch-threads", "1", "--log-every", "0",
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--loss-file", str(tmp_path / "loss.csv"), "--nan-at-step", "7"]
-    proc = subprocess.run(args, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [(r.from_step, r.to_step, r.skip) for r in read_rollbacks(tmp_path / "ckpt")] == [(7, 5, 2)]
-    losses = _losses(tmp_path / "loss.csv")
-    assert sorted(losses) == list(range(1, 11)) and all(math.isfinite(float(v)) for v in losses.values())
