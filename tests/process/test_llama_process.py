@@ -1,0 +1,87 @@
+"""The reference training (alpsck.examples.llama) as a child process: killed and resumed byte for byte, resumed
+from another run's checkpoints, the plot without matplotlib; the in-process cases are
+tests/unit/test_llama.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.llama_runs import finish, training_env
+
+from alpsck.examples.llama.train import (
+    FAIL_EXIT_CODE,
+)
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:
+    from alpsck.examples.llama import plot
+
+    csv = tmp_path / "l.csv"
+    csv.write_text("step,loss\n1,2.5\n2,2.0\n")
+    out = tmp_path / "l.png"
+    proc = subprocess.run([sys.executable, "-m", "alpsck.examples.llama.plot", str(csv), "-o", str(out)],
+                          capture_output=True, text=True, env=training_env(), check=False)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert proc.returncode == 2 and "pip install matplotlib" in proc.stderr
+    else:
+        assert proc.returncode == 0 and out.stat().st_size > 0
+    assert plot.read_losses(csv) == ([1, 2], [2.5, 2.0])
+
+
+def _launch(tmp_path: Path, name: str, checkpointer: str, dtype: str, *extra: str) -> subprocess.Popen[str]:
+    args = [sys.executable, "-m", "alpsck.examples.llama", "--seed", "3", "--training-steps", "70",
+            "--checkpoint-freq", "25", "--model-dtype", dtype, "--checkpointer", checkpointer,
+            "--dim", "32", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--multiple-of", "32",
+            "--sequence-length", "32", "--batch-size", "4", "--warmup-steps", "5", "--device", "cpu",
+            "--torch-threads", "1", "--log-every", "0", "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"),
+            "--loss-file", str(tmp_path / f"{name}.csv"), *extra]
+    return subprocess.Popen(args, env=training_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize(("checkpointer", "dtype"), [
+    ("torch", "fp32"), ("torch", "bf16"), ("alpsck", "fp32"), ("alpsck", "bf16"),
+    # The pipelined snapshot (the GPU path, run here on CPU): copies overlap the next step.
+    ("alpsck --overlap-copy", "bf16")])
+def test_crash_and_resume_reproduces_losses_byte_for_byte(tmp_path: Path, checkpointer: str, dtype: str) -> None:
+    # A, B (clean) and C's first half (crash on reaching step 51) run side by side.
+    kind, *flags = checkpointer.split()
+    a = _launch(tmp_path, "a", kind, dtype, *flags)
+    b = _launch(tmp_path, "b", kind, dtype, *flags)
+    c = _launch(tmp_path, "c", kind, dtype, "--fail-at-step", "51", *flags)
+    finish(a)
+    finish(b)
+    finish(c, FAIL_EXIT_CODE)
+    assert len((tmp_path / "c.csv").read_text().splitlines()) == 1 + 50
+    finish(_launch(tmp_path, "c", kind, dtype, "--load-checkpoint", *flags))
+    ref = (tmp_path / "a.csv").read_bytes()
+    assert len(ref.splitlines()) == 1 + 70
+    assert (tmp_path / "b.csv").read_bytes() == ref
+    assert (tmp_path / "c.csv").read_bytes() == ref
+
+
+@pytest.mark.parametrize("checkpointer", ["alpsck", "torch"])
+def test_resume_from_another_runs_checkpoints(tmp_path: Path, checkpointer: str) -> None:
+    """--load-checkpoint PATH: start from the newest checkpoint of another run, save into our own dir."""
+    a = _launch(tmp_path, "a", checkpointer, "fp32")
+    c = _launch(tmp_path, "c", checkpointer, "fp32", "--fail-at-step", "51")
+    finish(a)
+    finish(c, FAIL_EXIT_CODE)
+    finish(_launch(tmp_path, "d", checkpointer, "fp32", "--load-checkpoint", str(tmp_path / "ckpt-c")))
+    ref = (tmp_path / "a.csv").read_text().splitlines()
+    # c saved every 25 steps and crashed at 51, so its newest checkpoint is step 50, or 25 when the
+    # crash beat the step-50 save to durability. d starts right after it, exactly as the clean run.
+    if checkpointer == "alpsck":
+        from alpsck import _core
+
+        newest = max(i["step"] for i in _core.scan(str(tmp_path / "ckpt-c")) if i["status"] == "committed")
+    else:
+        newest = max(int(p.stem.rsplit("-", 1)[1]) for p in (tmp_path / "ckpt-c").glob("torch-step-*.pt"))
+    assert newest in (25, 50)
+    assert (tmp_path / "d.csv").read_text().splitlines() == ref[:1] + ref[newest + 1:]
+    before = sorted(p.name for p in (tmp_path / "ckpt-c").iterdir())
+    assert any(p.name.endswith(("000000070", "000000070.pt")) for p in (tmp_path / "ckpt-d").iterdir())
+    assert sorted(p.name for p in (tmp_path / "ckpt-c").iterdir()) == before  # the source run is only read
