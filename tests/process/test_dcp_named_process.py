@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,13 @@ from support.dcp_worker import reference
 from alpsck import _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
 from alpsck.errors import RunDirLockedError, UsageError
+
+
+@pytest.fixture(autouse=True)
+def _quiet_no_dist() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def test_a_folder_of_checkpoints_or_a_directory_in_use_is_refused_where_the_writer_is_made(tmp_path: Path) -> None:

@@ -4,13 +4,23 @@ tests/unit/test_dcp_named.py."""
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from support.dcp_named import latest_step, load_named
 from support.dcp_worker import check
 from support.ranks import run_ranks
 
 from alpsck import _core
+
+
+@pytest.fixture(autouse=True)
+def _quiet_no_dist() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def test_saved_at_2_ranks_by_name_with_overwrite_and_async_loads_at_1(tmp_path: Path) -> None:
