@@ -132,7 +132,7 @@ def range_text(name: str) -> str:
 
 
 def markdown_table() -> str:
-    """The option table of docs/python-api.md, generated from the core's table (tests/test_options.py
+    """The option table of docs/python-api.md, generated from the core's table (tests/unit/test_options.py
     checks the docs hold exactly this)."""
     rows = ["| option | default | values | meaning |", "|---|---|---|---|"]
     for name, spec in SPECS.items():

@@ -3,7 +3,7 @@
 # session, start included). From the repository root on the GPU machine:
 #   bash benchmarks/gpu_session.sh [OUT_DIR]
 # Builds alpsck for that machine's python (into /tmp/site, nothing installed system-wide), then:
-#   1. the GPU tests (tests/test_gpu.py, pytest -m gpu);
+#   1. the GPU tests (tests/gpu/test_gpu.py, pytest -m gpu);
 #   2. the staging benchmark (benchmarks/gpu_staging.py): stall vs pinned copy, overlap, restore to GPU;
 #   3. bit-exact resume of the reference Llama training on the GPU (crash at step 51, resume, cmp);
 #   4. the first save's stall, pool pinned ahead vs in the first save (benchmarks/first_save.py);
@@ -37,7 +37,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-cache-dir --target
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 cd /tmp || exit 1
 
-run 150 "GPU tests" python3 -m pytest -q -p no:cacheprovider -m gpu "$root/tests/test_gpu.py"
+run 150 "GPU tests" python3 -m pytest -q -p no:cacheprovider -m gpu "$root/tests/gpu"
 run 150 "staging benchmark" python3 "$root/benchmarks/gpu_staging.py" --dir "$bench" --layers 24 --width 4096 \
   --repeats 3 --json "$out/gpu_staging.json"
 

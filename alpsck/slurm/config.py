@@ -55,7 +55,7 @@ _MAX_S = 365 * _DAY_S  # the longest time limit: a longer wait or interval never
 # Every number a config holds, "section.key" -> (lowest, highest), checked when it loads (NaN and inf
 # are refused too): a value past these crashed the job's threads (a poll of 1e10 s overflows a wait) or
 # meant nothing. The engine's options (checkpoint.max_in_flight, threads, keep_*) take theirs from
-# alpsck.options. docs/config.md lists the same (tests/test_config_hostile.py compares).
+# alpsck.options. docs/config.md lists the same (tests/unit/test_config_hostile.py compares).
 RANGES: dict[str, tuple[int | float, int | float]] = {
     "slurm.nodes": (1, _MAX_SLURM_COUNT), "slurm.tasks_per_node": (1, _MAX_SLURM_COUNT),
     "slurm.gpus_per_node": (0, _MAX_SLURM_COUNT), "slurm.cpus_per_task": (1, _MAX_SLURM_COUNT),

@@ -11,7 +11,7 @@
 # the Neoverse-V2 on a host whose other cores are not one would build code they cannot run.
 # ROOT prefixes both paths (the tests point it at a fake tree).
 #
-# Run as a script it prints "<result>: <why>" for ROOT (tests/test_doctor.py):
+# Run as a script it prints "<result>: <why>" for ROOT (tests/process/test_doctor.py):
 #   cmake -DROOT=/tmp/fake -P cpp/cmake/grace.cmake
 
 function(alpsck_host_is_neoverse_v2 result why)

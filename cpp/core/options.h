@@ -2,7 +2,7 @@
 // (engine_options.h) holds the values and takes its defaults from here; Engine::Open checks them against
 // these limits; the binding exports the table (_core.engine_options()), from which the Python
 // Checkpointer, the job config's `checkpoint` section and the docs' option tables take their
-// defaults and limits (tests/test_options.py holds the docs to it).
+// defaults and limits (tests/unit/test_options.py holds the docs to it).
 #pragma once
 
 #include <cstdint>

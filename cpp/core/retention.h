@@ -1,7 +1,7 @@
 // Retention: which committed checkpoints of a run directory stay. The one rule, asked by the
 // engine after each commit (History::Committed, from what the process knows: no listing), by the
 // DCP writer's retention (RetainNewest, from a listing) and by `alpsck prune` (from its scan,
-// through the binding), and checked by the property test (tests/test_retention.py).
+// through the binding), and checked by the property test (tests/unit/test_retention.py).
 //
 // A committed checkpoint is kept when any rule keeps it (the rules are ORed, as Orbax composes its
 // policies); DecideRetention names every rule that keeps each one:

@@ -2,7 +2,7 @@
 its shell twin, driven through one table), and the EXIT trap that acts on a requeue request.
 
 ``scontrol`` is a stand-in on PATH that prints the fields a case sets and logs its calls; the
-whole path on a real SLURM is in tests/test_slurm_cluster.py.
+whole path on a real SLURM is in tests/slurm/test_slurm_cluster.py.
 """
 
 from __future__ import annotations

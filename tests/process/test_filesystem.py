@@ -4,7 +4,7 @@ the free space or the storage targets cannot hold fails before it writes a byte,
 inodes, on every rank.
 
 Lustre cannot run here: the Lustre cases run alpsck's real code (``lfs`` found on PATH, called
-with an argument list, its answers parsed) against tests/lfs_standin.py, which records its calls,
+with an argument list, its answers parsed) against tests/support/lfs_standin.py, which records its calls,
 with ALPSCK_FS_KIND=lustre standing in for what statfs says on Lustre. The statvfs case runs on a
 real small tmpfs."""
 

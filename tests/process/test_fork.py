@@ -2,7 +2,7 @@
 
 A child that calls the parent's Checkpointer gets a UsageError that says so and touches nothing
 on disk; close() there lets go without waiting for the parent's saves. That the child does not
-inherit the staging memory at all is tests/test_staging_memory.py's.
+inherit the staging memory at all is tests/unit/test_staging_memory.py's.
 """
 
 from __future__ import annotations

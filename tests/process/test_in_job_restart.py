@@ -1,6 +1,6 @@
 """Restarts inside the allocation (#42): the batch script's restart loop, run by bash with a stand-in srun,
 and the runner's side of it (what a start that failed asks for, what the next start records). The real
-thing, on the local SLURM: tests/test_slurm_cluster.py::test_a_task_sigkilled_mid_run_*."""
+thing, on the local SLURM: tests/slurm/test_slurm_cluster.py::test_a_task_sigkilled_mid_run_*."""
 
 from __future__ import annotations
 

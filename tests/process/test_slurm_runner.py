@@ -3,7 +3,7 @@
 Each case runs :class:`alpsck.slurm.runner.JobRunner` in a subprocess, as a SLURM job step would,
 with a stand-in ``scontrol`` on PATH (it answers ``show job`` with the state the case sets and logs
 every call) — the decision logic under test is the runner's own; the real-cluster path is covered
-by tests/test_slurm_cluster.py.
+by tests/slurm/test_slurm_cluster.py.
 """
 
 from __future__ import annotations

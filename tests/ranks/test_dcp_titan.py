@@ -1,4 +1,4 @@
-"""A torchtitan-shaped trainer (tests/titan_trainer.py: FSDP2 on 2 gloo ranks, its checkpoint
+"""A torchtitan-shaped trainer (tests/support/titan_trainer.py: FSDP2 on 2 gloo ranks, its checkpoint
 manager's naming, discovery and purge) checkpoints through alpsck, is SIGKILLed right after a save
 starts, and resumes from alpsck's checkpoint (not from scratch): the losses of every step and the
 final parameters equal an uninterrupted run's, bit for bit. Sync, thread-async and process-async saves.

@@ -2,7 +2,7 @@
 engine, PyKvStore in the binding): real TCPStores, real engines on a real run directory.
 
 The protocol itself, at 1,024 ranks and with faults, is cpp/tests/test_store_agreement.cc; whole
-gloo jobs are tests/test_distributed.py. Here: the binding's adaptation of a c10d store (its
+gloo jobs are tests/ranks/test_distributed.py. Here: the binding's adaptation of a c10d store (its
 timeouts, its failures, the GIL), and that the store is left clean."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """torchtitan 0.3.0 as released on PyPI, its real CheckpointManager, through alpsck (docs/dcp.md's recipe).
 
-tests/torchtitan_release_worker.py applies the ``diff`` of docs/dcp.md to the installed
+tests/support/torchtitan_release_worker.py applies the ``diff`` of docs/dcp.md to the installed
 ``torchtitan/components/checkpointer/dcp.py`` (each hunk must match exactly once) and trains a small
 FSDP2 model at 2 gloo ranks with it, the way torchtitan's Trainer calls its checkpointer. CI installs
 torchtitan (.ci/run); without it the tests skip here, and fail under CI.

@@ -1,4 +1,4 @@
-"""One rank of the 2-rank storage-contract cases (tests/test_dcp_contract.py), on one backend.
+"""One rank of the 2-rank storage-contract cases (tests/unit/test_dcp_contract.py), on one backend.
 
 ``python dcp_contract_worker.py fs|alpsck DIR``, started once per rank with RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set (gloo on CPU). After PyTorch's

@@ -1,4 +1,4 @@
-"""One rank of tests/test_dcp_import.py: ``python dcp_import_worker.py save|load FOLDER``.
+"""One rank of tests/ranks/test_dcp_import.py: ``python dcp_import_worker.py save|load FOLDER``.
 
 Started once per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gloo on CPU).
 

@@ -1,4 +1,4 @@
-"""One rank of the 2-rank cases of tests/test_dcp_torch_suite.py, on one backend.
+"""One rank of the 2-rank cases of tests/unit/test_dcp_torch_suite.py, on one backend.
 
 ``python dcp_torch_suite_worker.py fs|alpsck:CASE DIR``, started once per rank with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gloo on CPU). Cases: ``coordinator`` (the deprecated

@@ -1,4 +1,4 @@
-"""One rank of the DCP tests (tests/test_dcp.py): ``python dcp_worker.py save|load RUN_DIR``.
+"""One rank of the DCP tests (tests/ranks/test_dcp.py): ``python dcp_worker.py save|load RUN_DIR``.
 
 Started once per rank with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gloo on CPU).
 

@@ -1,4 +1,4 @@
-"""A torchtitan-shaped trainer, written here (not torchtitan's code), for tests/test_dcp_titan.py.
+"""A torchtitan-shaped trainer, written here (not torchtitan's code), for tests/ranks/test_dcp_titan.py.
 
 ``python titan_trainer.py FOLDER STEPS INTERVAL MODE [KILL_AT]``, started once per rank with RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gloo on CPU). What it shares with torchtitan's

@@ -1,4 +1,4 @@
-"""One rank of tests/test_torchtitan_release.py: torchtitan's own CheckpointManager (the released package).
+"""One rank of tests/ranks/test_torchtitan_release.py: torchtitan's own CheckpointManager (the released package).
 
 ``python torchtitan_release_worker.py STORAGE FOLDER STEPS ASYNC_MODE OUT [STOP]``, started once per rank with
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (gloo on CPU). Trains a small FSDP2 model the way

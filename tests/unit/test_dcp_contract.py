@@ -227,5 +227,5 @@ def test_load_is_in_place(backend: Backend, tmp_path: Path) -> None:
         assert torch.equal(v, model.state_dict()[k]), k
 
 
-# -- the 2-rank cases (tests/dcp_contract_worker.py): resharding on load into a checkpoint saved again and
+# -- the 2-rank cases (tests/support/dcp_contract_worker.py): resharding on load into a checkpoint saved again and
 # again, sharded <-> plain tensors, ranks listing their keys in another order with collectives in Stateful

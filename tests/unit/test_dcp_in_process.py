@@ -93,7 +93,7 @@ def test_async_save_with_the_thread_executor_and_odd_tensors(tmp_path: Path) -> 
 
 def test_validate_checkpoint_id_is_true_for_an_alpsck_run_dir_and_its_checkpoints(tmp_path: Path) -> None:
     """The reader: only where an alpsck checkpoint is. The writer, as DCP's FileSystemWriter: also where
-    one can be made (a new path, an empty directory); checkpoint-directory mode: tests/test_dcp_named.py."""
+    one can be made (a new path, an empty directory); checkpoint-directory mode: tests/unit/test_dcp_named.py."""
     run = tmp_path / "run"
     assert AlpsckStorageWriter.validate_checkpoint_id(run) and not AlpsckStorageReader.validate_checkpoint_id(run)
     dcp.save({"w": torch.ones(3)}, storage_writer=AlpsckStorageWriter(run, 5))

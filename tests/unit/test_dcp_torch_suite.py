@@ -3,7 +3,7 @@
 Each case below is ported from PyTorch's test/distributed/checkpoint/ (torch 2.13 era): its origin
 (``file::test``) is named in a comment above it, and it keeps that test's state dicts and
 assertions. Each runs once with DCP's FileSystemWriter/Reader (the reference) and once with
-alpsck's writer and reader, through the ``backend`` fixture of tests/test_dcp_contract.py. Where
+alpsck's writer and reader, through the ``backend`` fixture of tests/unit/test_dcp_contract.py. Where
 alpsck refuses a case on purpose (it would have to unpickle what it reads), the alpsck run asserts
 the refusal's message instead, as docs/dcp.md documents. Cases that need GPUs or several ranks run
 here only where they work with gloo on CPU at 2 ranks (dcp_torch_suite_worker.py).

@@ -268,7 +268,7 @@ def test_every_command_and_flag_the_parser_has_is_documented(commands: dict[str,
                      f"({', '.join(sorted({f'{_where(k.page)} ## {k.section}' for k in codes}))})"
                      for f in sorted(flags_of(commands[c]) - {"-h", "--help"}) if not _one_spelling(commands[c], f, said)]
     assert not problems, ("commands or flags the docs do not document (a new one: add it where each line says; "
-                          "tests/test_docs_cli.py explains the rules):\n" + "\n".join(problems))
+                          "tests/unit/test_docs_cli.py explains the rules):\n" + "\n".join(problems))
 
 
 def test_the_mention_scanner_sees_what_it_should() -> None:
