@@ -4,8 +4,6 @@ budget (tests/budget.toml, ``--budget``) is tests/support/budget.py, registered 
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -20,22 +18,6 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 pytest_plugins = ["support.budget"]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> None:
-    """A SLURM controller that answers (slurm/local-cluster/start.sh; tests/run.sh starts it): in CI a
-    test that needs it fails without it, elsewhere it skips."""
-    try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-        ok = out.returncode == 0 and out.stdout.strip() != ""
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        msg = "no SLURM cluster reachable: run slurm/local-cluster/start.sh (tests/run.sh does)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
 
 
 @pytest.fixture(params=["fs", "alpsck"])
