@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
 
 import pytest
+
+# The SLURM tests share one cluster and run side by side (pytest-xdist, tests/run.sh). A test that
+# changes the whole node (a preempting --exclusive job, a maintenance reservation) is marked
+# `cluster_exclusive` and runs alone: it holds this file's lock exclusively, the others share it.
+CLUSTER_LOCK = os.environ.get("ALPSCK_CLUSTER_LOCK", "/tmp/alpsck-cluster-tests.lock")
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +30,19 @@ def cluster() -> None:
             pytest.fail(msg)
         pytest.skip(msg)
 
+
+
+@pytest.fixture(autouse=True)
+def _cluster_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses the cluster takes its turn: shared with the other cluster tests, alone when
+    it is marked ``cluster_exclusive`` (it waits for the running ones to end, and none starts meanwhile)."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("cluster_exclusive") is not None
+    with open(CLUSTER_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
