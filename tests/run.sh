@@ -1,35 +1,41 @@
 #!/usr/bin/env bash
-# The whole test suite — the README's test command and what CI runs:
-#   1. the core's C++ tests (ctest), built with -Wall -Wextra -Werror;
-#   2. the same tests under ASan+UBSan and under TSan;
-#   3. the same tests cross-built for aarch64 and run under qemu with 64 KiB pages;
-#      then the parsers (footer, index, manifest, shard, DONE record, JSON) fuzzed with libFuzzer, a few
-#      seconds each (tests/fuzz.sh);
-#   4. ruff, mypy, then pytest against the installed package, with a real one-node SLURM
-#      (slurm/local-cluster/start.sh, which installs slurm-wlm and munge when missing). The tests
-#      that run jobs start first, in the background, and overlap steps 1-3 (see below).
-# Arguments are pytest options for both pytest runs (-m slow, -k NAME, -x).
+# The whole test suite — the README's test command (through .ci/run) and what CI runs. Four lanes
+# run side by side, each into its own log, printed in full at the end with its time:
+#   cpp     the core's C++ tests (ctest -j) built with -Wall -Wextra -Werror; the same tests under
+#           ASan+UBSan (clang, the build that also holds the libFuzzer targets, which then fuzz the
+#           parsers a few seconds each: tests/fuzz.sh), under TSan, and cross-built for aarch64 and
+#           run under qemu with 64 KiB pages;
+#   python  ruff, mypy, then pytest's tiers against the installed package: tests/unit (in-process,
+#           pytest-xdist), tests/process (one process tree), tests/ranks (several ranks);
+#   slurm   pytest's tests/slurm tier on a real one-node SLURM (slurm/local-cluster/start.sh, which
+#           installs slurm-wlm and munge when missing) and submitit's local executor: the jobs are
+#           paced and mostly wait for signals and requeues, so several tests run at once (-n), each
+#           on its own CPUs of the node; a test that changes the whole node runs alone (conftest.py);
+#   readme  the README's main command, verbatim, from a fresh clone in a fresh venv, once with no
+#           SLURM and once on the local cluster (tests/readme_quickstart.sh).
+# Every pytest run checks the durations budget (tests/budget.toml): a test over its tier's ceiling
+# fails the run. Arguments are pytest options for every pytest run (-m slow, -k NAME, -x).
 # Needs: cmake, ninja, g++, g++-aarch64-linux-gnu, qemu-user-static, clang-14 with
-# libclang-rt-14-dev (libFuzzer and the sanitizer runtimes) (CI installs them; a missing
-# tool is an error, never a skip). ALPSCK_SKIP_CPP=1 runs only step 4 (for quick local loops);
-# ALPSCK_SKIP_README=1 leaves out the verbatim README runs (5.), which clone the committed HEAD.
-#   5. the README's main command, verbatim, from a fresh clone in a fresh venv, once with no SLURM and
-#      once on the local cluster (tests/readme_quickstart.sh), alongside everything else.
+# libclang-rt-14-dev (libFuzzer and the sanitizer runtimes), pytest-xdist (CI installs them; a
+# missing tool is an error, never a skip). ALPSCK_SKIP_CPP=1 leaves out the cpp lane (for quick
+# local loops); ALPSCK_SKIP_README=1 the readme lane (it clones the committed HEAD).
+# ALPSCK_CORE_BUILD=DIR: a build of the core with its tests already made (.ci/run builds the wheel
+# there): the cpp lane runs its ctest instead of building the native tests again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=$(nproc)
+root=$(pwd)
+ncpu=$(nproc)
 section() { printf '\n==== %s ====\n' "$*"; }
 require() { command -v "$1" >/dev/null || { echo "tests/run.sh: required tool '$1' is missing (install it; nothing is skipped)" >&2; exit 1; }; }
+python3 -c 'import xdist' 2>/dev/null || { echo "tests/run.sh: pytest-xdist is missing (pip install '.[test]')" >&2; exit 1; }
+export ALPSCK_BUDGET=1  # the durations budget (tests/budget.toml), checked by every pytest run below
+logs=$(mktemp -d)
+t0=$(date +%s)
 
-# The tests that run jobs (on the local SLURM cluster, and through submitit's local executor) spend
-# most of their ~10 minutes waiting for signals and requeues, with paced, light jobs: they run in
-# the background while the C++ sections build and test, and the rest of pytest (CPU-bound, some of
-# it timing-sensitive) starts once they are done. Both run against the installed package, from
-# outside the source tree (so its compiled _core is what is tested).
-root=$(pwd)
-job_tests=("$root/tests/test_slurm_cluster.py" "$root/tests/test_slurm_local.py" "$root/tests/test_slurm_front_door.py")
+# The local cluster declares more CPUs than the machine has (the test jobs mostly wait), so that the
+# slurm tier's tests can each have their jobs running at once.
 section "local SLURM cluster"
-if bash slurm/local-cluster/start.sh; then
+if ALPSCK_SLURM_CPUS=${ALPSCK_SLURM_CPUS:-12} bash slurm/local-cluster/start.sh; then
   cluster=1
 elif [ -n "${CI:-}" ]; then
   echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
@@ -38,96 +44,122 @@ else
   cluster=0
   echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
 fi
-jobs_dir=$(mktemp -d)
-# The README's main command, verbatim, in a fresh clone and a fresh venv: with no SLURM and on the
-# local cluster (tests/readme_quickstart.sh). Light, paced jobs: they run alongside everything.
-readme_pids=()
-if [ "${ALPSCK_SKIP_README:-0}" != 1 ]; then
-  for mode in local slurm; do
-    if [ "$mode" = slurm ] && [ "$cluster" != 1 ]; then continue; fi
-    bash tests/readme_quickstart.sh "$mode" >"$jobs_dir/readme-$mode.log" 2>&1 &
-    readme_pids+=("$mode:$!")
-  done
-fi
-cd "$jobs_dir"
-python3 -m pytest -q "${job_tests[@]}" -p no:cacheprovider --basetemp="$jobs_dir/tmp" --durations=10 "$@" \
-  >"$jobs_dir/log" 2>&1 &
-jobs_pid=$!
-cd "$root"
-cleanup() {
-  kill "$jobs_pid" 2>/dev/null || true
-  for entry in "${readme_pids[@]}"; do kill "${entry#*:}" 2>/dev/null || true; done
-  if [ "$cluster" = 1 ]; then bash "$root/slurm/local-cluster/stop.sh" >/dev/null 2>&1 || true; fi
-}
-trap cleanup EXIT
-echo "pytest of the job tests started in the background (log: $jobs_dir/log)"
 
-if [ "${ALPSCK_SKIP_CPP:-0}" != 1 ]; then
+# pytest on one tier, from outside the source tree (so the installed package and its compiled _core
+# are what is tested). Exit 5 (a -k/-m selection that leaves none of the tier) is not a failure.
+tier() {  # tier NAME [pytest options...]
+  local name=$1; shift
+  local rc=0
+  (cd "$(mktemp -d)" && python3 -m pytest -q "$root/tests/$name" -p no:cacheprovider --durations=10 "$@") || rc=$?
+  [ "$rc" = 5 ] && rc=0
+  return "$rc"
+}
+
+cpp_lane() {
   require cmake; require ninja; require g++; require aarch64-linux-gnu-g++; require qemu-aarch64-static; require clang++-14
   build() {  # build DIR [cmake args...]
     local dir=$1; shift
     cmake -S . -B "$dir" -G Ninja -DALPSCK_BUILD_TESTS=ON -DALPSCK_BUILD_PYTHON=OFF "$@" >/dev/null
-    cmake --build "$dir" -j "$jobs"
+    cmake --build "$dir" -j "$ncpu"
   }
   section "C++ core tests (native, -Werror)"
-  build build/ci-native -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  local native=${ALPSCK_CORE_BUILD:-}
+  if [ -z "$native" ]; then
+    native=build/ci-native
+    build "$native" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  else
+    echo "reusing the core build in $native (ALPSCK_CORE_BUILD)"
+    cmake --build "$native" -j "$ncpu"
+  fi
   # AUTO tuning: portable on x86-64 (only a native build on a Neoverse-V2 tunes for Grace)
-  expect_tuning=""; [ "$(uname -m)" = x86_64 ] && expect_tuning=portable
-  env ${expect_tuning:+ALPSCK_EXPECT_TUNING=$expect_tuning} ctest --test-dir build/ci-native --output-on-failure -j 2
+  local expect_tuning=""; [ "$(uname -m)" = x86_64 ] && expect_tuning=portable
+  env ${expect_tuning:+ALPSCK_EXPECT_TUNING=$expect_tuning} ctest --test-dir "$native" --output-on-failure -j "$ncpu"
 
-  section "C++ core tests under ASan + UBSan"
-  build build/ci-asan -DCMAKE_BUILD_TYPE=Debug -DALPSCK_SANITIZE=address,undefined
+  section "C++ core tests under ASan + UBSan (clang), then the parsers fuzzed (libFuzzer, bounded time)"
+  CC=clang-14 CXX=clang++-14 build build/ci-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALPSCK_SANITIZE=address,undefined \
+    -DALPSCK_BUILD_FUZZERS=ON
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    ctest --test-dir build/ci-asan --output-on-failure
+    ctest --test-dir build/ci-asan --output-on-failure -j "$ncpu"
+  bash tests/fuzz.sh build/ci-asan
 
   section "C++ core tests under TSan"
   build build/ci-tsan -DCMAKE_BUILD_TYPE=Debug -DALPSCK_SANITIZE=thread
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build/ci-tsan --output-on-failure
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir build/ci-tsan --output-on-failure -j "$ncpu"
 
   section "C++ core tests cross-built for aarch64, run under qemu with 64 KiB pages"
   build build/ci-arm64 -DCMAKE_TOOLCHAIN_FILE=cpp/cmake/aarch64-linux-gnu.cmake -DALPSCK_TUNE_GRACE=ON
-  ALPSCK_EXPECT_TUNING=neoverse-v2 ctest --test-dir build/ci-arm64 --output-on-failure
+  ALPSCK_EXPECT_TUNING=neoverse-v2 ctest --test-dir build/ci-arm64 --output-on-failure -j "$ncpu"
+}
 
-  section "fuzzing the parsers (libFuzzer + ASan/UBSan, bounded time)"
-  CC=clang-14 CXX=clang++-14 cmake -S . -B build/ci-fuzz -G Ninja -DALPSCK_BUILD_FUZZERS=ON -DALPSCK_BUILD_PYTHON=OFF \
-    -DALPSCK_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALPSCK_SANITIZE=address,undefined >/dev/null
-  cmake --build build/ci-fuzz -j "$jobs"
-  bash tests/fuzz.sh build/ci-fuzz
-fi
+python_lane() {
+  section "ruff"
+  python3 -m ruff check alpsck tests benchmarks
+  section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
+  local pkg typed
+  pkg=$(cd / && python3 -c 'import alpsck, os; print(os.path.dirname(alpsck.__file__))')
+  typed=$(mktemp -d)
+  cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
+  (cd "$typed" && python3 -m mypy --config-file "$root/pyproject.toml" alpsck)
+  local rc=0
+  section "pytest: tests/unit (in-process, $ncpu workers)"
+  tier unit -n "$ncpu" "$@" || rc=1
+  section "pytest: tests/process (one process tree, $ncpu workers)"
+  tier process -n "$ncpu" "$@" || rc=1
+  section "pytest: tests/ranks (several ranks)"
+  tier ranks "$@" || rc=1
+  return "$rc"
+}
 
-section "ruff"
-python3 -m ruff check alpsck tests benchmarks
+slurm_lane() {
+  section "pytest: tests/slurm (the local SLURM cluster and submitit's local executor, ${ALPSCK_SLURM_WORKERS:-4} at once)"
+  tier slurm -n "${ALPSCK_SLURM_WORKERS:-4}" "$@"
+}
 
-section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
-pkg=$(cd / && python3 -c 'import alpsck, os; print(os.path.dirname(alpsck.__file__))')
-typed=$(mktemp -d)
-cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
-repo=$(pwd)
-(cd "$typed" && python3 -m mypy --config-file "$repo/pyproject.toml" alpsck)
+readme_lane() {  # the README's main command, verbatim: no SLURM, then the local SLURM (side by side)
+  local pids=() rc=0 mode
+  for mode in local slurm; do
+    if [ "$mode" = slurm ] && [ "$cluster" != 1 ]; then continue; fi
+    bash tests/readme_quickstart.sh "$mode" >"$logs/readme-$mode.log" 2>&1 &
+    pids+=("$mode:$!")
+  done
+  for entry in "${pids[@]}"; do
+    mode=${entry%%:*}
+    local mrc=0
+    wait "${entry#*:}" || mrc=$?
+    section "the README's main command, verbatim (fresh clone, fresh venv): $mode (exit $mrc)"
+    tail -n 40 "$logs/readme-$mode.log"
+    [ "$mrc" = 0 ] || rc=1
+  done
+  return "$rc"
+}
 
-section "pytest: the job tests (SLURM cluster, local executor), run alongside the sections above"
-jobs_rc=0
-wait "$jobs_pid" || jobs_rc=$?
-cat "$jobs_dir/log"
-[ "$jobs_rc" = 5 ] && jobs_rc=0  # 5: a selection (-k, -m) that leaves none of them to run
-
-section "pytest: the rest"
-rest_rc=0
-(cd "$(mktemp -d)" && python3 -m pytest -q "$root/tests" "${job_tests[@]/#/--ignore=}" -p no:cacheprovider \
-   --durations=10 "$@") || rest_rc=$?
-[ "$rest_rc" = 5 ] && rest_rc=0
-section "the README's main command, verbatim (fresh clone, fresh venv): no SLURM, then the local SLURM"
-readme_failed=()
-for entry in "${readme_pids[@]}"; do
-  mode=${entry%%:*}
-  rc=0
-  wait "${entry#*:}" || rc=$?
-  echo "---- $mode ----"
-  tail -n 40 "$jobs_dir/readme-$mode.log"
-  [ "$rc" = 0 ] || readme_failed+=("$mode")
+lanes=(slurm python)
+[ "${ALPSCK_SKIP_README:-0}" = 1 ] || lanes+=(readme)
+[ "${ALPSCK_SKIP_CPP:-0}" = 1 ] || lanes+=(cpp)
+declare -A pid
+for lane in "${lanes[@]}"; do
+  ( s=$(date +%s); rc=0; "${lane}_lane" "$@" || rc=$?
+    printf '\n---- lane %s: exit %s after %s s ----\n' "$lane" "$rc" "$(( $(date +%s) - s ))"; exit "$rc" ) \
+    >"$logs/$lane.log" 2>&1 &
+  pid[$lane]=$!
 done
-if [ "$jobs_rc" != 0 ] || [ "$rest_rc" != 0 ] || [ ${#readme_failed[@]} -gt 0 ]; then
-  echo "tests/run.sh: failed (pytest job tests: exit $jobs_rc, the rest: exit $rest_rc;" \
-       "README main command: ${readme_failed[*]:-ok})" >&2
+cleanup() {
+  for lane in "${lanes[@]}"; do kill "${pid[$lane]}" 2>/dev/null || true; done
+  if [ "$cluster" = 1 ]; then bash "$root/slurm/local-cluster/stop.sh" >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT
+echo "lanes started side by side: ${lanes[*]} (logs: $logs)"
+
+failed=()
+for lane in "${lanes[@]}"; do
+  rc=0
+  wait "${pid[$lane]}" || rc=$?
+  printf '\n######## lane %s (finished %s s after the start) ########\n' "$lane" "$(( $(date +%s) - t0 ))"
+  cat "$logs/$lane.log"
+  [ "$rc" = 0 ] || failed+=("$lane")
+done
+printf '\ntests/run.sh: %s s in all\n' "$(( $(date +%s) - t0 ))"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "tests/run.sh: failed: ${failed[*]} (their logs above)" >&2
   exit 1
 fi

@@ -3,10 +3,17 @@ in this folder is marked `slurm` (docs/testing.md)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
+from collections.abc import Iterator
 
 import pytest
+
+# The tests of this tier share one cluster and run side by side (pytest-xdist, tests/run.sh). A test
+# that changes the whole node (a preempting --exclusive job, a maintenance reservation) is marked
+# `cluster_exclusive` and runs alone: it holds this file's lock exclusively, the others share it.
+CLUSTER_LOCK = os.environ.get("ALPSCK_CLUSTER_LOCK", "/tmp/alpsck-cluster-tests.lock")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -28,3 +35,19 @@ def cluster() -> None:
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that uses the cluster takes its turn: shared with the other cluster tests, alone when
+    it is marked ``cluster_exclusive`` (it waits for the running ones to end, and none starts meanwhile)."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    exclusive = request.node.get_closest_marker("cluster_exclusive") is not None
+    with open(CLUSTER_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
 
 TERMINAL = ("finished", "failed", "cancelled", "gave_up")
@@ -184,6 +186,7 @@ def test_a_usr2_sent_to_the_batch_shell_does_not_end_the_job(cluster: None, tmp_
     assert (run / "loss.csv").read_text() == clean
 
 
+@pytest.mark.cluster_exclusive  # preempts / reserves the whole node: alone (conftest.py)
 def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script(cluster: None, tmp_path: Path) -> None:
     steps = steps_for_seconds(50)
     run = tmp_path / "run"
@@ -209,6 +212,7 @@ def test_preemption_checkpoints_in_grace_time_and_requeues_from_the_batch_script
     assert (run / "loss.csv").read_text() == clean
 
 
+@pytest.mark.cluster_exclusive  # preempts / reserves the whole node: alone (conftest.py)
 def test_maintenance_reservation_checkpoints_and_requeues_ahead(cluster: None, tmp_path: Path) -> None:
     steps = steps_for_seconds(240)
     run = tmp_path / "run"
