@@ -46,7 +46,7 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
-from . import commands, history
+from . import commands, history, timeline
 from .config import JobConfig, shell_problem
 from .launch import job_python, start_local_controller, user_paths
 from .runner import FINAL_EXITS, REQUEST_FILE, JobRunner
@@ -342,13 +342,14 @@ def live_jobs(run_dir: str | Path, *, budget: float | None = 0) -> list[tuple[st
     is not live. None when squeue gave no answer within ``budget`` seconds of retries (None: the
     default budget of :mod:`commands`; 0: one try).
     """
-    ids = list(dict.fromkeys(str(e["job_id"]) for e in history.submissions(history.read(run_dir))
-                             if e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()))
+    tl = timeline.read(run_dir)
+    ids = list(dict.fromkeys(str(e.job_id) for e in (tl.records[i] for i in tl.submissions())
+                             if e.get("backend") == "slurm" and str(e.job_id).isdigit()))
     if not ids:
         return []
     try:  # "Invalid job id": no job of the list is known
-        r = commands.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], read=True, budget=budget,
-                         accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
+        r = commands.squeue("-h", "-o", "%i %T", "-j", ",".join(ids), budget=budget,
+                            accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
     except SlurmError:
         return None
     out = []
@@ -428,12 +429,12 @@ def sbatch(script: Path, tag: str | None) -> commands.Answer:
             raise SlurmError(f"`sbatch {script}` failed: {said}; it may have submitted the job all the same (see "
                              "squeue --me), and without alpsck's tag in the job's comment (slurm.extra.comment is "
                              "set) alpsck cannot tell, so it does not try again")
-        found = commands.run(["squeue", "--me", "-h", "-o", "%i|%k"], read=True)
+        found = commands.squeue("--me", "-h", "-o", "%i|%k")
         job_id = next((i for i, _, k in (ln.partition("|") for ln in found.stdout.splitlines()) if k.strip() == tag), None)
         return None if job_id is None else commands.Answer(f"Submitted batch job {job_id.strip()}", "", 0)
 
     try:
-        return commands.run(["sbatch", str(script)], read=False, before_retry=submitted_already)
+        return commands.sbatch(str(script), before_retry=submitted_already)
     except SlurmError as e:
         raise SlurmError(f"sbatch refused the job: {e}") from None
 
@@ -516,6 +517,6 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
             os.environ.pop(PREEMPT_SIGNAL_ENV, None)
         else:
             os.environ[PREEMPT_SIGNAL_ENV] = saved
-    history.append(cfg.run_dir, "submitted", job_id=str(job.job_id), backend="local" if use_local else "slurm",
-                   config=cfg.source, name=cfg.name)
+    history.append(cfg.run_dir, history.Submitted(job_id=str(job.job_id), backend="local" if use_local else "slurm",
+                                                  config=cfg.source, name=cfg.name))
     return job
