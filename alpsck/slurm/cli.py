@@ -29,7 +29,8 @@ FOLLOW_POLL_S = 2.0  # how often ``status --follow`` and ``cancel`` look again
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from .config import load_config, unset_stand_in
+    from .config import load_config
+    from .config_source import unset_stand_in
     from .runner import newest_step
     from .submit import check_entry, sbatch_script, submit
 
@@ -87,25 +88,32 @@ def _submit(args: argparse.Namespace) -> int:
     finally:
         if quiet is not sys.stdout:
             quiet.close()
-    rec = watch.reconcile(cfg.run_dir)
-    if is_local and timeline.read(cfg.run_dir).state in watch.LIVE_STATES:
+    return _ended(cfg.run_dir, str(job.job_id), is_local, quiet=args.json)
+
+
+def _ended(run_dir: str, job_id: str, is_local: bool, *, quiet: bool) -> int:
+    """After ``submit --wait``: the job's end (recorded ``failed`` for a local job that never recorded one),
+    printed unless ``quiet``, with its error and its log's last lines; 0 when it finished."""
+    from .runner import newest_step
+
+    rec = watch.reconcile(run_dir)
+    if is_local and timeline.read(run_dir).state in watch.LIVE_STATES:
         # The job is gone and never recorded its end (it died before the runner, or was killed):
         # record it, so that status and later submits see a failed job, not a pending one.
-        history.append(cfg.run_dir, Failed(job_id=str(job.job_id), step=newest_step(cfg.run_dir),
-                                           message=watch.error_line(rec["log_tail"]) or
-                                           "the job ended without recording how",
-                                           will_requeue=False, recorded_by="alpsck submit"))
-        rec = watch.reconcile(cfg.run_dir)
+        history.append(run_dir, Failed(job_id=job_id, step=newest_step(run_dir),
+                                       message=watch.error_line(rec["log_tail"]) or "the job ended without recording how",
+                                       will_requeue=False, recorded_by="alpsck submit"))
+        rec = watch.reconcile(run_dir)
     state = rec["state"]
-    if not args.json:
-        print(f"job {job.job_id} ended: {state}")
+    if not quiet:
+        print(f"job {job_id} ended: {state}")
         if state != FINISHED:
-            last = timeline.read(cfg.run_dir).newest((Failed, GaveUp))
+            last = timeline.read(run_dir).newest((Failed, GaveUp))
             if last is not None and last.message:
                 print(f"  {last.kind}: {printable(last.message)}")
-            tail = rec["log_tail"] or watch.log_tail(cfg.run_dir, str(job.job_id))
+            tail = rec["log_tail"] or watch.log_tail(run_dir, job_id)
             if tail:
-                print(f"  last lines of {log}:")
+                print(f"  last lines of {watch.log_path(run_dir, job_id)}:")
                 print("\n".join(f"    {line}" for line in tail))
     return 0 if state == FINISHED else 1
 
@@ -230,13 +238,11 @@ def _end_local(job_id: str, run_dir: Path) -> None:
 def _cancel(args: argparse.Namespace) -> int:
     """``alpsck cancel RUN_DIR``: end the run's live jobs for good (no requeue) and record it."""
     from .runner import newest_step
-    from .submit import live_jobs
-
     run_dir = Path(args.run_dir)
     status.history_path(run_dir)
     tl = timeline.read(run_dir)
     sub = tl.last_submission()
-    slurm = live_jobs(run_dir, budget=None)  # [] without a SLURM job in the history: squeue is not asked
+    slurm = watch.live_jobs(run_dir, budget=None)  # [] without a SLURM job in the history: squeue is not asked
     if slurm is None:
         raise AlpsckError(f"{run_dir}: SLURM did not answer squeue about this run's jobs, so nothing was cancelled; "
                           "try again when the controller answers")
@@ -260,7 +266,7 @@ def _cancel(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        gone = not (live_jobs(run_dir) or any(watch.local_job_alive(i, run_dir) for i in local))
+        gone = not (watch.live_jobs(run_dir) or any(watch.local_job_alive(i, run_dir) for i in local))
         if gone:
             rec = watch.reconcile(run_dir)
             code = (rec["slurm"] or {}).get("exit_code")

@@ -99,9 +99,7 @@ class JobContext:
         from ..checkpointer import Checkpointer
 
         ck = self.config.checkpoint
-        kw: dict[str, Any] = {"max_in_flight": ck.max_in_flight, "threads": ck.threads, "keep_last": ck.keep_last,
-                              "keep_every_steps": ck.keep_every_steps, "keep_every_seconds": ck.keep_every_seconds,
-                              "keep_best": ck.keep_best, "spike_factor": ck.spike_factor,
-                              "lustre_layout": ck.lustre_layout, "preflight": ck.preflight, "rank": self.rank}
+        kw: dict[str, Any] = {**ck.engine_options(), "lustre_layout": ck.lustre_layout, "preflight": ck.preflight,
+                              "rank": self.rank}
         kw.update(overrides)
         return Checkpointer(self.run_dir, **kw)

@@ -46,8 +46,9 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
-from . import commands, history, timeline
-from .config import JobConfig, shell_problem
+from . import commands, history, watch
+from .batch_rules import shell_problem
+from .config import JobConfig
 from .launch import job_python, start_local_controller, user_paths
 from .runner import FINAL_EXITS, REQUEST_FILE, JobRunner
 from .stop import term_verdict_shell
@@ -330,36 +331,6 @@ def slurm_unavailable() -> str | None:
     return commands.unavailable()
 
 
-# squeue states after which a job no longer runs nor comes back by itself.
-_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
-          "REVOKED"}
-
-
-def live_jobs(run_dir: str | Path, *, budget: float | None = 0) -> list[tuple[str, str]] | None:
-    """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
-
-    A job the controller no longer knows (finished long ago, or from a cluster since restarted)
-    is not live. None when squeue gave no answer within ``budget`` seconds of retries (None: the
-    default budget of :mod:`commands`; 0: one try).
-    """
-    tl = timeline.read(run_dir)
-    ids = list(dict.fromkeys(str(e.job_id) for e in (tl.records[i] for i in tl.submissions())
-                             if e.get("backend") == "slurm" and str(e.job_id).isdigit()))
-    if not ids:
-        return []
-    try:  # "Invalid job id": no job of the list is known
-        r = commands.squeue("-h", "-o", "%i %T", "-j", ",".join(ids), budget=budget,
-                            accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
-    except SlurmError:
-        return None
-    out = []
-    for line in r.stdout.splitlines():
-        job_id, _, state = line.strip().partition(" ")
-        if job_id in ids and state and state not in _ENDED:
-            out.append((job_id, state))
-    return out
-
-
 class _LocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, with a controller that restarts a requeued task as often as the
     job asks (submitit's own stops after 6 starts: the quickstart on a slow machine needs more)."""
@@ -489,7 +460,7 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
         raise UsageError(f"{cfg.source}: slurm.nodes x slurm.tasks_per_node is {cfg.slurm.nodes * cfg.slurm.tasks_per_node}: "
                          "a multi-task job needs SLURM (srun); the local executor runs one task")
     if not use_local:
-        busy = live_jobs(cfg.run_dir)  # None (no answer): the run dir's writer lock still guards it
+        busy = watch.live_jobs(cfg.run_dir)  # None (no answer): the run dir's writer lock still guards it
         if busy:
             jobs = ", ".join(f"job {i} ({state})" for i, state in busy)
             raise SlurmError(f"{cfg.run_dir} is the run directory of {jobs}: a second job there would fight it for "

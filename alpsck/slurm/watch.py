@@ -88,15 +88,43 @@ def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> tu
     job_id = str(submission.get("job_id"))
     if submission.get("backend") == "local":
         return local_job_alive(job_id, run_dir), None
-    from .submit import live_jobs, slurm_unavailable
-
-    if slurm_unavailable() is not None:
+    if commands.unavailable() is not None:
         return None, None
     live = live_jobs(os.fspath(run_dir))
     if live is None:
         return None, None
     state = next((st for i, st in live if i == job_id), None)
     return state is not None, state
+
+
+# squeue states after which a job no longer runs nor comes back by itself.
+_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
+          "REVOKED"}
+
+
+def live_jobs(run_dir: str | Path, *, budget: float | None = 0) -> list[tuple[str, str]] | None:
+    """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
+
+    A job the controller no longer knows (finished long ago, or from a cluster since restarted)
+    is not live. None when squeue gave no answer within ``budget`` seconds of retries (None: the
+    default budget of :mod:`commands`; 0: one try).
+    """
+    tl = timeline.read(run_dir)
+    ids = list(dict.fromkeys(str(e.job_id) for e in (tl.records[i] for i in tl.submissions())
+                             if e.get("backend") == "slurm" and str(e.job_id).isdigit()))
+    if not ids:
+        return []
+    try:  # "Invalid job id": no job of the list is known
+        r = commands.squeue("-h", "-o", "%i %T", "-j", ",".join(ids), budget=budget,
+                            accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
+    except SlurmError:
+        return None
+    out = []
+    for line in r.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if job_id in ids and state and state not in _ENDED:
+            out.append((job_id, state))
+    return out
 
 
 def slurm_record(job_id: str) -> dict[str, str] | None:
