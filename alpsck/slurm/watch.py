@@ -24,7 +24,6 @@ from . import commands, history, timeline
 from .history import Event
 from .timeline import CANCELLED, FAILED, LIVE_STATES, PENDING, TIMEOUT, Timeline, as_timeline
 
-__all__ = ["LIVE_STATES"]
 _FIELDS = ("reason", "step", "from_step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
 _LOG_DIR = "submitit"
 LATEST = _core.run_dir_names["latest"]  # the run directory's names belong to the core (run_dir.h)
