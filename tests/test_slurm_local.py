@@ -398,7 +398,6 @@ def test_the_local_executor_warns_about_the_container_and_uenv_it_cannot_use(
 _REQUEUE_CHILD = """
 import sys
 from alpsck.job_env import JobEnv
-from alpsck.slurm import history
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.runner import JobRunner
 from alpsck.slurm.stop import StopController
@@ -406,10 +405,11 @@ from alpsck.slurm.stop import StopController
 run_dir = sys.argv[1]
 runner = JobRunner(parse_config(f"name: t\\nrun_dir: {run_dir}\\nentry:\\n  function: m:f\\n"))
 runner._job = JobEnv.detect()  # as __call__ does at the start
+runner._job_id = runner._job.job_id  # rank 0 of job 4242 records its events (JobRunner._log)
 runner._stop = StopController("4242", slurm_restarts=0)
 runner._stop.install()
 runner._stop.request("timeout")
-runner._requeue(lambda event, **kw: history.append(run_dir, event, job_id="4242", **kw), "timeout", 7, progress=True)
+runner._requeue("timeout", 7, progress=True)
 """
 
 

@@ -109,8 +109,8 @@ def _ended(run_dir: str, job_id: str, is_local: bool, *, quiet: bool) -> int:
         print(f"job {job_id} ended: {state}")
         if state != FINISHED:
             last = timeline.read(run_dir).newest((Failed, GaveUp))
-            if last is not None and last.message:
-                print(f"  {last.kind}: {printable(last.message)}")
+            if last is not None and last.get("message"):
+                print(f"  {last.kind}: {printable(last.get('message'))}")
             tail = rec["log_tail"] or watch.log_tail(run_dir, job_id)
             if tail:
                 print(f"  last lines of {watch.log_path(run_dir, job_id)}:")

@@ -34,9 +34,7 @@ from ..store.filesystem import layout_problem
 from ..store.retention import RULES as RETENTION_RULES
 from ..store.retention import Policy
 from .batch_rules import SLURM_WORD, extra_value, parse_time_minutes, shell_problem
-from .config_source import Loader, Loc, as_text, check_type, expand_path, unknown_key, unset_stand_in, utf8, yaml_error
-
-__all__ = ["JobConfig", "load_config", "parse_config", "parse_time_minutes", "shell_problem", "unset_stand_in"]
+from .config_source import Loader, Loc, as_text, check_type, expand_path, unknown_key, utf8, yaml_error
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _ENTRY_FN = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
