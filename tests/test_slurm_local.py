@@ -63,7 +63,7 @@ class _Job:
         monkeypatch.setattr(stop_mod, "job_fields", lambda job_id, run=None: {
             "JobState": self.state, "Reason": self.reason, "Restarts": str(self.restarts),
             **({"EndTime": self.end_time} if self.end_time else {})})
-        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step, **kw: self.requeues.append(reason))
+        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, reason, step, **kw: self.requeues.append(reason))
         # A restart in the allocation ends the process (exit 75): recorded here instead, never run in pytest's.
         monkeypatch.setattr(JobRunner, "_restart_here", lambda runner, ctx, step: self.requeues.append("in-job restart"))
         module = types.ModuleType("alpsck_test_entry")
