@@ -110,3 +110,18 @@ def test_slurm_commands_are_run_only_by_the_commands_module() -> None:
 def test_no_scontrol_is_read_in_one_place() -> None:
     users = [p for p, _ in _modules() if "ALPSCK_NO_SCONTROL" in p.read_text(encoding="utf-8")]
     assert users == [COMMANDS], users
+
+
+def test_a_record_and_its_stored_line_round_trip_and_an_unknown_kind_is_kept() -> None:
+    """The writer's line, read back, is the same record; a kind this version does not know (a newer
+    writer's) keeps its name and every field, and a field the kind does not name stays in ``more``."""
+    rec = history.record(history.Requeued(job_id="7", reason="timeout", progress=True, step=3), note="x")
+    back = history.typed(history.normalise(rec) or {})
+    assert isinstance(back, history.Requeued) and back.kind == "requeued" and back.progress is True
+    assert back.more == {"note": "x"} and back.stored() == rec
+    odd = history.normalise({"time": 5, "event": "future_kind", "step": 3, "more": 1, "other_kind": "z"})
+    assert odd is not None
+    rec2 = history.typed(odd)
+    assert isinstance(rec2, history.Other) and rec2.kind == "future_kind" and rec2.get("step") == 3
+    assert rec2.stored() == odd
+    assert history.record("future_kind", job_id="1", x=2)["event"] == "future_kind"

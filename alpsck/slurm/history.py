@@ -87,7 +87,7 @@ class Event:
         """The event as it is stored: ``time``, ``event``, its fields that are not None, ``more``."""
         rec: dict[str, Any] = {"time": self.time, "event": self.kind}
         for name in _FIELDS_OF[type(self)]:
-            if name not in ("time", "more") and getattr(self, name) is not None:
+            if name not in ("time", "more", "other_kind") and getattr(self, name) is not None:
                 rec[name] = getattr(self, name)
         rec.update({k: v for k, v in self.more.items() if v is not None and k not in rec})
         return rec
