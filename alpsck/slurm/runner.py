@@ -181,7 +181,7 @@ class JobRunner:
     def _restart_count(self, job_id: str, tl: Timeline) -> int:
         if self._job.slurm_restarts is not None:
             return self._job.slurm_restarts
-        return len(tl.of_kind(Started, job_id))
+        return len(tl.starts_of(job_id))
 
     def _log(self, event: Event) -> None:
         """Record ``event`` of this job in the run's history (rank 0 writes; the other ranks do nothing)."""
@@ -285,7 +285,7 @@ class JobRunner:
             backend="local" if job.local else "slurm", step_taken_at=round(taken_at, 3) if taken_at else None,
             maintenance_watch=stop.maintenance_off(), attempt=attempt or None,
             down_s=round(time.time() - job.previous_end, 3) if attempt and job.previous_end else None))
-        starts = tl.of_kind(Started, job_id)
+        starts = tl.starts_of(job_id)
         same = [e for e in starts[-rq.give_up_after_no_progress:] if e.step == resume]
         if self._charged > rq.max_restarts:  # requeued by someone else (e.g. preemption) past the budget
             return resume, (f"{self._charged} earlier starts crashed or made no progress: more than "

@@ -119,8 +119,8 @@ def report(run_dir: Path, *, shown: int, purge_days: int | None) -> StatusReport
     shown_events = log.events[-shown:] if shown > 0 else []
     chosen = tl.newest(Interval)  # checkpoint.every: auto
     return StatusReport(
-        run_dir=str(run_dir), state=rec["state"], job_ids=tl.job_ids, starts=len(tl.of_kind(Started)),
-        requeues=len(tl.of_kind(history.Requeued)), last_step=last_step, events=shown_events,
+        run_dir=str(run_dir), state=rec["state"], job_ids=tl.job_ids, starts=len(tl.starts_of()),
+        requeues=tl.requeues(), last_step=last_step, events=shown_events,
         earlier_events=len(log.events) - len(shown_events), malformed_lines=log.malformed, unread_bytes=log.start,
         note=rec["note"], log=rec["log"], log_tail=rec["log_tail"], slurm=rec["slurm"], metrics=metrics,
         unhealthy=unhealthy, purge=window, **where(tl),

@@ -147,6 +147,13 @@ class Timeline:
         """The events of one kind (of one job, when ``job_id`` is given), oldest first."""
         return [e for e in self.records if isinstance(e, cls) and (job_id is None or e.job_id == job_id)]
 
+    def starts_of(self, job_id: str | None = None) -> list[Started]:
+        """The ``started`` events (of one job, when ``job_id`` is given), oldest first: the one count of starts."""
+        return self.of_kind(Started, job_id)
+
+    def requeues(self) -> int:
+        return len(self.of_kind(Requeued))
+
     def newest(self, cls: type[E] | tuple[type[E], ...]) -> E | None:
         return next((e for e in reversed(self.records) if isinstance(e, cls)), None)  # type: ignore[misc]
 
@@ -173,7 +180,7 @@ class Timeline:
         """How many of this job's recorded starts count against ``requeue.max_restarts``: all of them
         but those that ended in a requeue after the newest checkpoint advanced (``requeued`` with
         ``progress: true``). A start that left no ending (killed, its node lost) counts."""
-        starts = len(self.of_kind(Started, job_id))
+        starts = len(self.starts_of(job_id))
         free = sum(1 for e in self.of_kind(Requeued, job_id) if e.progress is True)
         return max(0, starts - free)
 
