@@ -14,20 +14,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import AlpsckError, CheckpointError, UsageError
+from ..errors import AlpsckError, UsageError
 from ..options import arg_int
 from ..store.filesystem import Storage, storage
 from ..store.run_dir import metrics_text
 from ..tools import jsonout
 from ..tools.textout import printable
-from . import commands, goodput, history, watch
+from . import commands, goodput, history, status, timeline, watch
+from .history import Failed, GaveUp
+from .timeline import FINISHED
 
 TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
 FOLLOW_POLL_S = 2.0  # how often ``status --follow`` and ``cancel`` look again
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from .config import load_config, unset_stand_in
+    from .config import load_config
+    from .config_source import unset_stand_in
     from .runner import newest_step
     from .submit import check_entry, sbatch_script, submit
 
@@ -49,7 +52,7 @@ def _submit(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         return 0
     before = history.read_log(cfg.run_dir)
-    if history.state_of(before.events) == "finished" and not args.resume_finished:
+    if timeline.fold(before.events).state == FINISHED and not args.resume_finished:
         newest = newest_step(cfg.run_dir)
         held = f"newest checkpoint: step {newest}" if newest is not None else "no checkpoint left in it"
         raise UsageError(f"{cfg.run_dir}: this run has finished ({held}); a "
@@ -85,26 +88,34 @@ def _submit(args: argparse.Namespace) -> int:
     finally:
         if quiet is not sys.stdout:
             quiet.close()
-    rec = watch.reconcile(cfg.run_dir)
-    if is_local and history.state_of(history.read(cfg.run_dir)) in watch.LIVE_STATES:
+    return _ended(cfg.run_dir, str(job.job_id), is_local, quiet=args.json)
+
+
+def _ended(run_dir: str, job_id: str, is_local: bool, *, quiet: bool) -> int:
+    """After ``submit --wait``: the job's end (recorded ``failed`` for a local job that never recorded one),
+    printed unless ``quiet``, with its error and its log's last lines; 0 when it finished."""
+    from .runner import newest_step
+
+    rec = watch.reconcile(run_dir)
+    if is_local and timeline.read(run_dir).state in watch.LIVE_STATES:
         # The job is gone and never recorded its end (it died before the runner, or was killed):
         # record it, so that status and later submits see a failed job, not a pending one.
-        history.append(cfg.run_dir, "failed", job_id=str(job.job_id), step=newest_step(cfg.run_dir),
-                       message=watch.error_line(rec["log_tail"]) or "the job ended without recording how",
-                       will_requeue=False, recorded_by="alpsck submit")
-        rec = watch.reconcile(cfg.run_dir)
+        history.append(run_dir, Failed(job_id=job_id, step=newest_step(run_dir),
+                                       message=watch.error_line(rec["log_tail"]) or "the job ended without recording how",
+                                       will_requeue=False, recorded_by="alpsck submit"))
+        rec = watch.reconcile(run_dir)
     state = rec["state"]
-    if not args.json:
-        print(f"job {job.job_id} ended: {state}")
-        if state != "finished":
-            last = next((e for e in reversed(history.read(cfg.run_dir)) if e["event"] in ("failed", "gave_up")), None)
+    if not quiet:
+        print(f"job {job_id} ended: {state}")
+        if state != FINISHED:
+            last = timeline.read(run_dir).newest((Failed, GaveUp))
             if last is not None and last.get("message"):
-                print(f"  {last['event']}: {printable(last['message'])}")
-            tail = rec["log_tail"] or watch.log_tail(cfg.run_dir, str(job.job_id))
+                print(f"  {last.kind}: {printable(last.get('message'))}")
+            tail = rec["log_tail"] or watch.log_tail(run_dir, job_id)
             if tail:
-                print(f"  last lines of {log}:")
+                print(f"  last lines of {watch.log_path(run_dir, job_id)}:")
                 print("\n".join(f"    {line}" for line in tail))
-    return 0 if state == "finished" else 1
+    return 0 if state == FINISHED else 1
 
 
 def _storage(source: str, run_dir: str, *, allow_home: bool) -> Storage:
@@ -117,82 +128,17 @@ def _storage(source: str, run_dir: str, *, allow_home: bool) -> Storage:
     return where
 
 
-def _purge(run_dir: Path, days: int | None) -> dict[str, Any]:
-    """The purge window (``--purge-days``, else the scratch's: filesystem.purge_days) and a warning
-    when the newest checkpoint nears it."""
-    from ..store.filesystem import newest_committed, purge_days, purge_warning
-
-    days = purge_days(run_dir) if days is None else days or None
-    out: dict[str, Any] = {"days": days, "warning": None}
-    if days is None:
-        return out
-    newest = newest_committed(run_dir)  # before anything reads a checkpoint (a read resets the clock)
-    if newest is not None:
-        out["warning"] = purge_warning(newest, days, time.time())
-    return out
-
-
-def _where(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where the newest job ran (``backend``: slurm or local; ``host``: the submitting host for a local
-    one, which on a cluster is a login node) and the watchers its newest start could not run."""
-    sub = watch.last_submission(events)
-    start = next((e for e in reversed(events) if e["event"] == "started"), None)
-    off = start.get("maintenance_watch") if start is not None else None
-    return {"backend": sub.get("backend") if sub else None,
-            "host": sub.get("host") if sub and sub.get("backend") == "local" else None,
-            "watchers_off": {"maintenance": off} if isinstance(off, str) else {}}
-
-
-def _history_path(run_dir: Path) -> Path:
-    """RUN_DIR's job history, or AlpsckError saying why it has none to read."""
-    if not run_dir.is_dir():
-        raise AlpsckError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}")
-    path = run_dir / history.HISTORY
-    if not path.exists():
-        raise AlpsckError(f"{run_dir}: no {history.HISTORY} (not a run directory of a submitted job)")
-    if path.is_symlink() or not path.is_file():
-        raise AlpsckError(f"{path}: not a regular file, so it holds no job history")
-    return path
-
-
 def _status(args: argparse.Namespace) -> int:
-    from ..store.run_dir import pick
-
     run_dir = Path(args.run_dir)
     if args.follow and args.json:
         raise UsageError("status: --follow prints lines as they come; --json prints one document: choose one")
-    path = _history_path(run_dir)
-    purge = _purge(run_dir, args.purge_days)  # first: what follows reads the checkpoints
-    log = history.read_log(run_dir)
-    if not log.events:  # "pending" would claim a job that nothing here records
-        raise AlpsckError(f"{path}: no readable event in {'its newest' if log.start else 'its'} {log.lines} line(s): "
-                          "not a job history, or damaged")
-    rec = watch.reconcile(run_dir, log.events)
-    s = history.summary(run_dir, log, args.events)
-    s.update(state=rec["state"], note=rec["note"], log=rec["log"], log_tail=rec["log_tail"], slurm=rec["slurm"])
-    # During a start, the newest committed checkpoint says more than the events (written at a start's ends).
-    try:
-        picked = pick(str(run_dir))  # the one a resume uses, and why not the newer ones
-    except (CheckpointError, OSError):
-        picked = None
-    on_disk = picked.step if picked is not None else None
-    if on_disk is not None and (s["last_step"] is None or on_disk > s["last_step"]):
-        s["last_step"] = on_disk
-    s["metrics"] = (picked.info or {}).get("metrics") or {} if picked is not None else {}  # its save's
-    s["unhealthy"] = [{"step": k.step, "message": k.message} for k in (picked.skipped if picked else ())
-                      if k.reason == "unhealthy"]
-    s["purge"] = purge
-    s.update(_where(log.events))
-    s["goodput"] = goodput.goodput(log.events)  # of the events read (the newest 8 MiB of the history)
-    chosen = next((e for e in reversed(log.events) if e["event"] == "interval"), None)  # checkpoint.every: auto
-    s["interval"] = ({k: chosen.get(k) for k in ("seconds", "save_cost_s", "mtbf_s", "mtbf_from", "time")}
-                     if chosen else None)
+    s = status.report(run_dir, shown=args.events, purge_days=args.purge_days)
     if args.json:
-        print(jsonout.dumps(s))
+        print(jsonout.dumps(s.as_json()))
         return 0
-    _print_status(s)
+    _print_status(s.as_json())
     if args.follow:
-        _follow(run_dir, log.end, s["state"])
+        _follow(run_dir, s.log_end, s.state)
     return 0
 
 
@@ -212,8 +158,7 @@ def _follow(run_dir: Path, since: int, state: str) -> None:
 
     if state in watch.LIVE_STATES:
         follower.wait(done, interval=FOLLOW_POLL_S)
-    events = history.read(run_dir)
-    g = goodput.goodput(events)
+    g = goodput.goodput(timeline.read(run_dir))
     newest = newest_step(str(run_dir))
     print(f"run ended: {ended['state']}; newest checkpoint: {'-' if newest is None else f'step {newest}'}"
           + (f"; {goodput.line(g)}" if g else ""), flush=True)
@@ -293,36 +238,35 @@ def _end_local(job_id: str, run_dir: Path) -> None:
 def _cancel(args: argparse.Namespace) -> int:
     """``alpsck cancel RUN_DIR``: end the run's live jobs for good (no requeue) and record it."""
     from .runner import newest_step
-    from .submit import live_jobs
-
     run_dir = Path(args.run_dir)
-    _history_path(run_dir)
-    events = history.read(run_dir)
-    sub = watch.last_submission(events)
-    slurm = live_jobs(run_dir, budget=None)  # [] without a SLURM job in the history: squeue is not asked
+    status.history_path(run_dir)
+    tl = timeline.read(run_dir)
+    sub = tl.last_submission()
+    slurm = watch.live_jobs(run_dir, budget=None)  # [] without a SLURM job in the history: squeue is not asked
     if slurm is None:
         raise AlpsckError(f"{run_dir}: SLURM did not answer squeue about this run's jobs, so nothing was cancelled; "
                           "try again when the controller answers")
     local = [sub["job_id"]] if sub is not None and sub.get("backend") == "local" and \
         watch.local_job_alive(sub["job_id"], run_dir) else []
     if not slurm and not local:
-        state = watch.reconcile(run_dir, events)["state"]
+        state = watch.reconcile(run_dir, tl)["state"]
         print(f"{printable(str(run_dir))}: no live job to cancel (state: {state})")
         return 0
     for job_id, _ in slurm:
         # scancel: SIGTERM to the steps and the batch shell; the runner and the batch script's EXIT trap
         # ask scontrol, see the cancel, take the final checkpoint and do not requeue (alpsck.slurm.stop).
-        commands.run(["scancel", job_id], read=False)
+        commands.scancel(job_id)
     for job_id in local:
         _end_local(job_id, run_dir)
     ids = [i for i, _ in slurm] + local
-    history.append(run_dir, "cancelled", job_id=ids[-1], step=newest_step(str(run_dir)), recorded_by="alpsck cancel")
+    history.append(run_dir, history.Cancelled(job_id=ids[-1], step=newest_step(str(run_dir)),
+                                              recorded_by="alpsck cancel"))
     print(f"cancelled job{'s' if len(ids) > 1 else ''} {', '.join(ids)} of {printable(str(run_dir))}", flush=True)
     if args.no_wait:
         return 0
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        gone = not (live_jobs(run_dir) or any(watch.local_job_alive(i, run_dir) for i in local))
+        gone = not (watch.live_jobs(run_dir) or any(watch.local_job_alive(i, run_dir) for i in local))
         if gone:
             rec = watch.reconcile(run_dir)
             code = (rec["slurm"] or {}).get("exit_code")

@@ -1,4 +1,5 @@
-"""SLURM's commands as the submitting side runs them: one timeout, one retry rule, one error.
+"""Every SLURM command alpsck runs, on the submitting side and inside the job: one timeout, one retry
+rule, one error. No other module runs a SLURM command (tests/test_vocabulary.py checks).
 
 A busy controller answers "Socket timed out on send/recv operation" or refuses connections for a
 while; a transient failure must never turn into a wrong decision (on Alps, a job run on the login
@@ -11,6 +12,10 @@ node). So:
   tried over how long, and its last words.
 - An action (``sbatch``, ``scancel``) is retried only while its error says the controller was not
   reached or did not answer (:func:`transient`); a refusal ("Invalid account") fails at once.
+- Inside the job a question must not hold up the training or its stop: the job side's calls
+  (:func:`scontrol`, :func:`scontrol_requeue`) make one try (``budget=0``) under their own timeout,
+  under the same rule. ``ALPSCK_NO_SCONTROL=1`` hides scontrol from the job (as inside an Alps
+  container without SLURM's commands mounted): :func:`scontrol_hidden` is the one reader of it.
 - :func:`backend` decides where ``alpsck submit`` runs a job: ``slurm`` wherever ``sbatch`` is
   installed (a controller that does not answer within the budget is an error, never a reason to
   run the job here), ``local`` only where no SLURM is installed at all.
@@ -32,6 +37,10 @@ from ..errors import SlurmError
 RETRY_ENV = "ALPSCK_SLURM_RETRY_SECONDS"
 DEFAULT_RETRY_S = 30.0
 CALL_TIMEOUT_S = 20.0
+REPORT_TIMEOUT_S = 30.0   # sacct, asked once by a report (status) about a job that has ended
+REQUEUE_TIMEOUT_S = 60.0  # scontrol requeue from inside the job
+VERSION_TIMEOUT_S = 10.0  # a probe of whether a command runs at all (doctor)
+NO_SCONTROL_ENV = "ALPSCK_NO_SCONTROL"
 _FIRST_PAUSE_S = 1.0
 _MAX_PAUSE_S = 8.0
 
@@ -86,7 +95,9 @@ def _last_words(stdout: str, stderr: str, code: int) -> str:
     return lines[-1] if lines else f"exit code {code}, no output"
 
 
-def _once(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+def once(argv: Sequence[str], timeout: float = VERSION_TIMEOUT_S) -> tuple[int, str, str]:
+    """One try of a command, never raising: its exit code (-1: no answer within ``timeout``; -2: it cannot
+    run at all), stdout and stderr (then the reason). For probes that report how a command fails (doctor)."""
     try:
         r = subprocess.run(list(argv), capture_output=True, text=True, errors="backslashreplace", timeout=timeout,
                            stdin=subprocess.DEVNULL, check=False)
@@ -112,7 +123,7 @@ def run(argv: Sequence[str], *, read: bool, budget: float | None = None, timeout
     tries = 0
     while True:
         tries += 1
-        code, out, err = _once(argv, timeout)
+        code, out, err = once(argv, timeout)
         if (accept(code, out, err) if accept is not None else code == 0):
             return Answer(out, err, tries)
         said = _last_words(out, err, code)
@@ -161,3 +172,53 @@ def unavailable() -> str | None:
     except SlurmError as e:
         return f"no SLURM controller answers ({e})"
     return None
+
+
+# -- the commands, by name ------------------------------------------------------------------------------
+
+
+def squeue(*args: str, budget: float | None = None, accept: Callable[[int, str, str], bool] | None = None) -> Answer:
+    """``squeue ARGS`` (a read: retried for ``budget`` seconds)."""
+    return run(["squeue", *args], read=True, budget=budget, accept=accept)
+
+
+def sbatch(script: str, before_retry: Callable[[str], Answer | None] | None = None) -> Answer:
+    """``sbatch SCRIPT`` (an action: retried on transient errors only; see :func:`run`'s ``before_retry``)."""
+    return run(["sbatch", script], read=False, before_retry=before_retry)
+
+
+def scancel(job_id: str) -> Answer:
+    """``scancel JOB`` (an action)."""
+    return run(["scancel", job_id], read=False)
+
+
+def sacct(*args: str) -> Answer:
+    """``sacct ARGS``, one try (a report about a job that has ended must not wait)."""
+    return run(["sacct", *args], read=True, budget=0, timeout=REPORT_TIMEOUT_S)
+
+
+def scontrol_hidden() -> bool:
+    """Whether ``ALPSCK_NO_SCONTROL=1`` hides scontrol from the job (the one reader of that variable)."""
+    return os.environ.get(NO_SCONTROL_ENV) == "1"
+
+
+def scontrol_available() -> bool:
+    """Whether the job can ask scontrol: on the PATH, and not hidden (:func:`scontrol_hidden`)."""
+    return not scontrol_hidden() and shutil.which("scontrol") is not None
+
+
+def scontrol(args: Sequence[str], timeout: float = CALL_TIMEOUT_S) -> str:
+    """stdout of ``scontrol ARGS`` from inside the job: one try; SlurmError when it fails."""
+    return run(["scontrol", *args], read=True, budget=0, timeout=timeout).stdout
+
+
+def scontrol_requeue(job_id: str, timeout: float = REQUEUE_TIMEOUT_S) -> None:
+    """``scontrol requeue JOB`` from inside the job, one try; SlurmError when it fails.
+
+    SLURM answers a successful requeue by signalling every process of the job's steps with
+    SIGTERM, scontrol itself included, often before scontrol has exited: seen as a requeue that
+    "died with SIGTERM" although it took effect. scontrol therefore runs with SIGTERM ignored
+    (a disposition exec keeps), as the batch script's own requeue does. The job id is an
+    argument of the shell, never part of its text."""
+    run(["/bin/sh", "-c", 'trap "" TERM; exec scontrol requeue "$1"', "alpsck-requeue", job_id], read=False, budget=0,
+        timeout=timeout)

@@ -71,14 +71,14 @@ class JobContext:
         ck = self.config.checkpoint
         if ck.every == "auto":
             if self._auto is None:
-                from . import history
+                from . import history, timeline
                 from .interval import AutoInterval
 
                 def record(**kw: Any) -> None:
                     if self.rank == 0:
-                        history.append(self.run_dir, "interval", job_id=self.job_id, **kw)
+                        history.append(self.run_dir, history.Interval(job_id=self.job_id, **kw))
 
-                self._auto = AutoInterval(ck.mtbf_s, history.read(self.run_dir), record)
+                self._auto = AutoInterval(ck.mtbf_s, timeline.read(self.run_dir), record)
             return bool(self._auto.due())
         due = bool(ck.every_steps and step % ck.every_steps == 0)
         if ck.every_seconds and time.monotonic() - self._last_save >= ck.every_seconds:
@@ -99,9 +99,7 @@ class JobContext:
         from ..checkpointer import Checkpointer
 
         ck = self.config.checkpoint
-        kw: dict[str, Any] = {"max_in_flight": ck.max_in_flight, "threads": ck.threads, "keep_last": ck.keep_last,
-                              "keep_every_steps": ck.keep_every_steps, "keep_every_seconds": ck.keep_every_seconds,
-                              "keep_best": ck.keep_best, "spike_factor": ck.spike_factor,
-                              "lustre_layout": ck.lustre_layout, "preflight": ck.preflight, "rank": self.rank}
+        kw: dict[str, Any] = {**ck.engine_options(), "lustre_layout": ck.lustre_layout, "preflight": ck.preflight,
+                              "rank": self.rank}
         kw.update(overrides)
         return Checkpointer(self.run_dir, **kw)

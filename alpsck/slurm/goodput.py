@@ -1,9 +1,7 @@
 """Where a run's wall time went, from its history alone: the goodput ``alpsck status`` shows.
 
-One walk over the run's starts (:func:`starts`) serves every reader of them: the goodput here, the
-failure interval of ``checkpoint.every: auto`` (:func:`alpsck.slurm.interval.observed_mtbf`) and
-the timeline plot (:mod:`alpsck.tools.plot`). A start runs from its ``started`` to its end: a crash's
-step end (the ``crashed`` the next start records), a hang's detection, or its own last ending event.
+The run's starts come from its timeline (:meth:`alpsck.slurm.timeline.Timeline.starts`, the one walk
+over them that the failure interval of ``checkpoint.every: auto`` and the plot read too).
 
 The run's wall time, from its first ``started`` to its last event (or now, while it runs), is cut
 into parts that add up to it exactly:
@@ -35,117 +33,16 @@ time without progress before it was called one), ``teardown_s`` (the end → the
 from __future__ import annotations
 
 import statistics
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
-# Events that end a start (a crash ends it at its step's end, which the next start records).
-ENDS = ("finished", "failed", "requeued", "cancelled", "gave_up", "hang")
-# Outcomes of a start that are failures (for the failure interval).
-FAILURES = ("crashed", "hang", "failed")
+from .timeline import CANCELLED, FINISHED, GAVE_UP, Start, Timeline, _num, _opt, as_timeline
+
 PARTS = ("training", "lost", "startup", "stall", "final", "unaccounted", "restart_gap", "queue")
-
-
-def _num(v: Any) -> float:
-    return float(v) if type(v) in (int, float) else 0.0
-
-
-def _opt(v: Any) -> float | None:
-    return float(v) if type(v) in (int, float) else None
-
-
-@dataclass
-class Start:
-    """One start of the run: when, how it ended, what it resumed from, and its recorded split."""
-
-    job_id: str | None
-    attempt: int
-    t0: float
-    end: float
-    outcome: str          # finished, crashed, hang, failed, requeued, cancelled, gave_up, running, unknown
-    cause: str            # what a restart after it is put down to (a requeue's reason for ``requeued``)
-    resume_step: int | None
-    taken_at: float | None  # when the state it resumed from was taken
-    down_s: float | None    # from the job step before's end to this ``started`` (in the allocation)
-    times: dict[str, Any] | None
-    final_step: int | None  # the step of its final checkpoint, after a stop
-    events: list[dict[str, Any]] = field(repr=False, default_factory=list)
-
-    @property
-    def first_poll(self) -> float | None:
-        return None if self.times is None else self.t0 + _num(self.times.get("start_s"))
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt, "t0": round(self.t0, 3), "end": round(self.end, 3),
-                "outcome": self.outcome, "resume_step": self.resume_step}
-
-
-def _outcome(own: list[dict[str, Any]], crashed: dict[str, Any] | None, last: bool, ended: bool) -> tuple[str, str]:
-    kinds = {e["event"] for e in own}
-    req = next((e for e in reversed(own) if e["event"] == "requeued"), None)
-    for name in ("hang", "crashed", "failed", "gave_up", "cancelled"):
-        if (crashed is not None) if name == "crashed" else name in kinds:
-            return name, name
-    if req is not None:
-        return "requeued", str(req.get("reason") or "requeued")
-    if "finished" in kinds:
-        return "finished", "finished"
-    return ("running" if last and not ended else "unknown"), "resubmitted"
-
-
-def run_ended(events: list[dict[str, Any]]) -> bool:
-    """Whether the run's last event ends it for good (finished, cancelled, gave up, failed for good)."""
-    last = events[-1] if events else None
-    return last is not None and (last["event"] in ("finished", "cancelled", "gave_up") or (
-        last["event"] == "failed" and not (last.get("will_requeue") or last.get("will_restart"))))
-
-
-def _run_end(events: list[dict[str, Any]], now: float | None) -> tuple[bool, float]:
-    """Whether the run ended for good, and its end: its last event's time, or now while it runs."""
-    ended = run_ended(events)
-    last = float(events[-1]["time"])
-    return ended, last if ended else max(last, time.time() if now is None else now)
-
-
-def starts(events: list[dict[str, Any]], now: float | None = None) -> list[Start]:
-    """The run's starts, oldest first (events normalised, in the history's order). ``now``: the end of
-    a start still running (default: the time now)."""
-    idx = [i for i, e in enumerate(events) if e["event"] == "started"]
-    if not idx:
-        return []
-    ended, t_last = _run_end(events, now)
-    out: list[Start] = []
-    for k, i in enumerate(idx):
-        st = events[i]
-        t0 = float(st["time"])
-        nxt = idx[k + 1] if k + 1 < len(idx) else len(events)
-        own = events[i + 1:nxt]
-        last = nxt == len(events)
-        crashed = next((e for e in own if e["event"] == "crashed" and _num(e.get("time_of_end")) >= t0), None)
-        ending = [e for e in own if e["event"] in ENDS]
-        if crashed is not None:
-            end = _num(crashed["time_of_end"])
-        elif ending:
-            end = float(ending[-1]["time"])
-        elif not last:
-            end = float(events[nxt - 1]["time"]) if nxt - 1 > i else t0
-        else:
-            end = t_last
-        outcome, cause = _outcome(own, crashed, last, ended)
-        final = next((e for e in reversed(own) if e["event"] == "final_checkpoint"), None)
-        step = st.get("step")
-        fstep = final.get("step") if final is not None else None
-        out.append(Start(
-            job_id=st.get("job_id"), attempt=int(_num(st.get("attempt"))), t0=t0, end=max(end, t0), outcome=outcome,
-            cause=cause, resume_step=step if type(step) is int else None, taken_at=_opt(st.get("step_taken_at")),
-            down_s=_opt(st.get("down_s")), times=next((e for e in reversed(own) if e["event"] == "times"), None),
-            final_step=fstep if type(fstep) is int else None, events=own))
-    return out
 
 
 def _lost_s(s: Start, nxt: Start, room: float) -> float:
     """Seconds start ``s`` trained that ``nxt`` trains again: after the state ``nxt`` resumed from was taken."""
-    if s.outcome in ("finished", "cancelled", "gave_up") or room <= 0:
+    if s.outcome in (FINISHED, CANCELLED, GAVE_UP) or room <= 0:
         return 0.0
     if s.final_step is not None and s.final_step == nxt.resume_step:
         return 0.0  # stopped at a step boundary and saved it: nothing to repeat
@@ -156,26 +53,26 @@ def _lost_s(s: Start, nxt: Start, room: float) -> float:
     return min(room, max(0.0, s.end - useful_until))
 
 
-def goodput(events: list[dict[str, Any]], now: float | None = None) -> dict[str, Any] | None:
-    """The goodput of the run whose (normalised) events these are, or None before its first start.
+def goodput(events: Timeline | list[dict[str, Any]], now: float | None = None) -> dict[str, Any] | None:
+    """The goodput of the run (its timeline, or the events read), or None before its first start.
     ``now``: the end of a run still going (default: the time now)."""
-    runs = starts(events, now)
+    tl = as_timeline(events)
+    runs = tl.starts(now)
     if not runs:
         return None
     parts = dict.fromkeys(PARTS, 0.0)
-    step_times = [_num(s.times.get("step_s")) / _num(s.times.get("polls")) for s in runs
-                  if s.times is not None and _num(s.times.get("polls")) > 1 and _num(s.times.get("step_s")) > 0]
+    step_times = [_num(s.times.step_s) / _num(s.times.polls) for s in runs
+                  if s.times is not None and _num(s.times.polls) > 1 and _num(s.times.step_s) > 0]
     step_s = statistics.median(step_times) if step_times else None
     restarts: list[dict[str, Any]] = []
     t_first = runs[0].t0
-    t_last = _run_end(events, now)[1]
+    t_last = tl.end_time(now)
     for k, s in enumerate(runs):
         wall = s.end - s.t0
         training = 0.0
         if s.times is not None:
-            split = {"training": _num(s.times.get("step_s")), "startup": _num(s.times.get("start_s")) +
-                     _num(s.times.get("restore_s")), "stall": _num(s.times.get("save_s")),
-                     "final": _num(s.times.get("final_s"))}
+            split = {"training": _num(s.times.step_s), "startup": _num(s.times.start_s) + _num(s.times.restore_s),
+                     "stall": _num(s.times.save_s), "final": _num(s.times.final_s)}
             total = sum(split.values())
             scale = min(1.0, wall / total) if total > 0 else 1.0
             for name, v in split.items():
@@ -209,9 +106,8 @@ def goodput(events: list[dict[str, Any]], now: float | None = None) -> dict[str,
 def _restart(s: Start, nxt: Start, gap: float, in_alloc: bool, lost: float, step_s: float | None) -> dict[str, Any]:
     """One restart: its cause, when, how long until the next start's first step ended, and its parts."""
     r: dict[str, Any] = {"cause": s.cause, "at": round(s.end, 3), "in_allocation": in_alloc}
-    hang = next((e for e in s.events if e["event"] == "hang"), None)
-    if hang is not None and _opt(hang.get("seconds")) is not None:
-        r["detect_s"] = round(_num(hang["seconds"]), 3)
+    if s.hang is not None and _opt(s.hang.seconds) is not None:
+        r["detect_s"] = round(_num(s.hang.seconds), 3)
     if in_alloc and nxt.down_s is not None:  # the step's end, from the batch script's clock
         r["teardown_s"] = round(max(0.0, gap - nxt.down_s), 3)
         r["start_s"] = round(min(gap, nxt.down_s), 3)

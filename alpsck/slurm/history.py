@@ -1,19 +1,18 @@
-"""RUN_DIR/history.jsonl: one JSON event per line, appended and fsync'ed; and the timeline view.
+"""RUN_DIR/history.jsonl, the job layer's events as a vocabulary: one record class per kind of event
+(:class:`Started`, :class:`Requeued`, ... : its fields and their types), the one writer (:func:`append`)
+and the one reader (:func:`read_log`). The kinds are spelled here only; every other module names them by
+their record class, and reads the history only through its fold, :mod:`alpsck.slurm.timeline`.
 
-Events (``event`` field): submitted, started, signal, final_checkpoint, requeued, finished,
-failed, cancelled, gave_up (a start that resumes says so in ``started``'s ``step``), and rollback
-(the training restored an earlier checkpoint in-process after a bad loss: ``step`` restored,
-``from_step`` whose loss was bad, ``reason``, ``skip`` batches skipped, ``seconds`` it took). Each carries
-``time`` (unix seconds), ``job_id`` and, where it applies, ``reason`` (timeout, preemption,
-maintenance, cancel, requeue, term, failure: see :mod:`alpsck.slurm.stop`), ``step``,
-``seconds``, ``restart``, ``host``, ``message``. Appends are single ``write`` calls of one line
-with O_APPEND, so concurrent writers (several ranks, the batch script's EXIT trap) never
-interleave within a line.
+Each event is one JSON line: ``time`` (unix seconds), ``event`` (its kind), ``job_id``, ``host`` and its
+kind's fields (a stop's ``reason``: timeout, preemption, maintenance, cancel, requeue, term, failure:
+see :mod:`alpsck.slurm.stop`). Appends are single ``write`` calls of one line with O_APPEND, so
+concurrent writers (several ranks, the batch script's EXIT trap) never interleave within a line.
 
 Whoever can write the run directory can write anything into the log. :func:`read_log`, the one
 reader, takes the log from its end (the newest events decide the state; at most ``MAX_BYTES`` of
-it, so memory and time stay bounded however long it grows), and :func:`normalise`, the one check,
-turns each line into an event whose fields every caller may use as they are, or skips it.
+it, so memory and time stay bounded however long it grows), and :func:`normalise`, the one check
+(each field against its declared type), turns each line into an event whose fields every caller may
+use as they are, or skips it; :func:`typed` makes it its record.
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import _core
 from ..store.durable import open_own, open_regular, read_at
@@ -44,22 +43,6 @@ JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,20})?")
 MAX_DEPTH = 16  # arrays and objects in a field's value: a deeper one would exhaust the recursion of what prints it
 
 
-def _count(v: Any) -> bool:
-    return type(v) is int and v >= 0
-
-
-def _real(v: Any) -> bool:
-    return type(v) in (int, float) and math.isfinite(v)
-
-
-def _text(v: Any) -> bool:
-    return isinstance(v, str)
-
-
-def _flag(v: Any) -> bool:
-    return isinstance(v, bool)
-
-
 def _shallow(v: Any) -> bool:
     """Whether ``v`` nests at most MAX_DEPTH arrays and objects deep (found without recursion)."""
     stack = [(v, 0)]
@@ -72,20 +55,284 @@ def _shallow(v: Any) -> bool:
     return True
 
 
-# The fields alpsck's code reads, and the type each must have (null counts as absent).
-_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "job_id": _text, "backend": _text, "reason": _text, "message": _text, "mechanism": _text, "host": _text,
-    "step": _count, "restart": _count, "resume_step": _count, "seconds": _real,
-    "progress": _flag, "will_requeue": _flag, "will_restart": _flag, "attempt": _count, "exit_code": _count,
-    "down_s": _real, "time_of_end": _real, "section": _text, "timeout_s": _real, "polls": _count,
-    "start_s": _real, "step_s": _real, "save_s": _real, "restore_s": _real, "final_s": _real,
-    "save_cost_s": _real, "mtbf_s": _real, "mtbf_from": _text, "from_step": _count, "skip": _count}
+# -- the vocabulary ---------------------------------------------------------------------------------
+# Every kind of event, one record class each: its fields and their types. A field's type is also the
+# check :func:`normalise` makes of it when it is read back (``int``: a count >= 0; ``float``: a finite
+# number; ``str``; ``bool``; anything else is kept as it is). A field the class does not name is kept in
+# ``more`` (written as it is; read back as it was). These classes are the only place the kinds are spelled.
 
 
-def record(event: str, **fields: Any) -> dict[str, Any]:
-    """One event as it is stored: ``time``, ``event``, the fields that are not None, ``host``."""
-    rec: dict[str, Any] = {"time": round(time.time(), 3), "event": event}
-    rec.update({k: v for k, v in fields.items() if v is not None})
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """What every event carries: ``time`` (unix seconds; the writer sets it), ``job_id``, ``host`` (the
+    writer's, by default), and ``more``: fields its kind does not name."""
+
+    KIND: ClassVar[str] = ""
+    time: float | None = None
+    job_id: str | None = None
+    host: str | None = None
+    more: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+    def get(self, name: str) -> Any:
+        """A field by name, named or in ``more`` (None when absent)."""
+        if name in _FIELDS_OF.get(type(self), ()):
+            return getattr(self, name)
+        return self.more.get(name)
+
+    def stored(self) -> dict[str, Any]:
+        """The event as it is stored: ``time``, ``event``, its fields that are not None, ``more``."""
+        rec: dict[str, Any] = {"time": self.time, "event": self.kind}
+        for name in _FIELDS_OF[type(self)]:
+            if name not in ("time", "more", "other_kind") and getattr(self, name) is not None:
+                rec[name] = getattr(self, name)
+        rec.update({k: v for k, v in self.more.items() if v is not None and k not in rec})
+        return rec
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted(Event):
+    """``alpsck submit`` handed the job to its backend."""
+
+    KIND: ClassVar[str] = "submitted"
+    backend: str | None = None
+    config: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started(Event):
+    """A start of the job (rank 0): the restart count, the step it resumes from and when that state was taken."""
+
+    KIND: ClassVar[str] = "started"
+    restart: int | None = None
+    step: int | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+    step_taken_at: float | None = None
+    maintenance_watch: str | None = None
+    attempt: int | None = None
+    down_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Crashed(Event):
+    """The job step before this start died without a word (recorded by the next start)."""
+
+    KIND: ClassVar[str] = "crashed"
+    attempt: int | None = None
+    exit_code: int | None = None
+    time_of_end: float | None = None
+    signal: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Signal(Event):
+    """The loop saw a stop: its reason (:mod:`alpsck.slurm.stop`) and when the signal came."""
+
+    KIND: ClassVar[str] = "signal"
+    reason: str | None = None
+    time_of_signal: float | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinalCheckpoint(Event):
+    """The final checkpoint after a stop: its step and seconds since the signal."""
+
+    KIND: ClassVar[str] = "final_checkpoint"
+    reason: str | None = None
+    step: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requeued(Event):
+    """The job was requeued (``progress``: the newest checkpoint advanced in the start it ends)."""
+
+    KIND: ClassVar[str] = "requeued"
+    reason: str | None = None
+    step: int | None = None
+    mechanism: str | None = None
+    progress: bool | None = None
+    recorded_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished(Event):
+    """The entry returned without a stop: the run is complete."""
+
+    KIND: ClassVar[str] = "finished"
+    step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed(Event):
+    """The entry raised (or the job ended without recording how): whether it is retried, and why not."""
+
+    KIND: ClassVar[str] = "failed"
+    message: str | None = None
+    step: int | None = None
+    will_requeue: bool | None = None
+    will_restart: bool | None = None
+    cancelled: bool | None = None
+    not_requeued: str | None = None
+    recorded_by: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether this failure ends the run (it is neither requeued nor restarted)."""
+        return not (self.will_requeue or self.will_restart)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cancelled(Event):
+    """The job was cancelled for good."""
+
+    KIND: ClassVar[str] = "cancelled"
+    step: int | None = None
+    recorded_by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GaveUp(Event):
+    """The run gave up (exit 93: do not requeue)."""
+
+    KIND: ClassVar[str] = "gave_up"
+    message: str | None = None
+    step: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restored(Event):
+    """A restore fell back from ``resume_step`` to ``step`` (the newer one failed its check)."""
+
+    KIND: ClassVar[str] = "restored"
+    step: int | None = None
+    resume_step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Times(Event):
+    """Where a start's time went, by section (:mod:`alpsck.slurm.watchdog`): goodput's parts."""
+
+    KIND: ClassVar[str] = "times"
+    attempt: int | None = None
+    start_s: float | None = None
+    step_s: float | None = None
+    save_s: float | None = None
+    restore_s: float | None = None
+    final_s: float | None = None
+    polls: int | None = None
+    first_step_s: float | None = None
+    longest: dict[str, Any] | None = None
+    seen: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hang(Event):
+    """The hang watchdog ended a start: the section and the seconds without progress."""
+
+    KIND: ClassVar[str] = "hang"
+    section: str | None = None
+    seconds: float | None = None
+    timeout_s: float | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interval(Event):
+    """``checkpoint.every: auto`` chose an interval, and the numbers it came from."""
+
+    KIND: ClassVar[str] = "interval"
+    seconds: float | None = None
+    save_cost_s: float | None = None
+    mtbf_s: float | None = None
+    mtbf_from: str | None = None
+    rule: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rollback(Event):
+    """The training restored an earlier checkpoint in-process after a bad loss."""
+
+    KIND: ClassVar[str] = "rollback"
+    step: int | None = None
+    from_step: int | None = None
+    reason: str | None = None
+    skip: int | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Other(Event):
+    """An event of a kind this version does not know (a newer writer's, or written by hand): kept."""
+
+    other_kind: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.other_kind
+
+
+KINDS: dict[str, type[Event]] = {c.KIND: c for c in (
+    Submitted, Started, Crashed, Signal, FinalCheckpoint, Requeued, Finished, Failed, Cancelled, GaveUp, Restored,
+    Times, Hang, Interval, Rollback)}
+_FIELDS_OF: dict[type[Event], tuple[str, ...]] = {c: tuple(f.name for f in fields(c)) for c in (*KINDS.values(), Other)}
+# The check of each type a field may be declared with (``X | None``; null counts as absent).
+_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int | None": lambda v: type(v) is int and v >= 0,
+    "float | None": lambda v: type(v) in (int, float) and math.isfinite(v),
+    "str | None": lambda v: isinstance(v, str),
+    "bool | None": lambda v: isinstance(v, bool)}
+
+
+def _checks() -> dict[str, Callable[[Any], bool]]:
+    """The fields alpsck's code reads and the check of each, from the record classes' annotations (a
+    name has one type in every kind that has it)."""
+    out: dict[str, tuple[str, Callable[[Any], bool]]] = {}
+    for cls in KINDS.values():
+        for f in fields(cls):
+            check = _TYPE_CHECKS.get(str(f.type))
+            if check is None or f.name in ("time", "more"):
+                continue
+            if f.name in out and out[f.name][0] != str(f.type):
+                raise TypeError(f"history field {f.name!r} is declared {out[f.name][0]} and {f.type}")
+            out[f.name] = (str(f.type), check)
+    return {k: c for k, (_, c) in out.items()}
+
+
+_CHECKS = _checks()
+
+
+def typed(rec: dict[str, Any]) -> Event:
+    """A normalised event (:func:`normalise`) as its record: the fields its kind names, the rest in ``more``."""
+    cls = KINDS.get(rec["event"], Other)
+    names = _FIELDS_OF[cls]
+    kw = {k: v for k, v in rec.items() if k in names and k not in ("more", "other_kind")}
+    more = {k: v for k, v in rec.items() if k != "event" and k not in kw}
+    if cls is Other:
+        return Other(other_kind=rec["event"], more=more, **kw)
+    return cls(more=more, **kw)
+
+
+def record(event: Event | str, **fields: Any) -> dict[str, Any]:
+    """One event as it is stored: ``time`` (now, unless the record has one), ``event``, the fields that are
+    not None, ``host``. ``event``: a record, or a kind's name with its fields (the record of that kind)."""
+    if isinstance(event, str):
+        event = typed({"event": event, **fields})
+    elif fields:  # fields set on a record (a caller's job_id): the declared ones replace, the rest join ``more``
+        named = _FIELDS_OF[type(event)]
+        event = replace(event, **{k: v for k, v in fields.items() if k in named and k != "more"},
+                        more={**event.more, **{k: v for k, v in fields.items() if k not in named}})
+    rec = event.stored()
+    if rec["time"] is None:
+        rec["time"] = round(time.time(), 3)
     rec.setdefault("host", socket.gethostname())
     return rec
 
@@ -95,9 +342,10 @@ def line(rec: dict[str, Any]) -> str:
     return json.dumps(rec, sort_keys=False)
 
 
-def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[str, Any]:
-    """Append one event (durably) and return it. A log that cannot be written (a symlink or a
-    FIFO in its place, a full disk) is a warning on stderr, not the end of the job it records."""
+def append(run_dir: str | os.PathLike[str], event: Event | str, **fields: Any) -> dict[str, Any]:
+    """The one writer: append one event (:func:`record`) durably and return it. A log that cannot be
+    written (a symlink or a FIFO in its place, a full disk) is a warning on stderr, not the end of the
+    job it records."""
     rec = record(event, **fields)
     data = (line(rec) + "\n").encode()
     path = Path(run_dir) / HISTORY
@@ -110,7 +358,8 @@ def append(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> dict[s
         finally:
             os.close(fd)
     except OSError as e:
-        print(f"alpsck: warning: cannot record {event!r} in {path}: {e.strerror or e}", file=sys.stderr, flush=True)
+        print(f"alpsck: warning: cannot record {rec['event']!r} in {path}: {e.strerror or e}", file=sys.stderr,
+              flush=True)
     return rec
 
 
@@ -134,7 +383,7 @@ def normalise(rec: Any) -> dict[str, Any] | None:
         return None
     if not 0 <= t < MAX_TIME:  # also NaN
         return None
-    if ev == "submitted" and not is_job_id(rec.get("job_id")):
+    if ev == Submitted.KIND and not is_job_id(rec.get("job_id")):
         return None
     bad = [k for k, ok in _CHECKS.items() if rec.get(k) is not None and not ok(rec[k])]
     bad += [k for k, v in rec.items() if isinstance(v, (dict, list)) and k not in bad and not _shallow(v)]
@@ -198,54 +447,3 @@ def read_log(run_dir: str | os.PathLike[str], *, since: int = 0, max_bytes: int 
 def read(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The newest events (:func:`read_log`), oldest first."""
     return read_log(run_dir).events
-
-
-def submissions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events that name a job and its backend, oldest first: ``submitted``, and ``started``, which
-    carries the backend too, so that a job whose ``submitted`` lies before the part of the history
-    read (:func:`read_log`'s window) is still known, and asked whether it lives."""
-    return [e for e in events if e["event"] in ("submitted", "started") and e.get("backend") in ("slurm", "local")
-            and e.get("job_id")]
-
-
-def state_of(events: list[dict[str, Any]]) -> str:
-    """The job's state from its newest decisive event."""
-    for e in reversed(events):
-        ev = e["event"]
-        if ev == "finished":
-            return "finished"
-        if ev == "gave_up":
-            return "gave_up"
-        if ev == "cancelled":
-            return "cancelled"
-        if ev == "failed" and not (e.get("will_requeue") or e.get("will_restart")):
-            return "failed"
-        if ev == "requeued":
-            return "requeued"
-        if ev in ("started", "signal", "final_checkpoint"):
-            return "running"
-        if ev == "submitted":
-            return "pending"
-    return "pending"
-
-
-def summary(run_dir: str | os.PathLike[str], log: Log, shown: int) -> dict[str, Any]:
-    """What ``alpsck status`` says of the events read: counts over all of them, the newest
-    ``shown`` as the timeline (``events``), and how much it leaves out: ``earlier_events`` read
-    but not shown, ``malformed_lines``, ``unread_bytes`` of older log not read at all."""
-    events = log.events
-    steps = [e["step"] for e in events if e.get("step") is not None]
-    job_ids = list(dict.fromkeys(e["job_id"] for e in events if e.get("job_id")))
-    timeline = events[-shown:] if shown > 0 else []
-    return {
-        "run_dir": str(run_dir),
-        "state": state_of(events),
-        "job_ids": job_ids,
-        "starts": sum(1 for e in events if e["event"] == "started"),
-        "requeues": sum(1 for e in events if e["event"] == "requeued"),
-        "last_step": max(steps) if steps else None,
-        "events": timeline,
-        "earlier_events": len(events) - len(timeline),
-        "malformed_lines": log.malformed,
-        "unread_bytes": log.start,
-    }

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .goodput import FAILURES, starts
+from .timeline import Timeline, as_timeline
 
 DEFAULT_MTBF_S = 86_400.0
 MIN_INTERVAL_S = 1.0
@@ -37,19 +37,16 @@ def daly_interval(cost_s: float, mtbf_s: float) -> float:
     return max(MIN_INTERVAL_S, math.sqrt(2 * c * m) * (1 + math.sqrt(r) / 3 + r / 9) - c)
 
 
-def observed_mtbf(events: list[dict[str, Any]]) -> float | None:
-    """The run's time running over its failures (starts that crashed, hung or failed), from its history
-    (:func:`alpsck.slurm.goodput.starts`); None before its first failure. The start still running is left out."""
-    ended = [s for s in starts(events) if s.outcome != "running"]
-    failures = sum(1 for s in ended if s.outcome in FAILURES)
-    running = sum(s.end - s.t0 for s in ended)
-    return running / failures if failures and running > 0 else None
+def observed_mtbf(events: Timeline | list[dict[str, Any]]) -> float | None:
+    """The run's time running over its failures (starts that crashed, hung or failed), from its timeline
+    (:meth:`alpsck.slurm.timeline.Timeline.observed_mtbf`); None before its first failure."""
+    return as_timeline(events).observed_mtbf()
 
 
 class AutoInterval:
     """Decides, step by step, whether a checkpoint is due under ``checkpoint.every: auto``."""
 
-    def __init__(self, mtbf_s: float | None, events: list[dict[str, Any]], record: Callable[..., Any],
+    def __init__(self, mtbf_s: float | None, events: Timeline | list[dict[str, Any]], record: Callable[..., Any],
                  clock: Callable[[], float] = time.monotonic) -> None:
         observed = observed_mtbf(events) if mtbf_s is None else None
         self.mtbf_s = mtbf_s if mtbf_s is not None else observed if observed is not None else DEFAULT_MTBF_S

@@ -6,7 +6,7 @@ On each start (rank 0 writes history; every rank runs the entry):
    handler) and the maintenance watcher;
 2. record ``started`` with the restart count and the step it resumes from; end with
    ``gave_up`` (exit :data:`GIVE_UP_EXIT`, 93: do not requeue) if the restart budget is spent
-   (:func:`charged_starts`: a requeue after which the newest checkpoint had advanced costs
+   (:meth:`alpsck.slurm.timeline.Timeline.charged_starts`: a requeue after which the newest checkpoint had advanced costs
    nothing; a crash or a stop without progress costs one), or if the last
    ``give_up_after_no_progress`` starts all resumed from the same step (a job that crashes at
    every start). With several tasks, rank 0 decides and writes its decision to ``RUN_DIR/.start-decision``; the other
@@ -42,7 +42,7 @@ Requeue: under submitit's local executor, exit with its requeue code (144), whic
 task. Under SLURM, ``scontrol requeue $SLURM_JOB_ID`` from rank 0, unless SLURM requeued the job
 already (reason ``requeue``: it starts again by itself). Where scontrol fails (Slurm commands
 are not available inside an Alps container), rank 0 writes ``RUN_DIR/.requeue-request``
-(:func:`request_text`) and exits with code 3: the batch script's EXIT trap, which runs on the
+(:func:`alpsck.slurm.handoff.request_text`) and exits with code 3: the batch script's EXIT trap, which runs on the
 host, asks scontrol what the job's end is (:func:`alpsck.slurm.stop.term_verdict_shell`),
 requeues it or not, appends the matching event that the request carries to the history, and
 removes the request (:func:`alpsck.slurm.submit.requeue_trap_lines`). A request left by a batch
@@ -51,29 +51,40 @@ shell that was killed is removed at the next start.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import json
 import os
 import runpy
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import _core
-from ..errors import CheckpointError, ConfigError, RollbackLimitError, UsageError, torch_required
+from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
 from ..handles import RESTORED_HOOKS, install_progress
 from ..job_env import JobEnv
-from ..store.durable import open_own, read_small
-from ..store.run_dir import pick, temp_name
-from . import history
+from ..store.run_dir import pick
+from . import history, timeline
 from .config import JobConfig
 from .context import JobContext, _set_current
+from .handoff import DECISION_TIMEOUT_S, REQUEST_FILE, remove_request, request_text, wait_decision, write_decision, write_request  # noqa: F401
+from .history import (
+    Cancelled,
+    Crashed,
+    Event,
+    Failed,
+    FinalCheckpoint,
+    Finished,
+    GaveUp,
+    Requeued,
+    Restored,
+    Signal,
+    Started,
+    Times,
+)
 from .launch import user_paths
 from .stop import StopController, job_end_time, job_fields, scontrol_available, scontrol_requeue, term_verdict
+from .timeline import Timeline
 from .watchdog import Watchdog
 
 LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
@@ -87,9 +98,6 @@ GIVE_UP_EXIT = 93
 # (0), failed for good (1), asked for a requeue (3) or gave up (93). Any other (a signal's 128 + N, a
 # hard exit, RESTART_EXIT) is a step that died: started again in the allocation while the budget lasts.
 FINAL_EXITS = (0, 1, REQUEUE_EXIT, GIVE_UP_EXIT)
-REQUEST_FILE = _core.run_dir_names["requeue_request"]  # the run directory's names are the core's (run_dir.h)
-DECISION_FILE = _core.run_dir_names["start_decision"]
-DECISION_TIMEOUT_S = 600.0
 
 
 def newest_step(run_dir: str) -> int | None:
@@ -118,57 +126,6 @@ def resume_point(run_dir: str) -> tuple[int | None, float | None]:
 DETERMINISTIC_ERRORS: tuple[type[BaseException], ...] = (ImportError, SyntaxError, ConfigError, UsageError)
 
 
-def charged_starts(events: list[dict[str, Any]], job_id: str) -> int:
-    """How many of this job's recorded starts count against ``requeue.max_restarts``: all of them
-    but those that ended in a requeue after the newest checkpoint advanced (``requeued`` with
-    ``progress: true``). A start that left no ending (killed, its node lost) counts."""
-    mine = [e for e in events if e.get("job_id") == job_id]
-    starts = sum(1 for e in mine if e["event"] == "started")
-    free = sum(1 for e in mine if e["event"] == "requeued" and e.get("progress") is True)
-    return max(0, starts - free)
-
-
-def request_text(job_id: str, slurm_restarts: int, reason: str, step: int | None, progress: bool) -> str:
-    """The requeue request for the batch script: a first line naming the start it comes from
-    (``JOB_ID RESTARTS``), then one line per verdict of :func:`alpsck.slurm.stop.term_verdict`:
-    the verdict, a space, and the history event the batch script appends when it finds that
-    verdict. The shell copies a line; it never interprets one."""
-    lines = [f"{job_id} {slurm_restarts}"]
-    for verdict in ("preemption", "timeout", "cancel", "requeue"):
-        if verdict == "cancel":
-            rec = history.record("cancelled", job_id=job_id, step=step, recorded_by="batch script")
-        else:
-            # "term": the job could not ask scontrol; the batch script's verdict names the cause.
-            why = verdict if reason == "term" or verdict == "requeue" else reason
-            rec = history.record("requeued", job_id=job_id, progress=progress, reason=why, step=step,
-                                 mechanism="slurm" if verdict == "requeue" else "batch-script",
-                                 recorded_by="batch script")
-        lines.append(f"{verdict} {history.line(rec)}")
-    return "\n".join(lines) + "\n"
-
-
-def remove_request(run_dir: str) -> None:
-    """Remove a requeue request (a stale one: its batch shell was killed before its EXIT trap)."""
-    try:
-        os.unlink(os.path.join(run_dir, REQUEST_FILE))
-    except FileNotFoundError:
-        pass
-    except OSError as e:  # a directory in its place, no permission: the request written later fails loudly
-        print(f"alpsck: cannot remove {os.path.join(run_dir, REQUEST_FILE)}: {e}", file=sys.stderr, flush=True)
-
-
-def _hung(events: list[dict[str, Any]], job_id: str) -> bool:
-    """Whether this job's last start was ended by the hang watchdog (a ``hang`` after its ``started``)."""
-    for e in reversed(events):
-        if e.get("job_id") != job_id:
-            continue
-        if e["event"] == "started":
-            return False
-        if e["event"] == "hang":
-            return True
-    return False
-
-
 def _signal_name(exit_code: int | None) -> str | None:
     """The signal a job step's exit code says ended it (srun reports 128 + N), or None."""
     import signal
@@ -183,36 +140,6 @@ def _signal_name(exit_code: int | None) -> str | None:
 
 def _error_text(err: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(err), err)).strip()[-2000:]
-
-
-def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None,
-                   attempt: int = 0) -> None:
-    """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
-    path = os.path.join(run_dir, DECISION_FILE)
-    tmp = temp_name(path)
-    with os.fdopen(open_own(tmp), "w") as f:
-        json.dump({"job_id": job_id, "restart": restart, "attempt": attempt, "resume": resume, "give_up": give_up}, f)
-    os.replace(tmp, path)
-
-
-def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float, attempt: int = 0) -> dict[str, Any]:
-    """Wait for rank 0's decision of this start (same job id, restart count and in-job attempt)."""
-    path = os.path.join(run_dir, DECISION_FILE)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            d = json.loads(read_small(path, 1 << 16))
-            if (isinstance(d, dict) and d.get("job_id") == job_id and d.get("restart") == restart
-                    and d.get("attempt", 0) == attempt):
-                resume, give_up = d.get("resume"), d.get("give_up")
-                if (resume is None or isinstance(resume, int)) and (give_up is None or isinstance(give_up, str)):
-                    return {"resume": resume, "give_up": give_up}
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"rank 0 did not decide how to start job {job_id} (restart {restart}) within "
-                               f"{timeout_s:.0f} s: no {path}")
-        time.sleep(0.2)
 
 
 def attempt_port(job_id: str, attempt: int) -> int:
@@ -243,16 +170,23 @@ class JobRunner:
         self.config = config
         self._stop: StopController | None = None
         self._job = JobEnv()  # this start's, from __call__ on (JobEnv.detect)
+        self._job_id = "local"
+        self._rank = 0
 
     # -- environment ----------------------------------------------------------------------------
 
     def _requeued_by_slurm(self) -> bool:
         return self._stop is not None and self._stop.requeued_by_slurm()
 
-    def _restart_count(self, job_id: str, events: list[dict[str, Any]]) -> int:
+    def _restart_count(self, job_id: str, tl: Timeline) -> int:
         if self._job.slurm_restarts is not None:
             return self._job.slurm_restarts
-        return sum(1 for e in events if e["event"] == "started" and e.get("job_id") == job_id)
+        return len(tl.starts_of(job_id))
+
+    def _log(self, event: Event) -> None:
+        """Record ``event`` of this job in the run's history (rank 0 writes; the other ranks do nothing)."""
+        if self._rank == 0:
+            history.append(self.config.run_dir, event, job_id=self._job_id)
 
     # -- the job --------------------------------------------------------------------------------
 
@@ -270,6 +204,7 @@ class JobRunner:
         cfg = self.config
         job = self._job = JobEnv.detect()
         job_id, rank, world = job.job_id or "local", job.rank, job.world_size
+        self._job_id, self._rank = job_id, rank
         rq = cfg.requeue
         # A local job has no SLURM reservation to watch (a cluster on the same machine is not its own).
         stop = StopController(job_id, timeout_signal=rq.signal,
@@ -278,55 +213,23 @@ class JobRunner:
                               slurm_restarts=job.slurm_restarts or 0, slurm=not job.local)
         stop.install()
         self._stop = stop
-        log = (lambda event, **kw: history.append(cfg.run_dir, event, job_id=job_id, **kw)) if rank == 0 else (
-            lambda event, **kw: None)
-        events = history.read(cfg.run_dir)
-        restart = self._restart_count(job_id, events)
-        self._events = events
-        self._charged = charged_starts(events, job_id)  # earlier starts only
-        attempt = job.attempt
+        tl = self._timeline = timeline.read(cfg.run_dir)
+        restart = self._restart_count(job_id, tl)
+        self._charged = tl.charged_starts(job_id)  # earlier starts only
         if rank == 0:
-            remove_request(cfg.run_dir)
-            resume, taken_at = resume_point(cfg.run_dir)
-            if attempt and not job.local and rq.signal_delay_s is not None:
-                # The time-limit signal comes once, to the job step then running: one that came between two
-                # attempts reached none. Past that point of the allocation, the restarted step stops at once
-                # (a final checkpoint and the requeue, as after the signal); the loop agrees on it across ranks.
-                end = job_end_time(job_id)
-                if end is not None and end - time.time() <= rq.signal_delay_s:
-                    stop.request("timeout")
-            # The step before died without asking for the restart (RESTART_EXIT): a task killed or exiting hard.
-            # A rank that failed because of it (a peer gone) may have recorded that failure first; the crash is
-            # still the cause. The watchdog's own kill is recorded as the hang it was.
-            if attempt and job.previous_exit != RESTART_EXIT and not _hung(events, job_id):
-                log("crashed", attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
-                    **({"signal": _signal_name(job.previous_exit)} if _signal_name(job.previous_exit) else {}))
-            log("started", restart=restart, step=resume, rank=rank, world_size=world,
-                backend="local" if job.local else "slurm", **({"step_taken_at": round(taken_at, 3)} if taken_at else {}),
-                maintenance_watch=stop.maintenance_off(),
-                **({"attempt": attempt, "down_s": round(time.time() - job.previous_end, 3)}
-                   if attempt and job.previous_end else {"attempt": attempt} if attempt else {}))
-            starts = [e for e in events if e["event"] == "started" and e.get("job_id") == job_id]
-            same = [e for e in starts[-rq.give_up_after_no_progress:] if e.get("step") == resume]
-            verdict = None
-            if self._charged > rq.max_restarts:  # requeued by someone else (e.g. preemption) past the budget
-                verdict = (f"{self._charged} earlier starts crashed or made no progress: more than requeue.max_restarts "
-                           f"({rq.max_restarts})")
-            elif len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
-                verdict = f"no progress: the last {len(same)} starts all resumed from step {resume}"
+            resume, verdict = self._decide_start(stop, restart)
             if world > 1:
-                write_decision(cfg.run_dir, job_id, restart, resume, verdict, attempt)
+                write_decision(cfg.run_dir, job_id, restart, resume, verdict, job.attempt)
             if verdict is not None:
-                return self._give_up(log, verdict)
+                return self._give_up(verdict)
         else:
-            decision = wait_decision(cfg.run_dir, job_id, restart, DECISION_TIMEOUT_S, attempt)
+            decision = wait_decision(cfg.run_dir, job_id, restart, DECISION_TIMEOUT_S, job.attempt)
             if decision["give_up"] is not None:
                 print(f"alpsck: rank {rank}: rank 0 gave up: {decision['give_up']}", file=sys.stderr, flush=True)
                 raise SystemExit(GIVE_UP_EXIT)
             resume = decision["resume"]
         if world > 1:
-            export_torch_distributed_env(job_id, attempt)
-
+            export_torch_distributed_env(job_id, job.attempt)
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
 
         def restored(run_dir: Path, step: int | None) -> None:  # what a restore used: resume_step is what it tries
@@ -334,61 +237,105 @@ class JobRunner:
                 return
             ctx.restored_step = step
             if step != resume:  # it fell back (the data of resume_step failed its CRC): recorded
-                log("restored", step=step, resume_step=resume)
+                self._log(Restored(step=step, resume_step=resume))
 
         RESTORED_HOOKS.append(restored)
         _set_current(ctx)
-        dog = None
-        if rq.hang_timeout_s > 0:
-            dog = Watchdog(rq.hang_timeout_s, run_dir=cfg.run_dir, job_id=job_id, rank=rank, attempt=attempt,
-                           learn=(rq.hang_timeout_min_s, events) if rq.hang_timeout == "learned" else None)
-            install_progress(dog)
-            dog.start()
-
-        def end_watch() -> None:  # once the entry returned or raised, before any outcome (some end the process)
-            nonlocal dog
-            if dog is not None:
-                watched, dog = dog, None
-                watched.stop()
-                install_progress(None)
-                log("times", attempt=attempt, **watched.times())  # where this start's time went: goodput's parts
-
+        dog = self._watchdog(tl)
         try:
             with torch_required(f"the job's entry {self.config.entry.function or self.config.entry.script}"):
                 result = self._run_entry(ctx)
         except BaseException as e:  # noqa: BLE001 - SystemExit from a script counts as a failure too
-            end_watch()
+            self._end_watch(dog)
+            dog = None
             if isinstance(e, SystemExit) and e.code in (0, None):
                 result = None
             else:
                 stop.close()
-                return self._failed(log, ctx, e)
+                return self._failed(ctx, e)
         finally:
-            end_watch()
+            self._end_watch(dog)
             _set_current(None)
             RESTORED_HOOKS.remove(restored)
         stop.close()
+        return self._returned(ctx, result)
+
+    def _decide_start(self, stop: StopController, restart: int) -> tuple[int | None, str | None]:
+        """Rank 0's start: record it (and a crash of the step before), and decide whether to run: the step
+        it resumes from, and why it gives up instead (or None)."""
+        cfg, job, job_id, rq, tl = self.config, self._job, self._job_id, self.config.requeue, self._timeline
+        attempt = job.attempt
+        remove_request(cfg.run_dir)
+        resume, taken_at = resume_point(cfg.run_dir)
+        if attempt and not job.local and rq.signal_delay_s is not None:
+            # The time-limit signal comes once, to the job step then running: one that came between two
+            # attempts reached none. Past that point of the allocation, the restarted step stops at once
+            # (a final checkpoint and the requeue, as after the signal); the loop agrees on it across ranks.
+            end = job_end_time(job_id)
+            if end is not None and end - time.time() <= rq.signal_delay_s:
+                stop.request("timeout")
+        # The step before died without asking for the restart (RESTART_EXIT): a task killed or exiting hard.
+        # A rank that failed because of it (a peer gone) may have recorded that failure first; the crash is
+        # still the cause. The watchdog's own kill is recorded as the hang it was.
+        if attempt and job.previous_exit != RESTART_EXIT and not tl.hung(job_id):
+            self._log(Crashed(attempt=attempt - 1, exit_code=job.previous_exit, time_of_end=job.previous_end,
+                              signal=_signal_name(job.previous_exit)))
+        self._log(Started(
+            restart=restart, step=resume, rank=job.rank, world_size=job.world_size,
+            backend="local" if job.local else "slurm", step_taken_at=round(taken_at, 3) if taken_at else None,
+            maintenance_watch=stop.maintenance_off(), attempt=attempt or None,
+            down_s=round(time.time() - job.previous_end, 3) if attempt and job.previous_end else None))
+        starts = tl.starts_of(job_id)
+        same = [e for e in starts[-rq.give_up_after_no_progress:] if e.step == resume]
+        if self._charged > rq.max_restarts:  # requeued by someone else (e.g. preemption) past the budget
+            return resume, (f"{self._charged} earlier starts crashed or made no progress: more than "
+                            f"requeue.max_restarts ({rq.max_restarts})")
+        if len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
+            return resume, f"no progress: the last {len(same)} starts all resumed from step {resume}"
+        return resume, None
+
+    def _watchdog(self, tl: Timeline) -> Watchdog | None:
+        rq, job = self.config.requeue, self._job
+        if rq.hang_timeout_s <= 0:
+            return None
+        dog = Watchdog(rq.hang_timeout_s, run_dir=self.config.run_dir, job_id=self._job_id, rank=job.rank,
+                       attempt=job.attempt, learn=(rq.hang_timeout_min_s, tl) if rq.hang_timeout == "learned" else None)
+        install_progress(dog)
+        dog.start()
+        return dog
+
+    def _end_watch(self, dog: Watchdog | None) -> None:
+        """Once the entry returned or raised, before any outcome (some end the process): stop the watchdog
+        and record where this start's time went (goodput's parts)."""
+        if dog is not None:
+            dog.stop()
+            install_progress(None)
+            self._log(Times(attempt=self._job.attempt, **dog.times()))
+
+    def _returned(self, ctx: JobContext, result: Any) -> Any:
+        """The entry returned: finished, or stopped (final checkpoint, then cancelled or requeued)."""
+        stop, rq, resume = ctx.stop, self.config.requeue, ctx.resume_step
         # Settle signals that came after the loop saw its stop (a scancel during the final
         # checkpoint): the decision below must see them.
         reason = stop.settle()
         if reason is None:  # no stop, or one the entry never saw (it finished first): the run is complete
-            log("finished", step=newest_step(cfg.run_dir))
+            self._log(Finished(step=newest_step(self.config.run_dir)))
             return result
-        step = newest_step(cfg.run_dir)
+        step = newest_step(self.config.run_dir)
         seconds = round(time.time() - stop.signal_time, 3) if stop.signal_time else None
-        log("signal", reason=reason, time_of_signal=stop.signal_time, step=step)
-        log("final_checkpoint", reason=reason, step=step, seconds=seconds)
+        self._log(Signal(reason=reason, time_of_signal=stop.signal_time, step=step))
+        self._log(FinalCheckpoint(reason=reason, step=step, seconds=seconds))
         if reason == "cancel":
-            log("cancelled", step=step)
+            self._log(Cancelled(step=step))
             return result
-        if rank != 0:
+        if ctx.rank != 0:
             return result
         progress = step is not None and (resume is None or step > resume)
         if not progress and self._charged + 1 > rq.max_restarts:
-            return self._give_up(log, f"stopped ({reason}) with no checkpoint newer than step {resume}; "
-                                      f"{self._charged + 1} starts crashed or made no progress, and requeue.max_restarts "
-                                      f"is {rq.max_restarts}")
-        return self._requeue(log, reason, step, progress=progress)
+            return self._give_up(f"stopped ({reason}) with no checkpoint newer than step {resume}; "
+                                 f"{self._charged + 1} starts crashed or made no progress, and requeue.max_restarts "
+                                 f"is {rq.max_restarts}")
+        return self._requeue(reason, step, progress=progress)
 
     def _run_entry(self, ctx: JobContext) -> Any:
         entry = self.config.entry
@@ -409,8 +356,8 @@ class JobRunner:
             sys.argv = old_argv
         return None
 
-    def _give_up(self, log: Any, message: str) -> None:
-        log("gave_up", message=message, step=newest_step(self.config.run_dir), exit_code=GIVE_UP_EXIT)
+    def _give_up(self, message: str) -> None:
+        self._log(GaveUp(message=message, step=newest_step(self.config.run_dir), exit_code=GIVE_UP_EXIT))
         print(f"alpsck: giving up (exit {GIVE_UP_EXIT}: do not requeue): {message}", file=sys.stderr, flush=True)
         raise SystemExit(GIVE_UP_EXIT)
 
@@ -429,26 +376,20 @@ class JobRunner:
             return f"{self._charged + 1} starts crashed or made no progress, and requeue.max_restarts is {rq.max_restarts}"
         # Earlier starts of this job that failed with this error, newest first, with no checkpoint
         # since (each recorded this same newest step): a retry would meet it again.
-        streak = 0
         if step == ctx.resume_step:
-            for e in reversed(self._events):
-                if e["event"] != "failed" or e.get("job_id") != ctx.job_id:
-                    continue
-                if e.get("message") != message or e.get("step") != step:
-                    break
-                streak += 1
-        if step == ctx.resume_step and streak >= rq.same_error_retries:
-            if streak == 0:
-                return "it failed before writing a checkpoint, and requeue.same_error_retries is 0"
-            return (f"the {streak} start(s) before failed with the same error, and no checkpoint was written in "
-                    f"between (requeue.same_error_retries is {rq.same_error_retries})")
+            streak = self._timeline.same_failures(ctx.job_id, message, step)
+            if streak >= rq.same_error_retries:
+                if streak == 0:
+                    return "it failed before writing a checkpoint, and requeue.same_error_retries is 0"
+                return (f"the {streak} start(s) before failed with the same error, and no checkpoint was written in "
+                        f"between (requeue.same_error_retries is {rq.same_error_retries})")
         return None
 
-    def _failed(self, log: Any, ctx: JobContext, err: BaseException) -> Any:
+    def _failed(self, ctx: JobContext, err: BaseException) -> Any:
         message = _error_text(err)
         if isinstance(err, RollbackLimitError):  # the loss kept going bad: another start would diverge again
             traceback.print_exception(type(err), err, err.__traceback__)
-            return self._give_up(log, message)
+            return self._give_up(message)
         step = newest_step(self.config.run_dir)
         why_not = self._retry_verdict(ctx, err, message, step)
         # Inside the allocation first (the batch script's restart loop), while its budget lasts and no stop
@@ -458,13 +399,13 @@ class JobRunner:
                 and not ctx.stop.allocation_ending())
         will = why_not is None and ctx.rank == 0 and not here
         # The event keeps the error, also for a cancelled job (its final checkpoint may be missing).
-        log("failed", message=message, step=step, will_requeue=will, **({"will_restart": True} if here else {}),
-            **({"cancelled": True} if ctx.stop.cancelled() else {}), **({"not_requeued": why_not} if why_not else {}))
+        self._log(Failed(message=message, step=step, will_requeue=will, will_restart=True if here else None,
+                         cancelled=True if ctx.stop.cancelled() else None, not_requeued=why_not or None))
         traceback.print_exception(type(err), err, err.__traceback__)
         if here:
             return self._restart_here(ctx, step)
         if will:
-            return self._requeue(log, "failure", step, progress=False)
+            return self._requeue("failure", step, progress=False)
         if why_not:
             print(f"alpsck: not requeued: {why_not}", file=sys.stderr, flush=True)
         raise SystemExit(1)
@@ -483,40 +424,38 @@ class JobRunner:
         os._exit(RESTART_EXIT)
 
     def _write_request(self, reason: str, step: int | None, progress: bool) -> None:
-        """The requeue request for the batch script's EXIT trap (:func:`request_text`), written durably."""
-        path = os.path.join(self.config.run_dir, REQUEST_FILE)
-        remove_request(self.config.run_dir)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(request_text(self._job.slurm_job_id or "", (self._job.slurm_restarts or 0), reason, step, progress))
-            f.flush()
-            os.fsync(f.fileno())
+        """The requeue request for the batch script's EXIT trap (:func:`alpsck.slurm.handoff.request_text`)."""
+        write_request(self.config.run_dir, request_text(self._job.slurm_job_id or "", (self._job.slurm_restarts or 0),
+                                                        reason, step, progress))
 
-    def _requeue(self, log: Any, reason: str, step: int | None, *, progress: bool) -> None:
+    def _requeue(self, reason: str, step: int | None, *, progress: bool) -> None:
         """Requeue this job; ``progress``: the newest checkpoint advanced during this start, so
         the requeue does not count against ``requeue.max_restarts``."""
         sys.stdout.flush()
         sys.stderr.flush()
-        log = functools.partial(log, progress=progress)
+
+        def log(mechanism: str, why: str = reason) -> None:
+            self._log(Requeued(reason=why, step=step, mechanism=mechanism, progress=progress))
+
         if self._job.local:
-            log("requeued", reason=reason, step=step, mechanism="local")
+            log("local")
             os._exit(LOCAL_REQUEUE_EXIT)  # submitit's local controller restarts the task
         job_id = self._job.slurm_job_id or ""
         if self._requeued_by_slurm():  # a "requeue" stop, or a crash after an unpolled requeue
             # scontrol requeue by hand (or an admin): SLURM starts the job again by itself.
-            log("requeued", reason="requeue", step=step, mechanism="slurm")
+            log("slurm", "requeue")
             os._exit(0)
         # "term": scontrol did not answer when the SIGTERM came; the batch script asks it again,
         # rather than a requeue here overriding what may be a scancel.
         if scontrol_available() and reason != "term":
             try:
                 scontrol_requeue(job_id)
-                log("requeued", reason=reason, step=step, mechanism="scontrol")
+                log("scontrol")
                 os._exit(0)
-            except (OSError, subprocess.SubprocessError) as e:
+            except SlurmError as e:
                 if term_verdict(job_fields(job_id), (self._job.slurm_restarts or 0)) == "requeue":
                     # It failed after it took effect (the job's restart count is up): our requeue.
-                    log("requeued", reason=reason, step=step, mechanism="scontrol")
+                    log("scontrol")
                     os._exit(0)
                 print(f"alpsck: scontrol requeue failed ({e}); asking the batch script", file=sys.stderr)
         self._write_request(reason, step, progress)

@@ -26,41 +26,23 @@ during the final checkpoint of a time-limit stop is a cancel, not a requeue.
 from __future__ import annotations
 
 import datetime as dt
-import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 
+from ..errors import SlurmError
+from . import commands
 from .launch import EARLY_SIGNALS
 
+# scontrol's stdout for its arguments (``["show", "job", ...]``); SlurmError when it fails. Tests pass their own.
 Runner = Callable[[list[str]], str]
-
-
-def run_cmd(argv: list[str], timeout: float = 20) -> str:
-    """stdout of a command; raises OSError/CalledProcessError/TimeoutExpired on failure."""
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=timeout).stdout
-
-
-def scontrol_available() -> bool:
-    return os.environ.get("ALPSCK_NO_SCONTROL") != "1" and shutil.which("scontrol") is not None
-
-
-def scontrol_requeue(job_id: str, timeout: float = 60) -> None:
-    """``scontrol requeue JOB`` from inside the job; raises OSError/SubprocessError when it fails.
-
-    SLURM answers a successful requeue by signalling every process of the job's steps with
-    SIGTERM, scontrol itself included, often before scontrol has exited: seen as a requeue that
-    "died with SIGTERM" although it took effect. scontrol therefore runs with SIGTERM ignored
-    (a disposition exec keeps), as the batch script's own requeue does. The job id is an
-    argument of the shell, never part of its text."""
-    subprocess.run(["/bin/sh", "-c", 'trap "" TERM; exec scontrol requeue "$1"', "alpsck-requeue", job_id],
-                   capture_output=True, text=True, check=True, timeout=timeout)
+run_cmd: Runner = commands.scontrol
+scontrol_available = commands.scontrol_available
+scontrol_requeue = commands.scontrol_requeue
 
 
 def job_fields(job_id: str, run: Runner = run_cmd) -> dict[str, str] | None:
@@ -69,8 +51,8 @@ def job_fields(job_id: str, run: Runner = run_cmd) -> dict[str, str] | None:
     if not scontrol_available():
         return None
     try:
-        out = run(["scontrol", "show", "job", "-o", job_id])
-    except (OSError, subprocess.SubprocessError):
+        out = run(["show", "job", "-o", job_id])
+    except SlurmError:
         return None
     fields: dict[str, str] = {}
     for field in out.split():
@@ -152,8 +134,8 @@ def maintenance_start(job_id: str, host: str, run: Runner = run_cmd) -> float | 
     if not scontrol_available():
         return None
     try:
-        out = run(["scontrol", "show", "reservation", "-o"])
-    except (OSError, subprocess.SubprocessError):
+        out = run(["show", "reservation", "-o"])
+    except SlurmError:
         return None
     earliest: float | None = None
     for line in out.splitlines():
@@ -164,8 +146,8 @@ def maintenance_start(job_id: str, host: str, run: Runner = run_cmd) -> float | 
         covers = nodes in ("", "ALL") or host in nodes.split(",")
         if not covers and nodes:
             try:
-                covers = host in run(["scontrol", "show", "hostnames", nodes]).split()
-            except (OSError, subprocess.SubprocessError):
+                covers = host in run(["show", "hostnames", nodes]).split()
+            except SlurmError:
                 covers = True  # cannot tell: assume it concerns us
         start = _parse_time(fields.get("StartTime", ""))
         if covers and start is not None and (earliest is None or start < earliest):
@@ -217,8 +199,8 @@ class StopController:
         silently dropped."""
         if not self._maintenance or self._watcher is not None:
             return None
-        if os.environ.get("ALPSCK_NO_SCONTROL") == "1":
-            return "off: ALPSCK_NO_SCONTROL=1 hides scontrol from the job"
+        if commands.scontrol_hidden():
+            return f"off: {commands.NO_SCONTROL_ENV}=1 hides scontrol from the job"
         return ("off: scontrol is not on the job's PATH (inside a container: mount SLURM's commands and "
                 "configuration into it, docs/alps.md), so the weekly maintenance reservation is not watched")
 

@@ -46,8 +46,9 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
-from . import commands, history
-from .config import JobConfig, shell_problem
+from . import commands, history, watch
+from .batch_rules import shell_problem
+from .config import JobConfig
 from .launch import job_python, start_local_controller, user_paths
 from .runner import FINAL_EXITS, REQUEST_FILE, JobRunner
 from .stop import term_verdict_shell
@@ -330,35 +331,6 @@ def slurm_unavailable() -> str | None:
     return commands.unavailable()
 
 
-# squeue states after which a job no longer runs nor comes back by itself.
-_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
-          "REVOKED"}
-
-
-def live_jobs(run_dir: str | Path, *, budget: float | None = 0) -> list[tuple[str, str]] | None:
-    """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
-
-    A job the controller no longer knows (finished long ago, or from a cluster since restarted)
-    is not live. None when squeue gave no answer within ``budget`` seconds of retries (None: the
-    default budget of :mod:`commands`; 0: one try).
-    """
-    ids = list(dict.fromkeys(str(e["job_id"]) for e in history.submissions(history.read(run_dir))
-                             if e.get("backend") == "slurm" and str(e.get("job_id")).isdigit()))
-    if not ids:
-        return []
-    try:  # "Invalid job id": no job of the list is known
-        r = commands.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(ids)], read=True, budget=budget,
-                         accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
-    except SlurmError:
-        return None
-    out = []
-    for line in r.stdout.splitlines():
-        job_id, _, state = line.strip().partition(" ")
-        if job_id in ids and state and state not in _ENDED:
-            out.append((job_id, state))
-    return out
-
-
 class _LocalExecutor(submitit.LocalExecutor):
     """submitit's local executor, with a controller that restarts a requeued task as often as the
     job asks (submitit's own stops after 6 starts: the quickstart on a slow machine needs more)."""
@@ -428,12 +400,12 @@ def sbatch(script: Path, tag: str | None) -> commands.Answer:
             raise SlurmError(f"`sbatch {script}` failed: {said}; it may have submitted the job all the same (see "
                              "squeue --me), and without alpsck's tag in the job's comment (slurm.extra.comment is "
                              "set) alpsck cannot tell, so it does not try again")
-        found = commands.run(["squeue", "--me", "-h", "-o", "%i|%k"], read=True)
+        found = commands.squeue("--me", "-h", "-o", "%i|%k")
         job_id = next((i for i, _, k in (ln.partition("|") for ln in found.stdout.splitlines()) if k.strip() == tag), None)
         return None if job_id is None else commands.Answer(f"Submitted batch job {job_id.strip()}", "", 0)
 
     try:
-        return commands.run(["sbatch", str(script)], read=False, before_retry=submitted_already)
+        return commands.sbatch(str(script), before_retry=submitted_already)
     except SlurmError as e:
         raise SlurmError(f"sbatch refused the job: {e}") from None
 
@@ -488,7 +460,7 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
         raise UsageError(f"{cfg.source}: slurm.nodes x slurm.tasks_per_node is {cfg.slurm.nodes * cfg.slurm.tasks_per_node}: "
                          "a multi-task job needs SLURM (srun); the local executor runs one task")
     if not use_local:
-        busy = live_jobs(cfg.run_dir)  # None (no answer): the run dir's writer lock still guards it
+        busy = watch.live_jobs(cfg.run_dir)  # None (no answer): the run dir's writer lock still guards it
         if busy:
             jobs = ", ".join(f"job {i} ({state})" for i, state in busy)
             raise SlurmError(f"{cfg.run_dir} is the run directory of {jobs}: a second job there would fight it for "
@@ -516,6 +488,6 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
             os.environ.pop(PREEMPT_SIGNAL_ENV, None)
         else:
             os.environ[PREEMPT_SIGNAL_ENV] = saved
-    history.append(cfg.run_dir, "submitted", job_id=str(job.job_id), backend="local" if use_local else "slurm",
-                   config=cfg.source, name=cfg.name)
+    history.append(cfg.run_dir, history.Submitted(job_id=str(job.job_id), backend="local" if use_local else "slurm",
+                                                  config=cfg.source, name=cfg.name))
     return job

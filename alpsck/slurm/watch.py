@@ -1,9 +1,9 @@
 """What a submitted job is doing now: its history reconciled with whether it still lives, its log,
 and the lines ``alpsck submit`` prints while it waits.
 
-``history.state_of`` reads the job's own record. A job that died without writing its end (it
-could not start at all, a SIGKILL, a lost node) would stay ``pending`` or ``running`` there
-forever; :func:`reconcile` asks the backend whether the job still exists (the local executor's
+The timeline's state (:attr:`alpsck.slurm.timeline.Timeline.state`) is the job's own record. A job
+that died without writing its end (it could not start at all, a SIGKILL, a lost node) would stay
+``pending`` or ``running`` there forever; :func:`reconcile` asks the backend whether the job still exists (the local executor's
 controller process; SLURM's queue) and calls such a job ``failed``, with the end of its log.
 """
 
@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from .. import _core
-from ..errors import UsageError
+from ..errors import SlurmError, UsageError
 from ..store.durable import read_small_inside
 from ..tools.textout import printable
-from . import history
+from . import commands, history, timeline
+from .history import Event
+from .timeline import CANCELLED, FAILED, LIVE_STATES, PENDING, TIMEOUT, Timeline, as_timeline
 
-# History states in which the job is still supposed to exist.
-LIVE_STATES = ("pending", "running", "requeued")
 _FIELDS = ("reason", "step", "from_step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
 _LOG_DIR = "submitit"
 LATEST = _core.run_dir_names["latest"]  # the run directory's names belong to the core (run_dir.h)
@@ -57,17 +56,17 @@ def _stamp(t: float) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def describe(e: dict[str, Any]) -> str:
-    """One event (as :func:`history.normalise` leaves it) as a timeline line: time, event, its
-    fields, escaped for the terminal."""
-    extra = " ".join(f"{k}={printable(e[k], 500)}" for k in _FIELDS if e.get(k) is not None)
-    return f"{_stamp(e['time'])}  {printable(e['event'], 40):<17} {extra}".rstrip()
+def describe(e: Event | dict[str, Any]) -> str:
+    """One event (its record, or as :func:`history.normalise` leaves it) as a timeline line: time, event,
+    its fields, escaped for the terminal."""
+    rec = timeline.record_of(e) if isinstance(e, dict) else e
+    extra = " ".join(f"{k}={printable(rec.get(k), 500)}" for k in _FIELDS if rec.get(k) is not None)
+    return f"{_stamp(rec.time or 0.0)}  {printable(rec.kind, 40):<17} {extra}".rstrip()
 
 
-def last_submission(events: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The newest event naming a job and its backend (:func:`history.submissions`)."""
-    found = history.submissions(events)
-    return found[-1] if found else None
+def last_submission(events: Timeline | list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The newest event naming a job and its backend (:meth:`Timeline.last_submission`), as read."""
+    return as_timeline(events).last_submission()
 
 
 def local_job_alive(job_id: str, run_dir: str | os.PathLike[str]) -> bool:
@@ -88,9 +87,7 @@ def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> tu
     job_id = str(submission.get("job_id"))
     if submission.get("backend") == "local":
         return local_job_alive(job_id, run_dir), None
-    from .submit import live_jobs, slurm_unavailable
-
-    if slurm_unavailable() is not None:
+    if commands.unavailable() is not None:
         return None, None
     live = live_jobs(os.fspath(run_dir))
     if live is None:
@@ -99,31 +96,60 @@ def job_alive(run_dir: str | os.PathLike[str], submission: dict[str, Any]) -> tu
     return state is not None, state
 
 
+# squeue states after which a job no longer runs nor comes back by itself.
+_ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY",
+          "REVOKED"}
+
+
+def live_jobs(run_dir: str | Path, *, budget: float | None = 0) -> list[tuple[str, str]] | None:
+    """(job id, state) of the jobs in ``run_dir``'s history that SLURM still queues or runs.
+
+    A job the controller no longer knows (finished long ago, or from a cluster since restarted)
+    is not live. None when squeue gave no answer within ``budget`` seconds of retries (None: the
+    default budget of :mod:`commands`; 0: one try).
+    """
+    tl = timeline.read(run_dir)
+    ids = list(dict.fromkeys(str(e.job_id) for e in (tl.records[i] for i in tl.submissions())
+                             if e.get("backend") == "slurm" and str(e.job_id).isdigit()))
+    if not ids:
+        return []
+    try:  # "Invalid job id": no job of the list is known
+        r = commands.squeue("-h", "-o", "%i %T", "-j", ",".join(ids), budget=budget,
+                            accept=lambda code, _out, err: code == 0 or "Invalid job id" in err)
+    except SlurmError:
+        return None
+    out = []
+    for line in r.stdout.splitlines():
+        job_id, _, state = line.strip().partition(" ")
+        if job_id in ids and state and state not in _ENDED:
+            out.append((job_id, state))
+    return out
+
+
 def slurm_record(job_id: str) -> dict[str, str] | None:
     """How SLURM recorded the job's end: ``{"state": JobState, "exit_code": "N:S"}`` from ``sacct``
     (the accounting database; where accounting is off, the job-completion log, ``sacct -c``), or
     None when neither knows the job or cannot be asked."""
-    for argv in (["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode"],
-                 ["sacct", "-c", "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode"]):
-        try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.SubprocessError):
-            return None
+    for source in ("-X", "-c"):  # the accounting database, then the job-completion log
+        try:  # one try each (a report must not wait)
+            r = commands.sacct(source, "-n", "-P", "-j", job_id, "-o", "JobID,State,ExitCode")
+        except SlurmError:
+            continue
         rows = [line.split("|") for line in r.stdout.splitlines() if line.count("|") == 2]
         rows = [row for row in rows if row[0] == job_id]
-        if r.returncode == 0 and rows:
+        if rows:
             state = rows[-1][1].split()[0]  # "CANCELLED by 0" -> CANCELLED
             return {"state": state, "exit_code": rows[-1][2]}
     return None
 
 
 # What SLURM's final JobState means for a job whose history records no end.
-_SLURM_ENDS = {"CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout"}
+_SLURM_ENDS = {"CANCELLED": CANCELLED, "TIMEOUT": TIMEOUT, "DEADLINE": TIMEOUT}
 
 
 def decide(recorded: str, alive: bool | None, slurm: dict[str, Any] | None, job_id: str) -> tuple[str, str | None]:
     """The state machine of ``alpsck status``: the state and a note, from the state the history
-    records (:func:`history.state_of`), whether the job still exists (None: cannot tell) and
+    records (:attr:`Timeline.state`), whether the job still exists (None: cannot tell) and
     SLURM's view of the job (read only once the job is gone, as its record of the end; None: not a
     SLURM job, or SLURM does not say).
 
@@ -133,24 +159,24 @@ def decide(recorded: str, alive: bool | None, slurm: dict[str, Any] | None, job_
     after a requeue), TIMEOUT timeout, anything else, or no record, failed."""
     if recorded not in LIVE_STATES or alive is not False:
         return recorded, None
-    state = _SLURM_ENDS.get(slurm["state"], "failed") if slurm else "failed"
-    if state == "cancelled":
-        return state, f"job {job_id} was cancelled ({'before it started' if recorded == 'pending' else recorded})"
-    how = "could not start (see its log)" if recorded == "pending" else "ended without recording how"
+    state = _SLURM_ENDS.get(slurm["state"], FAILED) if slurm else FAILED
+    if state == CANCELLED:
+        return state, f"job {job_id} was cancelled ({'before it started' if recorded == PENDING else recorded})"
+    how = "could not start (see its log)" if recorded == PENDING else "ended without recording how"
     said = (f"SLURM: {slurm['state']}, exit code {slurm['exit_code']}" if slurm else
             "killed, its node lost, or the cluster restarted")
     return state, f"job {job_id} no longer exists: it {how} ({said}). Submit again to resume from the newest checkpoint"
 
 
-def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def reconcile(run_dir: str | os.PathLike[str], events: Timeline | list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The job's state: ``state`` (one of history.STATES, by :func:`decide`), ``note`` (or None),
     ``log`` (path of the newest job's log, or None), ``log_tail`` (its last lines, for a failure),
     ``slurm``: for a SLURM job, SLURM's view, ``{"state", "exit_code"}``: its JobState in the queue
     while it lives (exit code None), SLURM's record of its end once it has ended (None where
     SLURM does not tell)."""
-    events = history.read(run_dir) if events is None else events
-    recorded = history.state_of(events)
-    sub = last_submission(events)  # its job id is one history.is_job_id accepts (history.normalise)
+    tl = timeline.read(run_dir) if events is None else as_timeline(events)
+    recorded = tl.state
+    sub = tl.last_submission()  # its job id is one history.is_job_id accepts (history.normalise)
     log = log_path(run_dir, sub["job_id"]) if sub is not None else None
     out: dict[str, Any] = {"state": recorded, "note": None, "log": str(log) if log else None, "log_tail": [],
                            "slurm": None}
@@ -164,7 +190,7 @@ def reconcile(run_dir: str | os.PathLike[str], events: list[dict[str, Any]] | No
         elif alive is False:
             out["slurm"] = slurm_record(job_id)
     out["state"], out["note"] = decide(recorded, alive, out["slurm"], job_id)
-    if out["state"] == "failed":
+    if out["state"] == FAILED:
         out["log_tail"] = log_tail(run_dir, job_id)
     return out
 
@@ -208,7 +234,7 @@ class Follower:
                 lines.append((when, f"{_stamp(when)}  {'checkpoint':<17} step={step} (durable)"))
                 self.step = step
         log = history.read_log(self.run_dir, since=self.seen)
-        lines += [(e["time"], describe(e)) for e in log.events]
+        lines += [(e.time or 0.0, describe(e)) for e in timeline.fold(log.events).records]
         for _, line in sorted(lines, key=lambda x: x[0]):  # stable: events keep their log order
             self.out.write(line + "\n")
         self.seen = log.end or self.seen  # 0: no log (yet), or it could not be read this time

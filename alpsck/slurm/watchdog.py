@@ -40,6 +40,8 @@ import time
 from typing import Any
 
 from . import history
+from .history import Hang, Times
+from .timeline import Timeline, as_timeline
 
 SECTIONS = ("start", "step", "save", "restore", "final")
 SECTION_FACTOR = {"start": 4.0, "step": 1.0, "save": 4.0, "restore": 4.0, "final": 4.0}
@@ -56,14 +58,12 @@ _TOTALS_AT = 64
 DUMP_SIGNAL = signal.SIGRTMIN + 7
 
 
-def learned_from(events: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int]]:
+def learned_from(events: Timeline | list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, int]]:
     """The longest visit of each section and how many were seen, over the run's ``times`` events."""
     longest = dict.fromkeys(SECTIONS, 0.0)
     seen = dict.fromkeys(SECTIONS, 0)
-    for e in events:
-        if e["event"] != "times":
-            continue
-        lo, n = e.get("longest"), e.get("seen")
+    for e in as_timeline(events).of_kind(Times):
+        lo, n = e.longest, e.seen
         for k in SECTIONS:
             v = lo.get(k) if isinstance(lo, dict) else None
             c = n.get(k) if isinstance(n, dict) else None
@@ -82,7 +82,7 @@ class Watchdog:
 
     def __init__(self, timeout_s: float, *, run_dir: str, job_id: str, rank: int, attempt: int,
                  poll_s: float = 1.0, grace_s: float = 3.0,
-                 learn: tuple[float, list[dict[str, Any]]] | None = None) -> None:
+                 learn: tuple[float, Timeline | list[dict[str, Any]]] | None = None) -> None:
         self.timeout_s = timeout_s
         self.run_dir, self.job_id, self.rank, self.attempt = run_dir, job_id, rank, attempt
         self.poll_s, self.grace_s = poll_s, grace_s
@@ -199,10 +199,10 @@ class Watchdog:
         *spent, polls, first = _TOTALS.unpack_from(self._mem, _TOTALS_AT)
         totals = dict(zip(SECTIONS, spent, strict=True))
         totals[section] += quiet
-        history.append(self.run_dir, "times", job_id=self.job_id, attempt=self.attempt,
-                       **_times(totals, polls, None if first < 0 else first))
-        history.append(self.run_dir, "hang", job_id=self.job_id, section=section, seconds=round(quiet, 1),
-                       timeout_s=round(limit, 1), attempt=self.attempt)
+        history.append(self.run_dir, Times(job_id=self.job_id, attempt=self.attempt,
+                                           **_times(totals, polls, None if first < 0 else first)))
+        history.append(self.run_dir, Hang(job_id=self.job_id, section=section, seconds=round(quiet, 1),
+                                          timeout_s=round(limit, 1), attempt=self.attempt))
 
 
 def _times(totals: dict[str, float], polls: int, first_step_s: float | None) -> dict[str, Any]:

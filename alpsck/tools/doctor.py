@@ -26,7 +26,6 @@ import os
 import platform
 import shlex
 import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -225,14 +224,14 @@ def check_scontrol() -> Check:
     exe = shutil.which("scontrol")
     if exe is None:
         return Check("scontrol", "warning", f"not on PATH: {need}")
-    try:
-        r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
-                           stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as e:
-        return Check("scontrol", "warning", f"{exe} does not run ({e}): {need}")
-    said = (r.stdout.strip() or r.stderr.strip()).splitlines()
-    if r.returncode != 0:
-        return Check("scontrol", "warning", f"{exe} does not run (`scontrol --version` exit {r.returncode}"
+    from ..slurm import commands  # the one runner of SLURM's commands
+
+    code, out, err = commands.once([exe, "--version"], COMMAND_TIMEOUT_S)
+    if code < 0:
+        return Check("scontrol", "warning", f"{exe} does not run ({err}): {need}")
+    said = (out.strip() or err.strip()).splitlines()
+    if code != 0:
+        return Check("scontrol", "warning", f"{exe} does not run (`scontrol --version` exit {code}"
                      + (f": {said[-1]}" if said else "") + f"): {need}")
     return Check("scontrol", "ok", f"{exe}" + (f" ({said[0]})" if said else ""))
 

@@ -7,8 +7,8 @@ requeues, and the gaps between starts shaded (restarts inside the allocation apa
 Bottom: the loss against the step (``RUN_DIR/loss.csv``, the reference training's file), with a
 dashed line at each step a start resumed from.
 
-Everything comes from the history (:func:`alpsck.slurm.history.read`) and its goodput
-(:func:`alpsck.slurm.goodput.goodput`). The default output is ``./<run-dir-name>-timeline.png`` in
+Everything comes from the run's timeline (:mod:`alpsck.slurm.timeline`, the fold of its history) and
+its goodput (:func:`alpsck.slurm.goodput.goodput`). The default output is ``./<run-dir-name>-timeline.png`` in
 the current directory, never a file in the run directory: like ``status`` this command only reads a
 run, whose directory a live job may be writing, another user may own, and whose names belong to the
 core. matplotlib is imported only when drawing, so the CLI starts without it.
@@ -25,23 +25,27 @@ from typing import Any
 
 from ..bench.report import pyplot
 from ..errors import UsageError
-from ..slurm import goodput, history
+from ..slurm import goodput, history, timeline
+from ..slurm.history import Cancelled, Crashed, Failed, FinalCheckpoint, Finished, GaveUp, Hang, Requeued, Signal
+from ..slurm.timeline import RUNNING, UNKNOWN, Timeline
 from .textout import printable
 
 WIDTH_PX, HEIGHT_PX, DPI = 1600, 900, 100  # the PNG's size: readable on a laptop screen, at a glance
 LOSS_FILE = "loss.csv"  # what the reference training writes into the run directory
 
 OUTCOME_COLOURS = {
-    "finished": "#2ca02c", "running": "#1f77b4", "crashed": "#d62728", "hang": "#9467bd", "failed": "#8c2d04",
-    "requeued": "#ff9f1c", "cancelled": "#7f7f7f", "gave_up": "#222222", "unknown": "#c7c7c7"}
+    Finished.KIND: "#2ca02c", RUNNING: "#1f77b4", Crashed.KIND: "#d62728", Hang.KIND: "#9467bd",
+    Failed.KIND: "#8c2d04", Requeued.KIND: "#ff9f1c", Cancelled.KIND: "#7f7f7f", GaveUp.KIND: "#222222",
+    UNKNOWN: "#c7c7c7"}
 # Events drawn as markers above their start's bar: (marker, colour, legend label, height above the
 # bar's centre). Three heights, so that a stop signal, its final checkpoint and the requeue seconds
 # apart stay apart: incidents, stops, saves.
 MARKERS = {
-    "crashed": ("X", "#d62728", "crash (srun ended)", 0.34), "hang": ("P", "#9467bd", "hang detected", 0.34),
-    "failed": ("x", "#8c2d04", "failure (exception)", 0.34), "gave_up": ("*", "#222222", "gave up", 0.34),
-    "signal": ("v", "#444444", "stop signal", 0.46), "requeued": (">", "#ff9f1c", "requeued", 0.46),
-    "cancelled": ("s", "#7f7f7f", "cancelled", 0.46), "final_checkpoint": ("D", "#17becf", "final checkpoint", 0.58)}
+    Crashed.KIND: ("X", "#d62728", "crash (srun ended)", 0.34), Hang.KIND: ("P", "#9467bd", "hang detected", 0.34),
+    Failed.KIND: ("x", "#8c2d04", "failure (exception)", 0.34), GaveUp.KIND: ("*", "#222222", "gave up", 0.34),
+    Signal.KIND: ("v", "#444444", "stop signal", 0.46), Requeued.KIND: (">", "#ff9f1c", Requeued.KIND, 0.46),
+    Cancelled.KIND: ("s", "#7f7f7f", Cancelled.KIND, 0.46),
+    FinalCheckpoint.KIND: ("D", "#17becf", "final checkpoint", 0.58)}
 GAP_COLOURS = {"restart_gap": "#f4b6b6", "queue": "#fde2b0"}  # shaded between starts
 
 
@@ -87,7 +91,7 @@ def _rows(starts: list[dict[str, Any]]) -> list[int]:
     return rows
 
 
-def _draw_timeline(ax: Any, events: list[dict[str, Any]], starts: list[dict[str, Any]], g: dict[str, Any],
+def _draw_timeline(ax: Any, tl: Timeline, starts: list[dict[str, Any]], g: dict[str, Any],
                    t_first: float, unit: float, unit_name: str) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -106,24 +110,22 @@ def _draw_timeline(ax: Any, events: list[dict[str, Any]], starts: list[dict[str,
             ax.axvspan(x(starts[k - 1]["end"]), x(s["t0"]), color=GAP_COLOURS[kind], zorder=0)
             shown.setdefault(kind, Patch(color=GAP_COLOURS[kind], label="restart in the allocation" if kind ==
                                          "restart_gap" else "queue (requeued / resubmitted)"))
-        colour = OUTCOME_COLOURS.get(s["outcome"], OUTCOME_COLOURS["unknown"])
+        colour = OUTCOME_COLOURS.get(s["outcome"], OUTCOME_COLOURS[UNKNOWN])
         w = x(s["end"]) - x(s["t0"])
         ax.barh(rows[k], w, left=x(s["t0"]), height=0.5, color=colour, edgecolor="black", linewidth=0.6, zorder=2)
         shown.setdefault(s["outcome"], Patch(facecolor=colour, edgecolor="black", label=f"start: {_label(s['outcome'])}"))
         if w >= 0.03 * span:  # a label only where it fits; the row names the job anyway
             ax.text(x(s["t0"]) + w / 2, rows[k], f"attempt {_label(s.get('attempt') or 0)}", ha="center",
                     va="center", fontsize=9, color="white", zorder=4, clip_on=True)
-    if starts and starts[-1]["outcome"] != "running" and t_last - starts[-1]["end"] > 1.0:  # awaits its next start
+    if starts and starts[-1]["outcome"] != RUNNING and t_last - starts[-1]["end"] > 1.0:  # awaits its next start
         ax.axvspan(x(starts[-1]["end"]), x(t_last), color=GAP_COLOURS["queue"], zorder=0)
         shown.setdefault("queue", Patch(color=GAP_COLOURS["queue"], label="queue (requeued / resubmitted)"))
     t0s = [s["t0"] for s in starts]
     points: dict[str, tuple[list[float], list[float]]] = {}
-    for e in events:  # each kind in one call: a long history holds thousands of signals
-        if e["event"] in MARKERS:
-            t = float(e.get("time_of_end") or e["time"]) if e["event"] == "crashed" else float(e["time"])
-            xs, ys = points.setdefault(e["event"], ([], []))
-            xs.append(x(t))
-            ys.append(rows[max(0, bisect.bisect_right(t0s, t) - 1)] - MARKERS[e["event"]][3])  # the start it hit
+    for kind, t in tl.markers(MARKERS):  # each kind in one call: a long history holds thousands of signals
+        xs, ys = points.setdefault(kind, ([], []))
+        xs.append(x(t))
+        ys.append(rows[max(0, bisect.bisect_right(t0s, t) - 1)] - MARKERS[kind][3])  # the start it hit
     for kind, (xs, ys) in points.items():
         marker, colour, text, _ = MARKERS[kind]
         ax.plot(xs, ys, marker=marker, color=colour, markersize=9, markeredgecolor="black", markeredgewidth=0.5,
@@ -209,25 +211,26 @@ def plot_run(run_dir: str | Path, output: str | Path, loss_csv: str | Path | Non
     the loss panel says so). A run directory without a history, or with no start yet, is a
     UsageError naming it; so is a missing matplotlib."""
     run = Path(run_dir)
-    events = history.read(run)
+    tl = timeline.read(run)
+    events = tl.events
     if not events:
         why = "is not a directory" if not run.is_dir() else f"has no readable {history.HISTORY}"
         raise UsageError(f"{run} {why}: nothing to plot (is it the run directory of an alpsck job?)")
     now = time.time()
-    g = goodput.goodput(events, now=now)
+    g = goodput.goodput(tl, now=now)
     if g is None:
         raise UsageError(f"{run}: the run has not started yet ({len(events)} event(s), no 'started'): nothing to plot")
     if loss_csv is not None and not Path(loss_csv).is_file():
         raise UsageError(f"loss file {loss_csv} does not exist or is not a file")
     loss = Path(loss_csv) if loss_csv is not None else run / LOSS_FILE if (run / LOSS_FILE).is_file() else None
-    starts = g["starts"]  # goodput.starts: the one walk over the run's starts
+    starts = g["starts"]  # the timeline's starts: the one walk over them
     plt = _pyplot()
     t_first = min(s["t0"] for s in starts)
     unit, unit_name = _time_unit(max(float(g.get("wall_s") or 0.0), max(s["end"] for s in starts) - t_first))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI,
                                       gridspec_kw={"height_ratios": [1, 1.3]})
     try:
-        _draw_timeline(top, events, starts, g, t_first, unit, unit_name)
+        _draw_timeline(top, tl, starts, g, t_first, unit, unit_name)
         top.set_title(_title(run.resolve().name, g), fontsize=13, loc="left")
         _draw_loss(bottom, loss, starts)
         fig.subplots_adjust(left=0.08, right=0.80, top=0.94, bottom=0.07, hspace=0.32)

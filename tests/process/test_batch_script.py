@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from alpsck.slurm import history
+from alpsck.slurm import history, timeline
 from alpsck.slurm.runner import REQUEST_FILE, request_text
 from alpsck.slurm.stop import term_verdict, term_verdict_shell
 from alpsck.slurm.submit import BATCH_SIGNAL_LINES, requeue_trap_lines
@@ -112,7 +112,7 @@ def test_the_exit_trap_acts_on_the_request_and_records_the_outcome(
     assert last.get("reason") == want_reason
     if event == "requeued":
         assert last["mechanism"] == ("slurm" if want_reason == "requeue" else "batch-script")
-    assert history.state_of(events) == ("cancelled" if event == "cancelled" else "requeued")
+    assert timeline.state_of(events) == ("cancelled" if event == "cancelled" else "requeued")
     assert not (run / REQUEST_FILE).exists()
 
 

@@ -17,7 +17,7 @@ import pytest
 from support.runner_start import run_start as _run
 
 from alpsck import cli
-from alpsck.slurm import history
+from alpsck.slurm import history, timeline
 
 
 def _events(events: list[dict[str, object]]) -> list[object]:
@@ -74,7 +74,7 @@ def test_only_starts_without_progress_count_against_max_restarts(tmp_path: Path,
         assert events[-1]["event"] == "requeued" and events[-1]["progress"] is False  # this crash is charged
     else:
         assert r.returncode == 1 and "requeue.max_restarts is 2" in failed["not_requeued"], events
-        assert history.state_of(events) == "failed"
+        assert timeline.state_of(events) == "failed"
 
 
 def test_status_of_what_is_no_job_history_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,10 +205,10 @@ def test_the_status_state_machine(events: list[dict[str, object]], alive: bool |
     from alpsck.slurm import watch
 
     evs = [{"time": 1000.0 + i, **e} for i, e in enumerate(events)]
-    state, note = watch.decide(history.state_of(evs), alive, slurm, "7")
+    state, note = watch.decide(timeline.state_of(evs), alive, slurm, "7")
     assert state == want and state in history.STATES
     # A note says why exactly when the history's own state was overruled (the job is gone).
-    assert (note is not None) == (alive is False and history.state_of(evs) in watch.LIVE_STATES)
+    assert (note is not None) == (alive is False and timeline.state_of(evs) in watch.LIVE_STATES)
 
 
 @pytest.mark.parametrize(("retries", "earlier", "requeued"), [

@@ -63,7 +63,7 @@ class _Job:
         monkeypatch.setattr(stop_mod, "job_fields", lambda job_id, run=None: {
             "JobState": self.state, "Reason": self.reason, "Restarts": str(self.restarts),
             **({"EndTime": self.end_time} if self.end_time else {})})
-        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, log, reason, step, **kw: self.requeues.append(reason))
+        monkeypatch.setattr(JobRunner, "_requeue", lambda runner, reason, step, **kw: self.requeues.append(reason))
         # A restart in the allocation ends the process (exit 75): recorded here instead, never run in pytest's.
         monkeypatch.setattr(JobRunner, "_restart_here", lambda runner, ctx, step: self.requeues.append("in-job restart"))
         module = types.ModuleType("alpsck_test_entry")
@@ -398,7 +398,6 @@ def test_the_local_executor_warns_about_the_container_and_uenv_it_cannot_use(
 _REQUEUE_CHILD = """
 import sys
 from alpsck.job_env import JobEnv
-from alpsck.slurm import history
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.runner import JobRunner
 from alpsck.slurm.stop import StopController
@@ -406,10 +405,11 @@ from alpsck.slurm.stop import StopController
 run_dir = sys.argv[1]
 runner = JobRunner(parse_config(f"name: t\\nrun_dir: {run_dir}\\nentry:\\n  function: m:f\\n"))
 runner._job = JobEnv.detect()  # as __call__ does at the start
+runner._job_id = runner._job.job_id  # rank 0 of job 4242 records its events (JobRunner._log)
 runner._stop = StopController("4242", slurm_restarts=0)
 runner._stop.install()
 runner._stop.request("timeout")
-runner._requeue(lambda event, **kw: history.append(run_dir, event, job_id="4242", **kw), "timeout", 7, progress=True)
+runner._requeue("timeout", 7, progress=True)
 """
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from alpsck.slurm import history
+from alpsck.slurm import history, timeline
 
 # A small model: ~40 ms of compute per step on one core here. The jobs pad every step to PACE
 # seconds of wall time (--min-step-seconds), so N steps take N * PACE seconds whatever the load
@@ -96,7 +96,7 @@ def events(run_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
 
 
 def final_state(run_dir: Path) -> str:
-    return history.state_of(history.read(run_dir))
+    return timeline.state_of(history.read(run_dir))
 
 
 def flaky_command(bin_dir: Path, name: str, fail_first: int, said: str, *, then: str, before_failing: str = "") -> Path:

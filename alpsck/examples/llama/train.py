@@ -564,6 +564,7 @@ def _history_of_rollbacks(job: Any) -> Callable[[RollbackRecord], None]:
 
     def record(rec: RollbackRecord) -> None:
         if job.rank == 0:
-            history.append(job.run_dir, "rollback", job_id=job.job_id, step=rec.to_step, from_step=rec.from_step,
-                           reason=rec.reason, skip=rec.skip, seconds=round(rec.wait_s + rec.restore_s, 3))
+            history.append(job.run_dir, history.Rollback(job_id=job.job_id, step=rec.to_step, from_step=rec.from_step,
+                                                         reason=rec.reason, skip=rec.skip,
+                                                         seconds=round(rec.wait_s + rec.restore_s, 3)))
     return record
