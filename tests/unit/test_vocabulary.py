@@ -9,7 +9,7 @@ from pathlib import Path
 
 from alpsck.slurm import history
 
-PKG = Path(__file__).resolve().parent.parent / "alpsck"
+PKG = Path(__file__).resolve().parents[2] / "alpsck"
 EVENTS = PKG / "slurm" / "history.py"
 FOLD = PKG / "slurm" / "timeline.py"
 COMMANDS = PKG / "slurm" / "commands.py"
