@@ -18,6 +18,11 @@ from alpsck.slurm.config import parse_config
 from alpsck.slurm.submit import local_python, sbatch_script, setup_lines
 
 
+@pytest.fixture()
+def good(tmp_path: Path) -> str:
+    return GOOD.format(run_dir=tmp_path / "run")
+
+
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "alpsck", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=120)

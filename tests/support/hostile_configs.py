@@ -3,10 +3,6 @@ JSON strings)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 GOOD = """\
 name: t
 run_dir: {run_dir}
@@ -15,11 +11,6 @@ slurm:
 entry:
   function: alpsck.examples.llama.train:slurm_entry
 """
-
-
-@pytest.fixture()
-def good(tmp_path: Path) -> str:
-    return GOOD.format(run_dir=tmp_path / "run")
 
 
 def with_setup(good: str, lines: list[str]) -> str:

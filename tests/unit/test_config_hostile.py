@@ -30,6 +30,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # ------------------------------------------------------------------ 1. setup lines left open
 
 
+@pytest.fixture()
+def good(tmp_path: Path) -> str:
+    return GOOD.format(run_dir=tmp_path / "run")
+
+
 @pytest.mark.parametrize("lines", OPEN_BLOCKS, ids=lambda b: " / ".join(b))
 @pytest.mark.parametrize("where", ["alone", "first", "last"])
 def test_a_setup_block_left_open_is_refused_naming_the_key(good: str, lines: list[str], where: str) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from support.llama_runs import small_training_config
 
-from alpsck.errors import ConfigError
 from alpsck.examples.llama.data import SyntheticBatches, TextBatches
 from alpsck.examples.llama.model import (
     ModelArgs,
@@ -19,7 +18,6 @@ from alpsck.examples.llama.model import (
     rope_frequencies,
 )
 from alpsck.examples.llama.train import (
-    TrainConfig,
     config_from_args,
     train,
 )
@@ -98,74 +96,11 @@ def test_batches_are_pure_functions_of_seed_index_rank(tmp_path: Path) -> None:
     assert inputs.shape == (2, 8) and torch.equal(inputs[:, 1:], targets[:, :-1])
 
 
-def _cfg(tmp_path: Path, **kw: object) -> TrainConfig:
-    base = {"dim": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "multiple_of": 32, "sequence_length": 32,
-            "batch_size": 8, "training_steps": 30, "checkpoint_freq": 0, "warmup_steps": 3, "lr": 1e-2,
-            "checkpoint_dir": str(tmp_path / "ckpt"), "log_every": 0, "device": "cpu"}
-    return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
-
-
-def test_loss_decreases(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path, loss_file=str(tmp_path / "loss.csv"))
-    train(cfg)
-    losses = [float(line.split(",")[1]) for line in (tmp_path / "loss.csv").read_text().splitlines()[1:]]
-    assert len(losses) == 30
-    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
-
-
-def test_stop_requested_saves_and_resume_matches(tmp_path: Path) -> None:
-    full = tmp_path / "full.csv"
-    train(_cfg(tmp_path, training_steps=12, checkpoint_dir=str(tmp_path / "a"), loss_file=str(full)))
-    polls = iter(range(100))
-    cfg = _cfg(tmp_path, training_steps=12, checkpoint_freq=5, loss_file=str(tmp_path / "c.csv"))
-    first = train(cfg, stop_requested=lambda: next(polls) == 7)  # polled before steps 1..8
-    assert first.stopped and first.final_step == 7 and first.saved_steps == [5, 7]
-    second = train(_cfg(tmp_path, training_steps=12, checkpoint_freq=5, loss_file=str(tmp_path / "c.csv"),
-                        load_checkpoint=True))
-    assert second.restored_step == 7 and not second.stopped and second.final_step == 12
-    assert (tmp_path / "c.csv").read_bytes() == full.read_bytes()
-
-
-def test_a_resume_past_a_corrupt_newest_checkpoint_keeps_its_progress(tmp_path: Path) -> None:
-    """The job stops at step 25 (final checkpoint); step 25 turns out corrupt, so the next start
-    resumes from 20 and stops at 25 again. That final save of step 25 used to be skipped as 'already
-    committed': the corrupt checkpoint stayed, and every later start went back to step 20. Now it
-    is written (the corrupt one is moved aside), the third start resumes from 25, and the loss
-    trace still equals the uninterrupted run's byte for byte."""
-    full = tmp_path / "full.csv"
-    train(_cfg(tmp_path, training_steps=30, checkpoint_dir=str(tmp_path / "a"), loss_file=str(full)))
-    loss = str(tmp_path / "c.csv")
-
-    def stop_after(step: int, start: int) -> object:
-        polls = iter(range(start + 1, 1000))  # polled before each step from start + 1 on
-        return lambda: next(polls) == step + 1
-
-    first = train(_cfg(tmp_path, training_steps=30, checkpoint_freq=10, loss_file=loss),
-                  stop_requested=stop_after(25, 0))  # type: ignore[arg-type]
-    assert first.saved_steps == [10, 20, 25]
-    shard = tmp_path / "ckpt" / "step-000000025" / "rank-00000.bin"
-    data = bytearray(shard.read_bytes())
-    data[200] ^= 0x01
-    shard.write_bytes(bytes(data))
-    with pytest.warns(RuntimeWarning) as caught:
-        second = train(_cfg(tmp_path, training_steps=30, checkpoint_freq=10, loss_file=loss, load_checkpoint=True),
-                       stop_requested=stop_after(25, 20))  # type: ignore[arg-type]
-    msgs = [str(w.message) for w in caught]
-    assert any("step-000000025" in m and "CRC mismatch" in m for m in msgs), msgs
-    assert any("abandoned history" in m for m in msgs), msgs
-    assert second.restored_step == 20 and second.stopped and second.saved_steps == [25]
-    third = train(_cfg(tmp_path, training_steps=30, checkpoint_freq=10, loss_file=loss, load_checkpoint=True))
-    assert third.restored_step == 25 and third.final_step == 30
-    assert Path(loss).read_bytes() == full.read_bytes()
-    assert [p.name[:len("superseded-step-000000025")] for p in (tmp_path / "ckpt").iterdir()
-            if p.name.startswith("superseded-")] == ["superseded-step-000000025"]
-
-
 def test_stop_is_not_polled_after_the_last_step(tmp_path: Path) -> None:
     """A stop polled (and so taken) after the last step made the SLURM runner requeue a finished
     run, or give up on it with exit 1 when no restarts were left."""
     polls: list[int] = []
-    result = train(_cfg(tmp_path, training_steps=4), stop_requested=lambda: bool(polls.append(1)))
+    result = train(small_training_config(tmp_path, training_steps=4), stop_requested=lambda: bool(polls.append(1)))
     assert result.final_step == 4 and not result.stopped
     assert len(polls) == 4  # before steps 1, 2, 3 and 4; none after step 4
 
@@ -173,7 +108,7 @@ def test_stop_is_not_polled_after_the_last_step(tmp_path: Path) -> None:
 def test_text_data_file(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 20)
-    result = train(_cfg(tmp_path, training_steps=4, vocab_size=258, data_file=str(corpus)))
+    result = train(small_training_config(tmp_path, training_steps=4, vocab_size=258, data_file=str(corpus)))
     assert result.final_step == 4 and math.isfinite(result.last_loss or math.nan)
 
 
@@ -185,18 +120,6 @@ def test_cli_flags() -> None:
     cfg.validate()
     assert config_from_args(["--load-checkpoint", "runs/x"]).load_checkpoint_dir == "runs/x"
     assert not config_from_args([]).load_checkpoint
-
-
-def test_min_step_seconds_sets_the_pace_and_changes_no_loss(tmp_path: Path) -> None:
-    fast, slow = tmp_path / "fast.csv", tmp_path / "slow.csv"
-    train(_cfg(tmp_path / "a", training_steps=5, loss_file=str(fast)))
-    t = time.perf_counter()
-    train(_cfg(tmp_path / "b", training_steps=5, loss_file=str(slow), min_step_seconds=0.3))
-    assert time.perf_counter() - t >= 5 * 0.3
-    assert slow.read_text() == fast.read_text()
-    for bad in (-0.1, math.nan, math.inf):
-        with pytest.raises(ConfigError, match=r"min_step_seconds must be finite and >= 0"):
-            train(_cfg(tmp_path / "c", min_step_seconds=bad))
 
 
 # ---------------------------------------------------- the torch.save baseline checkpointer
