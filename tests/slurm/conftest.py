@@ -6,9 +6,11 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
+from support.budget import WAITED
 
 # The tests of this tier share one cluster and run side by side (pytest-xdist, tests/run.sh). A test
 # that changes the whole node (a preempting --exclusive job, a maintenance reservation) is marked
@@ -46,7 +48,9 @@ def _cluster_turn(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     exclusive = request.node.get_closest_marker("cluster_exclusive") is not None
     with open(CLUSTER_LOCK, "a") as f:
+        t0 = time.monotonic()
         fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        request.node.user_properties.append((WAITED, time.monotonic() - t0))  # not the test's own time
         try:
             yield
         finally:

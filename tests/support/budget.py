@@ -27,6 +27,9 @@ except ModuleNotFoundError:  # Python 3.10
 BUDGET_FILE = Path(__file__).resolve().parents[1] / "budget.toml"
 """The ceilings CI holds the tests to (ALPSCK_BUDGET_FILE names another, as the plugin's own test does)."""
 TIERS = ("unit", "process", "ranks", "slurm", "gpu")
+WAITED = "budget_waited_s"
+"""A user property (seconds) a fixture records when it waited for its turn (the slurm tier's cluster lock): the
+budget leaves that wait out of the test's setup time."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,10 @@ class _Recorder:
         if tier is None or report.skipped:
             return
         self.tiers[report.nodeid] = tier
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        secs = report.duration
+        if report.when == "setup":  # time a test waited for its turn at a shared resource is not its own
+            secs -= sum(v for k, v in report.user_properties if k == WAITED)
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + max(secs, 0.0)
 
     def totals(self) -> dict[str, tuple[int, float]]:
         out: dict[str, tuple[int, float]] = {}
