@@ -30,6 +30,7 @@
 #include "env.h"
 #include "kv_store.h"
 #include "run_dir.h"
+#include "run_dir_latest.h"
 #include "status.h"
 
 namespace alpsck {

@@ -1,4 +1,4 @@
-// RunDirLock (run_dir.h): the run directory's one writer lock.
+// RunDirLock (run_dir_lock.h): the run directory's one writer lock.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -13,6 +13,7 @@
 
 #include "json.h"
 #include "run_dir.h"
+#include "run_dir_lock.h"
 
 namespace alpsck {
 
