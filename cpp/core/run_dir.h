@@ -38,7 +38,7 @@ namespace alpsck {
 
 constexpr char kManifestName[] = "MANIFEST.json";
 constexpr char kLatestName[] = "LATEST";
-constexpr char kPinName[] = "PINNED";  // in a step directory: a pin (retention.h)
+constexpr char kPinName[] = "PINNED";  // in a step directory: a pin (run_dir_actions.h: PinStep)
 constexpr char kLockName[] = ".lock";
 constexpr char kHistoryName[] = "history.jsonl";
 constexpr char kRequeueRequestName[] = ".requeue-request";

@@ -13,8 +13,12 @@
 #include <string>
 #include <thread>
 
+#include "env_fault.h"
 #include "file_io.h"
 #include "run_dir.h"
+#include "run_dir_actions.h"
+#include "run_dir_latest.h"
+#include "run_dir_lock.h"
 #include "test_util.h"
 #include "testing.h"
 
