@@ -69,6 +69,10 @@ class Env {
   // deletes in a directory of the run directory: another user's directory in a shared run
   // directory is never alpsck's to touch.
   virtual int IsOwnDir(const std::string& path) = 0;
+  // lstat: what is at path itself (a symbolic link is itself, never followed).
+  virtual int LStat(const std::string& path, FileStat* st) = 0;
+  // flock(2) on an open file: LOCK_EX, LOCK_SH or LOCK_UN, with LOCK_NB -EWOULDBLOCK when held.
+  virtual int Flock(int fd, int op) = 0;
 
   // Confinement (what keeps alpsck inside a run directory). Between Confine(root) and the matching
   // Unconfine(root) (calls nest and count), every path strictly below `root` is resolved one

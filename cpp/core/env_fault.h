@@ -59,6 +59,8 @@ class FaultEnv : public Env {
   }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
   int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
+  int LStat(const std::string& path, FileStat* st) override { return base_->LStat(path, st); }
+  int Flock(int fd, int op) override { return base_->Flock(fd, op); }
 
  private:
   // 0: no fault; >0: errno to return; -1: short transfer.

@@ -19,7 +19,8 @@ namespace alpsck {
 // drops the flock when its owner dies, so a lock left by a crash is taken over at once. The name
 // is never followed if it is a symlink, and never opened if it is not a regular file (a FIFO
 // would block the open; a device would be opened), so taking or probing a lock never hangs and
-// never touches anything outside the run directory.
+// never touches anything outside the run directory. Every call goes through the Env given
+// (Env::Default() unless a test passes its own).
 class RunDirLock {
  public:
   // kBusy naming the holder (job, pid, host) when a live process holds it; kInvalidArgument when
@@ -28,11 +29,13 @@ class RunDirLock {
   // DataLoader worker) holds the lock until it exits too: that is waited for up to
   // orphan_wait_s, then refused saying so.
   static Status Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,
-                        std::unique_ptr<RunDirLock>* out, double orphan_wait_s = kOrphanLockWaitS);
+                        std::unique_ptr<RunDirLock>* out, double orphan_wait_s = kOrphanLockWaitS,
+                        Env* env = Env::Default());
   static constexpr double kOrphanLockWaitS = 30;
   // Whether a live process holds rank's lock, and the owner it recorded ("" when none); the
   // same refusals as Acquire. Takes nothing and changes nothing.
-  static Status Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner);
+  static Status Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner,
+                      Env* env = Env::Default());
   ~RunDirLock();  // Release()
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
@@ -42,7 +45,8 @@ class RunDirLock {
   const std::string& path() const { return path_; }
 
  private:
-  RunDirLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  RunDirLock(Env* env, int fd, std::string path) : env_(env), fd_(fd), path_(std::move(path)) {}
+  Env* const env_;
   int fd_;
   std::string path_;
   const pid_t owner_pid_ = ::getpid();  // the process that took it (Release)

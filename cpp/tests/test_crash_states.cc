@@ -586,6 +586,8 @@ class ExpiryRaceEnv : public Env {
   int ListDir(const std::string& path, std::vector<std::string>* names) override { return base_->ListDir(path, names); }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
   int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
+  int LStat(const std::string& path, FileStat* st) override { return base_->LStat(path, st); }
+  int Flock(int fd, int op) override { return base_->Flock(fd, op); }
 
  private:
   Env* base_;

@@ -1,5 +1,6 @@
 // The run directory's names: made and parsed in one place (run_dir.h), and every name alpsck
 // writes is classified back to what it is; hostile look-alikes are not.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -134,6 +135,33 @@ TEST(the_writer_lock_admits_one_writer_and_names_the_holder) {
     const LockOwner none = ParseLockOwner(bad);
     CHECK(none.pid.empty() && none.host.empty() && none.job_id.empty());
   }
+}
+
+// The lock makes its system calls through the Env it is given (env.h): a fault there is the lock's.
+TEST(the_writer_lock_goes_through_its_env) {
+  alpsck_test::TempDir d;
+  FaultEnv env;
+  FaultRule r;
+  r.op = FaultRule::Op::kOpen;
+  r.path_contains = kLockName;
+  r.count = 2;
+  env.AddRule(r);
+  std::unique_ptr<RunDirLock> l;
+  Status s = RunDirLock::Acquire(d.path(), 0, "{}", &l, RunDirLock::kOrphanLockWaitS, &env);
+  CHECK(!s.ok() && s.err() == EIO && s.message().find("open " + d.path()) != std::string::npos);
+  CHECK(!l);
+  REQUIRE(::close(::open((d.path() + "/" + kLockName).c_str(), O_CREAT | O_WRONLY, 0644)) == 0);
+  bool held = true;
+  std::string owner;
+  s = RunDirLock::Probe(d.path(), 0, &held, &owner, &env);
+  CHECK(!s.ok() && s.err() == EIO);
+  CHECK_EQ(env.FaultsInjected(), uint64_t{2});
+  REQUIRE(RunDirLock::Acquire(d.path(), 0, "{\"job_id\":\"7\"}", &l, RunDirLock::kOrphanLockWaitS, &env).ok());
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner, &env).ok());
+  CHECK(held && owner.find("\"job_id\":\"7\"") != std::string::npos);
+  l.reset();
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner, &env).ok());
+  CHECK(!held && owner.empty());
 }
 
 // A forked child (a DataLoader worker) inherits the lock's open file. Its release must neither
