@@ -10,6 +10,7 @@
 
 #include "crc32c.h"
 #include "retention.h"
+#include "run_dir_actions.h"
 #include "file_io.h"
 #include "json.h"
 #include "platform.h"

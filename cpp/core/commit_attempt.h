@@ -2,7 +2,7 @@
 // to the verdict this rank reports. The coordinator (rank 0) waits for every shard and commits
 // (steps 5-8 of the protocol, commit.h) or aborts; every other rank arrives and waits for the
 // verdict; a rank that fails or gives up aborts (the first decision wins); a rank that read an
-// abort acknowledges it; after a commit, LATEST (step 9, run_dir.h). The ranks meet
+// abort acknowledges it; after a commit, LATEST (step 9, run_dir_latest.h). The ranks meet
 // through an Agreement (agreement.h); the protocol: docs/commit-protocol.md ("Several ranks, one
 // verdict").
 //
@@ -30,6 +30,7 @@
 #include "env.h"
 #include "kv_store.h"
 #include "run_dir.h"
+#include "run_dir_latest.h"
 #include "status.h"
 
 namespace alpsck {

@@ -49,7 +49,8 @@ Engine::Engine(const EngineOptions& opts)
     : opts_(opts),
       env_(opts.env ? opts.env : Env::Default()),
       history_(env_, opts_.run_dir, opts_.rank, RetentionOf(opts_)),
-      published_(env_, opts_.run_dir, opts_.rank == 0) {}
+      published_(env_, opts_.run_dir, opts_.rank == 0),
+      spares_(env_, opts_.run_dir, opts_.rank, opts_.keep_last != 0, opts_.max_in_flight) {}
 
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
@@ -95,9 +96,9 @@ Status Engine::Init() {
   chunk_bytes_ = RoundUp(opts_.chunk_bytes, align_);
 
   // What is already there: committed steps (a manifest exists; recovery does the deep checks).
-  // Rank 0 tidies the rest (run_dir.h); the other ranks may not: rank 0 opens first, and the
-  // others may be writing by the time they open.
-  if (opts_.rank == 0) claimable_ = TidyRunDir(env_, dir, opts_.world_size, opts_.keep_last ? opts_.max_in_flight : 0);
+  // Rank 0 tidies the rest (run_dir_actions.h: TidyRunDir); the other ranks may not: rank 0 opens
+  // first, and the others may be writing by the time they open.
+  if (opts_.rank == 0) spares_.Tidy(opts_.world_size);
   ALPSCK_RETURN_IF_ERROR(history_.Load());
   published_.Load(history_.newest());
 
@@ -189,15 +190,10 @@ Status Engine::PrepareDir(SaveJob* j) {
   // No rank lists RUN_DIR: the name came with the last verdict, and the claim never replaces a
   // directory another rank made (ClaimDir). A rank that made or claimed the directory knows it is
   // ours; one that found it in place (another rank's, or anything else at the name) looks.
-  const std::string spare = TakeSpare();
-  bool known_ours = false, recycled = false, exists = false;
-  if (!spare.empty()) {
-    const int r = ClaimDir(env_, opts_.run_dir, spare, j->tmp_dir);
-    known_ours = r == 0;
-    recycled = r == 0 || r == -ENOENT;  // ENOENT: another rank claimed it, most likely for this save
-    exists = r == -ENOENT;
-    if (r != 0 && r != -ENOENT) UnusedSpare(spare, r);
-  }
+  const SpareDirs::Claim claim = spares_.ClaimFor(j->tmp_dir);
+  const bool known_ours = claim == SpareDirs::Claim::kClaimed;
+  const bool exists = claim == SpareDirs::Claim::kTakenByOther;  // most likely for this save
+  bool recycled = claim != SpareDirs::Claim::kNone;
   int own = known_ours ? 1 : exists ? env_->IsOwnDir(j->tmp_dir) : -ENOENT;
   if (own == -ENOENT) {
     recycled = false;
@@ -228,53 +224,21 @@ Status Engine::PrepareDir(SaveJob* j) {
   return Status::Ok();  // other fallocate failures (EOPNOTSUPP) only cost the preallocation
 }
 
-std::string Engine::TakeSpare() {
-  std::lock_guard<std::mutex> l(spare_mu_);
-  if (opts_.keep_last == 0) return "";
-  std::string s;
-  s.swap(spare_);
-  return s;
-}
-
-void Engine::UnusedSpare(const std::string& name, int why) {
-  std::lock_guard<std::mutex> l(spare_mu_);
-  if (why == -EINVAL || why == -ENOSYS) claims_work_ = false;
-  if (opts_.rank == 0 && why == -EEXIST) claimable_.push_front(name);  // still free: for a later save
-}
-
-std::string Engine::DesignateSpare() {
-  std::lock_guard<std::mutex> l(spare_mu_);
-  if (opts_.rank != 0 || opts_.keep_last == 0 || !claims_work_ || claimable_.empty()) return "";
-  std::string s = claimable_.front();
-  claimable_.pop_front();
-  return s;
-}
-
-void Engine::CommittedSpare(const std::string& name, bool committed) {
-  if (name.empty()) return;
-  std::lock_guard<std::mutex> l(spare_mu_);
-  if (!committed) {  // rank 0's designation, never announced
-    if (opts_.rank == 0) claimable_.push_front(name);
-    return;
-  }
-  // A spare named earlier and not yet tried is replaced: rank 0 keeps it for later.
-  if (opts_.rank == 0 && !spare_.empty()) claimable_.push_front(spare_);
-  spare_ = name;
-}
-
-Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-                    std::shared_ptr<SaveHandle>* handle, CommitMode commit, std::shared_ptr<ExternalFill>* fill,
-                    const Status& refusal, const SaveNotes& notes) {
+Status Engine::Save(const SaveRequest& req, std::shared_ptr<SaveHandle>* handle, std::shared_ptr<ExternalFill>* fill) {
   if (Forked()) return ForkedError();
-  ALPSCK_RETURN_IF_ERROR(CheckNotes(notes));
+  const uint64_t step = req.step;
+  const std::vector<SaveExtent>& extents = req.extents;
+  const SaveMode mode = req.mode;
+  const CommitMode commit = req.commit;
+  ALPSCK_RETURN_IF_ERROR(CheckNotes(req.notes));
   const bool external = mode == SaveMode::kExternal;
   if (external && !fill) return Status::Invalid("an external-fill save needs somewhere to return its filler");
   const Clock::time_point t0 = Clock::now();
   auto job = std::make_unique<SaveJob>();
   job->step = step;
   job->commit = commit;
-  job->refusal = refusal;
-  job->notes = notes;
+  job->refusal = req.refusal;
+  job->notes = req.notes;
   job->t0 = t0;
   job->handle = std::make_shared<SaveHandle>(step);
   std::vector<std::pair<std::string, uint64_t>> sizes;
@@ -284,7 +248,7 @@ Status Engine::Save(uint64_t step, const std::vector<SaveExtent>& extents, const
     sizes.emplace_back(e.name, e.size);
   }
   ALPSCK_RETURN_IF_ERROR(PlanLayout(sizes, align_, chunk_bytes_, kDefaultPackAlign, &job->index.layout));
-  job->index.meta = meta;
+  job->index.meta = req.meta;
   job->index.rank = opts_.rank;
   job->index.save_id = NewSaveId();
   const ShardLayout& layout = job->index.layout;

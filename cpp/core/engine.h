@@ -3,14 +3,16 @@
 //
 // One save, top to bottom (the files in this order):
 //   engine.cc          Save(): admission (max_in_flight, the attempt's number), the attempt's
-//                      directory prepared (a recycled free-* claimed, or a fresh one), the layout
+//                      directory prepared (a recycled free-* claimed: spare_dirs.h, or a fresh
+//                      one), the layout
 //   chunk_pipeline.cc  the snapshot into staging slots (or none: zero-copy, external fill:
 //   external_fill.cc)  external_fill.h), ONE shared chunk queue drained by T writer threads; the
 //                      writer of the last chunk seals the shard (commit.h)
 //   engine_commit.cc   the sealed shard's commit attempt (commit_attempt.h: with the other ranks
 //                      through an Agreement, coordinate.h; one rank is N = 1): the committer
 //                      thread commits (rank 0) or waits for the verdict; then the history, LATEST
-//                      (run_dir.h), retention (run_dir.h), and the handle completed
+//                      (run_dir_latest.h), retention (retention.h decides, SpareDirs expires),
+//                      and the handle completed
 //   history.cc         ContinueFrom/Supersede: an abandoned history retired before a save
 // The protocol and its guarantees: docs/commit-protocol.md. Up to max_in_flight checkpoints
 // persist at once; chunks of different checkpoints share the queue in submission order, and a
@@ -31,7 +33,7 @@
 // (CommitterLoop, Complete) and the pipeline's preparer. mu_ guards admission (in_flight_,
 // in_flight_steps_, attempts_, closed_); History is asked under it (lock order: mu_, then
 // History's); c_mu_ guards the committer's queue; retention_mu_ serialises the renames of step
-// directories (retention, Supersede).
+// directories (retention, Supersede); SpareDirs guards its own.
 #pragma once
 
 #include <condition_variable>
@@ -54,8 +56,9 @@
 #include "external_fill.h"
 #include "history.h"
 #include "kv_store.h"
-#include "run_dir.h"
+#include "run_dir_latest.h"
 #include "save.h"
+#include "spare_dirs.h"
 #include "status.h"
 
 namespace alpsck {
@@ -75,29 +78,20 @@ class Engine {
 
   // Blocks while max_in_flight saves are in flight (nothing is dropped). Errors found before
   // anything is queued (bad names, a directory that cannot be created, no space for the
-  // preallocation) are returned here; later ones through the handle. A step that is already
-  // committed is not written again (the handle completes with skipped = true), unless it belongs
-  // to an abandoned history and Supersede retired it first.
-  // With kExternal, *fill receives the save's filler (required; otherwise ignored). A refusal (not
-  // OK: the caller's pre-flight check failed, e.g. no room for what retention holds) aborts the
-  // attempt on every rank with it, before this rank opens its shard, and is Save's error: the
-  // other ranks hear the abort verdict at once instead of waiting out the commit timeout.
-  // notes: metrics recorded in the manifest, an unhealthy flag, a pin (commit.h: SaveNotes); rank
-  // 0's count (the coordinator writes the manifest), so every rank passes the same, e.g. a loss
-  // all-reduced already (every rank's retention decides from its own: history.h).
-  Status Save(uint64_t step, const std::vector<SaveExtent>& extents, const std::string& meta, SaveMode mode,
-              std::shared_ptr<SaveHandle>* handle, CommitMode commit = CommitMode::kAuto,
-              std::shared_ptr<ExternalFill>* fill = nullptr, const Status& refusal = Status::Ok(),
-              const SaveNotes& notes = {});
+  // preallocation, the request's refusal: save.h) are returned here; later ones through the
+  // handle. A step already committed is not written again (the handle completes with skipped =
+  // true), unless it belongs to an abandoned history and Supersede retired it first. With
+  // kExternal, *fill receives the save's filler (required; otherwise ignored).
+  Status Save(const SaveRequest& req, std::shared_ptr<SaveHandle>* handle,
+              std::shared_ptr<ExternalFill>* fill = nullptr);
   void WaitAll();
   void Close();
 
   // True in a process forked from the one that opened the engine (a DataLoader worker, a
   // multiprocessing child). The engine's threads and staging memory stayed with the parent, so
   // there Save and Supersede fail (kInvalidArgument, saying so), and Prepare, WaitAll and Close
-  // do nothing: the child has no saves of its own, and the parent's are the parent's. Never
-  // destroy an engine in a forked child (leak it): its mutexes and condition variables may be
-  // held by parent threads that do not exist there, and its thread handles cannot be joined.
+  // do nothing. Never destroy an engine in a forked child (leak it): its mutexes may be held by
+  // parent threads that do not exist there, and its thread handles cannot be joined.
   bool Forked() const { return ::getpid() != owner_pid_; }
   Status ForkedError() const;  // what Save and Supersede return there
 
@@ -106,12 +100,11 @@ class Engine {
   void Prepare(const std::vector<uint64_t>& sizes);
   void WaitPrepared();
 
-  // Histories (history.h: what one is, and why an abandoned one is retired). ContinueFrom(S):
-  // the run continues from step S (-1: from nothing); call it on every rank after restoring.
-  // Supersede(step), before saving `step`: retires the step directories not of this history
-  // (*retired: (step, new path; empty on ranks > 0), newest first); an error leaves the step
-  // unsaveable. TakeRetired() hands out every retirement so far once. With
-  // EngineOptions::one_history, Save(step) runs Supersede itself.
+  // Histories (history.h). ContinueFrom(S): the run continues from step S (-1: from nothing);
+  // every rank calls it after restoring. Supersede(step), before saving `step`: retires the step
+  // directories not of this history (*retired: (step, new path; empty on ranks > 0), newest
+  // first); an error leaves the step unsaveable. TakeRetired() hands out every retirement so far
+  // once. With EngineOptions::one_history, Save(step) runs Supersede itself.
   void ContinueFrom(int64_t step);
   Status Supersede(uint64_t step, std::vector<std::pair<uint64_t, std::string>>* retired);
   std::vector<std::pair<uint64_t, std::string>> TakeRetired();
@@ -127,33 +120,20 @@ class Engine {
   char* staging_base() const;
   uint64_t staging_slots() const;
   uint64_t staging_free_slots() const;  // faulted in, not in use
-  // Newest step published as latest; -1 if none.
-  int64_t published_step() const { return published_.step(); }
+  int64_t published_step() const { return published_.step(); }  // newest published as LATEST; -1: none
   uint32_t in_flight() const;
   const std::string& run_dir() const { return opts_.run_dir; }
 
  private:
   explicit Engine(const EngineOptions& opts);
   Status Init();
-  Status PrepareDir(SaveJob* j);
+  Status PrepareDir(SaveJob* j);  // the attempt's directory: a spare claimed, or made
   // On the writer that sealed j's shard (or found it failed): its DONE record (ranks > 0, and
   // every rank of a deferred commit), then j to the committer thread, or completed.
   void Sealed(std::unique_ptr<SaveJob> j, Status s);
   void CommitterLoop();
   // The common end of every save: history, LATEST, retention, the handle, the in-flight slot.
   void Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r);
-  void ApplyRetention(const std::vector<Expiry>& victims, std::string* warning);
-  // The free directory named for the next save's claim ("" if none), taken: rank 0's own
-  // designation, or the one the last commit verdict named (StoreAgreement).
-  std::string TakeSpare();
-  // A spare PrepareDir could not claim because the step's directory existed: rank 0 keeps it
-  // for a later save. -EINVAL: no claims on this file system (rank 0 names no more spares).
-  void UnusedSpare(const std::string& name, int why);
-  // Rank 0, before it commits: the free directory to name in the verdict for the ranks' next save.
-  std::string DesignateSpare();
-  // After a commit (rank 0: its designation, or "" when the commit failed and it is kept; other
-  // ranks: what the verdict named).
-  void CommittedSpare(const std::string& name, bool committed);
 
   EngineOptions opts_;
   const pid_t owner_pid_ = ::getpid();  // the process that opened it (Forked)
@@ -163,6 +143,7 @@ class Engine {
   bool direct_io_ = true;
   History history_;                       // which step directories are of this run's history
   PublishedStep published_;               // the newest step published (LATEST)
+  SpareDirs spares_;                      // the expired directories saves recycle (spare_dirs.h)
   std::unique_ptr<ChunkPipeline> pipeline_;  // from Init on
   std::unique_ptr<KvClientPool> store_clients_;  // with EngineOptions::store: each attempt's client
 
@@ -181,14 +162,6 @@ class Engine {
   std::map<uint64_t, uint32_t> attempts_;
   bool closed_ = false;
   std::mutex retention_mu_;               // serialises retention and Supersede's renames
-
-  // Recycling without listing RUN_DIR (run_dir.h: ExpireSteps, ClaimDir). Rank 0 keeps the
-  // claimable free directories it knows (TidyRunDir's at open, then its retention's) and names one
-  // in each commit's verdict; every rank tries to claim that one for its next save.
-  std::mutex spare_mu_;                   // guards the fields below
-  std::deque<std::string> claimable_;     // rank 0: free directories not handed out, oldest first
-  std::string spare_;                     // the one named for the next save ("" if none)
-  bool claims_work_ = true;               // false once a claim met a file system without RENAME_NOREPLACE
 };
 
 }  // namespace alpsck

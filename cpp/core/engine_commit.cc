@@ -9,7 +9,6 @@
 
 #include "engine.h"
 #include "platform.h"
-#include "run_dir.h"
 #include "save_job.h"
 
 namespace alpsck {
@@ -58,12 +57,12 @@ void Engine::CommitterLoop() {
     Status s;
     if (opts_.rank == 0) {
       // The verdict names the free directory the ranks' next save claims (none listing RUN_DIR).
-      const std::string spare = DesignateSpare();
+      const std::string spare = spares_.Designate();
       s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled, j->notes);
-      CommittedSpare(spare, s.ok());
+      spares_.Committed(spare, s.ok());
     } else {
       s = j->commit_attempt->AwaitVerdict();
-      if (s.ok()) CommittedSpare(j->commit_attempt->spare(), true);
+      if (s.ok()) spares_.Committed(j->commit_attempt->spare(), true);
     }
     SaveResult r = j->result;
     Complete(std::move(j), s, r);
@@ -94,7 +93,13 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
     }
   }
   if (committed) j->commit_attempt->Publish(&published_, &r.warning);
-  if (committed && opts_.rank == 0) ApplyRetention(victims, &r.warning);
+  if (committed && opts_.rank == 0 && !victims.empty()) {
+    // From what this process knows (History: the steps committed at open and since), not from a
+    // listing of RUN_DIR; the expired directories kept for reuse go to the spares.
+    std::lock_guard<std::mutex> rl(retention_mu_);  // Supersede renames step directories too
+    const std::string w = spares_.Expire(victims);
+    if (!w.empty() && r.warning.empty()) r.warning = w;
+  }
   r.durable_seconds = Seconds(j->t0, Clock::now());
   // The attempt's store client goes back to the pool before the caller hears of the save, so the
   // next save reuses it instead of connecting again (KvClientPool).
@@ -107,27 +112,6 @@ void Engine::Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r) {
     --in_flight_;
   }
   admit_cv_.notify_all();
-}
-
-void Engine::ApplyRetention(const std::vector<Expiry>& victims, std::string* warning) {
-  if (opts_.keep_last == 0 || victims.empty()) return;
-  std::lock_guard<std::mutex> rl(retention_mu_);  // Supersede renames step directories too
-  // From what this process knows (History: the steps committed at open and since), not from a
-  // listing of RUN_DIR. At most max_in_flight free directories: those not handed out, and the one
-  // named for the next save, count.
-  uint32_t room = 0;
-  {
-    std::lock_guard<std::mutex> l(spare_mu_);
-    const size_t free_now = claimable_.size() + (spare_.empty() ? 0 : 1);
-    room = opts_.max_in_flight > free_now ? opts_.max_in_flight - static_cast<uint32_t>(free_now) : 0;
-  }
-  std::vector<std::string> kept;
-  const std::string w = ExpireSteps(env_, opts_.run_dir, victims, room, &kept);
-  {
-    std::lock_guard<std::mutex> l(spare_mu_);
-    claimable_.insert(claimable_.end(), kept.begin(), kept.end());
-  }
-  if (!w.empty() && warning->empty()) *warning = w;
 }
 
 }  // namespace alpsck

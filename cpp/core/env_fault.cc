@@ -3,7 +3,7 @@
 #include <chrono>
 #include <thread>
 
-#include "env.h"
+#include "env_fault.h"
 
 namespace alpsck {
 

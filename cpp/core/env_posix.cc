@@ -2,6 +2,7 @@
 // *at form of that syscall on a descriptor of the parent reached without following symlinks.
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -250,6 +251,18 @@ class PosixEnv final : public Env {
     if (::fstatat(r.parent, r.leaf.c_str(), &st, r.confined ? AT_SYMLINK_NOFOLLOW : 0) != 0) return -errno;
     return S_ISDIR(st.st_mode) ? 1 : 0;
   }
+  int LStat(const std::string& path, FileStat* out) override {
+    Resolved r;
+    if (int e = Resolve(path, &r)) return e;
+    struct stat st;
+    if (::fstatat(r.parent, r.leaf.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return -errno;
+    out->size = static_cast<uint64_t>(st.st_size);
+    out->nlink = static_cast<uint64_t>(st.st_nlink);
+    out->uid = static_cast<uint64_t>(st.st_uid);
+    out->mode = static_cast<uint32_t>(st.st_mode);
+    return 0;
+  }
+  int Flock(int fd, int op) override { return ::flock(fd, op) == 0 ? 0 : -errno; }
   int IsOwnDir(const std::string& path) override {
     Resolved r;
     if (int e = Resolve(path, &r)) return e;

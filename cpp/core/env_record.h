@@ -75,6 +75,8 @@ class RecordingEnv : public Env {
   }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
   int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
+  int LStat(const std::string& path, FileStat* st) override { return base_->LStat(path, st); }
+  int Flock(int fd, int op) override { return base_->Flock(fd, op); }  // no file-system change: not logged
 
  private:
   Env* base_;

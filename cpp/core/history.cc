@@ -9,6 +9,7 @@
 
 #include "file_io.h"
 #include "run_dir.h"
+#include "run_dir_actions.h"
 
 namespace alpsck {
 

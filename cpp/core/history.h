@@ -41,6 +41,7 @@
 #include "env.h"
 #include "retention.h"
 #include "run_dir.h"
+#include "run_dir_latest.h"
 #include "status.h"
 
 namespace alpsck {

@@ -13,6 +13,7 @@
 #include "json.h"
 #include "platform.h"
 #include "retention.h"
+#include "run_dir_actions.h"
 
 namespace alpsck {
 

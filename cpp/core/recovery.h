@@ -50,7 +50,7 @@ struct CheckpointInfo {
   std::vector<std::string> extra_files;  // verified small files committed with the shards
   Metrics metrics;                       // what the save recorded (commit.h), in its order
   std::string flagged;                   // why its save judged it unhealthy besides its metrics (a spike), else ""
-  bool pinned = false;                   // a PINNED file (retention.h): never expired
+  bool pinned = false;                   // a PINNED file (run_dir_actions.h: pins): never expired
 };
 
 // Progress callback: bytes verified so far (called from worker threads, serialised). Returning

@@ -1,7 +1,5 @@
-// Retention: the rule (retention.h) and pins.
+// Retention: the rule (retention.h). A pure decision: no I/O (run_dir_actions.cc acts on it).
 #include "retention.h"
-
-#include <fcntl.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,9 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "file_io.h"
-#include "json.h"
-#include "run_dir.h"
 
 namespace alpsck {
 
@@ -117,61 +112,6 @@ std::vector<std::string> DecideRetention(const RetentionPolicy& p, const std::ve
                                         std::to_string(p.keep_best) + " (#" + std::to_string(r + 1) + ")");
   }
   return rules;
-}
-
-namespace {
-
-Status CommittedDir(Env* env, const std::string& run_dir, uint64_t step, std::string* dir) {
-  *dir = JoinPath(run_dir, StepDirName(step));
-  const int own = env->IsOwnDir(*dir);
-  if (own < 0 && own != -ENOENT) return Status::FromErrno(-own, "inspect " + *dir);
-  if (own != 1 || env->IsDir(JoinPath(*dir, kManifestName)) != 0)
-    return Status::Error(Code::kNotFound, "step " + std::to_string(step) + " is not a committed checkpoint of " +
-                                              run_dir + " (no " + StepDirName(step) + "/" + kManifestName + ")");
-  return Status::Ok();
-}
-
-}  // namespace
-
-Status WritePin(Env* env, const std::string& dir) {
-  return WriteFileSynced(env, JoinPath(dir, kPinName), "pinned: never expired by retention (alpsck unpin)\n");
-}
-
-Status PinStep(Env* env, const std::string& run_dir, uint64_t step) {
-  std::string dir;
-  ALPSCK_RETURN_IF_ERROR(CommittedDir(env, run_dir, step, &dir));
-  ALPSCK_RETURN_IF_ERROR(WritePin(env, dir));
-  ALPSCK_RETURN_IF_ERROR(SyncDir(env, dir));
-  // Expired meanwhile (a retention that decided before the pin): say so rather than report a pin.
-  if (!IsPinned(env, dir))
-    return Status::Error(Code::kNotFound, "step " + std::to_string(step) + " of " + run_dir +
-                                              " was expired while it was being pinned");
-  return Status::Ok();
-}
-
-Status UnpinStep(Env* env, const std::string& run_dir, uint64_t step) {
-  std::string dir;
-  ALPSCK_RETURN_IF_ERROR(CommittedDir(env, run_dir, step, &dir));
-  const int r = env->Unlink(JoinPath(dir, kPinName));
-  if (r < 0 && r != -ENOENT) return Status::FromErrno(-r, "unpin " + dir);
-  return SyncDir(env, dir);
-}
-
-bool IsPinned(Env* env, const std::string& dir) { return env->IsDir(JoinPath(dir, kPinName)) == 0; }
-
-bool ReadRetainedStep(Env* env, const std::string& dir, uint64_t step, RetainedStep* out) {
-  *out = RetainedStep{};
-  out->step = step;
-  out->pinned = IsPinned(env, dir);
-  std::string text;
-  Json m;
-  if (!ReadSmallFile(env, JoinPath(dir, kManifestName), kMaxManifestBytes, &text).ok() || !ParseJson(text, &m).ok())
-    return false;
-  if (const Json* c = m.find("created")) c->get_double(&out->created);
-  if (const Json* j = m.find("metrics")) ParseMetrics(*j, &out->metrics);
-  if (const Json* u = m.find("unhealthy"))
-    if (const std::string* s = u->get_string()) out->flagged = *s;
-  return true;
 }
 
 }  // namespace alpsck

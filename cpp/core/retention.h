@@ -1,4 +1,5 @@
-// Retention: which committed checkpoints of a run directory stay. The one rule, asked by the
+// Retention: which committed checkpoints of a run directory stay. A pure decision (no I/O: what
+// follows it, the expiry and the pins, is run_dir_actions.h's). The one rule, asked by the
 // engine after each commit (History::Committed, from what the process knows: no listing), by the
 // DCP writer's retention (RetainNewest, from a listing) and by `alpsck prune` (from its scan,
 // through the binding), and checked by the property test (tests/unit/test_retention.py).
@@ -29,7 +30,6 @@
 #include <vector>
 
 #include "commit.h"
-#include "env.h"
 #include "status.h"
 
 namespace alpsck {
@@ -68,18 +68,11 @@ std::string Unhealthy(const Metrics& metrics, const std::string& flagged);
 // none keeps it, it expires).
 std::vector<std::string> DecideRetention(const RetentionPolicy& p, const std::vector<RetainedStep>& steps);
 
-// Pins. A pin is the file PINNED (run_dir.h: kPinName) in a committed step directory, written
-// and fsync'ed (file and directory) by PinStep; UnpinStep removes it (and fsyncs the directory).
-// kNotFound when run_dir has no committed step-N (no manifest).
-Status PinStep(Env* env, const std::string& run_dir, uint64_t step);
-Status UnpinStep(Env* env, const std::string& run_dir, uint64_t step);
-// Whether checkpoint directory `dir` holds a pin (one stat).
-bool IsPinned(Env* env, const std::string& dir);
-// Writes the pin into a directory being committed (save(pin=True): before its commit rename).
-Status WritePin(Env* env, const std::string& dir);
-
-// The creation time, metrics and flag of checkpoint directory `dir` from its manifest (no shard
-// is read), and its pin; false when the manifest cannot be read or parsed.
-bool ReadRetainedStep(Env* env, const std::string& dir, uint64_t step, RetainedStep* out);
+// One committed step to expire (what the rule decided; run_dir_actions.h: ExpireSteps does it). plain: the caller committed it itself with nothing but its shards
+// and manifest (no DONE record, no extra file), so its directory is not listed to strip the rest.
+struct Expiry {
+  uint64_t step = 0;
+  bool plain = false;
+};
 
 }  // namespace alpsck

@@ -1,4 +1,4 @@
-// LATEST: read, published if newer, rewritten (run_dir.h, PublishedStep).
+// LATEST: read, published if newer, rewritten (run_dir_latest.h, PublishedStep).
 #include <fcntl.h>
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 
 #include "file_io.h"
 #include "run_dir.h"
+#include "run_dir_latest.h"
 
 namespace alpsck {
 namespace {

@@ -1,4 +1,4 @@
-// RunDirLock (run_dir.h): the run directory's one writer lock.
+// RunDirLock (run_dir_lock.h): the run directory's one writer lock, every call through an Env.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -11,8 +11,10 @@
 #include <string>
 #include <thread>
 
+#include "file_io.h"
 #include "json.h"
 #include "run_dir.h"
+#include "run_dir_lock.h"
 
 namespace alpsck {
 
@@ -32,41 +34,34 @@ const char* KindOf(mode_t m) {
 
 // Opens RUN_DIR/<rank's lock> without following a symlink and without blocking; refuses
 // anything but a regular file before opening it (and again after, against a swap in between).
-Status OpenLockFile(const std::string& run_dir, uint32_t rank, bool create, int* fd_out, std::string* path) {
+Status OpenLockFile(Env* env, const std::string& run_dir, uint32_t rank, bool create, int* fd_out, std::string* path) {
   *fd_out = -1;
-  const std::string name = LockFileName(rank);
-  *path = run_dir + "/" + name;
-  const int dir = ::open(run_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return Status::FromErrno(errno, "open run directory " + run_dir);
-  struct stat st;
-  Status out;
-  if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    if (!S_ISREG(st.st_mode))
-      out = Status::Invalid(*path + " is " + KindOf(st.st_mode) + ", not alpsck's lock file: remove it (alpsck never "
-                            "follows or opens it)");
-  } else if (errno != ENOENT || !create) {
-    out = errno == ENOENT ? Status::FromErrno(ENOENT, *path) : Status::FromErrno(errno, "stat " + *path);
+  *path = JoinPath(run_dir, LockFileName(rank));
+  const int d = env->IsDir(run_dir);
+  if (d <= 0) return Status::FromErrno(d < 0 ? -d : ENOTDIR, "open run directory " + run_dir);
+  FileStat st;
+  const int l = env->LStat(*path, &st);
+  if (l == 0 && !S_ISREG(st.mode))
+    return Status::Invalid(*path + " is " + KindOf(st.mode) + ", not alpsck's lock file: remove it (alpsck never "
+                           "follows or opens it)");
+  if (l < 0 && (l != -ENOENT || !create))
+    return l == -ENOENT ? Status::FromErrno(ENOENT, *path) : Status::FromErrno(-l, "stat " + *path);
+  const int flags = (create ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
+  const int fd = env->Open(*path, flags, 0644);
+  if (fd < 0)
+    return fd == -ELOOP ? Status::Invalid(*path + " is a symbolic link, not alpsck's lock file: remove it")
+                        : Status::FromErrno(-fd, "open " + *path);
+  if (env->FStat(fd, &st) != 0 || !S_ISREG(st.mode)) {
+    env->Close(fd);
+    return Status::Invalid(*path + " is not a regular file, not alpsck's lock file: remove it");
   }
-  if (out.ok()) {
-    const int flags = (create ? O_RDWR | O_CREAT : O_RDONLY) | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC;
-    const int fd = ::openat(dir, name.c_str(), flags, 0644);
-    if (fd < 0) {
-      out = errno == ELOOP ? Status::Invalid(*path + " is a symbolic link, not alpsck's lock file: remove it")
-                           : Status::FromErrno(errno, "open " + *path);
-    } else if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      out = Status::Invalid(*path + " is not a regular file, not alpsck's lock file: remove it");
-      ::close(fd);
-    } else {
-      *fd_out = fd;
-    }
-  }
-  ::close(dir);
-  return out;
+  *fd_out = fd;
+  return Status::Ok();
 }
 
-std::string ReadOwner(int fd) {
+std::string ReadOwner(Env* env, int fd) {
   std::string text(kMaxOwnerBytes, '\0');
-  const ssize_t n = ::pread(fd, &text[0], text.size(), 0);
+  const ssize_t n = env->PRead(fd, &text[0], text.size(), 0);
   text.resize(n > 0 ? static_cast<size_t>(n) : 0);
   return text;
 }
@@ -113,14 +108,14 @@ std::string DescribeLockOwner(const std::string& run_dir, const std::string& own
 }
 
 Status RunDirLock::Acquire(const std::string& run_dir, uint32_t rank, const std::string& owner_json,
-                           std::unique_ptr<RunDirLock>* out, double orphan_wait_s) {
+                           std::unique_ptr<RunDirLock>* out, double orphan_wait_s, Env* env) {
   int fd = -1;
   std::string path;
-  ALPSCK_RETURN_IF_ERROR(OpenLockFile(run_dir, rank, true, &fd, &path));
+  ALPSCK_RETURN_IF_ERROR(OpenLockFile(env, run_dir, rank, true, &fd, &path));
   const auto start = std::chrono::steady_clock::now();
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int e = errno;
-    const std::string owner = ReadOwner(fd);
+  for (int r; (r = env->Flock(fd, LOCK_EX | LOCK_NB)) != 0;) {
+    const int e = -r;
+    const std::string owner = ReadOwner(env, fd);
     // The owner recorded may have died while a process it forked (a DataLoader worker) still has
     // the lock's file open, and so the lock: such a child exits soon after its parent. Waited for,
     // briefly, so that a restart on the same node is not refused by its predecessor's worker.
@@ -130,7 +125,7 @@ Status RunDirLock::Acquire(const std::string& run_dir, uint32_t rank, const std:
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       continue;
     }
-    ::close(fd);
+    env->Close(fd);
     if (e != EWOULDBLOCK) return Status::FromErrno(e, "lock " + path);
     std::string why = DescribeLockOwner(run_dir, owner);
     if (orphaned)
@@ -140,45 +135,49 @@ Status RunDirLock::Acquire(const std::string& run_dir, uint32_t rank, const std:
                                             "checkpoints and retention");
   }
   const std::string text = owner_json + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) {
-    const int e = errno;
-    ::close(fd);
-    return Status::FromErrno(e, "record the owner in " + path);
+  int w = env->FTruncate(fd, 0);
+  if (w == 0) {
+    const ssize_t n = env->PWrite(fd, text.data(), text.size(), 0);
+    w = n == static_cast<ssize_t>(text.size()) ? 0 : n < 0 ? static_cast<int>(n) : -EIO;
   }
-  out->reset(new RunDirLock(fd, path));
+  if (w != 0) {
+    env->Close(fd);
+    return Status::FromErrno(-w, "record the owner in " + path);
+  }
+  out->reset(new RunDirLock(env, fd, path));
   return Status::Ok();
 }
 
-Status RunDirLock::Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner) {
+Status RunDirLock::Probe(const std::string& run_dir, uint32_t rank, bool* held, std::string* owner, Env* env) {
   *held = false;
   owner->clear();
   int fd = -1;
   std::string path;
-  Status s = OpenLockFile(run_dir, rank, false, &fd, &path);
+  Status s = OpenLockFile(env, run_dir, rank, false, &fd, &path);
   if (s.code() == Code::kNotFound) return Status::Ok();  // no lock file: nobody has written here
   ALPSCK_RETURN_IF_ERROR(s);
-  *owner = ReadOwner(fd);
-  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
-    ::flock(fd, LOCK_UN);
-  } else if (errno == EWOULDBLOCK) {
+  *owner = ReadOwner(env, fd);
+  const int r = env->Flock(fd, LOCK_SH | LOCK_NB);
+  if (r == 0) {
+    env->Flock(fd, LOCK_UN);
+  } else if (r == -EWOULDBLOCK) {
     *held = true;
   }
-  ::close(fd);
+  env->Close(fd);
   return Status::Ok();
 }
 
 void RunDirLock::Release() {
   if (fd_ < 0) return;
   if (::getpid() == owner_pid_) {
-    if (::ftruncate(fd_, 0) != 0) {  // a clean release leaves no owner behind (best effort)
-    }
+    env_->FTruncate(fd_, 0);  // a clean release leaves no owner behind (best effort)
     // Unlocked explicitly, not by the close: a forked child (a DataLoader worker) shares this
     // open file, and the flock would live on in it until it exits.
-    ::flock(fd_, LOCK_UN);
+    env_->Flock(fd_, LOCK_UN);
   }
   // In a forked child: only its copy of the descriptor goes. The lock and its owner record are
   // the parent's, which still writes under them.
-  ::close(fd_);
+  env_->Close(fd_);
   fd_ = -1;
 }
 

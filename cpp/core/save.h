@@ -1,5 +1,5 @@
-// What a caller hands to Engine::Save and gets back: the modes, the extents, the result and the
-// handle that completes once the save is decided.
+// What a caller hands to Engine::Save and gets back: the request (its modes, its extents), the
+// result and the handle that completes once the save is decided.
 //
 // Threading: SaveHandle is thread-safe (mu_ guards its state; cv_ wakes its waiters). The other
 // types are plain values.
@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <vector>
 
+#include "commit.h"
 #include "status.h"
 
 namespace alpsck {
@@ -28,6 +30,26 @@ struct SaveExtent {
   std::string name;
   const void* data = nullptr;
   uint64_t size = 0;
+};
+
+// One save, as Engine::Save takes it. Every field has a default (so a braced request may stop
+// after any field without -Wmissing-field-initializers).
+struct SaveRequest {
+  uint64_t step = 0;
+  // The state, in this order. Each extent's memory is read during Save (the snapshot modes) or
+  // until the handle completes (kZeroCopy); kExternal needs no memory (the filler writes).
+  std::vector<SaveExtent> extents{};
+  std::string meta{};  // the caller's, stored with the shard's index
+  SaveMode mode = SaveMode::kSnapshot;
+  CommitMode commit = CommitMode::kAuto;
+  // Not OK: the caller's pre-flight check failed (e.g. no room for what retention holds): the
+  // attempt is aborted on every rank with it, before this rank opens its shard, and it is Save's
+  // error; the other ranks hear the abort verdict at once instead of waiting out the commit timeout.
+  Status refusal = Status::Ok();
+  // Metrics recorded in the manifest, an unhealthy flag, a pin (commit.h). Rank 0's count (the
+  // coordinator writes the manifest), so every rank passes the same, e.g. a loss all-reduced
+  // already (every rank's retention decides from its own: history.h).
+  SaveNotes notes{};
 };
 
 struct SaveResult {

@@ -16,7 +16,7 @@
 //   P verdict       the decision, one CompareSet(verdict, "", X) for all: "committing" (the
 //                   coordinator's claim, before its commit rename) or "aborted:<why>"
 //   P final         the verdict once final: "committed" (followed by "\nspare:<name>" when it names
-//                   a free directory for the ranks' next save to claim, run_dir.h: ClaimDir),
+//                   a free directory for the ranks' next save to claim, run_dir_actions.h: ClaimDir),
 //                   "committed-unsynced:<error>" (the rename
 //                   happened, rank 0's fsync of RUN_DIR failed: each rank syncs it) or
 //                   "aborted:<why>". The other ranks Get it.

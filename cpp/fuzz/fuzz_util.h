@@ -72,7 +72,7 @@ inline bool WriteReferenceCheckpoints(const std::string& run_dir) {
     std::vector<alpsck::SaveExtent> ex;
     for (const auto& [name, n] : r.extents) ex.push_back({name, bytes.data(), name == "w" ? 2 * e->chunk_bytes() + n : n});
     std::shared_ptr<alpsck::SaveHandle> h;
-    if (!e->Save(r.step, ex, r.meta, alpsck::SaveMode::kSnapshot, &h).ok()) return false;
+    if (!e->Save({r.step, std::move(ex), r.meta, alpsck::SaveMode::kSnapshot}, &h).ok()) return false;
     h->Wait(-1);
     if (!h->status().ok()) {
       std::fprintf(stderr, "%s\n", h->status().message().c_str());

@@ -31,10 +31,13 @@
 #include "kv_store.h"
 #include "options.h"
 #include "env.h"
+#include "env_fault.h"
 #include "platform.h"
 #include "recovery.h"
 #include "retention.h"
 #include "run_dir.h"
+#include "run_dir_actions.h"
+#include "run_dir_lock.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -400,8 +403,9 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, mode, &h, commit, nullptr,
-                 refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse), SaveNotes{metrics, unhealthy, pin});
+      s = e.Save({step, std::move(ex), meta, mode, commit,
+                  refuse.empty() ? Status::Ok() : Status::Error(Code::kNoSpace, refuse), SaveNotes{metrics, unhealthy, pin}},
+                 &h);
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (!copy && !h->Done()) pending_.push_back({h, keepalive.is_none() ? nb::cast(extents) : keepalive});
@@ -455,7 +459,8 @@ class PyEngine {
     Engine& e = engine();
     {
       nb::gil_scoped_release nogil;
-      s = e.Save(step, ex, meta, SaveMode::kExternal, &h, commit, &fill, Status::Ok(), SaveNotes{metrics, unhealthy, pin});
+      s = e.Save({step, std::move(ex), meta, SaveMode::kExternal, commit, Status::Ok(), SaveNotes{metrics, unhealthy, pin}},
+                 &h, &fill);
     }
     if (!s.ok()) RaiseStatus(s, true);
     if (fill) {

@@ -22,6 +22,7 @@
 #include "commit_attempt.h"
 #include "coordinate.h"
 #include "crc32c.h"
+#include "env_fault.h"
 #include "file_io.h"
 #include "format.h"
 #include "kv_store_memory.h"
@@ -29,8 +30,8 @@
 #include "recovery.h"
 #include "run_dir.h"
 #include "store_agreement.h"
-#include "testing.h"
 #include "test_util.h"
+#include "testing.h"
 
 namespace store_harness {
 

@@ -19,13 +19,16 @@
 #include "commit_attempt.h"
 #include "coordinate.h"
 #include "engine.h"
+#include "env_fault.h"
 #include "file_io.h"
 #include "kv_store_memory.h"
 #include "recovery.h"
-#include "testing.h"
+#include "run_dir_actions.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
+using alpsck_test::SaveReq;
 using alpsck_test::Exists;
 using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
@@ -82,8 +85,8 @@ std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint6
       if (!engines[r]) return;
       auto data = Data(step, r);
       std::shared_ptr<SaveHandle> h;
-      Status s = engines[r]->Save(step, {{"w", data.data(), data.size()}}, "{\"rank\":" + std::to_string(r) + "}",
-                                  SaveMode::kSnapshot, &h, mode);
+      Status s = engines[r]->Save(SaveReq(step, {{"w", data.data(), data.size()}}, "{\"rank\":" + std::to_string(r) + "}",
+                                  SaveMode::kSnapshot, mode), &h);
       if (s.ok()) {
         h->Wait(-1);
         s = h->status();
@@ -395,11 +398,11 @@ TEST(a_rank_whose_attempt_is_aborted_while_it_starts_hears_the_verdict_from_its_
   std::shared_ptr<SaveHandle> h0, h1;
   std::atomic<bool> rank0_returned{false};
   std::thread t0([&] {
-    sync0 = e[0]->Save(2, {{"w", data0.data(), data0.size()}}, "{}", SaveMode::kSnapshot, &h0);
+    sync0 = e[0]->Save(SaveReq(2, {{"w", data0.data(), data0.size()}}, "{}", SaveMode::kSnapshot), &h0);
     rank0_returned = true;
   });
   while (env0.FaultsInjected() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  REQUIRE(e[1]->Save(2, {{"w", data1.data(), data1.size()}}, "{}", SaveMode::kSnapshot, &h1).ok());
+  REQUIRE(e[1]->Save(SaveReq(2, {{"w", data1.data(), data1.size()}}, "{}", SaveMode::kSnapshot), &h1).ok());
   h1->Wait(-1);
   CHECK(h1->status().code() == Code::kNoSpace);  // rank 1 decided the abort
   const bool in_the_window = !rank0_returned;  // rank 0 still held before its open
@@ -605,7 +608,7 @@ TEST(a_waiting_rank_never_takes_an_earlier_historys_manifest_for_its_commit) {
   CHECK(Exists(old_manifest));
   auto data1 = Data(2, 1);
   std::shared_ptr<SaveHandle> h1;
-  REQUIRE(e[1]->Save(2, {{"w", data1.data(), data1.size()}}, "{\"rank\":1}", SaveMode::kSnapshot, &h1).ok());
+  REQUIRE(e[1]->Save(SaveReq(2, {{"w", data1.data(), data1.size()}}, "{\"rank\":1}", SaveMode::kSnapshot), &h1).ok());
   // Without the shard-record check, rank 1 reported this durable at once, on the old manifest.
   CHECK(!h1->Wait(0.3));
   e[0]->ContinueFrom(1);
@@ -614,7 +617,7 @@ TEST(a_waiting_rank_never_takes_an_earlier_historys_manifest_for_its_commit) {
   CHECK(!retired[0].second.empty());
   auto data0 = Data(2, 0);
   std::shared_ptr<SaveHandle> h0;
-  REQUIRE(e[0]->Save(2, {{"w", data0.data(), data0.size()}}, "{\"rank\":0}", SaveMode::kSnapshot, &h0).ok());
+  REQUIRE(e[0]->Save(SaveReq(2, {{"w", data0.data(), data0.size()}}, "{\"rank\":0}", SaveMode::kSnapshot), &h0).ok());
   REQUIRE(h0->Wait(30) && h1->Wait(30));
   CHECK(h0->status().ok());
   CHECK(h1->status().ok());

@@ -38,16 +38,19 @@
 #include "commit.h"
 #include "coordinate.h"
 #include "engine.h"
+#include "env_fault.h"
 #include "env_record.h"
 #include "file_io.h"
 #include "kv_store_memory.h"
 #include "platform.h"
 #include "power_loss.h"
 #include "recovery.h"
-#include "testing.h"
+#include "run_dir_actions.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
+using alpsck_test::SaveReq;
 using alpsck_test::PowerLossModel;
 using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
@@ -183,7 +186,7 @@ std::string CheckRestart(const std::string& run_dir, uint64_t step) {
   if (!s.ok()) return "restart: " + s.message();
   const auto a = StepData(step), m = StepSmall(step);
   std::shared_ptr<SaveHandle> h;
-  s = e->Save(step, {{"a", a.data(), a.size()}, {"m", m.data(), m.size()}}, StepMeta(step), SaveMode::kSnapshot, &h);
+  s = e->Save(SaveReq(step, {{"a", a.data(), a.size()}, {"m", m.data(), m.size()}}, StepMeta(step), SaveMode::kSnapshot), &h);
   std::string warning;
   if (s.ok()) {
     h->Wait(-1);
@@ -316,7 +319,7 @@ Files MakeValidFiles(const std::string& src, uint64_t step) {
   g_chunk = e->chunk_bytes();
   const auto a = StepData(step), m = StepSmall(step);
   std::shared_ptr<SaveHandle> h;
-  if (!e->Save(step, {{"a", a.data(), a.size()}, {"m", m.data(), m.size()}}, StepMeta(step), SaveMode::kSnapshot, &h)
+  if (!e->Save(SaveReq(step, {{"a", a.data(), a.size()}, {"m", m.data(), m.size()}}, StepMeta(step), SaveMode::kSnapshot), &h)
            .ok())
     return f;
   h->Wait(-1);
@@ -583,6 +586,8 @@ class ExpiryRaceEnv : public Env {
   int ListDir(const std::string& path, std::vector<std::string>* names) override { return base_->ListDir(path, names); }
   int IsDir(const std::string& path) override { return base_->IsDir(path); }
   int IsOwnDir(const std::string& path) override { return base_->IsOwnDir(path); }
+  int LStat(const std::string& path, FileStat* st) override { return base_->LStat(path, st); }
+  int Flock(int fd, int op) override { return base_->Flock(fd, op); }
 
  private:
   Env* base_;
@@ -672,7 +677,7 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
         const SaveMode mode = step % 3 == 0 ? SaveMode::kZeroCopy : step % 3 == 1 ? SaveMode::kSnapshot : SaveMode::kSnapshotOverlap;
         std::shared_ptr<SaveHandle> h;
         const uint64_t expiries = race.expiries();
-        Status s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
+        Status s = e->Save(SaveReq(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode), &h);
         if (s.ok() && step == sc.abort_step) {  // the aborted attempt, then the retry
           h->Wait(-1);
           if (h->status().ok()) {
@@ -682,7 +687,7 @@ bool Record(const Scenario& sc, const std::string& run, RecordingEnv* rec) {
             ok = false;
             return;
           }
-          s = e->Save(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode, &h);
+          s = e->Save(SaveReq(step, {{"a", a->data(), a->size()}, {"m", m->data(), m->size()}}, StepMeta(step, history), mode), &h);
           if (s.ok()) h->Wait(-1);
           if (s.ok() && !h->status().ok()) {
             std::fprintf(stderr, "rank %u: the retry of step %llu failed: %s\n", rank,

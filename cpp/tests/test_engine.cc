@@ -21,15 +21,17 @@
 
 #include "commit.h"
 #include "engine.h"
+#include "env_fault.h"
 #include "env_record.h"
+#include "file_io.h"
 #include "options.h"
 #include "platform.h"
-#include "file_io.h"
 #include "recovery.h"
-#include "testing.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
+using alpsck_test::SaveReq;
 using alpsck_test::Exists;
 using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
@@ -55,7 +57,7 @@ std::unique_ptr<Engine> Open(const std::string& dir, Env* env = nullptr, uint32_
 // One snapshot save of extent "a", waited for: its final status (and result).
 Status SaveOne(Engine* e, uint64_t step, const std::vector<char>& a, SaveResult* r = nullptr) {
   std::shared_ptr<SaveHandle> h;
-  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+  Status s = e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h);
   if (!s.ok()) return s;
   h->Wait(-1);
   if (r) *r = h->result();
@@ -115,8 +117,8 @@ TEST(save_copy_and_zero_copy_round_trip) {
   for (bool copy : {true, false}) {
     uint64_t step = copy ? 10 : 20;
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}, {"e", empty.data(), 0}}, "{}",
-                    copy ? SaveMode::kSnapshot : SaveMode::kZeroCopy, &h).ok());
+    REQUIRE(e->Save(SaveReq(step, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}, {"e", empty.data(), 0}}, "{}",
+                    copy ? SaveMode::kSnapshot : SaveMode::kZeroCopy), &h).ok());
     REQUIRE(h->Wait(-1));
     CHECK(h->status().ok());
     CHECK_EQ(h->result().path, JoinPath(d.path(), StepDirName(step)));
@@ -134,7 +136,7 @@ TEST(copy_mode_snapshot_is_isolated_from_later_mutation) {
   auto a = RandomBytes(1 << 20, 3);
   const auto orig = a;
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   std::memset(a.data(), 0, a.size());  // the training step mutates right after save returns
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
@@ -172,7 +174,7 @@ TEST(empty_state_commits) {
   auto e = Open(d.path());
   REQUIRE(e);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(5, {}, "{\"only\":\"meta\"}", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(5, {}, "{\"only\":\"meta\"}", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
   std::vector<CheckpointInfo> infos;
@@ -195,8 +197,8 @@ TEST(out_of_order_completion_never_publishes_an_older_step) {
   REQUIRE(e);
   auto a = RandomBytes(256 << 10, 4), b = RandomBytes(1000, 5);
   std::shared_ptr<SaveHandle> h100, h200;
-  REQUIRE(e->Save(100, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h100).ok());
-  REQUIRE(e->Save(200, {{"b", b.data(), b.size()}}, "", SaveMode::kSnapshot, &h200).ok());
+  REQUIRE(e->Save(SaveReq(100, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h100).ok());
+  REQUIRE(e->Save(SaveReq(200, {{"b", b.data(), b.size()}}, "", SaveMode::kSnapshot), &h200).ok());
   REQUIRE(h200->Wait(-1));
   CHECK(!h100->Done());  // really out of order
   CHECK_EQ(Latest(d.path()), std::string("200\n"));
@@ -216,7 +218,7 @@ TEST(max_in_flight_applies_back_pressure) {
   auto a = RandomBytes(4096, 6);
   std::vector<std::shared_ptr<SaveHandle>> hs(5);
   for (uint64_t s = 0; s < 5; ++s) {
-    REQUIRE(e->Save(s + 1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &hs[s]).ok());
+    REQUIRE(e->Save(SaveReq(s + 1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &hs[s]).ok());
     CHECK(e->in_flight() <= 2);
   }
   e->WaitAll();
@@ -231,7 +233,7 @@ TEST(retention_keeps_newest_and_recycles) {
   auto a = RandomBytes(200000, 7);
   for (uint64_t s = 1; s <= 6; ++s) {
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(s * 10, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(e->Save(SaveReq(s * 10, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
     REQUIRE(h->Wait(-1));
     CHECK(h->status().ok());
     CHECK(h->result().warning.empty());
@@ -255,9 +257,9 @@ TEST(already_committed_step_is_skipped) {
   REQUIRE(e);
   auto a = RandomBytes(1000, 8), b = RandomBytes(1000, 9);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
-  REQUIRE(e->Save(7, {{"a", b.data(), b.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(7, {{"a", b.data(), b.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->result().skipped);
   CHECK(Matches(d.path(), 7, "a", a));
@@ -270,7 +272,7 @@ TEST(reopen_sees_committed_and_reuses_abandoned_tmp) {
     auto e = Open(d.path());
     REQUIRE(e);
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(e->Save(SaveReq(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
     REQUIRE(h->Wait(-1));
   }
   REQUIRE(Env::Default()->Mkdir(JoinPath(d.path(), "step-000000009.tmp")) == 0);  // a crash left it
@@ -279,7 +281,7 @@ TEST(reopen_sees_committed_and_reuses_abandoned_tmp) {
   CHECK_EQ(e->published_step(), int64_t{3});
   CHECK(!Exists(JoinPath(d.path(), "step-000000009.tmp")));
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->result().skipped);
 }
@@ -301,7 +303,7 @@ void SaveSteps(const std::string& dir, std::initializer_list<uint64_t> steps, ui
   for (uint64_t step : steps) {
     auto a = RandomBytes(1000 + step, seed + static_cast<uint32_t>(step));
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
     REQUIRE(h->Wait(-1));
     REQUIRE(h->status().ok());
   }
@@ -332,7 +334,7 @@ TEST(a_resumed_run_retires_the_abandoned_newer_checkpoints_and_saves_their_steps
   CHECK_EQ(Latest(d.path()), std::string("2\n"));  // the hint no longer names a retired step
   auto fresh = RandomBytes(5000, 7);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(3, {{"a", fresh.data(), fresh.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(3, {{"a", fresh.data(), fresh.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   REQUIRE(h->status().ok());
   CHECK(!h->result().skipped);
@@ -347,7 +349,7 @@ TEST(a_resumed_run_retires_the_abandoned_newer_checkpoints_and_saves_their_steps
   // Idempotent, and the restored step stays: saving it again is still a no-op.
   REQUIRE(e->Supersede(2, &retired).ok());
   CHECK(retired.empty());
-  REQUIRE(e->Save(2, {{"a", fresh.data(), fresh.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", fresh.data(), fresh.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->result().skipped);
   CHECK(Matches(d.path(), 2, "a", RandomBytes(1002, 102)));
@@ -392,7 +394,7 @@ TEST(a_found_step_is_still_skipped_without_supersede_and_a_refused_retirement_fa
   REQUIRE(e);
   auto a = RandomBytes(300, 9);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->result().skipped);  // the engine alone never replaces a checkpoint it did not write
   e->ContinueFrom(1);
@@ -414,7 +416,7 @@ TEST(a_rollback_in_the_same_process_saves_the_steps_again_and_retires_its_own_ne
   std::shared_ptr<SaveHandle> h;
   auto save = [&](uint64_t step, uint32_t seed) {
     auto a = RandomBytes(1000 + step, seed + static_cast<uint32_t>(step));
-    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
     REQUIRE(h->Wait(-1));
     REQUIRE(h->status().ok());
     CHECK(!h->result().skipped);
@@ -455,7 +457,7 @@ TEST(a_superseded_name_left_by_an_earlier_job_is_not_reused) {
   e->ContinueFrom(1);
   auto a = RandomBytes(777, 3);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1) && h->status().ok());
   CHECK(Matches(d.path(), 2, "a", a));
   CHECK_EQ(NamesWith(d.path(), kSupersededPrefix).size(), size_t{3});
@@ -472,23 +474,23 @@ TEST(the_default_staging_pool_follows_the_largest_save_and_external_fills_stay_i
   const uint64_t chunk = e->chunk_bytes();
   auto small = RandomBytes(chunk, 1), big = RandomBytes(10 * chunk, 2);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", small.data(), small.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(1, {{"a", small.data(), small.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1) && h->status().ok());
   CHECK_EQ(e->staging_slots(), uint64_t{2 * 1 + 3});
   const uint64_t first_bytes = e->staging_bytes();
   char* const base = e->staging_base();
-  REQUIRE(e->Save(2, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1) && h->status().ok());
   CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});
   CHECK_EQ(e->staging_bytes(), first_bytes);  // the first mapping is unchanged
   CHECK(e->staging_base() == base);
   CHECK(Matches(d.path(), 2, "a", big));
   for (int i = 0; i < 3; ++i)  // the old and the new slots serve saves alike
-    REQUIRE(e->Save(3 + i, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshotOverlap, &h).ok());
+    REQUIRE(e->Save(SaveReq(3 + i, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshotOverlap), &h).ok());
   e->WaitAll();
   CHECK(Matches(d.path(), 5, "a", big));
   std::shared_ptr<ExternalFill> f;
-  REQUIRE(e->Save(9, {{"a", nullptr, big.size()}}, "{}", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(e->Save(SaveReq(9, {{"a", nullptr, big.size()}}, "{}", SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   for (uint64_t i = 0; i < f->num_chunks(); ++i) {
     char* slot = f->Acquire(i, true);  // 10 chunks through the 5 first-mapping slots: pipelined
     REQUIRE(slot);
@@ -509,7 +511,7 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   REQUIRE(e);
   auto a = RandomBytes(300000, 11);
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   REQUIRE(h->status().ok());
   FaultRule full;
@@ -518,7 +520,7 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   full.skip = 2;
   full.count = UINT64_MAX;
   env.AddRule(full);
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->status().code() == Code::kNoSpace);
   CHECK(h->status().message().find("step-000000002") != std::string::npos);
@@ -527,7 +529,7 @@ TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
   CHECK_EQ(Latest(d.path()), std::string("1\n"));
   CHECK(Matches(d.path(), 1, "a", a));
   env.ClearRules();  // space comes back: saving works again
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1));
   CHECK(h->status().ok());
   CHECK(Matches(d.path(), 2, "a", a));
@@ -548,7 +550,7 @@ TEST(a_step_whose_directory_cannot_be_made_fails_and_is_not_called_committed) {
   env.AddRule(mk);
   auto a = RandomBytes(1000, 3);
   std::shared_ptr<SaveHandle> h;
-  Status s = e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+  Status s = e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h);
   CHECK(s.code() == Code::kNoSpace);
   CHECK(s.message().find("committed") == std::string::npos);
   CHECK(s.message().find("step-000000001.tmp") != std::string::npos);
@@ -572,11 +574,11 @@ TEST(a_failed_save_can_be_retried_the_moment_its_handle_completes) {
   for (uint64_t step = 1; step <= 60; ++step) {
     env.AddRule(full);
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
     REQUIRE(h->Wait(-1));
     CHECK(h->status().code() == Code::kNoSpace);
     env.ClearRules();
-    Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+    Status s = e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h);
     if (!s.ok()) {
       std::fprintf(stderr, "retry of step %llu: %s\n", static_cast<unsigned long long>(step), s.message().c_str());
       CHECK(s.ok());
@@ -601,14 +603,14 @@ TEST(fsync_and_rename_failures_never_publish) {
     REQUIRE(e);
     auto a = RandomBytes(100000, 12);
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+    REQUIRE(e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
     REQUIRE(h->Wait(-1));
     FaultRule r;
     r.op = c.op;
     r.path_contains = c.path;
     r.error = c.op == FaultRule::Op::kFAllocate ? ENOSPC : EIO;
     env.AddRule(r);
-    Status s = e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+    Status s = e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h);
     if (s.ok()) {
       REQUIRE(h->Wait(-1));
       s = h->status();
@@ -853,12 +855,12 @@ TEST(many_concurrent_saves_from_two_threads_under_load) {
   std::vector<std::shared_ptr<SaveHandle>> ha(20), hb(20);
   std::thread t1([&] {
     for (uint64_t i = 0; i < 20; ++i) {
-      Status s = e->Save(2 * i + 1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &ha[i]);
+      Status s = e->Save(SaveReq(2 * i + 1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &ha[i]);
       if (!s.ok()) std::fprintf(stderr, "save: %s\n", s.message().c_str());
     }
   });
   std::thread t2([&] {
-    for (uint64_t i = 0; i < 20; ++i) e->Save(2 * i + 2, {{"b", b.data(), b.size()}}, "", SaveMode::kZeroCopy, &hb[i]);
+    for (uint64_t i = 0; i < 20; ++i) e->Save(SaveReq(2 * i + 2, {{"b", b.data(), b.size()}}, "", SaveMode::kZeroCopy), &hb[i]);
   });
   t1.join();
   t2.join();
@@ -895,10 +897,10 @@ TEST(tiny_staging_pool_streams_in_every_mode_without_deadlock) {
       auto a = RandomBytes(1 << 20, 15), b = RandomBytes(700000, 16);
       std::vector<std::shared_ptr<SaveHandle>> ha(4), hb(4);
       std::thread t1([&] {
-        for (uint64_t i = 0; i < 4; ++i) e->Save(2 * i + 1, {{"a", a.data(), a.size()}}, "", mode, &ha[i]);
+        for (uint64_t i = 0; i < 4; ++i) e->Save(SaveReq(2 * i + 1, {{"a", a.data(), a.size()}}, "", mode), &ha[i]);
       });
       std::thread t2([&] {
-        for (uint64_t i = 0; i < 4; ++i) e->Save(2 * i + 2, {{"b", b.data(), b.size()}}, "", mode, &hb[i]);
+        for (uint64_t i = 0; i < 4; ++i) e->Save(SaveReq(2 * i + 2, {{"b", b.data(), b.size()}}, "", mode), &hb[i]);
       });
       t1.join();
       t2.join();
@@ -937,8 +939,8 @@ TEST(external_fill_commits_chunks_submitted_in_any_order_from_another_thread) {
   auto a = RandomBytes(700001, 21), b = RandomBytes(33, 22), c = RandomBytes(200000, 23);
   std::shared_ptr<SaveHandle> h;
   std::shared_ptr<ExternalFill> f;
-  REQUIRE(e->Save(5, {{"a", nullptr, a.size()}, {"b", nullptr, b.size()}, {"c", nullptr, c.size()}}, "{}",
-                  SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(e->Save(SaveReq(5, {{"a", nullptr, a.size()}, {"b", nullptr, b.size()}, {"c", nullptr, c.size()}}, "{}",
+                  SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   REQUIRE(f);
   CHECK(!h->Done());
   std::memset(e->staging_base(), 0x5a, e->staging_bytes());  // stale bytes everywhere
@@ -989,16 +991,16 @@ TEST(external_fill_misuse_fails_the_save_and_keeps_the_previous_checkpoint) {
   REQUIRE(Engine::Open(o, &e).ok());
   auto a = RandomBytes(300000, 31);
   std::shared_ptr<SaveHandle> good;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &good).ok());
+  REQUIRE(e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &good).ok());
   REQUIRE(good->Wait(60) && good->status().ok());
 
   // No filler: refused up front.
   std::shared_ptr<SaveHandle> h;
-  CHECK(e->Save(2, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h).code() == Code::kInvalidArgument);
+  CHECK(e->Save(SaveReq(2, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal), &h).code() == Code::kInvalidArgument);
 
   // Double submit, foreign memory, out of range; then finished with chunks missing.
   std::shared_ptr<ExternalFill> f;
-  REQUIRE(e->Save(2, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   char* s0 = f->Acquire(0, true);
   REQUIRE(s0);
   CHECK(f->Submit(0, s0).ok());
@@ -1018,13 +1020,13 @@ TEST(external_fill_misuse_fails_the_save_and_keeps_the_previous_checkpoint) {
   CHECK_EQ(e->published_step(), int64_t{1});
 
   // A filler's own failure is the save's error; dropping an unfinished filler fails the save.
-  REQUIRE(e->Save(3, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(e->Save(SaveReq(3, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   f->Fail("device copy failed: boom");
   CHECK(f->Acquire(0, true) == nullptr);
   f->Finish();
   REQUIRE(h->Wait(60));
   CHECK(h->status().message().find("boom") != std::string::npos);
-  REQUIRE(e->Save(4, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(e->Save(SaveReq(4, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   REQUIRE(f->Acquire(0, false) && f->Acquire(1, false) && f->Acquire(2, false));  // the whole pool
   f.reset();
   REQUIRE(h->Wait(60));
@@ -1032,7 +1034,7 @@ TEST(external_fill_misuse_fails_the_save_and_keeps_the_previous_checkpoint) {
   CHECK(Matches(d.path(), 1, "a", a));
   CHECK_EQ(e->published_step(), int64_t{1});
   // Every slot came back: a full external save succeeds without blocking on Acquire.
-  REQUIRE(e->Save(6, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, &h, CommitMode::kAuto, &f).ok());
+  REQUIRE(e->Save(SaveReq(6, {{"a", nullptr, a.size()}}, "", SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   const std::vector<const std::vector<char>*> srcs = {&a};
   for (uint64_t i = 0; i < f->num_chunks(); ++i) {
     char* slot = f->Acquire(i, false);
@@ -1059,10 +1061,10 @@ TEST(close_fails_a_save_blocked_on_its_in_flight_slot) {
   REQUIRE(e);
   auto a = RandomBytes(4096, 21);
   std::shared_ptr<SaveHandle> first;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &first).ok());
+  REQUIRE(e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &first).ok());
   Status second_status;
   std::shared_ptr<SaveHandle> second;
-  std::thread t([&] { second_status = e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &second); });
+  std::thread t([&] { second_status = e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &second); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the second Save now waits for the slot
   e->Close();
   t.join();
@@ -1084,7 +1086,7 @@ TEST(a_forked_child_cannot_save_through_its_parents_engine) {
   REQUIRE(SaveOne(e.get(), 1, a).ok());
   CHECK(!e->Forked());
   std::shared_ptr<SaveHandle> in_flight;  // the parent's, still being written while the child runs
-  REQUIRE(e->Save(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &in_flight).ok());
+  REQUIRE(e->Save(SaveReq(2, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &in_flight).ok());
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -1094,7 +1096,7 @@ TEST(a_forked_child_cannot_save_through_its_parents_engine) {
     };
     expect(e->Forked(), "Forked() is false in the child");
     std::shared_ptr<SaveHandle> h;
-    const Status s = e->Save(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h);
+    const Status s = e->Save(SaveReq(3, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h);
     expect(s.code() == Code::kInvalidArgument, "Save was not refused as invalid");
     expect(s.message().find("is a fork of it") != std::string::npos, "Save's error does not say fork");
     expect(!h, "a refused Save handed out a handle");
@@ -1195,7 +1197,7 @@ TEST(a_save_that_fits_the_pool_does_not_wait_for_a_prepare_growing_it) {
   e->Prepare({big});
   REQUIRE(WaitFor(60, [&] { return ResidentBytes() >= rss0 + (32 << 20); }));  // the growth is faulting now
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h).ok());
+  REQUIRE(e->Save(SaveReq(1, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot), &h).ok());
   CHECK_EQ(e->staging_slots(), small);  // Save returned while the growth still faulted
   h->Wait(-1);
   CHECK(h->status().ok());
@@ -1245,16 +1247,16 @@ TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
   auto a = RandomBytes(1000, 3);
   const Metrics metrics = {{"loss", 1.5}, {"val/loss", std::nan("")}, {"grad_norm", HUGE_VAL}, {"lr", -HUGE_VAL}};
   std::shared_ptr<SaveHandle> h;
-  REQUIRE(e->Save(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                  Status::Ok(), SaveNotes{metrics, "", false}).ok());
+  REQUIRE(e->Save(SaveReq(7, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, CommitMode::kAuto,
+                  Status::Ok(), SaveNotes{metrics, "", false}), &h).ok());
   REQUIRE(h->Wait(-1));
   REQUIRE(h->status().ok());
   // Names a manifest cannot hold are refused before anything is queued.
   for (const Metrics& bad : {Metrics{{"", 1.0}}, Metrics{{"a b", 1.0}}, Metrics{{"x", 1.0}, {"x", 2.0}},
                              Metrics(kMaxMetrics + 1, {"m", 0.0})}) {
     std::shared_ptr<SaveHandle> h2;
-    Status s = e->Save(8, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h2, CommitMode::kAuto, nullptr,
-                       Status::Ok(), SaveNotes{bad, "", false});
+    Status s = e->Save(SaveReq(8, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, CommitMode::kAuto,
+                       Status::Ok(), SaveNotes{bad, "", false}), &h2);
     CHECK(s.code() == Code::kInvalidArgument);
   }
   e->Close();
@@ -1272,8 +1274,8 @@ TEST(metrics_are_recorded_in_the_manifest_non_finite_ones_too) {
 // One snapshot save of extent "a" recording `metrics`, waited for: its final status.
 static Status SaveWithMetrics(Engine* e, uint64_t step, const std::vector<char>& a, const Metrics& metrics) {
   std::shared_ptr<SaveHandle> h;
-  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                     Status::Ok(), SaveNotes{metrics, "", false});
+  Status s = e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, CommitMode::kAuto,
+                     Status::Ok(), SaveNotes{metrics, "", false}), &h);
   if (!s.ok()) return s;
   h->Wait(-1);
   return h->status();

@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "env.h"
+#include "env_fault.h"
 #include "file_io.h"
 #include "platform.h"
-#include "testing.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
 using alpsck_test::TempDir;

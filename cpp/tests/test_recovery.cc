@@ -14,13 +14,15 @@
 #include "commit.h"
 #include "crc32c.h"
 #include "engine.h"
+#include "env_fault.h"
 #include "file_io.h"
 #include "json.h"
 #include "recovery.h"
-#include "testing.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
+using alpsck_test::SaveReq;
 using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
 
@@ -37,7 +39,7 @@ std::vector<char> MakeRun(const std::string& dir, std::vector<uint64_t> steps) {
   auto a = RandomBytes(600000, 1);
   for (uint64_t s : steps) {
     std::shared_ptr<SaveHandle> h;
-    if (!e->Save(s, {{"w", a.data(), 300000}, {"x", a.data() + 300000, 299999}, {"y", a.data(), 1}}, "{}", SaveMode::kSnapshot, &h).ok())
+    if (!e->Save(SaveReq(s, {{"w", a.data(), 300000}, {"x", a.data() + 300000, 299999}, {"y", a.data(), 1}}, "{}", SaveMode::kSnapshot), &h).ok())
       return {};
     h->Wait(-1);
   }
@@ -455,8 +457,8 @@ TEST(pick_skips_a_checkpoint_whose_metrics_are_not_finite_unless_allowed) {
   std::vector<char> a(100, 'x');
   for (const auto& [step, loss] : {std::make_pair(10, 1.0), std::make_pair(20, 0.5), std::make_pair(30, std::nan(""))}) {
     std::shared_ptr<SaveHandle> h;
-    REQUIRE(e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                    Status::Ok(), SaveNotes{{{"loss", loss}, {"lr", 0.1}}, "", false}).ok());
+    REQUIRE(e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, CommitMode::kAuto,
+                    Status::Ok(), SaveNotes{{{"loss", loss}, {"lr", 0.1}}, "", false}), &h).ok());
     REQUIRE(h->Wait(-1) && h->status().ok());
   }
   e->Close();

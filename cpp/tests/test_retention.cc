@@ -9,10 +9,12 @@
 #include "options.h"
 #include "recovery.h"
 #include "retention.h"
-#include "testing.h"
+#include "run_dir_actions.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
+using alpsck_test::SaveReq;
 using alpsck_test::RandomBytes;
 using alpsck_test::TempDir;
 
@@ -60,8 +62,8 @@ std::unique_ptr<Engine> Open(const std::string& dir, uint32_t keep_last, uint64_
 Status Save(Engine* e, uint64_t step, const Metrics& metrics, bool pin = false) {
   const std::vector<char> a = RandomBytes(4096, static_cast<uint32_t>(step));
   std::shared_ptr<SaveHandle> h;
-  Status s = e->Save(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, &h, CommitMode::kAuto, nullptr,
-                     Status::Ok(), SaveNotes{metrics, "", pin});
+  Status s = e->Save(SaveReq(step, {{"a", a.data(), a.size()}}, "", SaveMode::kSnapshot, CommitMode::kAuto,
+                     Status::Ok(), SaveNotes{metrics, "", pin}), &h);
   if (!s.ok()) return s;
   h->Wait(-1);
   return h->status();

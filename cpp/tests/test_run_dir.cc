@@ -1,5 +1,6 @@
 // The run directory's names: made and parsed in one place (run_dir.h), and every name alpsck
 // writes is classified back to what it is; hostile look-alikes are not.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,8 +14,13 @@
 #include <string>
 #include <thread>
 
+#include "env_fault.h"
 #include "file_io.h"
 #include "run_dir.h"
+#include "run_dir_actions.h"
+#include "run_dir_latest.h"
+#include "run_dir_lock.h"
+#include "spare_dirs.h"
 #include "test_util.h"
 #include "testing.h"
 
@@ -130,6 +136,33 @@ TEST(the_writer_lock_admits_one_writer_and_names_the_holder) {
     const LockOwner none = ParseLockOwner(bad);
     CHECK(none.pid.empty() && none.host.empty() && none.job_id.empty());
   }
+}
+
+// The lock makes its system calls through the Env it is given (env.h): a fault there is the lock's.
+TEST(the_writer_lock_goes_through_its_env) {
+  alpsck_test::TempDir d;
+  FaultEnv env;
+  FaultRule r;
+  r.op = FaultRule::Op::kOpen;
+  r.path_contains = kLockName;
+  r.count = 2;
+  env.AddRule(r);
+  std::unique_ptr<RunDirLock> l;
+  Status s = RunDirLock::Acquire(d.path(), 0, "{}", &l, RunDirLock::kOrphanLockWaitS, &env);
+  CHECK(!s.ok() && s.err() == EIO && s.message().find("open " + d.path()) != std::string::npos);
+  CHECK(!l);
+  REQUIRE(::close(::open((d.path() + "/" + kLockName).c_str(), O_CREAT | O_WRONLY, 0644)) == 0);
+  bool held = true;
+  std::string owner;
+  s = RunDirLock::Probe(d.path(), 0, &held, &owner, &env);
+  CHECK(!s.ok() && s.err() == EIO);
+  CHECK_EQ(env.FaultsInjected(), uint64_t{2});
+  REQUIRE(RunDirLock::Acquire(d.path(), 0, "{\"job_id\":\"7\"}", &l, RunDirLock::kOrphanLockWaitS, &env).ok());
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner, &env).ok());
+  CHECK(held && owner.find("\"job_id\":\"7\"") != std::string::npos);
+  l.reset();
+  REQUIRE(RunDirLock::Probe(d.path(), 0, &held, &owner, &env).ok());
+  CHECK(!held && owner.empty());
 }
 
 // A forked child (a DataLoader worker) inherits the lock's open file. Its release must neither
@@ -309,6 +342,54 @@ TEST(directories_of_another_user_are_never_claimed_nor_emptied) {
   REQUIRE(kept.size() == 1);
   CHECK_EQ(kept.front(), FreeDirName(1, 99, 0));
   CHECK_EQ(ClaimDir(env, d.path(), kept.front(), tmp), 0);
+}
+
+// SpareDirs on its own: rank 0 keeps what its retention expired (up to max_free), names one in a
+// verdict, and the save after it claims that one; a claim that finds the attempt's directory made
+// keeps the spare for later; with retention off nothing is kept, named or claimed.
+TEST(spare_dirs_keep_name_and_claim_expired_directories) {
+  alpsck_test::TempDir d;
+  Env* env = Env::Default();
+  auto committed = [&](uint64_t step) {
+    const std::string dir = d.sub(StepDirName(step));
+    REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+    REQUIRE(WriteFileSynced(env, JoinPath(dir, ShardFileName(0)), "shard").ok());
+    REQUIRE(WriteFileSynced(env, JoinPath(dir, kManifestName), "{}").ok());
+  };
+  committed(1);
+  committed(2);
+  committed(3);
+  SpareDirs spares(env, d.path(), 0, true, 1);
+  spares.Tidy(1);
+  CHECK_EQ(spares.Designate(), std::string());  // nothing expired yet
+  CHECK_EQ(spares.Expire({{1, true}, {2, true}}), std::string());
+  CHECK(!alpsck_test::Exists(d.sub(StepDirName(1))) && !alpsck_test::Exists(d.sub(StepDirName(2))));
+  const std::string name = spares.Designate();  // one kept (max_free 1), the other removed
+  REQUIRE(ParseRunDirName(name).kind == EntryKind::kFree);
+  CHECK_EQ(spares.Designate(), std::string());
+  CHECK(alpsck_test::Exists(JoinPath(d.sub(name), ShardFileName(0))));
+  std::vector<std::string> names;
+  REQUIRE(env->ListDir(d.path(), &names) == 0);
+  CHECK_EQ(names.size(), size_t{2});  // step-3 and the kept one
+  // The directory of the next save exists already: the spare stays free, kept for later.
+  const std::string tmp4 = d.sub(TmpDirName(4)), tmp5 = d.sub(TmpDirName(5));
+  REQUIRE(::mkdir(tmp4.c_str(), 0755) == 0);
+  spares.Committed(name, true);
+  CHECK(spares.ClaimFor(tmp4) == SpareDirs::Claim::kNone);
+  CHECK_EQ(spares.Designate(), name);
+  spares.Committed(name, true);
+  CHECK(spares.ClaimFor(tmp5) == SpareDirs::Claim::kClaimed);
+  CHECK(alpsck_test::Exists(JoinPath(tmp5, ShardFileName(0))));  // overwritten in place by the save
+  CHECK(spares.ClaimFor(d.sub(TmpDirName(6))) == SpareDirs::Claim::kNone);  // named once, claimed once
+  spares.Committed(name, true);  // named again (another rank claimed it meanwhile): gone
+  CHECK(spares.ClaimFor(d.sub(TmpDirName(6))) == SpareDirs::Claim::kTakenByOther);
+  spares.Committed(name, false);  // a designation never announced goes back to the kept ones
+  CHECK_EQ(spares.Designate(), name);
+  SpareDirs off(env, d.path(), 0, false, 4);
+  CHECK_EQ(off.Expire({{3, true}}), std::string());
+  CHECK(alpsck_test::Exists(d.sub(StepDirName(3))));  // retention off: nothing expired
+  off.Committed(name, true);
+  CHECK(off.ClaimFor(d.sub(TmpDirName(7))) == SpareDirs::Claim::kNone);
 }
 
 // Prune's removal (RemoveEntries): a nested tree goes whole; a symlink goes as the link, its

@@ -23,6 +23,7 @@
 #include "commit_attempt.h"
 #include "coordinate.h"
 #include "crc32c.h"
+#include "env_fault.h"
 #include "file_io.h"
 #include "format.h"
 #include "kv_store_memory.h"
@@ -31,8 +32,8 @@
 #include "run_dir.h"
 #include "store_agreement.h"
 #include "store_agreement_harness.h"
-#include "testing.h"
 #include "test_util.h"
+#include "testing.h"
 
 using namespace alpsck;
 using alpsck_test::Exists;

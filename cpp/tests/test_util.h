@@ -1,4 +1,4 @@
-// Helpers shared by the core's tests: scratch directories and file pokes.
+// Helpers shared by the core's tests: scratch directories, file pokes, save requests.
 #pragma once
 
 #include <fcntl.h>
@@ -9,7 +9,10 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "save.h"
 
 namespace alpsck_test {
 
@@ -74,6 +77,21 @@ inline bool WriteText(const std::string& p, const std::string& text) {
   bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
   return ok;
+}
+
+// An Engine::Save request (save.h) from its fields in order, as the tests spell them.
+inline alpsck::SaveRequest SaveReq(uint64_t step, std::vector<alpsck::SaveExtent> extents, std::string meta,
+                                   alpsck::SaveMode mode, alpsck::CommitMode commit = alpsck::CommitMode::kAuto,
+                                   alpsck::Status refusal = alpsck::Status::Ok(), alpsck::SaveNotes notes = {}) {
+  alpsck::SaveRequest r;
+  r.step = step;
+  r.extents = std::move(extents);
+  r.meta = std::move(meta);
+  r.mode = mode;
+  r.commit = commit;
+  r.refusal = std::move(refusal);
+  r.notes = std::move(notes);
+  return r;
 }
 
 }  // namespace alpsck_test
