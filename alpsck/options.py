@@ -108,7 +108,7 @@ def resolve(given: Mapping[str, Any], names: Iterable[str], caller: str) -> dict
                             f"{', '.join(names)} (docs/python-api.md#options)")
     out = {}
     for name in names:
-        value = given.get(name)
+        value = given.get(name, DEFAULTS[name])
         if value is None and name not in NONE_REFUSED:
             value = DEFAULTS[name]
         elif name == "keep_best":
