@@ -74,8 +74,16 @@ from .errors import (
     UsageError,
 )
 from .handles import FutureMixin, blocking
-from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step, keep_best_text
-from .options import check as check_option
+from .options import (
+    CHECKPOINTER_OPTIONS,
+    ENGINE_OPTIONS,
+    check_metrics,
+    check_run_dir_arg,
+    check_state,
+    check_step,
+    resolve,
+    with_options,
+)
 from .ranks import Ranks, assign_owners
 from .restore import RESTORED_HOOKS, SPIKE_WINDOW, loss_problem, peek, read_checkpoint, restore_into
 from .staging import Stager, guarded_pointers
@@ -127,13 +135,13 @@ class Checkpointer:
 
     Args:
         run_dir: directory of this run's checkpoints (created if missing).
-        max_in_flight, threads, chunk_bytes, keep_last, keep_every_steps, keep_every_seconds,
-            keep_best, staging_bytes, direct_io, pin_cpus, background_nice, copy_threads, crc_in_copy,
-            numa_node, commit_timeout_s: the engine's options (retention: docs/retention.md;
-            ``keep_best`` also takes a ``(metric, "min" | "max", k)`` tuple). Their defaults, limits and
-            meaning are defined once, in the core (``alpsck.options.SPECS``; the table in
-            docs/python-api.md); None takes the default.
-            A value out of range raises UsageError naming it.
+        **options: the options of the core's table by name (``alpsck.options.CHECKPOINTER_OPTIONS``:
+            the engine's, such as max_in_flight, threads, chunk_bytes, keep_last, keep_every_steps,
+            keep_best, pin_cpus, numa_node, commit_timeout_s, and spike_factor below; retention:
+            docs/retention.md; ``keep_best`` also takes a ``(metric, "min" | "max", k)`` tuple). Their
+            defaults, limits and meaning are defined once, in the core (``alpsck.options.SPECS``; the
+            table in docs/python-api.md); None takes the default (``keep_last=None`` is refused). A
+            value out of range raises UsageError naming it; a name the table lacks, TypeError.
         rank, world_size: default from torch.distributed when it is initialised, else 0 and 1.
         replicated: top-level state keys whose tensors are identical on every rank (written once).
         overlap_copy: None (default): pipelined snapshots for states holding CUDA tensors, the
@@ -155,57 +163,21 @@ class Checkpointer:
             steps are skipped with one RuntimeWarning per process; saves go on.
     """
 
-    def __init__(
-        self,
-        run_dir: str | os.PathLike[str],
-        *,
-        max_in_flight: int = DEFAULTS["max_in_flight"],
-        threads: int | None = None,
-        chunk_bytes: int | None = None,
-        keep_last: int = DEFAULTS["keep_last"],
-        keep_every_steps: int = DEFAULTS["keep_every_steps"],
-        keep_every_seconds: float = DEFAULTS["keep_every_seconds"],
-        keep_best: str | tuple[str, str, int] = DEFAULTS["keep_best"],
-        staging_bytes: int | None = None,
-        direct_io: bool = DEFAULTS["direct_io"],
-        pin_cpus: Sequence[int] | None = None,
-        background_nice: int | None = None,
-        copy_threads: int | None = None,
-        crc_in_copy: bool | None = None,
-        numa_node: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        replicated: Sequence[str] = (),
-        commit_timeout_s: float = DEFAULTS["commit_timeout_s"],
-        overlap_copy: bool | None = None,
-        lustre_layout: str = "auto",
-        preflight: bool = True,
-        spike_factor: float = DEFAULTS["spike_factor"],
-        _faults: Sequence[dict[str, Any]] = (),
-    ) -> None:
-        # None: the core's default (alpsck.options). Every value is checked here, before anything is touched.
-        given = {"max_in_flight": max_in_flight, "threads": threads, "chunk_bytes": chunk_bytes,
-                 "keep_last": keep_last, "keep_every_steps": keep_every_steps,
-                 "keep_every_seconds": keep_every_seconds, "keep_best": keep_best_text(keep_best),
-                 "staging_bytes": staging_bytes, "direct_io": direct_io,
-                 "pin_cpus": list(pin_cpus) if isinstance(pin_cpus, (list, tuple, range)) else pin_cpus,
-                 "background_nice": background_nice, "copy_threads": copy_threads, "crc_in_copy": crc_in_copy,
-                 "numa_node": numa_node, "commit_timeout_s": commit_timeout_s}
-        # keep_last=None is refused instead (NONE_REFUSED): it reads as "keep all", and 3 would delete checkpoints
-        opts = {k: DEFAULTS[k] if v is None and k not in NONE_REFUSED else v for k, v in given.items()}
-        for name, value in opts.items():
-            check_option(name, value)
-        # The rules together (keep_last 0 keeps all: the others would be moot), by the core's one check.
-        _core.decide_retention([], opts["keep_last"], opts["keep_every_steps"], opts["keep_every_seconds"],
-                               opts["keep_best"])
-        _core.check_numa_node(numa_node if numa_node is not None else DEFAULTS["numa_node"])  # before the run dir
+    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None, world_size: int | None = None,
+                 replicated: Sequence[str] = (), overlap_copy: bool | None = None, lustre_layout: str = "auto",
+                 preflight: bool = True, _faults: Sequence[dict[str, Any]] = (), **options: Any) -> None:
+        # Every value is checked here, before anything is touched: each option against its row of the
+        # core's table, then the engine's together by the core's own check (the retention rules).
+        opts = resolve(options, CHECKPOINTER_OPTIONS, "Checkpointer()")
+        engine_opts = {name: opts[name] for name in ENGINE_OPTIONS}
+        _core.check_engine_options(engine_opts)
+        _core.check_numa_node(opts["numa_node"])  # this machine has the node: before the run dir
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
         why = layout_problem(lustre_layout)
         if why is not None:
             raise UsageError(f"lustre_layout: {why}")
-        check_option("spike_factor", spike_factor)
-        self._spike_factor = spike_factor or None
+        self._spike_factor = opts["spike_factor"] or None
         self._recent_losses: list[float] = []  # the last SPIKE_WINDOW finite, unflagged losses saved
         if not isinstance(preflight, bool):
             raise UsageError(f"preflight: {preflight!r}: must be True or False")
@@ -224,7 +196,7 @@ class Checkpointer:
         # What the pre-flight check makes room for: keep_last 0 keeps all, the next one at least. The
         # milestone, time and pinned checkpoints cannot be known ahead; the best K can.
         best = int(opts["keep_best"].rsplit(":", 1)[1]) if opts["keep_best"] else 0
-        self._keep = keep_last + max_in_flight + best if keep_last else 1
+        self._keep = opts["keep_last"] + opts["max_in_flight"] + best if opts["keep_last"] else 1
         self._stager: Stager | None = None
         self._hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> its hook
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
@@ -235,33 +207,11 @@ class Checkpointer:
         self._recorded: dict[str, tuple[str, Any]] | None = None
         self._recorded_at = ""
         self._fitted: dict[str, Any] = {}  # fit.check_fits's memory of entries that fitted _recorded
-        engine_args = (opts, _faults, self.ranks.agreement_store())
-        # Rank 0's engine cleans up abandoned directories when it opens, so it opens first and the
-        # others only after it succeeded; then every rank must have opened (two agreements).
-        for first in (True, False):
-            error: BaseException | None = None
-            if (self.rank == 0) == first:
-                try:
-                    make_dirs_durably(self.run_dir)  # a power loss must not take a new run dir's name
-                    if self.rank == 0:
-                        chunk = chunk_bytes if chunk_bytes is not None else DEFAULTS["chunk_bytes"]
-                        self.layout = self._ensure_layout(lustre_layout, chunk)
-                    self._open_engine(*engine_args)
-                except Exception as e:
-                    error = e
-            if not self.ranks.all_true(error is None):
-                self._release()
-                if error is not None:
-                    raise error
-                raise CheckpointError(f"{self.run_dir}: another rank could not open its checkpointer (see its log)")
-        if opts["direct_io"] and not self.engine.direct_io:
-            warnings.warn(
-                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
-                "fdatasyncs instead (durable, but slower and through the page cache)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
         self._pending: list[CoreSave] = []
+        self._open_engine(engine_opts, _faults, lustre_layout)
+
+    # help() and editors see the options spelled out, one keyword each, with the table's defaults.
+    __signature__ = with_options(__init__, CHECKPOINTER_OPTIONS)
 
     def _ensure_layout(self, setting: str, chunk_bytes: int) -> LayoutReport | None:
         """The Lustre layout (:func:`alpsck.store.filesystem.ensure_layout`). lfs failing is a warning
@@ -291,24 +241,39 @@ class Checkpointer:
         self._preflight_bytes = size
         return ""
 
-    def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]],
-                     agreement: tuple[Any, str] | None) -> None:
-        self._lock = lock_run_dir(self.run_dir, self.rank)
+    def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]], lustre_layout: str) -> None:
+        """Every rank's engine on the run directory, with its lock held. Rank 0's engine cleans up
+        abandoned directories when it opens, so it opens first (after setting the Lustre layout) and
+        the others only after it succeeded; then every rank must have opened (two agreements)."""
+        agreement = self.ranks.agreement_store()
         store, store_ns = agreement if agreement is not None else (None, "")
-        try:
-            self._engine = _core.Engine(
-                str(self.run_dir),
-                **opts,
-                rank=self.rank,
-                faults=[dict(f) for f in faults],  # test hook: inject I/O errors (see cpp/core/env.h)
-                world_size=self.world_size,
-                one_history=True,  # each save retires the abandoned history first (module docstring)
-                store=store,  # several ranks agree on each commit through torch.distributed's store
-                store_ns=store_ns,
+        for first in (True, False):
+            error: BaseException | None = None
+            if (self.rank == 0) == first:
+                try:
+                    make_dirs_durably(self.run_dir)  # a power loss must not take a new run dir's name
+                    if self.rank == 0:
+                        self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
+                    self._lock = lock_run_dir(self.run_dir, self.rank)
+                    self._engine = _core.Engine(
+                        str(self.run_dir), opts, rank=self.rank, world_size=self.world_size,
+                        one_history=True,  # each save retires the abandoned history first (module docstring)
+                        store=store, store_ns=store_ns,  # several ranks agree on each commit through it
+                        faults=[dict(f) for f in faults])  # test hook: inject I/O errors (cpp/core/env.h)
+                except Exception as e:
+                    error = e
+            if not self.ranks.all_true(error is None):
+                self._release()  # nothing stays locked by a failed open
+                if error is not None:
+                    raise error
+                raise CheckpointError(f"{self.run_dir}: another rank could not open its checkpointer (see its log)")
+        if opts["direct_io"] and not self.engine.direct_io:
+            warnings.warn(
+                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
+                "fdatasyncs instead (durable, but slower and through the page cache)",
+                RuntimeWarning,
+                stacklevel=3,
             )
-        except BaseException:
-            self._release()  # do not keep the run dir locked by a failed constructor
-            raise
 
     def _release(self) -> None:
         """Stop the engine (after its saves) and drop the run directory's lock."""

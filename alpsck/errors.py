@@ -2,7 +2,7 @@
 
 Every error alpsck raises on purpose derives from :class:`AlpsckError`, so callers can catch
 one type. Engine (C++) errors are turned into these classes in exactly one place, the
-binding's ``RaiseStatus`` (``cpp/python/module.cc``), by the engine's status code.
+binding's ``RaiseStatus`` (``cpp/python/binding.cc``), by the engine's status code.
 """
 
 from __future__ import annotations

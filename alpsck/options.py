@@ -8,18 +8,25 @@ so that a default is stated once and a value out of range is refused by name whe
 from __future__ import annotations
 
 import argparse
+import difflib
+import inspect
 import math
 import os
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from . import _core
 from .errors import UsageError, echo
 
-__all__ = ["DEFAULTS", "NONE_REFUSED", "SPECS", "check", "keep_best_text", "problem"]
+__all__ = ["CHECKPOINTER_OPTIONS", "DEFAULTS", "ENGINE_OPTIONS", "NONE_REFUSED", "SPECS", "check", "keep_best_text",
+           "problem", "resolve", "with_options"]
 
 SPECS: dict[str, dict[str, Any]] = {s["name"]: s for s in _core.engine_options()}
 DEFAULTS: dict[str, Any] = {name: s["default"] for name, s in SPECS.items()}
+# Who reads which (the table's scope): the engine's options go to _core.Engine(run_dir, options); a
+# Checkpointer takes those and its own (spike_factor); the readers' (read_threads) are their argument.
+ENGINE_OPTIONS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s["scope"] == "engine")
+CHECKPOINTER_OPTIONS: tuple[str, ...] = tuple(n for n, s in SPECS.items() if s["scope"] in ("engine", "checkpointer"))
 # Options where None takes no default (as it does for the others): it reads as "no limit", and the
 # default would silently delete what the caller meant to keep. Refused, saying what to give instead.
 NONE_REFUSED: dict[str, str] = {
@@ -85,6 +92,41 @@ def check(name: str, value: Any, where: str | None = None) -> None:
     why = problem(name, value)
     if why is not None:
         raise UsageError(f"{where or name}: {why}")
+
+
+def resolve(given: Mapping[str, Any], names: Iterable[str], caller: str) -> dict[str, Any]:
+    """Every option of ``names`` by name, as ``caller`` (``"Checkpointer()"``) takes them: the given
+    values (None: the table's default, except where NONE_REFUSED says why not), the table's defaults
+    for the rest. A name not among ``names`` raises TypeError, as an unexpected keyword argument
+    does; a value out of range UsageError naming the option (:func:`check`)."""
+    names = tuple(names)
+    for name in given:
+        if name not in names:
+            near = difflib.get_close_matches(str(name), names, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise TypeError(f"{caller} got an unexpected keyword argument {name!r}{hint}; its options: "
+                            f"{', '.join(names)} (docs/python-api.md#options)")
+    out = {}
+    for name in names:
+        value = given.get(name, DEFAULTS[name])
+        if value is None and name not in NONE_REFUSED:
+            value = DEFAULTS[name]
+        elif name == "keep_best":
+            value = keep_best_text(value)
+        elif SPECS[name]["type"] == "cpus" and isinstance(value, (tuple, range)):
+            value = list(value)
+        check(name, value)
+        out[name] = value
+    return out
+
+
+def with_options(init: Callable[..., Any], names: Iterable[str]) -> inspect.Signature:
+    """The signature of a class whose ``__init__`` takes ``**options``, as its callers see it: the
+    ``**options`` spelled out as one keyword-only parameter per option of ``names``, its default the
+    table's (a class's ``__signature__``: help() and editors list the options)."""
+    params = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD][1:]  # no self
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DEFAULTS[n]) for n in names]
+    return inspect.Signature(params)
 
 
 def _human_bytes(n: int) -> str:

@@ -38,7 +38,7 @@ def _rank(rank: int, world: int, run: str, keep_last: int, saves: int, mib: int,
     data = torch.randn(mib * (1 << 20) // 4, generator=gen).view(torch.uint8)
     if rank:
         opened.wait()  # rank 0 opens first: its housekeeping removes other ranks' unfinished files
-    eng = _core.Engine(run, rank=rank, world_size=world, keep_last=keep_last, max_in_flight=1)
+    eng = _core.Engine(run, {"keep_last": keep_last, "max_in_flight": 1}, rank=rank, world_size=world)
     if not rank:
         opened.set()
     times = []

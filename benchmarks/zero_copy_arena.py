@@ -86,7 +86,7 @@ def run_variant(variant: str, root: Path, pairs: int, block: int) -> str:
     if variant == "arena":
         arena = rehome(tr.model, tr.opt)
         lock = _core.RunDirLock(str(run_dir), 0, "{}")
-        engine = _core.Engine(str(run_dir), keep_last=3, one_history=True)
+        engine = _core.Engine(str(run_dir), {"keep_last": 3}, one_history=True)
         pending: list[Any] = []
 
         def before_step(*_: Any) -> None:  # the optimizer may change the arena once it is written

@@ -95,8 +95,8 @@ class CoreZeroCopyMethod(Method):
     def __init__(self, directory: Path, state: dict[str, torch.Tensor], *, threads: int, chunk_mib: int) -> None:
         super().__init__(directory, state)
         self.name = f"core zero-copy t={threads} c={chunk_mib}M"
-        self.engine = _core.Engine(str(directory), threads=threads, chunk_bytes=chunk_mib << 20, max_in_flight=1,
-                                   keep_last=1)
+        self.engine = _core.Engine(str(directory), {"threads": threads, "chunk_bytes": chunk_mib << 20, "max_in_flight": 1,
+                                                    "keep_last": 1})
         self.warmups = 2  # steady state: recycled files, as for AlpsckMethod
         self.extents = [(k, v.reshape(-1).view(torch.uint8)) for k, v in state.items()]
 

@@ -471,11 +471,11 @@ class AlpsckStorageWriter(StorageWriter):
         if self._engine is None:
             try:
                 # staging_bytes: slots for the items resolved while writing (mapped now, touched only then)
-                self._engine = _core.Engine(str(run_dir), threads=self.threads, chunk_bytes=self.chunk_bytes,
-                                            staging_bytes=(self.threads + 2) * self.chunk_bytes,
-                                            max_in_flight=1, keep_last=0, one_history=self._supersede,
-                                            direct_io=self.direct_io, rank=rank, world_size=world,
-                                            commit_timeout_s=self.commit_timeout_s,
+                self._engine = _core.Engine(str(run_dir), {"threads": self.threads, "chunk_bytes": self.chunk_bytes,
+                                                           "staging_bytes": (self.threads + 2) * self.chunk_bytes,
+                                                           "max_in_flight": 1, "keep_last": 0, "direct_io": self.direct_io,
+                                                           "commit_timeout_s": self.commit_timeout_s},
+                                            one_history=self._supersede, rank=rank, world_size=world,
                                             store=_agreement_store(self._store_ns), store_ns=self._store_ns)
             except BaseException:
                 self.close()

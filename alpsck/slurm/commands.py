@@ -1,5 +1,5 @@
 """Every SLURM command alpsck runs, on the submitting side and inside the job: one timeout, one retry
-rule, one error. No other module runs a SLURM command (tests/test_vocabulary.py checks).
+rule, one error. No other module runs a SLURM command (tests/unit/test_vocabulary.py checks).
 
 A busy controller answers "Socket timed out on send/recv operation" or refuses connections for a
 while; a transient failure must never turn into a wrong decision (on Alps, a job run on the login

@@ -51,8 +51,8 @@ def _save_on_every_rank(run: Path, engines: list[Any], step: int) -> list[BaseEx
 
 def test_four_ranks_commit_through_a_tcpstore_and_leave_no_key(tmp_path: Path) -> None:
     server = _server()
-    engines = [_core.Engine(str(tmp_path), rank=r, world_size=4, store=_client(server), store_ns="alpsck/t1/",
-                            keep_last=2, commit_timeout_s=30) for r in range(4)]
+    engines = [_core.Engine(str(tmp_path), {"keep_last": 2, "commit_timeout_s": 30}, rank=r, world_size=4,
+                            store=_client(server), store_ns="alpsck/t1/") for r in range(4)]
     base = server.num_keys()  # a client's connection counts as a key of the server's own
     try:
         for step in (1, 2, 3):
@@ -75,7 +75,7 @@ def test_a_store_that_fails_fails_the_save_naming_it_and_commits_nothing(tmp_pat
                 raise ConnectionResetError(f"{name}: the server went away")
             return fail
 
-    engine = _core.Engine(str(tmp_path), store=Broken(), store_ns="alpsck/t2/", commit_timeout_s=2)
+    engine = _core.Engine(str(tmp_path), {"commit_timeout_s": 2}, store=Broken(), store_ns="alpsck/t2/")
     try:
         with pytest.raises(CheckpointError, match=r"the server went away"):
             engine.save(1, [("w", torch.zeros(100, dtype=torch.uint8))]).wait()
@@ -88,8 +88,8 @@ def test_a_store_server_that_vanishes_mid_save_fails_every_rank_with_one_verdict
     """Rank 1 never arrives; the server goes away while ranks 0 and 2 wait: both fail, and the
     disk holds no committed step 1 (the disk decides when the store cannot)."""
     server = _server(timeout_s=5)
-    engines = [_core.Engine(str(tmp_path), rank=r, world_size=3, store=_client(server, 5), store_ns="alpsck/t3/",
-                            commit_timeout_s=5) for r in (0, 2)]
+    engines = [_core.Engine(str(tmp_path), {"commit_timeout_s": 5}, rank=r, world_size=3, store=_client(server, 5),
+                            store_ns="alpsck/t3/") for r in (0, 2)]
     out: dict[int, BaseException | None] = {}
 
     def one(i: int, rank: int) -> None:

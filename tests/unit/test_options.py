@@ -32,19 +32,51 @@ def test_the_core_table_is_the_python_table_and_every_default_is_within_its_limi
         assert spec["doc"], name
 
 
-def test_the_engine_binding_defaults_are_the_table_defaults() -> None:
-    doc = _core.Engine.__init__.__doc__ or ""  # nanobind's signature line names each default
-    for name in ("threads", "chunk_bytes", "max_in_flight", "keep_last", "copy_threads", "commit_timeout_s"):
-        value = options.DEFAULTS[name]
-        assert re.search(rf"\b{name}: \w+ = {re.escape(repr(value))}", doc), (name, value, doc)
+def test_the_engine_binding_defaults_are_the_table_defaults(tmp_path: Path) -> None:
+    """The binding states no default of its own: an Engine given no options opens with the table's."""
+    assert _core.check_engine_options({}) == {n: options.DEFAULTS[n] for n in options.ENGINE_OPTIONS}
+    engine = _core.Engine(str(tmp_path), {})
+    try:
+        for name in ("threads", "chunk_bytes"):  # (direct_io: what the file system allowed)
+            assert getattr(engine, name) == options.DEFAULTS[name], name
+    finally:
+        engine.close()
+
+
+def test_the_engine_takes_its_options_as_one_mapping_checked_by_name_through_the_table(tmp_path: Path) -> None:
+    given = {"threads": 3, "keep_every_steps": 100, "keep_every_seconds": 60.0, "keep_best": "val_loss:min:2",
+             "pin_cpus": [0], "direct_io": False, "numa_node": -1}
+    assert _core.check_engine_options(given) == {**{n: options.DEFAULTS[n] for n in options.ENGINE_OPTIONS}, **given}
+    engine = _core.Engine(str(tmp_path / "run"), {"threads": 3, "chunk_bytes": 1 << 20})
+    try:
+        assert (engine.threads, engine.chunk_bytes) == (3, 1 << 20)
+    finally:
+        engine.close()
+    for bad, says in [({"thread": 3}, "no engine option is named 'thread'"),
+                      ({"spike_factor": 2.0}, "spike_factor is not an engine option: the Checkpointer's save takes it"),
+                      ({"read_threads": 2}, "read_threads is not an engine option"),
+                      ({"threads": 0}, "threads is 0: it must be between 1 and 1024"),
+                      ({"threads": "4"}, "threads is '4': it must be an integer"),
+                      ({"threads": True}, "threads is True: it must be an integer"),
+                      ({"keep_every_steps": 2**64}, f"keep_every_steps is {2**64}: it must be between 0 and"),
+                      ({"direct_io": 1}, "direct_io is 1: it must be True or False"),
+                      ({"pin_cpus": "0-3"}, "pin_cpus is '0-3': it must be a list of CPU numbers"),
+                      ({"pin_cpus": [2000]}, "pin_cpus holds 2000"),
+                      ({"keep_best": 3}, "keep_best is 3: it must be a string"),
+                      ({"commit_timeout_s": math.nan}, "commit_timeout_s is not a number"),
+                      ({"keep_last": 0, "keep_every_steps": 10}, "keep_every_steps is set, but keep_last is 0")]:
+        with pytest.raises(UsageError, match=re.escape(says)):
+            _core.check_engine_options(bad)
+        with pytest.raises(UsageError, match=re.escape(says)):
+            _core.Engine(str(tmp_path / "refused"), bad)
+        assert not (tmp_path / "refused").exists()  # refused before the run directory was made
 
 
 def test_every_user_facing_default_is_the_table_default() -> None:
-    ck = inspect.signature(alpsck.Checkpointer).parameters
-    for name in ("max_in_flight", "keep_last", "direct_io", "commit_timeout_s"):
-        assert ck[name].default == options.DEFAULTS[name], name
-    for name in ("threads", "chunk_bytes", "staging_bytes", "copy_threads", "pin_cpus"):
-        assert ck[name].default is None, name  # None: the table's default
+    ck = inspect.signature(alpsck.Checkpointer).parameters  # every option of the table, spelled out
+    for name in options.CHECKPOINTER_OPTIONS:
+        assert ck[name].kind is inspect.Parameter.KEYWORD_ONLY and ck[name].default == options.DEFAULTS[name], name
+    assert "read_threads" not in ck  # the readers' option, not a Checkpointer's
     cfg = CheckpointConfig()
     train = TrainConfig()
     for name in ("max_in_flight", "threads", "keep_last"):
@@ -94,6 +126,24 @@ def test_the_checkpointer_refuses_an_out_of_range_option_by_name_before_touching
         alpsck.Checkpointer(run, **{name: value})
     assert says in str(e.value)
     assert not run.exists()
+
+
+def test_the_checkpointer_takes_every_option_of_the_table_by_name_and_none_means_the_default(tmp_path: Path) -> None:
+    """A Checkpointer's options are the table's: none is a parameter of its own, so a new row is a new
+    option without touching it; None takes the table's default (keep_last's None is refused)."""
+    names = [n for n, s in options.SPECS.items() if s["scope"] in ("engine", "checkpointer")]
+    assert list(options.CHECKPOINTER_OPTIONS) == names and "spike_factor" in names
+    with alpsck.Checkpointer(tmp_path / "run", **{n: None for n in names if n not in options.NONE_REFUSED}) as ck:
+        assert (ck.engine.threads, ck.engine.chunk_bytes) == (options.DEFAULTS["threads"], options.DEFAULTS["chunk_bytes"])
+    with pytest.raises(UsageError, match="keep_last: None is refused"):
+        alpsck.Checkpointer(tmp_path / "none", keep_last=None)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'thread' \(did you mean 'threads'\?\)"):
+        alpsck.Checkpointer(tmp_path / "typo", thread=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'read_threads'"):
+        alpsck.Checkpointer(tmp_path / "typo", read_threads=4)
+    with pytest.raises(UsageError, match="keep_every_steps is set, but keep_last is 0"):  # the core's check of the set
+        alpsck.Checkpointer(tmp_path / "typo", keep_last=0, keep_every_steps=10)
+    assert not (tmp_path / "none").exists() and not (tmp_path / "typo").exists()
 
 
 def test_the_job_config_refuses_an_out_of_range_option_naming_the_key(tmp_path: Path) -> None:

@@ -246,7 +246,7 @@ def test_the_thread_limit_is_the_engines_own(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=f"between 1 and {_core.MAX_THREADS}"):
         parse_config(GOOD + f"checkpoint:\n  threads: {_core.MAX_THREADS + 1}\n")
     with pytest.raises(ValueError, match=f"threads is {_core.MAX_THREADS + 1}: it must be between 1 and {_core.MAX_THREADS}"):
-        _core.Engine(str(tmp_path / "run"), threads=_core.MAX_THREADS + 1)
+        _core.Engine(str(tmp_path / "run"), {"threads": _core.MAX_THREADS + 1})
 
 
 def test_invalid_yaml_and_missing_file(tmp_path: Path) -> None:

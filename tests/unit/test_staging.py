@@ -264,7 +264,7 @@ def test_prepare_grows_and_shrinks_the_pool_with_the_state(tmp_path: Path) -> No
             time.sleep(0.01)
         return engine.staging_slots
 
-    engine = _core.Engine(str(tmp_path), chunk_bytes=1 << 20, threads=2, max_in_flight=1, keep_last=0)
+    engine = _core.Engine(str(tmp_path), {"chunk_bytes": 1 << 20, "threads": 2, "max_in_flight": 1, "keep_last": 0})
     try:
         engine.save(1, extents(1 << 20)).wait()  # 1 MiB: one chunk, plus one slot per writer
         first = engine.staging_slots

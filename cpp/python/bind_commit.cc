@@ -1,0 +1,59 @@
+// alpsck._core: the DCP backend's commit of a step (commit_attempt.h) and its retention.
+#include "binding.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commit_attempt.h"
+#include "py_kv_store.h"
+#include "retention.h"
+#include "run_dir.h"
+#include "run_dir_actions.h"
+#include "run_dir_latest.h"
+#include "run_dir_lock.h"
+
+namespace alpsck::binding {
+
+using namespace nb::literals;
+
+void BindCommit(nb::module_& m) {
+  m.def("commit_step",
+        [](const FsPath& run_dir, uint64_t step, uint32_t world_size,
+           const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s, double elapsed_s,
+           nb::object store, const std::string& store_ns) {
+          std::vector<std::pair<std::string, std::string>> extra;
+          for (const auto& [name, data] : extra_files) extra.emplace_back(name, std::string(data.c_str(), data.size()));
+          std::shared_ptr<KvStore> kv;
+          if (!store.is_none()) kv = std::make_shared<PyKvStore>(store);
+          Status s;
+          {
+            nb::gil_scoped_release nogil;
+            ConfinedRoot confined(Env::Default(), run_dir);
+            s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s, elapsed_s, kv, store_ns);
+          }
+          if (!s.ok()) RaiseStatus(s, true);
+        },
+        "run_dir"_a, "step"_a, "world_size"_a, "extra_files"_a = std::vector<std::pair<std::string, nb::bytes>>{},
+        "timeout_s"_a = 600.0, "elapsed_s"_a = 0.0, "store"_a = nb::none(), "store_ns"_a = "",
+        "Commit step-N.tmp once every rank's deferred shard is durable, with small extra files; elapsed_s: how "
+        "long the save ran before this call (the manifest's write_seconds counts from the save's start). store, "
+        "store_ns: where the ranks' engines agreed (Engine(store=, store_ns=)): their records are read there, not "
+        "from DONE records.");
+  m.def("retain_newest",
+        [](const FsPath& run_dir, uint32_t keep_last) {
+          std::string warning;
+          {
+            nb::gil_scoped_release nogil;
+            ConfinedRoot confined(Env::Default(), run_dir);
+            RetentionPolicy policy;
+            policy.keep_last = keep_last;
+            warning = RetainNewest(Env::Default(), run_dir, policy);
+          }
+          return Text(warning);
+        },
+        "run_dir"_a, "keep_last"_a, "Keep the newest keep_last committed checkpoints; returns a warning or ''.");
+}
+
+}  // namespace alpsck::binding
