@@ -73,15 +73,17 @@ from .errors import (
     StateMismatchError,
     UsageError,
 )
-from .handles import FutureMixin, blocking
+from .handles import FutureMixin
 from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step, keep_best_text
 from .options import check as check_option
+from .progress import blocking
 from .ranks import Ranks, assign_owners
 from .restore import RESTORED_HOOKS, SPIKE_WINDOW, loss_problem, peek, read_checkpoint, restore_into
 from .staging import Stager, guarded_pointers
 from .store.durable import make_dirs_durably
 from .store.filesystem import LayoutReport, checkpoint_files, ensure_layout, layout_problem, preflight
-from .store.run_dir import lock_run_dir, pick
+from .store.lock import lock_run_dir
+from .store.picker import pick
 from .store.shards import META_FORMAT, read_meta
 
 # peek, read_checkpoint and restore_into live in alpsck.restore; imported here as users import them.
@@ -549,7 +551,7 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """Step of the checkpoint ``restore()`` tries first, or None: the picker's choice
-        (:func:`alpsck.store.run_dir.pick`, kind "alpsck"), quick check only (data CRCs are read by the
+        (:func:`alpsck.store.picker.pick`, kind "alpsck"), quick check only (data CRCs are read by the
         restore itself, which falls back to the one before on a mismatch)."""
         return pick(self.run_dir, kind="alpsck").step
 

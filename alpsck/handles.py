@@ -1,27 +1,24 @@
 """The small interface every alpsck checkpointer shares.
 
 :class:`SaveHandle` is what ``save()`` returns; :class:`CheckpointerLike` is the interface of
-:class:`alpsck.bench.torch_save.TorchSaveCheckpointer` and of the real (concurrent) checkpointer, so the
+:class:`alpsck.torch_save.TorchSaveCheckpointer` and of the real (concurrent) checkpointer, so the
 training loop can take either. :class:`CompletedSave` is the handle of a save that was already
 durable when ``save()`` returned.
 
 Call order of a checkpointer: ``restore()`` (optional, before training), ``save()`` any number of
 times, ``wait()``, ``close()``. A checkpointer is also a context manager whose exit calls
-``close()``. Those calls that block the loop run in progress sections of their own (the end of this
-module), so that a hang watchdog times a slow save as a save, never as a hung step.
+``close()``. Those calls that block the loop run in progress sections of their own
+(:mod:`alpsck.progress`), so that a hang watchdog times a slow save as a save, never as a hung step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -145,79 +142,3 @@ class CheckpointerLike(Protocol):
     def wait(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-# -- progress, for a watchdog outside the loop -------------------------------------------------
-# Where the training loop is, for a watchdog outside it: one process-wide sink, none by default.
-#
-# The job runner installs a sink (:class:`alpsck.slurm.watchdog.Watchdog`: shared memory read by a
-# supervisor process) and the loop's own calls feed it: :meth:`alpsck.slurm.JobContext.stop_requested`
-# marks a step's progress, and the Checkpointer's blocking calls run in a section of their own
-# (``save``, ``restore``), so that a slow save or restore is timed as one and never called a hung
-# step. Without a sink (a Checkpointer outside a job) every call here is a no-op costing one
-# attribute read.
-
-class Sink(Protocol):
-    def mark(self, section: str) -> None: ...
-
-
-_SINK: Sink | None = None
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
-# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
-# Here, not in alpsck.restore (which imports torch), so that the runner imports without torch.
-RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
-
-
-def install_progress(sink: Sink | None) -> None:
-    """Set (or with None, remove) the process's sink; the loop is in its ``start`` section until it polls."""
-    global _SINK
-    _SINK = sink
-    _LOOP[0] = "start"
-    _OPEN.clear()
-
-
-def mark_progress(section: str) -> None:
-    """Progress, now, in ``section`` (``start``, ``step``, ``save``, ``restore``, ``final``)."""
-    if _SINK is not None:
-        _SINK.mark(section)
-
-
-_LOOP = ["start"]  # the loop's own section (set by mark_loop), where a blocking call returns to
-_OPEN: list[str] = []  # the blocking calls under way, outermost first (a wait inside a close)
-
-
-def mark_loop(section: str) -> None:
-    """The loop's own section from now on (``step``, or ``final`` once it saw a stop): progress in it."""
-    _LOOP[0] = section
-    mark_progress(section)
-
-
-@contextmanager
-def progress_section(name: str) -> Iterator[None]:
-    """A blocking call in a section of its own; when it returns, progress in the section it was called from."""
-    if _SINK is None:
-        yield
-        return
-    _OPEN.append(name)
-    _SINK.mark(name)
-    try:
-        yield
-    finally:
-        _OPEN.pop()
-        if _SINK is not None:
-            _SINK.mark(_OPEN[-1] if _OPEN else _LOOP[0])
-
-
-def blocking(name: str) -> Callable[[_F], _F]:
-    """Decorator: the method runs in section ``name`` (:func:`progress_section`)."""
-    def wrap(fn: _F) -> _F:
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            if _SINK is None:
-                return fn(*args, **kwargs)
-            with progress_section(name):
-                return fn(*args, **kwargs)
-        return inner  # type: ignore[return-value]
-    return wrap

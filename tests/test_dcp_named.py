@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
 from alpsck.errors import CorruptCheckpointError, NoCheckpointError, RunDirLockedError, UsageError
-from alpsck.store.run_dir import MARKER_FILE, MARKER_FORMAT
+from alpsck.store.names import MARKER_FILE, MARKER_FORMAT
 
 
 @pytest.fixture(autouse=True)
@@ -228,7 +228,7 @@ def test_a_folder_of_checkpoints_or_a_directory_in_use_is_refused_where_the_writ
         holder.wait()
     AlpsckStorageWriter(run, 5)  # the holder is gone: its lock went with it
     # This process's own save in flight holds step-20's lock: pointing a writer at it again is no refusal.
-    from alpsck.store.run_dir import lock_run_dir
+    from alpsck.store.lock import lock_run_dir
     own = lock_run_dir(folder / "step-20", 0)
     try:
         AlpsckStorageWriter(folder / "step-20")

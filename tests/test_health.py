@@ -22,7 +22,8 @@ import alpsck
 from alpsck.errors import NoCheckpointError, UsageError
 from alpsck.slurm import history
 from alpsck.slurm.runner import resume_point
-from alpsck.store.run_dir import pick, scan_run_dir
+from alpsck.store.picker import pick
+from alpsck.store.scan import scan_run_dir
 
 
 def _run(tmp_path: Path, losses: dict[int, float], keep_last: int = 0) -> Path:

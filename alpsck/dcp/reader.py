@@ -29,15 +29,9 @@ from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError,
 from ..options import DEFAULTS, check_step
 from ..ranks import process_group_store
 from ..store.durable import read_small
-from ..store.run_dir import (
-    Skipped,
-    data_error,
-    is_committed_step_dir,
-    is_marked,
-    marker_problem,
-    pick,
-    read_failure,
-)
+from ..store.marker import is_marked, marker_problem
+from ..store.names import is_committed_step_dir
+from ..store.picker import Skipped, data_error, pick, read_failure
 from ..store.shards import shard_name
 from ..tree import np
 from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
@@ -139,7 +133,7 @@ class AlpsckStorageReader(StorageReader):
         verify_data: check every chunk CRC of the picked checkpoint before loading it (every rank reads
             every shard of it once more), so one whose data is damaged is skipped for the one before.
 
-    The pick is the picker's (:func:`alpsck.store.run_dir.pick`, kind "dcp"; docs/guarantees.md): what it
+    The pick is the picker's (:func:`alpsck.store.picker.pick`, kind "dcp"; docs/guarantees.md): what it
     skipped (an alpsck.Checkpointer checkpoint is ``other_kind``) is warned about. Each load picks its
     checkpoint afresh (a reused reader sees saves committed since, and skips what failed in its
     earlier loads: ``failed``). A chunk that fails its CRC in ``read_data`` (or a read's I/O error), on

@@ -38,16 +38,10 @@ from ..options import DEFAULTS, check_step
 from ..options import check as check_option
 from ..ranks import process_group_store
 from ..store.durable import make_dirs_durably
-from ..store.run_dir import (
-    MARKER_NAMES,
-    entry_kind,
-    lock_holder,
-    lock_run_dir,
-    marker_problem,
-    pick,
-    step_dir,
-    write_marker,
-)
+from ..store.lock import lock_holder, lock_run_dir
+from ..store.marker import marker_problem, write_marker
+from ..store.names import MARKER_NAMES, entry_kind, step_dir
+from ..store.picker import pick
 from .formats import (
     MAX_METADATA_BYTES,
     METADATA_FILE,

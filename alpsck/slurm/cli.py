@@ -16,10 +16,10 @@ from typing import Any
 
 from ..errors import AlpsckError, CheckpointError, UsageError
 from ..options import arg_int
+from ..out import jsonout
+from ..out.textout import printable
 from ..store.filesystem import Storage, storage
-from ..store.run_dir import metrics_text
-from ..tools import jsonout
-from ..tools.textout import printable
+from ..store.picker import metrics_text
 from . import commands, goodput, history, watch
 
 TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
@@ -156,7 +156,7 @@ def _history_path(run_dir: Path) -> Path:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from ..store.run_dir import pick
+    from ..store.picker import pick
 
     run_dir = Path(args.run_dir)
     if args.follow and args.json:

@@ -35,9 +35,9 @@ from ..errors import ECHO_CHARS, ConfigError, UsageError, echo
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED
 from ..options import problem as option_problem
 from ..store.filesystem import layout_problem
+from ..store.names import is_text
 from ..store.retention import RULES as RETENTION_RULES
 from ..store.retention import Policy
-from ..store.run_dir import is_text
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")
 _SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:=+@%/-]{1,256}")  # partition, account, qos, constraint lists...

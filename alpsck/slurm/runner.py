@@ -65,10 +65,11 @@ from typing import Any
 
 from .. import _core
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, UsageError, torch_required
-from ..handles import RESTORED_HOOKS, install_progress
 from ..job_env import JobEnv
+from ..progress import RESTORED_HOOKS, install_progress
 from ..store.durable import open_own, read_small
-from ..store.run_dir import pick, temp_name
+from ..store.names import temp_name
+from ..store.picker import pick
 from . import history
 from .config import JobConfig
 from .context import JobContext, _set_current
@@ -93,7 +94,7 @@ DECISION_TIMEOUT_S = 600.0
 
 
 def newest_step(run_dir: str) -> int | None:
-    """The step a restore tries first (the picker's quick choice, :func:`alpsck.store.run_dir.pick`, of any
+    """The step a restore tries first (the picker's quick choice, :func:`alpsck.store.picker.pick`, of any
     kind: the entry may save with Checkpointer or DCP), or None: no run directory, none usable, or not
     readable. Data CRCs are not read: a restore that meets a mismatch falls back to an older step, which
     ``JobContext.restored_step`` then records."""

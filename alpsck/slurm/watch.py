@@ -19,8 +19,8 @@ from typing import IO, Any
 
 from .. import _core
 from ..errors import UsageError
+from ..out.textout import printable
 from ..store.durable import read_small_inside
-from ..tools.textout import printable
 from . import history
 
 # History states in which the job is still supposed to exist.

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from .. import _core
 from ..errors import CheckpointError, DiskFullError, UsageError
-from .run_dir import entry_kind, is_committed_step_dir
+from .names import entry_kind, is_committed_step_dir
 
 KIND_ENV = "ALPSCK_FS_KIND"
 # statfs f_type values (linux/magic.h and the file systems' own headers).

@@ -33,8 +33,8 @@ from typing import Any
 
 from .. import __version__, _core
 from ..errors import CheckpointError
+from ..out import jsonout
 from ..store import filesystem
-from . import jsonout
 
 SLURM_COMMANDS = ("sbatch", "srun", "sinfo")
 # CPU implementer and part of an Arm Neoverse-V2 (NVIDIA Grace), as /proc/cpuinfo spells them: the

@@ -55,22 +55,15 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
+from ..out import jsonout
+from ..out.textout import printable
 from ..store.durable import fsync_path
-from ..store.run_dir import (
-    check_run_dir,
-    is_run_entry,
-    is_text,
-    open_shard,
-    pick,
-    pick_checkpoint,
-    read_failure,
-    temp_name,
-    writer_lock,
-)
+from ..store.lock import writer_lock
+from ..store.names import is_run_entry, is_text, temp_name
+from ..store.picker import pick, pick_checkpoint, read_failure
+from ..store.scan import check_run_dir, open_shard
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
-from . import jsonout
 from .progress import human
-from .textout import printable
 
 # torch (and alpsck.tree, which imports it) only inside the functions that export: the CLI imports this
 # module to register `export`, on login nodes without torch too.
@@ -421,7 +414,7 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
 
 def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             threads: int, batch_bytes: int | None, subtree: str | None) -> dict[str, Any]:
-    # The picker's choice (store.run_dir.pick): with no --step, of the Checkpointer's kind, as restore picks;
+    # The picker's choice (store.picker.pick): with no --step, of the Checkpointer's kind, as restore picks;
     # a DCP checkpoint named by --step is refused below, by name.
     try:
         first, picked = pick_checkpoint(run_dir, step, kind="any" if step is not None else "alpsck")

@@ -189,11 +189,11 @@ class TrainResult:
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
                       keep_last: int, overlap_copy: bool = False, numa_node: int = -1,
                       **retention: Any) -> CheckpointerLike:
-    """``"torch"``: :class:`alpsck.bench.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
+    """``"torch"``: :class:`alpsck.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
     a shard per rank when torch.distributed is initialised (model and optimizer written once), its
     staging memory on NUMA node ``numa_node`` (-1: first touch)."""
     if kind == "torch":
-        from alpsck.bench.torch_save import TorchSaveCheckpointer
+        from alpsck.torch_save import TorchSaveCheckpointer
 
         return TorchSaveCheckpointer(run_dir, keep_last=keep_last)
     if kind == "alpsck":
@@ -320,8 +320,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     if sharded:
         ckpt_kwargs["overlap_copy"] = cfg.overlap_copy
         ckpt_kwargs.update({name: getattr(cfg, name) for name in RETENTION})
-        if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.numa)
-            from alpsck.numa import gpu_numa_node
+        if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.staging)
+            from alpsck.staging import gpu_numa_node
 
             ckpt_kwargs["numa_node"] = gpu_numa_node(device)
     ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 or sharded else None
