@@ -28,7 +28,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 from alpsck import Checkpointer, _core
 from alpsck.dcp import METADATA_FILE, AlpsckStorageReader, AlpsckStorageWriter
 from alpsck.dcp import load as alpsck_dcp_load
-from alpsck.dcp.formats import decode_value
 from alpsck.errors import (
     CorruptCheckpointError,
     NoCheckpointError,
@@ -36,6 +35,7 @@ from alpsck.errors import (
     UnsafeCheckpointError,
     UsageError,
 )
+from alpsck.store.values import decode_value
 from alpsck.tools.inspect_checkpoints import inspect_checkpoints
 
 WORKER = Path(__file__).with_name("dcp_worker.py")

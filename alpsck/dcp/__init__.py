@@ -69,8 +69,10 @@ for (JSON, ``alpsck.store.names.MARKER_BYTES``), then removes the older generati
 leaves the old checkpoint loadable until the new one is committed. The coordinator picks the
 generation under the lock in ``prepare_global_plan`` and sends it to every rank in its plan.
 
-Modules: :mod:`.writer` the writer, :mod:`.reader` the reader (both exported here), :mod:`.paths`
-what a checkpoint_id names, :mod:`.formats` the JSON formats.
+Modules: :mod:`.writer` the writer and :mod:`.extents` a rank's write items as its shard's extents;
+:mod:`.reader` the reader and :mod:`.load_plan` what a load's ranks agree and put back (the writer and the
+reader are exported here); :mod:`.paths` what a checkpoint_id names; :mod:`.formats` the JSON of DCP's
+Metadata. Non-tensor values are encoded below the backend (:mod:`alpsck.store.values`).
 """
 
 from .formats import METADATA_FILE
