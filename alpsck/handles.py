@@ -16,9 +16,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .progress import blocking
+
+if TYPE_CHECKING:  # the handle's type only: handles imports neither torch nor the core
+    from . import _core
 
 
 @runtime_checkable
@@ -142,3 +148,56 @@ class CheckpointerLike(Protocol):
     def wait(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class CoreSave(FutureMixin):
+    """Handle of one checkpoint persisting in the background: a future (:class:`alpsck.handles.SaveHandle`)."""
+
+    def __init__(self, handle: _core.SaveHandle) -> None:
+        self._h = handle
+        self.reported = False  # its error already reached the caller (through wait())
+
+    @property
+    def step(self) -> int:  # type: ignore[override]
+        return int(self._h.step)
+
+    def done(self) -> bool:
+        """True once the checkpoint is durable (or its save failed)."""
+        return bool(self._h.done())
+
+    @blocking("save")
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
+        try:
+            finished = self._h.wait(timeout)
+        except Exception:
+            self.reported = True
+            raise
+        if not finished:
+            raise TimeoutError(f"checkpoint of step {self.step} not durable after {timeout} s")
+
+    def _value(self) -> dict[str, Any]:
+        return dict(self._h.result())
+
+    def _settle(self) -> None:
+        # A callback's waiting is not the caller's: the error still reaches the next save()/wait().
+        self._h.wait(None)
+
+
+def reap(pending: list[CoreSave], *, finished: bool = False) -> tuple[list[CoreSave], CoreSave | None]:
+    """The saves still to watch, and the first whose error the caller has not seen (its ``wait()`` raises it):
+    the finished ones are dropped, and later failures stay, for the next ``save()`` or ``wait()`` (every
+    failure reaches the caller, one per call). ``finished``: every save is known to be done."""
+    still = [] if finished else [h for h in pending if not h.done()]
+    failed = [h for h in pending if (finished or h.done()) and not h.reported and h._h.error_message() is not None]
+    return still + failed[1:], failed[0] if failed else None
+
+
+def warn_unreported(pending: list[CoreSave], run_dir: object, stacklevel: int = 2) -> None:
+    """A warning for each failed save whose error no caller has seen (on close: never dropped silently)."""
+    for h in pending:
+        why = h._h.error_message()
+        if not h.reported and why is not None:
+            h.reported = True
+            warnings.warn(f"{run_dir}: the checkpoint of step {h.step} failed too: {why}", RuntimeWarning,
+                          stacklevel=stacklevel + 1)

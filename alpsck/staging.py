@@ -36,6 +36,7 @@ import queue
 import threading
 import warnings
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -379,6 +380,34 @@ def _record(stream: Any) -> Any:
     ev = torch.cuda.Event()
     ev.record(stream)
     return ev
+
+
+# ------------------------------------------------------------------ staging memory to come
+# Tensors per parameter of each optimizer's state (torch.optim's, after its first step), by class
+# name; an optimizer not listed counts as 2 (Adam's), over- rather than under-sized.
+STATE_TENSORS_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2,
+                            "Rprop": 2, "Adagrad": 1, "RMSprop": 1, "ASGD": 2, "SparseAdam": 2}
+
+
+def optimizer_state_to_come(state: Mapping[str, Any]) -> list[int]:
+    """Byte sizes of the state tensors that each optimizer of ``state`` with no state yet will
+    create at its first step (plain SGD none; a momentum buffer, Adam's two moments per parameter)."""
+    sizes: list[int] = []
+    for obj in state.values():
+        if not isinstance(obj, torch.optim.Optimizer) or obj.state:
+            continue
+        name = type(obj).__name__
+        for group in obj.param_groups:
+            k = STATE_TENSORS_PER_PARAM.get(name, 2)
+            if name == "SGD" and not group.get("momentum"):
+                k = 0
+            if name == "RMSprop":
+                k += bool(group.get("momentum")) + bool(group.get("centered"))
+            params = [p for p in group["params"] if p.requires_grad]
+            sizes += [p.numel() * p.element_size() for p in params for _ in range(k)]
+            if name != "SGD":  # and a 0-d float32 step count per parameter
+                sizes += [4] * len(params)
+    return sizes
 
 
 # ------------------------------------------------------------------ which NUMA node staging belongs on

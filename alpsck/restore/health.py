@@ -33,6 +33,18 @@ def loss_problem(value: float, recent: Sequence[float], spike_factor: float | No
     return None
 
 
+def spike(loss: float | None, recent: list[float], spike_factor: float | None) -> tuple[str, list[float]]:
+    """A save's spike check: why ``loss`` is a spike over ``recent`` (:func:`loss_problem`), or "", and the
+    window after it (a fine loss joins it, the last :data:`SPIKE_WINDOW` kept). A NaN or infinite loss, or
+    none, is not judged here: the core judges those by the checkpoint's metrics."""
+    if spike_factor is None or loss is None or not math.isfinite(loss):
+        return "", recent
+    why = loss_problem(loss, recent, spike_factor)
+    if why is None:
+        return "", [*recent, loss][-SPIKE_WINDOW:]
+    return why, recent
+
+
 def all_unhealthy(picked: Pick) -> str | None:
     """Why a restore must not start afresh: no checkpoint passes, yet some were skipped only as unhealthy (a
     run whose every checkpoint diverged; starting from nothing would throw the run away). None otherwise."""

@@ -101,21 +101,26 @@ def restore_into(
                 "loaded it" + ("; live tensors of this rank may already hold some of its bytes" if into_live else ""))
         unread = [r for r, v in enumerate(verdicts) if v == _UNREAD]
         if unread:
-            where = info or {"step": s, "path": str(step_dir(Path(run_dir), s))}
-            if error is not None:
-                warnings.warn(read_failure(where, error, "corrupt").warning(), RuntimeWarning, stacklevel=3)
-                if getattr(error, "live_touched", False):
-                    touched = touched or str(error)
-            else:
-                warnings.warn(read_failure(where, f"{_ranks_named(unread)} could not read it").warning(),
-                              RuntimeWarning, stacklevel=3)
-                if into_live:
-                    touched = touched or f"{_ranks_named(unread)} could not read step {s}"
+            why = _skip_unread(run_dir, s, info, error, unread, into_live)  # warns, whatever was touched before
+            touched = touched or why
             continue
         fit.apply(state, meta["tree"], tensors)
         return int(meta.get("step", s))
     _none_restored(run_dir, step, picked, ranks, unusable, touched)
     return None
+
+
+def _skip_unread(run_dir: str | os.PathLike[str], s: int, info: dict[str, Any] | None, error: CheckpointError | None,
+                 unread: list[int], into_live: bool) -> str | None:
+    """Step ``s`` is skipped: some rank could not read it (``error``: this rank's reason, or another rank's);
+    warned about. What it left in this rank's live tensors (a message), or None when it touched none."""
+    where = info or {"step": s, "path": str(step_dir(Path(run_dir), s))}
+    if error is not None:
+        warnings.warn(read_failure(where, error, "corrupt").warning(), RuntimeWarning, stacklevel=4)
+        return str(error) if getattr(error, "live_touched", False) else None
+    warnings.warn(read_failure(where, f"{_ranks_named(unread)} could not read it").warning(), RuntimeWarning,
+                  stacklevel=4)
+    return f"{_ranks_named(unread)} could not read step {s}" if into_live else None
 
 
 def _agreed_order(run_dir: str | os.PathLike[str], step: int | None, ranks: Ranks,

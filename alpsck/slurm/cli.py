@@ -18,8 +18,8 @@ from ..errors import AlpsckError, CheckpointError, UsageError
 from ..options import arg_int
 from ..out import jsonout
 from ..out.textout import printable
-from ..store.filesystem import Storage, storage
 from ..store.picker import metrics_text
+from ..store.storage import Storage, storage
 from . import commands, goodput, history, watch
 
 TIMELINE = 50  # events ``alpsck status`` shows by default (the newest)
@@ -120,7 +120,7 @@ def _storage(source: str, run_dir: str, *, allow_home: bool) -> Storage:
 def _purge(run_dir: Path, days: int | None) -> dict[str, Any]:
     """The purge window (``--purge-days``, else the scratch's: filesystem.purge_days) and a warning
     when the newest checkpoint nears it."""
-    from ..store.filesystem import newest_committed, purge_days, purge_warning
+    from ..store.storage import newest_committed, purge_days, purge_warning
 
     days = purge_days(run_dir) if days is None else days or None
     out: dict[str, Any] = {"days": days, "warning": None}

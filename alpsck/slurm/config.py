@@ -34,7 +34,7 @@ import yaml
 from ..errors import ECHO_CHARS, ConfigError, UsageError, echo
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED
 from ..options import problem as option_problem
-from ..store.filesystem import layout_problem
+from ..store.lustre import layout_problem
 from ..store.names import is_text
 from ..store.retention import RULES as RETENTION_RULES
 from ..store.retention import Policy

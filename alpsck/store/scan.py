@@ -141,3 +141,17 @@ def dir_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, f)).st_size
     return total
+
+
+def retired_warning(run_dir: Path, retired: Iterable[tuple[int, str]], continued_from: int | None, step: int) -> str:
+    """The warning that a save of ``step`` retired the abandoned history's checkpoints ``retired`` (step, the
+    ``superseded-step-N-*`` path each was moved to); ``continued_from``: the step the run restored (-1: none
+    valid; None: no restore)."""
+    base = continued_from
+    why = (f"this run continues from step {base}" if base is not None and base >= 0 else
+           "this run restored no checkpoint" if base is not None else
+           f"this run did not restore, and saves step {step}")
+    done = sorted(retired)
+    return (f"{run_dir}: {why}; the checkpoint(s) of step(s) {', '.join(str(s) for s, _ in done)} belong to an "
+            f"abandoned history: moved to {', '.join(Path(p).name for _, p in done)} (never restored; `alpsck prune` "
+            "removes them)")

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..options import DEFAULTS, arg_rank, arg_step
 from ..out import jsonout
-from ..store.filesystem import describe_layout
+from ..store.lustre import describe_layout
 from ..store.picker import metrics_text, pick, pick_checkpoint
 from ..store.scan import check_run_dir, open_shard, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
