@@ -67,7 +67,7 @@ from .. import _core
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, UsageError, torch_required
 from ..job_env import JobEnv
 from ..progress import RESTORED_HOOKS, install_progress
-from ..store.durable import open_own, read_small
+from ..store.durable import read_small, replace_durably
 from ..store.names import temp_name
 from ..store.picker import pick
 from . import history
@@ -191,9 +191,8 @@ def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, 
     """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
     path = os.path.join(run_dir, DECISION_FILE)
     tmp = temp_name(path)
-    with os.fdopen(open_own(tmp), "w") as f:
-        json.dump({"job_id": job_id, "restart": restart, "attempt": attempt, "resume": resume, "give_up": give_up}, f)
-    os.replace(tmp, path)
+    replace_durably(path, json.dumps({"job_id": job_id, "restart": restart, "attempt": attempt, "resume": resume,
+                                      "give_up": give_up}).encode(), tmp)
 
 
 def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float, attempt: int = 0) -> dict[str, Any]:
@@ -487,11 +486,8 @@ class JobRunner:
         """The requeue request for the batch script's EXIT trap (:func:`request_text`), written durably."""
         path = os.path.join(self.config.run_dir, REQUEST_FILE)
         remove_request(self.config.run_dir)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(request_text(self._job.slurm_job_id or "", (self._job.slurm_restarts or 0), reason, step, progress))
-            f.flush()
-            os.fsync(f.fileno())
+        replace_durably(path, request_text(self._job.slurm_job_id or "", (self._job.slurm_restarts or 0), reason, step,
+                                           progress).encode())
 
     def _requeue(self, log: Any, reason: str, step: int | None, *, progress: bool) -> None:
         """Requeue this job; ``progress``: the newest checkpoint advanced during this start, so

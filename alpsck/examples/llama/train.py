@@ -56,6 +56,7 @@ from alpsck.handles import CheckpointerLike
 from alpsck.options import DEFAULTS
 from alpsck.options import problem as option_problem
 from alpsck.rng import RNGState
+from alpsck.store.durable import replace_durably
 from alpsck.store.retention import RULES
 
 if TYPE_CHECKING:  # imported when used: the alpsck checkpointer (compiled core) is optional here
@@ -241,9 +242,7 @@ def _open_loss_file(path: str, restored_step: int | None) -> IO[str]:
             if head.isdigit() and int(head) <= restored_step and line.endswith("\n"):
                 kept.append(line)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(LOSS_HEADER + "".join(kept))
-    os.replace(tmp, p)
+    replace_durably(p, (LOSS_HEADER + "".join(kept)).encode())  # p.tmp, fsync, rename: the one durable write
     return open(p, "a", encoding="utf-8", newline="\n")  # closed by _train()
 
 
