@@ -140,3 +140,25 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 def test_the_top_of_the_package_stays_small() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(top) <= 16, top
+
+
+# The one durable small-file write (store/durable.py). Whole files that are not small (a checkpoint, an
+# export, a promoted copy, a converted DCP checkpoint) are streamed by their own units; the bench measures
+# its peers' own writes. Anything else that fsyncs or renames a file into place asks store/durable.
+_DURABLE = "alpsck/store/durable.py"
+_BIG_FILE_WRITERS = ("alpsck/torch_save.py", "alpsck/tools/export.py", "alpsck/tools/promote.py",
+                     "alpsck/dcp/convert.py")
+
+
+def test_one_durable_small_file_write() -> None:
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        rel = p.relative_to(PACKAGE.parent).as_posix()
+        if rel == _DURABLE or rel in _BIG_FILE_WRITERS or rel.startswith("alpsck/bench/"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
+                    and node.func.attr in ("fsync", "fdatasync", "replace", "rename")):
+                found.append(f"{rel}:{node.lineno} os.{node.func.attr}")
+    assert found == [], "write small files through alpsck.store.durable (replace_durably, append_durably)"
