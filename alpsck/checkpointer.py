@@ -51,19 +51,14 @@ import torch
 
 from . import _core, fit, tree
 from .capture import capture
-from .errors import (
-    CheckpointError,
-    DiskFullError,
-    UsageError,
-)
+from .errors import CheckpointError, DiskFullError, UsageError
 from .handles import CoreSave, reap, warn_unreported
 from .options import DEFAULTS, NONE_REFUSED, check_metrics, check_run_dir_arg, check_state, check_step, keep_best_text
 from .options import check as check_option
 from .progress import RESTORED_HOOKS, blocking
 from .ranks import Ranks, mine
+from .restore import peek, read_checkpoint, restore_into
 from .restore.health import spike
-from .restore.into import restore_into
-from .restore.read import peek, read_checkpoint
 from .staging import Stager, guarded_pointers, optimizer_state_to_come
 from .store.durable import make_dirs_durably
 from .store.lock import lock_run_dir
