@@ -15,13 +15,17 @@ from pathlib import Path
 from .names import temp_name
 
 
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync the file or directory at ``path``; raises OSError if it cannot be opened or synced."""
+def _fsync(path: str | os.PathLike[str]) -> None:
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync the file or directory at ``path``; raises OSError if it cannot be opened or synced."""
+    _fsync(path)
 
 
 def open_own(path: str | os.PathLike[str], *, append: bool = False) -> int:
@@ -138,7 +142,7 @@ def replace_durably(path: str | os.PathLike[str], data: bytes, tmp: str | os.Pat
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_path(Path(path).parent or Path("."))
+    _fsync(Path(path).parent)
 
 
 def append_durably(path: str | os.PathLike[str], data: bytes) -> None:
