@@ -38,16 +38,16 @@ _LAZY = {
     "RNGState": "alpsck.rng",
     "Rollback": "alpsck.restore",
     "loss_problem": "alpsck.restore",
-    "gpu_numa_node": "alpsck.numa",
-    "TorchSaveCheckpointer": "alpsck.bench.torch_save",
+    "gpu_numa_node": "alpsck.staging",
+    "TorchSaveCheckpointer": "alpsck.torch_save",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names as plain imports
-    from .bench.torch_save import TorchSaveCheckpointer
     from .checkpointer import Checkpointer, peek, restore_into
-    from .numa import gpu_numa_node
     from .restore import Rollback, loss_problem
     from .rng import RNGState
+    from .staging import gpu_numa_node
+    from .torch_save import TorchSaveCheckpointer
 
 
 def __getattr__(name: str) -> Any:

@@ -18,34 +18,20 @@ spread over the ranks by size. ``restore()`` is a collective: the ranks agree on
 checkpoint that every one of them reads successfully.
 
 Tensors on a GPU (and CPU states with ``overlap_copy=True``) take the pipelined path of
-:mod:`alpsck.staging`: ``save()`` returns once the copies are queued, the copy of the
-optimizers' tensors overlaps the next forward and backward, and a step pre-hook on each
-optimizer in the state makes its next ``step()`` wait for that copy. Anything else that changes
-a parameter or optimizer state between ``save()`` and the next ``step()`` must call
-``wait_snapshot()`` first.
+:mod:`alpsck.staging`: the copy of the optimizers' tensors overlaps the next forward and backward,
+and a step pre-hook on each optimizer makes its next ``step()`` wait for it; anything else that
+changes a parameter or optimizer state before then must call ``wait_snapshot()`` first.
 
-A run directory holds one history. When ``restore()`` continues from a step older than
-checkpoints on disk (the newest were corrupt, or an older ``step`` was asked for), those newer
-checkpoints belong to an abandoned future: the first ``save()`` after it renames them to
-``superseded-step-N-*`` (with a warning; never restored, removed by ``alpsck prune``), so they
-cannot shadow the new history's checkpoints in a later restore, crowd them out of ``keep_last``,
-or turn a save of the same step into a no-op. Without a restore, a save retires the checkpoints
-of its own and later steps that an earlier run left. The restored step itself is kept, and
-saving it again is a no-op.
+A run directory holds one history: when ``restore()`` continues from a step older than checkpoints on
+disk, the first ``save()`` after it moves those newer ones (an abandoned future) to
+``superseded-step-N-*``, with a warning (never restored; removed by ``alpsck prune``); without a
+restore, a save retires the checkpoints of its own and later steps that an earlier run left.
 
-A save that a resumed run could not restore is refused before anything is written. The
-Checkpointer records what ``restore()`` checks of the state it is given (the state a freshly
-started process builds), or, without a restore, of the state at the first ``save()``:
-:func:`alpsck.fit.skeleton`. Each later ``save()`` checks its tree against that record as
-``restore()`` would (:func:`alpsck.fit.check_fits`) and raises StateMismatchError naming the key
-path when it would fail: a plain value whose type changed (a float that became a dict or a 1-d
-tensor; a float that became a 0-d tensor is fine, restore converts it), a top-level tensor or a
-module tensor whose shape or dtype changed, module keys that appeared or vanished, an optimizer
-whose parameter groups changed. An optimizer's per-parameter state (Adam's ``exp_avg``
-appearing at the first step), schedulers, RNG and loaders are not compared (restore loads those
-into fresh objects), nor are entries added to or left out of the state. The check is local to
-each rank (no collective: a save never waits for the others); ranks running the same code refuse
-the same save.
+A save that a resumed run could not restore is refused before anything is written: each ``save()``
+checks its tree against :func:`alpsck.fit.skeleton` of the state ``restore()`` was given (else of the
+state at the first ``save()``), as ``restore()`` would (:func:`alpsck.fit.check_restorable`, which says
+what is compared), and raises StateMismatchError naming the key path. The check is local to each rank.
+docs/python-api.md says all of this at length.
 
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
@@ -54,8 +40,6 @@ from any thread. Nothing read back is ever unpickled: non-tensor state is tagged
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import warnings
 import weakref
@@ -67,13 +51,8 @@ import torch
 
 from . import _core, fit, tree
 from .capture import capture
-from .errors import (
-    CheckpointError,
-    DiskFullError,
-    StateMismatchError,
-    UsageError,
-)
-from .handles import FutureMixin, blocking
+from .errors import CheckpointError, DiskFullError, UsageError
+from .handles import CoreSave, reap, warn_unreported
 from .options import (
     CHECKPOINTER_OPTIONS,
     ENGINE_OPTIONS,
@@ -84,50 +63,21 @@ from .options import (
     resolve,
     with_options,
 )
-from .ranks import Ranks, assign_owners
-from .restore import RESTORED_HOOKS, SPIKE_WINDOW, loss_problem, peek, read_checkpoint, restore_into
-from .staging import Stager, guarded_pointers
+from .progress import RESTORED_HOOKS, blocking
+from .ranks import Ranks, mine
+from .restore import peek, read_checkpoint, restore_into
+from .restore.health import spike
+from .staging import Stager, guarded_pointers, optimizer_state_to_come
 from .store.durable import make_dirs_durably
-from .store.filesystem import LayoutReport, checkpoint_files, ensure_layout, layout_problem, preflight
-from .store.run_dir import lock_run_dir, pick
-from .store.shards import META_FORMAT, read_meta
+from .store.lock import lock_run_dir
+from .store.lustre import LayoutReport, layout_for_run, layout_problem
+from .store.picker import pick
+from .store.preflight import preflight_refusal
+from .store.scan import retired_warning
+from .store.shards import encode_meta, read_meta
 
 # peek, read_checkpoint and restore_into live in alpsck.restore; imported here as users import them.
 __all__ = ["Checkpointer", "CoreSave", "peek", "read_checkpoint", "read_meta", "restore_into"]
-
-
-class CoreSave(FutureMixin):
-    """Handle of one checkpoint persisting in the background: a future (:class:`alpsck.handles.SaveHandle`)."""
-
-    def __init__(self, handle: _core.SaveHandle) -> None:
-        self._h = handle
-        self.reported = False  # its error already reached the caller (through wait())
-
-    @property
-    def step(self) -> int:  # type: ignore[override]
-        return int(self._h.step)
-
-    def done(self) -> bool:
-        """True once the checkpoint is durable (or its save failed)."""
-        return bool(self._h.done())
-
-    @blocking("save")
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
-        try:
-            finished = self._h.wait(timeout)
-        except Exception:
-            self.reported = True
-            raise
-        if not finished:
-            raise TimeoutError(f"checkpoint of step {self.step} not durable after {timeout} s")
-
-    def _value(self) -> dict[str, Any]:
-        return dict(self._h.result())
-
-    def _settle(self) -> None:
-        # A callback's waiting is not the caller's: the error still reaches the next save()/wait().
-        self._h.wait(None)
 
 
 class Checkpointer:
@@ -214,32 +164,17 @@ class Checkpointer:
     __signature__ = with_options(__init__, CHECKPOINTER_OPTIONS)
 
     def _ensure_layout(self, setting: str, chunk_bytes: int) -> LayoutReport | None:
-        """The Lustre layout (:func:`alpsck.store.filesystem.ensure_layout`). lfs failing is a warning
-        for the automatic layout (the checkpoints are as safe without it) and an error for one the
-        user gave; an lfs that cannot run at all is ensure_layout's one warning for either."""
-        try:
-            return ensure_layout(self.run_dir, setting, chunk_bytes)
-        except CheckpointError as e:
-            if setting != "auto":
-                raise UsageError(f"lustre_layout {setting!r}: {e}") from None
-            warnings.warn(f"{self.run_dir}: the Lustre layout was not set: {e}", RuntimeWarning, stacklevel=4)
-            return None
+        """The Lustre layout (:func:`alpsck.store.lustre.layout_for_run`)."""
+        return layout_for_run(self.run_dir, setting, chunk_bytes, stacklevel=5)
 
     def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]]) -> str:
         """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''."""
         if self.rank != 0 or not self._preflight:
             return ""
-        size = sum(t.numel() * t.element_size() for _, t in mine)
-        if self._preflight_bytes and size <= self._preflight_bytes * 1.1:
-            return ""
-        try:
-            preflight(self.run_dir, checkpoint_bytes=size * self.world_size,
-                      checkpoint_files=checkpoint_files(self.world_size), keep=self._keep,
-                      estimate=f"rank 0's shard of {size} bytes times {self.world_size} rank(s)")
-        except DiskFullError as e:
-            return str(e)
-        self._preflight_bytes = size
-        return ""
+        why, self._preflight_bytes = preflight_refusal(
+            self.run_dir, sum(t.numel() * t.element_size() for _, t in mine), self.world_size, self._keep,
+            self._preflight_bytes)
+        return why
 
     def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]], lustre_layout: str) -> None:
         """Every rank's engine on the run directory, with its lock held. Rank 0's engine cleans up
@@ -304,16 +239,9 @@ class Checkpointer:
 
     def _reap(self) -> None:
         """Drop finished saves; raise the first background error not yet seen by the caller."""
-        still: list[CoreSave] = []
-        failed: list[CoreSave] = []
-        for h in self._pending:
-            if not h.done():
-                still.append(h)
-            elif not h.reported and h._h.error_message() is not None:
-                failed.append(h)
-        self._pending = still + failed[1:]  # later failures stay, for the next save() or wait()
-        if failed:
-            failed[0].wait()  # raises the save's error
+        self._pending, failed = reap(self._pending)
+        if failed is not None:
+            failed.wait()  # raises the save's error
 
     @blocking("save")
     def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False,
@@ -343,13 +271,13 @@ class Checkpointer:
         pairs = check_metrics(metrics)
         if not isinstance(pin, bool):
             raise UsageError(f"pin must be True or False, not {pin!r}")
-        spike = self._spike(pairs)
+        # With spike_factor: why this save's loss is a spike (restore.health.spike), else ""; a fine one joins the window.
+        spiked, self._recent_losses = spike(dict(pairs).get("loss"), self._recent_losses, self._spike_factor)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self._reap()
         cap = capture(state)
         self._check_restorable(step, state, cap.tree)
-        meta = json.dumps({"format": META_FORMAT, "step": step, "rank": self.rank, "world_size": self.world_size,
-                           "tree": cap.tree}, allow_nan=False)
+        meta = encode_meta(step, self.rank, self.world_size, cap.tree)
         mine = self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
         refusal = self._refusal(mine)
@@ -359,26 +287,15 @@ class Checkpointer:
                 raise DiskFullError(refusal)
             if self._is_pipelined(cuda):
                 handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs,
-                                                         unhealthy=spike, pin=pin))
+                                                         unhealthy=spiked, pin=pin))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
                 handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
-                                                   metrics=pairs, unhealthy=spike, pin=pin))
+                                                   metrics=pairs, unhealthy=spiked, pin=pin))
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
         return handle
-
-    def _spike(self, pairs: list[tuple[str, float]]) -> str:
-        """With spike_factor: why this save's ``loss`` is a spike (:func:`alpsck.loss_problem`), else "".
-        A NaN or infinite loss is the core's to judge (its metrics); a fine one joins the window."""
-        loss = dict(pairs).get("loss")
-        if self._spike_factor is None or loss is None or not math.isfinite(loss):
-            return ""
-        why = loss_problem(loss, self._recent_losses, self._spike_factor)
-        if why is None:
-            self._recent_losses = [*self._recent_losses, loss][-SPIKE_WINDOW:]
-        return why or ""
 
     def _record(self, skeleton: dict[str, tuple[str, Any]] | None, at: str) -> None:
         """What later saves must fit (module docstring), and forget what fitted the previous one."""
@@ -390,30 +307,14 @@ class Checkpointer:
         if self._recorded is None:
             self._record(fit.skeleton(state), "the first save()")
             return
-        try:
-            fit.check_fits(self._recorded, tree_doc, self._fitted)
-        except StateMismatchError as e:
-            raise StateMismatchError(
-                f"{self.run_dir}: step {step} not saved (nothing was written): a resumed run would fail to restore "
-                f"it. Such a run builds the state as it was at {self._recorded_at}, and restoring this save into "
-                f"that fails: {e} (the checkpoint: the state now; live: the state at {self._recorded_at}). Keep "
-                "each entry's type (a number and a 0-d tensor convert both ways) and each tensor's shape and "
-                "dtype") from None
+        fit.check_restorable(self._recorded, self._recorded_at, tree_doc, self._fitted, f"{self.run_dir}: step {step}")
 
     def _report_retired(self, step: int) -> None:
         """Warn about the abandoned history's checkpoints the save of ``step`` retired (module docstring)."""
         retired = self.engine.take_retired()
-        if not retired or self.rank != 0:
-            return
-        base = self._continued_from
-        why = (f"this run continues from step {base}" if base is not None and base >= 0 else
-               "this run restored no checkpoint" if base is not None else
-               f"this run did not restore, and saves step {step}")
-        steps = ", ".join(str(s) for s, _ in sorted(retired))
-        warnings.warn(
-            f"{self.run_dir}: {why}; the checkpoint(s) of step(s) {steps} belong to an abandoned history: moved to "
-            f"{', '.join(Path(p).name for _, p in sorted(retired))} (never restored; `alpsck prune` removes them)",
-            RuntimeWarning, stacklevel=3)
+        if retired and self.rank == 0:
+            warnings.warn(retired_warning(self.run_dir, retired, self._continued_from, step), RuntimeWarning,
+                          stacklevel=3)
 
     def _is_pipelined(self, cuda: bool) -> bool:
         """Whether saves of a state (holding CUDA tensors or not) take the pipelined path."""
@@ -447,31 +348,17 @@ class Checkpointer:
             self._stager.wait_copies()
 
     def _mine(self, tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-        """The tensors this rank writes: its own, and the replicated ones assigned to it."""
-        owners = self._owners_of(tensors)
-        return [(key, t) for key, t in tensors.items() if owners.get(key, self.rank) == self.rank]
-
-    def _owners_of(self, tensors: Mapping[str, torch.Tensor]) -> dict[str, int]:
-        """Owner rank of each replicated tensor (the others are written by every rank)."""
-        if self.world_size == 1 or not self.replicated:
-            return {}
-        sizes = tuple((k, t.numel() * t.element_size()) for k, t in tensors.items()
-                      if k.split("/", 1)[0] in self.replicated)
-        owners = self._owners.get(sizes)
-        if owners is None:
-            self._owners = {sizes: (owners := assign_owners(dict(sizes), self.world_size))}
-        return owners
+        """The tensors this rank writes: its own, and the replicated ones assigned to it (:func:`alpsck.ranks.mine`)."""
+        return mine(tensors, self.replicated, self.ranks, self._owners)
 
     @blocking("save")
     def wait(self) -> None:
         """Block until every save so far is durable; raise the first error among them."""
         if self._engine is not None:
             self.engine.wait_all()
-        pending, self._pending = self._pending, []
-        failed = [h for h in pending if not h.reported and h._h.error_message() is not None]
-        self._pending = failed[1:]  # every failure reaches the caller, one per call
-        if failed:
-            failed[0].wait()
+        self._pending, failed = reap(self._pending, finished=True)
+        if failed is not None:
+            failed.wait()
 
     @blocking("save")
     def close(self) -> None:
@@ -491,12 +378,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            for h in self._pending:
-                why = h._h.error_message()
-                if not h.reported and why is not None:
-                    h.reported = True
-                    warnings.warn(f"{self.run_dir}: the checkpoint of step {h.step} failed too: {why}",
-                                  RuntimeWarning, stacklevel=2)
+            warn_unreported(self._pending, self.run_dir, stacklevel=2)
             self._pending = []
             self._release()
 
@@ -514,7 +396,7 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """Step of the checkpoint ``restore()`` tries first, or None: the picker's choice
-        (:func:`alpsck.store.run_dir.pick`, kind "alpsck"), quick check only (data CRCs are read by the
+        (:func:`alpsck.store.picker.pick`, kind "alpsck"), quick check only (data CRCs are read by the
         restore itself, which falls back to the one before on a mismatch)."""
         return pick(self.run_dir, kind="alpsck").step
 
@@ -571,35 +453,8 @@ class Checkpointer:
         check_state(state)
         mine = self._mine(capture(state).tensors)
         sizes = [t.numel() * t.element_size() for _, t in mine]
-        sizes += _optimizer_state_to_come(state)
+        sizes += optimizer_state_to_come(state)
         self.engine.prepare(sizes)
         gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
         if gpu is not None and self._is_pipelined(True):  # overlap_copy=False copies to pageable memory
             self._pipelined().pin_ahead(gpu)
-
-
-# Tensors per parameter of each optimizer's state (torch.optim's, after its first step), by class
-# name; an optimizer not listed counts as 2 (Adam's), over- rather than under-sized.
-_STATE_TENSORS_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2,
-                            "Rprop": 2, "Adagrad": 1, "RMSprop": 1, "ASGD": 2, "SparseAdam": 2}
-
-
-def _optimizer_state_to_come(state: Mapping[str, Any]) -> list[int]:
-    """Byte sizes of the state tensors that each optimizer of ``state`` with no state yet will
-    create at its first step (plain SGD none; a momentum buffer, Adam's two moments per parameter)."""
-    sizes: list[int] = []
-    for obj in state.values():
-        if not isinstance(obj, torch.optim.Optimizer) or obj.state:
-            continue
-        name = type(obj).__name__
-        for group in obj.param_groups:
-            k = _STATE_TENSORS_PER_PARAM.get(name, 2)
-            if name == "SGD" and not group.get("momentum"):
-                k = 0
-            if name == "RMSprop":
-                k += bool(group.get("momentum")) + bool(group.get("centered"))
-            params = [p for p in group["params"] if p.requires_grad]
-            sizes += [p.numel() * p.element_size() for p in params for _ in range(k)]
-            if name != "SGD":  # and a 0-d float32 step count per parameter
-                sizes += [4] * len(params)
-    return sizes

@@ -325,6 +325,31 @@ def _check_optimizer(key: str, live_groups: list[int], saved: Any) -> None:
                                      f"{n_live} in the live optimizer")
 
 
+def check_restorable(recorded: Mapping[str, tuple[str, Any]], at: str, tree: Mapping[str, Any],
+                     fitted: dict[str, Any], what: str) -> None:
+    """A save's check that a resumed run could restore it: :func:`check_fits` of its ``tree`` against the
+    skeleton ``recorded`` at ``at`` (``restore()`` or the first ``save()``), worded for the save ``what``
+    (StateMismatchError naming the key path, nothing written).
+
+    What fails: a plain value whose type changed (a float that became a dict or a 1-d
+    tensor; a float that became a 0-d tensor is fine, restore converts it), a top-level tensor or a
+    module tensor whose shape or dtype changed, module keys that appeared or vanished, an optimizer
+    whose parameter groups changed. An optimizer's per-parameter state (Adam's ``exp_avg``
+    appearing at the first step), schedulers, RNG and loaders are not compared (restore loads those
+    into fresh objects), nor are entries added to or left out of the state. The check is local to
+    each rank (no collective: a save never waits for the others); ranks running the same code refuse
+    the same save."""
+    try:
+        check_fits(recorded, tree, fitted)
+    except StateMismatchError as e:
+        raise StateMismatchError(
+            f"{what} not saved (nothing was written): a resumed run would fail to restore "
+            f"it. Such a run builds the state as it was at {at}, and restoring this save into "
+            f"that fails: {e} (the checkpoint: the state now; live: the state at {at}). Keep "
+            "each entry's type (a number and a 0-d tensor convert both ways) and each tensor's shape and "
+            "dtype") from None
+
+
 def fits(state: Mapping[str, Any], tree: Mapping[str, Any]) -> bool:
     """True when :func:`apply` of ``tree`` would pass its checks on ``state``, decided from the tree
     alone (tensors as :class:`TensorRef`), before any byte is read into the live tensors."""

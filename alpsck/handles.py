@@ -1,27 +1,30 @@
 """The small interface every alpsck checkpointer shares.
 
 :class:`SaveHandle` is what ``save()`` returns; :class:`CheckpointerLike` is the interface of
-:class:`alpsck.bench.torch_save.TorchSaveCheckpointer` and of the real (concurrent) checkpointer, so the
+:class:`alpsck.torch_save.TorchSaveCheckpointer` and of the real (concurrent) checkpointer, so the
 training loop can take either. :class:`CompletedSave` is the handle of a save that was already
 durable when ``save()`` returned.
 
 Call order of a checkpointer: ``restore()`` (optional, before training), ``save()`` any number of
 times, ``wait()``, ``close()``. A checkpointer is also a context manager whose exit calls
-``close()``. Those calls that block the loop run in progress sections of their own (the end of this
-module), so that a hang watchdog times a slow save as a save, never as a hung step.
+``close()``. Those calls that block the loop run in progress sections of their own
+(:mod:`alpsck.progress`), so that a hang watchdog times a slow save as a save, never as a hung step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+import warnings
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .progress import blocking
+
+if TYPE_CHECKING:  # the handle's type only: handles imports neither torch nor the core
+    from . import _core
 
 
 @runtime_checkable
@@ -147,77 +150,54 @@ class CheckpointerLike(Protocol):
     def close(self) -> None: ...
 
 
-# -- progress, for a watchdog outside the loop -------------------------------------------------
-# Where the training loop is, for a watchdog outside it: one process-wide sink, none by default.
-#
-# The job runner installs a sink (:class:`alpsck.slurm.watchdog.Watchdog`: shared memory read by a
-# supervisor process) and the loop's own calls feed it: :meth:`alpsck.slurm.JobContext.stop_requested`
-# marks a step's progress, and the Checkpointer's blocking calls run in a section of their own
-# (``save``, ``restore``), so that a slow save or restore is timed as one and never called a hung
-# step. Without a sink (a Checkpointer outside a job) every call here is a no-op costing one
-# attribute read.
+class CoreSave(FutureMixin):
+    """Handle of one checkpoint persisting in the background: a future (:class:`alpsck.handles.SaveHandle`)."""
 
-class Sink(Protocol):
-    def mark(self, section: str) -> None: ...
+    def __init__(self, handle: _core.SaveHandle) -> None:
+        self._h = handle
+        self.reported = False  # its error already reached the caller (through wait())
 
+    @property
+    def step(self) -> int:  # type: ignore[override]
+        return int(self._h.step)
 
-_SINK: Sink | None = None
-_F = TypeVar("_F", bound=Callable[..., Any])
+    def done(self) -> bool:
+        """True once the checkpoint is durable (or its save failed)."""
+        return bool(self._h.done())
 
-# Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
-# called with (run_dir, the step restored or None) after every Checkpointer.restore of this process.
-# Here, not in alpsck.restore (which imports torch), so that the runner imports without torch.
-RESTORED_HOOKS: list[Callable[[Path, int | None], None]] = []
+    @blocking("save")
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until durable; raise the save's error; TimeoutError if ``timeout`` passes first."""
+        try:
+            finished = self._h.wait(timeout)
+        except Exception:
+            self.reported = True
+            raise
+        if not finished:
+            raise TimeoutError(f"checkpoint of step {self.step} not durable after {timeout} s")
 
+    def _value(self) -> dict[str, Any]:
+        return dict(self._h.result())
 
-def install_progress(sink: Sink | None) -> None:
-    """Set (or with None, remove) the process's sink; the loop is in its ``start`` section until it polls."""
-    global _SINK
-    _SINK = sink
-    _LOOP[0] = "start"
-    _OPEN.clear()
-
-
-def mark_progress(section: str) -> None:
-    """Progress, now, in ``section`` (``start``, ``step``, ``save``, ``restore``, ``final``)."""
-    if _SINK is not None:
-        _SINK.mark(section)
+    def _settle(self) -> None:
+        # A callback's waiting is not the caller's: the error still reaches the next save()/wait().
+        self._h.wait(None)
 
 
-_LOOP = ["start"]  # the loop's own section (set by mark_loop), where a blocking call returns to
-_OPEN: list[str] = []  # the blocking calls under way, outermost first (a wait inside a close)
+def reap(pending: list[CoreSave], *, finished: bool = False) -> tuple[list[CoreSave], CoreSave | None]:
+    """The saves still to watch, and the first whose error the caller has not seen (its ``wait()`` raises it):
+    the finished ones are dropped, and later failures stay, for the next ``save()`` or ``wait()`` (every
+    failure reaches the caller, one per call). ``finished``: every save is known to be done."""
+    still = [] if finished else [h for h in pending if not h.done()]
+    failed = [h for h in pending if (finished or h.done()) and not h.reported and h._h.error_message() is not None]
+    return still + failed[1:], failed[0] if failed else None
 
 
-def mark_loop(section: str) -> None:
-    """The loop's own section from now on (``step``, or ``final`` once it saw a stop): progress in it."""
-    _LOOP[0] = section
-    mark_progress(section)
-
-
-@contextmanager
-def progress_section(name: str) -> Iterator[None]:
-    """A blocking call in a section of its own; when it returns, progress in the section it was called from."""
-    if _SINK is None:
-        yield
-        return
-    _OPEN.append(name)
-    _SINK.mark(name)
-    try:
-        yield
-    finally:
-        _OPEN.pop()
-        if _SINK is not None:
-            _SINK.mark(_OPEN[-1] if _OPEN else _LOOP[0])
-
-
-def blocking(name: str) -> Callable[[_F], _F]:
-    """Decorator: the method runs in section ``name`` (:func:`progress_section`)."""
-    def wrap(fn: _F) -> _F:
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            if _SINK is None:
-                return fn(*args, **kwargs)
-            with progress_section(name):
-                return fn(*args, **kwargs)
-        return inner  # type: ignore[return-value]
-    return wrap
+def warn_unreported(pending: list[CoreSave], run_dir: object, stacklevel: int = 2) -> None:
+    """A warning for each failed save whose error no caller has seen (on close: never dropped silently)."""
+    for h in pending:
+        why = h._h.error_message()
+        if not h.reported and why is not None:
+            h.reported = True
+            warnings.warn(f"{run_dir}: the checkpoint of step {h.step} failed too: {why}", RuntimeWarning,
+                          stacklevel=stacklevel + 1)

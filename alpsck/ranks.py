@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,20 @@ def assign_owners(sizes: dict[str, int], world_size: int) -> dict[str, int]:
         owners[key] = r
         heapq.heappush(loads, (load + sizes[key], r))
     return owners
+
+
+def mine(tensors: Mapping[str, torch.Tensor], replicated: frozenset[str], ranks: Ranks,
+         cache: dict[tuple[tuple[str, int], ...], dict[str, int]]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors rank ``ranks.rank`` writes: its own, and the replicated ones (under the top-level keys
+    ``replicated``) :func:`assign_owners` gives it. ``cache`` keeps the last assignment (by keys and sizes)."""
+    owners: dict[str, int] = {}
+    if ranks.world_size > 1 and replicated:
+        sizes = tuple((k, t.numel() * t.element_size()) for k, t in tensors.items() if k.split("/", 1)[0] in replicated)
+        if sizes not in cache:
+            cache.clear()
+            cache[sizes] = assign_owners(dict(sizes), ranks.world_size)
+        owners = cache[sizes]
+    return [(key, t) for key, t in tensors.items() if owners.get(key, ranks.rank) == ranks.rank]
 
 
 @dataclass

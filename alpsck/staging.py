@@ -36,7 +36,9 @@ import queue
 import threading
 import warnings
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -378,3 +380,84 @@ def _record(stream: Any) -> Any:
     ev = torch.cuda.Event()
     ev.record(stream)
     return ev
+
+
+# ------------------------------------------------------------------ staging memory to come
+# Tensors per parameter of each optimizer's state (torch.optim's, after its first step), by class
+# name; an optimizer not listed counts as 2 (Adam's), over- rather than under-sized.
+STATE_TENSORS_PER_PARAM = {"SGD": 1, "Adam": 2, "AdamW": 2, "NAdam": 2, "RAdam": 2, "Adamax": 2, "Adadelta": 2,
+                            "Rprop": 2, "Adagrad": 1, "RMSprop": 1, "ASGD": 2, "SparseAdam": 2}
+
+
+def optimizer_state_to_come(state: Mapping[str, Any]) -> list[int]:
+    """Byte sizes of the state tensors that each optimizer of ``state`` with no state yet will
+    create at its first step (plain SGD none; a momentum buffer, Adam's two moments per parameter)."""
+    sizes: list[int] = []
+    for obj in state.values():
+        if not isinstance(obj, torch.optim.Optimizer) or obj.state:
+            continue
+        name = type(obj).__name__
+        for group in obj.param_groups:
+            k = STATE_TENSORS_PER_PARAM.get(name, 2)
+            if name == "SGD" and not group.get("momentum"):
+                k = 0
+            if name == "RMSprop":
+                k += bool(group.get("momentum")) + bool(group.get("centered"))
+            params = [p for p in group["params"] if p.requires_grad]
+            sizes += [p.numel() * p.element_size() for p in params for _ in range(k)]
+            if name != "SGD":  # and a 0-d float32 step count per parameter
+                sizes += [4] * len(params)
+    return sizes
+
+
+# ------------------------------------------------------------------ which NUMA node staging belongs on
+# Which NUMA node a rank's staging memory belongs on: the one of its GPU's CPU.
+#
+# On a GH200 node each of the four GPUs has its own Grace CPU with its own memory (one NUMA node
+# each). A rank's device-to-host copies and the writers' reads of its staging memory stay on that
+# superchip only if the memory is there too; elsewhere every byte crosses the links between the
+# chips. Pass the node to the Checkpointer as ``numa_node`` (the engine option, which places the
+# staging pool there with ``mbind``; -1, the default, leaves it wherever the thread that faults it
+# in runs)::
+#
+#     ck = alpsck.Checkpointer(run_dir, numa_node=alpsck.gpu_numa_node())
+#
+# The node is read from the kernel (the GPU's PCI device in sysfs), never guessed from the local
+# rank: a wrong guess would be worse than the default.
+
+
+def _pci_address(device: torch.device) -> str | None:
+    """The sysfs name of a CUDA device's PCI function (``0000:01:00.0``), or None if torch does not say."""
+    props = torch.cuda.get_device_properties(device)
+    bus, dev, domain = (getattr(props, f"pci_{k}_id", None) for k in ("bus", "device", "domain"))
+    if not all(isinstance(v, int) for v in (bus, dev, domain)):
+        return None
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.0"
+
+
+def gpu_numa_node(device: torch.device | int | None = None, *, sysfs: str | Path = "/sys") -> int:
+    """The NUMA node of the CPU attached to CUDA ``device`` (default: the current one), or -1.
+
+    -1 (the ``numa_node`` option's "no placement") when there is no CUDA device, when the kernel
+    does not know the device's node (sysfs says -1, as on many VMs), or when that node has no
+    CPUs (a node of GPU memory: staging memory belongs on the CPU's node).
+    """
+    if not torch.cuda.is_available():
+        return -1
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device) \
+        if not isinstance(device, torch.device) else device
+    address = _pci_address(dev)
+    if address is None:
+        return -1
+    return node_of_pci_device(address, sysfs=sysfs)
+
+
+def node_of_pci_device(address: str, *, sysfs: str | Path = "/sys") -> int:
+    """The NUMA node sysfs gives PCI function ``address`` if that node has CPUs, else -1."""
+    try:
+        node = int((Path(sysfs) / "bus" / "pci" / "devices" / address / "numa_node").read_text().strip())
+    except (OSError, ValueError):
+        return -1
+    if node < 0:
+        return -1
+    return node if node in _core.cpu_numa_nodes(str(sysfs)) else -1

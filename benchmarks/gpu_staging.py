@@ -156,7 +156,7 @@ def main() -> None:
                   f"pageable {res['pageable_copy'][-1]:.3f} | alpsck stall {stall:.3f} next iter {nxt:.3f} "
                   f"durable {durable:.2f} | torch.save {res['torch_save'][-1]:.2f} s", flush=True)
     from alpsck.restore import read_checkpoint
-    from alpsck.store.run_dir import pick
+    from alpsck.store.picker import pick
 
     newest = Path(pick(run, kind="alpsck").candidates[0]["path"])
     buf = bytearray(16 << 20)

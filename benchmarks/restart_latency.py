@@ -35,7 +35,7 @@ COMMON = ["--sequence-length", "32", "--batch-size", "4", "--torch-threads", "1"
 ENTRY = '''
 import os, signal, threading, time
 from alpsck.examples.llama.train import slurm_entry
-from alpsck.store.run_dir import pick
+from alpsck.store.picker import pick
 
 NOTES = {notes!r}
 

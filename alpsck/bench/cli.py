@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import AlpsckError
 from ..options import arg_int, arg_real
-from ..tools import jsonout
+from ..out import jsonout
 
 # Every benchmark module imports torch: each is imported inside the command that runs it, so that the CLI
 # (which imports this module to register `bench`) starts without torch, on a login node.

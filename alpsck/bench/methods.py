@@ -20,7 +20,7 @@ import torch
 from .. import _core
 from ..checkpointer import Checkpointer
 from ..store.durable import fsync_path
-from ..store.run_dir import pick
+from ..store.picker import pick
 
 
 def drop_page_cache(directory: Path) -> None:

@@ -269,7 +269,7 @@ class _TorchSaver(_Saver):
     name = "torch.save"
 
     def __init__(self, run_dir: Path, training: _Training) -> None:
-        from .torch_save import TorchSaveCheckpointer
+        from ..torch_save import TorchSaveCheckpointer
 
         super().__init__(run_dir, training)
         self.ck = TorchSaveCheckpointer(run_dir)
@@ -640,7 +640,7 @@ def _caveat(e: dict[str, Any]) -> str:
 
 def plot(r: OverheadResult, path: Path) -> bool:
     """Overhead % against k (log x), one line per method. False when matplotlib is missing."""
-    from .report import pyplot
+    from ..out.figures import pyplot
 
     plt = pyplot()
     if plt is None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # .run imports torch; `alpsck plot` uses pyplot() from here on login nodes without it
+from ..out.figures import pyplot
+
+if TYPE_CHECKING:  # .run imports torch
     from .run import BenchResult
 
 
@@ -45,18 +47,6 @@ def table(r: BenchResult) -> str:
         f"(~{a['young_daly_interval_iterations']} iterations of {a['inputs']['iteration_seconds']} s)",
     ]
     return "\n".join(lines)
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot drawing to files (the Agg backend), or None when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
 
 
 def plot(r: BenchResult, path: Path) -> bool:

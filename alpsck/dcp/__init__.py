@@ -47,7 +47,7 @@ pickle at all; a planner with its own ``load_bytes`` gets a ``torch.save`` of th
 here in memory: what it unpickles was never read from disk. docs/dcp.md lists what is refused.
 
 Locking: a writer takes the run directory's per-rank writer lock
-(:func:`alpsck.store.run_dir.lock_run_dir`) while it writes: the coordinator in
+(:func:`alpsck.store.lock.lock_run_dir`) while it writes: the coordinator in
 ``prepare_global_plan`` (its engine's start-up tidies the directory; the generation is chosen),
 every rank during ``write_data``, and the coordinator again for the commit and retention in
 ``finish``. No lock is held between those calls, so a save that DCP abandons in between leaves
@@ -65,12 +65,14 @@ several ranks each in ``ID/__<rank>``); any process rank may be DCP's coordinato
 Checkpoint-directory mode (``dcp.save(..., checkpoint_id="folder/step-10")``, as torchtitan names
 its checkpoints): the named directory is a run directory of its own, each save the next generation
 of it; ``finish`` commits the generation, then writes the ``.metadata`` marker DCP trainers look
-for (JSON, ``alpsck.store.run_dir.MARKER_BYTES``), then removes the older generations, so an overwrite
+for (JSON, ``alpsck.store.names.MARKER_BYTES``), then removes the older generations, so an overwrite
 leaves the old checkpoint loadable until the new one is committed. The coordinator picks the
 generation under the lock in ``prepare_global_plan`` and sends it to every rank in its plan.
 
-Modules: :mod:`.writer` the writer, :mod:`.reader` the reader (both exported here), :mod:`.paths`
-what a checkpoint_id names, :mod:`.formats` the JSON formats.
+Modules: :mod:`.writer` the writer and :mod:`.extents` a rank's write items as its shard's extents;
+:mod:`.reader` the reader and :mod:`.load_plan` what a load's ranks agree and put back (the writer and the
+reader are exported here); :mod:`.paths` what a checkpoint_id names; :mod:`.formats` the JSON of DCP's
+Metadata. Non-tensor values are encoded below the backend (:mod:`alpsck.store.values`).
 """
 
 from .formats import METADATA_FILE

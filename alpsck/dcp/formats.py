@@ -11,24 +11,19 @@ every non-tensor value; alpsck's DCP backend (:mod:`alpsck.dcp`) stores both as 
   :data:`alpsck.tree.MAX_ELEMENTS`, chunks outside their tensor, overlapping or not covering it,
   on a rank outside the world) raise :class:`CorruptCheckpointError`. Every error names the file
   and the field.
-* :func:`encode_value` / :func:`decode_value`: one non-tensor value as alpsck's tagged JSON
-  (:mod:`alpsck.tree`); decoding knows only the tree's tags and never instantiates a class.
+* non-tensor values: :func:`alpsck.store.values.encode_value` / ``decode_value`` (below the backend,
+  beside :mod:`alpsck.tree`).
 
 Pure functions, no I/O, safe on any thread.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import collections
-import functools
 import hashlib
 import json
-import keyword
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,20 +39,18 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from .. import _core, tree
-from ..errors import CorruptCheckpointError, StateTypeError, UnsafeCheckpointError, UsageError
+from ..errors import CorruptCheckpointError, UnsafeCheckpointError, UsageError
 from ..store.shards import DCP_META_FORMAT, MAX_RANKS
-from ..tree import np
+from ..store.values import MAX_VALUE_BYTES, ValueDecoder, ValueEncoder, no_tensor
 
-__all__ = ["ExtentRef", "decode_metadata", "decode_value", "encode_metadata", "encode_value", "extent_name"]
+__all__ = ["ExtentRef", "decode_metadata", "encode_metadata", "extent_name"]
 
 METADATA_FILE = _core.run_dir_names["dcp_metadata"]  # the extra file committed with the shards
 METADATA_FORMAT = "alpsck-dcp-metadata/1"
 SHARD_FORMAT = DCP_META_FORMAT  # the meta document in each shard's index
-VALUE_FORMAT = "alpsck-dcp-value/1"      # one non-tensor value, tagged JSON
 # A checkpoint directory named by DCP's checkpoint_id (``folder/step-N``) also holds ``.metadata``, where
 # DCP trainers look for a checkpoint: alpsck's marker, JSON (never the pickle FileSystemWriter writes there).
 MAX_METADATA_BYTES = 16 << 20            # the core's limit on a committed extra file (kMaxManifestBytes)
-MAX_VALUE_BYTES = 64 << 20               # one non-tensor value
 MAX_NAME_BYTES = 4096                    # the core's limit on an extent name
 MAX_OVERLAP_CHECK = 1024                 # chunks per tensor checked pairwise for overlaps
 
@@ -138,7 +131,7 @@ def encode_planner_value(pd: Any) -> Any:
     :func:`encode_value` takes), or None; UsageError naming what JSON cannot hold."""
     if pd is None or _default_planner_data(pd):
         return None
-    enc = _ValueEncoder()
+    enc = ValueEncoder()
     try:
         value = enc.value(pd, "planner_data")
     except (TypeError, ValueError) as e:
@@ -374,7 +367,7 @@ def decode_metadata(data: bytes, where: str, *, step: int | None = None, world_s
     if "planner_value" in doc:
         if planner_data is not None:
             raise f.corrupt("planner_value", "beside the default planner's planner_data")
-        planner_data = _ValueDecoder(_no_tensor).value(doc["planner_value"], f"{where}: planner_value")
+        planner_data = ValueDecoder(no_tensor).value(doc["planner_value"], f"{where}: planner_value")
 
     sm = doc["storage_meta"]
     storage_meta = None
@@ -390,190 +383,3 @@ def decode_metadata(data: bytes, where: str, *, step: int | None = None, world_s
             modules=[f.string(m, f"storage_meta.modules[{i}]") for i, m in enumerate(modules)])
     return Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_data=storage,
                     storage_meta=storage_meta, version=version)
-
-
-# ------------------------------------------------------------------------------ non-tensor values
-
-
-def encode_value(obj: Any, fqn: str) -> bytes:
-    """One non-tensor value (a DCP BYTE_IO item) as an alpsck-dcp-value/1 document of tagged JSON.
-
-    UsageError when JSON cannot hold it (a custom class, a set) or when it holds tensors.
-    """
-    enc = _ValueEncoder()
-    try:
-        value = enc.value(obj, fqn)
-    except (TypeError, ValueError) as e:
-        raise UsageError(
-            f"{e}. alpsck stores non-tensor values as JSON, never as pickles: keep such state in "
-            "alpsck.Checkpointer's state tree, or convert it to plain values (numbers, strings, lists, dicts, tuples, "
-            "bytes)") from None
-    data = json.dumps({"format": VALUE_FORMAT, "value": value}, allow_nan=False, separators=(",", ":")).encode()
-    if len(data) > MAX_VALUE_BYTES:
-        raise UsageError(f"{fqn}: the value takes {len(data)} bytes as JSON, more than {MAX_VALUE_BYTES}; store big "
-                         "data as tensors")
-    return data
-
-
-def decode_value(data: bytes, where: str) -> Any:
-    """A non-tensor value back from its JSON; only :mod:`alpsck.tree`'s tags are accepted."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise CorruptCheckpointError(f"{where}: not valid JSON: {e}") from e
-    if not isinstance(doc, dict) or set(doc) != {"format", "value"} or doc["format"] != VALUE_FORMAT:
-        raise UnsafeCheckpointError(f"{where}: not an {VALUE_FORMAT} document; refusing to load it")
-
-    return _ValueDecoder(_no_tensor).value(doc["value"], where)
-
-
-def _no_tensor(key: str, spec: tree.TensorSpec, path: str) -> Any:
-    raise UnsafeCheckpointError(f"{path}: a tensor reference inside a non-tensor value; refusing to load it")
-
-
-# NumPy dtypes a value may hold (stored little-endian); object, string and structured arrays are refused.
-NUMPY_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
-                "float32", "float64", "complex64", "complex128")
-_VALUE_TAGS: dict[str, frozenset[str]] = {  # the tags of non-tensor values beyond alpsck.tree's
-    "ndarray": frozenset({"dtype", "shape", "b64"}),  # a NumPy array: its dtype, shape and C-order bytes
-    "npscalar": frozenset({"dtype", "b64"}),          # a NumPy scalar (np.float64(2.5)): its dtype and bytes
-    "set": frozenset({"items"}),
-    "frozenset": frozenset({"items"}),
-    "namedtuple": frozenset({"name", "fields", "items"}),  # a named tuple: its class's name, its fields, its items
-    "vtensor": frozenset({"dtype", "shape", "b64"}),  # a tensor inside a non-tensor value: its dtype, shape, bytes
-    "size": frozenset({"items"}),  # a torch.Size: its ints
-    "complex": frozenset({"re", "im"}),  # a Python complex number: its parts, as floats are encoded
-}
-MAX_FIELDS = 1024
-
-
-@functools.lru_cache(maxsize=256)
-def namedtuple_class(name: str, fields: tuple[str, ...]) -> type:
-    """A named-tuple class of that name and those fields, made here (never imported: a checkpoint names no
-    code to run). DCP's load planner turns the live named tuples into plain tuples before the storage
-    reads (``_init_state_dict``), so the live class is not there to restore into; this one has the same
-    name, fields and equality."""
-    return collections.namedtuple(name, fields, module=__name__)  # type: ignore[misc]
-
-
-class _ValueEncoder(tree.Encoder):
-    """alpsck.tree's encoder, plus NumPy arrays and scalars (kept as their dtype and bytes, so they come
-    back as what they were), sets and frozensets, named tuples, and tensors inside a value (a tuple
-    holding a tensor: one opaque value to DCP), inline: what FileSystemWriter's pickle keeps of such values."""
-
-    def tensor(self, t: torch.Tensor, path: str) -> dict[str, Any]:
-        name = tree.TENSOR_DTYPE_NAMES.get(t.dtype)
-        if (name is None or type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided
-                or t.is_nested or t.is_quantized or t.device.type == "meta"):
-            raise StateTypeError(f"{path}: a {type(t).__name__} ({t.dtype}, {t.layout}, {t.device.type}) inside a "
-                                 "non-tensor value cannot be stored: plain strided tensors of the checkpoint dtypes only")
-        raw = tree.flat_bytes(t.detach().cpu()).numpy().tobytes()
-        return {tree.TAG: "vtensor", "dtype": name, "shape": list(t.shape), "b64": base64.b64encode(raw).decode("ascii")}
-
-    def value(self, v: Any, path: str, depth: int = 0) -> Any:
-        if np is not None and isinstance(v, (np.ndarray, np.generic)):
-            name = v.dtype.name
-            if name not in NUMPY_DTYPES or v.dtype.byteorder not in "=<|":
-                raise StateTypeError(f"{path}: cannot checkpoint a NumPy value of dtype {v.dtype} "
-                                          f"(allowed: {', '.join(NUMPY_DTYPES)})")
-            arr = np.ascontiguousarray(v)
-            raw = base64.b64encode(arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()).decode("ascii")
-            if isinstance(v, np.generic):
-                return {tree.TAG: "npscalar", "dtype": name, "b64": raw}
-            return {tree.TAG: "ndarray", "dtype": name, "shape": list(arr.shape), "b64": raw}
-        if isinstance(v, torch.Size):
-            return {tree.TAG: "size", "items": [int(d) for d in v]}
-        if isinstance(v, complex):
-            return {tree.TAG: "complex", "re": self.value(v.real, path, depth + 1), "im": self.value(v.imag, path, depth + 1)}
-        fields = getattr(type(v), "_fields", None) if isinstance(v, tuple) and type(v) is not tuple else None
-        if isinstance(fields, tuple):
-            return {tree.TAG: "namedtuple", "name": type(v).__name__, "fields": list(fields),
-                    "items": [self.value(x, f"{path}/{i}", depth + 1) for i, x in enumerate(v)]}
-        if isinstance(v, (set, frozenset)):
-            items = [self.value(x, f"{path}/{i}", depth + 1) for i, x in enumerate(v)]
-            items.sort(key=lambda x: json.dumps(x, sort_keys=True))  # the same set, the same document
-            return {tree.TAG: "frozenset" if isinstance(v, frozenset) else "set", "items": items}
-        return super().value(v, path, depth)
-
-
-def _vtensor(node: Mapping[str, Any], path: str) -> torch.Tensor:
-    """A tensor stored inside a non-tensor value, as a new CPU tensor (checked: dtype, shape, byte count)."""
-    dtype, shape, raw = node["dtype"], node["shape"], node["b64"]
-    if not isinstance(dtype, str) or dtype not in tree.TENSOR_DTYPES:
-        raise UnsafeCheckpointError(f"{path}: tensor dtype {_short(dtype)} is not allowed; refusing to load it")
-    if (not isinstance(shape, list) or len(shape) > tree.MAX_DIMS
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-        raise CorruptCheckpointError(f"{path}: invalid tensor shape {_short(shape)}")
-    t = torch.empty(shape, dtype=tree.TENSOR_DTYPES[dtype])
-    try:
-        data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
-    except (binascii.Error, ValueError):
-        data = None
-    if data is None or len(data) != t.numel() * t.element_size():
-        raise CorruptCheckpointError(f"{path}: the tensor's bytes do not match its dtype and shape")
-    if data:
-        t.reshape(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    return t
-
-
-def _identifier(v: Any) -> bool:
-    return isinstance(v, str) and 0 < len(v) <= 200 and v.isidentifier() and not keyword.iskeyword(v)
-
-
-class _ValueDecoder(tree.Decoder):
-    """alpsck.tree's decoder, plus :class:`_ValueEncoder`'s tags; never instantiates a class named by data."""
-
-    def tagged(self, node: Mapping[str, Any], path: str, depth: int) -> Any:
-        tag = node[tree.TAG]
-        if not isinstance(tag, str) or tag not in _VALUE_TAGS:
-            return super().tagged(node, path, depth)
-        tree.check_tag_fields(node, tag, _VALUE_TAGS[tag], path)
-        if tag in ("set", "frozenset"):
-            items = node["items"]
-            if not isinstance(items, list):
-                raise CorruptCheckpointError(f"{path}: {tag} items must be a list")
-            out = [self.value(x, f"{path}/{i}", depth + 1) for i, x in enumerate(items)]
-            try:
-                return set(out) if tag == "set" else frozenset(out)
-            except TypeError:
-                raise CorruptCheckpointError(f"{path}: a {tag} item is not hashable") from None
-        if tag == "namedtuple":
-            name, fields, items = node["name"], node["fields"], node["items"]
-            if (not _identifier(name) or not isinstance(fields, list) or not isinstance(items, list)
-                    or len(fields) != len(items) or len(fields) > MAX_FIELDS or not all(map(_identifier, fields))
-                    or len(set(fields)) != len(fields) or any(f.startswith("_") for f in fields)):
-                raise CorruptCheckpointError(f"{path}: invalid named tuple {_short(name)} {_short(fields)}")
-            cls = namedtuple_class(name, tuple(fields))
-            return cls(*(self.value(x, f"{path}/{i}", depth + 1) for i, x in enumerate(items)))
-        if tag == "vtensor":
-            return _vtensor(node, path)
-        if tag == "size":
-            dims = node["items"]
-            if (not isinstance(dims, list) or len(dims) > tree.MAX_DIMS
-                    or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= tree.MAX_ELEMENTS for d in dims)):
-                raise CorruptCheckpointError(f"{path}: invalid torch.Size {_short(dims)}")
-            return torch.Size(dims)
-        if tag == "complex":
-            re_, im = (self.value(node[k], f"{path}/{k}", depth + 1) for k in ("re", "im"))
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (re_, im)):
-                raise CorruptCheckpointError(f"{path}: invalid complex parts {_short(re_)}, {_short(im)}")
-            return complex(re_, im)
-        if np is None:
-            raise CorruptCheckpointError(f"{path}: a NumPy value, and NumPy is not installed")
-        dtype, raw = node["dtype"], node["b64"]
-        if not isinstance(dtype, str) or dtype not in NUMPY_DTYPES:
-            raise UnsafeCheckpointError(f"{path}: NumPy dtype {_short(dtype)} is not allowed; refusing to load it")
-        shape = [] if tag == "npscalar" else node["shape"]
-        if (not isinstance(shape, list) or len(shape) > tree.MAX_DIMS
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise CorruptCheckpointError(f"{path}: invalid NumPy shape {_short(shape)}")
-        try:
-            data = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
-        except (binascii.Error, ValueError):
-            data = None
-        want = np.dtype(dtype).newbyteorder("<")
-        if data is None or len(data) != math.prod(shape) * want.itemsize:
-            raise CorruptCheckpointError(f"{path}: the {tag}'s bytes do not match its dtype and shape")
-        arr = np.frombuffer(data, dtype=want).astype(np.dtype(dtype)).reshape(shape)  # a writable copy, native order
-        return arr[()] if tag == "npscalar" else arr
-

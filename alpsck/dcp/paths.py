@@ -14,7 +14,8 @@ from pathlib import Path
 from .. import _core
 from ..errors import UsageError
 from ..store.durable import read_small
-from ..store.run_dir import MARKER_FILE, MARKER_NAMES, entry_kind, is_committed_step_dir, marker_problem
+from ..store.marker import marker_problem
+from ..store.names import MARKER_FILE, MARKER_NAMES, entry_kind, is_committed_step_dir
 
 
 def checkpoint_path(checkpoint_id: str | os.PathLike[str], who: str) -> Path:

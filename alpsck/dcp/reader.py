@@ -3,7 +3,6 @@ whose docstring has the call order and the no-pickle policy)."""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import io
 import json
@@ -11,13 +10,11 @@ import os
 import re
 import uuid
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
@@ -27,20 +24,14 @@ from torch.futures import Future
 from .. import _core
 from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, StateMismatchError, UsageError
 from ..options import DEFAULTS, check_step
-from ..ranks import process_group_store
 from ..store.durable import read_small
-from ..store.run_dir import (
-    Skipped,
-    data_error,
-    is_committed_step_dir,
-    is_marked,
-    marker_problem,
-    pick,
-    read_failure,
-)
+from ..store.marker import is_marked, marker_problem
+from ..store.names import is_committed_step_dir
+from ..store.picker import Skipped, data_error, pick, read_failure
 from ..store.shards import shard_name
-from ..tree import np
-from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata, decode_value
+from ..store.values import decode_value
+from .formats import MAX_METADATA_BYTES, METADATA_FILE, ExtentRef, decode_metadata
+from .load_plan import LoadPlanInfo, LoadVerdict, check_same_layout, like_live, narrow, set_value
 from .paths import (
     checkpoint_path,
     damaged_marker,
@@ -59,63 +50,6 @@ def _read_small(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise CorruptCheckpointError(f"{path}: larger than {limit} bytes")
     return data
-
-
-def _set_value(planner: LoadPlanner, req: ReadItem, value: Any) -> None:
-    """DefaultLoadPlanner.load_bytes's assignment, given the value itself rather than a pickle of it."""
-    assert isinstance(planner, DefaultLoadPlanner)
-    if planner.flatten_state_dict:
-        set_element(planner.original_state_dict, planner.mappings[req.dest_index.fqn], value)
-    else:
-        planner.state_dict[req.dest_index.fqn] = value
-
-
-def like_live(live: Any, value: Any, depth: int = 0) -> Any:
-    """``value`` (decoded from JSON) in the type of the live value it replaces, where JSON lost the type and
-    the live value says what it was, as FileSystemWriter's pickle keeps it: a named tuple (of the live
-    one's class), a tuple, a set or frozenset, an OrderedDict, a NumPy array (from a list: alpsck stored
-    arrays as lists before 0.1) or scalar; recursively through containers of the same shape. Anything
-    else, or a value that does not fit the live one, is returned as decoded."""
-    if live is None or depth > 200:
-        return value
-    if isinstance(live, torch.Tensor) and isinstance(value, torch.Tensor) and live.device != value.device:
-        with contextlib.suppress(RuntimeError):
-            return value.to(live.device)  # a tensor inside a value is stored from and read to the CPU
-        return value
-    if isinstance(live, tuple) and isinstance(value, (tuple, list)) and len(live) == len(value):
-        items = [like_live(x, v, depth + 1) for x, v in zip(live, value, strict=True)]
-        make = getattr(type(live), "_make", None)
-        if hasattr(type(live), "_fields") and callable(make):
-            with contextlib.suppress(Exception):
-                return make(items)
-        if hasattr(type(value), "_fields"):  # a named tuple decoded as one: keep it
-            return type(value)(*items)
-        return tuple(items)
-    if isinstance(live, list) and isinstance(value, list) and len(live) == len(value):
-        return [like_live(x, v, depth + 1) for x, v in zip(live, value, strict=True)]
-    if isinstance(live, dict) and isinstance(value, dict):
-        out = {k: like_live(live.get(k), v, depth + 1) for k, v in value.items()}
-        return collections.OrderedDict(out) if type(live) is collections.OrderedDict else out
-    if type(live) in (set, frozenset) and isinstance(value, (set, frozenset, list, tuple)):
-        with contextlib.suppress(TypeError):
-            return type(live)(value)
-        return value
-    if np is not None and isinstance(live, np.ndarray) and isinstance(value, list):
-        with contextlib.suppress(TypeError, ValueError, OverflowError):
-            return np.asarray(value, dtype=live.dtype)
-        return value
-    if (np is not None and isinstance(live, np.generic) and not isinstance(value, bool | np.generic)
-            and isinstance(value, int | float | complex)):
-        with contextlib.suppress(TypeError, ValueError, OverflowError):
-            return type(live)(value)
-    return value
-
-
-def _narrow(t: torch.Tensor, offsets: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
-    for d, (o, n) in enumerate(zip(offsets, lengths, strict=True)):
-        if o != 0 or n != t.shape[d]:
-            t = t.narrow(d, o, n)
-    return t
 
 
 class AlpsckStorageReader(StorageReader):
@@ -139,7 +73,7 @@ class AlpsckStorageReader(StorageReader):
         verify_data: check every chunk CRC of the picked checkpoint before loading it (every rank reads
             every shard of it once more), so one whose data is damaged is skipped for the one before.
 
-    The pick is the picker's (:func:`alpsck.store.run_dir.pick`, kind "dcp"; docs/guarantees.md): what it
+    The pick is the picker's (:func:`alpsck.store.picker.pick`, kind "dcp"; docs/guarantees.md): what it
     skipped (an alpsck.Checkpointer checkpoint is ``other_kind``) is warned about. Each load picks its
     checkpoint afresh (a reused reader sees saves committed since, and skips what failed in its
     earlier loads: ``failed``). A chunk that fails its CRC in ``read_data`` (or a read's I/O error), on
@@ -334,11 +268,11 @@ class AlpsckStorageReader(StorageReader):
         world = len(plans)
         # Several ranks agree on how their reads went through the process group's store, under keys of this load.
         ns = f"alpsck-dcp-load/{uuid.uuid4().hex}/" if world > 1 and dist.is_initialized() else ""
-        return [replace(p, storage_data=_LoadPlanInfo(i, world, ns)) for i, p in enumerate(plans)]
+        return [replace(p, storage_data=LoadPlanInfo(i, world, ns)) for i, p in enumerate(plans)]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """All ranks: reads what ``plan`` asks for, shard by shard, each shard opened once; then the ranks
-        agree (:class:`_LoadVerdict`) that every one of them read its part without a data failure.
+        agree (:class:`LoadVerdict`) that every one of them read its part without a data failure.
 
         A chunk that fails its CRC, or a read that fails with an I/O error, on any rank makes every rank
         skip that checkpoint, with a warning naming it and why, and read the same items from the one the
@@ -350,7 +284,7 @@ class AlpsckStorageReader(StorageReader):
         if self._metadata is None or self.path is None:
             raise UsageError("read_data before read_metadata")
         info = plan.storage_data
-        verdict = _LoadVerdict(info if isinstance(info, _LoadPlanInfo) else None)
+        verdict = LoadVerdict(info if isinstance(info, LoadPlanInfo) else None)
         while True:
             failed: BaseException | None = None
             fatal: BaseException | None = None
@@ -364,9 +298,9 @@ class AlpsckStorageReader(StorageReader):
             except BaseException as e:
                 fatal = e
             outcome, why = verdict.agree(fatal, failed)
-            if outcome == _LoadVerdict.OK:
+            if outcome == LoadVerdict.OK:
                 break
-            if outcome == _LoadVerdict.FATAL:
+            if outcome == LoadVerdict.FATAL:
                 if fatal is not None:
                     raise fatal
                 raise CheckpointError(f"{self.path}: the load failed on another rank ({why}), so no rank loaded")
@@ -381,7 +315,7 @@ class AlpsckStorageReader(StorageReader):
         fut.set_result(None)
         return fut
 
-    def _fall_back(self, plan: LoadPlan, verdict: _LoadVerdict) -> None:
+    def _fall_back(self, plan: LoadPlan, verdict: LoadVerdict) -> None:
         """Every rank: the checkpoint just read failed on some rank; pick the next (it skips ``failed``, with
         the warning) and check that it stores every item of ``plan`` as the failed one did."""
         old, failed_path = self._metadata, self.path
@@ -391,11 +325,11 @@ class AlpsckStorageReader(StorageReader):
             md = self._pick(self._local)
             self._metadata = md
             md.storage_meta = replace(md.storage_meta or StorageMeta(), load_id=self.load_id)
-            _check_same_layout(plan, old, md, self.path)
+            check_same_layout(plan, old, md, self.path)
         except BaseException as e:
             refusal = e
         outcome, why = verdict.agree(refusal, None)
-        if outcome != _LoadVerdict.OK:
+        if outcome != LoadVerdict.OK:
             if refusal is not None:
                 raise refusal
             raise CheckpointError(f"{failed_path}: its data failed, and another rank could not fall back ({why})")
@@ -473,7 +407,7 @@ class AlpsckStorageReader(StorageReader):
             planner.commit_tensor(req, dest)
         for reqs, chunk, resolved in copies:
             for req in reqs:
-                src = _narrow(chunk, req.storage_offsets, req.lengths)
+                src = narrow(chunk, req.storage_offsets, req.lengths)
                 dest = resolved if resolved is not None else planner.resolve_tensor(req).detach()
                 if dest.shape != src.shape:
                     raise CorruptCheckpointError(f"{shard}: {req.storage_index.fqn!r}: the stored region "
@@ -496,7 +430,7 @@ class AlpsckStorageReader(StorageReader):
                 if isinstance(planner, DefaultLoadPlanner):
                     value = like_live(planner.state_dict.get(req.dest_index.fqn), value)
                 if default:
-                    _set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
+                    set_value(planner, req, value)  # what DefaultLoadPlanner does, without its pickle round trip
                     continue
                 pickled = io.BytesIO()
                 torch.save(value, pickled)  # made here from plain values decoded from JSON, for a custom load_bytes
@@ -512,76 +446,6 @@ class AlpsckStorageReader(StorageReader):
             if c.offsets == req.storage_index.offset:
                 return i
         raise CorruptCheckpointError(f"{req.storage_index.fqn!r}: no chunk at {req.storage_index.offset}")
-
-
-@dataclass(frozen=True)
-class _LoadPlanInfo:
-    """What the coordinator's global plan tells each rank (``LoadPlan.storage_data``): its index among the
-    plans, their number, and the store namespace this load's ranks agree under ('' with one rank)."""
-
-    index: int
-    world: int
-    store_ns: str
-
-
-class _LoadVerdict:
-    """How every rank's read of one checkpoint went, agreed by all ranks after their reads: OK (every rank
-    read its part), FALL_BACK (a rank's data failed a CRC or its read an I/O error: every rank skips the
-    checkpoint) or FATAL (anything else on a rank: every rank raises). Several ranks agree through the
-    process group's store (the writer's commit does the same), one round per checkpoint tried, four
-    operations per rank per round whatever the world size, and keys removed by the last rank out.
-    """
-
-    OK, FALL_BACK, FATAL = 0, 1, 2
-    _WEIGHT = {OK: 0, FALL_BACK: 1, FATAL: 1 << 30}
-
-    def __init__(self, info: _LoadPlanInfo | None) -> None:
-        self.info = info
-        self.round = 0
-
-    def agree(self, fatal: BaseException | None, failed: BaseException | None) -> tuple[int, str]:
-        """This rank's outcome in, everyone's out: (outcome, one failing rank's report, or '')."""
-        mine = self.FATAL if fatal is not None else self.FALL_BACK if failed is not None else self.OK
-        info = self.info
-        if info is None or info.world == 1 or not info.store_ns:
-            return mine, str(fatal or failed or "")
-        store = process_group_store()
-        ns = f"{info.store_ns}{self.round}/"
-        self.round += 1
-        if mine != self.OK:
-            store.set(f"{ns}why{mine}", f"rank {info.index}: {fatal or failed}"[:4096])
-            store.add(f"{ns}verdict", self._WEIGHT[mine])
-        if store.add(f"{ns}arrived", 1) == info.world:  # every rank's report is in before "all" is set
-            store.set(f"{ns}all", "1")
-        store.wait([f"{ns}all"])
-        total = store.add(f"{ns}verdict", 0)
-        outcome = self.FATAL if total >= self._WEIGHT[self.FATAL] else self.FALL_BACK if total else self.OK
-        why = "" if outcome == self.OK else store.get(f"{ns}why{outcome}").decode(errors="replace")
-        if store.add(f"{ns}left", 1) == info.world:  # the last rank out removes the round's keys
-            for key in (f"why{self.FALL_BACK}", f"why{self.FATAL}", "verdict", "arrived", "all", "left"):
-                with contextlib.suppress(Exception):
-                    store.delete_key(ns + key)
-        return outcome, why
-
-
-def _check_same_layout(plan: LoadPlan, old: Metadata, new: Metadata, path: Path | None) -> None:
-    """The checkpoint fallen back to must store every item of ``plan`` (made from ``old``) as ``old`` did: the
-    same chunk of the same tensor with the same dtype, or a value of the same kind. Else the data failure
-    stands (a checkpoint saved at another world size is loaded by planning for it: a new ``dcp.load``)."""
-    for req in plan.items:
-        index = req.storage_index
-        a, b = old.storage_data.get(index), new.storage_data.get(index)
-        same = a is not None and b is not None and a.kind == b.kind
-        if same and a.kind not in ("json", "raw"):
-            ta, tb = old.state_dict_metadata.get(index.fqn), new.state_dict_metadata.get(index.fqn)
-            same = (isinstance(ta, TensorStorageMetadata) and isinstance(tb, TensorStorageMetadata)
-                    and ta.properties.dtype == tb.properties.dtype and ta.size == tb.size
-                    and [c.sizes for c in ta.chunks if c.offsets == index.offset]
-                    == [c.sizes for c in tb.chunks if c.offsets == index.offset])
-        if not same:
-            raise CorruptCheckpointError(
-                f"{path}: stores {index.fqn!r} otherwise than the checkpoint whose data failed (saved at another "
-                "world size?), so it cannot stand in for it within this load; alpsck.dcp.load plans again for it")
 
 
 def load(state_dict: dict[str, Any], checkpoint_id: str | os.PathLike[str] | None = None, *,

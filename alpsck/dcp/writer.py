@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import json
-import math
 import os
 import time
 import uuid
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -32,22 +28,17 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import _core, tree
+from .. import _core
 from ..errors import RunDirLockedError, UsageError
 from ..options import DEFAULTS, check_step
 from ..options import check as check_option
 from ..ranks import process_group_store
 from ..store.durable import make_dirs_durably
-from ..store.run_dir import (
-    MARKER_NAMES,
-    entry_kind,
-    lock_holder,
-    lock_run_dir,
-    marker_problem,
-    pick,
-    step_dir,
-    write_marker,
-)
+from ..store.lock import lock_holder, lock_run_dir
+from ..store.marker import marker_problem, write_marker
+from ..store.names import MARKER_NAMES, entry_kind, step_dir
+from ..store.picker import pick
+from .extents import Extent, chunk_nbytes, encode_item, flat_bytes_of, given, in_place, save_resolving_lazily
 from .formats import (
     MAX_METADATA_BYTES,
     METADATA_FILE,
@@ -56,7 +47,6 @@ from .formats import (
     check_properties,
     decode_metadata,
     encode_metadata,
-    encode_value,
     extent_name,
 )
 from .paths import (
@@ -102,122 +92,6 @@ def _refuse_another_writer(path: Path) -> None:
 def _agreement_store(ns: str) -> Any:
     """The process group's store for a save whose plan names a namespace, else None."""
     return process_group_store() if ns else None
-
-
-def _default_bytes(planner: SavePlanner) -> bool:
-    """Whether the planner's bytes for a non-tensor value would be DefaultSavePlanner's torch.save of the object."""
-    if not isinstance(planner, DefaultSavePlanner):
-        return False
-    cls = type(planner)
-    return cls.resolve_data is DefaultSavePlanner.resolve_data and cls.transform_object is DefaultSavePlanner.transform_object
-
-
-def _encode_value(planner: SavePlanner, item: WriteItem) -> tuple[str, bytes]:
-    """One BYTE_IO item: ``("json", ...)``, the planner's original object as JSON (never DCP's default pickle
-    of it); or, from a planner with its own resolve_data or transform_object, ``("raw", ...)``: the bytes it
-    gave, as DCP keeps them (for that planner's own load_bytes to read)."""
-    if _default_bytes(planner):
-        assert isinstance(planner, DefaultSavePlanner)
-        return "json", encode_value(planner.lookup_object(item.index), item.index.fqn)
-    data = planner.resolve_data(item)
-    if isinstance(data, io.BytesIO):
-        return "raw", data.getvalue()
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return "raw", bytes(data)
-    raise UsageError(f"{item.index.fqn}: {type(planner).__name__}.resolve_data gave a {type(data).__name__} for a "
-                     "non-tensor value (bytes or io.BytesIO expected)")
-
-
-@dataclass(frozen=True)
-class _Extent:
-    """One write item of this rank's shard: its extent name, its size, and how to get its bytes (a flat
-    uint8 CPU tensor; for a tensor item, the planner's resolve_data, called only then)."""
-
-    name: str
-    nbytes: int
-    resolve: Callable[[], torch.Tensor]
-    tensor: Callable[[], torch.Tensor] | None = None  # a tensor item: the planner's tensor, before flattening
-
-
-def _given(data: torch.Tensor) -> torch.Tensor:
-    return data
-
-
-def _flat_bytes_of(tensor: Callable[[], torch.Tensor]) -> torch.Tensor:
-    return tree.flat_bytes(tensor())
-
-
-def _chunk_nbytes(item: WriteItem) -> int:
-    td = item.tensor_data
-    assert td is not None  # prepare_local_plan checked it
-    return math.prod(td.chunk.sizes) * td.properties.dtype.itemsize
-
-
-def _in_place(planner: SavePlanner, extents: list[_Extent]) -> list[tuple[str, torch.Tensor]] | None:
-    """The extents as views of the tensors' own memory, when that costs no copy: DCP's default
-    resolve_data (a lookup, allocating nothing) giving CPU tensors whose bytes are contiguous. None
-    otherwise (device tensors, views, a planner whose resolve_data may allocate): they are resolved
-    one at a time while the shard is written (:func:`_save_resolving_lazily`), as DCP's contract asks."""
-    if type(planner).resolve_data is not DefaultSavePlanner.resolve_data:
-        return None
-    out: list[tuple[str, torch.Tensor]] = []
-    for e in extents:
-        if e.tensor is None:
-            out.append((e.name, e.resolve()))
-            continue
-        t = e.tensor().detach()
-        if t.device.type != "cpu" or not t.is_contiguous() or t.is_conj() or t.is_neg():
-            return None
-        out.append((e.name, t.reshape(-1).view(torch.uint8)))
-    return out
-
-
-def _save_resolving_lazily(engine: _core.Engine, step: int, extents: list[_Extent], meta: str) -> Any:
-    """Write the shard through the engine's staging slots, chunk by chunk: each extent is resolved when
-    its first byte is needed and dropped after its last one is copied, so resolving (a device-to-host
-    copy, a planner's allocation) overlaps the writes and at most the extents spanning one chunk are
-    held at once. Returns the save's handle."""
-    handle, fill = engine.save_external(step, [(e.name, e.nbytes) for e in extents], meta, "deferred")
-    if not fill.needed:
-        return handle
-    by_name = {e.name: e for e in extents}
-    cb = int(fill.chunk_bytes)
-    pieces: list[list[tuple[str, int, int, int]]] = [[] for _ in range(int(fill.num_chunks))]  # name, src, dst, n
-    last: dict[str, int] = {}
-    for name, offset, size in fill.extents:
-        pos, end = int(offset), int(offset) + int(size)
-        while pos < end:
-            i = pos // cb
-            n = min(end, (i + 1) * cb) - pos
-            pieces[i].append((name, pos - int(offset), pos - i * cb, n))
-            last[name] = i
-            pos += n
-    pool = engine.staging_tensor()
-    live: dict[str, torch.Tensor] = {}
-    try:
-        for i, chunk in enumerate(pieces):
-            got = fill.acquire(i, block=True)
-            if got is None:
-                break  # the save failed (a write error): its handle says why
-            assert isinstance(got, int)
-            slot = got
-            for name, src, dst, n in chunk:
-                data = live.get(name)
-                if data is None:
-                    data = live[name] = by_name[name].resolve()
-                    if data.numel() != by_name[name].nbytes:
-                        raise UsageError(f"extent {name!r}: {data.numel()} bytes resolved for "
-                                         f"{by_name[name].nbytes} planned")
-                pool[slot + dst: slot + dst + n].copy_(data[src: src + n])
-                if last[name] == i:
-                    del live[name]
-            fill.submit(i, slot)
-    except BaseException as e:
-        fill.fail(f"resolving the DCP write items of step {step} failed: {type(e).__name__}: {e}")
-        raise
-    finally:
-        fill.finish()
-    return handle
 
 
 # ------------------------------------------------------------------------------ writer
@@ -516,19 +390,19 @@ class AlpsckStorageWriter(StorageWriter):
             self.rank, self.world_size, step = info.rank, info.world_size, info.step
             self._supersede = info.supersede
             self._store_ns = info.store_ns
-            extents: list[_Extent] = []
+            extents: list[Extent] = []
             results: list[WriteResult] = []
             names: set[str] = set()
             for item in plan.items:
                 if item.type == WriteItemType.BYTE_IO:
-                    kind, raw = _encode_value(planner, item)
+                    kind, raw = encode_item(planner, item)
                     data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-                    extent = _Extent(extent_name(item.index, kind), data.numel(), functools.partial(_given, data))
+                    extent = Extent(extent_name(item.index, kind), data.numel(), functools.partial(given, data))
                 else:
                     kind = "tensor"
                     tensor = functools.partial(self._resolved, planner, item)
-                    extent = _Extent(extent_name(item.index, kind), _chunk_nbytes(item),
-                                     functools.partial(_flat_bytes_of, tensor), tensor)
+                    extent = Extent(extent_name(item.index, kind), chunk_nbytes(item),
+                                     functools.partial(flat_bytes_of, tensor), tensor)
                 if extent.name in names:
                     raise UsageError(f"{item.index.fqn}: written twice by rank {self.rank} (extent {extent.name!r})")
                 names.add(extent.name)
@@ -538,11 +412,11 @@ class AlpsckStorageWriter(StorageWriter):
             meta = json.dumps({"format": SHARD_FORMAT, "step": step, "rank": self.rank,
                                "world_size": info.world_size})
             engine = self._open(self.rank, info.world_size)
-            direct = _in_place(planner, extents)
+            direct = in_place(planner, extents)
             if direct is not None:  # written from the tensors' own memory
                 handle = engine.save(step, direct, meta, "zerocopy", direct, "deferred")
             else:
-                handle = _save_resolving_lazily(engine, step, extents, meta)
+                handle = save_resolving_lazily(engine, step, extents, meta)
             handle.wait()
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")

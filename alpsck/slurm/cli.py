@@ -16,10 +16,10 @@ from typing import Any
 
 from ..errors import AlpsckError, UsageError
 from ..options import arg_int
-from ..store.filesystem import Storage, storage
-from ..store.run_dir import metrics_text
-from ..tools import jsonout
-from ..tools.textout import printable
+from ..out import jsonout
+from ..out.textout import printable
+from ..store.picker import metrics_text
+from ..store.storage import Storage, storage
 from . import commands, goodput, history, status, timeline, watch
 from .history import Failed, GaveUp
 from .timeline import FINISHED

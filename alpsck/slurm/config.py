@@ -30,7 +30,7 @@ import yaml
 from ..errors import ConfigError, UsageError, echo
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED, SPECS
 from ..options import problem as option_problem
-from ..store.filesystem import layout_problem
+from ..store.lustre import layout_problem
 from ..store.retention import RULES as RETENTION_RULES
 from ..store.retention import Policy
 from .batch_rules import SLURM_WORD, extra_value, parse_time_minutes, shell_problem

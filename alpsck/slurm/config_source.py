@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from ..errors import ECHO_CHARS, ConfigError, echo
-from ..store.run_dir import is_text
+from ..store.names import is_text
 
 MAX_YAML_DEPTH = 64  # nesting of lists and mappings a config may have (a job config needs 4)
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..handles import mark_loop
+from ..progress import mark_loop
 from .config import JobConfig
 from .stop import StopController
 

@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from .. import _core
-from ..store.durable import open_own, read_small
-from ..store.run_dir import temp_name
+from ..store.durable import read_small, replace_durably
+from ..store.names import temp_name
 from . import history
 from .history import Cancelled, Requeued
 
@@ -55,21 +55,15 @@ def write_request(run_dir: str, text: str) -> None:
     """Write the requeue request (:func:`request_text`) durably, replacing a stale one."""
     path = os.path.join(run_dir, REQUEST_FILE)
     remove_request(run_dir)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    replace_durably(path, text.encode())
 
 
 def write_decision(run_dir: str, job_id: str, restart: int, resume: int | None, give_up: str | None,
                    attempt: int = 0) -> None:
     """Rank 0's start decision for the other ranks (atomically replaced: tmp + rename)."""
     path = os.path.join(run_dir, DECISION_FILE)
-    tmp = temp_name(path)
-    with os.fdopen(open_own(tmp), "w") as f:
-        json.dump({"job_id": job_id, "restart": restart, "attempt": attempt, "resume": resume, "give_up": give_up}, f)
-    os.replace(tmp, path)
+    replace_durably(path, json.dumps({"job_id": job_id, "restart": restart, "attempt": attempt, "resume": resume,
+                                      "give_up": give_up}).encode(), temp_name(path))
 
 
 def wait_decision(run_dir: str, job_id: str, restart: int, timeout_s: float, attempt: int = 0) -> dict[str, Any]:

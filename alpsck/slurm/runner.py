@@ -61,9 +61,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
-from ..handles import RESTORED_HOOKS, install_progress
 from ..job_env import JobEnv
-from ..store.run_dir import pick
+from ..progress import RESTORED_HOOKS, install_progress
+from ..store.picker import pick
 from . import history, timeline
 from .config import JobConfig
 from .context import JobContext, _set_current
@@ -101,7 +101,7 @@ FINAL_EXITS = (0, 1, REQUEUE_EXIT, GIVE_UP_EXIT)
 
 
 def newest_step(run_dir: str) -> int | None:
-    """The step a restore tries first (the picker's quick choice, :func:`alpsck.store.run_dir.pick`, of any
+    """The step a restore tries first (the picker's quick choice, :func:`alpsck.store.picker.pick`, of any
     kind: the entry may save with Checkpointer or DCP), or None: no run directory, none usable, or not
     readable. Data CRCs are not read: a restore that meets a mismatch falls back to an older step, which
     ``JobContext.restored_step`` then records."""

@@ -90,7 +90,7 @@ def where(tl: Timeline) -> dict[str, Any]:
 def _checkpoint(run_dir: Path) -> tuple[int | None, dict[str, Any], list[dict[str, Any]]]:
     """The checkpoint a resume uses (the picker's): its step, its save's metrics, and the newer ones
     skipped as unhealthy."""
-    from ..store.run_dir import pick
+    from ..store.picker import pick
 
     try:
         picked = pick(str(run_dir))  # the one a resume uses, and why not the newer ones

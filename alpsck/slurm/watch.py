@@ -18,8 +18,8 @@ from typing import IO, Any
 
 from .. import _core
 from ..errors import SlurmError, UsageError
+from ..out.textout import printable
 from ..store.durable import read_small_inside
-from ..tools.textout import printable
 from . import commands, history, timeline
 from .history import Event
 from .timeline import CANCELLED, FAILED, LIVE_STATES, PENDING, TIMEOUT, Timeline, as_timeline

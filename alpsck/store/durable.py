@@ -1,7 +1,9 @@
 """The Python side's file primitives for a run directory: fsync by path, opening a file of
 alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc),
-reading a small file (also without following symlinks, or only inside a directory), and creating
-directories durably."""
+reading a small file (also without following symlinks, or only inside a directory), creating
+directories durably, and THE durable small-file write: :func:`replace_durably` (a whole file: temp
+file, fsync, rename, fsync of the directory) and :func:`append_durably` (a line of a log). Every
+small file the Python side writes durably goes through one of these two."""
 
 from __future__ import annotations
 
@@ -10,14 +12,20 @@ import os
 import stat
 from pathlib import Path
 
+from .names import temp_name
 
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync the file or directory at ``path``; raises OSError if it cannot be opened or synced."""
+
+def _fsync(path: str | os.PathLike[str]) -> None:
     fd = os.open(Path(path), os.O_RDONLY | os.O_NONBLOCK)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync the file or directory at ``path``; raises OSError if it cannot be opened or synced."""
+    _fsync(path)
 
 
 def open_own(path: str | os.PathLike[str], *, append: bool = False) -> int:
@@ -115,20 +123,37 @@ def read_small_inside(root: str | os.PathLike[str], parts: tuple[str, ...], limi
             os.close(fd)
 
 
-def replace_durably(path: str | os.PathLike[str], data: bytes, tmp: str | os.PathLike[str]) -> None:
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def replace_durably(path: str | os.PathLike[str], data: bytes, tmp: str | os.PathLike[str] | None = None) -> None:
     """Replace the file at ``path`` with ``data``, durably: written whole to ``tmp`` (a file of alpsck's
-    own: :func:`open_own`), fsync'ed, renamed over ``path``, and the directory fsync'ed, so a power loss
-    leaves the old content or the new, never a torn file."""
+    own: :func:`open_own`; by default the core's temp name, ``path`` + ``.tmp``), fsync'ed, renamed over
+    ``path``, and the directory fsync'ed, so a power loss leaves the old content or the new, never a torn
+    file. The one durable small-file write of the Python side."""
+    tmp = temp_name(os.fspath(path)) if tmp is None else tmp
     fd = open_own(tmp)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_path(Path(path).parent)
+    _fsync(Path(path).parent)
+
+
+def append_durably(path: str | os.PathLike[str], data: bytes) -> None:
+    """Append ``data`` to the log at ``path`` (a file of alpsck's own, created if missing: :func:`open_own`
+    with ``append``), fsync'ed before it returns."""
+    fd = open_own(path, append=True)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def make_dirs_durably(path: Path) -> None:

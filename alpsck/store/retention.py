@@ -15,7 +15,7 @@ from typing import Any
 from .. import _core
 from ..errors import NoCheckpointError
 from ..options import DEFAULTS, check, check_step, keep_best_text
-from .run_dir import check_run_dir
+from .scan import check_run_dir
 
 __all__ = ["PIN_NAME", "RULES", "Policy", "decide", "pin", "unpin"]
 

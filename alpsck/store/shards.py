@@ -41,6 +41,13 @@ def shard_name(rank: int) -> str:
     return str(_core.shard_file_name(rank))
 
 
+def encode_meta(step: int, rank: int, world_size: int, tree_doc: dict[str, Any]) -> str:
+    """The meta document of one rank's shard (:data:`META_FORMAT`): its step, rank, world size and state tree,
+    as strict JSON (a tree holds no NaN: :mod:`alpsck.tree` spells them). :func:`read_meta` reads it back."""
+    return json.dumps({"format": META_FORMAT, "step": step, "rank": rank, "world_size": world_size,
+                       "tree": tree_doc}, allow_nan=False)
+
+
 def read_meta(reader: _core.ShardReader, shard: Path) -> tuple[dict[str, Any], dict[str, tree.TensorSpec]]:
     """A shard's meta document and its tensor specs, validated (JSON, format, tree, dtypes, shapes)."""
     try:

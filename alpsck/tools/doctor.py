@@ -32,8 +32,8 @@ from typing import Any
 
 from .. import __version__, _core
 from ..errors import CheckpointError
-from ..store import filesystem
-from . import jsonout
+from ..out import jsonout
+from ..store import lustre, storage
 
 SLURM_COMMANDS = ("sbatch", "srun", "sinfo")
 # CPU implementer and part of an Arm Neoverse-V2 (NVIDIA Grace), as /proc/cpuinfo spells them: the
@@ -181,7 +181,7 @@ def _quota_text(path: Path) -> tuple[str, bool]:
     if shutil.which("lfs") is None:
         return "quota not checked (no `lfs` on PATH)", False
     try:
-        q = filesystem.lustre_quota(_existing(path))
+        q = lustre.lustre_quota(_existing(path))
     except CheckpointError as e:
         return f"quota not checked ({e})", False
     if q.limit_bytes is None and q.limit_inodes is None:
@@ -193,13 +193,13 @@ def _quota_text(path: Path) -> tuple[str, bool]:
     return text + (f", over {QUOTA_WARN_FRACTION:.0%} of it: free space or ask for more" if full else ""), full
 
 
-def check_storage(run_dir: str | None, env: Mapping[str, str]) -> tuple[Check, filesystem.Storage | None]:
+def check_storage(run_dir: str | None, env: Mapping[str, str]) -> tuple[Check, storage.Storage | None]:
     """Where the checkpoints go: ``run_dir``, else ``$SCRATCH``."""
     target = run_dir or env.get("SCRATCH") or None
     if target is None:
         return Check("storage", "info", "no RUN_DIR given and $SCRATCH is not set: give the run directory "
                      "(alpsck doctor --alps RUN_DIR)"), None
-    st = filesystem.storage(target)
+    st = storage.storage(target)
     what = f"{target}{'' if run_dir else ' ($SCRATCH)'}: {st.describe()}"
     quota, full = _quota_text(Path(target)) if st.kind == "lustre" else (f"quota not checked ({st.kind}, not Lustre)",
                                                                            False)
@@ -207,7 +207,7 @@ def check_storage(run_dir: str | None, env: Mapping[str, str]) -> tuple[Check, f
     return Check("storage", "warning" if warn else "ok", f"{what}; {quota}" + (f"; {st.warning}" if st.warning else "")), st
 
 
-def check_lfs(st: filesystem.Storage | None) -> Check:
+def check_lfs(st: storage.Storage | None) -> Check:
     exe = shutil.which("lfs")
     if exe is not None:
         return Check("lfs", "ok", exe)

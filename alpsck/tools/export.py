@@ -40,271 +40,36 @@ called corrupt.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import dataclasses
-import io
 import json
 import os
-import pickle
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import AlpsckError, CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS, SPECS, arg_option, arg_rank, arg_step
+from ..out import jsonout
+from ..out.textout import printable
 from ..store.durable import fsync_path
-from ..store.run_dir import (
-    check_run_dir,
-    is_run_entry,
-    is_text,
-    open_shard,
-    pick,
-    pick_checkpoint,
-    read_failure,
-    temp_name,
-    writer_lock,
-)
+from ..store.lock import writer_lock
+from ..store.names import is_run_entry, is_text, temp_name
+from ..store.picker import pick, pick_checkpoint, read_failure
+from ..store.scan import check_run_dir, open_shard
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
-from . import jsonout
+from .export_formats import BATCH_BYTES, plan, write_safetensors, write_torch
 from .progress import human
-from .textout import printable
 
 # torch (and alpsck.tree, which imports it) only inside the functions that export: the CLI imports this
 # module to register `export`, on login nodes without torch too.
 if TYPE_CHECKING:
-    import torch
 
-    from .. import tree
-
-#: Bytes read per batch (several small tensors share one read_into call, so each chunk is read once).
-BATCH_BYTES = 64 << 20
-
-SAFETENSORS_DTYPES: dict[str, str] = {  # tree dtype name (alpsck.tree.dtype_name) -> safetensors code
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-    "bool": "BOOL",
-    "complex64": "C64",
-}
+    pass
 
 FORMATS = ("safetensors", "torch")
 _SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
-
-
-class _Item:
-    """One tensor to export: tree key, spec, byte size (checked against the shard's extent) and its
-    name in the file (the tree key, or its path below ``--subtree``)."""
-
-    def __init__(self, key: str, spec: tree.TensorSpec, name: str | None = None) -> None:
-        self.key, self.spec, self.nbytes = key, spec, spec.nbytes
-        self.name = key if name is None else name
-
-
-def _refs_below(value: Any, path: str = "") -> Iterator[tuple[str, tree.TensorRef]]:
-    """(path below the entry, reference) of every tensor in a decoded entry, nested keys joined with ``/``."""
-    from .. import tree
-
-    if isinstance(value, tree.TensorRef):
-        yield path, value
-    elif isinstance(value, dict):
-        for k, x in value.items():
-            yield from _refs_below(x, f"{path}/{k}" if path else str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, x in enumerate(value):
-            yield from _refs_below(x, f"{path}/{i}" if path else str(i))
-
-
-def _plan(shards: CheckpointShards, subtree: str | None = None) -> list[_Item]:
-    """The checkpoint's tensors (only those under ``subtree``, named below it) in on-disk order
-    (sizes were validated by CheckpointShards)."""
-    from .. import tree
-
-    order = shards.keys_in_file_order()
-    if subtree is None:
-        return [_Item(key, shards.specs[key]) for key in order]
-    entries = tree.decode_refs(shards.meta["tree"])
-    if subtree not in entries:
-        raise UsageError(f"--subtree {subtree!r}: the checkpoint has no such top-level key; it has "
-                         f"{', '.join(map(repr, entries)) or 'none'}")
-    names: dict[str, str] = {}  # tree key -> name in the file
-    taken: set[str] = set()
-    for path, ref in _refs_below(entries[subtree][1]):
-        name = path or subtree
-        if name in taken:  # {"b/c": t1, "b": {"c": t2}}: the tree key's ~N suffix tells them apart
-            name = ref.key.removeprefix(f"{subtree}/")
-        if ref.key not in names:
-            names[ref.key] = name
-            taken.add(name)
-    if not names:
-        with_tensors = [k for k, (_kind, v, _md) in entries.items() if any(True for _ in _refs_below(v))]
-        raise UsageError(f"--subtree {subtree!r} holds no tensor; keys with tensors: "
-                         f"{', '.join(map(repr, with_tensors)) or 'none'}")
-    return [_Item(key, shards.specs[key], names[key]) for key in order if key in names]
-
-
-def _stream(shards: CheckpointShards, items: list[_Item], threads: int,
-            batch_bytes: int) -> Iterator[tuple[_Item, torch.Tensor]]:
-    """Yield (item, uint8 view of its bytes) in order; each view is valid until the next one is asked for.
-
-    Tensors are read in batches of up to ``max(largest, batch_bytes)`` bytes into one buffer.
-    """
-    import torch
-
-    if not items:
-        return
-    largest = max(it.nbytes for it in items)
-    cap = max(largest, min(batch_bytes, sum(it.nbytes for it in items)), 1)
-    buf = torch.empty(cap, dtype=torch.uint8)
-    batch: list[tuple[_Item, int]] = []
-    used = 0
-
-    def flush() -> Iterator[tuple[_Item, torch.Tensor]]:
-        dsts = [(it.key, buf[off:off + it.nbytes]) for it, off in batch if it.nbytes]
-        if dsts:
-            shards.read_into(dsts, threads)
-        for it, off in batch:
-            yield it, buf[off:off + it.nbytes]
-
-    for it in items:
-        if batch and used + it.nbytes > cap:
-            yield from flush()
-            batch, used = [], 0
-        batch.append((it, used))
-        used += it.nbytes
-    yield from flush()
-
-
-def _write_all(fh: BinaryIO, view: torch.Tensor) -> None:
-    if view.numel():
-        fh.write(view.numpy().data)
-
-
-# ----------------------------------------------------------------------------- safetensors
-
-
-def _safetensors_header(items: list[_Item], metadata: dict[str, str]) -> bytes:
-    from .. import tree
-
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for it in items:
-        code = SAFETENSORS_DTYPES.get(tree.dtype_name(it.spec.dtype))
-        if code is None:
-            raise UsageError(f"tensor {it.name!r}: dtype {tree.dtype_name(it.spec.dtype)} has no safetensors code; "
-                             "use --format torch")
-        if it.name == "__metadata__":
-            raise UsageError("a tensor is named '__metadata__', which safetensors reserves; use --format torch")
-        header[it.name] = {"dtype": code, "shape": list(it.spec.shape), "data_offsets": [offset, offset + it.nbytes]}
-        offset += it.nbytes
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-(8 + len(raw)) % 8)  # data starts 8-byte aligned, as safetensors writes it
-    return len(raw).to_bytes(8, "little") + raw
-
-
-def _write_safetensors(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], metadata: dict[str, str],
-                       threads: int, batch_bytes: int) -> None:
-    fh.write(_safetensors_header(items, metadata))
-    for _it, view in _stream(shards, items, threads, batch_bytes):
-        _write_all(fh, view)
-
-
-# ----------------------------------------------------------------------------- torch.save format
-
-
-class _StorageStub:
-    """Stands for a tensor's storage in data.pkl (persistent id; its bytes are written separately)."""
-
-    def __init__(self, key: str, dtype: torch.dtype, numel: int) -> None:
-        self.key, self.dtype, self.numel = key, dtype, numel
-
-
-class _TensorStub:
-    """Pickles exactly like a contiguous CPU tensor (``Tensor._reduce_ex_internal``) without holding data."""
-
-    def __init__(self, storage: _StorageStub, shape: tuple[int, ...]) -> None:
-        self.storage, self.shape = storage, shape
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        import torch
-
-        stride: list[int] = []
-        acc = 1
-        for d in reversed(self.shape):
-            stride.append(acc)
-            acc *= max(d, 1)
-        args: tuple[Any, ...] = (self.storage, 0, tuple(list(self.shape)), tuple(reversed(stride)), False,
-                                 collections.OrderedDict())
-        if self.storage.dtype in torch.storage._new_dtypes():
-            return (torch._utils._rebuild_tensor_v3, (*args, self.storage.dtype))
-        return (torch._utils._rebuild_tensor_v2, args)
-
-
-class _StubPickler(pickle.Pickler):
-    def persistent_id(self, obj: Any) -> Any:  # same tuples as torch.serialization._save
-        if not isinstance(obj, _StorageStub):
-            return None
-        import torch
-
-        if obj.dtype in torch.storage._new_dtypes():
-            return ("storage", torch.UntypedStorage, obj.key, "cpu", obj.numel * obj.dtype.itemsize)
-        name = torch.empty(0, dtype=obj.dtype)._typed_storage()._pickle_storage_type()
-        return ("storage", getattr(torch, name), obj.key, "cpu", obj.numel)
-
-
-def _torch_pickle(items: list[_Item]) -> bytes:
-    stubs = {it.name: _TensorStub(_StorageStub(str(k), it.spec.dtype, it.spec.numel), it.spec.shape)
-             for k, it in enumerate(items)}
-    out = io.BytesIO()
-    _StubPickler(out, protocol=2).dump(stubs)
-    return out.getvalue()
-
-
-def _write_torch(fh: BinaryIO, shards: CheckpointShards, items: list[_Item], threads: int, batch_bytes: int) -> None:
-    import torch
-    from torch import serialization
-
-    get_crc = getattr(serialization, "get_crc32_options", lambda: True)
-    get_align = getattr(serialization, "_get_storage_alignment", lambda: 64)
-    writer = torch._C.PyTorchFileWriter(fh, get_crc(), get_align())
-    finished = False
-    try:
-        data = _torch_pickle(items)
-        writer.write_record("data.pkl", data, len(data))
-        writer.write_record(".format_version", b"1", 1)
-        alignment = str(get_align()).encode()
-        writer.write_record(".storage_alignment", alignment, len(alignment))
-        byteorder = sys.byteorder.encode()
-        writer.write_record("byteorder", byteorder, len(byteorder))
-        for k, (_it, view) in enumerate(_stream(shards, items, threads, batch_bytes)):
-            n = view.numel()
-            if n:  # a storage aliasing exactly these bytes of the buffer (no copy)
-                storage = torch.frombuffer(view.numpy().data, dtype=torch.uint8).untyped_storage()
-                writer.write_record(f"data/{k}", storage, n)  # type: ignore[arg-type]  # torch's stub omits UntypedStorage
-                del storage
-            else:
-                writer.write_record(f"data/{k}", b"", 0)
-        writer.write_end_of_file()
-        finished = True
-    finally:
-        if not finished:  # finalize while fh is open (the writer would otherwise do it in its destructor)
-            with contextlib.suppress(Exception):
-                writer.write_end_of_file()
-        del writer
-
 
 # ----------------------------------------------------------------------------- command
 
@@ -421,7 +186,7 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
 
 def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             threads: int, batch_bytes: int | None, subtree: str | None) -> dict[str, Any]:
-    # The picker's choice (store.run_dir.pick): with no --step, of the Checkpointer's kind, as restore picks;
+    # The picker's choice (store.picker.pick): with no --step, of the Checkpointer's kind, as restore picks;
     # a DCP checkpoint named by --step is refused below, by name.
     try:
         first, picked = pick_checkpoint(run_dir, step, kind="any" if step is not None else "alpsck")
@@ -444,7 +209,7 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
     for info in candidates:
         try:
             shards = CheckpointShards(info["path"], rank, open_shard)
-            meta, items = shards.meta, _plan(shards, subtree)
+            meta, items = shards.meta, plan(shards, subtree)
             metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
             if subtree is not None:
                 metadata["alpsck.subtree"] = subtree
@@ -452,9 +217,9 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             try:
                 with fh:
                     if fmt == "safetensors":
-                        _write_safetensors(fh, shards, items, metadata, threads, batch_bytes or BATCH_BYTES)
+                        write_safetensors(fh, shards, items, metadata, threads, batch_bytes or BATCH_BYTES)
                     else:
-                        _write_torch(fh, shards, items, threads, batch_bytes or BATCH_BYTES)
+                        write_torch(fh, shards, items, threads, batch_bytes or BATCH_BYTES)
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, out_path)

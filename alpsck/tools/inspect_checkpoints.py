@@ -2,7 +2,7 @@
 
 ``inspect-checkpoints RUN_DIR [--verify] [--json]`` lists every checkpoint with its status
 (committed / incomplete / corrupt / unreadable) and which one a restart would use (``*``, the picker's
-choice: :func:`alpsck.store.run_dir.pick`; without ``--verify``, data CRCs are not checked, so ``*`` is what
+choice: :func:`alpsck.store.picker.pick`; without ``--verify``, data CRCs are not checked, so ``*`` is what
 a restore tries first; ``--json``'s ``skipped`` says why each newer step is not it). ``--verify`` re-reads every
 byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption).
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
@@ -36,10 +36,11 @@ from ..errors import (
     UsageError,
 )
 from ..options import DEFAULTS, arg_rank, arg_step
-from ..store.filesystem import describe_layout
-from ..store.run_dir import check_run_dir, metrics_text, open_shard, pick, pick_checkpoint, scan_run_dir, superseded_dirs
+from ..out import jsonout
+from ..store.lustre import describe_layout
+from ..store.picker import metrics_text, pick, pick_checkpoint
+from ..store.scan import check_run_dir, open_shard, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
-from . import jsonout
 from .progress import ProgressBar, ShardProgress, human
 
 
@@ -100,7 +101,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
     if verify and progress_stream is not None:
         bar = ProgressBar(sum(_verify_sizes(scan_run_dir(path))), progress_stream)
         tracker = ShardProgress(bar)
-    # The picker (store.run_dir.pick) marks the pick; with --verify every committed checkpoint is verified.
+    # The picker (store.picker.pick) marks the pick; with --verify every committed checkpoint is verified.
     picked = pick(path, verify_all=verify, progress=tracker)
     infos = list(picked.scanned)
     if bar is not None:

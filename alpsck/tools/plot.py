@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..bench.report import pyplot
 from ..errors import UsageError
+from ..out.figures import pyplot
+from ..out.textout import printable
 from ..slurm import goodput, history, timeline
 from ..slurm.history import Cancelled, Crashed, Failed, FinalCheckpoint, Finished, GaveUp, Hang, Requeued, Signal
 from ..slurm.timeline import RUNNING, UNKNOWN, Timeline
-from .textout import printable
 
 WIDTH_PX, HEIGHT_PX, DPI = 1600, 900, 100  # the PNG's size: readable on a laptop screen, at a glance
 LOSS_FILE = "loss.csv"  # what the reference training writes into the run directory
@@ -191,7 +191,7 @@ def _losses(path: Path) -> tuple[list[int], list[float]]:
 
 
 def _pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend (:func:`alpsck.bench.report.pyplot`), or a UsageError saying
+    """matplotlib.pyplot on the Agg backend (:func:`alpsck.out.figures.pyplot`), or a UsageError saying
     how to install it: matplotlib is optional (the ``bench`` and ``test`` extras)."""
     plt = pyplot()
     if plt is None:

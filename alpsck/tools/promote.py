@@ -26,9 +26,11 @@ from typing import Any
 from .. import _core
 from ..errors import CorruptCheckpointError, NoCheckpointError, UsageError
 from ..options import arg_step
+from ..out import jsonout
 from ..store.durable import fsync_path, make_dirs_durably
-from ..store.run_dir import check_run_dir, pick, remove_entries, writer_lock
-from . import jsonout
+from ..store.lock import writer_lock
+from ..store.picker import pick
+from ..store.scan import check_run_dir, remove_entries
 from .progress import human
 
 _BUFFER = 16 << 20

@@ -11,7 +11,7 @@ removed; newer ones are kept (with a warning) for inspection. Unreadable ones (p
 ESTALE) are never removed. The checkpoints kept are always verified to the last byte first (``--verify``
 verifies every checkpoint), so the newest valid checkpoint is never removed. It refuses to run while
 ``RUN_DIR/.lock`` names a live process (see :func:`lock_holder`). The run-directory unit removes them
-(``store.run_dir.remove_entries``, ``RemoveEntries`` in cpp/core/run_dir.h, the same unit as the engine's
+(``store.scan.remove_entries``, ``RemoveEntries`` in cpp/core/run_dir.h, the same unit as the engine's
 retention): each is first renamed to ``.deleting-<name>`` (atomic expiry: the checkpoint disappears from
 scans at once), the run directory is fsync'ed, then the files are deleted without following a symlink,
 so a prune killed anywhere leaves every checkpoint it kept restorable (the next prune finishes it).
@@ -39,21 +39,14 @@ from ..errors import (
     UsageError,
 )
 from ..options import SPECS, arg_int
+from ..out import jsonout
+from ..out.textout import printable
+from ..store.lock import lock_holder, writer_lock
+from ..store.names import entry_kind, is_text
+from ..store.picker import data_error
 from ..store.retention import PIN_NAME, RULES, Policy, decide, pin, unpin
-from ..store.run_dir import (
-    check_run_dir,
-    data_error,
-    dir_bytes,
-    entry_kind,
-    is_text,
-    lock_holder,
-    remove_entries,
-    scan_run_dir,
-    writer_lock,
-)
-from . import jsonout
+from ..store.scan import check_run_dir, dir_bytes, remove_entries, scan_run_dir
 from .progress import human
-from .textout import printable
 
 
 @dataclasses.dataclass

@@ -64,7 +64,7 @@ def test_a_folder_of_checkpoints_or_a_directory_in_use_is_refused_where_the_writ
         holder.wait()
     AlpsckStorageWriter(run, 5)  # the holder is gone: its lock went with it
     # This process's own save in flight holds step-20's lock: pointing a writer at it again is no refusal.
-    from alpsck.store.run_dir import lock_run_dir
+    from alpsck.store.lock import lock_run_dir
     own = lock_run_dir(folder / "step-20", 0)
     try:
         AlpsckStorageWriter(folder / "step-20")

@@ -29,6 +29,7 @@ import alpsck
 from alpsck import _core, cli
 from alpsck.errors import DiskFullError, UsageError
 from alpsck.store import filesystem
+from alpsck.store import lustre as lustre_unit
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_a_new_run_dir_on_lustre_gets_the_layout_and_keeps_it_on_restart(tmp_pat
 
 @pytest.mark.parametrize(("chunk", "stripe"), [(64 << 10, "1M"), (8 << 20, "8M"), (12 << 20, "8M"), (1 << 30, "64M")])
 def test_the_automatic_stripe_size_follows_the_chunk(chunk: int, stripe: str) -> None:
-    assert filesystem.layout_args("auto", chunk)[-2:] == ["-S", stripe]
+    assert lustre_unit.layout_args("auto", chunk)[-2:] == ["-S", stripe]
 
 
 def test_a_layout_the_user_set_is_kept_and_one_given_is_set(tmp_path: Path, lustre: Lfs) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from support.health_runs import saved_run_with_losses
 
 from alpsck.slurm import history
-from alpsck.store.run_dir import scan_run_dir
+from alpsck.store.scan import scan_run_dir
 
 
 def test_inspect_checkpoints_and_status_show_the_metrics(tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def test_the_next_start_records_how_the_step_before_died(tmp_path: Path) -> None
 
 _DOG = r'''
 import sys, threading, time
-from alpsck import handles
+from alpsck import progress
 from alpsck.slurm.watchdog import Watchdog
 
 mode, run_dir = sys.argv[1], sys.argv[2]
@@ -116,15 +116,15 @@ if mode == "learned":                    # a fixed timeout that would never fire
                    learn=(0.2, prior))
 else:
     dog = Watchdog(1.0, run_dir=run_dir, job_id="J", rank=0, attempt=2, poll_s=0.1, grace_s=0.5)
-handles.install_progress(dog)
+progress.install_progress(dog)
 dog.start()
 for _ in range(5):                       # steps of 0.3 s: progress each time
-    handles.mark_loop("step")
+    progress.mark_loop("step")
     time.sleep(0.3)
 if mode == "slow-save":                  # a save blocking 3x the step timeout: its own section, 4x
-    with handles.progress_section("save"):
+    with progress.progress_section("save"):
         time.sleep(3.0)
-    handles.mark_loop("step")
+    progress.mark_loop("step")
     dog.stop()
     print("survived", flush=True)
 else:
@@ -168,7 +168,7 @@ def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(
 def test_progress_sections_nest_and_return_to_the_loops_own() -> None:
     """A Checkpointer's wait inside its close stays in ``save`` until the close returns; then the loop's section
     (``start`` until the first poll, then ``step`` or ``final``). Without a sink nothing is recorded."""
-    from alpsck import handles
+    from alpsck import progress
 
     marks: list[str] = []
 
@@ -176,19 +176,19 @@ def test_progress_sections_nest_and_return_to_the_loops_own() -> None:
         def mark(self, section: str) -> None:
             marks.append(section)
 
-    handles.mark_progress("step")  # no sink: a no-op
-    handles.install_progress(Sink())
+    progress.mark_progress("step")  # no sink: a no-op
+    progress.install_progress(Sink())
     try:
-        with handles.progress_section("restore"):
+        with progress.progress_section("restore"):
             pass
-        handles.mark_loop("step")
-        with handles.progress_section("save"), handles.progress_section("save"):
+        progress.mark_loop("step")
+        with progress.progress_section("save"), progress.progress_section("save"):
             pass
-        handles.mark_loop("final")
-        with handles.progress_section("save"):
+        progress.mark_loop("final")
+        with progress.progress_section("save"):
             pass
     finally:
-        handles.install_progress(None)
+        progress.install_progress(None)
     assert marks == ["restore", "start", "step", "save", "save", "save", "step", "final", "save", "final"]
 
 

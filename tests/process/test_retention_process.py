@@ -20,8 +20,9 @@ from support.retention_cases import POLICIES, SAVE_DRAWS, committed_steps, infos
 
 import alpsck
 from alpsck.errors import NoCheckpointError, UsageError
+from alpsck.store.picker import data_error, pick
 from alpsck.store.retention import Policy, decide, pin
-from alpsck.store.run_dir import data_error, pick, scan_run_dir
+from alpsck.store.scan import scan_run_dir
 
 NAN, INF = math.nan, math.inf
 

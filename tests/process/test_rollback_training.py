@@ -64,7 +64,7 @@ def _only_step(tmp_path: Path, step: int) -> Path:
     and the rollback records only."""
     import shutil
 
-    from alpsck.store.run_dir import step_dir
+    from alpsck.store.names import step_dir
 
     dst = tmp_path / f"only{step}"
     shutil.copytree(step_dir(tmp_path / "ckpt", step), step_dir(dst, step))

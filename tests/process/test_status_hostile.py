@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from alpsck.errors import UsageError
+from alpsck.out import jsonout
+from alpsck.out.textout import printable
 from alpsck.slurm import cli as slurm_cli
 from alpsck.slurm import history, watch
-from alpsck.tools import jsonout
-from alpsck.tools.textout import printable
 
 NOW = 1_764_300_000.0
 TIMELINE_LINE = re.compile(r"  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ")

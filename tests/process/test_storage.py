@@ -1,4 +1,4 @@
-"""Which storage a run directory is on (alpsck.store.filesystem.storage), and a run on Lustre where
+"""Which storage a run directory is on (alpsck.store.storage.storage), and a run on Lustre where
 ``lfs`` cannot run (a container image without Lustre's client tools): saves go on, with one warning.
 
 Alps' file systems cannot be mounted here: the paths are made under tmp_path with Alps' names
@@ -21,8 +21,9 @@ from support.tmpfs import mounted_tmpfs
 import alpsck
 from alpsck import _core
 from alpsck.errors import CheckpointError, DiskFullError
-from alpsck.store import filesystem
-from alpsck.store.filesystem import Storage, storage
+from alpsck.store import filesystem, lustre
+from alpsck.store import storage as storage_unit
+from alpsck.store.storage import Storage, storage
 
 SCRATCH_ADVICE = "/capstor/scratch/cscs/$USER"
 
@@ -66,10 +67,10 @@ def test_iopsstor_warns_of_its_14_days_and_names_capstor(tmp_path: Path, home: P
 
 def test_the_purge_windows_come_from_purge_days_alone(tmp_path: Path, home: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(filesystem.PURGE_DAYS, "iopsstor", 21)
-    monkeypatch.setitem(filesystem.PURGE_DAYS, "capstor", 40)
+    monkeypatch.setitem(storage_unit.PURGE_DAYS, "iopsstor", 21)
+    monkeypatch.setitem(storage_unit.PURGE_DAYS, "capstor", 40)
     st = storage(tmp_path / "iopsstor" / "scratch" / "me")
-    assert st.purge_days == filesystem.purge_days(tmp_path / "iopsstor" / "scratch" / "me") == 21
+    assert st.purge_days == storage_unit.purge_days(tmp_path / "iopsstor" / "scratch" / "me") == 21
     assert st.warning is not None and "after 21 days" in st.warning and "(purged after 40 days" in st.warning
     assert "purged after 21 days" in st.describe()
 
@@ -78,7 +79,7 @@ def test_a_capstor_project_store_is_not_scratch(tmp_path: Path, home: Path, monk
     _fs(monkeypatch, "lustre")
     path = tmp_path / "capstor" / "store" / "cscs" / "proj" / "run"
     assert storage(path) == Storage("capstor", "lustre", None, None, False)
-    assert filesystem.purge_days(path) is None
+    assert storage_unit.purge_days(path) is None
     assert storage(path).describe() == "Capstor, not scratch (Lustre), not purged"
 
 
@@ -160,7 +161,7 @@ def no_lfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
     _fs(monkeypatch, "lustre")
-    monkeypatch.setattr(filesystem, "_lfs_warned", False)
+    monkeypatch.setattr(lustre, "_lfs_warned", False)
     return bin_dir
 
 
@@ -259,7 +260,7 @@ def test_an_lfs_that_runs_and_fails_still_fails_the_save(tmp_path: Path, monkeyp
     monkeypatch.setenv("LFS_STANDIN_STATE", str(stand_in.state_path))
     monkeypatch.setenv("LFS_STANDIN_LOG", str(stand_in.log))
     _fs(monkeypatch, "lustre")
-    monkeypatch.setattr(filesystem, "_lfs_warned", False)
+    monkeypatch.setattr(lustre, "_lfs_warned", False)
     with warnings.catch_warnings(record=True) as records:
         warnings.simplefilter("always")
         with alpsck.Checkpointer(tmp_path / "run", keep_last=2) as ck:

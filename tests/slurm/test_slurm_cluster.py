@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
 
 TERMINAL = ("finished", "failed", "cancelled", "gave_up")
@@ -504,7 +503,7 @@ import threading
 import time
 
 from alpsck.examples.llama.train import slurm_entry
-from alpsck.store.run_dir import pick
+from alpsck.store.picker import pick
 
 
 def main(job):
@@ -580,7 +579,7 @@ def test_an_exception_restarts_in_the_allocation_and_a_hard_crash_at_every_start
     conf = tmp_path / "conf"
     conf.mkdir()
     (conf / "raise_once.py").write_text(
-        "import os\n\nfrom alpsck.examples.llama.train import slurm_entry\nfrom alpsck.store.run_dir import pick\n\n\n"
+        "import os\n\nfrom alpsck.examples.llama.train import slurm_entry\nfrom alpsck.store.picker import pick\n\n\n"
         "def main(job):\n"
         "    if os.environ.get('ALPSCK_ATTEMPT', '0') == '0':\n"
         "        polled = job.stop_requested\n\n"
@@ -629,7 +628,7 @@ def test_a_main_thread_blocked_forever_is_a_hang_every_rank_dumps_and_the_step_r
     conf.mkdir()
     (conf / "blocks_once.py").write_text(
         "import os\nimport threading\n\nfrom alpsck.examples.llama.train import slurm_entry\n"
-        "from alpsck.store.run_dir import pick\n\n\n"
+        "from alpsck.store.picker import pick\n\n\n"
         "def main(job):\n"
         "    if os.environ.get('ALPSCK_ATTEMPT', '0') == '0' and job.rank == 0:\n"
         "        polled = job.stop_requested\n\n"

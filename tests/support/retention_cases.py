@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from alpsck.store.retention import Policy
-from alpsck.store.run_dir import scan_run_dir
+from alpsck.store.scan import scan_run_dir
 
 
 def committed_steps(run: Path) -> list[int]:

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
 from alpsck.errors import CorruptCheckpointError, NoCheckpointError, UsageError
-from alpsck.store.run_dir import MARKER_FILE, MARKER_FORMAT
+from alpsck.store.names import MARKER_FILE, MARKER_FORMAT
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import alpsck
-from alpsck.bench.torch_save import TorchSaveCheckpointer
 from alpsck.errors import CheckpointError, DiskFullError
 from alpsck.handles import SaveHandle
+from alpsck.torch_save import TorchSaveCheckpointer
 
 
 def _state(v: float) -> dict[str, torch.Tensor]:

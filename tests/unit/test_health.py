@@ -20,7 +20,8 @@ from support.health_runs import saved_run_with_losses
 import alpsck
 from alpsck.errors import NoCheckpointError, UsageError
 from alpsck.slurm.runner import resume_point
-from alpsck.store.run_dir import pick, scan_run_dir
+from alpsck.store.picker import pick
+from alpsck.store.scan import scan_run_dir
 
 
 @pytest.mark.parametrize("overlap_copy", [False, True])  # the engine's copy, and the pipelined path (a GPU's)

@@ -19,7 +19,7 @@ from alpsck import _core, tree
 from alpsck.capture import capture
 from alpsck.data import ResumableLoader
 from alpsck.errors import CheckpointIOError
-from alpsck.store import run_dir as run_dir_unit
+from alpsck.store import scan as run_dir_unit
 from alpsck.tools import inspect_checkpoints as ins
 from alpsck.tools import progress
 

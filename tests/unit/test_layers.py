@@ -15,14 +15,19 @@ PACKAGE = Path(__file__).resolve().parents[2] / "alpsck"
 # Bottom to top. A module may import from its own layer and the ones below. A name is a module or
 # a package prefix (the longest one that matches decides).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("alpsck._core", "alpsck.errors", "alpsck.job_env", "alpsck.handles", "alpsck.options")),
+    ("base", ("alpsck._core", "alpsck.errors", "alpsck.job_env", "alpsck.handles", "alpsck.progress", "alpsck.options",
+              "alpsck.out", "alpsck.__version__")),
     ("store", ("alpsck.store", "alpsck.tree")),
-    ("state", ("alpsck.capture", "alpsck.fit", "alpsck.rng", "alpsck.data", "alpsck.staging", "alpsck.ranks",
-               "alpsck.numa")),
-    ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.bench.torch_save")),
+    ("state", ("alpsck.capture", "alpsck.fit", "alpsck.rng", "alpsck.data", "alpsck.staging", "alpsck.ranks")),
+    ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.torch_save")),
     ("dcp", ("alpsck.dcp",)),
-    ("apps", ("alpsck.tools", "alpsck.bench", "alpsck.slurm", "alpsck.examples", "alpsck.cli", "alpsck.__main__",
-              "alpsck")),
+    # The apps, each its own rung: the job layer, the checkpoint tools, the reference training, the bench
+    # (which measures the training), then the command line that assembles them all.
+    ("slurm", ("alpsck.slurm",)),
+    ("tools", ("alpsck.tools",)),
+    ("examples", ("alpsck.examples",)),
+    ("bench", ("alpsck.bench",)),
+    ("apps", ("alpsck.cli", "alpsck.__main__", "alpsck")),
 ]
 
 
@@ -51,8 +56,10 @@ def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
                 full = f"{target}.{alias.name}"
                 if full in mods or full == "alpsck._core":
                     out.add(full)
+                elif target == "alpsck" and alias.name == "__version__":
+                    out.add("alpsck.__version__")  # a constant of the package's __init__, which every import runs first
                 elif target in mods:
-                    out.add(target if alias.name != "__version__" else "alpsck")
+                    out.add(target)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in mods)
     out.discard(name)
@@ -112,8 +119,12 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_checker_finds_a_cycle_and_an_import_up_a_layer() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
-    assert _layer("alpsck.store.run_dir") < _layer("alpsck.checkpointer") < _layer("alpsck.tools.prune")
-    assert _layer("alpsck.bench.torch_save") < _layer("alpsck.bench.cli")  # the longest prefix decides
+    assert _layer("alpsck.store.picker") < _layer("alpsck.checkpointer") < _layer("alpsck.tools.prune")
+    assert _layer("alpsck.slurm.cli") < _layer("alpsck.cli")  # the longest prefix decides
+    # The apps' rungs: a back-arrow among them (tools importing bench, slurm importing tools) fails too.
+    assert (_layer("alpsck.dcp.writer") < _layer("alpsck.slurm.runner") < _layer("alpsck.tools.plot")
+            < _layer("alpsck.examples.llama.train") < _layer("alpsck.bench.overhead") < _layer("alpsck.cli"))
+    assert _layer("alpsck.torch_save") < _layer("alpsck.examples.llama.train")
 
 
 def test_the_package_has_no_import_cycle() -> None:
@@ -129,3 +140,25 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 def test_the_top_of_the_package_stays_small() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__"))
     assert len(top) <= 16, top
+
+
+# The one durable small-file write (store/durable.py). Whole files that are not small (a checkpoint, an
+# export, a promoted copy, a converted DCP checkpoint) are streamed by their own units; the bench measures
+# its peers' own writes. Anything else that fsyncs or renames a file into place asks store/durable.
+_DURABLE = "alpsck/store/durable.py"
+_BIG_FILE_WRITERS = ("alpsck/torch_save.py", "alpsck/tools/export.py", "alpsck/tools/promote.py",
+                     "alpsck/dcp/convert.py")
+
+
+def test_one_durable_small_file_write() -> None:
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        rel = p.relative_to(PACKAGE.parent).as_posix()
+        if rel == _DURABLE or rel in _BIG_FILE_WRITERS or rel.startswith("alpsck/bench/"):
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
+                    and node.func.attr in ("fsync", "fdatasync", "replace", "rename")):
+                found.append(f"{rel}:{node.lineno} os.{node.func.attr}")
+    assert found == [], "write small files through alpsck.store.durable (replace_durably, append_durably)"

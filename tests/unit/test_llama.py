@@ -125,8 +125,8 @@ def test_cli_flags() -> None:
 # ---------------------------------------------------- the torch.save baseline checkpointer
 
 def test_torch_checkpointer_retention_and_corrupt_fallback(tmp_path: Path) -> None:
-    from alpsck.bench.torch_save import TorchSaveCheckpointer, checkpoint_path
     from alpsck.errors import StateMismatchError
+    from alpsck.torch_save import TorchSaveCheckpointer, checkpoint_path
 
     model = torch.nn.Linear(3, 2)
     with TorchSaveCheckpointer(tmp_path, keep_last=2, max_in_flight=4) as ckpt:

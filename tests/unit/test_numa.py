@@ -10,7 +10,7 @@ import torch
 import alpsck
 from alpsck import _core
 from alpsck.errors import UsageError
-from alpsck.numa import gpu_numa_node, node_of_pci_device
+from alpsck.staging import gpu_numa_node, node_of_pci_device
 
 MPOL_DEFAULT, MPOL_PREFERRED = 0, 1
 

@@ -170,7 +170,7 @@ def test_a_step_out_of_int64_or_not_an_integer_is_refused_by_every_writer(tmp_pa
     else:
         with pytest.raises(UsageError, match="step must be"):
             AlpsckStorageWriter(tmp_path / "dcp", step)  # type: ignore[arg-type]
-    from alpsck.bench.torch_save import TorchSaveCheckpointer
+    from alpsck.torch_save import TorchSaveCheckpointer
 
     with TorchSaveCheckpointer(tmp_path / "torch") as base, pytest.raises(UsageError, match="step must be"):
         base.save(step, state)  # type: ignore[arg-type]

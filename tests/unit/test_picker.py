@@ -4,7 +4,7 @@ Each test builds a run directory in a state where the readers used to disagree (
 every one of them: ``restore_into``, ``Checkpointer.restore``, ``Checkpointer.latest_step``, ``peek``
 (quick and ``verify=True``), ``inspect-checkpoints --json`` (``latest_valid``, ``skipped``) and its
 table's ``*``, with and without ``--verify``, the SLURM runner's ``newest_step``, ``export`` and the DCP
-reader. The rule they share is :func:`alpsck.store.run_dir.pick` (docs/guarantees.md, "Which checkpoint
+reader. The rule they share is :func:`alpsck.store.picker.pick` (docs/guarantees.md, "Which checkpoint
 a restore uses"). The quick ones (no data CRC read: ``*`` and ``latest_valid`` without ``--verify``,
 ``newest_step``, ``latest_step``, ``peek()``) say what a restore *tries first*; the ones that read data
 say what it *uses*; both are asserted.
@@ -159,7 +159,7 @@ def test_d1_an_attempt_beside_a_committed_step_is_irrelevant(tmp_path: Path, att
     got = _ck_pickers(run, capsys, tmp_path)
     _agree(got, QUICK + USES, 2)
     assert got["warnings"] == [] and got["inspect_skipped"] == [] and got["inspect_verify_skipped"] == [], got
-    p = alpsck.store.run_dir.pick(run)
+    p = alpsck.store.picker.pick(run)
     assert (p.step, p.skipped, p.steps) == (2, (), [2, 1])
 
 
@@ -168,7 +168,7 @@ def test_d1_an_attempt_alone_is_skipped_as_incomplete_or_aborted(tmp_path: Path)
     _ck_save(run, 1)
     (run / _core.tmp_dir_name(3, 0)).mkdir()
     (run / f"{_core.step_dir_name(2)}.aborted").mkdir()
-    p = alpsck.store.run_dir.pick(run)
+    p = alpsck.store.picker.pick(run)
     assert p.step == 1 and [(k.step, k.reason) for k in p.skipped] == [(3, "incomplete"), (2, "aborted")]
 
 
@@ -189,7 +189,7 @@ def test_d2_a_data_crc_failure_is_what_restore_skips_and_quick_pickers_say_so(
     assert got["inspect_skipped"] == []
     assert [(k["step"], k["reason"]) for k in got["inspect_verify_skipped"]] == [(2, "data_crc")], got
     assert any("step 2" in w or _core.step_dir_name(2) in w for w in got["warnings"]), got
-    p = alpsck.store.run_dir.pick(run, verify_data=True)
+    p = alpsck.store.picker.pick(run, verify_data=True)
     assert p.step == 1 and [(k.step, k.reason) for k in p.skipped] == [(2, "data_crc")]
     assert "CRC mismatch" in p.skipped[0].message
 
@@ -220,7 +220,7 @@ def test_d3_reverse_the_dcp_reader_says_why_it_skipped_a_checkpointer_one(tmp_pa
     assert (step, value) == (1, 1.0)
     assert len(warned) == 1 and "other_kind" in warned[0] and _core.step_dir_name(2) in warned[0], warned
     assert restore_into(run, _state(0)) == 2 and peek(run)["at"] == 2
-    p = alpsck.store.run_dir.pick(run, kind="dcp")
+    p = alpsck.store.picker.pick(run, kind="dcp")
     assert p.step == 1 and [(k.step, k.reason) for k in p.skipped] == [(2, "other_kind")]
 
 
@@ -260,7 +260,7 @@ def test_d5_checkpoint_directory_mode_falls_back_to_the_sibling(tmp_path: Path, 
         dcp.save({"w": torch.full((N,), float(step))}, checkpoint_id=folder / f"step-{step}",
                  storage_writer=AlpsckStorageWriter())
     named = folder / "step-20"
-    (gen,) = [p for p in named.iterdir() if alpsck.store.run_dir.entry_kind(p.name) == "step"]
+    (gen,) = [p for p in named.iterdir() if alpsck.store.names.entry_kind(p.name) == "step"]
     if damage == "manifest":
         (gen / "MANIFEST.json").unlink()
     elif damage == "data":
@@ -287,13 +287,13 @@ def test_a_missing_run_dir_is_no_checkpoint_for_every_reader(tmp_path: Path) -> 
         restore_into(gone, _state(0))
     assert newest_step(str(gone)) is None
     with pytest.raises(NoCheckpointError, match="no such directory"):
-        alpsck.store.run_dir.pick(gone)
+        alpsck.store.picker.pick(gone)
 
 
 def test_world_size_and_step_and_max_step(tmp_path: Path) -> None:
     run = tmp_path / "run"
     _ck_save(run, 1, 2, 3)
-    pick = alpsck.store.run_dir.pick
+    pick = alpsck.store.picker.pick
     assert pick(run, max_step=2).steps == [2, 1] and pick(run, step=2).steps == [2]
     assert pick(run, step=5).step is None and pick(run, step=5).skipped == ()
     p = pick(run, world_size=2)

@@ -14,7 +14,7 @@ import torch
 import alpsck
 from alpsck import _core, cli
 from alpsck.slurm import history
-from alpsck.store import filesystem
+from alpsck.store import storage as storage_unit
 from alpsck.tools import promote as promote_mod
 
 
@@ -114,19 +114,19 @@ def test_links_are_refused_and_a_leftover_attempt_is_replaced(tmp_path: Path, ca
 
 
 def test_purge_window_by_scratch_and_the_warning_before_it(tmp_path: Path) -> None:
-    assert filesystem.purge_days(tmp_path / "capstor" / "scratch" / "u") == 30
-    assert filesystem.purge_days(tmp_path / "iopsstor" / "u") == 14
-    assert filesystem.purge_days(tmp_path) is None
+    assert storage_unit.purge_days(tmp_path / "capstor" / "scratch" / "u") == 30
+    assert storage_unit.purge_days(tmp_path / "iopsstor" / "u") == 14
+    assert storage_unit.purge_days(tmp_path) is None
     run = _run(tmp_path, (1,))
     ckpt = run / "step-000000001"
     now = time.time()
-    assert filesystem.purge_warning(ckpt, 30, now) is None
+    assert storage_unit.purge_warning(ckpt, 30, now) is None
     old = now - 25 * 86400
     for p in ckpt.iterdir():
         os.utime(p, (old, old))
-    w = filesystem.purge_warning(ckpt, 30, now)
+    w = storage_unit.purge_warning(ckpt, 30, now)
     assert w is not None and "last accessed 25 day(s) ago" in w and "in about 5 day(s)" in w and "alpsck promote" in w
-    assert filesystem.purge_warning(ckpt, 40, now) is None
+    assert storage_unit.purge_warning(ckpt, 40, now) is None
 
 
 def test_status_warns_when_the_newest_checkpoint_nears_the_purge(tmp_path: Path,

@@ -18,7 +18,7 @@ import alpsck
 from alpsck import _core
 from alpsck.errors import UsageError
 from alpsck.store.retention import Policy, decide
-from alpsck.store.run_dir import scan_run_dir
+from alpsck.store.scan import scan_run_dir
 
 NAN, INF = math.nan, math.inf
 

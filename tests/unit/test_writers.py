@@ -16,9 +16,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 import alpsck
 from alpsck import _core, cli
-from alpsck.bench.torch_save import TorchSaveCheckpointer
 from alpsck.dcp import AlpsckStorageWriter
 from alpsck.errors import RunDirLockedError
+from alpsck.torch_save import TorchSaveCheckpointer
 
 
 def _state(v: float) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from alpsck.bench.report import pyplot
+from alpsck.out.figures import pyplot
 from alpsck.tools.plot import read_losses  # the one reader of a loss file (alpsck plot draws it too)
 
 

@@ -56,6 +56,7 @@ from alpsck.handles import CheckpointerLike
 from alpsck.options import DEFAULTS
 from alpsck.options import problem as option_problem
 from alpsck.rng import RNGState
+from alpsck.store.durable import replace_durably
 from alpsck.store.retention import RULES
 
 if TYPE_CHECKING:  # imported when used: the alpsck checkpointer (compiled core) is optional here
@@ -189,11 +190,11 @@ class TrainResult:
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
                       keep_last: int, overlap_copy: bool = False, numa_node: int = -1,
                       **retention: Any) -> CheckpointerLike:
-    """``"torch"``: :class:`alpsck.bench.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
+    """``"torch"``: :class:`alpsck.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
     a shard per rank when torch.distributed is initialised (model and optimizer written once), its
     staging memory on NUMA node ``numa_node`` (-1: first touch)."""
     if kind == "torch":
-        from alpsck.bench.torch_save import TorchSaveCheckpointer
+        from alpsck.torch_save import TorchSaveCheckpointer
 
         return TorchSaveCheckpointer(run_dir, keep_last=keep_last)
     if kind == "alpsck":
@@ -241,9 +242,7 @@ def _open_loss_file(path: str, restored_step: int | None) -> IO[str]:
             if head.isdigit() and int(head) <= restored_step and line.endswith("\n"):
                 kept.append(line)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(LOSS_HEADER + "".join(kept))
-    os.replace(tmp, p)
+    replace_durably(p, (LOSS_HEADER + "".join(kept)).encode())  # p.tmp, fsync, rename: the one durable write
     return open(p, "a", encoding="utf-8", newline="\n")  # closed by _train()
 
 
@@ -320,8 +319,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     if sharded:
         ckpt_kwargs["overlap_copy"] = cfg.overlap_copy
         ckpt_kwargs.update({name: getattr(cfg, name) for name in RETENTION})
-        if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.numa)
-            from alpsck.numa import gpu_numa_node
+        if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.staging)
+            from alpsck.staging import gpu_numa_node
 
             ckpt_kwargs["numa_node"] = gpu_numa_node(device)
     ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 or sharded else None

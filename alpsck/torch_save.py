@@ -40,7 +40,8 @@ from alpsck.errors import (
 from alpsck.handles import CompletedSave
 from alpsck.options import check_step
 from alpsck.store.durable import fsync_path, open_own
-from alpsck.store.run_dir import lock_run_dir, temp_name
+from alpsck.store.lock import lock_run_dir
+from alpsck.store.names import temp_name
 
 if TYPE_CHECKING:  # typing.Self is 3.11+ (torch depends on typing_extensions); annotations are not evaluated
     from typing_extensions import Self
