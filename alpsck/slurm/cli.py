@@ -119,7 +119,7 @@ def _ended(run_dir: str, job_id: str, is_local: bool, *, quiet: bool) -> int:
 
 
 def _storage(source: str, run_dir: str, *, allow_home: bool) -> Storage:
-    """What the run directory lies on (:func:`alpsck.store.filesystem.storage`); UsageError for a home
+    """What the run directory lies on (:func:`alpsck.store.storage.storage`); UsageError for a home
     directory on a network file system (Alps: NFS, 50 GB, 500k inodes) unless ``allow_home``."""
     where = storage(run_dir)
     if where.needs_opt_in and not allow_home:

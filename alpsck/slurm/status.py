@@ -62,9 +62,9 @@ def history_path(run_dir: Path) -> Path:
 
 
 def purge(run_dir: Path, days: int | None) -> dict[str, Any]:
-    """The purge window (``--purge-days``, else the scratch's: filesystem.purge_days) and a warning
+    """The purge window (``--purge-days``, else the scratch's: storage.purge_days) and a warning
     when the newest checkpoint nears it."""
-    from ..store.filesystem import newest_committed, purge_days, purge_warning
+    from ..store.storage import newest_committed, purge_days, purge_warning
 
     days = purge_days(run_dir) if days is None else days or None
     out: dict[str, Any] = {"days": days, "warning": None}

@@ -6,26 +6,16 @@ statvfs is checked (one warning per process)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 from ..errors import DiskFullError
 from .filesystem import kind
-from .lustre import LfsUnavailable, quota_room, warn_lfs_unavailable
+from .lustre import LfsUnavailable, Room, quota_room, warn_lfs_unavailable
 from .lustre import targets as lustre_targets
 from .names import entry_kind
 
 _MiB = 1 << 20
-
-
-@dataclasses.dataclass(frozen=True)
-class Room:
-    """What one limit leaves: bytes and inodes (None: no limit of that kind), and where it comes from."""
-
-    bytes: int | None
-    inodes: int | None
-    source: str
 
 
 def rooms(run_dir: str | os.PathLike[str], fs: str | None = None) -> list[Room]:
