@@ -55,7 +55,7 @@ class JobContext:
     def stop_requested(self) -> bool:
         """Poll at step boundaries: True once a time-limit, preemption, cancel or maintenance
         stop was requested. Then save a final checkpoint, wait for it, and return. Each poll is
-        the loop's progress for the hang watchdog (:mod:`alpsck.handles`): a step's, or once a
+        the loop's progress for the hang watchdog (:mod:`alpsck.progress`): a step's, or once a
         stop was seen the final checkpoint's, which has a timeout of its own."""
         stopping = self.stop.requested()
         mark_loop("final" if stopping else "step")

@@ -2,7 +2,7 @@
 memory (never a file), and ends a task whose loop made none for its section's timeout.
 
 The runner starts one per task (:meth:`Watchdog.start`, a forked child) before the entry runs. The
-loop's progress (:mod:`alpsck.handles`: each ``stop_requested()`` poll, and the Checkpointer's
+loop's progress (:mod:`alpsck.progress`: each ``stop_requested()`` poll, and the Checkpointer's
 blocking calls in sections of their own) is a time and a section written into an anonymous shared
 mapping; the supervisor reads it every ``poll_s``. Sections and their timeouts
 (``requeue.hang_timeout_s`` = T): ``step`` T; ``start`` (imports, restore, until the first poll),
@@ -75,7 +75,7 @@ def learned_from(events: Timeline | list[dict[str, Any]]) -> tuple[dict[str, flo
 
 
 class Watchdog:
-    """One task's watchdog: :meth:`mark` (the :mod:`alpsck.handles` sink) in the task, a supervisor child.
+    """One task's watchdog: :meth:`mark` (the :mod:`alpsck.progress` sink) in the task, a supervisor child.
 
     ``learn``: (min_s, the run's history) to learn the timeouts (:func:`learned_from`), or None for
     fixed ones."""

@@ -19,7 +19,7 @@ from .scan import ACCESS_ERRNOS, denied
 
 def lock_run_dir(run_dir: Path, rank: int) -> _core.RunDirLock:
     """Take the run directory's writer lock for this process as ``rank`` (the core's RunDirLock:
-    one writer per run directory, whatever kind; see cpp/core/run_dir.h). A live owner makes this
+    one writer per run directory, whatever kind; see cpp/core/run_dir_lock.h). A live owner makes this
     raise RunDirLockedError naming its job, pid and host; a lock name that is a symlink or not a
     regular file, UsageError (it is never followed or opened). Keep the object while writing;
     ``release()`` (or dropping it) lets go."""

@@ -120,7 +120,7 @@ def open_shard(path: str | os.PathLike[str]) -> Any:
 
 def remove_entries(run_dir: str | os.PathLike[str], names: Iterable[str]) -> tuple[list[int], CheckpointError | None]:
     """Removes these entries of ``run_dir`` through the run-directory unit (``RemoveEntries``,
-    run_dir.h: renamed to ``.deleting-*``, RUN_DIR fsync'ed, deleted without following a symlink).
+    run_dir_actions.h: renamed to ``.deleting-*``, RUN_DIR fsync'ed, deleted without following a symlink).
     Returns the indices of the names removed, and the error of the first failure (permission
     denied worded as :func:`denied` words it) or None: the caller reports what went before raising."""
     removed, failure = _core.remove_entries(run_dir, list(names))

@@ -11,7 +11,7 @@ removed; newer ones are kept (with a warning) for inspection. Unreadable ones (p
 ESTALE) are never removed. The checkpoints kept are always verified to the last byte first (``--verify``
 verifies every checkpoint), so the newest valid checkpoint is never removed. It refuses to run while
 ``RUN_DIR/.lock`` names a live process (see :func:`lock_holder`). The run-directory unit removes them
-(``store.scan.remove_entries``, ``RemoveEntries`` in cpp/core/run_dir.h, the same unit as the engine's
+(``store.scan.remove_entries``, ``RemoveEntries`` in cpp/core/run_dir_actions.h, the same unit as the engine's
 retention): each is first renamed to ``.deleting-<name>`` (atomic expiry: the checkpoint disappears from
 scans at once), the run directory is fsync'ed, then the files are deleted without following a symlink,
 so a prune killed anywhere leaves every checkpoint it kept restorable (the next prune finishes it).
@@ -218,7 +218,7 @@ def prune(run_dir: str, policy: Policy, dry_run: bool = False, verify: bool = Fa
         if not as_json:
             print(f"policy: {policy.describe()}")
         # The run-directory unit removes them: renamed to .deleting-* first (atomic expiry), RUN_DIR
-        # fsync'ed, then deleted without following a symlink (run_dir.h, RemoveEntries).
+        # fsync'ed, then deleted without following a symlink (run_dir_actions.h, RemoveEntries).
         removed, error = remove_entries(path, [p.name for p, _ in plan.remove])
         if as_json:
             print(jsonout.dumps(prune_document(path, policy, plan, sizes, dry_run=False, verify=verify,
