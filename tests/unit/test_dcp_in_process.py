@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
-from alpsck.dcp.formats import decode_value
+from alpsck.store.values import decode_value
 from alpsck.errors import (
     CorruptCheckpointError,
     NoCheckpointError,
