@@ -133,12 +133,19 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
   return "$rc"
 }
 
+# The lanes that only need throughput run at a lower priority (nice): the jobs of the slurm and
+# readme lanes, and the python lane's timing-sensitive tests, get the cores when they need them (a
+# job's start-up, a signal handled within its grace time), the compiles take the rest.
+nice_of() { case $1 in cpp) echo 15;; *) echo 0;; esac; }
 lanes=(slurm python)
 [ "${ALPSCK_SKIP_README:-0}" = 1 ] || lanes+=(readme)
 [ "${ALPSCK_SKIP_CPP:-0}" = 1 ] || lanes+=(cpp)
 declare -A pid
 for lane in "${lanes[@]}"; do
-  ( s=$(date +%s); rc=0; "${lane}_lane" "$@" || rc=$?
+  # The lane in a subshell of its own, outside any `||`: there errexit holds, so its first failing
+  # command ends it (a function called as `f || ...` would run on past every failure).
+  ( set +e; s=$(date +%s)
+    ( set -euo pipefail; renice -n "$(nice_of "$lane")" -p "$BASHPID" >/dev/null; "${lane}_lane" "$@" ); rc=$?
     printf '\n---- lane %s: exit %s after %s s ----\n' "$lane" "$rc" "$(( $(date +%s) - s ))"; exit "$rc" ) \
     >"$logs/$lane.log" 2>&1 &
   pid[$lane]=$!

@@ -317,7 +317,7 @@ class JobRunner:
         stop, rq, resume = ctx.stop, self.config.requeue, ctx.resume_step
         # Settle signals that came after the loop saw its stop (a scancel during the final
         # checkpoint): the decision below must see them.
-        reason = stop.settle()
+        reason = stop.settle(peers=ctx.world_size > 1)
         if reason is None:  # no stop, or one the entry never saw (it finished first): the run is complete
             self._log(Finished(step=newest_step(self.config.run_dir)))
             return result

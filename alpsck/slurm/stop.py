@@ -273,12 +273,20 @@ class StopController:
                 if verdict in ("cancel", "requeue"):
                     self._reason = verdict
 
-    def settle(self) -> str | None:
+    def settle(self, peers: bool = False) -> str | None:
         """The reason, with signals that came after it was settled taken into account (a SIGTERM
         from ``scancel`` during the final checkpoint makes it ``cancel``). Call before acting on it.
 
         None when the loop never saw a stop: a signal it did not poll for (it came during the
-        last step) leaves a finished run, and only the loop knows whether it stopped early."""
+        last step) leaves a finished run, and only the loop knows whether it stopped early. With
+        ``peers`` (other ranks ran the same loop) a stop signal that came before the entry returned
+        counts as seen: the ranks agree on each step's stop, and another rank may have taken the
+        same signal first and stopped them all while this one waited in that agreement (it polled
+        before the signal came, and was never asked again). Were the run in fact complete, the
+        requeue that follows costs one start that finds nothing left to train; a run stopped early
+        and called finished would lose the rest of its training."""
+        if self._reason is None and peers and self._signals:
+            self.requested()
         if self._reason is not None:
             self._reread_later_terms()
         return self._reason

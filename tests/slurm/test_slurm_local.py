@@ -99,6 +99,20 @@ def test_a_scancel_during_the_final_checkpoint_is_a_cancel_not_a_requeue(
     assert events(job.run_dir, "final_checkpoint")[0]["reason"] == "cancel"
 
 
+def test_a_stop_signal_another_rank_took_first_is_a_stop_on_rank_0_too(handlers: None) -> None:
+    """Two ranks agree on each step's stop: rank 1 polled after the time-limit signal came, rank 0 just
+    before it, and then waited in the agreement that stopped them both, never polling again. Rank 0's
+    entry returns early with a signal it never answered: with peers that is the stop (CI once saw a
+    2-rank run called finished at step 301 of 600); alone, the loop would have polled it."""
+    for peers, want in ((True, "timeout"), (False, None)):
+        stop = StopController("4242", timeout_signal="USR1", slurm=False)
+        stop.install()
+        assert not stop.requested()  # the poll before the signal
+        _send(stop, signal.SIGUSR1)
+        assert stop.settle(peers=peers) == want
+        stop.close()
+
+
 def test_a_signal_the_launcher_recorded_before_the_handlers_is_a_stop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handlers: None) -> None:
     """The time-limit signal came while submitit was still unpickling (alpsck.slurm.launch kept
@@ -229,11 +243,12 @@ def _submit_local(cfg: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_local_executor_timeout_requeue_cycle_is_bit_exact(tmp_path: Path) -> None:
-    # 1-minute limit, signal 40 s before it: each start trains ~20 s, so 60 s of paced steps need about
-    # 3 requeues: >= 2, and at most 5 (submitit's local executor restarts a task at most 5 times).
-    # USR1, not the default USR2: submitit's local controller must be told which signal to send.
-    steps = steps_for_seconds(60)
-    cfg = job_config(tmp_path / "job.yaml", tmp_path / "run", steps=steps, time="1", delay=40, every=max(50, steps // 20),
+    # 1-minute limit, signal 30 s before it: each start trains at most 30 s (less its start-up, which
+    # under CI's load took up to 30 s with a 20 s window: no progress), so 75 s of paced steps need at
+    # least 3 starts: >= 2 requeues, and at most 5 (submitit's local executor restarts a task at most 5
+    # times). USR1, not the default USR2: submitit's local controller must be told which signal to send.
+    steps = steps_for_seconds(75)
+    cfg = job_config(tmp_path / "job.yaml", tmp_path / "run", steps=steps, time="1", delay=30, every=max(50, steps // 20),
                      requeue_extra="signal: USR1")
     r = _submit_local(cfg)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -19,7 +19,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from alpsck import Checkpointer, _core
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
-from alpsck.store.values import decode_value
 from alpsck.errors import (
     CorruptCheckpointError,
     NoCheckpointError,
@@ -27,6 +26,7 @@ from alpsck.errors import (
     UnsafeCheckpointError,
     UsageError,
 )
+from alpsck.store.values import decode_value
 
 
 @pytest.fixture(autouse=True)
