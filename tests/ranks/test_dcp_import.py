@@ -41,7 +41,7 @@ def _quiet_no_dist() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def saved_2run_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved_2_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """step-5 and step-10 written by FileSystemWriter at 2 ranks, DTensors sharded (never changed: copy it)."""
     folder = tmp_path_factory.mktemp("fsw") / "checkpoint"
     outs = run_ranks("save", folder, 2, script=WORKER)

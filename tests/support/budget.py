@@ -71,12 +71,15 @@ def _relative(nodeid: str) -> str:
 
 
 def tier_of(nodeid: str, keywords: Any) -> str | None:
-    """The tier a report belongs to: its marker (set by the tier folder's conftest), else its folder."""
+    """The tier a report belongs to: its folder, else its marker (a test's keywords also hold its
+    parameters' ids, and ``test_x[process]`` in tests/ranks/ is a ranks test)."""
+    parts = _relative(nodeid).split("/")
+    if len(parts) > 2 and parts[1] in TIERS:
+        return parts[1]
     for tier in TIERS:
         if tier in keywords:
             return tier
-    parts = _relative(nodeid).split("/")
-    return parts[1] if len(parts) > 2 and parts[1] in TIERS else None
+    return None
 
 
 @dataclass(eq=False)  # a plugin object: hashed by identity
