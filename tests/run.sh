@@ -136,7 +136,7 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
 # The lanes that only need throughput run at a lower priority (nice): the jobs of the slurm and
 # readme lanes, and the python lane's timing-sensitive tests, get the cores when they need them (a
 # job's start-up, a signal handled within its grace time), the compiles take the rest.
-nice_of() { case $1 in cpp) echo 15;; *) echo 0;; esac; }
+nice_of() { case $1 in cpp) echo 10;; *) echo 0;; esac; }
 lanes=(slurm python)
 [ "${ALPSCK_SKIP_README:-0}" = 1 ] || lanes+=(readme)
 [ "${ALPSCK_SKIP_CPP:-0}" = 1 ] || lanes+=(cpp)
