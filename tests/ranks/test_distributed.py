@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.ranks import free_port
 
 import alpsck
 from alpsck import _core
@@ -134,17 +134,11 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(tmp_path: Path, world: int, *args: str, stdout: object = subprocess.PIPE,
             env: dict[str, str] | None = None, wrap: dict[int, list[str]] | None = None) -> list[subprocess.Popen[str]]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(world):
         rank_env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,

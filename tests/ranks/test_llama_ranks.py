@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from support.llama_runs import finish, training_env
+from support.ranks import free_port
 
 from alpsck.examples.llama.train import (
     FAIL_EXIT_CODE,
@@ -24,22 +25,14 @@ def _launch_ddp(tmp_path: Path, name: str, port: int, *extra: str) -> subprocess
     return subprocess.Popen(args, env=training_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_ddp_gloo_crash_and_resume(tmp_path: Path) -> None:
     """torchrun, two gloo ranks, crash at step 8, resume: rank 0's loss file equals the clean run's."""
-    clean = _launch_ddp(tmp_path, "a", _free_port())
-    crash = _launch_ddp(tmp_path, "c", _free_port(), "--fail-at-step", "8")
+    clean = _launch_ddp(tmp_path, "a", free_port())
+    crash = _launch_ddp(tmp_path, "c", free_port(), "--fail-at-step", "8")
     finish(clean)
     out, _ = crash.communicate(timeout=120)
     assert crash.returncode != 0 and f"exitcode  : {FAIL_EXIT_CODE}" in out, out  # torchrun reports the crash
-    finish(_launch_ddp(tmp_path, "c", _free_port(), "--load-checkpoint"))
+    finish(_launch_ddp(tmp_path, "c", free_port(), "--load-checkpoint"))
     ref = (tmp_path / "a.csv").read_bytes()
     assert len(ref.splitlines()) == 13 and (tmp_path / "c.csv").read_bytes() == ref
     # Every checkpoint is sharded: one file per rank, the model and optimizer written once.

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from support.ranks import free_port
 
 from alpsck import _core
 
@@ -111,16 +112,10 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _launch(tmp_path: Path, logs: list[Any], *args: str) -> list[subprocess.Popen[str]]:
     script = tmp_path / "scale_worker.py"
     script.write_text(WORKER)
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in range(WORLD):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(WORLD),

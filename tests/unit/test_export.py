@@ -14,22 +14,12 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+from support.inspect_runs import run_cli as _run
 
 import alpsck
 from alpsck import _core, cli
 from alpsck.capture import capture
 from alpsck.tools import export
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the real ``alpsck`` command line in-process: (exit code, stdout, stderr)."""
-    capsys.readouterr()
-    try:
-        rc = cli.main(list(argv))
-    except SystemExit as e:  # argparse refused an argument (exit 2, its message on stderr)
-        rc = int(e.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
