@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 ncpu=$(nproc)
-section() { printf '\n==== %s ====\n' "$*"; }
+section() { printf '\n==== %s (at %s s) ====\n' "$*" "$(( $(date +%s) - t0 ))"; }
 require() { command -v "$1" >/dev/null || { echo "tests/run.sh: required tool '$1' is missing (install it; nothing is skipped)" >&2; exit 1; }; }
 python3 -c 'import xdist' 2>/dev/null || { echo "tests/run.sh: pytest-xdist is missing (pip install '.[test]')" >&2; exit 1; }
 export ALPSCK_BUDGET=1  # the durations budget (tests/budget.toml), checked by every pytest run below
@@ -146,7 +146,9 @@ for lane in "${lanes[@]}"; do
   # command ends it (a function called as `f || ...` would run on past every failure).
   ( set +e; s=$(date +%s)
     ( set -euo pipefail; renice -n "$(nice_of "$lane")" -p "$BASHPID" >/dev/null; "${lane}_lane" "$@" ); rc=$?
-    printf '\n---- lane %s: exit %s after %s s ----\n' "$lane" "$rc" "$(( $(date +%s) - s ))"; exit "$rc" ) \
+    times >"$logs/$lane.times"  # its second line: the CPU time of every process the lane waited for
+    printf '\n---- lane %s: exit %s after %s s, %s ----\n' "$lane" "$rc" "$(( $(date +%s) - s ))" \
+      "$(awk 'NR == 2 { print "CPU user " $1 ", system " $2 }' "$logs/$lane.times")"; exit "$rc" ) \
     >"$logs/$lane.log" 2>&1 &
   pid[$lane]=$!
 done

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, wait_for
+from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, training, wait_for
 
 TERMINAL = ("finished", "failed", "cancelled", "gave_up")
 
@@ -237,8 +237,7 @@ def test_scancel_takes_a_final_checkpoint_and_does_not_requeue(cluster: None, tm
     steps = steps_for_seconds(300)
     run = tmp_path / "run"
     job = submit(job_config(tmp_path / "job.yaml", run, steps=steps, time="15", delay=60, every=10**9))
-    wait_for(lambda: any(e["event"] == "started" for e in events(run)), 300, "the job to start")
-    time.sleep(8)
+    wait_for(lambda: training(run), 300, "the job to train")
     subprocess.run(["scancel", job], check=True, timeout=30)
     assert wait_done(run, job, 120) == "cancelled", events(run)
     assert not events(run, "requeued")
@@ -257,8 +256,7 @@ def test_in_a_container_scancel_is_a_cancel_with_no_requeue_and_no_leftover_requ
     run = tmp_path / "run"
     job = submit(job_config(tmp_path / "job.yaml", run, steps=steps_for_seconds(300), time="15", every=10**9),
                  env={"ALPSCK_NO_SCONTROL": "1"})
-    wait_for(lambda: events(run, "started"), 300, "the job to start")
-    time.sleep(8)
+    wait_for(lambda: training(run), 300, "the job to train")
     subprocess.run(["scancel", job], check=True, timeout=30)
     assert wait_done(run, job, 120) == "cancelled", events(run)
     assert not events(run, "requeued") and events(run)[-1]["recorded_by"] == "batch script"
@@ -280,8 +278,7 @@ def test_a_hand_scontrol_requeue_shows_requeued_and_the_job_resumes(cluster: Non
     run = tmp_path / "run"
     job = submit(job_config(tmp_path / "job.yaml", run, steps=steps_for_seconds(300), time="15", every=10**9))
     try:
-        wait_for(lambda: events(run, "started"), 300, "the job to start")
-        time.sleep(8)
+        wait_for(lambda: training(run), 300, "the job to train")
         subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
         req = wait_for(lambda: events(run, "requeued"), 60, "the requeue to be recorded", poll=0.5)
         assert req[0]["reason"] == "requeue" and req[0]["mechanism"] == "slurm", events(run)
@@ -557,7 +554,9 @@ def _check_goodput(run: Path, causes: list[str]) -> None:
                                     text=True, timeout=120).stdout)
     g = doc["goodput"]
     assert [r["cause"] for r in g["restarts"]] == causes, g
-    assert all(r["in_allocation"] and 0 < r["restart_s"] < 30 for r in g["restarts"]), g
+    # Within the allocation, and far below a requeue's queue wait: the new step's start-up (two ranks importing
+    # torch) takes 10 s on a quiet machine and up to 40 s beside the rest of CI.
+    assert all(r["in_allocation"] and 0 < r["restart_s"] < 60 for r in g["restarts"]), g
     from alpsck.slurm.goodput import PARTS
 
     parts = sum(g[f"{k}_s"] for k in PARTS)

@@ -95,6 +95,15 @@ def events(run_dir: Path, name: str | None = None) -> list[dict[str, Any]]:
     return [e for e in ev if name is None or e["event"] == name]
 
 
+def training(run_dir: Path) -> bool:
+    """The job is in its training loop: its loss file holds a step (start-up, torch's import included,
+    is over; under a loaded machine that takes from 2 to 30 s after the job's ``started``)."""
+    try:
+        return len((run_dir / "loss.csv").read_text().splitlines()) >= 2
+    except FileNotFoundError:
+        return False
+
+
 def final_state(run_dir: Path) -> str:
     return timeline.state_of(history.read(run_dir))
 
