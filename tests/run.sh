@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite — the README's test command (through .ci/run) and what CI runs. Four lanes
-# run side by side, each into its own log, printed in full at the end with its time:
+# The whole test suite — the README's test command (through .ci/run) and what CI runs. First the quick
+# lane, alone; then four lanes side by side, each into its own log, printed in full at the end with its
+# time and CPU time:
+#   quick   ruff, mypy, then pytest's tests/unit (in-process, pytest-xdist) against the installed
+#           package: with the machine to itself, under 2 minutes (the local cluster starts meanwhile);
 #   cpp     the core's C++ tests (ctest -j) built with -Wall -Wextra -Werror; the same tests under
 #           ASan+UBSan (clang, the build that also holds the libFuzzer targets, which then fuzz the
 #           parsers a few seconds each: tests/fuzz.sh), under TSan, and cross-built for aarch64 and
 #           run under qemu with 64 KiB pages;
-#   python  ruff, mypy, then pytest's tiers against the installed package: tests/unit (in-process,
-#           pytest-xdist), tests/process (one process tree), tests/ranks (several ranks);
+#   python  pytest's tiers tests/process (one process tree, pytest-xdist) and tests/ranks (several
+#           ranks);
 #   slurm   pytest's tests/slurm tier on a real one-node SLURM (slurm/local-cluster/start.sh, which
 #           installs slurm-wlm and munge when missing) and submitit's local executor: the jobs are
 #           paced and mostly wait for signals and requeues, so several tests run at once (-n), each
@@ -19,8 +22,8 @@
 # libclang-rt-14-dev (libFuzzer and the sanitizer runtimes), pytest-xdist (CI installs them; a
 # missing tool is an error, never a skip). ALPSCK_SKIP_CPP=1 leaves out the cpp lane (for quick
 # local loops); ALPSCK_SKIP_README=1 the readme lane (it clones the committed HEAD).
-# ALPSCK_CORE_BUILD=DIR: a build of the core with its tests already made (.ci/run builds the wheel
-# there): the cpp lane runs its ctest instead of building the native tests again.
+# ALPSCK_CORE_BUILD=DIR: a build of the core with its tests already made (.ci/run's wheel build, with
+# ALPSCK_BUILD_TESTS=ON): the cpp lane runs its ctest instead of building the native tests again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -31,19 +34,6 @@ python3 -c 'import xdist' 2>/dev/null || { echo "tests/run.sh: pytest-xdist is m
 export ALPSCK_BUDGET=1  # the durations budget (tests/budget.toml), checked by every pytest run below
 logs=$(mktemp -d)
 t0=$(date +%s)
-
-# The local cluster declares more CPUs than the machine has (the test jobs mostly wait), so that the
-# slurm tier's tests can each have their jobs running at once.
-section "local SLURM cluster"
-if ALPSCK_SLURM_CPUS=${ALPSCK_SLURM_CPUS:-12} bash slurm/local-cluster/start.sh; then
-  cluster=1
-elif [ -n "${CI:-}" ]; then
-  echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
-  exit 1
-else
-  cluster=0
-  echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
-fi
 
 # pytest on one tier, from outside the source tree (so the installed package and its compiled _core
 # are what is tested). Exit 5 (a -k/-m selection that leaves none of the tier) is not a failure.
@@ -57,9 +47,10 @@ tier() {  # tier NAME [pytest options...]
 
 cpp_lane() {
   require cmake; require ninja; require g++; require aarch64-linux-gnu-g++; require qemu-aarch64-static; require clang++-14
-  build() {  # build DIR [cmake args...]
-    local dir=$1; shift
-    cmake -S . -B "$dir" -G Ninja -DALPSCK_BUILD_TESTS=ON -DALPSCK_BUILD_PYTHON=OFF "$@" >/dev/null
+  build() {  # build DIR [cmake args...]: not through ccache (no other build has these flags: every compile
+    local dir=$1; shift  # would miss, and a miss preprocesses twice)
+    env -u CMAKE_CXX_COMPILER_LAUNCHER -u CMAKE_C_COMPILER_LAUNCHER \
+      cmake -S . -B "$dir" -G Ninja -DALPSCK_BUILD_TESTS=ON -DALPSCK_BUILD_PYTHON=OFF "$@" >/dev/null
     cmake --build "$dir" -j "$ncpu"
   }
   section "C++ core tests (native, -Werror)"
@@ -68,8 +59,8 @@ cpp_lane() {
     native=build/ci-native
     build "$native" -DCMAKE_BUILD_TYPE=RelWithDebInfo
   else
+    # Built by pip (.ci/run), whose build env (its cmake, nanobind) is gone: ctest only, no rebuild.
     echo "reusing the core build in $native (ALPSCK_CORE_BUILD)"
-    cmake --build "$native" -j "$ncpu"
   fi
   # AUTO tuning: portable on x86-64 (only a native build on a Neoverse-V2 tunes for Grace)
   local expect_tuning=""; [ "$(uname -m)" = x86_64 ] && expect_tuning=portable
@@ -91,7 +82,7 @@ cpp_lane() {
   ALPSCK_EXPECT_TUNING=neoverse-v2 ctest --test-dir build/ci-arm64 --output-on-failure -j "$ncpu"
 }
 
-python_lane() {
+quick_lane() {  # alone, before the others: the in-process checks answer within 2 minutes
   section "ruff"
   python3 -m ruff check alpsck tests benchmarks
   section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
@@ -100,9 +91,12 @@ python_lane() {
   typed=$(mktemp -d)
   cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
   (cd "$typed" && python3 -m mypy --config-file "$root/pyproject.toml" alpsck)
-  local rc=0
   section "pytest: tests/unit (in-process, $ncpu workers)"
-  tier unit -n "$ncpu" "$@" || rc=1
+  tier unit -n "$ncpu" "$@"
+}
+
+python_lane() {
+  local rc=0
   section "pytest: tests/process (one process tree, $ncpu workers)"
   tier process -n "$ncpu" "$@" || rc=1
   section "pytest: tests/ranks (several ranks)"
@@ -119,7 +113,10 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
   local pids=() rc=0 mode
   for mode in local slurm; do
     if [ "$mode" = slurm ] && [ "$cluster" != 1 ]; then continue; fi
-    bash tests/readme_quickstart.sh "$mode" >"$logs/readme-$mode.log" 2>&1 &
+    # Its clones under build/ (TMPDIR), inside ccache's base dir (.ci/run): their `pip install .` finds the
+    # core's objects that the suite's wheel compiled.
+    mkdir -p "$root/build/readme"
+    TMPDIR="$root/build/readme" bash tests/readme_quickstart.sh "$mode" >"$logs/readme-$mode.log" 2>&1 &
     pids+=("$mode:$!")
   done
   for entry in "${pids[@]}"; do
@@ -140,8 +137,9 @@ nice_of() { case $1 in cpp) echo 10;; *) echo 0;; esac; }
 lanes=(slurm python)
 [ "${ALPSCK_SKIP_README:-0}" = 1 ] || lanes+=(readme)
 [ "${ALPSCK_SKIP_CPP:-0}" = 1 ] || lanes+=(cpp)
-declare -A pid
-for lane in "${lanes[@]}"; do
+declare -A pid rcs
+start_lane() {  # start_lane NAME [pytest options...]: NAME_lane in the background, into its log
+  local lane=$1; shift
   # The lane in a subshell of its own, outside any `||`: there errexit holds, so its first failing
   # command ends it (a function called as `f || ...` would run on past every failure).
   ( set +e; s=$(date +%s)
@@ -151,18 +149,40 @@ for lane in "${lanes[@]}"; do
       "$(awk 'NR == 2 { print "CPU user " $1 ", system " $2 }' "$logs/$lane.times")"; exit "$rc" ) \
     >"$logs/$lane.log" 2>&1 &
   pid[$lane]=$!
-done
+}
+
+# First the quick lane, with the machine to itself (the cluster's start-up mostly waits).
+cluster=0
+start_lane quick "$@"
 cleanup() {
-  for lane in "${lanes[@]}"; do kill "${pid[$lane]}" 2>/dev/null || true; done
+  for lane in "${!pid[@]}"; do kill "${pid[$lane]}" 2>/dev/null || true; done
   if [ "$cluster" = 1 ]; then bash "$root/slurm/local-cluster/stop.sh" >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
-echo "lanes started side by side: ${lanes[*]} (logs: $logs)"
+
+# The local cluster declares more CPUs than the machine has (the test jobs mostly wait), so that the
+# slurm tier's tests can each have their jobs running at once.
+section "local SLURM cluster"
+if ALPSCK_SLURM_CPUS=${ALPSCK_SLURM_CPUS:-12} bash slurm/local-cluster/start.sh; then
+  cluster=1
+elif [ -n "${CI:-}" ]; then
+  echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
+  exit 1
+else
+  cluster=0
+  echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
+fi
+
+rcs[quick]=0
+wait "${pid[quick]}" || rcs[quick]=$?
+for lane in "${lanes[@]}"; do start_lane "$lane" "$@"; done
+lanes=(quick "${lanes[@]}")
+echo "lanes started side by side after the quick one (at $(( $(date +%s) - t0 )) s): ${lanes[*]:1} (logs: $logs)"
 
 failed=()
 for lane in "${lanes[@]}"; do
-  rc=0
-  wait "${pid[$lane]}" || rc=$?
+  rc=${rcs[$lane]:-0}
+  [ -n "${rcs[$lane]:-}" ] || wait "${pid[$lane]}" || rc=$?
   printf '\n######## lane %s (finished %s s after the start) ########\n' "$lane" "$(( $(date +%s) - t0 ))"
   cat "$logs/$lane.log"
   [ "$rc" = 0 ] || failed+=("$lane")

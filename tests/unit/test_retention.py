@@ -74,7 +74,7 @@ def test_the_job_config_carries_the_same_options(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- the rule's invariants
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(policy=POLICIES, seq=st.lists(SAVE_DRAWS, min_size=1, max_size=40), kill_after=st.integers(0, 40))
 def test_the_rule_keeps_what_it_promises_in_any_sequence(policy: Policy, seq: list[dict[str, object]],
                                                          kill_after: int) -> None:
