@@ -114,9 +114,11 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
   for mode in local slurm; do
     if [ "$mode" = slurm ] && [ "$cluster" != 1 ]; then continue; fi
     # Its clones under build/ (TMPDIR), inside ccache's base dir (.ci/run): their `pip install .` finds the
-    # core's objects that the suite's wheel compiled.
+    # core's objects that the suite's wheel compiled. One compile at a time each (ninja would run 4): the
+    # two installs start with the other lanes, whose jobs and tests need the cores for their timing.
     mkdir -p "$root/build/readme"
-    TMPDIR="$root/build/readme" bash tests/readme_quickstart.sh "$mode" >"$logs/readme-$mode.log" 2>&1 &
+    TMPDIR="$root/build/readme" CMAKE_BUILD_PARALLEL_LEVEL=1 bash tests/readme_quickstart.sh "$mode" \
+      >"$logs/readme-$mode.log" 2>&1 &
     pids+=("$mode:$!")
   done
   for entry in "${pids[@]}"; do

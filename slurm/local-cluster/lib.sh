@@ -70,13 +70,17 @@ pid_alive() {
     return 0
 }
 
-# pids_named NAME: pids of running processes whose command name is NAME (no procps needed).
+# pids_named NAME: pids of running processes whose command name is NAME (no procps needed), in this
+# network namespace only: a daemon of the multi-node cluster (start.sh --nodes) holds no port of ours.
 pids_named() {
-    local f
+    local f pid here
+    here="$(readlink /proc/self/ns/net 2>/dev/null || true)"
     for f in /proc/[0-9]*/comm; do
         [[ "$(cat "$f" 2>/dev/null || true)" == "$1" ]] || continue
-        f="${f%/comm}"
-        proc_running "${f#/proc/}" && printf '%s\n' "${f#/proc/}"
+        pid="${f#/proc/}"
+        pid="${pid%/comm}"
+        [[ "$(readlink "/proc/$pid/ns/net" 2>/dev/null || true)" == "$here" ]] || continue
+        proc_running "$pid" && printf '%s\n' "$pid"
     done
     return 0
 }
@@ -99,4 +103,25 @@ ctld_up() {
 
 systemd_is_init() {
     [[ "$(cat /proc/1/comm 2>/dev/null || true)" == systemd ]]
+}
+
+# ---- the multi-node cluster (start.sh --nodes N, N >= 2; start_nodes.sh): a controller and N nodes, each in
+# its own network, UTS and mount namespaces, on one bridge. It has its own state directory and slurm.conf
+# (SLURM_CONF points the commands at it) and runs beside the one-node cluster (other namespaces, other ports).
+MULTI_STATE="${ALPSCK_SLURM_MULTI_STATE:-/var/lib/alpsck-slurm-nodes}"
+MULTI_CONF="$MULTI_STATE/etc/slurm.conf"
+MULTI_CLUSTER=alpsck-nodes
+MULTI_BRIDGE=alpsckbr0
+MULTI_NET=10.77.0             # /24: the host .254, the controller .1, node i .(10 + i)
+MULTI_CTL=alpsck-ctl          # the controller's host name and network namespace
+MULTI_HOSTS_BEGIN="# alpsck-nodes begin: written by start.sh --nodes, removed by stop.sh"
+MULTI_HOSTS_END="# alpsck-nodes end"
+
+multi_node_name() { printf 'alpsck-n%s\n' "$1"; }           # node i's host name and namespace
+multi_node_addr() { printf '%s.%s\n' "$MULTI_NET" $((10 + $1)); }
+multi_pidfile() { printf '%s/run/%s.pid\n' "$MULTI_STATE" "$1"; }  # NAME: alpsck-ctl or a node's
+# multi_nodes: the node names of the configured multi-node cluster (none when it was never started).
+multi_nodes() {
+    [[ -r "$MULTI_STATE/run/nodes" ]] && cat "$MULTI_STATE/run/nodes"
+    return 0
 }

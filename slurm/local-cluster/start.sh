@@ -10,7 +10,21 @@
 #   ALPSCK_SLURM_CPUS   CPUs to declare for the node (default: the machine's count, at least 2)
 #   ALPSCK_SLURM_GRACE  GraceTime of the 'debug' partition, seconds (default 30)
 #   ALPSCK_SLURM_TIMEOUT  seconds to wait for the node to become idle (default 60)
+#
+#   start.sh --nodes N   (N >= 2) a multi-node cluster instead, beside the one-node one: slurmctld and N
+#                        slurmd, each in its own network, UTS and mount namespaces (start_nodes.sh); its
+#                        commands need SLURM_CONF=/var/lib/alpsck-slurm-nodes/etc/slurm.conf.
+#   ALPSCK_SLURM_NODE_SHM  the size of each node's own /dev/shm with --nodes (default 2g)
 set -euo pipefail
+
+NODES=1
+while (($#)); do
+    case "$1" in
+        --nodes) [[ "${2:-}" =~ ^[1-9][0-9]?$ ]] || { echo "start.sh: --nodes takes a count from 1 to 99" >&2; exit 2; }
+                 NODES=$2; shift 2 ;;
+        *) echo "start.sh: unknown argument '$1' (usage: start.sh [--nodes N])" >&2; exit 2 ;;
+    esac
+done
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
@@ -131,6 +145,12 @@ if munge_works; then
     log "munge: already working"
 else
     start_munged
+fi
+
+if ((NODES > 1)); then
+    # shellcheck source=start_nodes.sh
+    source "$HERE/start_nodes.sh"
+    exit 0
 fi
 
 # A slurmctld/slurmd not started by us (another state dir, an init script) holds the ports;

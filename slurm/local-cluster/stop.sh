@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the one-node cluster that start.sh started: cancel leftover jobs, then stop slurmd,
+# Stop the clusters that start.sh started (the one-node one, and the multi-node one of --nodes N): cancel leftover jobs, then stop slurmd,
 # slurmctld, and munged if start.sh started it. Idempotent: stopping a stopped cluster is fine.
 #
 # Environment: ALPSCK_SLURM_STATE (default /var/lib/alpsck-slurm), as for start.sh.
@@ -10,6 +10,13 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
 
 log() { printf 'stop.sh: %s\n' "$*" >&2; }
+
+only_nodes=0  # stop.sh --nodes: the multi-node cluster only, the one-node one left running
+case "${1:-}" in
+    "") ;;
+    --nodes) only_nodes=1 ;;
+    *) echo "stop.sh: unknown argument '$1' (usage: stop.sh [--nodes])" >&2; exit 2 ;;
+esac
 
 [[ "$(id -u)" -eq 0 ]] || { echo "stop.sh: must run as root (as another user: sudo $0)" >&2; exit 1; }
 
@@ -36,6 +43,40 @@ stop_daemon() {
 }
 
 stopped=()
+
+# 0. The multi-node cluster (start.sh --nodes N), when there is one: its jobs, every process in its
+# namespaces, the namespaces, the bridge and the /etc/hosts lines.
+if [[ -e "/run/netns/$MULTI_CTL" ]] || ip link show "$MULTI_BRIDGE" >/dev/null 2>&1; then
+    if pid_alive "$(multi_pidfile "$MULTI_CTL")" slurmctld; then
+        SLURM_CONF="$MULTI_CONF" timeout 10 squeue -h -o '%i' 2>/dev/null \
+            | SLURM_CONF="$MULTI_CONF" xargs -r timeout 10 scancel --full 2>/dev/null || true
+    fi
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^($MULTI_CTL|alpsck-n[0-9]+)\$" || true); do
+        for ((i = 0; i < 40; i++)); do
+            pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+            [[ -n "$pids" ]] || break
+            # shellcheck disable=SC2086
+            kill -9 $pids 2>/dev/null || true
+            sleep 0.25
+        done
+        ip link del "ack-${ns#alpsck-}" 2>/dev/null || true
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    ip link del "$MULTI_BRIDGE" 2>/dev/null || true
+    if grep -qxF "$MULTI_HOSTS_BEGIN" /etc/hosts; then
+        hosts="$(mktemp)"
+        sed "/^$MULTI_HOSTS_BEGIN\$/,/^$MULTI_HOSTS_END\$/d" /etc/hosts >"$hosts" && cat "$hosts" >/etc/hosts
+        rm -f "$hosts"
+    fi
+    # Its jobs are gone with its processes: a controller started later must not recover them.
+    rm -rf "${MULTI_STATE:?}/ctld" "$MULTI_STATE"/run/*.pid "$MULTI_STATE/run/nodes"
+    stopped+=("multi-node cluster")
+fi
+
+if ((only_nodes)); then
+    if ((${#stopped[@]})); then echo "alpsck-nodes SLURM cluster stopped"; else echo "alpsck-nodes SLURM cluster was not running"; fi
+    exit 0
+fi
 
 # 1. Jobs: cancel everything while the controller still answers, so no job survives into the
 # next start (slurmctld keeps jobs in its state directory across restarts).
