@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Stop the clusters that start.sh started (the one-node one, and the multi-node one of --nodes N): cancel leftover jobs, then stop slurmd,
-# slurmctld, and munged if start.sh started it. Idempotent: stopping a stopped cluster is fine.
+# Stop the clusters that start.sh started (the one-node one, and the multi-node one of --nodes N):
+# cancel leftover jobs, then stop slurmd, slurmctld, and munged if start.sh started it. Idempotent:
+# stopping a stopped cluster is fine. `stop.sh --nodes` stops the multi-node cluster only.
 #
 # Environment: ALPSCK_SLURM_STATE (default /var/lib/alpsck-slurm), as for start.sh.
 set -euo pipefail
