@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite — the README's test command (through .ci/run) and what CI runs. First the quick
-# lane, alone; then four lanes side by side, each into its own log, printed in full at the end with its
-# time and CPU time:
-#   quick   ruff, mypy, then pytest's tests/unit (in-process, pytest-xdist) against the installed
-#           package: with the machine to itself, under 2 minutes (the local cluster starts meanwhile);
+# The whole test suite — the README's test command (through .ci/run) and what CI runs. Four lanes
+# run side by side, each into its own log, printed in full at the end with its time and CPU time:
 #   cpp     the core's C++ tests (ctest -j) built with -Wall -Wextra -Werror; the same tests under
 #           ASan+UBSan (clang, the build that also holds the libFuzzer targets, which then fuzz the
 #           parsers a few seconds each: tests/fuzz.sh), under TSan, and cross-built for aarch64 and
 #           run under qemu with 64 KiB pages;
-#   python  pytest's tiers tests/process (one process tree, pytest-xdist) and tests/ranks (several
-#           ranks);
+#   python  ruff, mypy, then pytest's tiers against the installed package: tests/unit (in-process,
+#           pytest-xdist), tests/process (one process tree), tests/ranks (several ranks);
 #   slurm   pytest's tests/slurm tier on a real one-node SLURM (slurm/local-cluster/start.sh, which
 #           installs slurm-wlm and munge when missing) and submitit's local executor: the jobs are
 #           paced and mostly wait for signals and requeues, so several tests run at once (-n), each
@@ -57,19 +54,6 @@ cpp_lane() {
       cmake -S . -B "$dir" -G Ninja -DALPSCK_BUILD_TESTS=ON -DALPSCK_BUILD_PYTHON=OFF "$@" >/dev/null
     cmake --build "$dir" -j "$ncpu"
   }
-  section "C++ core tests (native, -Werror)"
-  local native=${ALPSCK_CORE_BUILD:-}
-  if [ -z "$native" ]; then
-    native=build/ci-native
-    build "$native" -DCMAKE_BUILD_TYPE=RelWithDebInfo
-  else
-    # Built by pip (.ci/run), whose build env (its cmake, nanobind) is gone: ctest only, no rebuild.
-    echo "reusing the core build in $native (ALPSCK_CORE_BUILD)"
-  fi
-  # AUTO tuning: portable on x86-64 (only a native build on a Neoverse-V2 tunes for Grace)
-  local expect_tuning=""; [ "$(uname -m)" = x86_64 ] && expect_tuning=portable
-  unniced env ${expect_tuning:+ALPSCK_EXPECT_TUNING=$expect_tuning} ctest --test-dir "$native" --output-on-failure -j "$ncpu"
-
   section "C++ core tests under ASan + UBSan (clang), then the parsers fuzzed (libFuzzer, bounded time)"
   CC=clang-14 CXX=clang++-14 build build/ci-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DALPSCK_SANITIZE=address,undefined \
     -DALPSCK_BUILD_FUZZERS=ON
@@ -84,9 +68,23 @@ cpp_lane() {
   section "C++ core tests cross-built for aarch64, run under qemu with 64 KiB pages"
   build build/ci-arm64 -DCMAKE_TOOLCHAIN_FILE=cpp/cmake/aarch64-linux-gnu.cmake -DALPSCK_TUNE_GRACE=ON
   ALPSCK_EXPECT_TUNING=neoverse-v2 unniced ctest --test-dir build/ci-arm64 --output-on-failure -j "$ncpu"
+
+  # Last: with ALPSCK_CORE_BUILD there is nothing to compile, and by now the other lanes are ending.
+  section "C++ core tests (native, -Werror)"
+  local native=${ALPSCK_CORE_BUILD:-}
+  if [ -z "$native" ]; then
+    native=build/ci-native
+    build "$native" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  else
+    # Built by pip (.ci/run), whose build env (its cmake, nanobind) is gone: ctest only, no rebuild.
+    echo "reusing the core build in $native (ALPSCK_CORE_BUILD)"
+  fi
+  # AUTO tuning: portable on x86-64 (only a native build on a Neoverse-V2 tunes for Grace)
+  local expect_tuning=""; [ "$(uname -m)" = x86_64 ] && expect_tuning=portable
+  unniced env ${expect_tuning:+ALPSCK_EXPECT_TUNING=$expect_tuning} ctest --test-dir "$native" --output-on-failure -j "$ncpu"
 }
 
-quick_lane() {  # alone, before the others: the in-process checks answer within 2 minutes
+python_lane() {
   section "ruff"
   python3 -m ruff check alpsck tests benchmarks
   section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
@@ -95,12 +93,9 @@ quick_lane() {  # alone, before the others: the in-process checks answer within 
   typed=$(mktemp -d)
   cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
   (cd "$typed" && python3 -m mypy --config-file "$root/pyproject.toml" alpsck)
-  section "pytest: tests/unit (in-process, $ncpu workers)"
-  tier unit -n "$ncpu" "$@"
-}
-
-python_lane() {
   local rc=0
+  section "pytest: tests/unit (in-process, $ncpu workers)"
+  tier unit -n "$ncpu" "$@" || rc=1
   section "pytest: tests/process (one process tree, $ncpu workers)"
   tier process -n "$ncpu" "$@" || rc=1
   section "pytest: tests/ranks (several ranks)"
@@ -118,11 +113,9 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
   for mode in local slurm; do
     if [ "$mode" = slurm ] && [ "$cluster" != 1 ]; then continue; fi
     # Its clones under build/ (TMPDIR), inside ccache's base dir (.ci/run): their `pip install .` finds the
-    # core's objects that the suite's wheel compiled. One compile at a time each (ninja would run 4): the
-    # two installs start with the other lanes, whose jobs and tests need the cores for their timing.
+    # core's objects that the suite's wheel compiled.
     mkdir -p "$root/build/readme"
-    TMPDIR="$root/build/readme" CMAKE_BUILD_PARALLEL_LEVEL=1 bash tests/readme_quickstart.sh "$mode" \
-      >"$logs/readme-$mode.log" 2>&1 &
+    TMPDIR="$root/build/readme" bash tests/readme_quickstart.sh "$mode" >"$logs/readme-$mode.log" 2>&1 &
     pids+=("$mode:$!")
   done
   for entry in "${pids[@]}"; do
@@ -143,7 +136,7 @@ nice_of() { case $1 in cpp) echo 10;; *) echo 0;; esac; }
 lanes=(slurm python)
 [ "${ALPSCK_SKIP_README:-0}" = 1 ] || lanes+=(readme)
 [ "${ALPSCK_SKIP_CPP:-0}" = 1 ] || lanes+=(cpp)
-declare -A pid rcs
+declare -A pid
 start_lane() {  # start_lane NAME [pytest options...]: NAME_lane in the background, into its log
   local lane=$1; shift
   # The lane in a subshell of its own, outside any `||`: there errexit holds, so its first failing
@@ -157,9 +150,7 @@ start_lane() {  # start_lane NAME [pytest options...]: NAME_lane in the backgrou
   pid[$lane]=$!
 }
 
-# First the quick lane, with the machine to itself (the cluster's start-up mostly waits).
 cluster=0
-start_lane quick "$@"
 cleanup() {
   for lane in "${!pid[@]}"; do kill "${pid[$lane]}" 2>/dev/null || true; done
   if [ "$cluster" = 1 ]; then bash "$root/slurm/local-cluster/stop.sh" >/dev/null 2>&1 || true; fi
@@ -175,20 +166,16 @@ elif [ -n "${CI:-}" ]; then
   echo "tests/run.sh: the local SLURM cluster did not start; its tests cannot run" >&2
   exit 1
 else
-  cluster=0
   echo "tests/run.sh: no local SLURM (start.sh failed): the SLURM tests will skip outside CI" >&2
 fi
 
-rcs[quick]=0
-wait "${pid[quick]}" || rcs[quick]=$?
 for lane in "${lanes[@]}"; do start_lane "$lane" "$@"; done
-lanes=(quick "${lanes[@]}")
-echo "lanes started side by side after the quick one (at $(( $(date +%s) - t0 )) s): ${lanes[*]:1} (logs: $logs)"
+echo "lanes started side by side: ${lanes[*]} (logs: $logs)"
 
 failed=()
 for lane in "${lanes[@]}"; do
-  rc=${rcs[$lane]:-0}
-  [ -n "${rcs[$lane]:-}" ] || wait "${pid[$lane]}" || rc=$?
+  rc=0
+  wait "${pid[$lane]}" || rc=$?
   printf '\n######## lane %s (finished %s s after the start) ########\n' "$lane" "$(( $(date +%s) - t0 ))"
   cat "$logs/$lane.log"
   [ "$rc" = 0 ] || failed+=("$lane")
