@@ -17,16 +17,8 @@ wait_down=1
 multi_nodes | grep -qx -- "$node" || { echo "kill-node.sh: no node '$node' (nodes: $(multi_nodes | tr '\n' ' '))" >&2; exit 2; }
 [[ -e "/run/netns/$node" ]] || { echo "kill-node.sh: node $node has no namespace (is the cluster up?)" >&2; exit 1; }
 
-killed=0
-for ((i = 0; i < 40; i++)); do
-    pids="$(ip netns pids "$node" 2>/dev/null || true)"
-    [[ -n "$pids" ]] || break
-    killed=$((killed + $(wc -w <<<"$pids")))
-    # shellcheck disable=SC2086
-    kill -9 $pids 2>/dev/null || true
-    sleep 0.25
-done
-[[ -z "$(ip netns pids "$node" 2>/dev/null || true)" ]] || { echo "kill-node.sh: processes of $node survive SIGKILL" >&2; exit 1; }
+killed=$(ip netns pids "$node" 2>/dev/null | wc -l)
+netns_kill_all "$node" || { echo "kill-node.sh: processes of $node survive SIGKILL" >&2; exit 1; }
 echo "kill-node.sh: $node killed ($killed processes)"
 ((wait_down)) || exit 0
 export SLURM_CONF="$MULTI_CONF"

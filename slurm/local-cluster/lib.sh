@@ -125,3 +125,32 @@ multi_nodes() {
     [[ -r "$MULTI_STATE/run/nodes" ]] && cat "$MULTI_STATE/run/nodes"
     return 0
 }
+
+# netns_kill_all NAME: SIGKILL every process in the network namespace NAME until none is left (10 s);
+# fails when some survive. (A node's mount namespace, and its /dev/shm, goes with the last of them.)
+netns_kill_all() {
+    local pids i
+    for ((i = 0; i < 40; i++)); do
+        pids="$(ip netns pids "$1" 2>/dev/null || true)"
+        [[ -n "$pids" ]] || return 0
+        # shellcheck disable=SC2086
+        kill -9 $pids 2>/dev/null || true
+        sleep 0.25
+    done
+    [[ -z "$(ip netns pids "$1" 2>/dev/null || true)" ]]
+}
+
+# write_cgroup_conf FILE: the cgroup.conf slurmd reads beside slurm.conf, with no cgroup enforcement.
+write_cgroup_conf() {
+    cat >"$1" <<'EOF'
+# Written by alpsck slurm/local-cluster/start.sh: no cgroup enforcement (task/none, linuxproc).
+ConstrainCores=no
+ConstrainRAMSpace=no
+ConstrainDevices=no
+EOF
+}
+
+# hosts_without_multi: /etc/hosts without the multi-node cluster's block.
+hosts_without_multi() {
+    sed "/^$MULTI_HOSTS_BEGIN\$/,/^$MULTI_HOSTS_END\$/d" /etc/hosts
+}

@@ -251,14 +251,7 @@ if ! cmp -s "$new_conf" "$SLURM_CONF"; then
     log "wrote $SLURM_CONF (node $NODE: $CPUS CPUs, ${MEM} MB)"
 fi
 # slurmd reads cgroup.conf when present; make one that can never ask for cgroup enforcement.
-if [[ ! -f "$CGROUP_CONF" ]] || ! grep -q 'alpsck' "$CGROUP_CONF"; then
-    cat >"$CGROUP_CONF" <<'EOF'
-# Written by alpsck slurm/local-cluster/start.sh: no cgroup enforcement (task/none, linuxproc).
-ConstrainCores=no
-ConstrainRAMSpace=no
-ConstrainDevices=no
-EOF
-fi
+if [[ ! -f "$CGROUP_CONF" ]] || ! grep -q 'alpsck' "$CGROUP_CONF"; then write_cgroup_conf "$CGROUP_CONF"; fi
 printf '%s\n' "$NODE" >"$NODE_NAME_FILE"
 
 # ---------------------------------------------------------------------------------------------

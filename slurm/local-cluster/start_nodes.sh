@@ -62,7 +62,7 @@ hosts_block() {
     echo "$MULTI_HOSTS_END"
 }
 new_hosts="$(mktemp)"
-sed "/^$MULTI_HOSTS_BEGIN\$/,/^$MULTI_HOSTS_END\$/d" /etc/hosts >"$new_hosts"
+hosts_without_multi >"$new_hosts"
 hosts_block >>"$new_hosts"
 cmp -s "$new_hosts" /etc/hosts || cat "$new_hosts" >/etc/hosts  # in place: /etc/hosts may be a bind mount
 rm -f "$new_hosts"
@@ -123,30 +123,14 @@ if ! cmp -s "$new_conf" "$MULTI_CONF"; then
     log "wrote $MULTI_CONF ($NODES nodes: $NODES_CPUS CPUs, ${NODE_MEM} MB, /dev/shm $NODES_SHM each)"
 fi
 rm -f "$new_conf"
-# slurmd reads cgroup.conf beside slurm.conf: as the one-node cluster's, never cgroup enforcement.
-cat >"$MULTI_STATE/etc/cgroup.conf" <<'EOF'
-# Written by alpsck slurm/local-cluster/start.sh --nodes: no cgroup enforcement (task/none, linuxproc).
-ConstrainCores=no
-ConstrainRAMSpace=no
-ConstrainDevices=no
-EOF
+write_cgroup_conf "$MULTI_STATE/etc/cgroup.conf"  # slurmd reads it beside slurm.conf
 printf '%s\n' "${names[@]}" >"$MULTI_STATE/run/nodes"
 for name in "${names[@]}"; do mkdir -p "$MULTI_STATE/spool/$name"; done
 export SLURM_CONF="$MULTI_CONF"
 
 # ---- daemons: each entered into its network namespace by nsenter (ip netns exec would remount /sys,
 # leaving no /sys/fs/cgroup, which slurmd's cgroup plugin reads), with its own UTS namespace (host name).
-in_ns_kill() {  # in_ns_kill NAME: SIGKILL every process in the network namespace NAME, and wait
-    local pids i
-    for ((i = 0; i < 40; i++)); do
-        pids="$(ip netns pids "$1" 2>/dev/null || true)"
-        [[ -n "$pids" ]] || return 0
-        # shellcheck disable=SC2086
-        kill -9 $pids 2>/dev/null || true
-        sleep 0.25
-    done
-    die "processes of $1 survive SIGKILL: $pids"
-}
+in_ns_kill() { netns_kill_all "$1" || die "processes of $1 survive SIGKILL"; }
 if ((conf_changed)); then
     for name in "${names[@]}" "$MULTI_CTL"; do in_ns_kill "$name"; done
     rm -rf "${MULTI_STATE:?}/ctld" && mkdir -p "$MULTI_STATE/ctld"  # no job of another shape recovered

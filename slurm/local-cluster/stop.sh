@@ -53,20 +53,14 @@ if [[ -e "/run/netns/$MULTI_CTL" ]] || ip link show "$MULTI_BRIDGE" >/dev/null 2
             | SLURM_CONF="$MULTI_CONF" xargs -r timeout 10 scancel --full 2>/dev/null || true
     fi
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^($MULTI_CTL|alpsck-n[0-9]+)\$" || true); do
-        for ((i = 0; i < 40; i++)); do
-            pids="$(ip netns pids "$ns" 2>/dev/null || true)"
-            [[ -n "$pids" ]] || break
-            # shellcheck disable=SC2086
-            kill -9 $pids 2>/dev/null || true
-            sleep 0.25
-        done
+        netns_kill_all "$ns" || log "processes of $ns survive SIGKILL"
         ip link del "ack-${ns#alpsck-}" 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
     done
     ip link del "$MULTI_BRIDGE" 2>/dev/null || true
     if grep -qxF "$MULTI_HOSTS_BEGIN" /etc/hosts; then
         hosts="$(mktemp)"
-        sed "/^$MULTI_HOSTS_BEGIN\$/,/^$MULTI_HOSTS_END\$/d" /etc/hosts >"$hosts" && cat "$hosts" >/etc/hosts
+        hosts_without_multi >"$hosts" && cat "$hosts" >/etc/hosts
         rm -f "$hosts"
     fi
     # Its jobs are gone with its processes: a controller started later must not recover them.
