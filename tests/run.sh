@@ -104,8 +104,8 @@ python_lane() {
 }
 
 slurm_lane() {
-  section "pytest: tests/slurm (the local SLURM cluster and submitit's local executor, ${ALPSCK_SLURM_WORKERS:-4} at once)"
-  tier slurm -n "${ALPSCK_SLURM_WORKERS:-4}" "$@"
+  section "pytest: tests/slurm (the local SLURM cluster and submitit's local executor, ${ALPSCK_SLURM_WORKERS:-3} at once)"
+  tier slurm -n "${ALPSCK_SLURM_WORKERS:-3}" "$@"
 }
 
 readme_lane() {  # the README's main command, verbatim: no SLURM, then the local SLURM (side by side)
@@ -182,6 +182,13 @@ for lane in "${lanes[@]}"; do
 done
 printf '\ntests/run.sh: %s s in all\n' "$(( $(date +%s) - t0 ))"
 if [ ${#failed[@]} -gt 0 ]; then
+  # What failed, once more at the very end (where a CI log's tail is read): pytest's FAILED/ERROR lines,
+  # the budget's OVER lines, ctest's failed tests, a lane's own error lines and the section they came in.
+  for lane in "${failed[@]}"; do
+    printf '\n---- what failed in lane %s ----\n' "$lane"
+    grep -E '^==== |^(FAILED|ERROR) |OVER BUDGET|^ +[0-9.]+ +[0-9.]+ +[a-z]+ +tests/|tests failed out of|^[ 0-9]+- .*\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)|^(tests/|readme_quickstart|\.ci/)[a-z_./]*: ' \
+      "$logs/$lane.log" | grep -v -E '^==== .*\(exit 0\)' | cut -c1-400 || true
+  done
   echo "tests/run.sh: failed: ${failed[*]} (their logs above)" >&2
   exit 1
 fi
