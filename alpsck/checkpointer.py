@@ -33,6 +33,12 @@ state at the first ``save()``), as ``restore()`` would (:func:`alpsck.fit.check_
 what is compared), and raises StateMismatchError naming the key path. The check is local to each rank.
 docs/python-api.md says all of this at length.
 
+The memory tier (``memory=True``): ``save(step, state, tier="memory")`` writes the checkpoint to node shared
+memory instead (:mod:`alpsck.store.memory_tier`: same format, a second engine), which outlives a crash of
+the process; ``restore()`` takes the newest step of both tiers, and falls back to the run directory,
+once, with one warning, when the memory copy is bad (:mod:`alpsck.restore.tiers`). One node only for now:
+ranks on several nodes are refused (their replica is to come).
+
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
 (:mod:`alpsck.tree`), tensors are raw bytes checked against their CRC32C.
@@ -51,7 +57,7 @@ import torch
 
 from . import _core, fit, tree
 from .capture import capture
-from .errors import CheckpointError, DiskFullError, UsageError
+from .errors import DiskFullError, UsageError
 from .handles import CoreSave, reap, warn_unreported
 from .options import (
     CHECKPOINTER_OPTIONS,
@@ -67,9 +73,10 @@ from .progress import RESTORED_HOOKS, blocking
 from .ranks import Ranks, mine
 from .restore import peek, read_checkpoint, restore_into
 from .restore.health import spike
+from .restore.tiers import restore_across_tiers
 from .staging import Stager, guarded_pointers, optimizer_state_to_come
-from .store.durable import make_dirs_durably
-from .store.lock import lock_run_dir
+from .store import memory_tier
+from .store.engines import open_engine, open_memory
 from .store.lustre import LayoutReport, layout_for_run, layout_problem
 from .store.picker import pick
 from .store.preflight import preflight_refusal
@@ -111,11 +118,15 @@ class Checkpointer:
             every rank before a byte is written, with the numbers (DiskFullError on rank 0). On
             Lustre without a working ``lfs`` (a container image), the layout, quota and targets
             steps are skipped with one RuntimeWarning per process; saves go on.
+        memory: the memory tier (module docstring): False (default), True (node shared memory, a
+            directory named after the run directory's identity: :func:`alpsck.store.memory_tier.memory_dir_for`),
+            or a directory. Its engine keeps one checkpoint, one more in flight, buffered writes.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None, world_size: int | None = None,
                  replicated: Sequence[str] = (), overlap_copy: bool | None = None, lustre_layout: str = "auto",
-                 preflight: bool = True, _faults: Sequence[dict[str, Any]] = (), **options: Any) -> None:
+                 preflight: bool = True, memory: bool | str | os.PathLike[str] = False,
+                 _faults: Sequence[dict[str, Any]] = (), **options: Any) -> None:
         # Every value is checked here, before anything is touched: each option against its row of the
         # core's table, then the engine's together by the core's own check (the retention rules).
         opts = resolve(options, CHECKPOINTER_OPTIONS, "Checkpointer()")
@@ -158,7 +169,28 @@ class Checkpointer:
         self._recorded_at = ""
         self._fitted: dict[str, Any] = {}  # fit.check_fits's memory of entries that fitted _recorded
         self._pending: list[CoreSave] = []
-        self._open_engine(engine_opts, _faults, lustre_layout)
+        self.memory_dir: Path | None = None
+        self._memory: tuple[_core.Engine, _core.RunDirLock] | None = None
+        self._memory_preflight = 0
+        self.restored_tier: str | None = None  # where restore() found its step: "memory", "run_dir" or None
+        def layout() -> None:  # rank 0, before its engine opens
+            self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
+
+        self._engine, self._lock = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout)
+        if opts["direct_io"] and not self.engine.direct_io:
+            warnings.warn(
+                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
+                "fdatasyncs instead (durable, but slower and through the page cache)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if memory is not False:
+            try:
+                self.memory_dir, memory_engine, memory_lock = open_memory(memory, self.run_dir, engine_opts, self.ranks)
+                self._memory = (memory_engine, memory_lock)
+            except BaseException:
+                self._release()
+                raise
 
     # help() and editors see the options spelled out, one keyword each, with the table's defaults.
     __signature__ = with_options(__init__, CHECKPOINTER_OPTIONS)
@@ -167,48 +199,19 @@ class Checkpointer:
         """The Lustre layout (:func:`alpsck.store.lustre.layout_for_run`)."""
         return layout_for_run(self.run_dir, setting, chunk_bytes, stacklevel=5)
 
-    def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]]) -> str:
-        """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''."""
+    def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]], in_memory: bool) -> str:
+        """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''. The memory
+        tier's: its one checkpoint and one in flight fit in node memory's free space."""
         if self.rank != 0 or not self._preflight:
             return ""
-        why, self._preflight_bytes = preflight_refusal(
-            self.run_dir, sum(t.numel() * t.element_size() for _, t in mine), self.world_size, self._keep,
-            self._preflight_bytes)
+        size = sum(t.numel() * t.element_size() for _, t in mine)
+        if in_memory and self.memory_dir is not None:
+            why, self._memory_preflight = preflight_refusal(self.memory_dir, size, self.world_size, 2,
+                                                            self._memory_preflight)
+            return why
+        why, self._preflight_bytes = preflight_refusal(self.run_dir, size, self.world_size, self._keep,
+                                                       self._preflight_bytes)
         return why
-
-    def _open_engine(self, opts: dict[str, Any], faults: Sequence[dict[str, Any]], lustre_layout: str) -> None:
-        """Every rank's engine on the run directory, with its lock held. Rank 0's engine cleans up
-        abandoned directories when it opens, so it opens first (after setting the Lustre layout) and
-        the others only after it succeeded; then every rank must have opened (two agreements)."""
-        agreement = self.ranks.agreement_store()
-        store, store_ns = agreement if agreement is not None else (None, "")
-        for first in (True, False):
-            error: BaseException | None = None
-            if (self.rank == 0) == first:
-                try:
-                    make_dirs_durably(self.run_dir)  # a power loss must not take a new run dir's name
-                    if self.rank == 0:
-                        self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
-                    self._lock = lock_run_dir(self.run_dir, self.rank)
-                    self._engine = _core.Engine(
-                        str(self.run_dir), opts, rank=self.rank, world_size=self.world_size,
-                        one_history=True,  # each save retires the abandoned history first (module docstring)
-                        store=store, store_ns=store_ns,  # several ranks agree on each commit through it
-                        faults=[dict(f) for f in faults])  # test hook: inject I/O errors (cpp/core/env.h)
-                except Exception as e:
-                    error = e
-            if not self.ranks.all_true(error is None):
-                self._release()  # nothing stays locked by a failed open
-                if error is not None:
-                    raise error
-                raise CheckpointError(f"{self.run_dir}: another rank could not open its checkpointer (see its log)")
-        if opts["direct_io"] and not self.engine.direct_io:
-            warnings.warn(
-                f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
-                "fdatasyncs instead (durable, but slower and through the page cache)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
 
     def _release(self) -> None:
         """Stop the engine (after its saves) and drop the run directory's lock."""
@@ -217,15 +220,18 @@ class Checkpointer:
             hook.remove()
         self._hooks.clear()
         engine, self._engine = self._engine, None
+        memory, self._memory = self._memory, None
         try:
             if stager is not None:
                 stager.close()  # every snapshot filled: the saves can finish
-            if engine is not None:
-                engine.close()
+            for e in (engine, memory[0] if memory else None):
+                if e is not None:
+                    e.close()
         finally:
-            if self._lock is not None:
-                self._lock.release()  # a clean close leaves no owner behind
-                self._lock = None
+            for lock in (self._lock, memory[1] if memory else None):
+                if lock is not None:
+                    lock.release()  # a clean close leaves no owner behind
+            self._lock = None
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -245,7 +251,7 @@ class Checkpointer:
 
     @blocking("save")
     def save(self, step: int, state: Mapping[str, Any], *, urgent: bool = False,
-             metrics: Mapping[str, Any] | None = None, pin: bool = False) -> CoreSave:
+             metrics: Mapping[str, Any] | None = None, pin: bool = False, tier: str = "run_dir") -> CoreSave:
         """Snapshot ``state`` as checkpoint ``step`` and persist it in the background.
 
         ``metrics``: numbers recorded in the checkpoint's manifest (``{"loss": ..., "val_loss": ...}``),
@@ -262,6 +268,9 @@ class Checkpointer:
         overlaps copy and writes for the shortest time to durable (a final checkpoint before a
         preemption deadline).
 
+        ``tier="memory"``: to the memory tier (``memory=True`` at construction; module docstring), by the
+        blocking copy whatever ``overlap_copy`` says; ``pin`` is refused there (it keeps one checkpoint).
+
         Raises StateMismatchError, with nothing written, when a resumed run could not restore
         this checkpoint into the state recorded at ``restore()`` or the first ``save()`` (module
         docstring).
@@ -271,6 +280,11 @@ class Checkpointer:
         pairs = check_metrics(metrics)
         if not isinstance(pin, bool):
             raise UsageError(f"pin must be True or False, not {pin!r}")
+        in_memory = memory_tier.check_tier(tier) == "memory"
+        if in_memory and (self._memory is None or pin):
+            raise UsageError("save(tier='memory') needs Checkpointer(memory=True)" if self._memory is None else
+                             "save(tier='memory', pin=True): the memory tier keeps one checkpoint; pin one in the run "
+                             "directory")
         # With spike_factor: why this save's loss is a spike (restore.health.spike), else ""; a fine one joins the window.
         spiked, self._recent_losses = spike(dict(pairs).get("loss"), self._recent_losses, self._spike_factor)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
@@ -280,18 +294,19 @@ class Checkpointer:
         meta = encode_meta(step, self.rank, self.world_size, cap.tree)
         mine = self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
-        refusal = self._refusal(mine)
+        refusal = self._refusal(mine, in_memory)
+        engine = self._memory[0] if self._memory is not None and in_memory else self.engine
         try:
             if refusal:
-                self.engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
+                engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
                 raise DiskFullError(refusal)
-            if self._is_pipelined(cuda):
+            if self._is_pipelined(cuda) and not in_memory:
                 handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs,
                                                          unhealthy=spiked, pin=pin))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
-                handle = CoreSave(self.engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
-                                                   metrics=pairs, unhealthy=spiked, pin=pin))
+                handle = CoreSave(engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
+                                              metrics=pairs, unhealthy=spiked, pin=pin))
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
@@ -311,6 +326,8 @@ class Checkpointer:
 
     def _report_retired(self, step: int) -> None:
         """Warn about the abandoned history's checkpoints the save of ``step`` retired (module docstring)."""
+        if self._memory is not None:
+            self._memory[0].take_retired()  # snapshots of an abandoned history in memory: retired without a word
         retired = self.engine.take_retired()
         if retired and self.rank == 0:
             warnings.warn(retired_warning(self.run_dir, retired, self._continued_from, step), RuntimeWarning,
@@ -356,6 +373,8 @@ class Checkpointer:
         """Block until every save so far is durable; raise the first error among them."""
         if self._engine is not None:
             self.engine.wait_all()
+        if self._memory is not None:
+            self._memory[0].wait_all()
         self._pending, failed = reap(self._pending, finished=True)
         if failed is not None:
             failed.wait()
@@ -396,9 +415,10 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         """Step of the checkpoint ``restore()`` tries first, or None: the picker's choice
-        (:func:`alpsck.store.picker.pick`, kind "alpsck"), quick check only (data CRCs are read by the
-        restore itself, which falls back to the one before on a mismatch)."""
-        return pick(self.run_dir, kind="alpsck").step
+        (:func:`alpsck.store.picker.pick`, kind "alpsck"; of both tiers, the newer), quick check only (data
+        CRCs are read by the restore itself, which falls back to the one before on a mismatch)."""
+        steps = [pick(d, kind="alpsck").step for d in (self.run_dir, self.memory_dir) if d is not None and d.is_dir()]
+        return max((s for s in steps if s is not None), default=None)
 
     @blocking("restore")
     def restore(self, state: MutableMapping[str, Any], step: int | None = None, *,
@@ -415,7 +435,8 @@ class Checkpointer:
         is raised there, and the other ranks raise a CheckpointError naming that rank. Returns the step restored, or None if the
         run has no valid checkpoint (with ``step`` given: NoCheckpointError). The run then
         continues from that step: the next ``save()`` retires newer checkpoints (module
-        docstring); nothing on disk changes before it.
+        docstring); nothing on disk changes before it. With the memory tier, the newer of its step and the
+        run directory's (module docstring); ``restored_tier`` says which.
         """
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self.wait_snapshot()
@@ -424,11 +445,14 @@ class Checkpointer:
             self._record(fit.skeleton(state), "restore()")
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
             self._record(None, "")
-        restored = restore_into(self.run_dir, state, step=step, ranks=self.ranks, allow_unhealthy=allow_unhealthy)
+        restored, self.restored_tier = restore_across_tiers(self.run_dir, self.memory_dir, state, step=step,
+                                                            ranks=self.ranks, allow_unhealthy=allow_unhealthy)
         for hook in list(RESTORED_HOOKS):
-            hook(self.run_dir, restored)
+            hook(self.run_dir, restored, self.restored_tier)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
+        if self._memory is not None:
+            self._memory[0].continue_from(self._continued_from)
         try:
             self.prepare(state)
         except Exception as e:  # only a head start is lost: the first save sizes its memory itself
@@ -455,6 +479,8 @@ class Checkpointer:
         sizes = [t.numel() * t.element_size() for _, t in mine]
         sizes += optimizer_state_to_come(state)
         self.engine.prepare(sizes)
+        if self._memory is not None:
+            self._memory[0].prepare(sizes)
         gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
         if gpu is not None and self._is_pipelined(True):  # overlap_copy=False copies to pageable memory
             self._pipelined().pin_ahead(gpu)

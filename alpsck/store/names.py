@@ -1,6 +1,7 @@
 """A run directory's names (as LevelDB's ``filename.h``): every name in a run directory or a checkpoint
 directory is the core's (``_core.run_dir_names``, ``_core.parse_run_dir_name``, ``_core.step_dir_name``,
-cpp/core/run_dir.h) or this module's (the DCP checkpoint-directory marker ``.metadata``); nothing else
+cpp/core/run_dir.h) or this module's (the DCP checkpoint-directory marker ``.metadata``, the run's identity
+``.run-id``); nothing else
 spells one. Names only: no I/O but the tests of what a name is (:func:`is_committed_step_dir`)."""
 
 from __future__ import annotations
@@ -75,3 +76,6 @@ MARKER_BYTES = (json.dumps({"format": MARKER_FORMAT, "reader": "alpsck.dcp.Alpsc
                             "note": "written by alpsck; load with AlpsckStorageReader (docs/format.md)"},
                            indent=1) + "\n").encode()
 MARKER_NAMES = (MARKER_FILE, MARKER_FILE + TEMP_SUFFIX)  # the entries the marker's writing uses
+# The run directory's identity (alpsck.store.memory_tier.run_token): a random number, 16 hex digits, made
+# the first time a memory tier opens on the run directory; a run directory made again has another one.
+RUN_ID_NAME = ".run-id"

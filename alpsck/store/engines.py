@@ -1,0 +1,93 @@
+"""Opening the engines a Checkpointer writes through: the run directory's (:func:`open_engine`) and the
+memory tier's (:func:`open_memory`), on every rank, each with its directory's writer lock held.
+
+The ranks' collectives come in as :class:`Collectives` (``alpsck.ranks.Ranks`` is one), so that this
+layer stays below the one that knows torch.distributed."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .. import _core
+from ..errors import CheckpointError, UsageError
+from . import memory_tier
+from .durable import make_dirs_durably
+from .lock import lock_run_dir
+
+
+class Collectives(Protocol):
+    """What opening an engine needs of the ranks (``alpsck.ranks.Ranks``)."""
+
+    rank: int
+    world_size: int
+
+    def all_true(self, ok: bool) -> bool: ...
+    def each(self, value: int) -> list[int]: ...
+    def from_rank0(self, values: list[int]) -> list[int]: ...
+    def agreement_store(self) -> tuple[Any, str] | None: ...
+
+
+def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, faults: Sequence[dict[str, Any]] = (),
+                before_rank0: Callable[[], None] | None = None) -> tuple[_core.Engine, _core.RunDirLock]:
+    """Every rank's engine on ``directory``, with its lock held. Rank 0's engine cleans up abandoned
+    directories when it opens, so it opens first (after ``before_rank0``: the Lustre layout) and the others
+    only after it succeeded; then every rank must have opened (two agreements). A failed open leaves
+    nothing open or locked, on any rank."""
+    agreement = ranks.agreement_store()
+    store, store_ns = agreement if agreement is not None else (None, "")
+    engine: _core.Engine | None = None
+    lock: _core.RunDirLock | None = None
+    for first in (True, False):
+        error: BaseException | None = None
+        if (ranks.rank == 0) == first:
+            try:
+                make_dirs_durably(directory)  # a power loss must not take a new run dir's name
+                if ranks.rank == 0 and before_rank0 is not None:
+                    before_rank0()
+                lock = lock_run_dir(directory, ranks.rank)
+                engine = _core.Engine(
+                    str(directory), opts, rank=ranks.rank, world_size=ranks.world_size,
+                    one_history=True,  # each save retires the abandoned history first (Checkpointer's docstring)
+                    store=store, store_ns=store_ns,  # several ranks agree on each commit through it
+                    faults=[dict(f) for f in faults])  # test hook: inject I/O errors (cpp/core/env.h)
+            except Exception as e:
+                error = e
+        if not ranks.all_true(error is None):
+            if engine is not None:
+                engine.close()
+            if lock is not None:
+                lock.release()
+            if error is not None:
+                raise error
+            raise CheckpointError(f"{directory}: another rank could not open its checkpointer (see its log)")
+    assert engine is not None and lock is not None
+    return engine, lock
+
+
+def open_memory(memory: bool | str | os.PathLike[str], run_dir: Path, opts: dict[str, Any],
+                ranks: Collectives) -> tuple[Path, _core.Engine, _core.RunDirLock]:
+    """The memory tier's directory and engine (``memory``: the Checkpointer's argument, True or a directory;
+    :mod:`alpsck.store.memory_tier`), for ranks on one node (a collective)."""
+    if memory is not True and (isinstance(memory, bool) or not isinstance(memory, (str, os.PathLike))):
+        raise UsageError(f"memory: {memory!r}: must be True, False or a directory")
+    if len(set(ranks.each(memory_tier.host_key()))) > 1:
+        raise UsageError("memory=: the ranks run on several nodes; the memory tier serves ranks on one node "
+                         "until each node's snapshot has a replica on another (leave memory off)")
+    if memory is True:  # rank 0 holds the run directory's lock: it reads or makes the identity, the others take it
+        token, error = -1, None
+        if ranks.rank == 0:
+            try:
+                token = memory_tier.run_token(run_dir)
+            except OSError as e:
+                error = e
+        [token] = ranks.from_rank0([token] if ranks.rank == 0 else [])
+        if token < 0:
+            raise CheckpointError(f"{run_dir}: the run's identity could not be read or made for its memory tier"
+                                  + (f": {error}" if error is not None else " (rank 0's error says why)"))
+        memory = memory_tier.memory_dir_for(run_dir, token)
+    directory = Path(memory)
+    engine, lock = open_engine(directory, memory_tier.engine_options(opts), ranks)
+    return directory, engine, lock

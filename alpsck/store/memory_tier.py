@@ -1,0 +1,85 @@
+"""The memory tier: where a run's checkpoints in node memory live, and how its engine is set.
+
+A memory checkpoint is a checkpoint like any other (manifest, shards, CRC32C: the same format, the same
+commit, the one picker and verifier), written by a second engine into a directory in node shared memory
+(``/dev/shm``, a tmpfs), so that it outlives a crash of the training process but costs no file-system
+write. On Alps ``/dev/shm`` is wiped after every job: the tier serves restarts inside an allocation,
+and a requeued job reads the run directory (docs/memory-tier.md).
+
+The directory is named after the run directory's identity, not only its path: a random number kept in
+the run directory (``.run-id``, :func:`run_token`) and the run directory's real path, so that a run
+directory removed and made again under the same name (a new run; its inode may well be the old one's)
+never restores the old run's snapshots, and a copy of a run directory is another run. ``ALPSCK_MEMORY_ROOT``
+names another root than ``/dev/shm`` (tests; a node-local NVMe).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .durable import read_small, replace_durably
+from .names import RUN_ID_NAME
+
+ROOT_ENV = "ALPSCK_MEMORY_ROOT"
+_TOKEN_MASK = (1 << 62) - 1  # a token travels between ranks as an int64
+DEFAULT_ROOT = "/dev/shm"
+TIERS = ("run_dir", "memory")
+"""Where a save goes (``Checkpointer.save(tier=...)``) and where a restore came from (``restored_tier``)."""
+
+# The memory engine keeps one checkpoint and writes one more at a time: own + one in flight per node (the
+# issue's budget; the replica comes on top). Buffered writes: a tmpfs refuses O_DIRECT, and fsync is free there.
+ENGINE_OVERRIDES: dict[str, Any] = {"keep_last": 1, "max_in_flight": 1, "keep_every_steps": 0,
+                                    "keep_every_seconds": 0.0, "keep_best": "", "direct_io": False}
+
+
+def memory_root() -> Path:
+    """The directory the memory tier's run directories are made in (``$ALPSCK_MEMORY_ROOT``, else /dev/shm)."""
+    return Path(os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
+
+
+def run_token(run_dir: Path) -> int:
+    """The run directory's identity (module docstring): the number in ``RUN_DIR/.run-id``, made there when it
+    is missing or not one (a symlink, another file, garbage: a new identity only makes the memory tier's
+    snapshots unreachable, never wrong). Called by the run directory's writer, which holds its lock."""
+    path = run_dir / RUN_ID_NAME
+    try:
+        text = read_small(path, 64, follow=False).decode("ascii", "replace").strip()
+        if re.fullmatch(r"[0-9a-f]{16}", text):
+            return int(text, 16) & _TOKEN_MASK
+    except OSError:  # missing, not a regular file, unreadable: a new one replaces it
+        pass
+    token = secrets.randbits(62)
+    replace_durably(path, f"{token:016x}\n".encode())
+    return token
+
+
+def memory_dir_for(run_dir: str | os.PathLike[str], token: int) -> Path:
+    """The memory tier's directory for ``run_dir`` whose identity is ``token`` (:func:`run_token`):
+    ``ROOT/alpsck-UID/NAME-HASH``, the hash over the token and the run directory's real path."""
+    real = os.path.realpath(run_dir)
+    digest = hashlib.sha256(f"{token:016x}\0{real}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in os.path.basename(real))[:40] or "run"
+    return memory_root() / f"alpsck-{os.getuid()}" / f"{name}-{digest}"
+
+
+def engine_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The memory engine's options: the run directory's, with its retention and I/O mode (ENGINE_OVERRIDES)."""
+    return {**options, **ENGINE_OVERRIDES}
+
+
+def check_tier(tier: str) -> str:
+    if tier not in TIERS:
+        raise UsageError(f"tier: {tier!r}: use one of {', '.join(TIERS)}")
+    return tier
+
+
+def host_key() -> int:
+    """This node's name as a 62-bit number, for the ranks to compare (every rank on one node: one memory)."""
+    return int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:8], "big") >> 2
