@@ -55,6 +55,7 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "checkpoint.every_steps": (1, MAX_STEP),  # steps are int64
     "checkpoint.every_seconds": (0.001, _MAX_S),
     "checkpoint.mtbf_s": (1, _MAX_S),
+    "checkpoint.memory_every": (0, MAX_STEP),
     "requeue.max_restarts": (0, 100_000),
     "requeue.signal_delay_s": (1, _MAX_S),  # and less than the time limit
     "requeue.maintenance_margin_s": (0, 7 * _DAY_S),
@@ -125,6 +126,7 @@ class CheckpointConfig:
     mtbf_s: float | None = None  # for every: auto; unset: observed in the history, else a day
     lustre_layout: str = "auto"  # on Lustre: "auto", "none" or lfs setstripe options (alpsck.store.filesystem)
     preflight: bool = True  # check space, inodes and quota before the first save (Checkpointer's preflight)
+    memory_every: int = 0  # also a checkpoint to the memory tier every N steps (alpsck.store.memory_tier; 0: off)
     # The engine's options the config gives (checkpoint.<option> of ENGINE_OPTIONS): typed, defaulted and checked
     # by alpsck.options' table, forwarded to the Checkpointer as they are (engine_options).
     engine: dict[str, Any] = field(default_factory=dict)
@@ -184,7 +186,7 @@ _TYPES: dict[str, dict[str, str]] = {
     "entry": {"function": "str", "script": "str", "args": "list[str]"},
     "checkpoint": {"every_steps": "int", "every_seconds": "float", "every": "str", "mtbf_s": "float",
                    **{o: _OPTION_TYPES[SPECS[o]["type"]] for o in ENGINE_OPTIONS},  # the engine's table says
-                   "lustre_layout": "str", "preflight": "bool"},
+                   "lustre_layout": "str", "preflight": "bool", "memory_every": "int"},
     "requeue": {"max_restarts": "int", "signal": "str", "signal_delay_s": "int", "on_maintenance": "bool",
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
                 "same_error_retries": "int", "give_up_after_no_progress": "int", "in_job_restarts": "int",

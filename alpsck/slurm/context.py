@@ -65,9 +65,16 @@ class JobContext:
     def stop_reason(self) -> str | None:
         return self.stop.reason
 
-    def checkpoint_due(self, step: int) -> bool:
-        """True when ``checkpoint.every_steps`` or ``checkpoint.every_seconds`` says to save now; with
-        ``checkpoint.every: auto``, when Young/Daly's interval from the measured save cost has passed."""
+    def checkpoint_due(self, step: int) -> str:
+        """Where a checkpoint of ``step`` is due, or "" (false) for none: ``"run_dir"`` when
+        ``checkpoint.every_steps`` or ``checkpoint.every_seconds`` says to save now (with ``checkpoint.every:
+        auto``, when Young/Daly's interval from the measured save cost has passed); else ``"memory"`` when
+        ``step`` is a multiple of ``checkpoint.memory_every``. Pass it on: ``ckpt.save(step, state, tier=due)``."""
+        persistent = self._persistent_due(step)
+        every = self.config.checkpoint.memory_every
+        return "run_dir" if persistent else "memory" if every and step % every == 0 else ""
+
+    def _persistent_due(self, step: int) -> bool:
         ck = self.config.checkpoint
         if ck.every == "auto":
             if self._auto is None:
@@ -100,6 +107,6 @@ class JobContext:
 
         ck = self.config.checkpoint
         kw: dict[str, Any] = {**ck.engine_options(), "lustre_layout": ck.lustre_layout, "preflight": ck.preflight,
-                              "rank": self.rank}
+                              "rank": self.rank, "memory": bool(ck.memory_every)}
         kw.update(overrides)
         return Checkpointer(self.run_dir, **kw)

@@ -105,7 +105,8 @@ def goodput(events: Timeline | list[dict[str, Any]], now: float | None = None) -
 
 def _restart(s: Start, nxt: Start, gap: float, in_alloc: bool, lost: float, step_s: float | None) -> dict[str, Any]:
     """One restart: its cause, when, how long until the next start's first step ended, and its parts."""
-    r: dict[str, Any] = {"cause": s.cause, "at": round(s.end, 3), "in_allocation": in_alloc}
+    r: dict[str, Any] = {"cause": s.cause, "at": round(s.end, 3), "in_allocation": in_alloc,
+                         "tier": nxt.restored_tier}
     if s.hang is not None and _opt(s.hang.seconds) is not None:
         r["detect_s"] = round(_num(s.hang.seconds), 3)
     if in_alloc and nxt.down_s is not None:  # the step's end, from the batch script's clock

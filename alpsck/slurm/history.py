@@ -210,11 +210,14 @@ class GaveUp(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Restored(Event):
-    """A restore fell back from ``resume_step`` to ``step`` (the newer one failed its check)."""
+    """A restore used another ``step`` than ``resume_step`` (the run directory's pick at the start): it fell back
+    (the newer one failed its check), or it came from the memory tier (as new or newer); ``tier``: where it came from
+    (``memory`` or ``run_dir``; absent in runs before the memory tier: the run directory)."""
 
     KIND: ClassVar[str] = "restored"
     step: int | None = None
     resume_step: int | None = None
+    tier: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -232,12 +232,12 @@ class JobRunner:
             export_torch_distributed_env(job_id, job.attempt)
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
 
-        def restored(run_dir: Path, step: int | None) -> None:  # what a restore used: resume_step is what it tries
+        def restored(run_dir: Path, step: int | None, tier: str | None) -> None:  # resume_step: the run dir's pick
             if os.path.realpath(run_dir) != os.path.realpath(cfg.run_dir):
                 return
             ctx.restored_step = step
-            if step != resume:  # it fell back (the data of resume_step failed its CRC): recorded
-                self._log(Restored(step=step, resume_step=resume))
+            if step != resume or tier == "memory":  # it fell back (a CRC failed), or it came from memory
+                self._log(Restored(step=step, resume_step=resume, tier=tier))
 
         RESTORED_HOOKS.append(restored)
         _set_current(ctx)

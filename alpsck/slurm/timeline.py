@@ -29,6 +29,7 @@ from .history import (
     GaveUp,
     Hang,
     Requeued,
+    Restored,
     Signal,
     Started,
     Submitted,
@@ -74,6 +75,14 @@ class Start:
     final_step: int | None  # the step of its final checkpoint, after a stop
     hang: Hang | None = None
     events: list[Event] = field(repr=False, default_factory=list)
+
+    @property
+    def restored_tier(self) -> str | None:
+        """Where this start's restore came from: ``memory`` or ``run_dir`` (None: a fresh start)."""
+        restored = _newest(self.events, Restored)
+        if restored is not None:
+            return restored.tier or ("run_dir" if restored.step is not None else None)
+        return "run_dir" if self.resume_step is not None else None
 
     @property
     def first_poll(self) -> float | None:

@@ -104,6 +104,24 @@ def test_the_next_start_records_how_the_step_before_died(tmp_path: Path) -> None
     assert [e["event"] for e in events].count("crashed") == 1, events
 
 
+def test_a_start_killed_after_a_memory_checkpoint_restarts_from_node_memory(tmp_path: Path) -> None:
+    """checkpoint.memory_every: the start after a SIGKILL restores the memory tier's step 5, newer than the run
+    directory's 0; the history says so (a ``restored`` event with its tier), and goodput's restart names the tier."""
+    from alpsck.slurm import goodput
+
+    extra = "  hang_timeout_s: 0\ncheckpoint:\n  every_steps: 50\n  memory_every: 5\n"
+    env = {"ALPSCK_MEMORY_ROOT": str(tmp_path / "shm")}
+    r, events, _ = _run(tmp_path, "memory_then_killed", extra=extra, env_extra=env)
+    assert r.returncode == -9, r.stderr
+    r, events, _ = _run(tmp_path, "restore_from_memory", extra=extra,
+                        env_extra={**env, "ALPSCK_ATTEMPT": "1", "ALPSCK_PREVIOUS_EXIT": "137"})
+    assert r.returncode == 0, r.stderr
+    [restored] = [e for e in events if e["event"] == "restored"]
+    assert (restored["step"], restored["resume_step"], restored["tier"]) == (5, 0, "memory"), events
+    g = goodput.goodput(events)
+    assert g is not None and [x["tier"] for x in g["restarts"]] == ["memory"], g["restarts"]
+
+
 _DOG = r'''
 import sys, threading, time
 from alpsck import progress

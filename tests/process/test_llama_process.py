@@ -32,14 +32,16 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path: Path) -> None:
     assert plot.read_losses(csv) == ([1, 2], [2.5, 2.0])
 
 
-def _launch(tmp_path: Path, name: str, checkpointer: str, dtype: str, *extra: str) -> subprocess.Popen[str]:
+def _launch(tmp_path: Path, name: str, checkpointer: str, dtype: str, *extra: str,
+            env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     args = [sys.executable, "-m", "alpsck.examples.llama", "--seed", "3", "--training-steps", "70",
             "--checkpoint-freq", "25", "--model-dtype", dtype, "--checkpointer", checkpointer,
             "--dim", "32", "--n-layers", "2", "--n-heads", "4", "--n-kv-heads", "2", "--multiple-of", "32",
             "--sequence-length", "32", "--batch-size", "4", "--warmup-steps", "5", "--device", "cpu",
             "--torch-threads", "1", "--log-every", "0", "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"),
             "--loss-file", str(tmp_path / f"{name}.csv"), *extra]
-    return subprocess.Popen(args, env=training_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(args, env=env or training_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
 
 
 @pytest.mark.parametrize(("checkpointer", "dtype"), [
@@ -61,6 +63,27 @@ def test_crash_and_resume_reproduces_losses_byte_for_byte(tmp_path: Path, checkp
     assert len(ref.splitlines()) == 1 + 70
     assert (tmp_path / "b.csv").read_bytes() == ref
     assert (tmp_path / "c.csv").read_bytes() == ref
+
+
+def test_a_crash_between_run_directory_checkpoints_resumes_from_the_memory_tier_byte_for_byte(tmp_path: Path) -> None:
+    """Every 50 steps to the run directory, every 5 to node memory; a crash at step 37 (before the run
+    directory holds anything) resumes from the memory tier's newest snapshot, and the trace is the clean run's."""
+    from alpsck import _core
+    from alpsck.store import memory_tier
+
+    env = {**training_env(), memory_tier.ROOT_ENV: str(tmp_path / "shm")}
+    tiers = ("--checkpoint-freq", "50", "--memory-every", "5")
+    a = _launch(tmp_path, "a", "alpsck", "fp32", *tiers, env=env)
+    c = _launch(tmp_path, "c", "alpsck", "fp32", "--fail-at-step", "37", *tiers, env=env)
+    finish(a)
+    finish(c, FAIL_EXIT_CODE)
+    assert [i for i in _core.scan(str(tmp_path / "ckpt-c")) if i["status"] == "committed"] == []
+    [memory] = (tmp_path / "shm").glob("alpsck-*/ckpt-c-*")
+    [newest] = [i["step"] for i in _core.scan(str(memory)) if i["status"] == "committed"]  # the tier keeps one
+    assert newest in (30, 35)  # 35 unless the crash two steps later beat its commit
+    out = finish(_launch(tmp_path, "c", "alpsck", "fp32", "--load-checkpoint", *tiers, env=env))
+    assert f"resumed from step {newest} of" in out, out
+    assert (tmp_path / "c.csv").read_bytes() == (tmp_path / "a.csv").read_bytes()
 
 
 @pytest.mark.parametrize("checkpointer", ["alpsck", "torch"])

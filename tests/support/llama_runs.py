@@ -16,9 +16,11 @@ def training_env() -> dict[str, str]:
     return env
 
 
-def finish(proc: subprocess.Popen[str], expected_rc: int = 0) -> None:
+def finish(proc: subprocess.Popen[str], expected_rc: int = 0) -> str:
+    """Wait for a training started with its output piped; assert its exit code; its output."""
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == expected_rc, out
+    return str(out)
 
 
 def small_training_config(tmp_path: Path, **kw: object) -> TrainConfig:

@@ -71,6 +71,29 @@ def restore_damaged(job):
         got = ck.restore({"w": torch.zeros(4096)})
     assert (job.resume_step, got, job.restored_step) == (2, 1, 1), (job.resume_step, got, job.restored_step)
 
+def memory_then_killed(job):
+    """Steps 0..7: the run directory at 0, node memory at 5 (checkpoint.memory_every: 5); SIGKILLed at 7."""
+    import torch
+    state = {"w": torch.zeros(4096), "step": 0}
+    ck = job.checkpointer()
+    for step in range(8):
+        state["w"] += 1
+        state["step"] = step
+        due = "run_dir" if step == 0 else job.checkpoint_due(step)
+        if due:
+            ck.save(step, state, tier=due).wait()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def restore_from_memory(job):
+    """The start after memory_then_killed: the run directory's pick is step 0, the memory tier's 5 wins."""
+    import torch
+    state = {"w": torch.zeros(4096), "step": 0}
+    with job.checkpointer() as ck:
+        got = ck.restore(state)
+        tier = ck.restored_tier
+    assert (job.resume_step, got, job.restored_step, tier) == (0, 5, 5, "memory"), (job.resume_step, got, tier)
+    assert float(state["w"][0]) == 6.0 and state["step"] == 5
+
 def interrupted(job):
     _signal(signal.SIGINT)                        # scancel --signal=INT: KeyboardInterrupt
     time.sleep(1)

@@ -81,6 +81,7 @@ def test_work_lost_and_each_restart_split_into_its_parts() -> None:
                   first_step_s=0.5),
               _ev(100, "failed", message="RuntimeError: x", will_restart=True, will_requeue=False),
               _ev(103, "started", restart=0, attempt=2, down_s=2.5, step=70, step_taken_at=90.0, backend="slurm"),
+              _ev(104, "restored", step=75, resume_step=70, tier="memory"),  # memory held a newer step
               _ev(150, "times", start_s=2.0, restore_s=1.0, step_s=42.0, save_s=2.0, final_s=0.0, polls=43,
                   first_step_s=0.4),
               _ev(150, "finished", step=110)]
@@ -90,9 +91,11 @@ def test_work_lost_and_each_restart_split_into_its_parts() -> None:
     assert sum(g[f"{k}_s"] for k in goodput.PARTS) == pytest.approx(150.0, rel=0.01)
     assert g["ettr"] == pytest.approx(97.0 / 150.0, abs=1e-4)
     hang, failed = g["restarts"]
-    assert hang == {"cause": "hang", "at": 60.0, "in_allocation": True, "detect_s": 9.0, "teardown_s": 3.0,
+    assert hang == {"cause": "hang", "at": 60.0, "in_allocation": True, "tier": "run_dir", "detect_s": 9.0,
+                    "teardown_s": 3.0,
                     "start_s": 2.0, "setup_s": 3.0, "restore_s": 1.0, "first_step_s": 0.5, "restart_s": 9.5,
                     "lost_s": 15.0, "lost_steps": 15}
+    assert failed["tier"] == "memory"  # where the start after it restored from
     assert failed["cause"] == "failed" and failed["restart_s"] == pytest.approx(3.0 + 2.0 + 1.0 + 0.4)
     assert failed["lost_s"] == 10.0 and failed["teardown_s"] == 0.5 and failed["start_s"] == 2.5
     assert [s["outcome"] for s in g["starts"]] == ["hang", "failed", "finished"]

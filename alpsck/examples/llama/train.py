@@ -81,6 +81,7 @@ class TrainConfig:
     seed: int = 0
     training_steps: int = 100
     checkpoint_freq: int = 50  # 0: no periodic checkpoints (the last step is still saved)
+    memory_every: int = 0  # alpsck: also a checkpoint to the memory tier every N steps (0: none)
     model_dtype: str = "fp32"
     sequence_length: int = 64
     dim: int = 64
@@ -140,7 +141,9 @@ class TrainConfig:
             if self.checkpointer != "alpsck" and getattr(self, name) != DEFAULTS[name]:
                 raise ConfigError(f"{name}: the alpsck checkpointer's retention rule (checkpointer is "
                                   f"{self.checkpointer!r})")
-        for name in ("checkpoint_freq", "warmup_steps", "log_every"):
+        if self.memory_every and self.checkpointer != "alpsck":
+            raise ConfigError(f"memory_every: the alpsck checkpointer's memory tier (checkpointer is {self.checkpointer!r})")
+        for name in ("checkpoint_freq", "memory_every", "warmup_steps", "log_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_rollbacks", "rollback_skip_batches"):
@@ -188,7 +191,7 @@ class TrainResult:
 
 
 def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, threads: int,
-                      keep_last: int, overlap_copy: bool = False, numa_node: int = -1,
+                      keep_last: int, overlap_copy: bool = False, numa_node: int = -1, memory: bool = False,
                       **retention: Any) -> CheckpointerLike:
     """``"torch"``: :class:`alpsck.torch_save.TorchSaveCheckpointer`; ``"alpsck"``: the concurrent one,
     a shard per rank when torch.distributed is initialised (model and optimizer written once), its
@@ -206,7 +209,7 @@ def make_checkpointer(kind: str, run_dir: str | Path, *, max_in_flight: int, thr
 
         return Checkpointer(run_dir, max_in_flight=max_in_flight, threads=threads, keep_last=keep_last,
                             replicated=REPLICATED, overlap_copy=overlap_copy or None, numa_node=numa_node,
-                            **retention)
+                            memory=memory, **retention)
     raise ConfigError(f"checkpointer must be one of {CHECKPOINTERS}, got {kind!r}")
 
 
@@ -275,7 +278,7 @@ def _seed_everything(seed: int, device: torch.device) -> None:
 
 
 def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
-          checkpoint_due: Callable[[int], bool] | None = None,
+          checkpoint_due: Callable[[int], str | bool] | None = None,
           on_rollback: Callable[[RollbackRecord], None] | None = None) -> TrainResult:
     """Train per ``cfg``; see the module docstring for the step order.
 
@@ -296,7 +299,7 @@ def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
 
 
 def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
-           stop_requested: Callable[[], bool] | None, checkpoint_due: Callable[[int], bool] | None,
+           stop_requested: Callable[[], bool] | None, checkpoint_due: Callable[[int], str | bool] | None,
            on_rollback: Callable[[RollbackRecord], None] | None = None) -> TrainResult:
     _seed_everything(cfg.seed, device)
     with torch.device(device):
@@ -318,6 +321,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     sharded = cfg.checkpointer == "alpsck"  # every rank saves its shard (else rank 0 alone)
     if sharded:
         ckpt_kwargs["overlap_copy"] = cfg.overlap_copy
+        ckpt_kwargs["memory"] = bool(cfg.memory_every)
         ckpt_kwargs.update({name: getattr(cfg, name) for name in RETENTION})
         if device.type == "cuda":  # staging on the Grace of this rank's GPU (alpsck.staging)
             from alpsck.staging import gpu_numa_node
@@ -366,13 +370,15 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     result = TrainResult(final_step=step, stopped=False, restored_step=restored, last_loss=None)
     last_saved = restored
 
-    def save(s: int, urgent: bool = False) -> None:
+    def save(s: int, urgent: bool = False, tier: str = "run_dir") -> None:
         nonlocal last_saved
         state["step"] = s
         if ckpt is not None:
             # The step's loss goes into the checkpoint's manifest (alpsck's Checkpointer): a NaN one is
             # then unhealthy, and no restore resumes from it (rank 0's loss is what is recorded).
-            kw = {"metrics": {"loss": result.last_loss}} if sharded and result.last_loss is not None else {}
+            kw: dict[str, Any] = {"metrics": {"loss": result.last_loss}} if sharded and result.last_loss is not None else {}
+            if tier != "run_dir":
+                kw["tier"] = tier
             ckpt.save(s, state, urgent=urgent, **kw)
             result.saved_steps.append(s)
         last_saved = s
@@ -413,7 +419,9 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                          (s - step) / max(time.perf_counter() - t0, 1e-9))
             if cfg.min_step_seconds:  # padding changes only the pace, never the losses
                 time.sleep(max(0.0, t_step + cfg.min_step_seconds - time.perf_counter()))
-            due = checkpoint_due(s) if checkpoint_due is not None else bool(cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0)
+            due = _tier_due(checkpoint_due(s) if checkpoint_due is not None else
+                            "run_dir" if cfg.checkpoint_freq and s % cfg.checkpoint_freq == 0 else
+                            "memory" if cfg.memory_every and s % cfg.memory_every == 0 else "")
             # Not polled after the last step: the run is complete, and a stop it answered True to
             # would make the SLURM runner requeue (or give up on) a finished run.
             asked = bool(stop_requested and s < cfg.training_steps and stop_requested())
@@ -431,7 +439,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
                 s = r
                 continue
             if due:
-                save(s)
+                save(s, tier=TIERS_DUE[due])
         if last_saved != result.final_step:
             save(result.final_step, urgent=result.stopped)  # a final checkpoint races a deadline
         if ckpt is not None:
@@ -446,13 +454,23 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
     return result
 
 
-def _agree(world: int, device: torch.device, due: bool, stop: bool, bad: bool) -> tuple[bool, bool, bool]:
-    """(checkpoint now, stop now, roll back now), each true if any rank says so: all ranks save the same
-    steps, and roll back together."""
+# A checkpoint due, as a number the ranks agree on by their maximum: none, the memory tier, the run directory
+# (where any rank says the run directory, every rank saves there).
+TIERS_DUE = ("", "memory", "run_dir")
+
+
+def _tier_due(due: str | bool) -> int:
+    """``job.checkpoint_due``'s answer (a tier, "" for none; True: the run directory) as TIERS_DUE's index."""
+    return TIERS_DUE.index("run_dir" if due is True else due or "")
+
+
+def _agree(world: int, device: torch.device, due: int, stop: bool, bad: bool) -> tuple[int, bool, bool]:
+    """(checkpoint now: TIERS_DUE's index, stop now, roll back now), each the most any rank says: all ranks
+    save the same steps to the same tier, and roll back together."""
     if world > 1:
-        t = torch.tensor([int(due), int(stop), int(bad)], device=device)
+        t = torch.tensor([due, int(stop), int(bad)], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        due, stop, bad = bool(t[0].item()), bool(t[1].item()), bool(t[2].item())
+        due, stop, bad = int(t[0].item()), bool(t[1].item()), bool(t[2].item())
     return due, stop, bad
 
 
@@ -465,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=d.seed)
     add("--training-steps", type=int, default=d.training_steps)
     add("--checkpoint-freq", type=int, default=d.checkpoint_freq, help="save every N steps (0: only the last)")
+    add("--memory-every", type=int, default=d.memory_every, metavar="N",
+        help="alpsck: also save to the memory tier (node shared memory) every N steps (0: never)")
     add("--model-dtype", choices=sorted(DTYPES), default=d.model_dtype)
     add("--sequence-length", type=int, default=d.sequence_length)
     add("--dim", type=int, default=d.dim)
@@ -549,7 +569,7 @@ def slurm_entry(job: Any) -> TrainResult:
     cfg = config_from_args(job.argv)
     ck = job.config.checkpoint
     cfg = replace(cfg, checkpoint_dir=job.run_dir, checkpointer="alpsck", load_checkpoint=True, load_checkpoint_dir=None,
-                  max_in_flight=ck.max_in_flight, threads=ck.threads, keep_last=ck.keep_last,
+                  max_in_flight=ck.max_in_flight, threads=ck.threads, keep_last=ck.keep_last, memory_every=ck.memory_every,
                   **{name: getattr(ck, name) for name in RETENTION},
                   spike_factor=cfg.spike_factor if cfg.spike_factor is not None else ck.spike_factor or None,
                   loss_file=cfg.loss_file or os.path.join(job.run_dir, "loss.csv"))
