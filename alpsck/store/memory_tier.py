@@ -35,8 +35,10 @@ TIERS = ("run_dir", "memory")
 
 # The memory engine keeps one checkpoint and writes one more at a time: own + one in flight per node (the
 # issue's budget; the replica comes on top). Buffered writes: a tmpfs refuses O_DIRECT, and fsync is free there.
+# No preallocation: on a tmpfs it zeroes every page of a shard inside save() (the stall was 2.9x a plain copy).
 ENGINE_OVERRIDES: dict[str, Any] = {"keep_last": 1, "max_in_flight": 1, "keep_every_steps": 0,
-                                    "keep_every_seconds": 0.0, "keep_best": "", "direct_io": False}
+                                    "keep_every_seconds": 0.0, "keep_best": "", "direct_io": False,
+                                    "preallocate": False}
 
 
 def memory_root() -> Path:

@@ -92,12 +92,6 @@ Status Engine::Init() {
   env_->Close(fd);
   env_->Unlink(probe);
   direct_io_ = direct;
-  // On a tmpfs (node memory, the memory tier) fallocate zeroes every page of the shard inside save(),
-  // on the caller's clock (0.17 s per 512 MiB on the CI machine, twice the snapshot copy), pages the
-  // writes then fill anyway: there it is skipped, and a full tmpfs fails the save at its write (the
-  // background error the handle reports) instead of at the start.
-  uint64_t magic = 0;
-  preallocate_ = !(FileSystemMagic(dir, &magic) == 0 && magic == kTmpfsMagic);
   align_ = std::max<uint64_t>({PageSize(), dio.mem_align, dio.offset_align, 512});
   chunk_bytes_ = RoundUp(opts_.chunk_bytes, align_);
 
@@ -224,7 +218,7 @@ Status Engine::PrepareDir(SaveJob* j) {
   ALPSCK_RETURN_IF_ERROR(s);
   j->recycled = recycled;
   const uint64_t want = j->index.layout.data_padded + align_;
-  if (!preallocate_) return Status::Ok();
+  if (!opts_.preallocate) return Status::Ok();  // options.cc: why one would not
   int r = env_->FAllocate(j->fd, want);
   if (r == -ENOSPC || r == -EDQUOT)
     return Status::FromErrno(-r, "preallocate " + std::to_string(want) + " bytes for " + j->shard_path);

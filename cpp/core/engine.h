@@ -141,8 +141,6 @@ class Engine {
   std::unique_ptr<ConfinedRoot> confined_;  // from Init on: RUN_DIR is confined in env_
   uint64_t align_ = 4096, chunk_bytes_ = 0;  // from Init's probe of RUN_DIR
   bool direct_io_ = true;
-  // fallocate each new shard ahead of its writes; not on a tmpfs (engine.cc, Open says why).
-  bool preallocate_ = true;
   History history_;                       // which step directories are of this run's history
   PublishedStep published_;               // the newest step published (LATEST)
   SpareDirs spares_;                      // the expired directories saves recycle (spare_dirs.h)

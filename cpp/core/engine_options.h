@@ -44,6 +44,7 @@ struct EngineOptions {
                                   // (+ one slot per writer), grown when a later save is larger
                                   // (external fills still use only the first mapping)
   bool direct_io{};               // try O_DIRECT (a buffered fallback is reported)
+  bool preallocate{};             // fallocate each new shard before its writes
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning
   uint32_t background_nice{};     // nice value of the writer, committer and pool-faulting threads
   bool crc_in_copy{};             // snapshot modes: CRC32C each chunk in the copy (else: in the writer)

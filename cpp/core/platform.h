@@ -51,7 +51,6 @@ int NumaNodeOfPage(const void* addr);
 // The type of the file system holding path (statfs f_type: 0x0BD00BD0 Lustre, 0x6969 NFS, ...),
 // which alpsck asks before any Lustre-only call. 0, or -errno.
 int FileSystemMagic(const std::string& path, uint64_t* magic);
-constexpr uint64_t kTmpfsMagic = 0x01021994;  // node memory (/dev/shm): the memory tier's run directories
 
 // Page-aligned anonymous memory, pre-faulted (one write per page) so that first-touch page faults
 // never land on the hot path, and not inherited by fork() (MADV_DONTFORK). With huge_pages, a
