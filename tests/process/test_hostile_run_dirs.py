@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from support.warm import WarmProcess
 
 import alpsck
 from alpsck import _core
@@ -128,14 +128,18 @@ def test_no_tool_touches_anything_outside_or_hangs(tmp_path: Path, name: str, ki
     outside = _outside(tmp_path)
     _place(run, name, kind, outside)
     before = _tree(outside)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    # Forked warm (support.warm: torch is imported once per test process, not once per case).
+    p = WarmProcess(driver, [str(run), str(tmp_path / "w.safetensors")], dict(os.environ), tmp_path / "driver.out")
     try:  # seven tools, each bounded at 30 s below: a hang anywhere ends here
-        r = subprocess.run([sys.executable, "-c", DRIVER, str(run), str(tmp_path / "w.safetensors")],
-                           capture_output=True, text=True, timeout=210, env=env)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"a tool hung with a {kind} at {name}: {e.stdout!r}")
-    assert r.returncode == 0 and "Traceback" not in r.stderr, f"a {kind} at {name}:\n{r.stdout}\n{r.stderr}"
-    took = {line.split()[1]: float(line.split()[2]) for line in r.stdout.splitlines() if line.startswith("took ")}
-    assert set(took) == {"save", "restore", "dcp", "history", "inspect", "export", "prune"}, r.stdout
+        p.wait(210)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail(f"a tool hung with a {kind} at {name}: {p.read_output()!r}")
+    out = p.read_output()
+    assert p.returncode == 0 and "Traceback" not in out, f"a {kind} at {name}:\n{out}"
+    took = {line.split()[1]: float(line.split()[2]) for line in out.splitlines() if line.startswith("took ")}
+    assert set(took) == {"save", "restore", "dcp", "history", "inspect", "export", "prune"}, out
     assert all(t < 30 for t in took.values()), took
-    assert _tree(outside) == before, f"a file outside the run directory changed ({kind} at {name}):\n{r.stdout}"
+    assert _tree(outside) == before, f"a file outside the run directory changed ({kind} at {name}):\n{out}"

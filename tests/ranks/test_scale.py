@@ -16,15 +16,11 @@ Kept light for CI on 2 cores: tiny tensors, one thread per process, a short comm
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from support.ranks import free_port
+from support.ranks import free_port, kill_all, rank_env
+from support.warm import WarmProcess
 
 from alpsck import _core
 
@@ -112,25 +108,11 @@ dist.destroy_process_group()
 """
 
 
-def _launch(tmp_path: Path, logs: list[Any], *args: str) -> list[subprocess.Popen[str]]:
+def _launch(tmp_path: Path, logs: list[Path], *args: str) -> list[WarmProcess]:
     script = tmp_path / "scale_worker.py"
     script.write_text(WORKER)
-    port = str(free_port())
-    procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(WORLD),
-               "RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=logs[rank],
-                                      stderr=subprocess.STDOUT, text=True))
-    return procs
-
-
-def _kill(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGKILL)
-    for p in procs:
-        p.wait()
+    port = free_port()
+    return [WarmProcess(script, list(args), rank_env(rank, WORLD, port), logs[rank]) for rank in range(WORLD)]
 
 
 def _lines(log: Path, word: str) -> list[list[str]]:
@@ -141,8 +123,7 @@ def _lines(log: Path, word: str) -> list[list[str]]:
 def test_sixteen_ranks_killed_mid_save_loop_resume_bit_for_bit(tmp_path: Path) -> None:
     run = tmp_path / "run"
     logs = [tmp_path / f"train-{r}.log" for r in range(WORLD)]
-    files = [open(p, "w") for p in logs]  # noqa: SIM115 - closed below
-    procs = _launch(tmp_path, files, "train", str(run))
+    procs = _launch(tmp_path, logs, "train", str(run))
     try:
         deadline = time.monotonic() + 120
         while len(_lines(logs[0], "durable")) < 2:  # waits on what rank 0 reports: start-up under load varies
@@ -153,9 +134,7 @@ def test_sixteen_ranks_killed_mid_save_loop_resume_bit_for_bit(tmp_path: Path) -
         time.sleep(0.3)  # a few more steps: saves are in flight when the job dies
         assert all(p.poll() is None for p in procs), "a rank left its save loop before the kill"
     finally:
-        _kill(procs)
-        for f in files:
-            f.close()
+        kill_all(procs)
     trained = [{int(s): float(v) for s, v in _lines(log, "loss")} for log in logs]
     infos = _core.scan(str(run), verify=True)
     assert not [i for i in infos if i["status"] == "corrupt"], infos
@@ -167,17 +146,14 @@ def test_sixteen_ranks_killed_mid_save_loop_resume_bit_for_bit(tmp_path: Path) -
     assert not {int(s) for log in logs for s, *_ in _lines(log, "failed")} & {i["step"] for i in committed}
 
     logs = [tmp_path / f"resume-{r}.log" for r in range(WORLD)]
-    files = [open(p, "w") for p in logs]  # noqa: SIM115 - closed below
-    procs = _launch(tmp_path, files, "resume", str(run), str(EXTRA))
+    procs = _launch(tmp_path, logs, "resume", str(run), str(EXTRA))
     try:
         deadline = time.monotonic() + 120
         for r, p in enumerate(procs):
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
             assert p.returncode == 0, logs[r].read_text()[-3000:]
     finally:
-        _kill(procs)
-        for f in files:
-            f.close()
+        kill_all(procs)
     results = []
     for log in logs:
         line = next(line for line in log.read_text().splitlines() if line.startswith("RESULT "))

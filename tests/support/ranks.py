@@ -1,14 +1,16 @@
-"""Start a worker script on several ranks (gloo on CPU, one process each) and collect what they print."""
+"""Start a worker script on several ranks (gloo on CPU, one process each, forked warm: :mod:`support.warm`) and
+collect what they print."""
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
+import tempfile
+import time
 from pathlib import Path
 
 from support import SUPPORT
+from support.warm import WarmProcess
 
 
 def free_port() -> int:
@@ -17,25 +19,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_env(rank: int, world: int, port: int | str, **extra: str) -> dict[str, str]:
+    """A rank's environment: this process's, with torch.distributed's variables and one OMP thread."""
+    return {**os.environ, **extra, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+            "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
+
+
+def kill_all(procs: list[WarmProcess]) -> None:
+    """SIGKILL every rank still running, and wait for each."""
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait(60)
+
+
 def run_ranks(mode: str, run_dir: Path, world: int, script: Path = SUPPORT / "dcp_worker.py") -> list[str]:
-    """Run ``script mode run_dir`` (the worker) on ``world`` ranks; every rank must exit 0. Returns their outputs."""
+    """Run ``script mode run_dir`` (the worker) on ``world`` ranks; every rank must exit 0 within 180 s. Returns
+    their outputs."""
     port = free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(script), mode, str(run_dir)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
+    outputs = Path(tempfile.mkdtemp(prefix=f"ranks-{mode}-", dir=Path(run_dir).parent))
+    procs = [WarmProcess(script, [mode, str(run_dir)], rank_env(rank, world, port), outputs / f"rank-{rank}.out")
+             for rank in range(world)]
+    deadline = time.monotonic() + 180
     try:
         for p in procs:
-            out, _ = p.communicate(timeout=180)
-            outs.append(out)
+            p.wait(max(1.0, deadline - time.monotonic()))
     finally:
-        for p in procs:  # a rank that failed leaves the others waiting in a collective
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        kill_all(procs)  # a rank that failed leaves the others waiting in a collective
+    outs = [p.read_output() for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {r}:\n{out}"
     return outs

@@ -1,0 +1,83 @@
+"""Start a worker script the way ``python script.py ARGS`` would, but forked from a server that imported torch
+and alpsck once (a multiprocessing forkserver, one per test process): a rank then starts in milliseconds of
+CPU instead of the 3-4 s of ``import torch``, which was most of what the several-ranks tier cost (the
+16-rank test started 32 of them). What the script sees is the same: its own ``os.environ``, ``sys.argv``,
+its directory first on ``sys.path``, ``__name__ == "__main__"``, one OMP thread unless told otherwise; its
+output (stdout and stderr) goes to a file. :class:`WarmProcess` answers as ``subprocess.Popen`` does where the
+tests use it (``poll``, ``wait``, ``returncode``, ``kill``, ``send_signal``, ``pid``)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+PRELOAD = ["torch", "torch.distributed", "alpsck", "alpsck.checkpointer", "alpsck.dcp"]
+_CONTEXT: Any = None
+
+
+def _context() -> Any:
+    global _CONTEXT
+    if _CONTEXT is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+def _main(script: str, argv: list[str], env: dict[str, str], output: str) -> None:
+    """In the forked child: the script as its own ``__main__``, its output to ``output``."""
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's own streams
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(env)
+    import torch
+
+    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    runpy.run_path(script, run_name="__main__")
+
+
+class WarmProcess:
+    """``script`` with ``argv`` and ``env``, forked warm (module docstring); its output appended to ``output``."""
+
+    def __init__(self, script: str | os.PathLike[str], argv: list[str], env: dict[str, str],
+                 output: str | os.PathLike[str]) -> None:
+        self.output = Path(output)
+        self._p = _context().Process(target=_main, args=(str(script), list(argv), dict(env), str(output)))
+        self._p.start()
+        self.pid = self._p.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._p.exitcode  # type: ignore[no-any-return]
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._p.join(timeout)
+        if self._p.exitcode is None:
+            raise subprocess.TimeoutExpired(f"{self._p.name}", timeout or 0)
+        return int(self._p.exitcode)
+
+    def send_signal(self, sig: int) -> None:
+        if self._p.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def read_output(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
