@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite — the README's test command (through .ci/run) and what CI runs. Four lanes
+# The whole test suite — the README's test command (through .ci/run) and what CI runs. Five lanes
 # run side by side, each into its own log, printed in full at the end with its time and CPU time:
 #   cpp     the core's C++ tests (ctest -j) built with -Wall -Wextra -Werror; the same tests under
 #           ASan+UBSan (clang, the build that also holds the libFuzzer targets, which then fuzz the
 #           parsers a few seconds each: tests/fuzz.sh), under TSan, and cross-built for aarch64 and
 #           run under qemu with 64 KiB pages;
-#   python  ruff, mypy, then pytest's tiers against the installed package: tests/unit (in-process,
-#           pytest-xdist), tests/process (one process tree), tests/ranks (several ranks);
+#   static  ruff and mypy (niced: throughput work, off the python lane's path);
+#   python  pytest's tiers against the installed package: tests/unit (in-process, pytest-xdist),
+#           tests/process (one process tree), tests/ranks (several ranks);
 #   slurm   pytest's tests/slurm tier on a real one-node SLURM (slurm/local-cluster/start.sh, which
 #           installs slurm-wlm and munge when missing) and submitit's local executor: the jobs are
 #           paced and mostly wait for signals and requeues, so several tests run at once (-n), each
@@ -84,7 +85,7 @@ cpp_lane() {
   unniced env ${expect_tuning:+ALPSCK_EXPECT_TUNING=$expect_tuning} ctest --test-dir "$native" --output-on-failure -j "$ncpu"
 }
 
-python_lane() {
+static_lane() {
   section "ruff"
   python3 -m ruff check alpsck tests benchmarks
   section "mypy (the sources, with the installed extension's generated stub _core.pyi)"
@@ -93,6 +94,9 @@ python_lane() {
   typed=$(mktemp -d)
   cp -r alpsck "$typed/" && cp "$pkg/_core.pyi" "$typed/alpsck/"
   (cd "$typed" && python3 -m mypy --config-file "$root/pyproject.toml" alpsck)
+}
+
+python_lane() {
   local rc=0
   section "pytest: tests/unit (in-process, $ncpu workers)"
   tier unit -n "$ncpu" "$@" || rc=1
@@ -132,8 +136,8 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
 # The lanes that only need throughput run at a lower priority (nice): the jobs of the slurm and
 # readme lanes, and the python lane's timing-sensitive tests, get the cores when they need them (a
 # job's start-up, a signal handled within its grace time), the compiles take the rest.
-nice_of() { case $1 in cpp) echo 10;; *) echo 0;; esac; }
-lanes=(slurm python)
+nice_of() { case $1 in cpp|static) echo 10;; *) echo 0;; esac; }
+lanes=(slurm python static)
 [ "${ALPSCK_SKIP_README:-0}" = 1 ] || lanes+=(readme)
 [ "${ALPSCK_SKIP_CPP:-0}" = 1 ] || lanes+=(cpp)
 declare -A pid
