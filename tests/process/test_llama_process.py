@@ -79,8 +79,10 @@ def test_a_crash_between_run_directory_checkpoints_resumes_from_the_memory_tier_
     finish(c, FAIL_EXIT_CODE)
     assert [i for i in _core.scan(str(tmp_path / "ckpt-c")) if i["status"] == "committed"] == []
     [memory] = (tmp_path / "shm").glob("alpsck-*/ckpt-c-*")
-    [newest] = [i["step"] for i in _core.scan(str(memory)) if i["status"] == "committed"]  # the tier keeps one
-    assert newest in (30, 35)  # 35 unless the crash two steps later beat its commit
+    # The tier keeps one, but a crash right after a commit can come before the one before it is removed.
+    kept = [i["step"] for i in _core.scan(str(memory)) if i["status"] == "committed"]
+    newest = max(kept)
+    assert len(kept) <= 2 and newest in (30, 35), kept  # 35 unless the crash two steps later beat its commit
     out = finish(_launch(tmp_path, "c", "alpsck", "fp32", "--load-checkpoint", *tiers, env=env))
     assert f"resumed from step {newest} of" in out, out
     assert (tmp_path / "c.csv").read_bytes() == (tmp_path / "a.csv").read_bytes()
