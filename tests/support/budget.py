@@ -6,6 +6,12 @@ against its ceiling, and the session fails with a table naming every test over i
 total is over the tier's. A test that outgrows its tier (a unit test that starts processes, a process test
 that waits for a job) fails visibly instead of slowing CI down unnoticed. ``--budget-report=FILE`` writes
 the measured durations (JSON) to set the ceilings from.
+
+A ceiling is for the test on a machine of its own. CI runs five lanes on two cores (a load of 10 is usual
+there), and a test then takes several times as long as alone: each test's wall time is judged divided by
+the machine's slowdown while it ran, the 1-minute load average (sampled as it starts and as it ends) over
+the cores, between 1 and MAX_SLOWDOWN. CI once failed on a process test at 106.8 s of a 100 s ceiling whose
+time alone is 31 s; a test grown tenfold still fails loudly, a busier day does not.
 """
 
 from __future__ import annotations
@@ -30,6 +36,18 @@ TIERS = ("unit", "process", "ranks", "slurm", "gpu")
 WAITED = "budget_waited_s"
 """A user property (seconds) a fixture records when it waited for its turn (the slurm tier's cluster lock): the
 budget leaves that wait out of the test's setup time."""
+LOAD = "budget_load"
+"""A user property: the 1-minute load average as the test's setup starts, and again as its teardown starts."""
+MAX_SLOWDOWN = 4.0
+"""The most a test's time is divided by: its own processes load the machine too (16 ranks on 2 cores), and
+a test that starts processes where it should not must not hide behind the load it makes itself."""
+
+
+def slowdown(loads: list[float], cores: int) -> float:
+    """How much slower than alone a test ran: its mean load over the cores, between 1 and MAX_SLOWDOWN."""
+    if not loads:
+        return 1.0
+    return min(max(sum(loads) / len(loads) / max(cores, 1), 1.0), MAX_SLOWDOWN)
 
 
 @dataclass(frozen=True)
@@ -87,7 +105,10 @@ class _Recorder:
     budget: Budget
     enforce: bool
     report_path: Path | None
+    cores: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds (setup + call + teardown, less a fixture's wait for its turn)."""
+    slowdowns: dict[str, float] = field(default_factory=dict)
     tiers: dict[str, str] = field(default_factory=dict)
     over: list[tuple[str, str, float, float]] = field(default_factory=list)
     tiers_over: list[tuple[str, float, float]] = field(default_factory=list)
@@ -101,20 +122,26 @@ class _Recorder:
         if report.when == "setup":  # time a test waited for its turn at a shared resource is not its own
             secs -= sum(v for k, v in report.user_properties if k == WAITED)
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + max(secs, 0.0)
+        loads = [float(v) for k, v in report.user_properties if k == LOAD]
+        self.slowdowns[report.nodeid] = slowdown(loads, self.cores)
+
+    def judged(self, nodeid: str) -> float:
+        """A test's seconds as if alone: its wall time over the slowdown it ran under."""
+        return self.seconds[nodeid] / self.slowdowns.get(nodeid, 1.0)
 
     def totals(self) -> dict[str, tuple[int, float]]:
         out: dict[str, tuple[int, float]] = {}
-        for nodeid, secs in self.seconds.items():
+        for nodeid in self.seconds:
             n, total = out.get(self.tiers[nodeid], (0, 0.0))
-            out[self.tiers[nodeid]] = (n + 1, total + secs)
+            out[self.tiers[nodeid]] = (n + 1, total + self.judged(nodeid))
         return out
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        for nodeid, secs in sorted(self.seconds.items(), key=lambda kv: -kv[1]):
+        for nodeid in sorted(self.seconds, key=lambda k: -self.judged(k)):
             limit = self.budget.ceiling(nodeid, self.tiers[nodeid])
-            if secs > limit:
-                self.over.append((nodeid, self.tiers[nodeid], secs, limit))
+            if self.judged(nodeid) > limit:
+                self.over.append((nodeid, self.tiers[nodeid], self.judged(nodeid), limit))
         for tier, (_, total) in sorted(self.totals().items()):
             if tier in self.budget.total and total > self.budget.total[tier]:
                 self.tiers_over.append((tier, total, self.budget.total[tier]))
@@ -130,7 +157,7 @@ class _Recorder:
         tr.section("durations budget (tests/budget.toml)")
         for tier, (n, total) in sorted(self.totals().items(), key=lambda kv: TIERS.index(kv[0])):
             cap = self.budget.total.get(tier)
-            tr.write_line(f"{tier:8} {n:5d} tests {total:9.1f} s in all" + (f" (ceiling {cap:g} s)" if cap else "")
+            tr.write_line(f"{tier:8} {n:5d} tests {total:9.1f} s in all (as if alone)" + (f" (ceiling {cap:g} s)" if cap else "")
                           + f", each under {self.budget.per_test[tier]:g} s unless named")
         if not (self.over or self.tiers_over):
             tr.write_line("every test within its ceiling")
@@ -138,9 +165,10 @@ class _Recorder:
         tr.write_line("")
         tr.write_line("OVER BUDGET: a test slower than its ceiling has outgrown its tier (move it, make it cheaper, "
                       "or name it in tests/budget.toml with a reason):", red=True, bold=True)
-        tr.write_line(f"{'seconds':>9} {'ceiling':>9}  {'tier':8} test")
+        tr.write_line(f"{'alone':>9} {'ceiling':>9}  {'tier':8} test (wall seconds / slowdown)")
         for nodeid, tier, secs, limit in self.over:
-            tr.write_line(f"{secs:9.1f} {limit:9.1f}  {tier:8} {_relative(nodeid)}", red=True)
+            tr.write_line(f"{secs:9.1f} {limit:9.1f}  {tier:8} {_relative(nodeid)} ({self.seconds[nodeid]:.1f} s / "
+                          f"{self.slowdowns.get(nodeid, 1.0):.2f})", red=True)
         for tier, total, cap in self.tiers_over:
             tr.write_line(f"{total:9.1f} {cap:9.1f}  {tier:8} (the tier's total)", red=True)
 
@@ -153,10 +181,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write each test's measured duration (seconds, JSON) to FILE")
 
 
+def _enforced(config: pytest.Config) -> bool:
+    return bool(config.getoption("--budget") or os.environ.get("ALPSCK_BUDGET") == "1")
+
+
+def _sample_load(item: pytest.Item) -> None:
+    if _enforced(item.config) or item.config.getoption("--budget-report"):
+        item.user_properties.append((LOAD, os.getloadavg()[0]))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _sample_load(item)  # in the process that runs the test (an xdist worker): its report carries it
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _sample_load(item)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: the controller sees every report and judges
         return
     report = config.getoption("--budget-report")
-    enforce = bool(config.getoption("--budget") or os.environ.get("ALPSCK_BUDGET") == "1")
+    enforce = _enforced(config)
     if enforce or report:
         config.pluginmanager.register(_Recorder(Budget.load(), enforce, Path(report) if report else None), "alpsck-budget")
