@@ -31,7 +31,7 @@ def _context() -> Any:
 
 
 def _main(script: str, argv: list[str], env: dict[str, str], output: str) -> None:
-    """In the forked child: the script as its own ``__main__``, its output to ``output``."""
+    """In the forked child: the script (or ``-m module``) as its own ``__main__``, its output to ``output``."""
     fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -43,14 +43,19 @@ def _main(script: str, argv: list[str], env: dict[str, str], output: str) -> Non
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if script.startswith("-m"):  # as python -m: the module's name; its argv[0] becomes its file
+        sys.argv = [script, *argv]
+        runpy.run_module(script[2:], run_name="__main__", alter_sys=True)
+        return
     sys.argv = [script, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     runpy.run_path(script, run_name="__main__")
 
 
 class WarmProcess:
-    """``script`` with ``argv`` and ``env``, forked warm (module docstring); its output appended to ``output``."""
+    """``script`` with ``argv`` and ``env``, forked warm (module docstring); its output appended to ``output``.
+    A ``script`` of ``-mNAME`` runs the module NAME, as ``python -m NAME`` would."""
 
     def __init__(self, script: str | os.PathLike[str], argv: list[str], env: dict[str, str],
                  output: str | os.PathLike[str]) -> None:
