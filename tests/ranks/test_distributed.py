@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 from support.ranks import free_port
+from support.warm import ColdProcess, WarmProcess
 
 import alpsck
 from alpsck import _core
@@ -134,27 +136,37 @@ dist.destroy_process_group()
 """
 
 
-def _launch(tmp_path: Path, world: int, *args: str, stdout: object = subprocess.PIPE,
-            env: dict[str, str] | None = None, wrap: dict[int, list[str]] | None = None) -> list[subprocess.Popen[str]]:
+def _launch(tmp_path: Path, world: int, *args: str, env: dict[str, str] | None = None,
+            wrap: dict[int, list[str]] | None = None) -> list[WarmProcess | ColdProcess]:
+    """The worker on ``world`` ranks, forked warm (support/warm.py), but a rank with a wrapper command (cold);
+    each rank's output in a file of its own (``proc.output``)."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = str(free_port())
-    procs = []
+    outputs = Path(tempfile.mkdtemp(prefix=f"{args[0]}-", dir=tmp_path))
+    procs: list[WarmProcess | ColdProcess] = []
     for rank in range(world):
         rank_env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                     "WORLD_SIZE": str(world), "RANK": str(rank), "OMP_NUM_THREADS": "1"}
-        out = stdout[rank] if isinstance(stdout, list) else stdout
-        procs.append(subprocess.Popen([*(wrap or {}).get(rank, []), sys.executable, str(script), *args], env=rank_env,
-                                      stdout=out, stderr=subprocess.STDOUT, text=True))
+        out = outputs / f"rank-{rank}.out"
+        if rank in (wrap or {}):
+            procs.append(ColdProcess([*(wrap or {})[rank], sys.executable, str(script), *args], rank_env, out))
+        else:
+            procs.append(WarmProcess(script, list(args), rank_env, out))
     return procs
 
 
-def _outputs(procs: list[subprocess.Popen[str]]) -> list[str]:
-    outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out
-        outs.append(out)
+def _outputs(procs: list[WarmProcess | ColdProcess]) -> list[str]:
+    deadline = time.monotonic() + 120
+    try:
+        for p in procs:
+            p.wait(max(1.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:  # a rank that failed leaves the others waiting in a collective
+            p.kill()
+    outs = [p.read_output() for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.wait(60) == 0, out
     return outs
 
 
@@ -223,7 +235,7 @@ def test_restore_at_another_world_size_is_refused_clearly(tmp_path: Path) -> Non
     assert meta["rank"] == 1 and meta["world_size"] == 2 and tensors
 
 
-def _wait_until(pred: Any, timeout: float, what: str, procs: list[subprocess.Popen[Any]]) -> None:
+def _wait_until(pred: Any, timeout: float, what: str, procs: list[WarmProcess | ColdProcess]) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -237,9 +249,8 @@ def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp
     run = tmp_path / "run"
     start = 1
     for round_ in range(3):
-        logs = [open(tmp_path / f"r{round_}-{r}.log", "w") for r in (0, 1)]  # noqa: SIM115 - closed below
-        procs = _launch(tmp_path, 2, "churn", str(run), str(start), stdout=logs)
-        log0 = tmp_path / f"r{round_}-0.log"
+        procs = _launch(tmp_path, 2, "churn", str(run), str(start))
+        log0 = procs[0].output
 
         def seen(word: str, log: Path = log0) -> bool:
             return any(line.startswith(word) for line in log.read_text().splitlines())
@@ -254,9 +265,7 @@ def test_a_rank_killed_mid_save_never_commits_a_checkpoint_without_its_shard(tmp
         time.sleep(1.0)
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait()
-        for f in logs:
-            f.close()
-        out0 = (tmp_path / f"r{round_}-0.log").read_text()
+        out0 = log0.read_text()
         durable = [int(line.split()[1]) for line in out0.splitlines() if line.startswith("durable ")]
         failed = [int(line.split()[1]) for line in out0.splitlines() if line.startswith("failed ")]
         assert durable and failed, out0[-2000:]

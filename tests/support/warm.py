@@ -86,3 +86,34 @@ class WarmProcess:
 
     def read_output(self) -> str:
         return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+
+class ColdProcess:
+    """``argv`` as a plain child process, answering as :class:`WarmProcess` does: for a rank that must start
+    under a wrapper (``setpriv`` dropping root's permission bypass), which a fork cannot be."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], output: str | os.PathLike[str]) -> None:
+        self.output = Path(output)
+        with open(self.output, "a") as out:
+            self._p = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        self.pid = self._p.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._p.returncode
+
+    def poll(self) -> int | None:
+        return self._p.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._p.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        if self._p.poll() is None:
+            self._p.send_signal(sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def read_output(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
