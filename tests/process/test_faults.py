@@ -640,7 +640,12 @@ def test_signal_storm_during_the_final_checkpoint_leaves_exactly_one_valid_final
     # Exactly one final checkpoint, recorded once, durable, valid, and what restore picks.
     events = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
     finals = [e for e in events if e["event"] == "final_checkpoint"]
-    assert len(finals) == 1 and finals[0]["step"] == final and finals[0]["reason"] == "timeout", events
+    # The reason is the first signal the process handled: USR2 (the time limit's), or the TERM sent 1 ms after it.
+    # Signals to a process with several threads are not handled in the order sent: the kernel gives the TERM
+    # to another thread while the main thread, not yet running, holds the USR2 (CI12, load 14 on 2 cores, saw
+    # "term"). That the first decides, and a later TERM keeps a timeout, is tested on its own
+    # (tests/slurm/test_slurm_local.py::test_a_later_sigterm_that_is_a_preemption_keeps_the_stop_a_requeue).
+    assert len(finals) == 1 and finals[0]["step"] == final and finals[0]["reason"] in ("timeout", "term"), events
     # The requeue is the batch script's to do and to record: the request carries its event.
     assert "requeued" not in [e["event"] for e in events], events
     infos = list(_core.scan(str(run), verify=True))
@@ -649,7 +654,9 @@ def test_signal_storm_during_the_final_checkpoint_leaves_exactly_one_valid_final
     request = (run / ".requeue-request").read_text().splitlines()
     assert request[0] == "4711 0"
     requeue = json.loads(next(line for line in request if line.startswith("preemption "))[len("preemption "):])
-    assert requeue["event"] == "requeued" and requeue["reason"] == "timeout" and requeue["step"] == final, request
+    # A "term" (scontrol could not say what the TERM meant) leaves the cause to the batch script's verdict line.
+    cause = "timeout" if finals[0]["reason"] == "timeout" else "preemption"
+    assert requeue["event"] == "requeued" and requeue["reason"] == cause and requeue["step"] == final, request
     back = {"w": torch.empty(1_000_000), "step": 0}
     assert alpsck.restore_into(run, back) == final and torch.equal(back["w"], torch.full((1_000_000,), float(final)))
     assert len(sent) > 50

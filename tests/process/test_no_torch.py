@@ -62,7 +62,8 @@ def _clean_env() -> dict[str, str]:
 
 
 def _pip(python: Path, *args: str, timeout: float = 600) -> None:
-    r = _run([str(python), "-m", "pip", *args], timeout, env=_clean_env())
+    """pip, this Python's, on the venv of ``python`` (``--python``: the venv needs no pip of its own)."""
+    r = _run([sys.executable, "-m", "pip", "--python", str(python), *args], timeout, env=_clean_env())
     if r.returncode != 0:
         err = "\n".join(ln for ln in (r.stderr or r.stdout).splitlines() if not ln.startswith("WARNING: Location"))
         _unavailable(f"pip {' '.join(args)} failed:\n{err[-3000:]}")
@@ -80,9 +81,10 @@ def _build_requires() -> list[str]:
         return re.findall(r'"([^"]+)"', m.group(1))
 
 
-def _new_venv(path: Path) -> Path:
+def _new_venv(path: Path, pip: bool = False) -> Path:
+    """A fresh venv, without pip unless asked (ensurepip costs seconds of CPU; :func:`_pip` installs into it)."""
     shutil.rmtree(path, ignore_errors=True)
-    r = _run([sys.executable, "-m", "venv", str(path)], 300, env=_clean_env())
+    r = _run([sys.executable, "-m", "venv", *([] if pip else ["--without-pip"]), str(path)], 300, env=_clean_env())
     python = path / "bin" / "python"
     if r.returncode != 0 or not python.exists():
         _unavailable(f"python -m venv failed: {r.stderr.strip()[-2000:]}")
@@ -97,7 +99,7 @@ def _build_python() -> Path:
             "sys.exit(not all(R(r).specifier.contains(m.version(R(r).name)) for r in sys.argv[1:]))"
     if python.exists() and _run([str(python), "-c", probe, *requires], 60, env=_clean_env()).returncode == 0:
         return python
-    python = _new_venv(BUILD / "buildenv")
+    python = _new_venv(BUILD / "buildenv", pip=True)  # it runs pip wheel itself
     _pip(python, "install", "-q", "packaging", *requires)
     return python
 
@@ -149,7 +151,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Venv]:
     wheel = _build_wheel(tmp / "wheel")
     t1 = time.monotonic()
     python = _new_venv(tmp / "venv")
-    _pip(python, "install", "-q", str(wheel))
+    _pip(python, "install", "-q", "--no-compile", str(wheel))  # no bytecode for all of numpy: imports make theirs
     t2 = time.monotonic()
     work = tmp / "work"
     work.mkdir()

@@ -558,8 +558,8 @@ def _check_goodput(run: Path, causes: list[str]) -> None:
     g = doc["goodput"]
     assert [r["cause"] for r in g["restarts"]] == causes, g
     # Within the allocation, and far below a requeue's queue wait: the new step's start-up (two ranks importing
-    # torch) takes 10 s on a quiet machine and up to 40 s beside the rest of CI.
-    assert all(r["in_allocation"] and 0 < r["restart_s"] < 60 for r in g["restarts"]), g
+    # torch) takes 10 s on a quiet machine, 40 s beside the rest of CI, and once more than 60 s there (load 14).
+    assert all(r["in_allocation"] and 0 < r["restart_s"] < 180 for r in g["restarts"]), g
     from alpsck.slurm.goodput import PARTS
 
     parts = sum(g[f"{k}_s"] for k in PARTS)
