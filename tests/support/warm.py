@@ -60,6 +60,7 @@ class WarmProcess:
     def __init__(self, script: str | os.PathLike[str], argv: list[str], env: dict[str, str],
                  output: str | os.PathLike[str]) -> None:
         self.output = Path(output)
+        self.output.touch()  # there from the start, as a file a parent opens for Popen: tests poll it at once
         self._p = _context().Process(target=_main, args=(str(script), list(argv), dict(env), str(output)))
         self._p.start()
         self.pid = self._p.pid
