@@ -39,3 +39,16 @@ def dcp_quiet() -> Iterator[None]:
         warnings.filterwarnings("ignore", message=".*load_state_dict.*deprecated", category=FutureWarning)
         warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_process_outlives_its_test() -> Iterator[None]:
+    """A warm process (support/warm.py) a test left running is killed after it, with a warning naming it: a
+    rank that runs on would hold the test process at exit, and a CI would hang instead of failing (CI13)."""
+    yield
+    warm = sys.modules.get("support.warm")
+    if warm is not None:
+        killed = warm.kill_leftovers()
+        if killed:
+            warnings.warn(f"warm processes still running after the test, killed: {killed}", RuntimeWarning,
+                          stacklevel=1)

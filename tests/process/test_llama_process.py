@@ -49,7 +49,7 @@ def _launch(tmp_path: Path, name: str, checkpointer: str, dtype: str, *extra: st
 
 def finish(proc: WarmProcess, expected_rc: int = 0) -> str:
     """Wait for a training; assert its exit code; its output."""
-    rc = proc.wait(timeout=180)
+    rc = proc.wait(timeout=300)  # a hang guard: beside a loaded CI a training can take minutes
     out = proc.read_output()
     assert rc == expected_rc, out
     return out

@@ -8,7 +8,9 @@ tests use it (``poll``, ``wait``, ``returncode``, ``kill``, ``send_signal``, ``p
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
+import multiprocessing.util  # its exit handler (joins children) registered before ours: ours runs first
 import os
 import runpy
 import signal
@@ -19,6 +21,8 @@ from typing import Any
 
 PRELOAD = ["torch", "torch.distributed", "alpsck", "alpsck.checkpointer", "alpsck.dcp"]
 _CONTEXT: Any = None
+_STARTED: list[WarmProcess] = []
+"""Every warm process this test process started and has not seen end (:func:`kill_leftovers`)."""
 
 
 def _context() -> Any:
@@ -64,6 +68,7 @@ class WarmProcess:
         self._p = _context().Process(target=_main, args=(str(script), list(argv), dict(env), str(output)))
         self._p.start()
         self.pid = self._p.pid
+        _STARTED.append(self)
 
     @property
     def returncode(self) -> int | None:
@@ -118,3 +123,20 @@ class ColdProcess:
 
     def read_output(self) -> str:
         return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+
+def kill_leftovers() -> list[int]:
+    """SIGKILL every warm process still running, wait for each, and return their pids. A test that failed
+    before it waited for its ranks leaves them running (a rank in a save loop runs forever), and
+    multiprocessing joins its children at exit: the test process would hang instead of failing. The
+    tests' conftest.py calls this after every test; atexit, once more."""
+    killed = [p.pid for p in _STARTED if p.returncode is None]
+    for p in _STARTED:
+        p.kill()
+    for p in _STARTED:
+        p._p.join(30)
+    _STARTED[:] = [p for p in _STARTED if p.returncode is None]
+    return killed
+
+
+atexit.register(kill_leftovers)  # after multiprocessing.util's exit handler (imported above): runs before it
