@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.ranks import free_port
+from support.ranks import free_port, outputs_of
 from support.warm import ColdProcess, WarmProcess
 
 import alpsck
@@ -157,17 +157,7 @@ def _launch(tmp_path: Path, world: int, *args: str, env: dict[str, str] | None =
 
 
 def _outputs(procs: list[WarmProcess | ColdProcess]) -> list[str]:
-    deadline = time.monotonic() + 120
-    try:
-        for p in procs:
-            p.wait(max(1.0, deadline - time.monotonic()))
-    finally:
-        for p in procs:  # a rank that failed leaves the others waiting in a collective
-            p.kill()
-    outs = [p.read_output() for p in procs]
-    for p, out in zip(procs, outs, strict=True):
-        assert p.wait(60) == 0, out
-    return outs
+    return outputs_of(procs, 120)
 
 
 def _root_without_dac_bypass_for(rank: int) -> dict[int, list[str]]:

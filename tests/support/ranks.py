@@ -7,10 +7,11 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from support import SUPPORT
-from support.warm import WarmProcess
+from support.warm import ColdProcess, WarmProcess
 
 
 def free_port() -> int:
@@ -25,7 +26,7 @@ def rank_env(rank: int, world: int, port: int | str, **extra: str) -> dict[str, 
             "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"}
 
 
-def kill_all(procs: list[WarmProcess]) -> None:
+def kill_all(procs: Sequence[WarmProcess | ColdProcess]) -> None:
     """SIGKILL every rank still running, and wait for each."""
     for p in procs:
         p.kill()
@@ -40,7 +41,12 @@ def run_ranks(mode: str, run_dir: Path, world: int, script: Path = SUPPORT / "dc
     outputs = Path(tempfile.mkdtemp(prefix=f"ranks-{mode}-", dir=Path(run_dir).parent))
     procs = [WarmProcess(script, [mode, str(run_dir)], rank_env(rank, world, port), outputs / f"rank-{rank}.out")
              for rank in range(world)]
-    deadline = time.monotonic() + 180
+    return outputs_of(procs, 180)
+
+
+def outputs_of(procs: Sequence[WarmProcess | ColdProcess], timeout: float) -> list[str]:
+    """Every rank's output, once all exited 0 within ``timeout`` seconds (asserted, naming the rank)."""
+    deadline = time.monotonic() + timeout
     try:
         for p in procs:
             p.wait(max(1.0, deadline - time.monotonic()))

@@ -57,7 +57,22 @@ def _main(script: str, argv: list[str], env: dict[str, str], output: str) -> Non
     runpy.run_path(script, run_name="__main__")
 
 
-class WarmProcess:
+class _Child:
+    """What a warm and a cold child share: its output file, and SIGKILL through its own ``send_signal``."""
+
+    output: Path
+
+    def send_signal(self, sig: int) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def read_output(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+
+class WarmProcess(_Child):
     """``script`` with ``argv`` and ``env``, forked warm (module docstring); its output appended to ``output``.
     A ``script`` of ``-mNAME`` runs the module NAME, as ``python -m NAME`` would."""
 
@@ -87,14 +102,8 @@ class WarmProcess:
         if self._p.exitcode is None:
             os.kill(self.pid, sig)
 
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
-    def read_output(self) -> str:
-        return self.output.read_text(errors="replace") if self.output.exists() else ""
-
-
-class ColdProcess:
+class ColdProcess(_Child):
     """``argv`` as a plain child process, answering as :class:`WarmProcess` does: for a rank that must start
     under a wrapper (``setpriv`` dropping root's permission bypass), which a fork cannot be."""
 
@@ -117,12 +126,6 @@ class ColdProcess:
     def send_signal(self, sig: int) -> None:
         if self._p.poll() is None:
             self._p.send_signal(sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def read_output(self) -> str:
-        return self.output.read_text(errors="replace") if self.output.exists() else ""
 
 
 def kill_leftovers() -> list[int]:
