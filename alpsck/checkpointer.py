@@ -35,9 +35,9 @@ docs/python-api.md says all of this at length.
 
 The memory tier (``memory=True``): ``save(step, state, tier="memory")`` writes the checkpoint to node shared
 memory instead (:mod:`alpsck.store.memory_tier`: same format, a second engine), which outlives a crash of
-the process; ``restore()`` takes the newest step of both tiers, and falls back to the run directory,
-once, with one warning, when the memory copy is bad (:mod:`alpsck.restore.tiers`). One node only for now:
-ranks on several nodes are refused (their replica is to come).
+the process; each node's ranks commit their own, and with several nodes each node's newest is copied to the
+next node (:mod:`alpsck.memory`). ``restore()`` takes the newest step held for every rank, from this node's
+memory, another node's replica or the run directory, each copy tried once (:mod:`alpsck.memory.restore`).
 
 Threading: one thread drives a Checkpointer (the training loop's); handles may be waited on
 from any thread. Nothing read back is ever unpickled: non-tensor state is tagged JSON
@@ -59,6 +59,8 @@ from . import _core, fit, tree
 from .capture import capture
 from .errors import DiskFullError, UsageError
 from .handles import CoreSave, reap, warn_unreported
+from .memory.restore import restore_across_tiers
+from .memory.tier import MemoryTier
 from .options import (
     CHECKPOINTER_OPTIONS,
     ENGINE_OPTIONS,
@@ -73,10 +75,9 @@ from .progress import RESTORED_HOOKS, blocking
 from .ranks import Ranks, mine
 from .restore import peek, read_checkpoint, restore_into
 from .restore.health import spike
-from .restore.tiers import restore_across_tiers
 from .staging import Stager, guarded_pointers, optimizer_state_to_come
 from .store import memory_tier
-from .store.engines import open_engine, open_memory
+from .store.engines import open_engine
 from .store.lustre import LayoutReport, layout_for_run, layout_problem
 from .store.picker import pick
 from .store.preflight import preflight_refusal
@@ -170,9 +171,8 @@ class Checkpointer:
         self._fitted: dict[str, Any] = {}  # fit.check_fits's memory of entries that fitted _recorded
         self._pending: list[CoreSave] = []
         self.memory_dir: Path | None = None
-        self._memory: tuple[_core.Engine, _core.RunDirLock] | None = None
-        self._memory_preflight = 0
-        self.restored_tier: str | None = None  # where restore() found its step: "memory", "run_dir" or None
+        self._memory: MemoryTier | None = None
+        self.restored_tier: str | None = None  # where restore() found its step: "memory", "replica", "run_dir" or None
         def layout() -> None:  # rank 0, before its engine opens
             self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
 
@@ -186,8 +186,8 @@ class Checkpointer:
             )
         if memory is not False:
             try:
-                self.memory_dir, memory_engine, memory_lock = open_memory(memory, self.run_dir, engine_opts, self.ranks)
-                self._memory = (memory_engine, memory_lock)
+                self._memory = MemoryTier(memory, self.run_dir, engine_opts, self.ranks)
+                self.memory_dir = self._memory.directory
             except BaseException:
                 self._release()
                 raise
@@ -202,13 +202,13 @@ class Checkpointer:
     def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]], in_memory: bool) -> str:
         """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''. The memory
         tier's: its one checkpoint and one in flight fit in node memory's free space."""
-        if self.rank != 0 or not self._preflight:
+        if not self._preflight:
             return ""
         size = sum(t.numel() * t.element_size() for _, t in mine)
-        if in_memory and self.memory_dir is not None:
-            why, self._memory_preflight = preflight_refusal(self.memory_dir, size, self.world_size, 2,
-                                                            self._memory_preflight)
-            return why
+        if in_memory and self._memory is not None:
+            return self._memory.refusal(size)
+        if self.rank != 0:
+            return ""
         why, self._preflight_bytes = preflight_refusal(self.run_dir, size, self.world_size, self._keep,
                                                        self._preflight_bytes)
         return why
@@ -224,13 +224,15 @@ class Checkpointer:
         try:
             if stager is not None:
                 stager.close()  # every snapshot filled: the saves can finish
-            for e in (engine, memory[0] if memory else None):
-                if e is not None:
-                    e.close()
+            if memory is not None:
+                memory.close()
+            if engine is not None:
+                engine.close()
         finally:
-            for lock in (self._lock, memory[1] if memory else None):
-                if lock is not None:
-                    lock.release()  # a clean close leaves no owner behind
+            if memory is not None:
+                memory.release()  # a clean close leaves no owner behind
+            if self._lock is not None:
+                self._lock.release()
             self._lock = None
 
     # -- saving -------------------------------------------------------------------------------
@@ -291,11 +293,14 @@ class Checkpointer:
         self._reap()
         cap = capture(state)
         self._check_restorable(step, state, cap.tree)
-        meta = encode_meta(step, self.rank, self.world_size, cap.tree)
-        mine = self._mine(cap.tensors)
+        where = self._memory.local if in_memory and self._memory is not None else self.ranks  # who commits it
+        meta = encode_meta(step, where.rank, where.world_size, cap.tree)
+        mine = self._memory.mine(cap.tensors, self.replicated) if in_memory and self._memory else self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
         refusal = self._refusal(mine, in_memory)
-        engine = self._memory[0] if self._memory is not None and in_memory else self.engine
+        engine = self._memory.engine if self._memory is not None and in_memory else self.engine
+        if in_memory and self._memory is not None:
+            self._memory.before_save()
         try:
             if refusal:
                 engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
@@ -310,6 +315,8 @@ class Checkpointer:
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
+        if in_memory and self._memory is not None:
+            self._memory.replicate(handle)
         return handle
 
     def _record(self, skeleton: dict[str, tuple[str, Any]] | None, at: str) -> None:
@@ -327,7 +334,7 @@ class Checkpointer:
     def _report_retired(self, step: int) -> None:
         """Warn about the abandoned history's checkpoints the save of ``step`` retired (module docstring)."""
         if self._memory is not None:
-            self._memory[0].take_retired()  # snapshots of an abandoned history in memory: retired without a word
+            self._memory.engine.take_retired()  # snapshots of an abandoned history in memory: retired without a word
         retired = self.engine.take_retired()
         if retired and self.rank == 0:
             warnings.warn(retired_warning(self.run_dir, retired, self._continued_from, step), RuntimeWarning,
@@ -374,7 +381,7 @@ class Checkpointer:
         if self._engine is not None:
             self.engine.wait_all()
         if self._memory is not None:
-            self._memory[0].wait_all()
+            self._memory.wait()
         self._pending, failed = reap(self._pending, finished=True)
         if failed is not None:
             failed.wait()
@@ -445,14 +452,18 @@ class Checkpointer:
             self._record(fit.skeleton(state), "restore()")
         except Exception:  # restore_into reports an unusable state to every rank; the first save records it
             self._record(None, "")
-        restored, self.restored_tier = restore_across_tiers(self.run_dir, self.memory_dir, state, step=step,
-                                                            ranks=self.ranks, allow_unhealthy=allow_unhealthy)
+        if self._memory is not None:
+            restored, self.restored_tier = self._memory.restore(self.run_dir, state, step=step, ranks=self.ranks,
+                                                                allow_unhealthy=allow_unhealthy)
+        else:
+            restored, self.restored_tier = restore_across_tiers(self.run_dir, None, None, state, step=step,
+                                                                ranks=self.ranks, allow_unhealthy=allow_unhealthy)
         for hook in list(RESTORED_HOOKS):
             hook(self.run_dir, restored, self.restored_tier)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
         if self._memory is not None:
-            self._memory[0].continue_from(self._continued_from)
+            self._memory.engine.continue_from(self._continued_from)
         try:
             self.prepare(state)
         except Exception as e:  # only a head start is lost: the first save sizes its memory itself
@@ -480,7 +491,7 @@ class Checkpointer:
         sizes += optimizer_state_to_come(state)
         self.engine.prepare(sizes)
         if self._memory is not None:
-            self._memory[0].prepare(sizes)
+            self._memory.engine.prepare(sizes)
         gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
         if gpu is not None and self._is_pipelined(True):  # overlap_copy=False copies to pageable memory
             self._pipelined().pin_ahead(gpu)

@@ -69,6 +69,7 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     group: Any = None  # a gloo torch.distributed ProcessGroup when world_size > 1
+    root: int = 0  # rank 0's rank in the default group (a node's ranks: alpsck.memory.nodes)
 
     @classmethod
     def detect(cls, rank: int | None, world_size: int | None) -> Ranks:
@@ -130,9 +131,9 @@ class Ranks:
         import torch.distributed as dist
 
         n = torch.tensor([len(values)], dtype=torch.int64)
-        dist.broadcast(n, src=0, group=self.group)
+        dist.broadcast(n, src=self.root, group=self.group)
         buf = torch.tensor(values if self.rank == 0 else [0] * int(n.item()), dtype=torch.int64)
-        dist.broadcast(buf, src=0, group=self.group)
+        dist.broadcast(buf, src=self.root, group=self.group)
         return [int(x) for x in buf.tolist()]
 
 

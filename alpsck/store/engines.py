@@ -67,15 +67,14 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
     return engine, lock
 
 
-def open_memory(memory: bool | str | os.PathLike[str], run_dir: Path, opts: dict[str, Any],
-                ranks: Collectives) -> tuple[Path, _core.Engine, _core.RunDirLock]:
-    """The memory tier's directory and engine (``memory``: the Checkpointer's argument, True or a directory;
-    :mod:`alpsck.store.memory_tier`), for ranks on one node (a collective)."""
+def open_memory(memory: bool | str | os.PathLike[str], run_dir: Path, opts: dict[str, Any], ranks: Collectives,
+                node: Collectives, group: str) -> tuple[Path, Path, _core.Engine, _core.RunDirLock]:
+    """The memory tier's directory (``memory``: the Checkpointer's argument, True or a directory;
+    :mod:`alpsck.store.memory_tier`), and the engine of this node's ranks (``node``: their collectives,
+    ``group``: their directory's name in it, :func:`alpsck.store.memory_tier.group_dir_name`) there: (the
+    run's memory directory, this node's, its engine, its lock). A collective of every rank."""
     if memory is not True and (isinstance(memory, bool) or not isinstance(memory, (str, os.PathLike))):
         raise UsageError(f"memory: {memory!r}: must be True, False or a directory")
-    if len(set(ranks.each(memory_tier.host_key()))) > 1:
-        raise UsageError("memory=: the ranks run on several nodes; the memory tier serves ranks on one node "
-                         "until each node's snapshot has a replica on another (leave memory off)")
     if memory is True:  # rank 0 holds the run directory's lock: it reads or makes the identity, the others take it
         token, error = -1, None
         if ranks.rank == 0:
@@ -88,6 +87,6 @@ def open_memory(memory: bool | str | os.PathLike[str], run_dir: Path, opts: dict
             raise CheckpointError(f"{run_dir}: the run's identity could not be read or made for its memory tier"
                                   + (f": {error}" if error is not None else " (rank 0's error says why)"))
         memory = memory_tier.memory_dir_for(run_dir, token)
-    directory = Path(memory)
-    engine, lock = open_engine(directory, memory_tier.engine_options(opts), ranks)
-    return directory, engine, lock
+    base = Path(memory)
+    engine, lock = open_engine(base / group, memory_tier.engine_options(opts), node)
+    return base, base / group, engine, lock

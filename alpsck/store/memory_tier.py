@@ -28,10 +28,14 @@ from .durable import read_small, replace_durably
 from .names import RUN_ID_NAME
 
 ROOT_ENV = "ALPSCK_MEMORY_ROOT"
+NODE_ENV = "ALPSCK_NODE"  # the node a process counts as (tests stand several nodes up on one machine)
 _TOKEN_MASK = (1 << 62) - 1  # a token travels between ranks as an int64
 DEFAULT_ROOT = "/dev/shm"
 TIERS = ("run_dir", "memory")
-"""Where a save goes (``Checkpointer.save(tier=...)``) and where a restore came from (``restored_tier``)."""
+"""Where a save goes (``Checkpointer.save(tier=...)``)."""
+RESTORED_TIERS = ("memory", "replica", "run_dir")
+"""Where a restore came from (``Checkpointer.restored_tier``): this node's memory, a replica another node held
+(alpsck.memory), the run directory."""
 
 # The memory engine keeps one checkpoint and writes one more at a time: own + one in flight per node (the
 # issue's budget; the replica comes on top). Buffered writes: a tmpfs refuses O_DIRECT, and fsync is free there.
@@ -82,6 +86,21 @@ def check_tier(tier: str) -> str:
     return tier
 
 
+def node_name() -> str:
+    """The node this process runs on: its host name, or ``$ALPSCK_NODE`` (tests)."""
+    return os.environ.get(NODE_ENV) or socket.gethostname()
+
+
 def host_key() -> int:
     """This node's name as a 62-bit number, for the ranks to compare (every rank on one node: one memory)."""
-    return int.from_bytes(hashlib.sha256(socket.gethostname().encode()).digest()[:8], "big") >> 2
+    return int.from_bytes(hashlib.sha256(node_name().encode()).digest()[:8], "big") >> 2
+
+
+def group_dir_name(ranks: list[int]) -> str:
+    """The directory, inside a run's memory directory, of the checkpoints of the ranks one node runs
+    (``ranks-FIRST-LAST``): the node's own copy and, on the next node, its replica, under the same name, so a
+    node that takes over those ranks (a spare, a restart in another order) finds them by name."""
+    return f"ranks-{ranks[0]:05d}-{ranks[-1]:05d}"
+
+
+FETCHED_PREFIX = "fetched-"  # a copy another node sent for a restore here (removed once restored)

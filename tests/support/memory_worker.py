@@ -3,7 +3,7 @@
 (gloo on CPU) and ALPSCK_MEMORY_ROOT naming the node memory's stand-in.
 
 * ``save``: step 0 to the run directory, step 5 to the memory tier (each rank its own values, a shared
-  model written once), both waited for.
+  model written once), both waited for; ``save STEP:TIER,...`` saves those instead.
 * ``restore``: a fresh state, ``restore()``; prints ``RESTORED <step> <tier> <ok>``, ok when every
   value is the one saved at that step on this rank.
 """
@@ -31,7 +31,8 @@ def main() -> None:
     state: dict[str, object] = {"own": torch.zeros(50_000), "model": {"w": torch.zeros(70_000)}, "step": -1}
     with Checkpointer(run_dir, memory=True, replicated=("model",)) as ck:
         if mode == "save":
-            for step, tier in ((0, "run_dir"), (5, "memory")):
+            plan = sys.argv[3] if len(sys.argv) > 3 else "0:run_dir,5:memory"
+            for step, tier in ((int(a), b) for a, b in (x.split(":") for x in plan.split(","))):
                 v = values(step, rank)
                 state = {"own": v["own"], "model": {"w": v["model"]}, "step": step}
                 ck.save(step, state, tier=tier).wait()

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "alpsck.out", "alpsck.__version__")),
     ("store", ("alpsck.store", "alpsck.tree")),
     ("state", ("alpsck.capture", "alpsck.fit", "alpsck.rng", "alpsck.data", "alpsck.staging", "alpsck.ranks")),
-    ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.torch_save")),
+    ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.memory", "alpsck.torch_save")),
     ("dcp", ("alpsck.dcp",)),
     # The apps, each its own rung: the job layer, the checkpoint tools, the reference training, the bench
     # (which measures the training), then the command line that assembles them all.
@@ -143,11 +143,11 @@ def test_the_top_of_the_package_stays_small() -> None:
 
 
 # The one durable small-file write (store/durable.py). Whole files that are not small (a checkpoint, an
-# export, a promoted copy, a converted DCP checkpoint) are streamed by their own units; the bench measures
-# its peers' own writes. Anything else that fsyncs or renames a file into place asks store/durable.
+# export, a promoted copy, a converted DCP checkpoint, a memory checkpoint sent to another node) are streamed
+# by their own units; the bench measures its peers' own writes. Anything else that fsyncs or renames a file into place asks store/durable.
 _DURABLE = "alpsck/store/durable.py"
 _BIG_FILE_WRITERS = ("alpsck/torch_save.py", "alpsck/tools/export.py", "alpsck/tools/promote.py",
-                     "alpsck/dcp/convert.py")
+                     "alpsck/dcp/convert.py", "alpsck/memory/wire.py")
 
 
 def test_one_durable_small_file_write() -> None:

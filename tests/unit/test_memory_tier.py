@@ -1,4 +1,4 @@
-"""The memory tier (alpsck.store.memory_tier, alpsck.restore.tiers): saves to node memory, restores from the
+"""The memory tier (alpsck.store.memory_tier, alpsck.memory): saves to node memory, restores from the
 newer tier, falls back to the run directory once with one warning, never restores another run's snapshot."""
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def test_a_newer_memory_snapshot_is_restored_from_memory_bit_exact(tmp_path: Pat
         ck.save(0, state).wait()
         advance(state, 5)
         ck.save(5, state, tier="memory").wait()
-        assert ck.memory_dir is not None and ck.memory_dir.parent.parent == Path(memory_tier.memory_root())
+        assert ck.memory_dir is not None and ck.memory_dir.parent.parent.parent == Path(memory_tier.memory_root())
+        assert ck.memory_dir.name == "ranks-00000-00000"  # this node's ranks: one
         assert step_dirs(ck.memory_dir) == ["step-000000005"] and step_dirs(run) == ["step-000000000"]
         assert ck.latest_step() == 5
     expected = weights(state)
@@ -170,7 +171,7 @@ def test_an_explicit_memory_directory_is_used_as_given(tmp_path: Path) -> None:
     state = make_state()
     with Checkpointer(tmp_path / "run", memory=where) as ck:
         ck.save(3, state, tier="memory").wait()
-    assert step_dirs(where) == ["step-000000003"]
+    assert step_dirs(where / "ranks-00000-00000") == ["step-000000003"]
 
 
 def _job(tmp_path: Path, checkpoint: str) -> JobContext:

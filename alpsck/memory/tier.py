@@ -1,0 +1,87 @@
+"""The memory tier as a Checkpointer holds it (:class:`MemoryTier`): this node's engine in the run's memory
+directory, the node's ranks (a save to memory is committed by them alone), and on a node's leader the replica
+ring's worker when the job spans several nodes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..handles import CoreSave
+from ..ranks import Ranks, mine
+from ..store.engines import open_memory
+from ..store.memory_tier import group_dir_name
+from ..store.preflight import preflight_refusal
+from .nodes import node_layout
+from .replica import Replicator
+from .restore import restore_across_tiers
+
+
+class MemoryTier:
+    """One Checkpointer's memory tier (module docstring). ``base``: the run's memory directory (one name on
+    every node); ``directory``: this node's ranks' checkpoints in it (``ranks-FIRST-LAST``)."""
+
+    def __init__(self, memory: bool | str | os.PathLike[str], run_dir: Path, engine_opts: dict[str, Any],
+                 ranks: Ranks) -> None:
+        self.nodes = node_layout(ranks)
+        self.local: Ranks = self.nodes.local
+        self.base, self.directory, self.engine, self.lock = open_memory(
+            memory, run_dir, engine_opts, ranks, self.local, group_dir_name(self.nodes.groups[self.nodes.index]))
+        self.replicator = Replicator(self.nodes, self.base, self.directory) \
+            if self.nodes.count > 1 and self.nodes.leader else None
+        self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+        self._preflight = 0
+
+    def mine(self, tensors: Mapping[str, torch.Tensor], replicated: frozenset[str]) -> list[tuple[str, torch.Tensor]]:
+        """The tensors this rank writes to memory: replicated ones are spread over the node's ranks, so that
+        each node's checkpoint is whole by itself."""
+        return mine(tensors, replicated, self.local, self._owners)
+
+    def refusal(self, size: int) -> str:
+        """The node leader's pre-flight (Checkpointer's ``preflight``): one checkpoint kept, one in flight and,
+        with several nodes, the previous node's replica fit in the memory directory's free space."""
+        if self.local.rank != 0:
+            return ""
+        copies = 3 if self.nodes.count > 1 else 2
+        why, self._preflight = preflight_refusal(self.directory, size, self.local.world_size, copies, self._preflight)
+        return why
+
+    def before_save(self) -> None:
+        """Wait until the previous memory save's replica is sent (:mod:`alpsck.memory.replica`, back-pressure)."""
+        if self.replicator is not None:
+            self.replicator.drain()
+
+    def replicate(self, handle: CoreSave) -> None:
+        """Send the memory save ``handle`` to the next node once committed (its leader only)."""
+        if self.replicator is not None:
+            self.replicator.submit(handle)
+
+    def wait(self) -> None:
+        self.engine.wait_all()
+        if self.replicator is not None:
+            self.replicator.drain()
+
+    def close(self) -> None:
+        """Stop replicating (after the last replica) and close the engine; the lock is released by release()."""
+        try:
+            if self.replicator is not None:
+                self.replicator.close()
+        finally:
+            self.engine.close()
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def restore(self, run_dir: Path, state: MutableMapping[str, Any], *, step: int | None, ranks: Ranks,
+                allow_unhealthy: bool) -> tuple[int | None, str | None]:
+        """Restore across the tiers (:func:`alpsck.memory.restore.restore_across_tiers`), after the replicas
+        in flight."""
+        if self.replicator is not None:
+            self.replicator.drain()
+        return restore_across_tiers(run_dir, self.base, self.nodes, state, step=step, ranks=ranks,
+                                    allow_unhealthy=allow_unhealthy)
+
