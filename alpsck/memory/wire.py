@@ -4,8 +4,8 @@ leader does both), and it serves one-way copies too (a restore's). No pickle on 
 raw bytes.
 
 The messages, in each direction: a header (step, or -1 for nothing; the number of files; the length of their
-names), the files' sizes and their names (``\\n``-joined), then the files' bytes in pieces of at most
-:data:`PIECE` bytes, file by file. What arrives goes into ``INTO/step-N.tmp/`` and is renamed to
+names), the files' sizes and their names (``\\n``-joined), then each file's bytes as one message, sent
+from and received into a map of the file. What arrives goes into ``INTO/step-N.tmp/`` and is renamed to
 ``INTO/step-N`` once every byte is written: the rename is the copy's commit, as for any checkpoint. The
 files are the checkpoint's own (manifest, shards, extras), so what reads a checkpoint verifies a copy too.
 """
@@ -13,10 +13,10 @@ files are the checkpoint's own (manifest, shards, extras), so what reads a check
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ import torch
 from ..errors import CheckpointError
 from ..store.names import TEMP_SUFFIX, step_dir
 
-PIECE = 64 << 20
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
@@ -36,13 +35,6 @@ def _files(directory: Path) -> list[tuple[str, int]]:
         if entry.is_file(follow_symlinks=False):
             out.append((entry.name, entry.stat(follow_symlinks=False).st_size))
     return out
-
-
-def _pieces(sizes: list[int]) -> Iterator[tuple[int, int, int]]:
-    """(file index, offset, length) of every piece, in order (an empty file has none)."""
-    for i, size in enumerate(sizes):
-        for off in range(0, size, PIECE):
-            yield i, off, min(PIECE, size - off)
 
 
 def exchange(group: Any, *, dst: int | None = None, step: int = -1, source: Path | None = None,
@@ -79,7 +71,7 @@ def exchange(group: Any, *, dst: int | None = None, step: int = -1, source: Path
             raw = torch.zeros(name_bytes, dtype=torch.uint8)
             dist.recv(raw, src, group=group)
             in_files = list(zip(bytes(raw.numpy()).decode().split("\n"), [int(x) for x in sizes.tolist()], strict=True))
-    _move_bytes(group, dst, source, out_files, src, into, got, in_files, send, works)
+    _move_bytes(group, source, out_files, src, into, got, in_files, send, works, keep)
     for w in works:
         w.wait()
     if src is None or got < 0:
@@ -87,9 +79,10 @@ def exchange(group: Any, *, dst: int | None = None, step: int = -1, source: Path
     return got
 
 
-def _move_bytes(group: Any, dst: int | None, source: Path | None, out_files: list[tuple[str, int]], src: int | None,
-                into: Path | None, step: int, in_files: list[tuple[str, int]], send: Any, works: list[Any]) -> None:
-    """The files' bytes both ways, piece by piece (two send buffers, so a read overlaps a send)."""
+def _move_bytes(group: Any, source: Path | None, out_files: list[tuple[str, int]], src: int | None, into: Path | None,
+                step: int, in_files: list[tuple[str, int]], send: Any, works: list[Any], keep: list[Any]) -> None:
+    """The files' bytes both ways, one message a file, straight from and into memory-mapped files (on a tmpfs:
+    the pages themselves; no copy through a buffer)."""
     import torch.distributed as dist
 
     tmp: Path | None = None
@@ -99,56 +92,45 @@ def _move_bytes(group: Any, dst: int | None, source: Path | None, out_files: lis
         tmp = Path(str(step_dir(into, step)) + TEMP_SUFFIX)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    outgoing = _pieces([s for _, s in out_files])
-    incoming = _pieces([s for _, s in in_files]) if tmp is not None else iter(())
-    buffers = [torch.empty(min(PIECE, max((s for _, s in out_files), default=0)), dtype=torch.uint8)
-               for _ in range(2 if out_files else 0)]
-    pending: list[Any] = [None, None]
-    rbuf = torch.empty(min(PIECE, max((s for _, s in in_files), default=0)), dtype=torch.uint8)
-    readers: dict[int, Any] = {}
-    writer: tuple[int, Any] | None = None
-    n = 0
+    maps: list[mmap.mmap] = []
     try:
-        while True:
-            o = next(outgoing, None)
-            i = next(incoming, None)
-            if o is None and i is None:
-                break
-            if o is not None and source is not None:
-                k = n % 2
-                if pending[k] is not None:  # a gloo send is waited for once (a second wait blocks for good)
-                    works.remove(pending[k])
-                    pending[k].wait()
-                f = readers.get(o[0]) or readers.setdefault(o[0], open(source / out_files[o[0]][0], "rb"))
-                view = buffers[k][:o[2]]
-                f.seek(o[1])
-                if f.readinto(view.numpy().data) != o[2]:
-                    raise CheckpointError(f"{source / out_files[o[0]][0]}: shorter than its listing (changed while sent?)")
-                pending[k] = dist.isend(view, dst, group=group)
-                works.append(pending[k])
-            if i is not None and tmp is not None:
-                if writer is None or writer[0] != i[0]:
-                    if writer is not None:
-                        writer[1].close()
-                    writer = (i[0], open(tmp / in_files[i[0]][0], "wb"))
-                view = rbuf[:i[2]]
-                dist.recv(view, src, group=group)
-                writer[1].write(view.numpy().data)
-            n += 1
+        for i in range(max(len(out_files), len(in_files) if tmp is not None else 0)):
+            if i < len(out_files) and source is not None and out_files[i][1] > 0:
+                send(_mapped(source / out_files[i][0], out_files[i][1], maps, write=False))
+            if tmp is not None and i < len(in_files):
+                name, size = in_files[i]
+                with open(tmp / name, "wb") as f:
+                    f.truncate(size)
+                if size > 0:
+                    dist.recv(_mapped(tmp / name, size, maps, write=True), src, group=group)
+        for w in works:
+            w.wait()
+        works.clear()
     finally:
-        for f in readers.values():
-            f.close()
-        if writer is not None:
-            writer[1].close()
+        for w in works:  # an error part-way: the sends still read the maps
+            with contextlib.suppress(Exception):
+                w.wait()
+        works.clear()
+        keep.clear()  # the tensors over the maps go first
+        for m in maps:
+            with contextlib.suppress(BufferError):
+                m.close()
     if tmp is not None:
-        for name, size in in_files:  # an empty file has no piece: made here
-            (tmp / name).touch()
-            if (tmp / name).stat().st_size != size:
-                raise CheckpointError(f"{tmp / name}: {size} bytes sent, {(tmp / name).stat().st_size} arrived")
         final = step_dir(into, step)  # type: ignore[arg-type]
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
+
+
+def _mapped(path: Path, size: int, maps: list[mmap.mmap], *, write: bool) -> torch.Tensor:
+    """The bytes of file ``path`` (``size`` of them) as a uint8 tensor over a map of the file (read: a private
+    map, so the tensor may be writable without the file changing)."""
+    with open(path, "r+b" if write else "rb") as f:
+        if os.fstat(f.fileno()).st_size != size:
+            raise CheckpointError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} listed (changed while sent?)")
+        m = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_COPY)
+    maps.append(m)
+    return torch.frombuffer(m, dtype=torch.uint8)
 
 
 def keep_only(directory: Path, name: str) -> None:

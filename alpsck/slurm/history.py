@@ -212,7 +212,7 @@ class GaveUp(Event):
 class Restored(Event):
     """A restore used another ``step`` than ``resume_step`` (the run directory's pick at the start): it fell back
     (the newer one failed its check), or it came from the memory tier (as new or newer); ``tier``: where it came from
-    (``memory`` or ``run_dir``; absent in runs before the memory tier: the run directory)."""
+    (``memory``, ``replica`` or ``run_dir``; absent in runs before the memory tier: the run directory)."""
 
     KIND: ClassVar[str] = "restored"
     step: int | None = None

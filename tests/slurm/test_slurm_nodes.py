@@ -10,8 +10,10 @@ run: as root, with iproute2 and util-linux, which .ci/run's machine has; elsewhe
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,3 +105,43 @@ def test_three_nodes_each_with_its_own_name_address_and_dev_shm_and_a_killed_nod
     assert _sh("bash", str(HERE / "node.sh"), "alpsck-n2", "ls", "/dev/shm").split() == []
     assert _sh("bash", str(HERE / "node.sh"), "alpsck-n1", "ls", "/dev/shm").split() == ["mark-alpsck-n1"]
     assert time.monotonic() - t0 < 60
+
+
+def _ranks_job(tmp_path: Path, name: str, mode: str, run: Path, nodes: list[str], *args: str) -> list[list[str]]:
+    """support/memory_worker.py on two ranks per node of ``nodes`` (srun, gloo across the nodes' own
+    addresses, each node's real /dev/shm): each rank's RESTORED line, by rank (none for a save)."""
+    out = tmp_path / f"{name}.out"
+    worker = Path(__file__).resolve().parents[1] / "support" / "memory_worker.py"
+    words = " ".join(shlex.quote(w) for w in (sys.executable, str(worker), mode, str(run), *args))
+    script = tmp_path / f"{name}.sh"
+    script.write_text("#!/bin/bash\nexport MASTER_ADDR=$(hostname) MASTER_PORT=29533 OMP_NUM_THREADS=1\n"
+                      f"srun -N {len(nodes)} -n {2 * len(nodes)} --ntasks-per-node 2 bash -c "
+                      f"{shlex.quote(f'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec {words}')}\n"
+                      "echo \"srun exit $?\"\n")
+    job = _sh("sbatch", "--parsable", "-N", str(len(nodes)), "--ntasks-per-node", "2", "-w", ",".join(nodes),
+              "-o", str(out), str(script)).strip().split(";")[0]
+    wait_for(lambda: _job_state(job) == "", 240, f"job {job} ({mode} on {nodes})")
+    text = out.read_text()
+    assert "srun exit 0" in text, text
+    rows = [line.split()[1:] for line in text.splitlines() if line.startswith("RESTORED ")]
+    assert mode != "restore" or len(rows) == 2 * len(nodes), text
+    return rows
+
+
+def test_a_killed_nodes_ranks_restore_on_a_spare_from_the_replica_in_another_nodes_memory(
+        nodes: object, tmp_path: Path) -> None:
+    """The memory tier on real nodes (issue 54): two nodes of two ranks save steps 5 and 10 to memory, each
+    node's /dev/shm holding its own ranks' checkpoint and the other node's replica; they restore from memory;
+    node 2 is killed (its /dev/shm with it), and its ranks restore on node 3 from the replica node 1 sends."""
+    run = tmp_path / "run"
+    _ranks_job(tmp_path, "save", "save", run, NODES[:2], "0:run_dir,5:memory,10:memory")
+    held = {n: _sh("bash", str(HERE / "node.sh"), n, "bash", "-c", "ls -d /dev/shm/alpsck-*/*/ranks-*/step-*").split()
+            for n in NODES[:2]}
+    for n in NODES[:2]:
+        assert sorted(p.split("/")[-2] + "/" + p.split("/")[-1] for p in held[n]) == [
+            "ranks-00000-00001/step-000000010", "ranks-00002-00003/step-000000010"], held
+    assert _ranks_job(tmp_path, "back", "restore", run, NODES[:2]) == [["10", "memory", "True"]] * 4
+
+    _sh("bash", str(HERE / "kill-node.sh"), "alpsck-n2", timeout=90)
+    got = _ranks_job(tmp_path, "spare", "restore", run, [NODES[0], NODES[2]])
+    assert got == [["10", "replica", "True"]] * 4  # ranks 2-3 on alpsck-n3, their bytes from alpsck-n1's memory
