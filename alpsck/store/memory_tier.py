@@ -33,9 +33,6 @@ _TOKEN_MASK = (1 << 62) - 1  # a token travels between ranks as an int64
 DEFAULT_ROOT = "/dev/shm"
 TIERS = ("run_dir", "memory")
 """Where a save goes (``Checkpointer.save(tier=...)``)."""
-RESTORED_TIERS = ("memory", "replica", "run_dir")
-"""Where a restore came from (``Checkpointer.restored_tier``): this node's memory, a replica another node held
-(alpsck.memory), the run directory."""
 
 # The memory engine keeps one checkpoint and writes one more at a time: own + one in flight per node (the
 # issue's budget; the replica comes on top). Buffered writes: a tmpfs refuses O_DIRECT, and fsync is free there.
