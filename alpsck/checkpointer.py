@@ -199,14 +199,14 @@ class Checkpointer:
         """The Lustre layout (:func:`alpsck.store.lustre.layout_for_run`)."""
         return layout_for_run(self.run_dir, setting, chunk_bytes, stacklevel=5)
 
-    def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]], in_memory: bool) -> str:
-        """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''. The memory
-        tier's: its one checkpoint and one in flight fit in node memory's free space."""
+    def _refusal(self, mine: Sequence[tuple[str, torch.Tensor]], memory: MemoryTier | None) -> str:
+        """Rank 0's pre-flight (the ``preflight`` argument): why this save must not start, or ''. A save to
+        ``memory``: that tier's, by each node's leader (:meth:`alpsck.memory.tier.MemoryTier.refusal`)."""
         if not self._preflight:
             return ""
         size = sum(t.numel() * t.element_size() for _, t in mine)
-        if in_memory and self._memory is not None:
-            return self._memory.refusal(size)
+        if memory is not None:
+            return memory.refusal(size)
         if self.rank != 0:
             return ""
         why, self._preflight_bytes = preflight_refusal(self.run_dir, size, self.world_size, self._keep,
@@ -293,19 +293,20 @@ class Checkpointer:
         self._reap()
         cap = capture(state)
         self._check_restorable(step, state, cap.tree)
-        where = self._memory.local if in_memory and self._memory is not None else self.ranks  # who commits it
+        memory = self._memory if in_memory else None  # a save to memory: committed by this node's ranks
+        where = memory.local if memory is not None else self.ranks
         meta = encode_meta(step, where.rank, where.world_size, cap.tree)
-        mine = self._memory.mine(cap.tensors, self.replicated) if in_memory and self._memory else self._mine(cap.tensors)
+        mine = memory.mine(cap.tensors, self.replicated) if memory is not None else self._mine(cap.tensors)
         cuda = any(t.device.type == "cuda" for _, t in mine)
-        refusal = self._refusal(mine, in_memory)
-        engine = self._memory.engine if self._memory is not None and in_memory else self.engine
-        if in_memory and self._memory is not None:
-            self._memory.before_save()
+        refusal = self._refusal(mine, memory)
+        engine = memory.engine if memory is not None else self.engine
+        if memory is not None:
+            memory.before_save()
         try:
             if refusal:
                 engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
                 raise DiskFullError(refusal)
-            if self._is_pipelined(cuda) and not in_memory:
+            if self._is_pipelined(cuda) and memory is None:
                 handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs,
                                                          unhealthy=spiked, pin=pin))
             else:
@@ -315,8 +316,8 @@ class Checkpointer:
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
-        if in_memory and self._memory is not None:
-            self._memory.replicate(handle)
+        if memory is not None:
+            memory.replicate(handle)
         return handle
 
     def _record(self, skeleton: dict[str, tuple[str, Any]] | None, at: str) -> None:

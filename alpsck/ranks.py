@@ -114,6 +114,16 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return [int(x) for x in t.tolist()]
 
+    def all_max(self, values: list[int]) -> list[int]:
+        """The element-wise maximum of every rank's ``values``, all of one length (a collective)."""
+        if self.world_size == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [int(x) for x in t.tolist()]
+
     def agreement_store(self) -> tuple[Any, str] | None:
         """Where the ranks' engines agree on each commit: :func:`process_group_store` (nobody polls
         the file system), and a key namespace rank 0 draws at random for this call and broadcasts, so that two

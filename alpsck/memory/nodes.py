@@ -8,10 +8,8 @@ Nodes are ordered by their first rank; node ``i`` runs ``groups[i]``. A node is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from ..ranks import Ranks
 from ..store import memory_tier
@@ -27,7 +25,6 @@ class Nodes:
     ranks: Ranks  # every rank
     ring: Any = None  # the leaders' gloo group of the replica ring (several nodes only)
     moves: Any = None  # the leaders' gloo group of the restores' copies (several nodes only)
-    _names: list[str] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -43,19 +40,7 @@ class Nodes:
 
     def name(self, node: int) -> str:
         """The directory name of node ``node``'s ranks' checkpoints (:func:`memory_tier.group_dir_name`)."""
-        if not self._names:
-            self._names = [memory_tier.group_dir_name(g) for g in self.groups]
-        return self._names[node]
-
-    def all_max(self, values: list[int]) -> list[int]:
-        """The element-wise maximum of every rank's ``values`` (a collective of every rank; same length)."""
-        if self.ranks.world_size == 1:
-            return list(values)
-        import torch.distributed as dist
-
-        t = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.ranks.group)
-        return [int(x) for x in t.tolist()]
+        return memory_tier.group_dir_name(self.groups[node])
 
 
 def node_layout(ranks: Ranks) -> Nodes:

@@ -17,7 +17,6 @@ ranks read a copy another node held, ``run_dir``.
 
 from __future__ import annotations
 
-import shutil
 import warnings
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..restore.into import restore_into
 from ..store.memory_tier import FETCHED_PREFIX
 from ..store.names import step_dir
 from ..store.picker import pick
+from ..store.scan import remove_entries
 from .nodes import Nodes
 from .wire import exchange
 
@@ -56,7 +56,7 @@ def _plan(run_dir: Path, base: Path, nodes: Nodes, step: int | None,
         for g in range(k):
             for j, s in enumerate(_steps(base / nodes.name(g), len(nodes.groups[g]), step, allow_unhealthy)[:SLOTS]):
                 row[(nodes.index * k + g) * SLOTS + j] = s
-    table = nodes.all_max(row)
+    table = nodes.ranks.all_max(row)
     on_disk = [_NONE]
     if nodes.ranks.rank == 0 and step is None:
         on_disk = _steps(run_dir, nodes.ranks.world_size, None, allow_unhealthy)[:1] or [_NONE]
@@ -148,7 +148,7 @@ def _from_memory(base: Path, nodes: Nodes, s: int, held: list[list[int]], state:
                               RuntimeWarning, stacklevel=4)
     finally:
         if nodes.leader:
-            shutil.rmtree(base / (FETCHED_PREFIX + nodes.name(me)), ignore_errors=True)
+            remove_entries(base, [FETCHED_PREFIX + nodes.name(me)])  # its error dropped: a copy left costs memory only
     if not all(done):
         return None, error, remote
     for w in said:  # the read went through: what it warned about on the way is worth saying

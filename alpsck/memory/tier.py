@@ -14,7 +14,6 @@ import torch
 from ..handles import CoreSave
 from ..ranks import Ranks, mine
 from ..store.engines import open_memory
-from ..store.memory_tier import group_dir_name
 from ..store.preflight import preflight_refusal
 from .nodes import node_layout
 from .replica import Replicator
@@ -30,7 +29,7 @@ class MemoryTier:
         self.nodes = node_layout(ranks)
         self.local: Ranks = self.nodes.local
         self.base, self.directory, self.engine, self.lock = open_memory(
-            memory, run_dir, engine_opts, ranks, self.local, group_dir_name(self.nodes.groups[self.nodes.index]))
+            memory, run_dir, engine_opts, ranks, self.local, self.nodes.name(self.nodes.index))
         self.replicator = Replicator(self.nodes, self.base, self.directory) \
             if self.nodes.count > 1 and self.nodes.leader else None
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}

@@ -16,14 +16,15 @@ import contextlib
 import mmap
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import _core
 from ..errors import CheckpointError
-from ..store.names import TEMP_SUFFIX, step_dir
+from ..store.names import step_dir
+from ..store.scan import remove_entries
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -71,9 +72,7 @@ def exchange(group: Any, *, dst: int | None = None, step: int = -1, source: Path
             raw = torch.zeros(name_bytes, dtype=torch.uint8)
             dist.recv(raw, src, group=group)
             in_files = list(zip(bytes(raw.numpy()).decode().split("\n"), [int(x) for x in sizes.tolist()], strict=True))
-    _move_bytes(group, source, out_files, src, into, got, in_files, send, works, keep)
-    for w in works:
-        w.wait()
+    _move_bytes(group, source, out_files, src, into, got, in_files, send, works, keep)  # waits for the sends
     if src is None or got < 0:
         return None
     return got
@@ -89,9 +88,10 @@ def _move_bytes(group: Any, source: Path | None, out_files: list[tuple[str, int]
     if src is not None and step >= 0:
         if into is None or any(not _NAME.fullmatch(n) or s < 0 for n, s in in_files):
             raise CheckpointError(f"rank {src} sent a checkpoint whose file names or sizes are not a checkpoint's")
-        tmp = Path(str(step_dir(into, step)) + TEMP_SUFFIX)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        into.mkdir(parents=True, exist_ok=True)
+        tmp = into / _core.tmp_dir_name(step)
+        _removed(into, [tmp.name])  # an exchange a crash cut short
+        tmp.mkdir()
     maps: list[mmap.mmap] = []
     try:
         for i in range(max(len(out_files), len(in_files) if tmp is not None else 0)):
@@ -116,9 +116,8 @@ def _move_bytes(group: Any, source: Path | None, out_files: list[tuple[str, int]
             with contextlib.suppress(BufferError):
                 m.close()
     if tmp is not None:
-        final = step_dir(into, step)  # type: ignore[arg-type]
-        if final.exists():
-            shutil.rmtree(final)
+        final = step_dir(tmp.parent, step)
+        _removed(tmp.parent, [final.name])  # a copy of the same step made before
         os.rename(tmp, final)
 
 
@@ -135,11 +134,11 @@ def _mapped(path: Path, size: int, maps: list[mmap.mmap], *, write: bool) -> tor
 
 def keep_only(directory: Path, name: str) -> None:
     """Remove every entry of ``directory`` but ``name`` (a replica's directory holds its newest copy only)."""
-    for entry in os.scandir(directory):
-        if entry.name == name:
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
+    _removed(directory, [e for e in os.listdir(directory) if e != name])
+
+
+def _removed(directory: Path, names: list[str]) -> None:
+    """Remove these entries of ``directory`` (those that exist) through the run-directory unit's removal."""
+    _, error = remove_entries(directory, names)
+    if error is not None:
+        raise error
