@@ -6,6 +6,8 @@ each the median of ``--repeats``:
 
 - ``raw``: one ``dist.send``/``dist.recv`` of a buffer of the state's size each way at once (isend + recv),
   between the same two processes, over another gloo group: the link's rate as gloo gives it;
+- ``raw fresh``: the same into a receive buffer allocated for it (its pages faulted in as the bytes arrive, as
+  a replica's new pages in a tmpfs are);
 - ``replica``: ``save(step, state, tier="memory")`` then ``wait()``, which returns once the node's checkpoint
   is committed and the replica ring has sent it to the other node and received the other's
   (``Replicator.copies``: the exchange's own seconds);
@@ -41,7 +43,7 @@ def rank_main(rank: int, port: int, run: Path, size: int, repeats: int, out: Pat
     nbytes = sum(t.numel() * 4 for t in state["w"])
     raw_group = dist.new_group(backend="gloo")
     buf_out, buf_in = torch.empty(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
-    raw, replica, stall = [], [], []
+    raw, fresh, replica, stall = [], [], [], []
     with Checkpointer(run, memory=True) as ck:
         ck.save(0, state, tier="memory")
         ck.wait()  # staging faulted in, the ring's first exchange done
@@ -54,6 +56,12 @@ def rank_main(rank: int, port: int, run: Path, size: int, repeats: int, out: Pat
             raw.append(time.perf_counter() - t0)
             dist.barrier()
             t0 = time.perf_counter()
+            work = dist.isend(buf_out, other, group=raw_group)
+            dist.recv(torch.empty(nbytes, dtype=torch.uint8), other, group=raw_group)
+            work.wait()
+            fresh.append(time.perf_counter() - t0)
+            dist.barrier()
+            t0 = time.perf_counter()
             ck.save(i + 1, state, tier="memory")
             stall.append(time.perf_counter() - t0)
             ck.wait()
@@ -61,11 +69,13 @@ def rank_main(rank: int, port: int, run: Path, size: int, repeats: int, out: Pat
             replica.append(rep.copies[-1]["seconds"] if rep is not None else float("nan"))
     if rank == 0:
         gib = nbytes / (1 << 30)
-        doc = {"gib": gib, "raw_s": statistics.median(raw), "replica_s": statistics.median(replica),
+        doc = {"gib": gib, "raw_s": statistics.median(raw), "raw_fresh_s": statistics.median(fresh),
+               "replica_s": statistics.median(replica),
                "stall_s": statistics.median(stall)}
         doc["raw_gib_s"] = gib / doc["raw_s"]
         doc["replica_gib_s"] = gib / doc["replica_s"]
         doc["replica_over_raw"] = doc["replica_s"] / doc["raw_s"]
+        doc["replica_over_raw_fresh"] = doc["replica_s"] / doc["raw_fresh_s"]
         out.write_text(json.dumps(doc))
     dist.destroy_process_group()
 
@@ -102,8 +112,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(f"{doc['gib']:.2f} GiB per node, medians of {args.repeats}:")
     print(f"  raw gloo exchange   {doc['raw_s']:.3f} s  ({doc['raw_gib_s']:.2f} GiB/s each way)")
+    print(f"  raw, fresh memory   {doc['raw_fresh_s']:.3f} s")
     print(f"  replica exchange    {doc['replica_s']:.3f} s  ({doc['replica_gib_s']:.2f} GiB/s each way)")
-    print(f"  replica / raw       {doc['replica_over_raw']:.2f}x")
+    print(f"  replica / raw       {doc['replica_over_raw']:.2f}x  (/ raw into fresh memory: "
+          f"{doc['replica_over_raw_fresh']:.2f}x)")
     print(f"  save() stall        {doc['stall_s']:.3f} s")
     print(json.dumps(doc))
 
