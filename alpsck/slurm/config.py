@@ -50,7 +50,8 @@ _MAX_S = 365 * _DAY_S  # the longest time limit: a longer wait or interval never
 # meant nothing. The engine's options (checkpoint.max_in_flight, threads, keep_*) take theirs from
 # alpsck.options. docs/config.md lists the same (tests/unit/test_config_hostile.py compares).
 RANGES: dict[str, tuple[int | float, int | float]] = {
-    "slurm.nodes": (1, _MAX_SLURM_COUNT), "slurm.tasks_per_node": (1, _MAX_SLURM_COUNT),
+    "slurm.nodes": (1, _MAX_SLURM_COUNT), "slurm.spare_nodes": (0, 100_000),
+    "slurm.tasks_per_node": (1, _MAX_SLURM_COUNT),
     "slurm.gpus_per_node": (0, _MAX_SLURM_COUNT), "slurm.cpus_per_task": (1, _MAX_SLURM_COUNT),
     "checkpoint.every_steps": (1, MAX_STEP),  # steps are int64
     "checkpoint.every_seconds": (0.001, _MAX_S),
@@ -89,6 +90,7 @@ class SlurmConfig:
     qos: str | None = None
     reservation: str | None = None
     nodes: int = 1
+    spare_nodes: int = 0  # more nodes allocated, --no-kill: an in-job restart after a node's loss takes one (spare_nodes.py)
     tasks_per_node: int = 1
     gpus_per_node: int = 0
     cpus_per_task: int = 1
@@ -180,7 +182,7 @@ _SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "environment": EnvironmentCo
 
 _TYPES: dict[str, dict[str, str]] = {
     "slurm": {"partition": "str", "account": "str", "qos": "str", "reservation": "str", "nodes": "int",
-              "tasks_per_node": "int", "gpus_per_node": "int", "cpus_per_task": "int", "time": "str",
+              "spare_nodes": "int", "tasks_per_node": "int", "gpus_per_node": "int", "cpus_per_task": "int", "time": "str",
               "constraint": "str", "mem": "str", "extra": "dict"},
     "environment": {"container": "str", "uenv": "str", "view": "str", "venv": "str", "setup": "list[str]"},
     "entry": {"function": "str", "script": "str", "args": "list[str]"},
@@ -260,6 +262,9 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
         v = getattr(sections[sec], k)
         if v is not None and not lo <= v <= hi:  # NaN compares false: refused too
             raise loc.err(key, f"{echo(v)}: must be between {_number(lo)} and {_number(hi)}")
+    if slurm.spare_nodes and slurm.nodes + slurm.spare_nodes > _MAX_SLURM_COUNT:
+        raise loc.err("slurm.spare_nodes", f"nodes + spare_nodes is {slurm.nodes + slurm.spare_nodes}: SLURM counts "
+                                           f"nodes up to {_MAX_SLURM_COUNT}")
     slurm.extra = {str(k): extra_value(f"slurm.extra.{k}", k, v, loc) for k, v in slurm.extra.items()}
     if "gpus" in slurm.extra and slurm.gpus_per_node:
         raise loc.err("slurm.extra.gpus", "alpsck sets --gpus-per-task or --gpus-per-node itself (slurm.gpus_per_node "
@@ -387,6 +392,9 @@ def _check_requeue(rq: RequeueConfig, slurm: SlurmConfig, loc: Loc) -> None:
         if rq.signal_delay_s < 1:  # the default, not the user's value, is what does not fit
             raise loc.err("slurm.time", f"{echo(slurm.time)} leaves no time for the time-limit signal: give at least "
                                         "2 seconds (the signal comes half the limit, at most 120 s, before the end)")
+    if slurm.spare_nodes and not rq.in_job_restarts:
+        raise loc.err("slurm.spare_nodes", "spare nodes serve the restarts inside the allocation, and "
+                                           "requeue.in_job_restarts is 0: give it 1 or more, or leave the spares out")
     if rq.signal_delay_s < 1 or rq.signal_delay_s >= slurm.time_minutes * 60:
         raise loc.err("requeue.signal_delay_s", f"must be between 1 and the time limit ({slurm.time_minutes * 60:.0f} s)")
 

@@ -161,6 +161,15 @@ def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:
 
     # CUDA_VISIBLE_DEVICES stays as SLURM set it (on Alps one GPU per task with --gpus-per-task).
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    # submitit takes the rendezvous host and the tasks per node from the job's nodes; a step on some of them
+    # (slurm.spare_nodes: a spare, a lost node) has its own: the first of the step's nodes hosts the store.
+    step_nodes = os.environ.get("SLURM_STEP_NODELIST")
+    if step_nodes:
+        from submitit.slurm.slurm import _parse_node_list  # SLURM's hostlist syntax (submitit's own reader)
+
+        hosts = _parse_node_list(step_nodes)
+        os.environ["MASTER_ADDR"] = hosts[0]
+        os.environ["LOCAL_WORLD_SIZE"] = str(max(1, int(os.environ["WORLD_SIZE"]) // len(hosts)))
 
 
 class JobRunner:

@@ -46,7 +46,7 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
-from . import commands, history, watch
+from . import commands, history, spare_nodes, watch
 from .batch_rules import shell_problem
 from .config import JobConfig
 from .launch import job_python, start_local_controller, user_paths
@@ -133,7 +133,7 @@ BATCH_SIGNAL_LINES = ["trap '' USR1 USR2 HUP INT  # scancel --batch --signal=USR
                       "trap alpsck_stopping=1 TERM  # wait for the step's final checkpoint; the EXIT trap decides"]
 
 
-def restart_loop_lines(srun_line: str, in_job_restarts: int) -> list[str]:
+def restart_loop_lines(srun_line: str, in_job_restarts: int, *, spares: bool = False) -> list[str]:
     """The batch script's start of the job step (``srun_line``, submitit's), in a loop: a step that dies,
     with an exit code other than :data:`runner.FINAL_EXITS` (a task killed by a signal, a hard exit, or the
     runner's :data:`runner.RESTART_EXIT` after a failure worth retrying) while no stop came (the TERM trap)
@@ -141,14 +141,16 @@ def restart_loop_lines(srun_line: str, in_job_restarts: int) -> list[str]:
     new srun step, every rank together (``--kill-on-bad-exit``: one task's death ends them all), each told
     which attempt it is and how the one before ended (:class:`alpsck.job_env.JobEnv`); the runner of the
     new start records the crash, resumes from the newest checkpoint and applies the give-up rules. The
-    script ends with the last step's exit code, so SLURM records the job's end as before."""
+    script ends with the last step's exit code, so SLURM records the job's end as before. ``spares``:
+    :func:`spare_nodes.step_lines`."""
     final = "|".join(str(c) for c in FINAL_EXITS)
     return [
         "# requeue.in_job_restarts: a job step that dies (not stopped, not ended) starts again in this allocation",
         "alpsck_attempt=0",
         "while :; do",
         f"  export {ATTEMPT_ENV}=$alpsck_attempt",
-        srun_line,  # at the line's start, as submitit writes it (what tools and tests look for)
+        # at the line's start, as submitit writes it (what tools and tests look for)
+        *(spare_nodes.step_lines(srun_line) if spares else [srun_line]),
         "  alpsck_rc=$?",
         f"  export {PREVIOUS_EXIT_ENV}=$alpsck_rc {PREVIOUS_END_ENV}=$(date +%s.%N)",
         f'  case "$alpsck_rc" in {final}) break ;; esac',
@@ -166,7 +168,8 @@ def setup_lines(cfg: JobConfig) -> list[str]:
     return [*BATCH_SIGNAL_LINES, f"mkdir -p {shlex.quote(cfg.run_dir)}", *requeue_trap_lines(cfg.run_dir),
             # submitit in the job must expect the configured signal too, or an early one finds no
             # handler (USR1's default action ends the process)
-            f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *environment_lines(cfg, batch=True)]
+            f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *spare_nodes.batch_lines(cfg),
+            *environment_lines(cfg, batch=True)]
 
 
 def local_python(cfg: JobConfig) -> str:
@@ -271,7 +274,7 @@ def srun_arguments(cfg: JobConfig) -> list[str]:
     - ``--kill-on-bad-exit=1``: one task that dies ends the step, instead of leaving the others
       hanging in a collective until the time limit.
     """
-    args = [f"--cpus-per-task={cfg.slurm.cpus_per_task}", "--kill-on-bad-exit=1"]
+    args = [*spare_nodes.srun_arguments(cfg), f"--cpus-per-task={cfg.slurm.cpus_per_task}", "--kill-on-bad-exit=1"]
     if cfg.environment.container:
         args.append(f"--environment={cfg.environment.container}")
     return args
@@ -296,12 +299,14 @@ def slurm_parameters(cfg: JobConfig) -> dict[str, Any]:
     for key in ("account", "qos", "reservation"):
         if getattr(s, key):
             extra[key] = getattr(s, key)
+    if spare_nodes.in_use(cfg):
+        extra["no_kill"] = True  # the allocation outlives a node's failure (spare_nodes)
     extra.update(uenv_parameters(cfg))
     extra.update({k: (True if v == "" else v) for k, v in s.extra.items()})
     params: dict[str, Any] = {
         "job_name": cfg.name,
         "time": max(1, math.ceil(s.time_minutes)),
-        "nodes": s.nodes,
+        "nodes": spare_nodes.allocated_nodes(cfg),
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
         "signal_delay_s": delay,
@@ -352,6 +357,7 @@ class _SlurmExecutor(submitit.SlurmExecutor):
 
     config_source = "<config>"
     in_job_restarts = 0
+    spares = False  # slurm.spare_nodes: the restart loop places each restarted step (spare_nodes)
     tag: str | None = None  # the job's --comment, "alpsck:<uuid>": how a lost sbatch answer is found again
 
     def _submit_command(self, command: str) -> submitit.Job[Any]:
@@ -378,7 +384,7 @@ class _SlurmExecutor(submitit.SlurmExecutor):
         starts = [i for i, line in enumerate(lines) if i > after and line.startswith("srun ")]
         if len(starts) != 1:
             raise SlurmError(f"submitit's batch script has {len(starts)} srun lines, alpsck expects one")
-        lines[starts[0]:starts[0] + 1] = restart_loop_lines(lines[starts[0]], self.in_job_restarts)
+        lines[starts[0]:starts[0] + 1] = restart_loop_lines(lines[starts[0]], self.in_job_restarts, spares=self.spares)
         text = "\n".join(lines)
         why = shell_problem(text)
         if why is not None:
@@ -437,6 +443,7 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     slurm_ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
     slurm_ex.config_source = cfg.source
     slurm_ex.in_job_restarts = cfg.requeue.in_job_restarts
+    slurm_ex.spares = spare_nodes.in_use(cfg)
     params = slurm_parameters(cfg)
     if not script_only and "comment" not in params["additional_parameters"]:
         slurm_ex.tag = f"alpsck:{uuid.uuid4().hex}"
