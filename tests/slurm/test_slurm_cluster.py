@@ -15,34 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from support.slurm_helpers import clean_losses, events, final_state, job_config, steps_for_seconds, training, wait_for
-
-TERMINAL = ("finished", "failed", "cancelled", "gave_up")
-
-
-def submit(cfg: Path, env: dict[str, str] | None = None) -> str:
-    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--json"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, **(env or {})})
-    assert r.returncode == 0, r.stdout + r.stderr
-    return str(json.loads(r.stdout.strip().splitlines()[-1])["job_id"])
-
-
-def in_queue(job_id: str) -> bool:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
-    return out.stdout.strip() not in ("", "COMPLETED", "FAILED", "CANCELLED")
-
-
-def wait_done(run_dir: Path, job_id: str, timeout: float) -> str:
-    def done() -> str | None:
-        st = final_state(run_dir)
-        return st if st in TERMINAL and not in_queue(job_id) else None
-
-    try:
-        return str(wait_for(done, timeout, f"job {job_id} to end", poll=2))
-    except AssertionError:
-        subprocess.run(["scancel", job_id], timeout=30)
-        log = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submitit").glob("*_log.out"))
-        raise AssertionError(f"job {job_id} did not end: {events(run_dir)}\n{log}") from None
+from support.slurm_helpers import (
+    clean_losses,
+    events,
+    final_state,
+    in_queue,
+    job_config,
+    steps_for_seconds,
+    submit,
+    training,
+    wait_done,
+    wait_for,
+)
 
 
 def running_with_checkpoint(run_dir: Path) -> bool:

@@ -9,8 +9,8 @@ run: as root, with iproute2 and util-linux, which .ci/run's machine has; elsewhe
 
 from __future__ import annotations
 
+import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.slurm_helpers import wait_for
+from support.slurm_helpers import clean_losses, events, job_config, submit, wait_done, wait_for
 
 HERE = Path(__file__).resolve().parents[2] / "slurm" / "local-cluster"
 NODES = ["alpsck-n1", "alpsck-n2", "alpsck-n3"]
@@ -107,41 +107,79 @@ def test_three_nodes_each_with_its_own_name_address_and_dev_shm_and_a_killed_nod
     assert time.monotonic() - t0 < 60
 
 
-def _ranks_job(tmp_path: Path, name: str, mode: str, run: Path, nodes: list[str], *args: str) -> list[list[str]]:
-    """support/memory_worker.py on two ranks per node of ``nodes`` (srun, gloo across the nodes' own
-    addresses, each node's real /dev/shm): each rank's RESTORED line, by rank (none for a save)."""
-    out = tmp_path / f"{name}.out"
-    worker = Path(__file__).resolve().parents[1] / "support" / "memory_worker.py"
-    words = " ".join(shlex.quote(w) for w in (sys.executable, str(worker), mode, str(run), *args))
-    script = tmp_path / f"{name}.sh"
-    script.write_text("#!/bin/bash\nexport MASTER_ADDR=$(hostname) MASTER_PORT=29533 OMP_NUM_THREADS=1\n"
-                      f"srun -N {len(nodes)} -n {2 * len(nodes)} --ntasks-per-node 2 bash -c "
-                      f"{shlex.quote(f'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec {words}')}\n"
-                      "echo \"srun exit $?\"\n")
-    job = _sh("sbatch", "--parsable", "-N", str(len(nodes)), "--ntasks-per-node", "2", "-w", ",".join(nodes),
-              "-o", str(out), str(script)).strip().split(";")[0]
-    wait_for(lambda: _job_state(job) == "", 240, f"job {job} ({mode} on {nodes})")
-    text = out.read_text()
-    assert "srun exit 0" in text, text
-    rows = [line.split()[1:] for line in text.splitlines() if line.startswith("RESTORED ")]
-    assert mode != "restore" or len(rows) == 2 * len(nodes), text
-    return rows
+# The reference training with two faults, as a user's entry module beside the config (issue 54's acceptance).
+_FAULTS = '''"""The reference training; on the job step's first start rank 1 SIGKILLs itself at step {kill_at} (once its
+node holds the memory checkpoint of step {memory_at}); on the second start rank 2 writes its host name to a mark at
+step {node_at} and waits there, for its node to be killed from outside."""
+import glob
+import os
+import pathlib
+import signal
+import time
+
+from alpsck.examples.llama.train import slurm_entry
 
 
-def test_a_killed_nodes_ranks_restore_on_a_spare_from_the_replica_in_another_nodes_memory(
-        nodes: object, tmp_path: Path) -> None:
-    """The memory tier on real nodes (issue 54): two nodes of two ranks save steps 5 and 10 to memory, each
-    node's /dev/shm holding its own ranks' checkpoint and the other node's replica; they restore from memory;
-    node 2 is killed (its /dev/shm with it), and its ranks restore on node 3 from the replica node 1 sends."""
+def main(job):
+    attempt = os.environ.get("ALPSCK_ATTEMPT", "0")
+    due = job.checkpoint_due
+
+    def checkpoint_due(step):
+        if attempt == "0" and job.rank == 1 and step == {kill_at}:
+            t0 = time.monotonic()
+            while not glob.glob("/dev/shm/alpsck-*/*/ranks-00000-00001/step-{memory_at:09d}") and time.monotonic() - t0 < 120:
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if attempt == "1" and job.rank == 2 and step == {node_at}:
+            pathlib.Path({mark!r}).write_text(os.uname().nodename)
+            time.sleep(3600)
+        return due(step)
+
+    job.checkpoint_due = checkpoint_due
+    return slurm_entry(job)
+'''
+
+
+def test_a_job_restarts_from_memory_after_a_rank_dies_and_on_the_spare_from_the_replica_after_its_node_dies(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 54's acceptance through ``alpsck submit``: two nodes of two ranks and a spare (``slurm.spare_nodes: 1``,
+    --no-kill), a memory checkpoint every 5 steps and one to the run directory every 50. Rank 1 SIGKILLed at step
+    37: the step restarts in the allocation, from step 35 in its node's memory. Node 2 killed at step 57 (its
+    processes and /dev/shm): SLURM drops it from the job, and the step restarts on node 1 and the spare, node 2's
+    ranks from the replica of step 55 in node 1's memory. One job id, no requeue, the losses of an uninterrupted
+    run bit for bit, and ``status --json`` names each restart's tier."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)  # every node up (the test above killed one)
+    steps, mark = 70, tmp_path / "at-step-57"
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "faults.py").write_text(_FAULTS.format(kill_at=37, memory_at=35, node_at=57, mark=str(mark)))
     run = tmp_path / "run"
-    _ranks_job(tmp_path, "save", "save", run, NODES[:2], "0:run_dir,5:memory,10:memory")
-    held = {n: _sh("bash", str(HERE / "node.sh"), n, "bash", "-c", "ls -d /dev/shm/alpsck-*/*/ranks-*/step-*").split()
-            for n in NODES[:2]}
-    for n in NODES[:2]:
-        assert sorted(p.split("/")[-2] + "/" + p.split("/")[-1] for p in held[n]) == [
-            "ranks-00000-00001/step-000000010", "ranks-00002-00003/step-000000010"], held
-    assert _ranks_job(tmp_path, "back", "restore", run, NODES[:2]) == [["10", "memory", "True"]] * 4
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=50, tasks=2, entry="faults:main",
+                            slurm_extra="nodes: 2\nspare_nodes: 1", checkpoint_extra="memory_every: 5"))
+    clean = clean_losses(tmp_path, steps, world=4)  # meanwhile
+    wait_for(mark.exists, 420, f"job {job}: the second start at step 57", poll=0.5)
+    assert mark.read_text() == "alpsck-n2"
 
+    def held(node: str) -> list[str]:
+        found = _sh("bash", str(HERE / "node.sh"), node, "bash", "-c", "ls -d /dev/shm/alpsck-*/*/ranks-*/step-*",
+                    check=False).split()
+        return sorted(p.split("/")[-2] + "/" + p.split("/")[-1] for p in found)
+
+    # Each node holds its own ranks' checkpoint and the other node's replica (step 55 at least: 60 is not reached).
+    wait_for(lambda: "ranks-00002-00003/step-000000055" in held("alpsck-n1"), 60, "node 2's replica of step 55")
+    assert "ranks-00000-00001/step-000000055" in held("alpsck-n1") and "ranks-00000-00001/step-000000055" in held(
+        "alpsck-n2"), (held("alpsck-n1"), held("alpsck-n2"))
     _sh("bash", str(HERE / "kill-node.sh"), "alpsck-n2", timeout=90)
-    got = _ranks_job(tmp_path, "spare", "restore", run, [NODES[0], NODES[2]])
-    assert got == [["10", "replica", "True"]] * 4  # ranks 2-3 on alpsck-n3, their bytes from alpsck-n1's memory
+    assert wait_done(run, job, 420) == "finished", events(run)
+    assert (run / "loss.csv").read_text() == clean
+    evs = events(run)
+    assert all(e["job_id"] == job for e in evs) and not events(run, "requeued"), evs
+    starts = events(run, "started")
+    assert [s.get("attempt", 0) for s in starts] == [0, 1, 2], starts
+    assert [(r["step"], r["tier"]) for r in events(run, "restored")] == [(35, "memory"), (55, "replica")], evs
+    doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
+    assert [r["tier"] for r in doc["goodput"]["restarts"]] == ["memory", "replica"], doc["goodput"]
+    reason = _sh("sinfo", "-h", "-R", "-n", "alpsck-n2", "-o", "%E")  # SLURM's own record of the node's failure
+    assert "not responding" in reason.lower(), reason
+    assert _sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() == ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ PACE = 0.25
 def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay: int = 60, every: int = 200,
                partition: str | None = "debug", max_restarts: int = 10, no_progress: int = 3,
                extra_args: list[str] | None = None, entry: str = "alpsck.examples.llama.train:slurm_entry",
-               requeue_extra: str = "", tasks: int = 1, checkpoint_extra: str = "") -> Path:
+               requeue_extra: str = "", tasks: int = 1, checkpoint_extra: str = "", slurm_extra: str = "") -> Path:
     args = [*MODEL_ARGS, "--min-step-seconds", str(PACE), "--training-steps", str(steps), *(extra_args or [])]
     lines = [
         "name: alpsck-test",
@@ -33,6 +34,7 @@ def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay:
         "  cpus_per_task: 1",
         f"  tasks_per_node: {tasks}",
         f"  mem: {tasks}G",
+        *[f"  {line}" for line in slurm_extra.splitlines() if line.strip()],
     ]
     if partition:
         lines.append(f"  partition: {partition}")
@@ -121,3 +123,31 @@ def flaky_command(bin_dir: Path, name: str, fail_first: int, said: str, *, then:
         f"{then}\n")
     (bin_dir / name).chmod(0o755)
     return calls
+
+
+TERMINAL = ("finished", "failed", "cancelled", "gave_up")
+
+
+def submit(cfg: Path, env: dict[str, str] | None = None) -> str:
+    r = subprocess.run([sys.executable, "-m", "alpsck", "submit", str(cfg), "--json"], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, **(env or {})})
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(json.loads(r.stdout.strip().splitlines()[-1])["job_id"])
+
+
+def in_queue(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() not in ("", "COMPLETED", "FAILED", "CANCELLED")
+
+
+def wait_done(run_dir: Path, job_id: str, timeout: float) -> str:
+    def done() -> str | None:
+        st = final_state(run_dir)
+        return st if st in TERMINAL and not in_queue(job_id) else None
+
+    try:
+        return str(wait_for(done, timeout, f"job {job_id} to end", poll=2))
+    except AssertionError:
+        subprocess.run(["scancel", job_id], timeout=30)
+        log = "\n".join(p.read_text()[-3000:] for p in (run_dir / "submitit").glob("*_log.out"))
+        raise AssertionError(f"job {job_id} did not end: {events(run_dir)}\n{log}") from None
