@@ -37,6 +37,7 @@ from typing import Any
 
 from .timeline import CANCELLED, FINISHED, GAVE_UP, Start, Timeline, _num, _opt, as_timeline
 
+TIER_NAMES = {"memory": "memory", "replica": "a replica", "run_dir": "the run directory"}  # Checkpointer.restored_tier
 PARTS = ("training", "lost", "startup", "stall", "final", "unaccounted", "restart_gap", "queue")
 
 
@@ -149,9 +150,15 @@ def line(g: dict[str, Any]) -> str:
     dur = duration
     ettr = "-" if g["ettr"] is None else f"{100 * g['ettr']:.0f}%"
     restarts = ", ".join(f"{n} {c}" for c, n in restart_causes(g).items()) or "none"
+    tiers: dict[str, int] = {}
+    for r in g["restarts"]:
+        if r.get("tier"):
+            tiers[r["tier"]] = tiers.get(r["tier"], 0) + 1
+    read = ", ".join(f"{TIER_NAMES.get(t, t)} {n}" for t, n in tiers.items())  # where the restores read the state
     slowest = max((r["restart_s"] for r in g["restarts"] if r["in_allocation"]), default=None)  # a requeue's is queue
     return (f"goodput: ETTR {ettr} (training {dur(g['training_s'])} of {dur(g['wall_s'])}; work lost "
             f"{dur(g['lost_s'])}, startup {dur(g['startup_s'])}, stalls {dur(g['stall_s'])}, final checkpoints "
             f"{dur(g['final_s'])}, queue {dur(g['queue_s'])}, restarts in the allocation {dur(g['restart_gap_s'])}, "
             f"unaccounted {dur(g['unaccounted_s'])}); restarts: {restarts}"
-            + (f" (the slowest in the allocation: {slowest:.1f} s to its first step)" if slowest is not None else ""))
+            + (f" (the slowest in the allocation: {slowest:.1f} s to its first step)" if slowest is not None else "")
+            + (f"; restored from {read}" if read else ""))

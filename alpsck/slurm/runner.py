@@ -245,7 +245,7 @@ class JobRunner:
             if os.path.realpath(run_dir) != os.path.realpath(cfg.run_dir):
                 return
             ctx.restored_step = step
-            if step != resume or tier == "memory":  # it fell back (a CRC failed), or it came from memory
+            if step != resume or tier in ("memory", "replica"):  # it fell back (a CRC failed), or came from memory
                 self._log(Restored(step=step, resume_step=resume, tier=tier))
 
         RESTORED_HOOKS.append(restored)

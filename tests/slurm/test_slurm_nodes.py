@@ -180,6 +180,8 @@ def test_a_job_restarts_from_memory_after_a_rank_dies_and_on_the_spare_from_the_
     assert [(r["step"], r["tier"]) for r in events(run, "restored")] == [(35, "memory"), (55, "replica")], evs
     doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
     assert [r["tier"] for r in doc["goodput"]["restarts"]] == ["memory", "replica"], doc["goodput"]
+    text = _sh(sys.executable, "-m", "alpsck", "status", str(run))
+    assert "restored from memory 1, a replica 1" in text, text
     reason = _sh("sinfo", "-h", "-R", "-n", "alpsck-n2", "-o", "%E")  # SLURM's own record of the node's failure
     assert "not responding" in reason.lower(), reason
     assert _sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() == ""

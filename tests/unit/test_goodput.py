@@ -100,7 +100,8 @@ def test_work_lost_and_each_restart_split_into_its_parts() -> None:
     assert failed["lost_s"] == 10.0 and failed["teardown_s"] == 0.5 and failed["start_s"] == 2.5
     assert [s["outcome"] for s in g["starts"]] == ["hang", "failed", "finished"]
     assert "work lost 25s" in goodput.line(g) and goodput.line(g).endswith(
-        "restarts: 1 hang, 1 failed (the slowest in the allocation: 9.5 s to its first step)")
+        "restarts: 1 hang, 1 failed (the slowest in the allocation: 9.5 s to its first step); restored from the run "
+        "directory 1, memory 1")
     # A stop with a final checkpoint of the step the next start resumes from loses nothing.
     stopped = [_ev(0, "started", restart=0, backend="slurm"), _times(50, start=2.0, step=40.0, final=3.0),
                _ev(50, "final_checkpoint", reason="timeout", step=80, seconds=3.0),
@@ -116,3 +117,20 @@ def test_no_start_no_goodput_and_hostile_values_are_no_crash() -> None:
     events = [_ev(10, "started"), _times(5, start=1e9, step=1e9), _ev(3, "finished")]
     g = goodput.goodput(events)
     assert g is not None and g["wall_s"] == 0.0 and g["ettr"] is None
+
+
+def test_each_restart_names_the_tier_its_restore_read_and_status_counts_them() -> None:
+    """The memory tier (docs/memory-tier.md): a crash restored from the node's memory, a lost node from a replica."""
+    events = [_ev(0, "started", restart=0, backend="slurm"),
+              _ev(40, "crashed", attempt=0, exit_code=137, time_of_end=39.0, signal="SIGKILL"),
+              _ev(41, "started", restart=0, attempt=1, down_s=1.0, backend="slurm"),
+              _ev(45, "restored", step=35, tier="memory"),
+              _ev(80, "crashed", attempt=1, exit_code=137, time_of_end=79.0),
+              _ev(81, "started", restart=0, attempt=2, down_s=1.0, backend="slurm", step=50),
+              _ev(85, "restored", step=55, resume_step=50, tier="replica"),
+              _times(120, start=4.0, step=30.0),
+              _ev(120, "finished", step=70)]
+    g = goodput.goodput(events, now=120)
+    assert g is not None and [r["tier"] for r in g["restarts"]] == ["memory", "replica"]
+    assert goodput.line(g).endswith("restarts: 2 crashed (the slowest in the allocation: 6.0 s to its first step); "
+                                    "restored from memory 1, a replica 1")
