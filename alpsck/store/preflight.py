@@ -19,14 +19,21 @@ _MiB = 1 << 20
 
 
 def rooms(run_dir: str | os.PathLike[str], fs: str | None = None) -> list[Room]:
-    """Every limit on what ``run_dir`` can still take: the file system's free space (statvfs), and on
-    Lustre the user's quota (skipped, with the once-per-process warning, where ``lfs`` cannot run).
+    """Every limit on what ``run_dir`` can still take: the file system's free space (statvfs); on a tmpfs
+    (the memory tier) the node's available memory; and on Lustre the user's quota (skipped, with the
+    once-per-process warning, where ``lfs`` cannot run).
     ``fs``: :func:`kind` of it, when the caller has it."""
     path = Path(run_dir)
     st = os.statvfs(path)
     found = [Room(st.f_bavail * st.f_frsize, st.f_favail if st.f_files else None,
                   f"the file system's free space (statvfs {path})")]
-    if (fs or kind(path)) == "lustre":
+    fs = fs or kind(path)
+    if fs == "tmpfs":  # its pages are the node's memory, which the training needs too: /dev/shm's size is no promise
+        available = mem_available()
+        if available is not None:
+            found.append(Room(available, None, "the node's available memory (MemAvailable in /proc/meminfo, which "
+                                               "a tmpfs's pages come out of)"))
+    if fs == "lustre":
         try:
             quota = quota_room(path)
         except LfsUnavailable as e:
@@ -35,6 +42,18 @@ def rooms(run_dir: str | os.PathLike[str], fs: str | None = None) -> list[Room]:
         if quota is not None:
             found.append(quota)
     return found
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
+    """The kernel's estimate of the memory new allocations can take without swapping, in bytes (None: unknown)."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _size(n: int) -> str:

@@ -195,3 +195,27 @@ def test_a_bad_memory_every_names_the_key(tmp_path: Path) -> None:
     for bad in ("-1", "x", "1.5"):
         with pytest.raises(ConfigError, match="checkpoint.memory_every"):
             _job(tmp_path, f"memory_every: {bad}")
+
+
+def test_a_memory_save_the_nodes_memory_cannot_hold_fails_naming_the_sizes(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tmpfs's pages are the node's memory: its statvfs size is no promise that the node has them. The pre-flight
+    counts the node's available memory (MemAvailable) as a room of a tmpfs; a save it cannot hold fails loudly,
+    before anything is written, and the run directory's checkpoint stays."""
+    from alpsck.errors import DiskFullError
+    from alpsck.store import preflight
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16384 kB\nMemFree:         1024 kB\nMemAvailable:    2048 kB\n")
+    assert preflight.mem_available(str(meminfo)) == 2048 * 1024
+    assert preflight.mem_available(str(tmp_path / "none")) is None
+    state = make_state()
+    run = tmp_path / "run"
+    with Checkpointer(run, memory=True) as ck:
+        ck.save(0, state).wait()
+        monkeypatch.setenv("ALPSCK_FS_KIND", "tmpfs")
+        monkeypatch.setattr(preflight, "mem_available", lambda: 1000)
+        with pytest.raises(DiskFullError, match=r"the node's available memory \(MemAvailable.* leaves 0\.0 MiB \(1000 bytes\)"):
+            ck.save(5, state, tier="memory")
+        memory_dir = ck.memory_dir
+    assert memory_dir is not None and step_dirs(memory_dir) == [] and step_dirs(run) == ["step-000000000"]
