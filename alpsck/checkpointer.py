@@ -1,4 +1,4 @@
-"""The concurrent checkpointer: whole training state through the C++ core.
+"""The concurrent checkpointer: whole training state through the C++ core (docs/python-api.md at length).
 
 Call order: ``restore()`` (optional, before training), then ``save()`` as often as wanted,
 ``wait()``, ``close()``; or use it as a context manager. ``save()`` returns once the snapshot
@@ -31,7 +31,6 @@ A save that a resumed run could not restore is refused before anything is writte
 checks its tree against :func:`alpsck.fit.skeleton` of the state ``restore()`` was given (else of the
 state at the first ``save()``), as ``restore()`` would (:func:`alpsck.fit.check_restorable`, which says
 what is compared), and raises StateMismatchError naming the key path. The check is local to each rank.
-docs/python-api.md says all of this at length.
 
 The memory tier (``memory=True``): ``save(step, state, tier="memory")`` writes the checkpoint to node shared
 memory instead (:mod:`alpsck.store.memory_tier`: same format, a second engine), which outlives a crash of
@@ -79,7 +78,7 @@ from .staging import Stager, guarded_pointers, optimizer_state_to_come
 from .store import memory_tier
 from .store.engines import open_engine
 from .store.lustre import LayoutReport, layout_for_run, layout_problem
-from .store.picker import pick
+from .store.picker import pick, taken_at
 from .store.preflight import preflight_refusal
 from .store.scan import retired_warning
 from .store.shards import encode_meta, read_meta
@@ -459,8 +458,11 @@ class Checkpointer:
         else:
             restored, self.restored_tier = restore_across_tiers(self.run_dir, None, None, state, step=step,
                                                                 ranks=self.ranks, allow_unhealthy=allow_unhealthy)
-        for hook in list(RESTORED_HOOKS):
-            hook(self.run_dir, restored, self.restored_tier)
+        if RESTORED_HOOKS:  # the job layer: the step, its tier, and when its state was taken (goodput's work lost)
+            where = self.run_dir if self._memory is None or self.restored_tier == "run_dir" else self._memory.directory
+            taken = None if restored is None else taken_at(where, restored)  # None: a copy fetched and removed
+            for hook in list(RESTORED_HOOKS):
+                hook(self.run_dir, restored, self.restored_tier, taken)
         self._continued_from = -1 if restored is None else restored
         self.engine.continue_from(self._continued_from)
         if self._memory is not None:

@@ -28,10 +28,10 @@ _SINK: Sink | None = None
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 # Who wants to know which step a restore used (the SLURM runner: JobContext.restored_step): each is
-# called with (run_dir, the step restored or None, its tier: "memory", "run_dir" or None) after every
-# Checkpointer.restore of this process.
+# called with (run_dir, the step restored or None, its tier: "memory", "replica", "run_dir" or None, when
+# that state was taken: unix seconds or None) after every Checkpointer.restore of this process.
 # Here, not in alpsck.restore (which imports torch), so that the runner imports without torch.
-RESTORED_HOOKS: list[Callable[[Path, int | None, str | None], None]] = []
+RESTORED_HOOKS: list[Callable[[Path, int | None, str | None, float | None], None]] = []
 
 
 def install_progress(sink: Sink | None) -> None:

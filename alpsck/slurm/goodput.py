@@ -19,7 +19,8 @@ into parts that add up to it exactly:
 
 ``ettr`` (effective training time ratio) is training that counts over wall. Work lost needs the
 time the resumed state was taken (``started``'s ``step_taken_at``: its manifest's time less its
-write); a start with a final checkpoint of the step the next resumed from lost nothing.
+write; a ``restored`` event's ``taken_at`` where the restore used another step, a memory tier's); a start
+with a final checkpoint of the step the next resumed from lost nothing.
 
 Each restart has its ``cause`` (``crashed``, ``hang``, ``failed``, or the requeue's reason:
 ``timeout``, ``preemption`` ...), ``restart_s`` from the end of the start before to the end of the
@@ -45,12 +46,13 @@ def _lost_s(s: Start, nxt: Start, room: float) -> float:
     """Seconds start ``s`` trained that ``nxt`` trains again: after the state ``nxt`` resumed from was taken."""
     if s.outcome in (FINISHED, CANCELLED, GAVE_UP) or room <= 0:
         return 0.0
-    if s.final_step is not None and s.final_step == nxt.resume_step:
+    step, taken = nxt.resumed  # a restore from memory: its step, newer than the run directory's
+    if s.final_step is not None and s.final_step == step:
         return 0.0  # stopped at a step boundary and saved it: nothing to repeat
-    if nxt.taken_at is None:
+    if taken is None:
         # Nothing says when: only a start that resumed from where this one did surely repeats all of it.
-        return room if nxt.resume_step == s.resume_step and s.times is not None else 0.0
-    useful_until = max(nxt.taken_at, s.first_poll or s.t0)
+        return room if step == s.resumed[0] and s.times is not None else 0.0
+    useful_until = max(taken, s.first_poll or s.t0)
     return min(room, max(0.0, s.end - useful_until))
 
 

@@ -218,6 +218,7 @@ class Restored(Event):
     step: int | None = None
     resume_step: int | None = None
     tier: str | None = None
+    taken_at: float | None = None  # when the restored state was taken (goodput's work lost), as Started's step_taken_at
 
 
 @dataclass(frozen=True, kw_only=True)

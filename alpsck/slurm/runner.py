@@ -63,7 +63,7 @@ from typing import Any
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
 from ..job_env import JobEnv
 from ..progress import RESTORED_HOOKS, install_progress
-from ..store.picker import pick
+from ..store.picker import pick, taken_at_of
 from . import history, timeline
 from .config import JobConfig
 from .context import JobContext, _set_current
@@ -115,11 +115,7 @@ def resume_point(run_dir: str) -> tuple[int | None, float | None]:
         p = pick(run_dir)
     except (CheckpointError, OSError):
         return None, None
-    info = p.info or {}
-    created, took = info.get("created"), info.get("write_seconds")
-    if not isinstance(created, (int, float)) or not created > 0:
-        return p.step, None
-    return p.step, float(created) - (float(took) if isinstance(took, (int, float)) and 0 <= took < created else 0.0)
+    return p.step, taken_at_of(p.info)
 
 
 # Errors that a new start meets again: a requeue would only spend another allocation on them.
@@ -241,12 +237,13 @@ class JobRunner:
             export_torch_distributed_env(job_id, job.attempt)
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
 
-        def restored(run_dir: Path, step: int | None, tier: str | None) -> None:  # resume_step: the run dir's pick
+        def restored(run_dir: Path, step: int | None, tier: str | None, taken: float | None) -> None:
             if os.path.realpath(run_dir) != os.path.realpath(cfg.run_dir):
                 return
             ctx.restored_step = step
             if step != resume or tier in ("memory", "replica"):  # it fell back (a CRC failed), or came from memory
-                self._log(Restored(step=step, resume_step=resume, tier=tier))
+                self._log(Restored(step=step, resume_step=resume, tier=tier,  # resume: the run directory's pick
+                                   taken_at=None if taken is None else round(taken, 3)))
 
         RESTORED_HOOKS.append(restored)
         _set_current(ctx)

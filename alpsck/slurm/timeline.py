@@ -85,6 +85,17 @@ class Start:
         return "run_dir" if self.resume_step is not None else None
 
     @property
+    def resumed(self) -> tuple[int | None, float | None]:
+        """The step this start's state came from and when that state was taken: its restore's (the memory tier's,
+        a fall back), where it recorded one, else the run directory's pick at the start (whose time, where the
+        restore's is unknown, bounds the work lost from above)."""
+        restored = _newest(self.events, Restored)
+        if restored is not None and restored.step is not None:
+            taken = _opt(restored.taken_at)
+            return restored.step, self.taken_at if taken is None else taken
+        return self.resume_step, self.taken_at
+
+    @property
     def first_poll(self) -> float | None:
         return None if self.times is None else self.t0 + _num(self.times.start_s)
 

@@ -17,6 +17,22 @@ from ..options import DEFAULTS
 from .scan import ACCESS_ERRNOS, open_shard
 
 
+def taken_at_of(info: Mapping[str, Any] | None) -> float | None:
+    """When a checkpoint's state was taken (unix seconds): its manifest's time less its write's duration."""
+    created, took = (info or {}).get("created"), (info or {}).get("write_seconds")
+    if not isinstance(created, (int, float)) or not created > 0:
+        return None
+    return float(created) - (float(took) if isinstance(took, (int, float)) and 0 <= took < created else 0.0)
+
+
+def taken_at(directory: str | os.PathLike[str], step: int) -> float | None:
+    """:func:`taken_at_of` the checkpoint of ``step`` in ``directory`` (None where it cannot be read: gone)."""
+    try:
+        return taken_at_of(pick(directory, step=step, allow_unhealthy=True).info)
+    except (CheckpointError, OSError):
+        return None
+
+
 def pick_checkpoint(run_dir: str | os.PathLike[str], step: int | None, *, kind: str = "any") -> tuple[dict[str, Any], Pick]:
     """The checkpoint of ``step`` (any status, to report it), or the one :func:`pick` picks when step is None;
     with the pick itself (its candidates and what it skipped).

@@ -178,6 +178,7 @@ def test_a_job_restarts_from_memory_after_a_rank_dies_and_on_the_spare_from_the_
     starts = events(run, "started")
     assert [s.get("attempt", 0) for s in starts] == [0, 1, 2], starts
     assert [(r["step"], r["tier"]) for r in events(run, "restored")] == [(35, "memory"), (55, "replica")], evs
+    assert all(r["taken_at"] > starts[0]["time"] for r in events(run, "restored")), evs  # goodput's work lost
     doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
     assert [r["tier"] for r in doc["goodput"]["restarts"]] == ["memory", "replica"], doc["goodput"]
     text = _sh(sys.executable, "-m", "alpsck", "status", str(run))

@@ -124,7 +124,7 @@ def test_each_restart_names_the_tier_its_restore_read_and_status_counts_them() -
     events = [_ev(0, "started", restart=0, backend="slurm"),
               _ev(40, "crashed", attempt=0, exit_code=137, time_of_end=39.0, signal="SIGKILL"),
               _ev(41, "started", restart=0, attempt=1, down_s=1.0, backend="slurm"),
-              _ev(45, "restored", step=35, tier="memory"),
+              _ev(45, "restored", step=35, tier="memory", taken_at=37.0),  # trained again: 37 .. the end at 39
               _ev(80, "crashed", attempt=1, exit_code=137, time_of_end=79.0),
               _ev(81, "started", restart=0, attempt=2, down_s=1.0, backend="slurm", step=50),
               _ev(85, "restored", step=55, resume_step=50, tier="replica"),
@@ -132,5 +132,8 @@ def test_each_restart_names_the_tier_its_restore_read_and_status_counts_them() -
               _ev(120, "finished", step=70)]
     g = goodput.goodput(events, now=120)
     assert g is not None and [r["tier"] for r in g["restarts"]] == ["memory", "replica"]
+    # Work lost from when the memory step's state was taken (the run directory had none at the first restart);
+    # the second restore says no time and neither does its start: nothing says what was trained again.
+    assert [r["lost_s"] for r in g["restarts"]] == [2.0, 0.0]
     assert goodput.line(g).endswith("restarts: 2 crashed (the slowest in the allocation: 6.0 s to its first step); "
                                     "restored from memory 1, a replica 1")
