@@ -90,7 +90,7 @@ std::string SupersededDirName(uint64_t step, uint64_t pid, uint64_t seq) {
 }
 
 std::string ProbeFileName(uint32_t rank, uint64_t pid) {
-  return ".alpsck-probe-" + std::to_string(rank) + "-" + std::to_string(pid);
+  return kProbePrefix + std::to_string(rank) + "-" + std::to_string(pid);
 }
 
 std::string DeletingName(const std::string& name, uint64_t pid, uint64_t seq) {
@@ -127,6 +127,8 @@ RunDirEntry ParseRunDirName(std::string_view name) {
     e.kind = EntryKind::kJobRecord;
   } else if (StartsWith(name, kDeletingPrefix) && name.size() > std::string_view(kDeletingPrefix).size()) {
     e.kind = EntryKind::kDeleting;
+  } else if (StartsWith(name, kProbePrefix) && name.size() > std::string_view(kProbePrefix).size()) {
+    e.kind = EntryKind::kProbe;
   }
   return e;
 }
@@ -144,6 +146,7 @@ const char* EntryKindName(EntryKind k) {
     case EntryKind::kHistory: return "history";
     case EntryKind::kJobRecord: return "job-record";
     case EntryKind::kDeleting: return "deleting";
+    case EntryKind::kProbe: return "probe";
     case EntryKind::kOther: break;
   }
   return "other";

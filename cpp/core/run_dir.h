@@ -48,6 +48,7 @@ constexpr char kDcpMarkerName[] = ".metadata";
 constexpr char kDcpMetadataName[] = "dcp-metadata.json";  // a DCP checkpoint's extra file (its Metadata, JSON)
 constexpr char kTempSuffix[] = ".tmp";  // a file written whole, then renamed to the name without it
 constexpr char kDeletingPrefix[] = ".deleting-";
+constexpr char kProbePrefix[] = ".alpsck-probe-";
 constexpr char kFreePrefix[] = "free-";
 constexpr char kFreePendingSuffix[] = ".new";
 constexpr char kSupersededPrefix[] = "superseded-";
@@ -66,6 +67,7 @@ enum class EntryKind {
   kHistory,
   kJobRecord,    // .requeue-request, .start-decision, rollbacks.json (and each being written: <name>.tmp)
   kDeleting,     // .deleting-*
+  kProbe,        // .alpsck-probe-R-PID: the engine's O_DIRECT probe, left behind by a process killed while probing
 };
 
 struct RunDirEntry {

@@ -80,6 +80,7 @@ TEST(every_name_alpsck_writes_is_classified_back) {
       {kStartDecisionName, EntryKind::kJobRecord, 0, 0},
       {TempFileName(kStartDecisionName), EntryKind::kJobRecord, 0, 0},
       {std::string(kDeletingPrefix) + "step-000000001", EntryKind::kDeleting, 0, 0},
+      {ProbeFileName(3, 4242), EntryKind::kProbe, 0, 0},
   };
   for (const Case& c : cases) {
     const RunDirEntry e = ParseRunDirName(c.name);
@@ -90,10 +91,11 @@ TEST(every_name_alpsck_writes_is_classified_back) {
   for (const char* other : {"", "step-", "step-1x", "step-000000007.a0.aborted", "step-1.aborted.tmp", "free-",
                             "superseded-", "superseded-step-1", "superseded-x-1-2", "LATEST.tmp", ".lockx",
                             ".deleting-", "latest", "MANIFEST.json", "rank-00000.bin", "step-1.tmp.aborted",
-                            ".start-decision.tmp.tmp", ".requeue-requests", ".metadata"})
+                            ".start-decision.tmp.tmp", ".requeue-requests", ".metadata", ".alpsck-probe-"})
     CHECK(ParseRunDirName(other).kind == EntryKind::kOther);
   CHECK_EQ(std::string(EntryKindName(EntryKind::kAborted)), std::string("aborted"));
   CHECK_EQ(std::string(EntryKindName(EntryKind::kJobRecord)), std::string("job-record"));
+  CHECK_EQ(std::string(EntryKindName(EntryKind::kProbe)), std::string("probe"));
   CHECK_EQ(TempFileName("LATEST"), std::string("LATEST.tmp"));
 }
 
