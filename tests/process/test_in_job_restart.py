@@ -175,8 +175,10 @@ def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(
     times, hang = history.read(tmp_path)
     assert times["event"] == "times" and hang["event"] == "hang", (times, hang)
     assert hang["section"] == "step" and hang["attempt"] == 2 and times["attempt"] == 2
-    limit = 1.5 if mode == "learned" else 1.0
-    assert hang["timeout_s"] == limit and limit <= hang["seconds"] < limit + 1.0, hang  # within its timeout + 1 s
+    # Learned: 5x the longest step, each slept 0.3 s (a loaded machine wakes a sleep late: CI once saw 0.32 s, 1.6)
+    limit = hang["timeout_s"] if mode == "learned" else 1.0
+    assert (1.5 <= limit <= 2.0 if mode == "learned" else limit == 1.0), hang
+    assert limit <= hang["seconds"] < limit + 1.0, hang  # within its timeout + 1 s
     # The hung start's time: 4 steps of 0.3 s, then the hung one, until it was found; 5 polls.
     assert times["polls"] == 5 and 1.2 + limit <= times["step_s"] < 1.2 + limit + 1.5, times
     assert 0.25 <= times["first_step_s"] < 0.6, times
