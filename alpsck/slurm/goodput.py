@@ -139,12 +139,14 @@ def duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def restart_causes(g: dict[str, Any]) -> dict[str, int]:
-    """How many restarts each cause had, in the order they first came."""
-    causes: dict[str, int] = {}
+def restart_causes(g: dict[str, Any], key: str = "cause") -> dict[str, int]:
+    """How many restarts each cause (or each value of another ``key``: ``tier``) had, in the order they first
+    came; restarts without one are left out."""
+    counts: dict[str, int] = {}
     for r in g["restarts"]:
-        causes[str(r["cause"])] = causes.get(str(r["cause"]), 0) + 1
-    return causes
+        if r.get(key) is not None:
+            counts[str(r[key])] = counts.get(str(r[key]), 0) + 1
+    return counts
 
 
 def line(g: dict[str, Any]) -> str:
@@ -152,11 +154,7 @@ def line(g: dict[str, Any]) -> str:
     dur = duration
     ettr = "-" if g["ettr"] is None else f"{100 * g['ettr']:.0f}%"
     restarts = ", ".join(f"{n} {c}" for c, n in restart_causes(g).items()) or "none"
-    tiers: dict[str, int] = {}
-    for r in g["restarts"]:
-        if r.get("tier"):
-            tiers[r["tier"]] = tiers.get(r["tier"], 0) + 1
-    read = ", ".join(f"{TIER_NAMES.get(t, t)} {n}" for t, n in tiers.items())  # where the restores read the state
+    read = ", ".join(f"{TIER_NAMES.get(t, t)} {n}" for t, n in restart_causes(g, "tier").items())  # restores' source
     slowest = max((r["restart_s"] for r in g["restarts"] if r["in_allocation"]), default=None)  # a requeue's is queue
     return (f"goodput: ETTR {ettr} (training {dur(g['training_s'])} of {dur(g['wall_s'])}; work lost "
             f"{dur(g['lost_s'])}, startup {dur(g['startup_s'])}, stalls {dur(g['stall_s'])}, final checkpoints "
