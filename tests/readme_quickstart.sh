@@ -46,6 +46,16 @@ cd "$work/clone"
 # shellcheck disable=SC1091
 . "$work/venv/bin/activate"
 unset PYTHONPATH
+if [ "$mode" = slurm ]; then
+  # The job shares the local cluster with the slurm tier's tests, which take turns through a lock
+  # (tests/slurm/conftest.py): a test that changes the whole node (a preempting --exclusive job, a
+  # maintenance reservation) holds it alone. The quickstart's job holds it shared from its submission
+  # to this script's end (fd 9 stays open here), so such a test neither preempts it nor keeps its
+  # requeue pending behind a reservation: `alpsck`, as the command calls it, takes the lock first.
+  exec 9>>"${ALPSCK_CLUSTER_LOCK:-/tmp/alpsck-cluster-tests.lock}"
+  alpsck() { flock -s 9 && command alpsck "$@"; }
+  export -f alpsck
+fi
 set +e
 # A hang guard only (the check below holds the run to limit_s from its submission): the install before it
 # compiles at nice 10 beside CI's other lanes and once took 23 minutes.

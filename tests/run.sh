@@ -128,7 +128,8 @@ readme_lane() {  # the README's main command, verbatim: no SLURM, then the local
     wait "${entry#*:}" || mrc=$?
     section "the README's main command, verbatim (fresh clone, fresh venv): $mode (exit $mrc)"
     tail -n 40 "$logs/readme-$mode.log"
-    [ "$mrc" = 0 ] || rc=1
+    # A failure's last lines again at the log's very end (below): a CI log is read from its tail.
+    [ "$mrc" = 0 ] || { rc=1; { echo "---- readme $mode: its log's last lines ----"; tail -n 30 "$logs/readme-$mode.log"; } >>"$logs/readme-failed.txt"; }
   done
   return "$rc"
 }
@@ -190,8 +191,9 @@ if [ ${#failed[@]} -gt 0 ]; then
   # the budget's OVER lines, ctest's failed tests, a lane's own error lines and the section they came in.
   for lane in "${failed[@]}"; do
     printf '\n---- what failed in lane %s ----\n' "$lane"
-    grep -E '^==== |^(FAILED|ERROR) |OVER BUDGET|^ +[0-9.]+ +[0-9.]+ +[a-z]+ +tests/|tests failed out of|^[ 0-9]+- .*\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)|^(tests/|readme_quickstart|\.ci/)[a-z_./]*: ' \
+    grep -E '^==== |^(FAILED|ERROR) |OVER BUDGET|^ +[0-9.]+ +[0-9.]+ +[a-z]+ +tests/|tests failed out of|^[ 0-9]+- .*\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)|^(tests/|readme_quickstart|\.ci/)[a-z_./]*( \([a-z]+\))?: ' \
       "$logs/$lane.log" | grep -v -E '^==== .*\(exit 0\)' | cut -c1-400 || true
+    if [ "$lane" = readme ] && [ -f "$logs/readme-failed.txt" ]; then cut -c1-400 "$logs/readme-failed.txt"; fi
   done
   echo "tests/run.sh: failed: ${failed[*]} (their logs above)" >&2
   exit 1
