@@ -18,9 +18,9 @@ spread over the ranks by size. ``restore()`` is a collective: the ranks agree on
 checkpoint that every one of them reads successfully.
 
 Tensors on a GPU (and CPU states with ``overlap_copy=True``) take the pipelined path of
-:mod:`alpsck.staging`: the copy of the optimizers' tensors overlaps the next forward and backward,
-and a step pre-hook on each optimizer makes its next ``step()`` wait for it; anything else that
-changes a parameter or optimizer state before then must call ``wait_snapshot()`` first.
+:mod:`alpsck.staging` (a stager per tier's engine): the copy of the optimizers' tensors overlaps the
+next forward and backward, and a step pre-hook on each optimizer makes its next ``step()`` wait for it;
+anything else that changes a parameter or optimizer state before then must call ``wait_snapshot()`` first.
 
 A run directory holds one history: when ``restore()`` continues from a step older than checkpoints on
 disk, the first ``save()`` after it moves those newer ones (an abandoned future) to
@@ -158,7 +158,7 @@ class Checkpointer:
         # milestone, time and pinned checkpoints cannot be known ahead; the best K can.
         best = int(opts["keep_best"].rsplit(":", 1)[1]) if opts["keep_best"] else 0
         self._keep = opts["keep_last"] + opts["max_in_flight"] + best if opts["keep_last"] else 1
-        self._stager: Stager | None = None
+        self._stagers: dict[str, Stager] = {}  # the pipelined path, of each tier's engine: "run_dir", "memory"
         self._hooks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # optimizer -> its hook
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
         self._engine: _core.Engine | None = None
@@ -214,14 +214,14 @@ class Checkpointer:
 
     def _release(self) -> None:
         """Stop the engine (after its saves) and drop the run directory's lock."""
-        stager, self._stager = self._stager, None
+        stagers, self._stagers = list(self._stagers.values()), {}
         for hook in list(self._hooks.values()):
             hook.remove()
         self._hooks.clear()
         engine, self._engine = self._engine, None
         memory, self._memory = self._memory, None
         try:
-            if stager is not None:
+            for stager in stagers:
                 stager.close()  # every snapshot filled: the saves can finish
             if memory is not None:
                 memory.close()
@@ -270,7 +270,7 @@ class Checkpointer:
         preemption deadline).
 
         ``tier="memory"``: to the memory tier (``memory=True`` at construction; module docstring), by the
-        blocking copy whatever ``overlap_copy`` says; ``pin`` is refused there (it keeps one checkpoint).
+        same path as the run directory's; ``pin`` is refused there (it keeps one checkpoint).
 
         Raises StateMismatchError, with nothing written, when a resumed run could not restore
         this checkpoint into the state recorded at ``restore()`` or the first ``save()`` (module
@@ -284,8 +284,7 @@ class Checkpointer:
         in_memory = memory_tier.check_tier(tier) == "memory"
         if in_memory and (self._memory is None or pin):
             raise UsageError("save(tier='memory') needs Checkpointer(memory=True)" if self._memory is None else
-                             "save(tier='memory', pin=True): the memory tier keeps one checkpoint; pin one in the run "
-                             "directory")
+                             "save(tier='memory', pin=True): the memory tier keeps one checkpoint; pin in the run directory")
         # With spike_factor: why this save's loss is a spike (restore.health.spike), else ""; a fine one joins the window.
         spiked, self._recent_losses = spike(dict(pairs).get("loss"), self._recent_losses, self._spike_factor)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
@@ -305,9 +304,9 @@ class Checkpointer:
             if refusal:
                 engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
                 raise DiskFullError(refusal)
-            if self._is_pipelined(cuda) and memory is None:
-                handle = CoreSave(self._pipelined().save(step, mine, meta, self._guard(state), metrics=pairs,
-                                                         unhealthy=spiked, pin=pin))
+            if self._is_pipelined(cuda):
+                handle = CoreSave(self._pipelined(tier, engine).save(step, mine, meta, self._guard(state),
+                                                                     metrics=pairs, unhealthy=spiked, pin=pin))
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
                 handle = CoreSave(engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
@@ -344,10 +343,10 @@ class Checkpointer:
         """Whether saves of a state (holding CUDA tensors or not) take the pipelined path."""
         return bool(self.overlap_copy or (cuda and self.overlap_copy is None))
 
-    def _pipelined(self) -> Stager:
-        if self._stager is None:
-            self._stager = Stager(self.engine, overlap_cpu=bool(self.overlap_copy))
-        return self._stager
+    def _pipelined(self, tier: str, engine: _core.Engine) -> Stager:
+        if tier not in self._stagers:
+            self._stagers[tier] = Stager(engine, overlap_cpu=bool(self.overlap_copy))
+        return self._stagers[tier]
 
     def _guard(self, state: Mapping[str, Any]) -> set[tuple[str, int]]:
         """Hook every optimizer of ``state`` (once); return the tensors their hooks guard."""
@@ -357,8 +356,8 @@ class Checkpointer:
         return guarded_pointers(state)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._stager is not None:
-            self._stager.wait_copies()
+        for stager in list(self._stagers.values()):
+            stager.wait_copies()
 
     @blocking("save")
     def wait_snapshot(self) -> None:
@@ -368,8 +367,8 @@ class Checkpointer:
         parameters or optimizer state other than through ``optimizer.step()``, which waits by
         itself. For CUDA tensors the wait is queued on the current streams (no host block).
         """
-        if self._stager is not None:
-            self._stager.wait_copies()
+        for stager in list(self._stagers.values()):
+            stager.wait_copies()
 
     def _mine(self, tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """The tensors this rank writes: its own, and the replicated ones assigned to it (:func:`alpsck.ranks.mine`)."""
@@ -397,7 +396,7 @@ class Checkpointer:
         if self._engine is None:
             return
         if self._engine.forked:  # a forked child: the engine, its saves and the lock are the parent's
-            self._stager = None  # its copies are the parent's: never waited for here
+            self._stagers = {}  # its copies are the parent's: never waited for here
             self._pending = []
             self._release()  # here the engine and the lock let go of the parent's untouched
             return
@@ -497,4 +496,5 @@ class Checkpointer:
             self._memory.engine.prepare(sizes)
         gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
         if gpu is not None and self._is_pipelined(True):  # overlap_copy=False copies to pageable memory
-            self._pipelined().pin_ahead(gpu)
+            for tier, engine in [("run_dir", self.engine)] + ([("memory", self._memory.engine)] if self._memory else []):
+                self._pipelined(tier, engine).pin_ahead(gpu)

@@ -60,6 +60,52 @@ def sync_time(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
+def training(layers: int, width: int, tokens: int, dev: torch.device) -> tuple[Any, Any, Any, list[torch.Tensor]]:
+    """The benchmark's training, three iterations in (the optimizer has its moments): the model, its AdamW, one
+    iteration (a function) and every state tensor; prints what it is."""
+    assert dev.type == "cpu" or torch.cuda.is_available(), "needs a CUDA device"
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    x = torch.randn(tokens, width, device=dev)
+
+    def iteration() -> None:
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    for _ in range(3):
+        iteration()
+    tensors = [t for t in model.parameters()] + [v for st in opt.state.values() for v in st.values() if v.dim()]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(f"{name}; torch {torch.__version__}; state {nbytes / 2**30:.2f} GiB "
+          f"({len(tensors)} tensors); {layers} x Linear({width}) + AdamW; {tokens} tokens", flush=True)
+    return model, opt, iteration, tensors
+
+
+def pinned_copier(tensors: list[torch.Tensor], dev: torch.device) -> tuple[Any, Any]:
+    """The floors: a copy of every tensor into one pinned host buffer, and back (each a function)."""
+    pinned = torch.empty(sum(t.numel() * t.element_size() for t in tensors), dtype=torch.uint8,
+                         pin_memory=dev.type == "cuda")
+
+    def d2h() -> None:
+        pos = 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            pinned[pos:pos + n].copy_(t.detach().reshape(-1).view(torch.uint8), non_blocking=True)
+            pos += n
+
+    def h2d() -> None:
+        pos = 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            t.detach().reshape(-1).view(torch.uint8).copy_(pinned[pos:pos + n], non_blocking=True)
+            pos += n
+    return d2h, h2d
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, required=True, help="where the run directories go (removed afterwards)")
@@ -74,46 +120,16 @@ def main() -> None:
     import alpsck
 
     dev = torch.device(args.device)
-    assert dev.type == "cpu" or torch.cuda.is_available(), "needs a CUDA device"
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width, bias=False) for _ in range(args.layers)]).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    x = torch.randn(args.tokens, args.width, device=dev)
-
-    def iteration() -> None:
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    for _ in range(3):
-        iteration()
+    model, opt, iteration, tensors = training(args.layers, args.width, args.tokens, dev)
     state = {"model": model, "optim": opt}
-    tensors = [t for t in model.parameters()] + [v for st in opt.state.values() for v in st.values() if v.dim()]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    print(f"{name}; torch {torch.__version__}; state {nbytes / 2**30:.2f} GiB "
-          f"({len(tensors)} tensors); {args.layers} x Linear({args.width}) + AdamW; {args.tokens} tokens", flush=True)
 
-    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=dev.type == "cuda")
-
-    def pinned_copy() -> None:
-        pos = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            pinned[pos:pos + n].copy_(t.detach().reshape(-1).view(torch.uint8), non_blocking=True)
-            pos += n
+    pinned_copy, pinned_h2d = pinned_copier(tensors, dev)
 
     def pageable_copy() -> None:
         for t in tensors:
             t.detach().cpu()
-
-    def pinned_h2d() -> None:
-        pos = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            t.detach().reshape(-1).view(torch.uint8).copy_(pinned[pos:pos + n], non_blocking=True)
-            pos += n
 
     run = args.dir / "alpsck-run"
     tfile = args.dir / "torch-save.pt"

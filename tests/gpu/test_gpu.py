@@ -93,7 +93,7 @@ def test_save_returns_before_the_copy_and_training_changes_nothing_saved(tmp_pat
             extra.add_(1.0)  # on the current stream, right after save() returned
             _train(m, opt)  # the optimizer step waits for the guarded copies (hook)
             h.wait()
-        assert ck._stager is not None and (ck._stager._registered or 0) > 0, "the staging pool was not pinned"
+        assert (ck._stagers["run_dir"]._registered or 0) > 0, "the staging pool was not pinned"
     for step, want in wants.items():
         _assert_restores_to(tmp_path, want, step)
 
@@ -146,3 +146,37 @@ def test_restore_into_gpu_state_resumes_the_same_losses(tmp_path: Path) -> None:
     with alpsck.Checkpointer(tmp_path) as ck:
         assert ck.restore({"model": m2, "optim": opt2, "rng": alpsck.RNGState()}) == 3
     assert losses(m2, opt2, 3) == want
+
+
+def test_memory_tier_saves_are_pipelined_and_restore_into_the_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save to the memory tier takes the pipelined path with a pinned staging pool of its own (before, every
+    tensor was copied to pageable memory inside save()); training right after it changes nothing saved, and a
+    fresh Checkpointer restores that step from memory into the GPU tensors."""
+    from alpsck.store import memory_tier
+
+    monkeypatch.setenv(memory_tier.ROOT_ENV, str(tmp_path / "shm"))
+    (tmp_path / "shm").mkdir()
+    m, opt = _model()
+    extra = torch.randn(3 << 20, device="cuda")
+    state = {"model": m, "optim": opt, "extra": extra}
+    _train(m, opt, 2)
+    run = tmp_path / "run"
+    with alpsck.Checkpointer(run, memory=True, chunk_bytes=CHUNK, keep_last=2) as ck:
+        assert ck.restore(state) is None  # prepares both tiers' pools and pins them ahead
+        ck.save(1, state).wait()
+        want = _snapshot(state)
+        h = ck.save(2, state, tier="memory")
+        extra.add_(1.0)
+        _train(m, opt)  # waits for the memory save's guarded copies
+        h.wait()
+        memory_stager = ck._stagers["memory"]
+        assert (memory_stager._registered or 0) > 0, "the memory tier's staging pool was not pinned"
+        assert memory_stager._engine is not ck._stagers["run_dir"]._engine
+    m2, opt2 = _model(seed=1)
+    _train(m2, opt2)
+    extra2 = torch.zeros_like(extra)
+    with alpsck.Checkpointer(run, memory=True) as ck:
+        assert ck.restore({"model": m2, "optim": opt2, "extra": extra2}) == 2 and ck.restored_tier == "memory"
+    for k, v in want["model"].items():
+        assert torch.equal(m2.state_dict()[k].cpu(), v), k
+    assert torch.equal(extra2.cpu(), want["extra"])

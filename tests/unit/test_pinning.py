@@ -83,7 +83,7 @@ def _pinner(stager: Stager) -> threading.Thread:
 def test_pin_ahead_registers_the_faulted_pool_on_its_own_thread(tmp_path: Path, cuda: FakeCudaRuntime) -> None:
     with _checkpointer(tmp_path / "run") as ck:
         ck.engine.prepare([64 * MIB])
-        stager = ck._pipelined()
+        stager = ck._pipelined("run_dir", ck.engine)
         cuda.release.clear()
         t0 = time.monotonic()
         stager.pin_ahead(GPU)
@@ -110,7 +110,7 @@ def test_a_first_save_during_the_registration_waits_for_it_and_never_registers_t
         tmp_path: Path, cuda: FakeCudaRuntime) -> None:
     with _checkpointer(tmp_path / "run") as ck:
         ck.engine.prepare([16 * MIB])
-        stager = ck._pipelined()
+        stager = ck._pipelined("run_dir", ck.engine)
         cuda.release.clear()
         stager.pin_ahead(GPU)
         assert cuda.entered.wait(60)
@@ -129,7 +129,7 @@ def test_a_first_save_during_the_registration_waits_for_it_and_never_registers_t
 def test_close_during_the_preparation_pins_nothing(tmp_path: Path, cuda: FakeCudaRuntime) -> None:
     ck = _checkpointer(tmp_path / "run")
     ck.engine.prepare([1024 * MIB])  # a GiB to fault: close() comes long before it is done
-    stager = ck._pipelined()
+    stager = ck._pipelined("run_dir", ck.engine)
     stager.pin_ahead(GPU)
     ck.close()
     closed = len(cuda.calls)
@@ -144,7 +144,7 @@ def test_a_failed_registration_warns_and_is_neither_retried_nor_unpinned(tmp_pat
     cuda.code = 2  # cudaErrorMemoryAllocation
     with _checkpointer(tmp_path / "run") as ck:
         ck.engine.prepare([8 * MIB])
-        stager = ck._pipelined()
+        stager = ck._pipelined("run_dir", ck.engine)
         with pytest.warns(RuntimeWarning, match=r"pinning \d+ bytes of alpsck staging memory failed \(cudaError 2\)"):
             stager.pin_ahead(GPU)
             _pinner(stager).join(60)
@@ -160,6 +160,6 @@ def test_a_cpu_state_is_not_pinned(tmp_path: Path, cuda: FakeCudaRuntime) -> Non
         assert ck.restore(state) is None  # prepares
         ck.engine.wait_prepared()
         assert ck.engine.staging_slots > 0
-        assert ck._stager is None  # no pipelined path, no pinner
+        assert ck._stagers == {}  # no pipelined path, no pinner
         ck.save(1, state).wait()
     assert cuda.calls == []

@@ -22,6 +22,7 @@ import torch
 
 import alpsck
 from alpsck.errors import CheckpointWriteError, DiskFullError
+from alpsck.store import memory_tier
 
 CHUNK = 64 << 10
 
@@ -43,11 +44,12 @@ def _expected(state: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy({k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in state.items()})
 
 
-def _assert_restores_to(run: Path, want: dict[str, Any], step: int) -> None:
+def _assert_restores_to(run: Path, want: dict[str, Any], step: int, tier: str = "run_dir") -> None:
     m, opt = _model()
     extra = torch.zeros_like(want["extra"])
-    with alpsck.Checkpointer(run) as ck:
+    with alpsck.Checkpointer(run, memory=tier == "memory") as ck:
         assert ck.restore({"model": m, "optim": opt, "extra": extra}, step=step) == step
+        assert ck.restored_tier == tier
     for k, v in want["model"].items():
         assert torch.equal(m.state_dict()[k], v), k
     got = opt.state_dict()["state"]
@@ -81,6 +83,35 @@ def test_save_returns_before_the_copy_and_the_optimizer_step_waits_for_it(tmp_pa
     assert res["snapshot_seconds"] >= 0.03 * (chunks - 3) / 2
     assert returned < 0.5 * res["snapshot_seconds"]
     _assert_restores_to(tmp_path, want, 7)
+
+
+def test_memory_saves_take_the_pipelined_path_through_a_stager_of_their_own(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory tier's engine has its own staging pool: its saves are pipelined too (on a GPU, instead of a
+    pageable copy of every tensor inside save()), and the optimizer's next step waits for both tiers' copies."""
+    monkeypatch.setenv(memory_tier.ROOT_ENV, str(tmp_path / "shm"))
+    (tmp_path / "shm").mkdir()
+    run = tmp_path / "run"
+    m, opt = _model()
+    _train(m, opt)
+    extra = torch.arange(50_000, dtype=torch.float64)
+    state = {"model": m, "optim": opt, "extra": extra}
+    with alpsck.Checkpointer(run, memory=True, overlap_copy=True, chunk_bytes=CHUNK, staging_bytes=3 * CHUNK) as ck:
+        want_disk = _expected(state)
+        h_disk = ck.save(4, state)
+        extra.add_(1.0)
+        _train(m, opt)  # waits for step 4's copies
+        want_memory = _expected(state)
+        h_memory = ck.save(5, state, tier="memory")
+        extra.add_(1.0)
+        _train(m, opt, 2)  # waits for step 5's copies, made by the memory tier's stager
+        h_disk.wait()
+        h_memory.wait()
+        assert set(ck._stagers) == {"run_dir", "memory"}
+        assert ck._stagers["memory"]._engine is not ck._stagers["run_dir"]._engine
+        assert ck._stagers["memory"]._unfinished == []  # its snapshot was copied (and dropped once durable)
+    _assert_restores_to(run, want_memory, 5, tier="memory")
+    _assert_restores_to(run, want_disk, 4)
 
 
 def test_without_an_optimizer_everything_is_copied_inside_save(tmp_path: Path) -> None:
@@ -203,8 +234,7 @@ def test_saves_without_an_optimizer_step_between_them_do_not_pile_up(tmp_path: P
         for step in range(1, 31):
             state["extra"] = torch.full((3,), float(step))
             ck.save(step, state if step % 2 else {"model": m, "extra": state["extra"]}).wait()
-            stager = ck._stager
-            assert stager is not None
+            stager = ck._stagers["run_dir"]
             seen += [weakref.ref(s) for s in stager._unfinished]
             assert len(stager._unfinished) == 0, step  # a durable save is no longer waited for
         for step in range(31, 41):  # back to back, nothing waited in between

@@ -329,10 +329,12 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
             ckpt_kwargs["numa_node"] = gpu_numa_node(device)
     ckpt = make_checkpointer(cfg.checkpointer, cfg.checkpoint_dir, **ckpt_kwargs) if rank == 0 or sharded else None
     restored: int | None = None
+    tier: str | None = None
     if cfg.load_checkpoint:
         src = Path(cfg.load_checkpoint_dir or cfg.checkpoint_dir)
         if ckpt is not None and src.resolve() == Path(cfg.checkpoint_dir).resolve():
             restored = ckpt.restore(state)
+            tier = getattr(ckpt, "restored_tier", None)  # alpsck's: memory, replica or run_dir
         elif sharded:
             from alpsck.checkpointer import Checkpointer, restore_into  # restore_into is read-only: no run-dir lock
 
@@ -347,7 +349,7 @@ def _train(cfg: TrainConfig, rank: int, world: int, device: torch.device,
         if rank == 0 and restored is None:
             log.info("no valid checkpoint in %s; starting fresh", src)
         elif rank == 0:
-            log.info("resumed from step %d of %s", restored, src)
+            log.info("resumed from step %d of %s%s", restored, src, f" (from {tier})" if tier else "")
     if world > 1:
         dist.barrier()
     step = restored if restored is not None else 0
