@@ -15,6 +15,7 @@ from ..errors import CheckpointError, NoCheckpointError, UsageError
 from ..options import DEFAULTS
 from ..store.picker import Pick, data_error, pick, read_failure
 from ..store.shards import CheckpointShards
+from .device import read_to_device
 from .health import all_unhealthy
 
 
@@ -29,7 +30,8 @@ def read_checkpoint(
 
     The tree is rank ``rank``'s; tensors come from whichever shard holds them (:mod:`alpsck.store.shards`).
     With ``into`` (key -> live tensor, as :func:`alpsck.capture.capture` gives), tensors are read
-    straight into the live CPU tensors — no allocation, no extra copy — but only when every
+    straight into the live CPU tensors — no allocation, no extra copy — and into live GPU tensors
+    through pinned buffers (:func:`alpsck.restore.device.read_to_device`), but only when every
     saved tensor that has a live counterpart matches it in shape and dtype, and ``fits`` (if
     given) accepts the meta document; otherwise nothing live is touched and fresh tensors are
     returned (the caller's mismatch check then fails cleanly). A CheckpointError raised part-way
@@ -45,10 +47,14 @@ def read_checkpoint(
     tensors: dict[str, torch.Tensor] = {}
     for key, spec in specs.items():
         t = live.get(key)
-        usable = t is not None and t.device.type == "cpu" and t.is_contiguous() and not t.requires_grad
+        usable = t is not None and t.device.type in ("cpu", "cuda") and t.is_contiguous() and not t.requires_grad
         tensors[key] = t if usable and t is not None else torch.empty(spec.shape, dtype=spec.dtype)
     try:
-        shards.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items() if t.numel()], threads)
+        shards.read_into([(k, t.reshape(-1).view(torch.uint8)) for k, t in tensors.items()
+                          if t.numel() and t.device.type == "cpu"], threads)
+        gpu = [(k, t) for k, t in tensors.items() if t.device.type == "cuda"]
+        if gpu:
+            read_to_device(shards, gpu, threads)  # through pinned buffers, overlapped with the reads
     except CheckpointError as e:  # corrupt chunk or I/O error part-way: earlier tensors may have landed
         e.live_touched = any(tensors[k] is live.get(k) for k in tensors)  # type: ignore[attr-defined]
         raise

@@ -180,3 +180,21 @@ def test_memory_tier_saves_are_pipelined_and_restore_into_the_gpu(tmp_path: Path
     for k, v in want["model"].items():
         assert torch.equal(m2.state_dict()[k].cpu(), v), k
     assert torch.equal(extra2.cpu(), want["extra"])
+
+
+def test_restore_reads_into_gpu_tensors_through_pinned_batches_and_big_tensors_alone(tmp_path: Path) -> None:
+    """read_to_device with 1 MiB buffers: many batches (the buffers reused while copies run), tensors larger than
+    a buffer read on their own, empty ones skipped; every byte lands in the live GPU tensors."""
+    from alpsck.restore.device import read_to_device
+    from alpsck.store.shards import CheckpointShards
+
+    torch.manual_seed(3)
+    saved = {f"t{i}": torch.randn(n, device="cuda") for i, n in enumerate([1000, 300_000, 70_000, 0, 900_000, 5, 200_000])}
+    saved["half"] = torch.randn(123_457, device="cuda").half()
+    with alpsck.Checkpointer(tmp_path, chunk_bytes=CHUNK) as ck:
+        ck.save(1, saved).wait()
+        path = ck.checkpoints()[-1]["path"]
+    live = {k: torch.full_like(v, -1.0) for k, v in saved.items()}
+    read_to_device(CheckpointShards(path, 0), list(live.items()), threads=4, batch_bytes=1 << 20)
+    for k, v in saved.items():
+        assert torch.equal(live[k], v), k
