@@ -63,6 +63,19 @@ def run_token(run_dir: Path) -> int:
     return token
 
 
+def existing_memory_dir(run_dir: Path) -> tuple[bool, Path | None]:
+    """For a reader (nothing is made): whether the run ever opened a memory tier (its ``.run-id``), and its memory
+    directory on this node where one exists."""
+    try:
+        text = read_small(run_dir / RUN_ID_NAME, 64, follow=False).decode("ascii", "replace").strip()
+    except OSError:
+        return False, None
+    if not re.fullmatch(r"[0-9a-f]{16}", text):
+        return True, None
+    found = memory_dir_for(run_dir, int(text, 16) & _TOKEN_MASK)
+    return True, found if found.is_dir() else None
+
+
 def memory_dir_for(run_dir: str | os.PathLike[str], token: int) -> Path:
     """The memory tier's directory for ``run_dir`` whose identity is ``token`` (:func:`run_token`):
     ``ROOT/alpsck-UID/NAME-HASH``, the hash over the token and the run directory's real path."""

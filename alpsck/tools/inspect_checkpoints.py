@@ -4,7 +4,9 @@
 (committed / incomplete / corrupt / unreadable) and which one a restart would use (``*``, the picker's
 choice: :func:`alpsck.store.picker.pick`; without ``--verify``, data CRCs are not checked, so ``*`` is what
 a restore tries first; ``--json``'s ``skipped`` says why each newer step is not it). ``--verify`` re-reads every
-byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption).
+byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption). A run that used the memory
+tier (``memory_every``) also gets what this node's memory holds of it (:func:`memory_listing`; ``--json``:
+``memory``); a job's memory checkpoints are in its nodes' memory, so run it inside the job to see them.
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
 state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
 bytes) and a summary of the non-tensor state (step, learning rates, RNG streams, data position,
@@ -37,6 +39,7 @@ from ..errors import (
 )
 from ..options import DEFAULTS, arg_rank, arg_step
 from ..out import jsonout
+from ..store import memory_tier
 from ..store.lustre import describe_layout
 from ..store.picker import metrics_text, pick, pick_checkpoint
 from ..store.scan import check_run_dir, open_shard, scan_run_dir, superseded_dirs
@@ -87,6 +90,41 @@ def _verify_summary(infos: list[dict[str, Any]], seconds: float) -> str:
     return head + f"{len(bad)} corrupt or unreadable (step(s) {', '.join(str(i['step']) for i in bad)}); exit 1"
 
 
+def memory_listing(run_dir: Path) -> dict[str, Any] | None:
+    """The memory tier's checkpoints on this node (None: the run never opened a memory tier): each group of
+    ranks (``ranks-FIRST-LAST``: a node's own copy, or the replica of the node before) with its checkpoints.
+    A job's memory checkpoints are in its nodes' memory: run inside the job to see them."""
+    used, directory = memory_tier.existing_memory_dir(run_dir)
+    if not used:
+        return None
+    groups = []
+    for group in sorted(directory.iterdir()) if directory is not None else []:
+        if group.is_dir() and group.name.startswith("ranks-"):
+            found = [{k: i.get(k) for k in ("step", "path", "status", "bytes", "created", "ranks", "error")}
+                     for i in scan_run_dir(group)]
+            groups.append({"group": group.name, "checkpoints": found})
+    return {"node": memory_tier.node_name(), "directory": str(directory) if directory else None, "groups": groups}
+
+
+def _memory_lines(memory: dict[str, Any], picked: int | None) -> list[str]:
+    if memory["directory"] is None:
+        return [f"memory tier: nothing on this node ({memory['node']}); a job's memory checkpoints live in its nodes' "
+                "memory: run this inside the job (srun --jobid=JOBID --overlap alpsck inspect-checkpoints RUN_DIR)"]
+    lines = [f"memory tier on this node ({memory['node']}): {memory['directory']}"]
+    for g in memory["groups"]:
+        ranks = "-".join(str(int(x)) for x in g["group"].split("-")[1:])
+        for i in g["checkpoints"] or [{"step": None}]:
+            if i["step"] is None:
+                lines.append(f"  ranks {ranks}: no checkpoint")
+                continue
+            created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
+            newer = i["status"] == "committed" and (picked is None or i["step"] > picked)
+            lines.append(f"  ranks {ranks}: step {i['step']} {i['status']} {human(i['bytes'])} {created}"
+                         + (f" {i['error']}" if i["error"] else "")
+                         + (" (newer than the run directory's *: a restart of these ranks reads it)" if newer else ""))
+    return lines
+
+
 def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stream: TextIO | None = None) -> int:
     """The checkpoint table (or JSON document) of ``run_dir``; exit code 1 if ``verify`` found corruption.
 
@@ -112,6 +150,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         layout = describe_layout(path)  # None off Lustre: no lfs call there
     except CheckpointError as e:
         layout = f"unknown ({e})"
+    memory = memory_listing(path)
     if as_json:
         doc = {
             "latest_valid": latest,
@@ -123,6 +162,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
             "skipped": [dataclasses.asdict(k) for k in picked.skipped],
             "superseded": superseded,
             "lustre_layout": layout,
+            "memory": memory,
         }
         print(jsonout.dumps(doc))
     else:
@@ -152,6 +192,8 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
             print(_superseded_line(superseded))
         if layout is not None:
             print(f"Lustre layout of new checkpoints: {layout}")
+        for line in _memory_lines(memory, latest) if memory is not None else []:
+            print(line)
     bad = any(i["status"] in UNUSABLE for i in infos)
     return 1 if (verify and bad) else 0
 

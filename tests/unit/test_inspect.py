@@ -51,7 +51,7 @@ def test_classification_and_latest_valid(mixed_run: Path, capsys: pytest.Capture
     rc, out, _ = run_cli(capsys, "inspect-checkpoints", str(mixed_run), "--json")
     assert rc == 0
     doc = json.loads(out)
-    assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded", "lustre_layout"}
+    assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded", "lustre_layout", "memory"}
     assert doc["superseded"] == [] and doc["lustre_layout"] is None  # not Lustre: no lfs call
     # Why each step newer than the pick is not it (the picker's reason codes).
     assert [(k["step"], k["reason"]) for k in doc["skipped"]] == [(6, "damaged"), (5, "incomplete"), (4, "corrupt")]
@@ -467,7 +467,7 @@ def test_inspect_lists_superseded_directories_apart(tmp_path: Path, capsys: pyte
     rc, out, err = run_cli(capsys, "inspect-checkpoints", str(tmp_path), "--json")
     assert rc == 0, err
     doc = json.loads(out)
-    assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded", "lustre_layout"}
+    assert set(doc) == {"latest_valid", "checkpoints", "skipped", "superseded", "lustre_layout", "memory"}
     assert doc["skipped"] == []  # superseded directories are no checkpoints: nothing newer was skipped
     assert doc["latest_valid"] == 3 and [c["step"] for c in doc["checkpoints"]] == [1, 2, 3]
     assert [(s["step"], s["path"]) for s in doc["superseded"]] == [(4, str(tmp_path / s4)), (5, str(tmp_path / s5))]

@@ -3,6 +3,7 @@ newer tier, falls back to the run directory once with one warning, never restore
 
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -219,3 +220,30 @@ def test_a_memory_save_the_nodes_memory_cannot_hold_fails_naming_the_sizes(tmp_p
             ck.save(5, state, tier="memory")
         memory_dir = ck.memory_dir
     assert memory_dir is not None and step_dirs(memory_dir) == [] and step_dirs(run) == ["step-000000000"]
+
+
+def test_inspect_checkpoints_lists_what_this_nodes_memory_holds(tmp_path: Path, memory_root: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from alpsck.cli import main
+
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    state = make_state()
+    with Checkpointer(run, memory=True) as ck:
+        ck.save(1, state).wait()
+        ck.save(5, state, tier="memory").wait()
+    with Checkpointer(plain) as ck:
+        ck.save(1, state).wait()
+
+    def inspect(path: Path, *args: str) -> str:
+        assert main(["inspect-checkpoints", str(path), *args]) == 0
+        return capsys.readouterr().out
+
+    out = inspect(run)
+    assert "ranks 0-0: step 5 committed" in out and "newer than the run directory's *" in out, out
+    doc = json.loads(inspect(run, "--json"))
+    group = doc["memory"]["groups"][0]
+    assert group["group"] == "ranks-00000-00000" and [c["step"] for c in group["checkpoints"]] == [5]
+    assert json.loads(inspect(plain, "--json"))["memory"] is None and "memory tier" not in inspect(plain)
+    monkeypatch.setenv(memory_tier.ROOT_ENV, str(tmp_path / "elsewhere"))  # another node: its memory is not here
+    assert "memory tier: nothing on this node" in inspect(run)
