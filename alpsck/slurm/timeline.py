@@ -101,7 +101,8 @@ class Start:
 
     def as_dict(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "attempt": self.attempt, "t0": round(self.t0, 3), "end": round(self.end, 3),
-                "outcome": self.outcome, "resume_step": self.resume_step}
+                "outcome": self.outcome, "resume_step": self.resume_step, "resumed_step": self.resumed[0],
+                "tier": self.restored_tier}
 
 
 def _newest(records: Iterable[Event], cls: type[E]) -> E | None:

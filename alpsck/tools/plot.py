@@ -5,7 +5,8 @@ than read. Top: each start of the run as a bar in wall-clock time since the firs
 how it ended, with markers for crashes, hangs, failures, stop signals, final checkpoints and
 requeues, and the gaps between starts shaded (restarts inside the allocation apart from the queue).
 Bottom: the loss against the step (``RUN_DIR/loss.csv``, the reference training's file), with a
-dashed line at each step a start resumed from.
+dashed line at each step a start resumed from, coloured by where it read that state (the run directory, its
+node's memory, a replica).
 
 Everything comes from the run's timeline (:mod:`alpsck.slurm.timeline`, the fold of its history) and
 its goodput (:func:`alpsck.slurm.goodput.goodput`). The default output is ``./<run-dir-name>-timeline.png`` in
@@ -47,6 +48,9 @@ MARKERS = {
     Cancelled.KIND: ("s", "#7f7f7f", Cancelled.KIND, 0.46),
     FinalCheckpoint.KIND: ("D", "#17becf", "final checkpoint", 0.58)}
 GAP_COLOURS = {"restart_gap": "#f4b6b6", "queue": "#fde2b0"}  # shaded between starts
+# The dashed line at each step a start resumed from, by where its state came from (Checkpointer.restored_tier).
+TIER_LINES = {"run_dir": ("#555555", "a start resumed from this step (the run directory)"),
+              "memory": ("#2ca02c", "... from its node's memory"), "replica": ("#9467bd", "... from a replica in memory")}
 
 
 def read_losses(path: str | Path) -> tuple[list[int], list[float]]:
@@ -161,22 +165,34 @@ def _draw_loss(ax: Any, loss_csv: Path | None, starts: list[dict[str, Any]]) -> 
     for a, b in zip(cuts, cuts[1:], strict=False):  # (a segment of one row is a dot)
         ax.plot(steps[a:b], losses[a:b], color="#1f77b4", linewidth=1.2, zorder=2 + a / max(len(steps), 1),
                 marker="." if b - a == 1 else None, label="loss" if a == 0 else None)
-    resumed: dict[int, list[str]] = {}
-    for s in starts:
-        if s.get("resume_step") is not None:
-            resumed.setdefault(int(s["resume_step"]), []).append(f"attempt {_label(s.get('attempt') or 0)}, "
-                                                                 f"job {_label(s.get('job_id') or '?')}")
-    for step, who in sorted(resumed.items()):
-        ax.axvline(step, color="#555555", linestyle="--", linewidth=1, zorder=1)
+    resumed = resume_lines(starts)
+    for (step, tier), who in sorted(resumed.items()):
+        colour, _ = TIER_LINES.get(tier, TIER_LINES["run_dir"])
+        ax.axvline(step, color=colour, linestyle="--", linewidth=1, zorder=1)
         more = f" (+{len(who) - 1})" if len(who) > 1 else ""
-        ax.text(step, 0.98, f" resumed from {step}: {who[0]}{more}", rotation=90, va="top", ha="right",
+        where = "" if tier == "run_dir" else f" ({_label(goodput.TIER_NAMES.get(tier, tier))})"
+        ax.text(step, 0.98, f" resumed from {step}{where}: {who[0]}{more}", rotation=90, va="top", ha="right",
                 fontsize=8, color="#333333", transform=ax.get_xaxis_transform())
-    if resumed:
-        ax.plot([], [], color="#555555", linestyle="--", label="a start resumed from this step")
+    for tier in dict.fromkeys(t for _, t in sorted(resumed)):
+        colour, text = TIER_LINES.get(tier, TIER_LINES["run_dir"])
+        ax.plot([], [], color=colour, linestyle="--", label=text)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False)
+
+
+def resume_lines(starts: list[dict[str, Any]]) -> dict[tuple[int, str], list[str]]:
+    """The loss panel's dashed lines: (the step a start resumed from, where its state came from) -> the starts
+    (attempt, job), in the order they came."""
+    resumed: dict[tuple[int, str], list[str]] = {}
+    for s in starts:
+        step = s.get("resumed_step", s.get("resume_step"))
+        if step is not None:
+            tier = str(s.get("tier") or "run_dir")
+            resumed.setdefault((int(step), tier), []).append(f"attempt {_label(s.get('attempt') or 0)}, "
+                                                             f"job {_label(s.get('job_id') or '?')}")
+    return resumed
 
 
 def _losses(path: Path) -> tuple[list[int], list[float]]:

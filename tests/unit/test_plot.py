@@ -88,6 +88,26 @@ def test_a_crash_with_a_restart_in_the_allocation_a_hang_and_a_requeue(tmp_path:
     assert plot._rows(starts) == [0, 0, 0, 1]  # the restarts in the allocation share its row
 
 
+def test_restores_from_memory_and_a_replica_are_drawn_at_the_step_they_read(tmp_path: Path) -> None:
+    """The run directory held step 50 at both restarts; the restores read 35 from memory and 55 from a replica
+    (their restored events): the dashed lines are at 35 and 55, each marked with its tier."""
+    run = _write(tmp_path / "run",
+                 (0, "started", {"job_id": "9", "restart": 0}),
+                 (100, "crashed", {"job_id": "9", "attempt": 0, "exit_code": 137, "signal": "SIGKILL"}),
+                 (110, "started", {"job_id": "9", "restart": 0, "attempt": 1}),
+                 (115, "restored", {"job_id": "9", "step": 35, "tier": "memory", "taken_at": T0 + 90}),
+                 (200, "crashed", {"job_id": "9", "attempt": 1, "exit_code": 137, "signal": "SIGKILL"}),
+                 (230, "started", {"job_id": "9", "restart": 0, "attempt": 2, "step": 50}),
+                 (235, "restored", {"job_id": "9", "step": 55, "resume_step": 50, "tier": "replica",
+                                    "taken_at": T0 + 195}),
+                 (300, "finished", {"job_id": "9", "step": 80}))
+    _losses(run, range(1, 38), range(36, 58), range(56, 81))
+    starts = _starts(run, now=T0 + 999)
+    assert [(s["resumed_step"], s["tier"]) for s in starts] == [(None, None), (35, "memory"), (55, "replica")]
+    assert plot.resume_lines(starts) == {(35, "memory"): ["attempt 1, job 9"], (55, "replica"): ["attempt 2, job 9"]}
+    _check_png(plot.plot_run(run, tmp_path / "t.png"))
+
+
 def test_a_run_still_going_without_a_loss_file_is_drawn_up_to_now(tmp_path: Path) -> None:
     import time
 
