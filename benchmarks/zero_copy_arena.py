@@ -68,14 +68,14 @@ def rehome(model: Any, opt: Any, align: int = 4096) -> Any:
     return arena
 
 
-def run_variant(variant: str, root: Path, pairs: int, block: int) -> str:
+def run_variant(variant: str, root: Path, pairs: int, block: int, dim: int = 512, layers: int = 4) -> str:
     import torch
 
     from alpsck import Checkpointer, _core
     from alpsck.bench.overhead import OverheadConfig, _Training
 
     torch.set_num_threads(os.cpu_count() or 1)
-    tr = _Training(OverheadConfig(), 1_000_000)
+    tr = _Training(OverheadConfig(dim=dim, n_layers=layers), 1_000_000)
     for _ in range(3):
         tr.step()
     run_dir = root / f"arena-{variant}"
@@ -151,17 +151,19 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs of each variant, alternating")
     ap.add_argument("--pairs", type=int, default=6, help="pairs of blocks (with, without checkpoints) per run")
     ap.add_argument("--block", type=int, default=20, help="iterations per block")
+    ap.add_argument("--dim", type=int, default=512, help="model width (the overhead benchmark's default: ~170 MB of state)")
+    ap.add_argument("--layers", type=int, default=4, help="transformer blocks")
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one run, in this process
     args = ap.parse_args()
-    if min(args.runs, args.pairs, args.block) < 1:
-        ap.error("--runs, --pairs and --block must be at least 1")
+    if min(args.runs, args.pairs, args.block, args.dim, args.layers) < 1:
+        ap.error("--runs, --pairs, --block, --dim and --layers must be at least 1")
     if args.variant:
-        print(run_variant(args.variant, args.dir, args.pairs, args.block), flush=True)
+        print(run_variant(args.variant, args.dir, args.pairs, args.block, args.dim, args.layers), flush=True)
         return
     for r in range(args.runs):
         for v in VARIANTS:
             cmd = [sys.executable, __file__, "--dir", str(args.dir), "--pairs", str(args.pairs),
-                   "--block", str(args.block), "--variant", v]
+                   "--block", str(args.block), "--dim", str(args.dim), "--layers", str(args.layers), "--variant", v]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             print(f"run {r + 1}: {out.strip()}", flush=True)
 

@@ -223,20 +223,20 @@ def test_save_cpu_benchmark_reports_where_the_cpu_goes(tmp_path: Path) -> None:
     assert float(figures["caller CPU"]) > 0 and float(figures["other CPU"]) > 0, p.stdout
     assert float(figures["durable"]) >= float(figures["stall"]) > 0, p.stdout
     assert not (tmp_path / "save-cpu").exists(), "its run directory is removed"
-    bad = subprocess.run([*cmd[:-1], "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
+    bad = subprocess.run([*cmd[:9], "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
     assert bad.returncode == 2 and "--saves must be at least 1" in bad.stderr
 
 
 def test_zero_copy_arena_benchmark_runs_both_variants_and_checks_what_it_rehomed(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "benchmarks" / "zero_copy_arena.py"), "--dir", str(tmp_path), "--runs", "1",
-           "--pairs", "1", "--block", "2"]
+           "--pairs", "1", "--block", "2", "--dim", "128", "--layers", "2"]
     p = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
     assert p.returncode == 0, p.stderr
     rows = re.findall(r"run 1: (arena|default) +overhead +(-?[0-9.]+) % .* stall +([0-9.]+) ms", p.stdout)
     assert [r[0] for r in rows] == ["arena", "default"], p.stdout
     assert all(float(stall) > 0 for _, _, stall in rows), p.stdout
     assert list(tmp_path.iterdir()) == [], "its run directories are removed"
-    bad = subprocess.run([*cmd[:-1], "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
+    bad = subprocess.run([*cmd[:9], "0"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=HANG_S)
     assert bad.returncode == 2 and "must be at least 1" in bad.stderr
 
 
