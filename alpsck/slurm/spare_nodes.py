@@ -25,8 +25,12 @@ from .config import JobConfig
 PLACE = "alpsck_place_step"  # the batch script's function; sets EXCLUDE, or fails: too few nodes left
 EXCLUDE = "alpsck_exclude"   # the nodes a restarted step must not use, comma-separated (empty: none)
 
-# The node states (sinfo %t, without a flag suffix such as * for "not responding") a step can start on.
+# The node states (sinfo %t) a step can start on; a flag suffix that leaves the node up is dropped first
+# (_HARMLESS_FLAGS: $ in a maintenance reservation, @ a reboot pending after the jobs, ^ a reboot issued, - planned
+# for a waiting job); any other (* not responding, ~ # % ! powered off or powering up or down) makes it unusable.
 _USABLE = ("alloc", "mix", "idle", "comp", "resv", "plnd")
+_HARMLESS_FLAGS = "$@^-"
+
 
 
 def in_use(cfg: JobConfig) -> bool:
@@ -74,8 +78,8 @@ def batch_lines(cfg: JobConfig) -> list[str]:
         "  local nodes bad total left",
         '  nodes=$(squeue -h -j "$SLURM_JOB_ID" -o %N 2>/dev/null)',
         '  [ -n "$nodes" ] || return 0  # no answer: SLURM places the step itself',
-        f"  bad=$(sinfo -h -N -n \"$nodes\" -o '%N %t' 2>/dev/null | awk '$2 !~ /^({usable})$/ {{print $1}}' "
-        "| sort -u | paste -sd, -)",
+        f"  bad=$(sinfo -h -N -n \"$nodes\" -o '%N %t' 2>/dev/null | awk '{{s = $2; gsub(/[{_HARMLESS_FLAGS}]+$/, "
+        f"\"\", s)}} s !~ /^({usable})$/ {{print $1}}' | sort -u | paste -sd, -)",
         '  total=$(scontrol show hostnames "$nodes" | wc -l)',
         '  left=$((total - $(printf "%s" "$bad" | tr , "\\n" | grep -c .)))',
         f'  {EXCLUDE}=$bad',

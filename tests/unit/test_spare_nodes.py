@@ -85,6 +85,10 @@ def test_a_restart_excludes_the_nodes_slurm_cannot_start_a_step_on(tmp_path: Pat
     assert (rc, excluded) == (0, "n2")
     rc, excluded, _, _ = _place(tmp_path, "n[1,3]", "n1 mix\nn3 mix\n")  # SLURM dropped the dead node already
     assert (rc, excluded) == (0, "")
+    # A flag that leaves the node up (a reboot pending after the jobs, a maintenance reservation) keeps it usable;
+    # powered down or not responding does not.
+    rc, excluded, _, _ = _place(tmp_path, "n[1-3]", "n1 mix@\nn2 alloc~\nn3 alloc$\n")
+    assert (rc, excluded) == (0, "n2")
 
 
 def test_too_few_nodes_left_requeues_the_job_instead_of_a_restart(tmp_path: Path) -> None:
