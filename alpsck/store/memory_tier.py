@@ -51,29 +51,32 @@ def run_token(run_dir: Path) -> int:
     """The run directory's identity (module docstring): the number in ``RUN_DIR/.run-id``, made there when it
     is missing or not one (a symlink, another file, garbage: a new identity only makes the memory tier's
     snapshots unreachable, never wrong). Called by the run directory's writer, which holds its lock."""
-    path = run_dir / RUN_ID_NAME
     try:
-        text = read_small(path, 64, follow=False).decode("ascii", "replace").strip()
-        if re.fullmatch(r"[0-9a-f]{16}", text):
-            return int(text, 16) & _TOKEN_MASK
+        token = _stored_token(run_dir)
+        if token is not None:
+            return token
     except OSError:  # missing, not a regular file, unreadable: a new one replaces it
         pass
     token = secrets.randbits(62)
-    replace_durably(path, f"{token:016x}\n".encode())
+    replace_durably(run_dir / RUN_ID_NAME, f"{token:016x}\n".encode())
     return token
+
+
+def _stored_token(run_dir: Path) -> int | None:
+    """The number in ``RUN_DIR/.run-id`` (None: not one); OSError where there is no such regular file."""
+    text = read_small(run_dir / RUN_ID_NAME, 64, follow=False).decode("ascii", "replace").strip()
+    return int(text, 16) & _TOKEN_MASK if re.fullmatch(r"[0-9a-f]{16}", text) else None
 
 
 def existing_memory_dir(run_dir: Path) -> tuple[bool, Path | None]:
     """For a reader (nothing is made): whether the run ever opened a memory tier (its ``.run-id``), and its memory
     directory on this node where one exists."""
     try:
-        text = read_small(run_dir / RUN_ID_NAME, 64, follow=False).decode("ascii", "replace").strip()
+        token = _stored_token(run_dir)
     except OSError:
         return False, None
-    if not re.fullmatch(r"[0-9a-f]{16}", text):
-        return True, None
-    found = memory_dir_for(run_dir, int(text, 16) & _TOKEN_MASK)
-    return True, found if found.is_dir() else None
+    found = memory_dir_for(run_dir, token) if token is not None else None
+    return True, found if found is not None and found.is_dir() and not found.is_symlink() else None
 
 
 def memory_dir_for(run_dir: str | os.PathLike[str], token: int) -> Path:

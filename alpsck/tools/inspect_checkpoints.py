@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ from ..errors import (
 )
 from ..options import DEFAULTS, arg_rank, arg_step
 from ..out import jsonout
+from ..out.textout import printable
 from ..store import memory_tier
 from ..store.lustre import describe_layout
 from ..store.picker import metrics_text, pick, pick_checkpoint
@@ -97,11 +99,15 @@ def memory_listing(run_dir: Path) -> dict[str, Any] | None:
     used, directory = memory_tier.existing_memory_dir(run_dir)
     if not used:
         return None
-    groups = []
+    groups: list[dict[str, Any]] = []
     for group in sorted(directory.iterdir()) if directory is not None else []:
-        if group.is_dir() and group.name.startswith("ranks-"):
-            found = [{k: i.get(k) for k in ("step", "path", "status", "bytes", "created", "ranks", "error")}
-                     for i in scan_run_dir(group)]
+        if group.name.startswith("ranks-") and group.is_dir() and not group.is_symlink():
+            try:
+                found = [{k: i.get(k) for k in ("step", "path", "status", "bytes", "created", "ranks", "error")}
+                         for i in scan_run_dir(group)]
+            except (AlpsckError, OSError) as e:  # one unreadable group: said, the others still listed
+                found = [{"step": None, "path": str(group), "status": "unreadable", "bytes": 0, "created": None,
+                          "ranks": None, "error": str(e)}]
             groups.append({"group": group.name, "checkpoints": found})
     return {"node": memory_tier.node_name(), "directory": str(directory) if directory else None, "groups": groups}
 
@@ -112,10 +118,11 @@ def _memory_lines(memory: dict[str, Any], picked: int | None) -> list[str]:
                 "memory: run this inside the job (srun --jobid=JOBID --overlap alpsck inspect-checkpoints RUN_DIR)"]
     lines = [f"memory tier on this node ({memory['node']}): {memory['directory']}"]
     for g in memory["groups"]:
-        ranks = "-".join(str(int(x)) for x in g["group"].split("-")[1:])
-        for i in g["checkpoints"] or [{"step": None}]:
+        m = re.fullmatch(r"ranks-(\d+)-(\d+)", g["group"])
+        ranks = f"{int(m[1])}-{int(m[2])}" if m else printable(g["group"], 60)
+        for i in g["checkpoints"] or [{"step": None, "error": None}]:
             if i["step"] is None:
-                lines.append(f"  ranks {ranks}: no checkpoint")
+                lines.append(f"  ranks {ranks}: " + (f"unreadable: {i['error']}" if i["error"] else "no checkpoint"))
                 continue
             created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
             newer = i["status"] == "committed" and (picked is None or i["step"] > picked)
