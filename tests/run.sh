@@ -109,7 +109,7 @@ python_lane() {
 
 slurm_lane() {
   section "pytest: tests/slurm (the local SLURM cluster and submitit's local executor, ${ALPSCK_SLURM_WORKERS:-3} at once)"
-  tier slurm -n "${ALPSCK_SLURM_WORKERS:-3}" "$@"
+  tier slurm -n "${ALPSCK_SLURM_WORKERS:-3}" --dist loadgroup "$@"  # a module's xdist_group on one worker
 }
 
 readme_lane() {  # the README's main command, verbatim: no SLURM, then the local SLURM (side by side)

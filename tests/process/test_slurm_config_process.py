@@ -104,6 +104,16 @@ def test_dry_run_needs_no_slurm_here(tmp_path: Path) -> None:
     assert r.returncode == 0 and "#SBATCH --job-name=t" in r.stdout and "\nsrun --unbuffered " in r.stdout, r.stderr
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = next((int(line.split()[1], 16) for line in text.splitlines() if line.startswith("SigCgt:")), 0)
+    return bool(caught >> (sig - 1) & 1)
+
+
 def test_the_job_python_survives_a_stop_signal_before_the_runner_and_hands_it_over(tmp_path: Path) -> None:
     """USR2 (the time-limit signal) during the seconds submitit spends importing torch used to kill
     the job (FAILED, no requeue): the launcher records it for the runner instead."""
@@ -119,6 +129,10 @@ def test_the_job_python_survives_a_stop_signal_before_the_runner_and_hands_it_ov
                           (f"{job_python(shlex.quote(sys.executable))} -u -m slow_start", True)):
         p = subprocess.Popen(["bash", "-c", f"exec {cmd}"], stdout=subprocess.PIPE, text=True, env=env)
         time.sleep(1.0)
+        if survives:  # after the launcher's handler is in (a loaded machine can take over 1 s to get there)
+            deadline = time.monotonic() + 30
+            while not _catches(p.pid, signal.SIGUSR2) and time.monotonic() < deadline and p.poll() is None:
+                time.sleep(0.05)
         p.send_signal(signal.SIGUSR2)
         out, _ = p.communicate(timeout=60)
         if survives:

@@ -3,14 +3,16 @@ and mount namespaces, beside the one-node cluster. What the memory tier and the 
 a job spans the nodes, each node has its own host name, address and /dev/shm, and a killed node loses
 its processes and its /dev/shm while SLURM records the failure and a --no-kill job keeps its allocation.
 
-One test, in order (the steps share the cluster it starts, so they cannot run side by side). In CI it must
-run: as root, with iproute2 and util-linux, which .ci/run's machine has; elsewhere it skips without them.
+The tests share the cluster the module starts (and stops), so they run one after the other on one pytest-xdist
+worker (``xdist_group``; tests/run.sh runs the tier with ``--dist loadgroup``). In CI they must run: as root, with
+iproute2 and util-linux, which .ci/run's machine has; elsewhere they skip without them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from support.slurm_helpers import clean_losses, events, job_config, submit, wait_done, wait_for
+
+pytestmark = pytest.mark.xdist_group("multi-node-cluster")
 
 HERE = Path(__file__).resolve().parents[2] / "slurm" / "local-cluster"
 NODES = ["alpsck-n1", "alpsck-n2", "alpsck-n3"]
@@ -186,3 +190,117 @@ def test_a_job_restarts_from_memory_after_a_rank_dies_and_on_the_spare_from_the_
     reason = _sh("sinfo", "-h", "-R", "-n", "alpsck-n2", "-o", "%E")  # SLURM's own record of the node's failure
     assert "not responding" in reason.lower(), reason
     assert _sh("squeue", "-h", "-j", job, "-o", "%T", check=False).strip() == ""
+
+
+# Bad memory copies, then a time-limit stop (issue 54's last two acceptance points), as a user's entry module.
+_BAD_COPIES = '''"""The reference training on two nodes of one rank. First start: at step 12 node 1's own memory copy of step 10
+is made bad (once node 2 holds its replica) and rank 0 SIGKILLs itself. Second start: at step 22 both copies of
+step 20 (node 1's own, node 2's replica) are made bad, and rank 0 dies again. Third start: at step 40 both ranks
+wait for the stop signal (the test shortens the job's time limit). Only in the first allocation."""
+import glob
+import os
+import pathlib
+import signal
+import time
+
+from alpsck.examples.llama.train import slurm_entry
+
+MARKS = pathlib.Path({marks!r})
+COPY = "/dev/shm/alpsck-*/*/ranks-00000-00000/step-{{:09d}}/rank-*.bin"  # node 1's ranks, in this node's memory
+
+
+def wait_for(pattern_or_mark):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 120:
+        found = sorted(glob.glob(str(pattern_or_mark)))
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise SystemExit(f"faults: nothing at {{pattern_or_mark}} after 120 s")
+
+
+def flip(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x04]))
+
+
+def main(job):
+    due, first_allocation = job.checkpoint_due, os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+    attempt = os.environ.get("ALPSCK_ATTEMPT", "0")
+
+    def checkpoint_due(step):
+        if first_allocation and (attempt, step) in (("0", 12), ("1", 22)):
+            memory_step = step - 2
+            if job.rank == 1:  # node 2: its replica of node 1's step is there (and, the second time, made bad)
+                replica = wait_for(COPY.format(memory_step))
+                if attempt == "1":
+                    flip(replica)
+                (MARKS / f"replica-{{memory_step}}").touch()
+            else:  # node 1: its own copy made bad, then the rank dies
+                wait_for(MARKS / f"replica-{{memory_step}}")
+                flip(wait_for(COPY.format(memory_step)))
+                os.kill(os.getpid(), signal.SIGKILL)
+        if first_allocation and attempt == "2" and step == 40:
+            (MARKS / f"at-40-rank-{{job.rank}}").touch()
+            while not job.stop_requested():
+                time.sleep(0.1)
+        return due(step)
+
+    job.checkpoint_due = checkpoint_due
+    return slurm_entry(job)
+'''
+
+
+def _elapsed_s(job: str) -> int:
+    """The job's elapsed time as squeue says it (M:SS, H:MM:SS or D-H:MM:SS)."""
+    text = _sh("squeue", "-h", "-j", job, "-o", "%M").strip()
+    days, _, clock = text.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = 60 * seconds + int(part)
+    return seconds + 86400 * int(days or 0)
+
+
+def test_bad_memory_copies_fall_back_to_the_replica_then_the_run_directory_and_a_time_limit_stop_requeues(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 54's acceptance on the multi-node SLURM, two nodes of one rank, memory every 5 steps, the run directory
+    every 15. Node 1's own copy of step 10 bad: its rank reads node 2's replica, with one warning. Both copies of
+    step 20 bad: every rank reads the run directory's step 15, with one warning each; never a loop. Then a
+    time-limit stop (the job's limit shortened while it waits at step 40): the final checkpoint goes to the run
+    directory and the requeued job resumes from it. The losses of an uninterrupted run, bit for bit."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)  # every node up (a test above killed one)
+    steps, marks = 100, tmp_path / "marks"
+    marks.mkdir()
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "faults.py").write_text(_BAD_COPIES.format(marks=str(marks)))
+    run = tmp_path / "run"
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=15, tasks=1, entry="faults:main",
+                            slurm_extra="nodes: 2", checkpoint_extra="memory_every: 5",
+                            extra_args=["--min-step-seconds", "0.1"]))
+    clean = clean_losses(tmp_path, steps, world=2)  # meanwhile
+    wait_for(lambda: len(list(marks.glob("at-40-rank-*"))) == 2, 420, f"job {job}: its third start at step 40", poll=0.5)
+    # A time limit that leaves 45-105 s: under the signal's 60 s, SLURM signals the job at its next check.
+    _sh("scontrol", "update", f"JobId={job}", f"TimeLimit={-(-(_elapsed_s(job) + 45) // 60)}")
+    assert wait_done(run, job, 420) == "finished", events(run)
+    assert (run / "loss.csv").read_text() == clean
+    assert [(r["step"], r["tier"]) for r in events(run, "restored")] == [(10, "replica")], events(run)
+    [requeued] = events(run, "requeued")
+    [final] = events(run, "final_checkpoint")
+    assert requeued["reason"] == "timeout" and final["reason"] == "timeout" and final["step"] >= 40, events(run)
+    starts = events(run, "started")
+    assert [(s.get("restart", 0), s.get("attempt", 0)) for s in starts] == [(0, 0), (0, 1), (0, 2), (1, 0)], starts
+    assert [s.get("step") for s in starts[1:]] == [None, 15, final["step"]], starts  # the run directory's picks
+    doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
+    assert [r["tier"] for r in doc["goodput"]["restarts"]] == ["replica", "run_dir", "run_dir"], doc["goodput"]
+    # One warning per bad copy on the rank that read it (each task's log: its steps' output, appended), and one on
+    # every rank for the run directory's fall back.
+    logs = [(run / "submitit" / f"{job}_{task}_log.out").read_text() for task in (0, 1)]
+    own = [re.findall(r"the memory copy of step (\d+) of ranks \S+ is not usable", log) for log in logs]
+    assert own == [["10", "20"], []], logs[0][-3000:]  # node 1's own copies; node 2's were good
+    whole = [re.findall(r"the memory checkpoint of step (\d+) is not usable for every node's ranks", log) for log in logs]
+    assert whole == [["20"], ["20"]], logs[1][-3000:]
