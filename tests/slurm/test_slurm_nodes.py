@@ -195,7 +195,7 @@ def test_a_job_restarts_from_memory_after_a_rank_dies_and_on_the_spare_from_the_
 # Bad memory copies, then a time-limit stop (issue 54's last two acceptance points), as a user's entry module.
 _BAD_COPIES = '''"""The reference training on two nodes of one rank. First start: at step 12 node 1's own memory copy of step 10
 is made bad (once node 2 holds its replica) and rank 0 SIGKILLs itself. Second start: at step 22 both copies of
-step 20 (node 1's own, node 2's replica) are made bad, and rank 0 dies again. Third start: at step 40 both ranks
+step 20 (node 1's own, node 2's replica) are made bad, and rank 0 dies again. Third start: at step 42 both ranks
 wait for the stop signal (the test shortens the job's time limit). Only in the first allocation."""
 import glob
 import os
@@ -243,8 +243,8 @@ def main(job):
                 wait_for(MARKS / f"replica-{{memory_step}}")
                 flip(wait_for(COPY.format(memory_step)))
                 os.kill(os.getpid(), signal.SIGKILL)
-        if first_allocation and attempt == "2" and step == 40:
-            (MARKS / f"at-40-rank-{{job.rank}}").touch()
+        if first_allocation and attempt == "2" and step == 42:
+            (MARKS / f"at-42-rank-{{job.rank}}").touch()
             while not job.stop_requested():
                 time.sleep(0.1)
         return due(step)
@@ -269,8 +269,9 @@ def test_bad_memory_copies_fall_back_to_the_replica_then_the_run_directory_and_a
     """Issue 54's acceptance on the multi-node SLURM, two nodes of one rank, memory every 5 steps, the run directory
     every 15. Node 1's own copy of step 10 bad: its rank reads node 2's replica, with one warning. Both copies of
     step 20 bad: every rank reads the run directory's step 15, with one warning each; never a loop. Then a
-    time-limit stop (the job's limit shortened while it waits at step 40): the final checkpoint goes to the run
-    directory and the requeued job resumes from it. The losses of an uninterrupted run, bit for bit."""
+    time-limit stop (the job's limit shortened while it waits at step 42, not a memory step): the final checkpoint
+    goes to the run directory and the requeued job resumes from it. The losses of an uninterrupted run, bit for
+    bit."""
     monkeypatch.setenv("SLURM_CONF", CONF)
     _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)  # every node up (a test above killed one)
     steps, marks = 100, tmp_path / "marks"
@@ -283,7 +284,7 @@ def test_bad_memory_copies_fall_back_to_the_replica_then_the_run_directory_and_a
                             slurm_extra="nodes: 2", checkpoint_extra="memory_every: 5",
                             extra_args=["--min-step-seconds", "0.1"]))
     clean = clean_losses(tmp_path, steps, world=2)  # meanwhile
-    wait_for(lambda: len(list(marks.glob("at-40-rank-*"))) == 2, 420, f"job {job}: its third start at step 40", poll=0.5)
+    wait_for(lambda: len(list(marks.glob("at-42-rank-*"))) == 2, 420, f"job {job}: its third start at step 42", poll=0.5)
     # A time limit that leaves 45-105 s: under the signal's 60 s, SLURM signals the job at its next check.
     _sh("scontrol", "update", f"JobId={job}", f"TimeLimit={-(-(_elapsed_s(job) + 45) // 60)}")
     assert wait_done(run, job, 420) == "finished", events(run)
@@ -291,7 +292,7 @@ def test_bad_memory_copies_fall_back_to_the_replica_then_the_run_directory_and_a
     assert [(r["step"], r["tier"]) for r in events(run, "restored")] == [(10, "replica")], events(run)
     [requeued] = events(run, "requeued")
     [final] = events(run, "final_checkpoint")
-    assert requeued["reason"] == "timeout" and final["reason"] == "timeout" and final["step"] >= 40, events(run)
+    assert requeued["reason"] == "timeout" and final["reason"] == "timeout" and final["step"] >= 42, events(run)
     starts = events(run, "started")
     assert [(s.get("restart", 0), s.get("attempt", 0)) for s in starts] == [(0, 0), (0, 1), (0, 2), (1, 0)], starts
     assert [s.get("step") for s in starts[1:]] == [None, 15, final["step"]], starts  # the run directory's picks
