@@ -32,7 +32,6 @@ _USABLE = ("alloc", "mix", "idle", "comp", "resv", "plnd")
 _HARMLESS_FLAGS = "$@^-"
 
 
-
 def in_use(cfg: JobConfig) -> bool:
     return cfg.slurm.spare_nodes > 0
 
