@@ -25,7 +25,6 @@ at the end); it must hold three copies of the state (one kept, one in flight, an
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -35,21 +34,13 @@ import time
 from pathlib import Path
 
 import torch
-from gpu_staging import drop_caches, pinned_copier, sync_time, synchronize, training
+from gpu_staging import drop_caches, parse_args, pinned_copier, sync_time, synchronize, training
 
 WAYS = {"run_dir": ({}, "run_dir"), "memory": ({}, "memory"), "memory blocking": ({"overlap_copy": False}, "memory")}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", type=Path, required=True, help="where the run directories go (removed afterwards)")
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--width", type=int, default=4096)
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    ap.add_argument("--device", default="cuda", help="cuda; cpu only to try the script out on a machine without a GPU")
-    args = ap.parse_args()
+    args = parse_args(__doc__)
 
     import alpsck
     from alpsck.store import memory_tier

@@ -106,8 +106,10 @@ def pinned_copier(tensors: list[torch.Tensor], dev: torch.device) -> tuple[Any, 
     return d2h, h2d
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(doc: str) -> argparse.Namespace:
+    """The GPU benchmarks' command line (this one's and gpu_memory_tier.py's): where, the training's size, the
+    repeats, a JSON file, the device."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--dir", type=Path, required=True, help="where the run directories go (removed afterwards)")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--width", type=int, default=4096)
@@ -115,7 +117,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--device", default="cuda", help="cuda; cpu only to try the script out on a machine without a GPU")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args(__doc__)
 
     import alpsck
 
