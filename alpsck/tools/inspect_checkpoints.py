@@ -112,6 +112,11 @@ def memory_listing(run_dir: Path) -> dict[str, Any] | None:
     return {"node": memory_tier.node_name(), "directory": str(directory) if directory else None, "groups": groups}
 
 
+def _created(when: float | None) -> str:
+    """A checkpoint's creation time as the listings show it (local time; "-" when unknown)."""
+    return dt.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "-"
+
+
 def _memory_lines(memory: dict[str, Any], picked: int | None) -> list[str]:
     if memory["directory"] is None:
         return [f"memory tier: nothing on this node ({memory['node']}); a job's memory checkpoints live in its nodes' "
@@ -124,7 +129,7 @@ def _memory_lines(memory: dict[str, Any], picked: int | None) -> list[str]:
             if i["step"] is None:
                 lines.append(f"  ranks {ranks}: " + (f"unreadable: {i['error']}" if i["error"] else "no checkpoint"))
                 continue
-            created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
+            created = _created(i["created"])
             newer = i["status"] == "committed" and (picked is None or i["step"] > picked)
             lines.append(f"  ranks {ranks}: step {i['step']} {i['status']} {human(i['bytes'])} {created}"
                          + (f" {i['error']}" if i["error"] else "")
@@ -181,7 +186,7 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
                   f"{'GB/s':>6}  note")
             for i in infos:
                 mark = "*" if i["path"] == picked.path else ""
-                created = dt.datetime.fromtimestamp(i["created"]).strftime("%Y-%m-%d %H:%M:%S") if i["created"] else "-"
+                created = _created(i["created"])
                 rate = f"{i['bytes'] / i['write_seconds'] / 1e9:6.2f}" if i["write_seconds"] else "     -"
                 ranks = str(i["ranks"]) if i["ranks"] else "-"
                 note = i["error"] or ("every chunk CRC matches" if verify and i["verified"] else "")
