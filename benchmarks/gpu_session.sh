@@ -10,7 +10,9 @@
 #   5. the training-overhead benchmark on the GPU against torch.save and DCP async;
 #   6. the memory tier (benchmarks/gpu_memory_tier.py): its saves' stall against the run directory's and
 #      the pinned copy, restore into the GPU from memory against the run directory with its pages dropped;
-#   7. bit-exact resume of the reference Llama training from the memory tier on the GPU.
+#   7. bit-exact resume of the reference Llama training from the memory tier on the GPU;
+#   8. the health gate's node checks on the GPU (its probe, alone and with its GPU kernel), and with
+#      another process holding 60 % of the GPU's memory (the gpu check must fail and name it).
 # Each step has its own time limit, so one that hangs does not take the others' time. Wheels the
 # machine lacks (submitit) travel in .whl/ (see /work/.library/device/README.md).
 # ALPSCK_GPU_STEPS="1 6 7" runs those steps only (the build always): a session spends its device
@@ -79,6 +81,21 @@ want 6 && run 200 "memory tier benchmark" python3 "$root/benchmarks/gpu_memory_t
   --width 4096 --repeats 3 --json "$out/gpu_memory_tier.json"
 if want 7; then  # memory snapshots every 5 steps, the run directory every 25: the crash at 58 resumes from 55
   step "bit-exact resume from the memory tier on the GPU"; bit_exact 58 --memory-every 5
+fi
+if want 8; then
+  probe=$(python3 -c 'from alpsck.node_health.probe import CODE; print(CODE)')
+  run 60 "node checks (the probe, default thresholds)" python3 -c "$probe" "$bench" '{}'
+  run 120 "node checks with the GPU kernel (the probe, twice: the first imports torch)" \
+    bash -c 'python3 -c "$1" "$2" "{\"gpu_kernel\": true}"; python3 -c "$1" "$2" "{\"gpu_kernel\": true}"' _ "$probe" "$bench"
+  rm -f /tmp/alpsck-held
+  python3 -c 'import time, torch; free, total = torch.cuda.mem_get_info(); x = torch.empty(int(total * 0.6),
+dtype=torch.uint8, device="cuda"); open("/tmp/alpsck-held", "w").close(); time.sleep(120)' &
+  hold=$!
+  for _ in $(seq 120); do [ -e /tmp/alpsck-held ] && break; sleep 0.5; done
+  step "node checks while another process holds 60 % of the GPU's memory (max_gpu_memory_used 0.2: must fail)"
+  python3 -c "$probe" "$bench" '{"max_gpu_memory_used": 0.2}' | tee "$out/node_checks_gpu_held.json"
+  grep -q '"name": "gpu", "ok": false' "$out/node_checks_gpu_held.json" || { echo "!!!! gpu not failed"; status=1; }
+  kill "$hold" 2>/dev/null
 fi
 step "done (status $status)"
 exit $status

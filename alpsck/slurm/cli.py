@@ -186,6 +186,9 @@ def _print_status(s: dict[str, Any]) -> None:
         print(f"  skipped as unhealthy: step {k['step']}: {printable(k['message'])}")
     if s["goodput"]:
         print(f"  {goodput.line(s['goodput'])}")
+    for c in s["cordoned"]:
+        print(f"  cordoned: {printable(c['node'], 80)} since {watch.stamp(c['since'] or 0.0)} (job "
+              f"{printable(c['job_id'] or '-', 40)}): {printable(c['reason'] or '-')}")
     if s["interval"] and all(type(s["interval"][k]) in (int, float) for k in ("seconds", "save_cost_s", "mtbf_s")):
         i = s["interval"]
         print(f"  checkpoint interval (every: auto): {i['seconds']:.1f} s, by Daly from a save cost of "

@@ -222,3 +222,26 @@ def scontrol_requeue(job_id: str, timeout: float = REQUEUE_TIMEOUT_S) -> None:
     argument of the shell, never part of its text."""
     run(["/bin/sh", "-c", 'trap "" TERM; exec scontrol requeue "$1"', "alpsck-requeue", job_id], read=False, budget=0,
         timeout=timeout)
+
+
+def partition_nodes(partition: str, budget: float = 10.0) -> list[str]:
+    """The nodes of ``partition`` (the default partition when empty), as ``sinfo -N`` lists them (a read)."""
+    return run(["sinfo", "-h", "-N", "-o", "%N", *(["-p", partition] if partition else [])], read=True,
+               budget=budget).stdout.split()
+
+
+def srun_gather(args: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    """``srun ARGS`` run once to gather what its tasks print (the health gate's probe): its exit code, stdout and
+    stderr, what the tasks printed before ``timeout`` too when srun is then killed (exit -1); -2 when srun cannot
+    run. Not retried: a task that does not answer is the finding."""
+    def text(x: str | bytes | None) -> str:
+        return x.decode(errors="backslashreplace") if isinstance(x, bytes) else (x or "")
+
+    try:
+        r = subprocess.run(["srun", *args], capture_output=True, text=True, errors="backslashreplace",
+                           timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired as e:
+        return -1, text(e.stdout), text(e.stderr) + f"\nsrun did not end within {timeout:.0f} s"
+    except OSError as e:
+        return -2, "", f"srun: {e.strerror or e}"
+    return r.returncode, r.stdout, r.stderr

@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, UsageError, echo
+from ..node_health.checks import Limits
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED, SPECS
 from ..options import problem as option_problem
 from ..store.lustre import layout_problem
@@ -66,6 +67,9 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "requeue.in_job_restarts": (0, 1_000),
     "requeue.hang_timeout_s": (0, _MAX_S),
     "requeue.hang_timeout_min_s": (1, _MAX_S),
+    "health.timeout_s": (1, 3600), "health.max_fsync_s": (0.001, 3600),
+    "health.min_free_memory_gib": (0, 1 << 20), "health.min_free_shm_gib": (0, 1 << 20),
+    "health.max_gpu_temperature_c": (0, 200), "health.max_gpu_memory_used": (0, 1),
 }
 # The engine's options a job config may set (checkpoint.<option>): their type, default, limits and meaning come
 # from alpsck.options' table (and the option table of docs/config.md), their values go to the Checkpointer as given.
@@ -161,6 +165,19 @@ class RequeueConfig:
 
 
 @dataclass
+class HealthConfig(Limits):
+    """The health gate before every start's job step (:mod:`alpsck.slurm.health_gate`): whether it runs, how long
+    a node's probe may take, and the thresholds of the checks (:class:`alpsck.node_health.checks.Limits`)."""
+
+    gate: bool = False
+    timeout_s: float = 60.0  # a node whose probe has not answered by then fails the gate
+
+    def limits(self) -> dict[str, Any]:
+        """The thresholds, as :meth:`alpsck.node_health.checks.Limits.from_dict` takes them."""
+        return {k: getattr(self, k) for k in Limits.__dataclass_fields__}
+
+
+@dataclass
 class JobConfig:
     name: str
     run_dir: str
@@ -169,6 +186,7 @@ class JobConfig:
     entry: EntryConfig
     checkpoint: CheckpointConfig
     requeue: RequeueConfig
+    health: HealthConfig = field(default_factory=HealthConfig)
     source: str = "<config>"
     workdir: str = ""               # where `alpsck submit` ran: the base of relative paths, and the job's cwd
     config_dir: str | None = None   # the config file's directory (the job imports entry modules from it too)
@@ -177,7 +195,7 @@ class JobConfig:
 
 # key -> (type, validator or None); nested sections handled below
 _SECTIONS: dict[str, type] = {"slurm": SlurmConfig, "environment": EnvironmentConfig, "entry": EntryConfig,
-                              "checkpoint": CheckpointConfig, "requeue": RequeueConfig}
+                              "checkpoint": CheckpointConfig, "requeue": RequeueConfig, "health": HealthConfig}
 
 
 _TYPES: dict[str, dict[str, str]] = {
@@ -193,6 +211,9 @@ _TYPES: dict[str, dict[str, str]] = {
                 "maintenance_margin_s": "int", "maintenance_poll_s": "int", "on_failure": "bool",
                 "same_error_retries": "int", "give_up_after_no_progress": "int", "in_job_restarts": "int",
                 "hang_timeout_s": "float", "hang_timeout": "str", "hang_timeout_min_s": "float"},
+    "health": {"gate": "bool", "timeout_s": "float", "max_fsync_s": "float", "min_free_memory_gib": "float",
+               "min_free_shm_gib": "float", "max_gpu_temperature_c": "float", "max_gpu_memory_used": "float",
+               "gpu_kernel": "bool"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 
@@ -274,9 +295,12 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     _check_entry(sections["entry"], workdir, loc)
     _check_checkpoint(sections["checkpoint"], loc)
     _check_requeue(sections["requeue"], slurm, loc)
+    if sections["health"].gate and sections["environment"].container:
+        raise loc.err("health.gate", "the gate runs its decision on the batch script's host, which has no alpsck "
+                                     "when the job runs in a container (environment.container): leave it out there")
     return JobConfig(name=name, run_dir=str(_run_dir(doc, name, workdir, loc)), slurm=slurm,
                      environment=sections["environment"], entry=sections["entry"], checkpoint=sections["checkpoint"],
-                     requeue=sections["requeue"], source=source, workdir=str(workdir),
+                     requeue=sections["requeue"], health=sections["health"], source=source, workdir=str(workdir),
                      config_dir=None if base_dir is None else str(base_dir), unset=tuple(loc.unset))
 
 

@@ -274,6 +274,18 @@ class Rollback(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Cordoned(Event):
+    """A node is kept out of the run from now on (:mod:`alpsck.slurm.health_gate`): which, why (``reason``: the
+    failed checks' findings; ``checks``: their names) and at which attempt of which job it was found."""
+
+    KIND: ClassVar[str] = "cordoned"
+    node: str | None = None
+    reason: str | None = None
+    checks: str | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Other(Event):
     """An event of a kind this version does not know (a newer writer's, or written by hand): kept."""
 
@@ -286,7 +298,7 @@ class Other(Event):
 
 KINDS: dict[str, type[Event]] = {c.KIND: c for c in (
     Submitted, Started, Crashed, Signal, FinalCheckpoint, Requeued, Finished, Failed, Cancelled, GaveUp, Restored,
-    Times, Hang, Interval, Rollback)}
+    Times, Hang, Interval, Rollback, Cordoned)}
 _FIELDS_OF: dict[type[Event], tuple[str, ...]] = {c: tuple(f.name for f in fields(c)) for c in (*KINDS.values(), Other)}
 # The check of each type a field may be declared with (``X | None``; null counts as absent).
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {

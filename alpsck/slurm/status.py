@@ -42,6 +42,7 @@ class StatusReport:
     watchers_off: dict[str, str]
     goodput: dict[str, Any] | None
     interval: dict[str, Any] | None
+    cordoned: list[dict[str, Any]]  # the nodes kept out of the run: node, reason, checks, since, job_id
     log_end: int = 0
 
     def as_json(self) -> dict[str, Any]:
@@ -126,4 +127,7 @@ def report(run_dir: Path, *, shown: int, purge_days: int | None) -> StatusReport
         unhealthy=unhealthy, purge=window, **where(tl),
         goodput=goodput.goodput(tl),  # of the events read (the newest 8 MiB of the history)
         interval=({k: chosen.get(k) for k in ("seconds", "save_cost_s", "mtbf_s", "mtbf_from", "time")}
-                  if chosen else None), log_end=log.end)
+                  if chosen else None),
+        cordoned=[{"node": node, "reason": e.reason, "checks": e.checks, "since": e.time, "job_id": e.job_id}
+                  for node, e in tl.cordoned().items()],
+        log_end=log.end)

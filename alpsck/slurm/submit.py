@@ -46,7 +46,7 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
-from . import commands, history, spare_nodes, watch
+from . import commands, health_gate, history, spare_nodes, watch
 from .batch_rules import shell_problem
 from .config import JobConfig
 from .launch import job_python, start_local_controller, user_paths
@@ -133,7 +133,7 @@ BATCH_SIGNAL_LINES = ["trap '' USR1 USR2 HUP INT  # scancel --batch --signal=USR
                       "trap alpsck_stopping=1 TERM  # wait for the step's final checkpoint; the EXIT trap decides"]
 
 
-def restart_loop_lines(srun_line: str, in_job_restarts: int, *, spares: bool = False) -> list[str]:
+def restart_loop_lines(srun_line: str, in_job_restarts: int, *, spares: bool = False, gate: bool = False) -> list[str]:
     """The batch script's start of the job step (``srun_line``, submitit's), in a loop: a step that dies,
     with an exit code other than :data:`runner.FINAL_EXITS` (a task killed by a signal, a hard exit, or the
     runner's :data:`runner.RESTART_EXIT` after a failure worth retrying) while no stop came (the TERM trap)
@@ -142,15 +142,17 @@ def restart_loop_lines(srun_line: str, in_job_restarts: int, *, spares: bool = F
     which attempt it is and how the one before ended (:class:`alpsck.job_env.JobEnv`); the runner of the
     new start records the crash, resumes from the newest checkpoint and applies the give-up rules. The
     script ends with the last step's exit code, so SLURM records the job's end as before. ``spares``:
-    :func:`spare_nodes.step_lines`."""
+    :func:`spare_nodes.step_lines`; ``gate``: the health gate before every step (:mod:`.health_gate`)."""
     final = "|".join(str(c) for c in FINAL_EXITS)
+    step = spare_nodes.step_lines(srun_line) if spares else [srun_line]
+    step[-1:-1] = [health_gate.step_line()] if gate else []
     return [
         "# requeue.in_job_restarts: a job step that dies (not stopped, not ended) starts again in this allocation",
         "alpsck_attempt=0",
         "while :; do",
         f"  export {ATTEMPT_ENV}=$alpsck_attempt",
         # at the line's start, as submitit writes it (what tools and tests look for)
-        *(spare_nodes.step_lines(srun_line) if spares else [srun_line]),
+        *step,
         "  alpsck_rc=$?",
         f"  export {PREVIOUS_EXIT_ENV}=$alpsck_rc {PREVIOUS_END_ENV}=$(date +%s.%N)",
         f'  case "$alpsck_rc" in {final}) break ;; esac',
@@ -169,6 +171,7 @@ def setup_lines(cfg: JobConfig) -> list[str]:
             # submitit in the job must expect the configured signal too, or an early one finds no
             # handler (USR1's default action ends the process)
             f"export {PREEMPT_SIGNAL_ENV}={shlex.quote(cfg.requeue.signal)}", *spare_nodes.batch_lines(cfg),
+            *health_gate.batch_lines(cfg, job_interpreter(cfg), spare_nodes.allocated_nodes(cfg)),
             *environment_lines(cfg, batch=True)]
 
 
@@ -358,6 +361,7 @@ class _SlurmExecutor(submitit.SlurmExecutor):
     config_source = "<config>"
     in_job_restarts = 0
     spares = False  # slurm.spare_nodes: the restart loop places each restarted step (spare_nodes)
+    gate = False  # health.gate: the restart loop runs the health gate before each step (health_gate)
     tag: str | None = None  # the job's --comment, "alpsck:<uuid>": how a lost sbatch answer is found again
 
     def _submit_command(self, command: str) -> submitit.Job[Any]:
@@ -384,7 +388,8 @@ class _SlurmExecutor(submitit.SlurmExecutor):
         starts = [i for i, line in enumerate(lines) if i > after and line.startswith("srun ")]
         if len(starts) != 1:
             raise SlurmError(f"submitit's batch script has {len(starts)} srun lines, alpsck expects one")
-        lines[starts[0]:starts[0] + 1] = restart_loop_lines(lines[starts[0]], self.in_job_restarts, spares=self.spares)
+        lines[starts[0]:starts[0] + 1] = restart_loop_lines(lines[starts[0]], self.in_job_restarts, spares=self.spares,
+                                                            gate=self.gate)
         text = "\n".join(lines)
         why = shell_problem(text)
         if why is not None:
@@ -443,7 +448,7 @@ def make_executor(cfg: JobConfig, local: bool, *, script_only: bool = False) -> 
     slurm_ex = cls(folder=folder, max_num_timeout=cfg.requeue.max_restarts, python=job_python(job_interpreter(cfg)))
     slurm_ex.config_source = cfg.source
     slurm_ex.in_job_restarts = cfg.requeue.in_job_restarts
-    slurm_ex.spares = spare_nodes.in_use(cfg)
+    slurm_ex.spares, slurm_ex.gate = spare_nodes.in_use(cfg), cfg.health.gate
     params = slurm_parameters(cfg)
     if not script_only and "comment" not in params["additional_parameters"]:
         slurm_ex.tag = f"alpsck:{uuid.uuid4().hex}"

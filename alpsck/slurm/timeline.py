@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from . import history
 from .history import (
     Cancelled,
+    Cordoned,
     Crashed,
     Event,
     Failed,
@@ -204,6 +205,15 @@ class Timeline:
         starts = len(self.starts_of(job_id))
         free = sum(1 for e in self.of_kind(Requeued, job_id) if e.progress is True)
         return max(0, starts - free)
+
+    def cordoned(self) -> dict[str, Cordoned]:
+        """The nodes kept out of the run, each with the event that first cordoned it (for good: a cordon is
+        never lifted by a later event; a node is let back in by a new run directory)."""
+        out: dict[str, Cordoned] = {}
+        for e in self.of_kind(Cordoned):
+            if e.node and e.node not in out:
+                out[e.node] = e
+        return out
 
     def hung(self, job_id: str) -> bool:
         """Whether this job's last start was ended by the hang watchdog (a ``hang`` after its ``started``)."""

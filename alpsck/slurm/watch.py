@@ -24,7 +24,7 @@ from . import commands, history, timeline
 from .history import Event
 from .timeline import CANCELLED, FAILED, LIVE_STATES, PENDING, TIMEOUT, Timeline, as_timeline
 
-_FIELDS = ("reason", "step", "from_step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
+_FIELDS = ("node", "reason", "step", "from_step", "seconds", "restart", "mechanism", "message", "not_requeued", "malformed")
 _LOG_DIR = "submitit"
 LATEST = _core.run_dir_names["latest"]  # the run directory's names belong to the core (run_dir.h)
 
@@ -51,7 +51,7 @@ def log_tail(run_dir: str | os.PathLike[str], job_id: str, lines: int = 15) -> l
     return [printable(line) for line in data.decode(errors="replace").splitlines()[-lines:]]
 
 
-def _stamp(t: float) -> str:
+def stamp(t: float) -> str:
     """A timeline line's time (local): ``2026-11-28 04:21:52``."""
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -61,7 +61,7 @@ def describe(e: Event | dict[str, Any]) -> str:
     its fields, escaped for the terminal."""
     rec = timeline.record_of(e) if isinstance(e, dict) else e
     extra = " ".join(f"{k}={printable(rec.get(k), 500)}" for k in _FIELDS if rec.get(k) is not None)
-    return f"{_stamp(rec.time or 0.0)}  {printable(rec.kind, 40):<17} {extra}".rstrip()
+    return f"{stamp(rec.time or 0.0)}  {printable(rec.kind, 40):<17} {extra}".rstrip()
 
 
 def last_submission(events: Timeline | list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -231,7 +231,7 @@ class Follower:
             step = self.newest(self.run_dir)
             if step is not None and step != self.step:
                 when = latest[0] / 1e9 if latest is not None else time.time()  # LATEST's write: the commit
-                lines.append((when, f"{_stamp(when)}  {'checkpoint':<17} step={step} (durable)"))
+                lines.append((when, f"{stamp(when)}  {'checkpoint':<17} step={step} (durable)"))
                 self.step = step
         log = history.read_log(self.run_dir, since=self.seen)
         lines += [(e.time or 0.0, describe(e)) for e in timeline.fold(log.events).records]

@@ -26,6 +26,7 @@ import os
 import platform
 import shlex
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -344,7 +345,36 @@ def _lines(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def nodes_report(run_dir: str) -> dict[str, list[dict[str, Any]]]:
+    """``--nodes``: the health gate's checks (:mod:`alpsck.node_health.checks`, default thresholds) of every node of
+    the SLURM allocation this runs in (one srun task per node, as the gate probes them), else of this node."""
+    from ..node_health.checks import Limits, node_checks, node_name
+    from ..slurm.health_gate import hostnames, probe_nodes
+
+    nodes = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    if nodes and shutil.which("srun"):
+        limits = dataclasses.asdict(Limits())
+        answers = probe_nodes(nodes, run_dir, limits, [sys.executable], 60.0)
+        return {n: a.checks for n, a in answers.items()}
+    return {node_name(): [c.as_dict() for c in node_checks(run_dir, Limits())]}
+
+
+def _node_lines(report: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = []
+    for node, checks in report.items():
+        if not checks:
+            lines.append(f"node {node}: FAIL: no answer from the probe (srun could not start it, or it timed out)")
+        for c in checks:
+            lines.append(f"node {node}: {c.get('name')}: {'ok' if c.get('ok') else 'FAIL'}: {c.get('detail')} "
+                         f"({c.get('seconds')} s)")
+    return lines
+
+
 def _doctor_cmd(args: argparse.Namespace) -> int:
+    if args.nodes is not None:
+        report = nodes_report(args.nodes or os.getcwd())
+        print(jsonout.dumps(report, indent=2) if args.json else "\n".join(_node_lines(report)))
+        return 0 if all(checks and all(c.get("ok") for c in checks) for checks in report.values()) else 1
     d = diagnose()
     if args.alps is not None:
         d["alps"] = alps(args.alps or None)
@@ -366,4 +396,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     p.add_argument("--alps", nargs="?", const="", default=None, metavar="RUN_DIR",
                    help="also check what matters on Alps, for RUN_DIR (default: $SCRATCH)")
+    p.add_argument("--nodes", nargs="?", const="", default=None, metavar="RUN_DIR",
+                   help="only the health gate's checks, one line per check and node: of every node of the SLURM "
+                        "allocation this runs in, else of this node; RUN_DIR: the run directory to write (default: "
+                        "the current directory). Exits 1 when a node fails a check")
     p.set_defaults(func=_doctor_cmd)

@@ -305,3 +305,110 @@ def test_bad_memory_copies_fall_back_to_the_replica_then_the_run_directory_and_a
     assert own == [["10", "20"], []], logs[0][-3000:]  # node 1's own copies; node 2's were good
     whole = [re.findall(r"the memory checkpoint of step (\d+) is not usable for every node's ranks", log) for log in logs]
     assert whole == [["20"], ["20"]], logs[1][-3000:]
+
+
+def _read_only_in(node: str, path: Path) -> None:
+    """``path`` read-only as ``node`` sees it (a read-only bind mount in its own mount namespace: the host and the
+    other nodes still write there); undone by :func:`_writable_in`."""
+    _sh("bash", str(HERE / "node.sh"), node, "mount", "--bind", "-o", "ro", str(path), str(path))
+    r = subprocess.run(["bash", str(HERE / "node.sh"), node, "touch", str(path / "probe")], capture_output=True,
+                       text=True, env=ENV)
+    assert r.returncode != 0 and "Read-only file system" in r.stderr, r.stderr
+
+
+def _writable_in(node: str, path: Path) -> None:
+    _sh("bash", str(HERE / "node.sh"), node, "umount", str(path), check=False)
+
+
+# The reference training, as a user's entry module, each rank leaving a mark named after its node and attempt.
+_WHERE = '''import os
+import pathlib
+
+from alpsck.examples.llama.train import slurm_entry
+
+
+def main(job):
+    pathlib.Path({marks!r}, f"{{job.job_id}}-{{os.environ.get('ALPSCK_ATTEMPT', '0')}}-rank{{job.rank}}-"
+                 f"{{os.uname().nodename}}").touch()
+    return slurm_entry(job)
+'''
+
+
+def _where_config(tmp_path: Path, name: str, run: Path, slurm_extra: str) -> tuple[Path, Path]:
+    """A job config of 20 steps gated by the health gate, whose ranks mark where they ran (:data:`_WHERE`)."""
+    marks, conf = tmp_path / f"{name}-marks", tmp_path / f"{name}-conf"
+    marks.mkdir()
+    conf.mkdir()
+    (conf / "where.py").write_text(_WHERE.format(marks=str(marks)))
+    return job_config(conf / "job.yaml", run, steps=20, time="10", every=10, tasks=1, entry="where:main",
+                      slurm_extra=slurm_extra, health="gate: true"), marks
+
+
+def _job_field(job: str, name: str) -> str:
+    """One field of SLURM's record of ``job`` (scontrol show job: kept MinJobAge, 120 s, after its end)."""
+    found = re.search(rf"\b{name}=(\S*)", _sh("scontrol", "show", "job", job))
+    assert found, _sh("scontrol", "show", "job", job)
+    return found.group(1)
+
+
+def test_a_node_that_fails_the_health_gate_is_cordoned_and_never_runs_a_step_of_the_training(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55's first acceptance point: three nodes, the job needs two (``spare_nodes: 1``) and gates every start.
+    Node 2's view of the run directory is read-only: the gate cordons it (``run_dir``, the error it met), the job
+    runs on nodes 1 and 3, no step of the training ever runs on node 2, and ``status`` says why."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg, marks = _where_config(tmp_path, "spare", run, "nodes: 2\nspare_nodes: 1")
+    _read_only_in("alpsck-n2", run)
+    try:
+        job = submit(cfg)
+        assert wait_done(run, job, 300) == "finished", events(run)
+    finally:
+        _writable_in("alpsck-n2", run)
+    [c] = events(run, "cordoned")
+    assert (c["node"], c["checks"], c["job_id"]) == ("alpsck-n2", "run_dir", job), c
+    assert "Read-only file system" in c["reason"], c
+    # The training ran once, on nodes 1 and 3: never on node 2.
+    assert sorted(p.name for p in marks.iterdir()) == [f"{job}-0-rank0-alpsck-n1", f"{job}-0-rank1-alpsck-n3"]
+    assert not events(run, "requeued") and len(events(run, "started")) == 1, events(run)
+    doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
+    assert [(x["node"], x["checks"]) for x in doc["cordoned"]] == [("alpsck-n2", "run_dir")], doc["cordoned"]
+    text = _sh(sys.executable, "-m", "alpsck", "status", str(run))
+    assert "cordoned: alpsck-n2 since " in text and "Read-only file system" in text, text
+
+
+def test_a_cordoned_node_is_excluded_by_slurm_after_the_requeue_and_with_none_left_the_run_gives_up(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55's acceptance on exclusion: a job of two nodes and no spare lands on nodes 1 and 2, node 2 fails the
+    gate: the job's own record excludes it (ExcNodeList) and the job is requeued, and its next allocation, which
+    SLURM makes, is nodes 1 and 3, where it finishes. A job that needs all three nodes cannot get enough healthy
+    ones: it gives up at once, exit 93, which SLURM records as FAILED 93:0."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
+    run, run3 = tmp_path / "run", tmp_path / "run3"
+    run.mkdir()
+    run3.mkdir()
+    cfg, marks = _where_config(tmp_path, "two", run, "nodes: 2")
+    cfg3, marks3 = _where_config(tmp_path, "three", run3, "nodes: 3")
+    _read_only_in("alpsck-n2", tmp_path)
+    try:
+        job = submit(cfg)
+        assert wait_done(run, job, 300) == "finished", events(run)
+        assert _job_field(job, "ExcNodeList") == "alpsck-n2"
+        job3 = submit(cfg3)
+        assert wait_done(run3, job3, 300) == "gave_up", events(run3)
+        assert (_job_field(job3, "JobState"), _job_field(job3, "ExitCode")) == ("FAILED", "93:0")
+    finally:
+        _writable_in("alpsck-n2", tmp_path)
+    [c] = events(run, "cordoned")
+    assert (c["node"], c["job_id"]) == ("alpsck-n2", job) and "Read-only file system" in c["reason"], c
+    [rq] = events(run, "requeued")
+    assert (rq["reason"], rq["job_id"]) == ("health", job), rq
+    # The first allocation (nodes 1 and 2) ran no step of the training; the requeued job's ran on nodes 1 and 3.
+    assert sorted(p.name for p in marks.iterdir()) == [f"{job}-0-rank0-alpsck-n1", f"{job}-0-rank1-alpsck-n3"]
+    assert _job_field(job, "NodeList") == "alpsck-n[1,3]"
+    [g] = events(run3, "gave_up")
+    assert g["exit_code"] == 93 and "no allocation can hold enough healthy nodes" in g["message"], g
+    assert list(marks3.iterdir()) == [] and not events(run3, "started"), events(run3)

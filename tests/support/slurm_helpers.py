@@ -24,7 +24,8 @@ PACE = 0.25
 def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay: int = 60, every: int = 200,
                partition: str | None = "debug", max_restarts: int = 10, no_progress: int = 3,
                extra_args: list[str] | None = None, entry: str = "alpsck.examples.llama.train:slurm_entry",
-               requeue_extra: str = "", tasks: int = 1, checkpoint_extra: str = "", slurm_extra: str = "") -> Path:
+               requeue_extra: str = "", tasks: int = 1, checkpoint_extra: str = "", slurm_extra: str = "",
+               health: str = "") -> Path:
     args = [*MODEL_ARGS, "--min-step-seconds", str(PACE), "--training-steps", str(steps), *(extra_args or [])]
     lines = [
         "name: alpsck-test",
@@ -51,6 +52,8 @@ def job_config(path: Path, run_dir: Path, *, steps: int, time: str = "2", delay:
         f"  give_up_after_no_progress: {no_progress}",
     ]
     lines += [f"  {line}" for line in requeue_extra.splitlines() if line.strip()]
+    if health:
+        lines += ["health:", *[f"  {line}" for line in health.splitlines() if line.strip()]]
     path.write_text("\n".join(lines) + "\n")
     return path
 

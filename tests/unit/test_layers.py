@@ -18,7 +18,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("alpsck._core", "alpsck.errors", "alpsck.job_env", "alpsck.handles", "alpsck.progress", "alpsck.options",
               "alpsck.out", "alpsck.__version__")),
     ("store", ("alpsck.store", "alpsck.tree")),
-    ("state", ("alpsck.capture", "alpsck.fit", "alpsck.rng", "alpsck.data", "alpsck.staging", "alpsck.ranks")),
+    ("state", ("alpsck.capture", "alpsck.fit", "alpsck.rng", "alpsck.data", "alpsck.staging", "alpsck.ranks",
+               "alpsck.node_health")),
     ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.memory", "alpsck.torch_save")),
     ("dcp", ("alpsck.dcp",)),
     # The apps, each its own rung: the job layer, the checkpoint tools, the reference training, the bench

@@ -1,0 +1,259 @@
+"""The health gate (issue 55): a node's checks (alpsck/node_health/checks.py), the gate's decision
+(alpsck/slurm/health_gate.py: cordon, exclude, requeue or give up), its config, its batch-script lines and what
+``status`` shows. The probe's answers and SLURM's commands are stand-ins here; the real thing, a node whose view of
+the run directory is read-only kept out of a job on the multi-node local SLURM, is tests/slurm/test_slurm_nodes.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alpsck.errors import ConfigError
+from alpsck.node_health import checks
+from alpsck.node_health.checks import Limits, gpu_problems, gpu_rows, node_checks
+from alpsck.slurm import health_gate, history, status
+from alpsck.slurm.config import parse_config
+from alpsck.slurm.health_gate import Answer, decide, parse_answers
+from alpsck.slurm.submit import sbatch_script
+
+CONFIG = """\
+name: t
+run_dir: {run}
+slurm:
+  time: "00:10:00"
+  nodes: 2
+  spare_nodes: 1
+entry:
+  function: alpsck.examples.llama.train:slurm_entry
+health:
+  gate: true
+  min_free_shm_gib: 0.5
+"""
+
+
+def _by_name(found: list[checks.Check]) -> dict[str, checks.Check]:
+    return {c.name: c for c in found}
+
+
+def test_a_healthy_node_passes_every_check_and_leaves_nothing_in_the_run_directory(tmp_path: Path) -> None:
+    found = _by_name(node_checks(tmp_path, Limits()))
+    assert {"run_dir", "memory", "shm"} <= set(found)
+    assert all(c.ok for c in found.values()), found
+    assert "written, fsync'ed and read back" in found["run_dir"].detail
+    assert list(tmp_path.iterdir()) == []  # the probe file is removed
+
+
+def test_each_check_fails_with_what_it_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "gone"
+    found = _by_name(node_checks(missing, Limits(min_free_memory_gib=1e6, min_free_shm_gib=1e6)))
+    assert not found["run_dir"].ok and str(missing) in found["run_dir"].detail
+    assert "No such file or directory" in found["run_dir"].detail
+    assert not found["memory"].ok and "min_free_memory_gib 1e+06" in found["memory"].detail
+    monkeypatch.setenv("ALPSCK_MEMORY_ROOT", str(tmp_path))
+    shm = _by_name(node_checks(tmp_path, Limits(min_free_shm_gib=1e6)))["shm"]
+    assert not shm.ok and str(tmp_path) in shm.detail
+    slow = _by_name(node_checks(tmp_path, Limits(max_fsync_s=1e-9)))["run_dir"]  # nothing fsyncs in a nanosecond
+    assert not slow.ok and "max_fsync_s" in slow.detail
+
+
+def test_a_run_directory_that_is_a_file_fails_the_write_check(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    c = _by_name(node_checks(f, Limits()))["run_dir"]
+    assert not c.ok and "Not a directory" in c.detail
+
+
+SMI = """\
+0, 34, 1, 97871, 0, No
+1, 91, 2, 97871, 0, No
+2, 30, 60000, 97871, 3, Yes
+3, 40, 0, 97871, [N/A], [N/A]
+"""
+
+
+def test_the_gpu_check_reads_nvidia_smi_ecc_retired_pages_temperature_and_memory_in_use() -> None:
+    rows = gpu_rows(SMI + "garbage line\n")
+    assert [r["index"] for r in rows] == ["0", "1", "2", "3"]
+    bad = gpu_problems(rows, Limits(max_gpu_temperature_c=85, max_gpu_memory_used=0.2))
+    assert bad == ["GPU 1: 91 C (max_gpu_temperature_c 85)",
+                   "GPU 2: 3 uncorrected ECC error(s) since the driver loaded",
+                   "GPU 2: pages pending retirement (the GPU needs a reset)",
+                   "GPU 2: 60000 of 97871 MiB in use before the start (max_gpu_memory_used 0.2)"]
+    assert gpu_problems(rows[:1] + rows[3:], Limits()) == []  # fields NVML does not report are no problem
+
+
+def test_the_gpu_check_runs_nvidia_smi_where_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    smi = tmp_path / "nvidia-smi"  # a stand-in that prints what the real one prints for this query
+    smi.write_text("#!/bin/sh\ncat <<'EOF'\n0, 95, 1, 97871, 0, No\nEOF\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpu = _by_name(node_checks(tmp_path, Limits()))["gpu"]
+    assert not gpu.ok and gpu.detail == "GPU 0: 95 C (max_gpu_temperature_c 85)"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU given to this job: none checked
+    assert "gpu" not in _by_name(node_checks(tmp_path, Limits()))
+
+
+def test_the_probe_prints_one_json_line_and_the_gate_reads_only_such_lines(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", health_gate.PROBE_CODE, str(tmp_path), json.dumps({"max_fsync_s": 5})],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    answers = parse_answers("srun: warning: something\n" + r.stdout + "{not json\n[1, 2]\n")
+    [(node, answer)] = answers.items()
+    assert answer.ok and [c["name"] for c in answer.checks][:3] == ["run_dir", "memory", "shm"]
+    assert not Answer("n9", []).ok and Answer("n9", []).reason() == "no answer from the probe"
+
+
+def test_nodes_srun_could_not_start_on_are_probed_again_one_by_one_and_only_those_fail(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def srun(args: list[str], timeout: float) -> tuple[int, str, str]:
+        nodes = next(a for a in args if a.startswith("--nodelist=")).split("=")[1]
+        calls.append(nodes)
+        line = json.dumps({"node": "n1", "checks": [{"name": "run_dir", "ok": True, "detail": "fine"}]})
+        if nodes == "n1,n2,n3":  # the step fails as a whole: n3 is dead, n2's answer is lost with it
+            return 1, line + "\n", "srun: error: Node failure on n3"
+        if nodes == "n2":
+            return 0, line.replace('"n1"', '"n2"') + "\n", ""
+        return 1, "", "srun: error: Node failure on n3"
+
+    monkeypatch.setattr(health_gate.commands, "srun_gather", srun)
+    got = health_gate.probe_nodes(["n1", "n2", "n3"], "/run", {}, ["python3"], 5.0)
+    assert sorted(calls) == ["n1,n2,n3", "n2", "n3"]
+    assert got["n1"].ok and got["n2"].ok and not got["n3"].ok
+    assert got["n3"].reason() == "no answer from the probe (srun exit 1: srun: error: Node failure on n3)"
+
+
+def test_a_probe_no_node_answers_is_the_gates_failure_and_cordons_nobody(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    Slurm(monkeypatch, ["n1", "n2"])  # e.g. alpsck not importable on the nodes: not a node's fault
+    code, exclude = decide(str(tmp_path), "77", 0, ["n1", "n2"], set(), 2, 2, "debug",
+                           lambda nodes: {n: Answer(n, [], "exit 1: ModuleNotFoundError") for n in nodes})
+    assert (code, exclude) == (1, []) and not [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
+
+
+def _ok(node: str) -> Answer:
+    return Answer(node, [{"name": "run_dir", "ok": True, "detail": "fine"}])
+
+
+def _bad(node: str) -> Answer:
+    return Answer(node, [{"name": "run_dir", "ok": True, "detail": "fine"},
+                         {"name": "shm", "ok": False, "detail": "/dev/shm: 0.1 GiB free"}])
+
+
+class Slurm:
+    """Stand-ins for the gate's SLURM calls: what it asked, and a partition of ``nodes``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, partition: list[str]) -> None:
+        self.calls: list[list[str]] = []
+        monkeypatch.setattr(health_gate, "_partition_nodes", lambda p: set(partition))
+        monkeypatch.setattr(health_gate.commands, "scontrol", lambda args, **k: self.calls.append(list(args)) or "")
+        monkeypatch.setattr(health_gate.commands, "scontrol_requeue", lambda job, **k: self.calls.append(["requeue", job]))
+
+
+def _gate(run: Path, allocation: list[str], bad: set[str], *, need: int, excluded: frozenset[str] = frozenset(),
+          allocated: int | None = None) -> tuple[int, list[str], list[list[str]]]:
+    probed: list[list[str]] = []
+
+    def answers_of(nodes: list[str]) -> dict[str, Answer]:
+        probed.append(nodes)
+        return {n: (_bad(n) if n in bad else _ok(n)) for n in nodes}
+
+    code, exclude = decide(str(run), "77", 1, allocation, set(excluded), need, allocated or len(allocation), "debug",
+                           answers_of)
+    return code, exclude, probed
+
+
+def test_a_failing_node_is_cordoned_once_and_excluded_from_every_later_step(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = Slurm(monkeypatch, ["n1", "n2", "n3", "n4"])
+    code, exclude, probed = _gate(tmp_path, ["n1", "n2", "n3"], {"n2"}, need=2)
+    assert (code, exclude, probed) == (0, ["n2"], [["n1", "n2", "n3"]])
+    [c] = [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
+    assert (c["node"], c["checks"], c["job_id"], c["attempt"]) == ("n2", "shm", "77", 1)
+    assert c["reason"] == "shm: /dev/shm: 0.1 GiB free"
+    # The next start: node 2 is not probed again, and stays out; a node SLURM cannot use stays out too.
+    code, exclude, probed = _gate(tmp_path, ["n1", "n2", "n3"], set(), need=2, excluded=frozenset({"n3"}),
+                                  allocated=3)
+    assert probed == [["n1"]] and exclude == ["n2", "n3"]
+    assert code == health_gate.REQUEUED_EXIT  # one usable node of the two the step needs
+    assert slurm.calls == [["requeue", "77"], ["update", "JobId=77", "ExcNodeList=n2"]]
+    assert len([e for e in history.read(tmp_path) if e["event"] == "cordoned"]) == 1
+    [rq] = [e for e in history.read(tmp_path) if e["event"] == "requeued"]
+    assert (rq["reason"], rq["mechanism"], rq["progress"]) == ("health", "scontrol", False)
+
+
+def test_too_few_healthy_nodes_requeues_excluding_the_cordoned_while_the_partition_has_enough(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = Slurm(monkeypatch, ["n1", "n2", "n3", "n4"])
+    code, exclude, _ = _gate(tmp_path, ["n1", "n2"], {"n2"}, need=2)
+    assert code == health_gate.REQUEUED_EXIT and exclude == ["n2"]
+    assert slurm.calls == [["requeue", "77"], ["update", "JobId=77", "ExcNodeList=n2"]]
+
+
+def test_no_allocation_could_hold_enough_healthy_nodes_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slurm = Slurm(monkeypatch, ["n1", "n2", "n3"])
+    code, _, _ = _gate(tmp_path, ["n1", "n2", "n3"], {"n2"}, need=3)
+    assert code == health_gate.GIVE_UP_EXIT == 93 and slurm.calls == []
+    [g] = [e for e in history.read(tmp_path) if e["event"] == "gave_up"]
+    assert "the partition has 2 node(s) that are not cordoned, and the job asks for 3" in g["message"]
+    assert g["exit_code"] == 93
+
+
+def test_status_lists_the_cordoned_nodes_with_why_and_since(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    Slurm(monkeypatch, ["n1", "n2", "n3"])
+    history.append(tmp_path, history.Submitted(backend="local", name="t"), job_id="4000000000")  # no such pid
+    _gate(tmp_path, ["n1", "n2", "n3"], {"n2"}, need=2)
+    s = status.report(tmp_path, shown=50, purge_days=None)
+    [c] = s.cordoned
+    assert (c["node"], c["checks"], c["job_id"]) == ("n2", "shm", "77") and c["since"] > 0
+    assert "shm: /dev/shm: 0.1 GiB free" in c["reason"]
+    r = subprocess.run([sys.executable, "-m", "alpsck", "status", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PATH": str(tmp_path / "no-slurm-here")})
+    assert "cordoned: n2 since " in r.stdout and "(job 77): shm: /dev/shm: 0.1 GiB free" in r.stdout, r.stdout
+
+
+def test_the_batch_script_runs_the_gate_before_every_step_and_acts_on_its_answer(tmp_path: Path) -> None:
+    text = sbatch_script(parse_config(CONFIG.format(run=tmp_path / "run")))
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    loop = text[text.index("while :; do"):]
+    assert loop.index("alpsck_place_step || break") < loop.index(f"  {health_gate.GATE}\n") < loop.index("\nsrun ")
+    gate = text[text.index(f"{health_gate.GATE}() {{"):]
+    gate = gate[:gate.index("\n}\n")]
+    assert "--need=2 --allocated=3 " in gate and '"min_free_shm_gib": 0.5' in gate
+    assert '0) alpsck_exclude=$out ;;' in gate and "3) exit 0 ;;" in gate and "93) exit 93 ;;" in gate
+    plain = sbatch_script(parse_config(CONFIG.format(run=tmp_path / "run").replace("gate: true", "gate: false")))
+    assert health_gate.GATE not in plain
+
+
+@pytest.mark.parametrize(("line", "error"), [
+    ("  gaet: true", "health.gaet: unknown key (did you mean 'gate'?)"),
+    ("  timeout_s: 0", "health.timeout_s: 0: must be between 1 and 3600"),
+    ("  max_gpu_memory_used: 1.5", "health.max_gpu_memory_used: 1.5: must be between 0 and 1"),
+    ("  gate: yes please", "health.gate"),
+])
+def test_a_bad_health_key_is_named(tmp_path: Path, line: str, error: str) -> None:
+    text = CONFIG.format(run=tmp_path / "run") + line + "\n"
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        parse_config(text.replace("  gate: true\n", "") if "gate:" in line else text)
+
+
+def test_the_gate_is_refused_for_a_container_job(tmp_path: Path) -> None:
+    text = CONFIG.format(run=tmp_path / "run") + "environment:\n  container: /x/edf.toml\n"
+    with pytest.raises(ConfigError, match="health.gate: the gate runs its decision on the batch script's host"):
+        parse_config(text)
+
+
+def test_the_config_limits_reach_the_checks_unchanged(tmp_path: Path) -> None:
+    cfg = parse_config(CONFIG.format(run=tmp_path / "run"))
+    limits: dict[str, Any] = cfg.health.limits()
+    assert Limits.from_dict(limits) == Limits(min_free_shm_gib=0.5)
+    assert set(limits) == set(Limits.__dataclass_fields__)
