@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +37,13 @@ from typing import Any
 
 from ..errors import SlurmError
 from ..node_health.probe import CODE as PROBE_CODE
-from . import commands, history, timeline
+from . import commands, history, timeline, trace
 from .config import JobConfig
 from .history import Cordoned, GaveUp, Requeued
 
 GATE = "alpsck_health_gate"  # the batch script's function: sets spare_nodes.EXCLUDE, or ends the script
 CODE = "import sys; del sys.path[0]; from alpsck.slurm.health_gate import main; sys.exit(main(sys.argv[1:]))"
+SRUN_LOG = "alpsck_srun_log"  # the batch script's file of the last step's srun messages
 REQUEUED_EXIT = 3  # main(): the job was requeued (too few healthy nodes here); the batch script ends
 GIVE_UP_EXIT = 93  # main(): no allocation could hold enough healthy nodes (runner.GIVE_UP_EXIT)
 
@@ -122,9 +125,12 @@ def probe_nodes(nodes: list[str], run_dir: str, limits: dict[str, Any], python: 
 
 
 def _keep_out(job_id: str, nodes: set[str]) -> str | None:
-    """The job's record excludes ``nodes`` from its next allocations; why not, or None."""
+    """The job's record excludes ``nodes`` from its next allocations, besides what it excluded already (the user's
+    ``--exclude``); why not, or None."""
     try:
-        commands.scontrol(["update", f"JobId={job_id}", f"ExcNodeList={','.join(sorted(nodes))}"])
+        found = re.search(r"\bExcNodeList=(\S+)", commands.scontrol(["show", "job", job_id]))
+        before = hostnames(found.group(1)) if found and found.group(1) != "(null)" else []
+        commands.scontrol(["update", f"JobId={job_id}", f"ExcNodeList={','.join(sorted(nodes | set(before)))}"])
         return None
     except SlurmError as e:
         return str(e)
@@ -138,7 +144,7 @@ def _partition_nodes(partition: str) -> set[str] | None:
 
 
 def decide(run_dir: str, job_id: str, attempt: int, allocation: list[str], excluded: set[str], need: int,
-           allocated: int, partition: str, answers_of: Any) -> tuple[int, list[str]]:
+           allocated: int, partition: str, answers_of: Callable[[list[str]], dict[str, Answer]]) -> tuple[int, list[str]]:
     """The gate's decision (module docstring): (exit code, the nodes the step must exclude). ``answers_of``:
     the nodes to probe -> their answers (:func:`probe_nodes`, or a stand-in)."""
     cordoned = timeline.read(run_dir).cordoned()
@@ -199,8 +205,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--python", required=True, help="the probe's interpreter, shell words")
     p.add_argument("--exclude", default="")
     p.add_argument("--attempt", type=int, default=0)
+    p.add_argument("--srun-log", default="", help="srun's messages of the step before (alpsck.slurm.trace)")
+    p.add_argument("--cordon-after", type=int, default=0)
     a = p.parse_args(argv)
     job_id = os.environ.get("SLURM_JOB_ID", "")
+    trace.trace(a.run_dir, job_id, a.attempt, a.srun_log, a.cordon_after)
     allocation = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
     limits = json.loads(a.limits)
 
@@ -224,13 +233,15 @@ def batch_lines(cfg: JobConfig, python: str, allocated: int) -> list[str]:
     h = cfg.health
     words = [CODE, str(Path(cfg.run_dir)), f"--need={int(cfg.slurm.nodes)}", f"--allocated={int(allocated)}",
              f"--limits={json.dumps(h.limits(), sort_keys=True)}", f"--timeout={float(h.timeout_s):g}",
-             f"--python={python}"]
+             f"--python={python}", f"--cordon-after={int(h.cordon_after_failures)}"]
     return [
-        "# health.gate: the nodes are checked before every start of the job step; a failing node is cordoned",
+        "# health.gate: the nodes are checked before every start of the job step; a failing node is cordoned, and so",
+        "# is one the steps failed on first cordon_after_failures times (srun's messages of each step kept here)",
+        f"{SRUN_LOG}=$(mktemp 2>/dev/null || echo /dev/null)",
         f"{GATE}() {{",
         "  local out rc",
         f'  out=$({python} -c {" ".join(shlex.quote(w) for w in words)} --exclude="${EXCLUDE}" '
-        '--attempt="$alpsck_attempt")',
+        f'--attempt="$alpsck_attempt" --srun-log="${SRUN_LOG}")',
         "  rc=$?",
         '  case "$rc" in',
         f"    0) {EXCLUDE}=$out ;;",
@@ -243,7 +254,10 @@ def batch_lines(cfg: JobConfig, python: str, allocated: int) -> list[str]:
     ]
 
 
-def step_line() -> str:
-    """The restart loop's call of the gate, before each srun of the training."""
-    return f"  {GATE}"
+def gated(step: list[str]) -> list[str]:
+    """The restart loop's start of a job step (``step``: its lines, the srun line last) with the gate before the
+    srun, and srun's own messages kept for the next gate (:mod:`.trace`) and shown in the batch log after it, the
+    step's exit code unchanged."""
+    return [*step[:-1], f"  {GATE}",
+            f'{step[-1]} 2>"${SRUN_LOG}"; alpsck_rc=$?; cat "${SRUN_LOG}" >&2; (exit "$alpsck_rc")']
 

@@ -286,6 +286,18 @@ class Cordoned(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Traced(Event):
+    """A failed job step traced to the node it failed on first (:mod:`alpsck.slurm.trace`): the ``attempt`` whose
+    step it was, the ``node``, the ``task`` (rank) and srun's word for it (``message``)."""
+
+    KIND: ClassVar[str] = "traced"
+    attempt: int | None = None
+    node: str | None = None
+    task: int | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Other(Event):
     """An event of a kind this version does not know (a newer writer's, or written by hand): kept."""
 
@@ -298,7 +310,7 @@ class Other(Event):
 
 KINDS: dict[str, type[Event]] = {c.KIND: c for c in (
     Submitted, Started, Crashed, Signal, FinalCheckpoint, Requeued, Finished, Failed, Cancelled, GaveUp, Restored,
-    Times, Hang, Interval, Rollback, Cordoned)}
+    Times, Hang, Interval, Rollback, Cordoned, Traced)}
 _FIELDS_OF: dict[type[Event], tuple[str, ...]] = {c: tuple(f.name for f in fields(c)) for c in (*KINDS.values(), Other)}
 # The check of each type a field may be declared with (``X | None``; null counts as absent).
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {

@@ -145,7 +145,7 @@ def restart_loop_lines(srun_line: str, in_job_restarts: int, *, spares: bool = F
     :func:`spare_nodes.step_lines`; ``gate``: the health gate before every step (:mod:`.health_gate`)."""
     final = "|".join(str(c) for c in FINAL_EXITS)
     step = spare_nodes.step_lines(srun_line) if spares else [srun_line]
-    step[-1:-1] = [health_gate.step_line()] if gate else []
+    step = health_gate.gated(step) if gate else step
     return [
         "# requeue.in_job_restarts: a job step that dies (not stopped, not ended) starts again in this allocation",
         "alpsck_attempt=0",

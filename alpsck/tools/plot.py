@@ -2,7 +2,7 @@
 
 ``alpsck status`` says where the time went in numbers; this draws it, for whoever would rather look
 than read. Top: each start of the run as a bar in wall-clock time since the first start, coloured by
-how it ended, with markers for crashes, hangs, failures, stop signals, final checkpoints and
+how it ended, with markers for crashes, hangs, failures, nodes cordoned, stop signals, final checkpoints and
 requeues, and the gaps between starts shaded (restarts inside the allocation apart from the queue).
 Bottom: the loss against the step (``RUN_DIR/loss.csv``, the reference training's file), with a
 dashed line at each step a start resumed from, coloured by where it read that state (the run directory, its
@@ -28,7 +28,18 @@ from ..errors import UsageError
 from ..out.figures import pyplot
 from ..out.textout import printable
 from ..slurm import goodput, history, timeline
-from ..slurm.history import Cancelled, Crashed, Failed, FinalCheckpoint, Finished, GaveUp, Hang, Requeued, Signal
+from ..slurm.history import (
+    Cancelled,
+    Cordoned,
+    Crashed,
+    Failed,
+    FinalCheckpoint,
+    Finished,
+    GaveUp,
+    Hang,
+    Requeued,
+    Signal,
+)
 from ..slurm.timeline import RUNNING, UNKNOWN, Timeline
 
 WIDTH_PX, HEIGHT_PX, DPI = 1600, 900, 100  # the PNG's size: readable on a laptop screen, at a glance
@@ -44,6 +55,7 @@ OUTCOME_COLOURS = {
 MARKERS = {
     Crashed.KIND: ("X", "#d62728", "crash (srun ended)", 0.34), Hang.KIND: ("P", "#9467bd", "hang detected", 0.34),
     Failed.KIND: ("x", "#8c2d04", "failure (exception)", 0.34), GaveUp.KIND: ("*", "#222222", "gave up", 0.34),
+    Cordoned.KIND: ("h", "#e377c2", "node cordoned (health gate)", 0.34),
     Signal.KIND: ("v", "#444444", "stop signal", 0.46), Requeued.KIND: (">", "#ff9f1c", Requeued.KIND, 0.46),
     Cancelled.KIND: ("s", "#7f7f7f", Cancelled.KIND, 0.46),
     FinalCheckpoint.KIND: ("D", "#17becf", "final checkpoint", 0.58)}

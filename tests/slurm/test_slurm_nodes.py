@@ -412,3 +412,54 @@ def test_a_cordoned_node_is_excluded_by_slurm_after_the_requeue_and_with_none_le
     [g] = events(run3, "gave_up")
     assert g["exit_code"] == 93 and "no allocation can hold enough healthy nodes" in g["message"], g
     assert list(marks3.iterdir()) == [] and not events(run3, "started"), events(run3)
+
+
+# The reference training, whose rank on alpsck-n2 SIGKILLs itself 8 steps into every start (after a checkpoint).
+_BAD_NODE = '''import os
+import signal
+
+from alpsck.examples.llama.train import slurm_entry
+
+
+def main(job):
+    due = job.checkpoint_due
+    first = []
+
+    def checkpoint_due(step):
+        first.append(step)
+        if os.uname().nodename == "alpsck-n2" and step == first[0] + 7:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return due(step)
+
+    job.checkpoint_due = checkpoint_due
+    return slurm_entry(job)
+'''
+
+
+def test_a_node_the_job_step_fails_on_first_twice_is_cordoned_and_the_restart_takes_the_spare(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55's second acceptance point: two nodes of one rank and a spare; the rank on node 2 dies (SIGKILL) 8
+    steps into every start. srun says where: each restart's gate traces the step before to node 2, and after the
+    second the node is cordoned and the restart goes to nodes 1 and 3. The losses of an uninterrupted run, bit for
+    bit; one job, no requeue."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
+    steps = 20
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "badnode.py").write_text(_BAD_NODE)
+    run = tmp_path / "run"
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=5, tasks=1, entry="badnode:main",
+                            slurm_extra="nodes: 2\nspare_nodes: 1", health="gate: true"))
+    clean = clean_losses(tmp_path, steps, world=2)  # meanwhile
+    assert wait_done(run, job, 400) == "finished", events(run)
+    assert (run / "loss.csv").read_text() == clean
+    traced = [(e["attempt"], e["node"], e["task"], e["message"]) for e in events(run, "traced")]
+    assert traced == [(0, "alpsck-n2", 1, "Killed"), (1, "alpsck-n2", 1, "Killed")], events(run)
+    [c] = events(run, "cordoned")
+    assert (c["node"], c["checks"], c["attempt"]) == ("alpsck-n2", "failures", 2), c
+    starts = events(run, "started")
+    assert [(s.get("attempt", 0), s.get("step")) for s in starts] == [(0, None), (1, 5), (2, 10)], starts
+    assert not events(run, "requeued") and all(e["job_id"] == job for e in events(run)), events(run)
+    doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
+    assert [x["node"] for x in doc["cordoned"]] == ["alpsck-n2"], doc["cordoned"]

@@ -18,7 +18,7 @@ import pytest
 from alpsck.errors import ConfigError
 from alpsck.node_health import checks
 from alpsck.node_health.checks import Limits, gpu_problems, gpu_rows, node_checks
-from alpsck.slurm import health_gate, history, status
+from alpsck.slurm import health_gate, history, status, trace
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.health_gate import Answer, decide, parse_answers
 from alpsck.slurm.submit import sbatch_script
@@ -150,12 +150,21 @@ def _bad(node: str) -> Answer:
 
 
 class Slurm:
-    """Stand-ins for the gate's SLURM calls: what it asked, and a partition of ``nodes``."""
+    """Stand-ins for the gate's SLURM calls: what it asked (its updates and requeues), and a partition of ``nodes``;
+    the job's record excludes ``before`` already."""
+
+    before = "(null)"
+
+    def scontrol(self, args: list[str], **_: Any) -> str:
+        if args[:2] == ["show", "job"]:
+            return f"JobId={args[2]} JobName=t\n   ReqNodeList=(null) ExcNodeList={self.before}\n"
+        self.calls.append(list(args))
+        return ""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, partition: list[str]) -> None:
         self.calls: list[list[str]] = []
         monkeypatch.setattr(health_gate, "_partition_nodes", lambda p: set(partition))
-        monkeypatch.setattr(health_gate.commands, "scontrol", lambda args, **k: self.calls.append(list(args)) or "")
+        monkeypatch.setattr(health_gate.commands, "scontrol", self.scontrol)
         monkeypatch.setattr(health_gate.commands, "scontrol_requeue", lambda job, **k: self.calls.append(["requeue", job]))
 
 
@@ -193,10 +202,11 @@ def test_a_failing_node_is_cordoned_once_and_excluded_from_every_later_step(tmp_
 
 def test_too_few_healthy_nodes_requeues_excluding_the_cordoned_while_the_partition_has_enough(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    slurm = Slurm(monkeypatch, ["n1", "n2", "n3", "n4"])
+    slurm = Slurm(monkeypatch, ["n1", "n2", "n3", "n4", "n5", "n6"])
+    slurm.before = "n[5-6]"  # the user's own --exclude stays
     code, exclude, _ = _gate(tmp_path, ["n1", "n2"], {"n2"}, need=2)
     assert code == health_gate.REQUEUED_EXIT and exclude == ["n2"]
-    assert slurm.calls == [["requeue", "77"], ["update", "JobId=77", "ExcNodeList=n2"]]
+    assert slurm.calls == [["requeue", "77"], ["update", "JobId=77", "ExcNodeList=n2,n5,n6"]]
 
 
 def test_no_allocation_could_hold_enough_healthy_nodes_gives_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,7 +238,9 @@ def test_the_batch_script_runs_the_gate_before_every_step_and_acts_on_its_answer
     assert loop.index("alpsck_place_step || break") < loop.index(f"  {health_gate.GATE}\n") < loop.index("\nsrun ")
     gate = text[text.index(f"{health_gate.GATE}() {{"):]
     gate = gate[:gate.index("\n}\n")]
-    assert "--need=2 --allocated=3 " in gate and '"min_free_shm_gib": 0.5' in gate
+    assert "--need=2 --allocated=3 " in gate and '"min_free_shm_gib": 0.5' in gate and "--cordon-after=2" in gate
+    [srun] = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    assert srun.endswith(' 2>"$alpsck_srun_log"; alpsck_rc=$?; cat "$alpsck_srun_log" >&2; (exit "$alpsck_rc")')
     assert '0) alpsck_exclude=$out ;;' in gate and "3) exit 0 ;;" in gate and "93) exit 93 ;;" in gate
     plain = sbatch_script(parse_config(CONFIG.format(run=tmp_path / "run").replace("gate: true", "gate: false")))
     assert health_gate.GATE not in plain
@@ -257,3 +269,45 @@ def test_the_config_limits_reach_the_checks_unchanged(tmp_path: Path) -> None:
     limits: dict[str, Any] = cfg.health.limits()
     assert Limits.from_dict(limits) == Limits(min_free_shm_gib=0.5)
     assert set(limits) == set(Limits.__dataclass_fields__)
+
+
+SRUN_SAID = """\
+srun: error: alpsck-n2: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=12.0
+slurmstepd: error: *** STEP 12.0 ON alpsck-n1 CANCELLED AT 2026-11-30T01:00:00 ***
+srun: error: alpsck-n1: task 0: Terminated
+"""
+
+
+@pytest.mark.parametrize(("said", "found"), [
+    (SRUN_SAID, ("alpsck-n2", 1, "Killed")),
+    ("srun: error: n3: tasks 4-7: Exited with exit code 7\n", ("n3", 4, "Exited with exit code 7")),
+    ("srun: error: Node failure on n2\nsrun: error: n1: task 0: Terminated\n", ("n2", None, "node failure")),
+    ("srun: error: n1: task 0: Terminated\nsrun: error: n2: task 1: Terminated\n", None),  # a cancel, a time limit
+    ("", None),
+])
+def test_srun_says_where_a_step_failed_first(said: str, found: object) -> None:
+    assert trace.culprit(said) == found
+
+
+def test_a_node_the_steps_fail_on_first_twice_is_cordoned(tmp_path: Path) -> None:
+    log = tmp_path / "srun.err"
+    log.write_text(SRUN_SAID)
+    trace.trace(str(tmp_path), "77", 0, str(log), 2)  # the first attempt has no step before it
+    assert history.read(tmp_path) == []
+    trace.trace(str(tmp_path), "77", 1, str(log), 2)
+    [t] = [e for e in history.read(tmp_path) if e["event"] == "traced"]
+    assert (t["attempt"], t["node"], t["task"], t["message"]) == (0, "alpsck-n2", 1, "Killed")
+    assert not [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
+    trace.trace(str(tmp_path), "77", 2, str(log), 2)
+    [c] = [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
+    assert (c["node"], c["checks"], c["attempt"]) == ("alpsck-n2", "failures", 2)
+    assert c["reason"] == ("the job step failed first on it 2 times (job 77 attempt 0: task 1: Killed; job 77 "
+                           "attempt 1: task 1: Killed)")
+    trace.trace(str(tmp_path), "77", 3, str(log), 2)  # cordoned once
+    assert len([e for e in history.read(tmp_path) if e["event"] == "cordoned"]) == 1
+    never = tmp_path / "never"
+    never.mkdir()
+    for attempt in (1, 2, 3):
+        trace.trace(str(never), "78", attempt, str(log), 0)  # 0: traced, never cordoned
+    assert [e["event"] for e in history.read(never)] == ["traced"] * 3

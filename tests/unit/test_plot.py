@@ -108,6 +108,23 @@ def test_restores_from_memory_and_a_replica_are_drawn_at_the_step_they_read(tmp_
     _check_png(plot.plot_run(run, tmp_path / "t.png"))
 
 
+def test_a_cordoned_node_is_marked_on_the_start_it_was_cordoned_before(tmp_path: Path) -> None:
+    from alpsck.slurm import timeline
+
+    run = _write(tmp_path / "run",
+                 (0, "started", {"job_id": "9", "restart": 0}),
+                 (100, "crashed", {"job_id": "9", "attempt": 0, "exit_code": 137, "signal": "SIGKILL"}),
+                 (105, "traced", {"job_id": "9", "attempt": 0, "node": "n2", "task": 1, "message": "Killed"}),
+                 (106, "cordoned", {"job_id": "9", "node": "n2", "checks": "failures", "reason": "failed first"}),
+                 (110, "started", {"job_id": "9", "restart": 0, "attempt": 1}),
+                 (300, "finished", {"job_id": "9", "step": 80}))
+    _losses(run, range(1, 81))
+    tl = timeline.read(run)
+    assert ("cordoned", T0 + 106) in tl.markers(plot.MARKERS)
+    assert plot.MARKERS["cordoned"][2] == "node cordoned (health gate)"
+    _check_png(plot.plot_run(run, tmp_path / "t.png"))
+
+
 def test_a_run_still_going_without_a_loss_file_is_drawn_up_to_now(tmp_path: Path) -> None:
     import time
 
