@@ -70,7 +70,8 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "health.timeout_s": (1, 3600), "health.max_fsync_s": (0.001, 3600),
     "health.min_free_memory_gib": (0, 1 << 20), "health.min_free_shm_gib": (0, 1 << 20),
     "health.max_gpu_temperature_c": (0, 200), "health.max_gpu_memory_used": (0, 1),
-    "health.cordon_after_failures": (0, 1000),
+    "health.cordon_after_failures": (0, 1000), "health.min_link_gbps": (0, 100_000),
+    "health.link_probe_mib": (1, 4096),
 }
 # The engine's options a job config may set (checkpoint.<option>): their type, default, limits and meaning come
 # from alpsck.options' table (and the option table of docs/config.md), their values go to the Checkpointer as given.
@@ -173,6 +174,8 @@ class HealthConfig(Limits):
     gate: bool = False
     timeout_s: float = 60.0  # a node whose probe has not answered by then fails the gate
     cordon_after_failures: int = 2  # a node the run's job steps failed on first this many times is cordoned (0: never)
+    min_link_gbps: float = 0.0  # the links between the nodes timed (alpsck.node_health.links); 0: not probed
+    link_probe_mib: int = 64
 
     def limits(self) -> dict[str, Any]:
         """The thresholds, as :meth:`alpsck.node_health.checks.Limits.from_dict` takes them."""
@@ -215,7 +218,8 @@ _TYPES: dict[str, dict[str, str]] = {
                 "hang_timeout_s": "float", "hang_timeout": "str", "hang_timeout_min_s": "float"},
     "health": {"gate": "bool", "timeout_s": "float", "max_fsync_s": "float", "min_free_memory_gib": "float",
                "min_free_shm_gib": "float", "max_gpu_temperature_c": "float", "max_gpu_memory_used": "float",
-               "gpu_kernel": "bool", "cordon_after_failures": "int"},
+               "gpu_kernel": "bool", "cordon_after_failures": "int", "min_link_gbps": "float",
+               "link_probe_mib": "int"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 

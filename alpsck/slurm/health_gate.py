@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SlurmError
+from ..node_health.links import CODE as LINKS_CODE
+from ..node_health.links import slow_nodes
 from ..node_health.probe import CODE as PROBE_CODE
 from . import commands, history, timeline, trace
 from .config import JobConfig
@@ -124,6 +126,35 @@ def probe_nodes(nodes: list[str], run_dir: str, limits: dict[str, Any], python: 
     return {n: got.get(n) or Answer(n, [], silent.get(n, said)) for n in nodes}
 
 
+def probe_links(answers: dict[str, Answer], python: list[str], min_gbps: float, mib: int, timeout_s: float) -> None:
+    """The links between the nodes whose checks passed, timed (:mod:`alpsck.node_health.links`, one step, one task
+    per node) when ``min_gbps`` > 0 and there are three or more: each of them gets a ``links`` check, failed for a
+    node both of whose links in the ring run slower. No verdict when some node gives no rate (a warning)."""
+    healthy = [n for n, a in answers.items() if a.ok]
+    if min_gbps <= 0 or len(healthy) < 3:
+        return
+    args = [f"--nodelist={','.join(healthy)}", f"--nodes={len(healthy)}", f"--ntasks={len(healthy)}",
+            "--ntasks-per-node=1", "--cpus-per-task=1", "--overlap", "--kill-on-bad-exit=1", "--job-name=alpsck-links",
+            *python, "-c", LINKS_CODE, healthy[0], str(int(mib)), f"{timeout_s:g}"]
+    code, stdout, stderr = commands.srun_gather(args, timeout_s + 30)
+    rates: dict[int, tuple[str, float]] = {}
+    for line in stdout.splitlines():
+        try:
+            doc = json.loads(line)
+            rates[int(doc["rank"])] = (str(doc["node"]), float(doc["gbps"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    ring = [rates[r] for r in sorted(rates)]
+    if sorted(n for n, _ in ring) != sorted(healthy):
+        print(f"alpsck: health gate: the link probe gave no rate for every node (srun exit {code}: "
+              f"{' '.join(stderr.split())[-300:]}); no node is judged by its links", file=sys.stderr, flush=True)
+        return
+    blamed = slow_nodes(ring, min_gbps)
+    for i, (node, gbps) in enumerate(ring):
+        detail = blamed.get(node) or f"{gbps:.3g} Gbit/s in from {ring[i - 1][0]} (min_link_gbps {min_gbps:g})"
+        answers[node].checks.append({"name": "links", "ok": node not in blamed, "detail": detail})
+
+
 def _keep_out(job_id: str, nodes: set[str]) -> str | None:
     """The job's record excludes ``nodes`` from its next allocations, besides what it excluded already (the user's
     ``--exclude``); why not, or None."""
@@ -207,6 +238,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--attempt", type=int, default=0)
     p.add_argument("--srun-log", default="", help="srun's messages of the step before (alpsck.slurm.trace)")
     p.add_argument("--cordon-after", type=int, default=0)
+    p.add_argument("--min-link-gbps", type=float, default=0.0)
+    p.add_argument("--link-mib", type=int, default=64)
     a = p.parse_args(argv)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     trace.trace(a.run_dir, job_id, a.attempt, a.srun_log, a.cordon_after)
@@ -214,7 +247,9 @@ def main(argv: list[str]) -> int:
     limits = json.loads(a.limits)
 
     def answers_of(nodes: list[str]) -> dict[str, Answer]:
-        return probe_nodes(nodes, a.run_dir, limits, shlex.split(a.python), a.timeout)
+        answers = probe_nodes(nodes, a.run_dir, limits, shlex.split(a.python), a.timeout)
+        probe_links(answers, shlex.split(a.python), a.min_link_gbps, a.link_mib, a.timeout)
+        return answers
 
     code, exclude = decide(a.run_dir, job_id, a.attempt, allocation, {n for n in a.exclude.split(",") if n},
                            a.need, a.allocated, os.environ.get("SLURM_JOB_PARTITION", ""), answers_of)
@@ -233,7 +268,8 @@ def batch_lines(cfg: JobConfig, python: str, allocated: int) -> list[str]:
     h = cfg.health
     words = [CODE, str(Path(cfg.run_dir)), f"--need={int(cfg.slurm.nodes)}", f"--allocated={int(allocated)}",
              f"--limits={json.dumps(h.limits(), sort_keys=True)}", f"--timeout={float(h.timeout_s):g}",
-             f"--python={python}", f"--cordon-after={int(h.cordon_after_failures)}"]
+             f"--python={python}", f"--cordon-after={int(h.cordon_after_failures)}",
+             f"--min-link-gbps={float(h.min_link_gbps):g}", f"--link-mib={int(h.link_probe_mib)}"]
     return [
         "# health.gate: the nodes are checked before every start of the job step; a failing node is cordoned, and so",
         "# is one the steps failed on first cordon_after_failures times (srun's messages of each step kept here)",

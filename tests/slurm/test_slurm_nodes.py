@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.slurm_helpers import clean_losses, events, job_config, submit, wait_done, wait_for
@@ -334,14 +335,30 @@ def main(job):
 '''
 
 
-def _where_config(tmp_path: Path, name: str, run: Path, slurm_extra: str) -> tuple[Path, Path]:
-    """A job config of 20 steps gated by the health gate, whose ranks mark where they ran (:data:`_WHERE`)."""
+def _where_config(tmp_path: Path, name: str, run: Path, slurm_extra: str, health: str = "") -> tuple[Path, Path]:
+    """A job config of 20 steps gated by the health gate (and ``health``'s keys), whose ranks mark where they ran
+    (:data:`_WHERE`)."""
     marks, conf = tmp_path / f"{name}-marks", tmp_path / f"{name}-conf"
     marks.mkdir()
     conf.mkdir()
     (conf / "where.py").write_text(_WHERE.format(marks=str(marks)))
     return job_config(conf / "job.yaml", run, steps=20, time="10", every=10, tasks=1, entry="where:main",
-                      slurm_extra=slurm_extra, health="gate: true"), marks
+                      slurm_extra=slurm_extra, health="gate: true\n" + health), marks
+
+
+def _beside_a_bad_node(tmp_path: Path, bad: Any, good: Any, health: str = "") -> tuple[str, Path, Path]:
+    """A job of two nodes and a spare, gated, submitted while ``bad(run_dir)`` holds and undone by ``good(run_dir)``
+    once it finished: its id, run directory and the directory of its ranks' marks."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg, marks = _where_config(tmp_path, "spare", run, "nodes: 2\nspare_nodes: 1", health)
+    bad(run)
+    try:
+        job = submit(cfg)
+        assert wait_done(run, job, 300) == "finished", events(run)
+    finally:
+        good(run)
+    return job, run, marks
 
 
 def _job_field(job: str, name: str) -> str:
@@ -358,15 +375,8 @@ def test_a_node_that_fails_the_health_gate_is_cordoned_and_never_runs_a_step_of_
     runs on nodes 1 and 3, no step of the training ever runs on node 2, and ``status`` says why."""
     monkeypatch.setenv("SLURM_CONF", CONF)
     _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg, marks = _where_config(tmp_path, "spare", run, "nodes: 2\nspare_nodes: 1")
-    _read_only_in("alpsck-n2", run)
-    try:
-        job = submit(cfg)
-        assert wait_done(run, job, 300) == "finished", events(run)
-    finally:
-        _writable_in("alpsck-n2", run)
+    job, run, marks = _beside_a_bad_node(tmp_path, lambda run: _read_only_in("alpsck-n2", run),
+                                         lambda run: _writable_in("alpsck-n2", run))
     [c] = events(run, "cordoned")
     assert (c["node"], c["checks"], c["job_id"]) == ("alpsck-n2", "run_dir", job), c
     assert "Read-only file system" in c["reason"], c
@@ -463,3 +473,32 @@ def test_a_node_the_job_step_fails_on_first_twice_is_cordoned_and_the_restart_ta
     assert not events(run, "requeued") and all(e["job_id"] == job for e in events(run)), events(run)
     doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
     assert [x["node"] for x in doc["cordoned"]] == ["alpsck-n2"], doc["cordoned"]
+
+
+def _slow_link(node: str, rate: str | None) -> None:
+    """``node``'s link to the bridge limited to ``rate`` both ways (a token bucket on each end of its veth pair:
+    this kernel has no netem), or unlimited again (None)."""
+    veth = "ack-" + node.removeprefix("alpsck-")  # start_nodes.sh's name for the bridge's end
+    for cmd in (["tc", "qdisc", "del", "dev", veth, "root"], ["ip", "netns", "exec", node, "tc", "qdisc", "del", "dev",
+                                                               "eth0", "root"]):
+        subprocess.run(cmd, capture_output=True, timeout=30)
+    if rate is not None:
+        tbf = ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "200ms"]
+        _sh("tc", "qdisc", "add", "dev", veth, *tbf)
+        _sh("ip", "netns", "exec", node, "tc", "qdisc", "add", "dev", "eth0", *tbf)
+
+
+def test_a_node_whose_links_are_slow_is_cordoned_by_the_link_probe(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55's gate, its collective part: node 2's link limited to 200 Mbit/s both ways (the others run at
+    5-9 Gbit/s here), ``min_link_gbps: 1``: the link probe's ring finds both of node 2's links slow, node 2 is
+    cordoned (``links``) and the job runs on nodes 1 and 3."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
+    job, run, marks = _beside_a_bad_node(tmp_path, lambda _: _slow_link("alpsck-n2", "200mbit"),
+                                         lambda _: _slow_link("alpsck-n2", None), "min_link_gbps: 1\nlink_probe_mib: 8")
+    [c] = events(run, "cordoned")
+    assert (c["node"], c["checks"]) == ("alpsck-n2", "links"), c
+    assert re.fullmatch(r"links: its links run below min_link_gbps 1: 0\.\d+ Gbit/s in from alpsck-n1, 0\.\d+ Gbit/s "
+                        r"out to alpsck-n3", c["reason"]), c
+    assert sorted(p.name for p in marks.iterdir()) == [f"{job}-0-rank0-alpsck-n1", f"{job}-0-rank1-alpsck-n3"]

@@ -311,3 +311,54 @@ def test_a_node_the_steps_fail_on_first_twice_is_cordoned(tmp_path: Path) -> Non
     for attempt in (1, 2, 3):
         trace.trace(str(never), "78", attempt, str(log), 0)  # 0: traced, never cordoned
     assert [e["event"] for e in history.read(never)] == ["traced"] * 3
+
+
+def test_a_node_both_of_whose_links_are_slow_is_blamed_and_two_nodes_never_are() -> None:
+    from alpsck.node_health.links import slow_nodes
+
+    ring = [("n1", 90.0), ("n2", 0.5), ("n3", 0.4), ("n4", 80.0)]  # n1->n2 slow, n2->n3 slow
+    assert slow_nodes(ring, 10) == {"n2": "its links run below min_link_gbps 10: 0.5 Gbit/s in from n1, 0.4 Gbit/s "
+                                          "out to n3"}
+    assert slow_nodes([("n1", 90.0), ("n2", 0.5), ("n3", 80.0)], 10) == {}  # one slow link: whose is not known
+    assert slow_nodes([("n1", 0.5), ("n2", 0.5)], 10) == {}  # two nodes share both links
+    assert slow_nodes([("n1", 0.5), ("n2", 0.5), ("n3", 0.5)], 10).keys() == {"n1", "n2", "n3"}
+
+
+def test_the_link_probe_passes_a_buffer_round_a_ring_of_real_gloo_ranks(tmp_path: Path) -> None:
+    from alpsck.node_health.links import CODE
+
+    procs = []
+    for rank in range(3):
+        env = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "3", "SLURM_JOB_ID": str(os.getpid()),
+               "SLURM_STEP_ID": "0", "SLURMD_NODENAME": f"n{rank + 1}"}
+        procs.append(subprocess.Popen([sys.executable, "-c", CODE, "127.0.0.1", "4", "60"], env=env, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    docs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        docs.append(json.loads(out))
+    assert [(d["node"], d["rank"]) for d in docs] == [("n1", 0), ("n2", 1), ("n3", 2)]
+    assert all(d["gbps"] > 0 and d["seconds"] > 0 for d in docs), docs
+
+
+def test_the_gate_judges_the_links_of_the_nodes_whose_checks_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[list[str]] = []
+
+    def srun(args: list[str], timeout: float) -> tuple[int, str, str]:
+        asked.append(args)
+        rates = {"n1": 90.0, "n2": 0.5, "n4": 0.4, "n5": 80.0}
+        lines = [json.dumps({"node": n, "rank": r, "gbps": g}) for r, (n, g) in enumerate(rates.items())]
+        return 0, "\n".join(lines) + "\n", ""
+
+    monkeypatch.setattr(health_gate.commands, "srun_gather", srun)
+    answers = {n: (_bad(n) if n == "n3" else _ok(n)) for n in ("n1", "n2", "n3", "n4", "n5")}
+    health_gate.probe_links(answers, ["python3"], 10.0, 8, 30.0)
+    [args] = asked
+    assert "--nodelist=n1,n2,n4,n5" in args and args[-3:] == ["n1", "8", "30"]  # n3 failed its checks: not probed
+    assert [c["name"] for c in answers["n3"].checks] == ["run_dir", "shm"]
+    assert not answers["n2"].ok and answers["n2"].reason() == ("links: its links run below min_link_gbps 10: 0.5 "
+                                                                "Gbit/s in from n1, 0.4 Gbit/s out to n4")
+    assert answers["n1"].ok and answers["n1"].checks[-1]["detail"] == "90 Gbit/s in from n5 (min_link_gbps 10)"
+    health_gate.probe_links(answers, ["python3"], 0.0, 8, 30.0)  # off
+    assert len(asked) == 1
