@@ -200,7 +200,8 @@ def local_unused(cfg: JobConfig) -> list[str]:
     return [f"environment.{key} ({value}) is not used by the local executor: the job runs on this machine, "
             f"outside {what}"
             for key, value, what in (("container", env.container, "the container"), ("uenv", env.uenv, "the uenv"))
-            if value]
+            if value] + (["health.gate is not used by the local executor: there are no nodes to check (alpsck doctor "
+                          "--nodes checks this one)"] if cfg.health.gate else [])
 
 
 # Run by ``check_entry`` in the job's environment: argv = [module, function, *user paths].

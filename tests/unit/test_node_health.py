@@ -362,3 +362,12 @@ def test_the_gate_judges_the_links_of_the_nodes_whose_checks_passed(monkeypatch:
     assert answers["n1"].ok and answers["n1"].checks[-1]["detail"] == "90 Gbit/s in from n5 (min_link_gbps 10)"
     health_gate.probe_links(answers, ["python3"], 0.0, 8, 30.0)  # off
     assert len(asked) == 1
+
+
+def test_submitting_a_gated_job_to_the_local_executor_says_the_gate_does_not_run_there(tmp_path: Path) -> None:
+    from alpsck.slurm.submit import local_unused
+
+    cfg = parse_config(CONFIG.format(run=tmp_path / "run"))
+    assert local_unused(cfg) == ["health.gate is not used by the local executor: there are no nodes to check "
+                                 "(alpsck doctor --nodes checks this one)"]
+    assert local_unused(parse_config(CONFIG.format(run=tmp_path / "run").replace("gate: true", "gate: false"))) == []
