@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import signal
@@ -42,6 +43,7 @@ from ..node_health.probe import CODE as PROBE_CODE
 from . import commands, history, timeline, trace
 from .config import JobConfig
 from .history import Cordoned, GaveUp, Requeued
+from .spare_nodes import EXCLUDE
 
 GATE = "alpsck_health_gate"  # the batch script's function: sets spare_nodes.EXCLUDE, or ends the script
 CODE = "import sys; del sys.path[0]; from alpsck.slurm.health_gate import main; sys.exit(main(sys.argv[1:]))"
@@ -225,8 +227,6 @@ def decide(run_dir: str, job_id: str, attempt: int, allocation: list[str], exclu
 def main(argv: list[str]) -> int:
     """The batch script's gate (module docstring): prints the nodes to exclude, comma-separated; exit 0 (run
     the step), :data:`REQUEUED_EXIT` or :data:`GIVE_UP_EXIT`."""
-    import os
-
     p = argparse.ArgumentParser(prog="alpsck-health-gate")
     p.add_argument("run_dir")
     p.add_argument("--need", type=int, required=True)
@@ -261,8 +261,6 @@ def batch_lines(cfg: JobConfig, python: str, allocated: int) -> list[str]:
     """The batch script's :data:`GATE` function (``python``: the job's interpreter, shell words): runs
     :func:`main` with the config's numbers, sets ``EXCLUDE`` from its answer, and ends the script when it
     requeued the job or gave up. A gate that fails by itself lets the step start, with a warning."""
-    from .spare_nodes import EXCLUDE
-
     if not cfg.health.gate:
         return []
     h = cfg.health
