@@ -28,7 +28,9 @@ next start's first step (or to what of it was recorded), and its parts: ``detect
 time without progress before it was called one), ``teardown_s`` (the end → the job step's end),
 ``start_s`` (→ the next ``started``: srun, the interpreter, imports; in the allocation) or
 ``queue_s`` (a requeue's wait), ``setup_s``, ``restore_s`` and ``first_step_s``; and ``lost_s``
-(with ``lost_steps``, from the step time, where known).
+(with ``lost_steps``, from the step time, where known); ``node``: where the start before failed first, when the
+health gate traced it (:mod:`alpsck.slurm.trace`). ``bad_nodes`` sums, per such node, what its failures cost: the
+work they lost and their restarts' time to the next first step.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from .history import Traced
 from .timeline import CANCELLED, FINISHED, GAVE_UP, Start, Timeline, _num, _opt, as_timeline
 
 TIER_NAMES = {"memory": "memory", "replica": "a replica", "run_dir": "the run directory"}  # Checkpointer.restored_tier
@@ -68,6 +71,7 @@ def goodput(events: Timeline | list[dict[str, Any]], now: float | None = None) -
                   if s.times is not None and _num(s.times.polls) > 1 and _num(s.times.step_s) > 0]
     step_s = statistics.median(step_times) if step_times else None
     restarts: list[dict[str, Any]] = []
+    traced = {(e.job_id, e.attempt): e.node for e in tl.of_kind(Traced) if e.node}
     t_first = runs[0].t0
     t_last = tl.end_time(now)
     for k, s in enumerate(runs):
@@ -95,6 +99,8 @@ def goodput(events: Timeline | list[dict[str, Any]], now: float | None = None) -
         in_alloc = nxt.attempt > 0
         parts["restart_gap" if in_alloc else "queue"] += gap
         restarts.append(_restart(s, nxt, gap, in_alloc, lost, step_s))
+        if (s.job_id, s.attempt) in traced:
+            restarts[-1]["node"] = traced[(s.job_id, s.attempt)]
     if runs[-1].outcome == "unknown" and t_last > runs[-1].end:  # requeued or resubmitted, not started again yet
         parts["queue"] += t_last - runs[-1].end
     wall = max(0.0, t_last - t_first)
@@ -103,7 +109,18 @@ def goodput(events: Timeline | list[dict[str, Any]], now: float | None = None) -
         parts = {k: v * wall / total for k, v in parts.items()} if total else parts
     return {"wall_s": round(wall, 3), "ettr": round(parts["training"] / wall, 4) if wall > 0 else None,
             **{f"{k}_s": round(v, 3) for k, v in parts.items()}, "restarts": restarts,
-            "starts": [s.as_dict() for s in runs]}
+            "bad_nodes": _bad_nodes(restarts), "starts": [s.as_dict() for s in runs]}
+
+
+def _bad_nodes(restarts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per node the restarts were traced to: how many, and what they cost (work lost and time to the next first
+    step), the costliest first."""
+    cost: dict[str, list[float]] = {}
+    for r in restarts:
+        if r.get("node"):
+            cost.setdefault(r["node"], []).append(r["lost_s"] + r["restart_s"])
+    return sorted(({"node": n, "failures": len(c), "cost_s": round(sum(c), 3)} for n, c in cost.items()),
+                  key=lambda b: -b["cost_s"])
 
 
 def _restart(s: Start, nxt: Start, gap: float, in_alloc: bool, lost: float, step_s: float | None) -> dict[str, Any]:
@@ -161,4 +178,6 @@ def line(g: dict[str, Any]) -> str:
             f"{dur(g['final_s'])}, queue {dur(g['queue_s'])}, restarts in the allocation {dur(g['restart_gap_s'])}, "
             f"unaccounted {dur(g['unaccounted_s'])}); restarts: {restarts}"
             + (f" (the slowest in the allocation: {slowest:.1f} s to its first step)" if slowest is not None else "")
-            + (f"; restored from {read}" if read else ""))
+            + (f"; restored from {read}" if read else "")
+            + ("; failures by node: " + ", ".join(f"{b['node']} {b['failures']} ({dur(b['cost_s'])})"
+                                                for b in g.get("bad_nodes", [])) if g.get("bad_nodes") else ""))

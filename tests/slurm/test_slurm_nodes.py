@@ -473,6 +473,9 @@ def test_a_node_the_job_step_fails_on_first_twice_is_cordoned_and_the_restart_ta
     assert not events(run, "requeued") and all(e["job_id"] == job for e in events(run)), events(run)
     doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
     assert [x["node"] for x in doc["cordoned"]] == ["alpsck-n2"], doc["cordoned"]
+    [bad] = doc["goodput"]["bad_nodes"]  # what node 2's two failures cost
+    assert (bad["node"], bad["failures"]) == ("alpsck-n2", 2) and bad["cost_s"] > 0, doc["goodput"]
+    assert [r.get("node") for r in doc["goodput"]["restarts"]] == ["alpsck-n2", "alpsck-n2"], doc["goodput"]
 
 
 def _slow_link(node: str, rate: str | None) -> None:

@@ -137,3 +137,25 @@ def test_each_restart_names_the_tier_its_restore_read_and_status_counts_them() -
     assert [r["lost_s"] for r in g["restarts"]] == [2.0, 0.0]
     assert goodput.line(g).endswith("restarts: 2 crashed (the slowest in the allocation: 6.0 s to its first step); "
                                     "restored from memory 1, a replica 1")
+
+
+def test_what_each_bad_node_cost_is_summed_from_the_restarts_traced_to_it() -> None:
+    """Two starts killed on node n2 (the health gate traced both there, then cordoned it), the third finishes."""
+    events = [_ev(0, "started", restart=0, backend="slurm"),
+              _ev(40, "crashed", attempt=0, exit_code=137, time_of_end=39.0, signal="SIGKILL"),
+              _ev(40.5, "traced", attempt=0, node="n2", task=1, message="Killed"),
+              _ev(41, "started", restart=0, attempt=1, down_s=1.0, backend="slurm", step=30, step_taken_at=30.0),
+              _ev(80, "crashed", attempt=1, exit_code=137, time_of_end=79.0, signal="SIGKILL"),
+              _ev(80.5, "traced", attempt=1, node="n2", task=1, message="Killed"),
+              _ev(80.6, "cordoned", node="n2", checks="failures", reason="failed first on it 2 times"),
+              _ev(82, "started", restart=0, attempt=2, down_s=1.0, backend="slurm", step=70, step_taken_at=75.0),
+              _times(120, start=4.0, step=30.0),
+              _ev(120, "finished", step=90)]
+    g = goodput.goodput(events, now=120)
+    assert g is not None and [r["node"] for r in g["restarts"]] == ["n2", "n2"]
+    [bad] = g["bad_nodes"]
+    assert bad == {"node": "n2", "failures": 2,
+                   "cost_s": round(sum(r["lost_s"] + r["restart_s"] for r in g["restarts"]), 3)}
+    assert bad["cost_s"] > 0 and goodput.line(g).endswith(f"; failures by node: n2 2 ({goodput.duration(bad['cost_s'])})")
+    untraced = goodput.goodput([e for e in events if e["event"] != "traced"], now=120)
+    assert untraced is not None and untraced["bad_nodes"] == [] and "failures by node" not in goodput.line(untraced)
