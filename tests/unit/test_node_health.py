@@ -371,3 +371,21 @@ def test_submitting_a_gated_job_to_the_local_executor_says_the_gate_does_not_run
     assert local_unused(cfg) == ["health.gate is not used by the local executor: there are no nodes to check "
                                  "(alpsck doctor --nodes checks this one)"]
     assert local_unused(parse_config(CONFIG.format(run=tmp_path / "run").replace("gate: true", "gate: false"))) == []
+
+
+def test_doctor_nodes_prints_a_line_per_check_and_fails_with_a_failing_node(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # outside an allocation: this node
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "alpsck", "doctor", "--nodes", *args], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=tmp_path)
+
+    ok = doctor(str(tmp_path))
+    assert ok.returncode == 0, ok.stderr
+    lines = ok.stdout.splitlines()
+    assert [ln.split(": ")[1] for ln in lines][:3] == ["run_dir", "memory", "shm"]
+    assert all(ln.startswith("node ") and ": ok: " in ln for ln in lines), lines
+    bad = doctor(str(tmp_path / "gone"), "--json")
+    assert bad.returncode == 1
+    [(node, found)] = json.loads(bad.stdout).items()
+    assert found[0]["name"] == "run_dir" and not found[0]["ok"] and "No such file or directory" in found[0]["detail"]
