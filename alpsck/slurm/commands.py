@@ -97,12 +97,18 @@ def _last_words(stdout: str, stderr: str, code: int) -> str:
 
 def once(argv: Sequence[str], timeout: float = VERSION_TIMEOUT_S) -> tuple[int, str, str]:
     """One try of a command, never raising: its exit code (-1: no answer within ``timeout``; -2: it cannot
-    run at all), stdout and stderr (then the reason). For probes that report how a command fails (doctor)."""
+    run at all), stdout and stderr (then the reason, as stderr's last line; after a timeout, what it printed
+    before). For probes that report how a command fails (doctor, the health gate's srun)."""
+    def text(x: str | bytes | None) -> str:
+        return x.decode(errors="backslashreplace") if isinstance(x, bytes) else (x or "")
+
     try:
         r = subprocess.run(list(argv), capture_output=True, text=True, errors="backslashreplace", timeout=timeout,
                            stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        return -1, "", f"{argv[0]} did not answer within {timeout:.0f} s"
+    except subprocess.TimeoutExpired as e:
+        before = text(e.stderr).rstrip("\n")
+        reason = f"{argv[0]} did not answer within {timeout:.0f} s"
+        return -1, text(e.stdout), f"{before}\n{reason}" if before else reason
     except OSError as e:
         return -2, "", f"{argv[0]}: {e.strerror or e}"
     return r.returncode, r.stdout, r.stderr
@@ -231,17 +237,7 @@ def partition_nodes(partition: str, budget: float = 10.0) -> list[str]:
 
 
 def srun_gather(args: Sequence[str], timeout: float) -> tuple[int, str, str]:
-    """``srun ARGS`` run once to gather what its tasks print (the health gate's probe): its exit code, stdout and
-    stderr, what the tasks printed before ``timeout`` too when srun is then killed (exit -1); -2 when srun cannot
-    run. Not retried: a task that does not answer is the finding."""
-    def text(x: str | bytes | None) -> str:
-        return x.decode(errors="backslashreplace") if isinstance(x, bytes) else (x or "")
-
-    try:
-        r = subprocess.run(["srun", *args], capture_output=True, text=True, errors="backslashreplace",
-                           timeout=timeout, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired as e:
-        return -1, text(e.stdout), text(e.stderr) + f"\nsrun did not end within {timeout:.0f} s"
-    except OSError as e:
-        return -2, "", f"srun: {e.strerror or e}"
-    return r.returncode, r.stdout, r.stderr
+    """``srun ARGS`` run once to gather what its tasks print (the health gate's probe): :func:`once`'s exit code,
+    stdout (what the tasks printed before ``timeout`` too, when srun is killed then) and stderr. Not retried: a
+    task that does not answer is the finding."""
+    return once(["srun", *args], timeout)

@@ -228,8 +228,8 @@ def check_scontrol() -> Check:
     from ..slurm import commands  # the one runner of SLURM's commands
 
     code, out, err = commands.once([exe, "--version"], COMMAND_TIMEOUT_S)
-    if code < 0:
-        return Check("scontrol", "warning", f"{exe} does not run ({err}): {need}")
+    if code < 0:  # the reason is stderr's last line (before it, what a command that hung had printed)
+        return Check("scontrol", "warning", f"{exe} does not run ({err.strip().splitlines()[-1]}): {need}")
     said = (out.strip() or err.strip()).splitlines()
     if code != 0:
         return Check("scontrol", "warning", f"{exe} does not run (`scontrol --version` exit {code}"
