@@ -34,6 +34,14 @@ PREVIOUS_EXIT_ENV = "ALPSCK_PREVIOUS_EXIT"
 PREVIOUS_END_ENV = "ALPSCK_PREVIOUS_END"
 
 
+def rendezvous_port(*key: object) -> int:
+    """A TCP port for a group of a job's tasks to meet on, the same on every task and drawn from ``key`` (the job's
+    id and the start's attempt: a new one for each, so that new tasks never meet an old store still closing)."""
+    import random
+
+    return random.Random("/".join(map(str, key))).randint(20000, 60000)
+
+
 def _float(v: str | None) -> float | None:
     try:
         f = float(v) if v else None

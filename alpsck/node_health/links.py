@@ -9,23 +9,16 @@ travels; NCCL's links between GPUs are not probed here yet.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
 from datetime import timedelta
 
+from ..job_env import JobEnv, rendezvous_port
 from .checks import node_name
 
 CODE = "import sys; del sys.path[0]; from alpsck.node_health.links import main; sys.exit(main(sys.argv[1:]))"
 ROUNDS = 3
-
-
-def port(job_id: str, step_id: str) -> int:
-    """The rendezvous port of one probe step (the job's and step's ids: a new one for every step)."""
-    import zlib
-
-    return 20000 + zlib.crc32(f"alpsck-links/{job_id}/{step_id}".encode()) % 40000
 
 
 def main(argv: list[str]) -> int:
@@ -34,11 +27,12 @@ def main(argv: list[str]) -> int:
         print("usage: links MASTER MIB TIMEOUT_S", file=sys.stderr)
         return 2
     master, mib, timeout_s = argv[0], int(argv[1]), float(argv[2])
-    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    job = JobEnv.detect()  # one task per node of the probe's step; each gate (each attempt) meets on a new port
+    rank, world = job.rank, job.world_size
     import torch
     import torch.distributed as dist
 
-    at = port(os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURM_STEP_ID", ""))
+    at = rendezvous_port("alpsck-links", job.slurm_job_id, job.attempt)
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{at}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     try:

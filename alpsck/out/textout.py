@@ -12,6 +12,7 @@ string literal: ``\\x1b``, ``\\n``, ``\\u202e``, ``\\ud800``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
@@ -38,3 +39,8 @@ def printable(value: Any, limit: int = LIMIT) -> str:
     if not text.isprintable():
         text = "".join(map(_escape, text))
     return f"{text}... ({more} more characters)" if more > 0 else text
+
+
+def local_time(t: float) -> str:
+    """Unix seconds as the local time every listing prints them in: ``2026-11-28 04:21:52``."""
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import AlpsckError, UsageError
 from ..options import arg_int
 from ..out import jsonout
-from ..out.textout import printable
+from ..out.textout import local_time, printable
 from ..store.picker import metrics_text
 from ..store.storage import Storage, storage
 from . import commands, goodput, history, status, timeline, watch
@@ -187,7 +187,7 @@ def _print_status(s: dict[str, Any]) -> None:
     if s["goodput"]:
         print(f"  {goodput.line(s['goodput'])}")
     for c in s["cordoned"]:
-        print(f"  cordoned: {printable(c['node'], 80)} since {watch.stamp(c['since'] or 0.0)} (job "
+        print(f"  cordoned: {printable(c['node'], 80)} since {local_time(c['since'] or 0.0)} (job "
               f"{printable(c['job_id'] or '-', 40)}): {printable(c['reason'] or '-')}")
     if s["interval"] and all(type(s["interval"][k]) in (int, float) for k in ("seconds", "save_cost_s", "mtbf_s")):
         i = s["interval"]

@@ -30,7 +30,7 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,17 +82,21 @@ def hostnames(nodelist: str) -> list[str]:
     return list(_parse_node_list(nodelist)) if nodelist else []
 
 
-def parse_answers(stdout: str) -> dict[str, Answer]:
-    """The probe's JSON lines (anything else srun printed is skipped), by node."""
-    out: dict[str, Answer] = {}
+def _json_objects(stdout: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects among the lines the probes' tasks printed (anything else srun printed is skipped)."""
     for line in stdout.splitlines():
         try:
             doc = json.loads(line)
         except ValueError:
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("node"), str) and isinstance(doc.get("checks"), list):
-            out[doc["node"]] = Answer(doc["node"], [c for c in doc["checks"] if isinstance(c, dict)])
-    return out
+        if isinstance(doc, dict):
+            yield doc
+
+
+def parse_answers(stdout: str) -> dict[str, Answer]:
+    """The probe's JSON lines (anything else srun printed is skipped), by node."""
+    return {doc["node"]: Answer(doc["node"], [c for c in doc["checks"] if isinstance(c, dict)])
+            for doc in _json_objects(stdout) if isinstance(doc.get("node"), str) and isinstance(doc.get("checks"), list)}
 
 
 def _srun_probe(nodes: list[str], run_dir: str, limits: dict[str, Any], python: list[str], timeout_s: float,
@@ -140,9 +144,8 @@ def probe_links(answers: dict[str, Answer], python: list[str], min_gbps: float, 
             *python, "-c", LINKS_CODE, healthy[0], str(int(mib)), f"{timeout_s:g}"]
     code, stdout, stderr = commands.srun_gather(args, timeout_s + 30)
     rates: dict[int, tuple[str, float]] = {}
-    for line in stdout.splitlines():
+    for doc in _json_objects(stdout):
         try:
-            doc = json.loads(line)
             rates[int(doc["rank"])] = (str(doc["node"]), float(doc["gbps"]))
         except (ValueError, KeyError, TypeError):
             continue

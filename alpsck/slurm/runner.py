@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
-from ..job_env import JobEnv
+from ..job_env import JobEnv, rendezvous_port
 from ..progress import RESTORED_HOOKS, install_progress
 from ..store.picker import pick, taken_at_of
 from . import history, timeline
@@ -141,9 +141,7 @@ def _error_text(err: BaseException) -> str:
 def attempt_port(job_id: str, attempt: int) -> int:
     """The rendezvous port of an in-job restart: a new one for each attempt (submitit draws the first from
     the job id), so the new ranks never meet the store of the step that died (a socket still closing)."""
-    import random
-
-    return random.Random(f"{job_id}/{attempt}").randint(20000, 60000)
+    return rendezvous_port(job_id, attempt)
 
 
 def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:

@@ -9,7 +9,6 @@ controller process; SLURM's queue) and calls such a job ``failed``, with the end
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import IO, Any
 
 from .. import _core
 from ..errors import SlurmError, UsageError
-from ..out.textout import printable
+from ..out.textout import local_time, printable
 from ..store.durable import read_small_inside
 from . import commands, history, timeline
 from .history import Event
@@ -51,17 +50,12 @@ def log_tail(run_dir: str | os.PathLike[str], job_id: str, lines: int = 15) -> l
     return [printable(line) for line in data.decode(errors="replace").splitlines()[-lines:]]
 
 
-def stamp(t: float) -> str:
-    """A timeline line's time (local): ``2026-11-28 04:21:52``."""
-    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
-
-
 def describe(e: Event | dict[str, Any]) -> str:
     """One event (its record, or as :func:`history.normalise` leaves it) as a timeline line: time, event,
     its fields, escaped for the terminal."""
     rec = timeline.record_of(e) if isinstance(e, dict) else e
     extra = " ".join(f"{k}={printable(rec.get(k), 500)}" for k in _FIELDS if rec.get(k) is not None)
-    return f"{stamp(rec.time or 0.0)}  {printable(rec.kind, 40):<17} {extra}".rstrip()
+    return f"{local_time(rec.time or 0.0)}  {printable(rec.kind, 40):<17} {extra}".rstrip()
 
 
 def last_submission(events: Timeline | list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -231,7 +225,7 @@ class Follower:
             step = self.newest(self.run_dir)
             if step is not None and step != self.step:
                 when = latest[0] / 1e9 if latest is not None else time.time()  # LATEST's write: the commit
-                lines.append((when, f"{stamp(when)}  {'checkpoint':<17} step={step} (durable)"))
+                lines.append((when, f"{local_time(when)}  {'checkpoint':<17} step={step} (durable)"))
                 self.step = step
         log = history.read_log(self.run_dir, since=self.seen)
         lines += [(e.time or 0.0, describe(e)) for e in timeline.fold(log.events).records]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import re
 import sys
 import time
@@ -40,7 +39,7 @@ from ..errors import (
 )
 from ..options import DEFAULTS, arg_rank, arg_step
 from ..out import jsonout
-from ..out.textout import printable
+from ..out.textout import local_time, printable
 from ..store import memory_tier
 from ..store.lustre import describe_layout
 from ..store.picker import metrics_text, pick, pick_checkpoint
@@ -114,7 +113,7 @@ def memory_listing(run_dir: Path) -> dict[str, Any] | None:
 
 def _created(when: float | None) -> str:
     """A checkpoint's creation time as the listings show it (local time; "-" when unknown)."""
-    return dt.datetime.fromtimestamp(when).strftime("%Y-%m-%d %H:%M:%S") if when else "-"
+    return local_time(when) if when else "-"
 
 
 def _memory_lines(memory: dict[str, Any], picked: int | None) -> list[str]:
