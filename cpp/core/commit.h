@@ -32,6 +32,13 @@ struct ShardRecord {
   uint64_t data_bytes = 0;
   uint64_t extents = 0;
   bool direct_io = false;  // written with O_DIRECT
+  // Informational, for naming stragglers (docs/stragglers.md): the rank's host, when it arrived at the
+  // agreement (its shard sealed; unix seconds) and how long its own part of the save took (from its
+  // admission to the arrival: the copy, the writes and the seal, no wait for a free slot or a peer).
+  // Absent from a record (an older writer) they read as "", 0 and 0.
+  std::string node;
+  double arrived = 0;
+  double work_seconds = 0;
 };
 
 // A small file committed with the shards (e.g. the DCP backend's metadata, as JSON). The

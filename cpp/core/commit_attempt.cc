@@ -21,7 +21,8 @@ Status CommitAttempt::Arrive(const ShardRecord& record) {
 }
 
 Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extra, Clock::time_point since,
-                             double earlier_s, const std::string& spare, bool recycled, SaveNotes notes) {
+                             double earlier_s, const std::string& spare, bool recycled, SaveNotes notes,
+                             std::vector<ShardRecord>* records) {
   contributed_ = true;
   CommitRequest req;
   req.run_dir = at_.run_dir;
@@ -38,6 +39,7 @@ Status CommitAttempt::Commit(const ShardRecord* own, std::vector<ExtraFile> extr
     s = agreement_->Commit(req);
   }
   if (!s.ok()) return Fail(s);
+  if (records) *records = std::move(req.shards);
   // What is left of this step's earlier attempts: every rank's DONE record for this attempt
   // says it finished them, so nothing writes there any more.
   for (uint32_t a = 0; a < at_.attempt; ++a) {

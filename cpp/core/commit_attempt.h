@@ -56,9 +56,11 @@ class CommitAttempt {
   // (Fail, whose result it returns). The manifest's write_seconds: earlier_s plus the time since
   // `since`. spare: a free directory the verdict names for the ranks' next save to claim ("": none).
   // recycled: the attempt's directory is an expired checkpoint's (it still holds that manifest).
-  // notes: recorded with the checkpoint (CheckNotes'ed by the caller).
+  // notes: recorded with the checkpoint (CheckNotes'ed by the caller). records (if given): every rank's
+  // record, in rank order, once the step is committed.
   Status Commit(const ShardRecord* own, std::vector<ExtraFile> extra, std::chrono::steady_clock::time_point since,
-                double earlier_s = 0, const std::string& spare = "", bool recycled = false, SaveNotes notes = {});
+                double earlier_s = 0, const std::string& spare = "", bool recycled = false, SaveNotes notes = {},
+                std::vector<ShardRecord>* records = nullptr);
   // Every other rank: waits for the verdict (past the timeout it aborts the attempt itself); an
   // abort read is acknowledged. OK once the commit is durable.
   Status AwaitVerdict();

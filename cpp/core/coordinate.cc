@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -46,8 +48,30 @@ std::string EncodeShardRecord(uint32_t rank, const ShardRecord& r) {
   j.set("data_bytes", Json::UInt(r.data_bytes));
   j.set("extents", Json::UInt(r.extents));
   j.set("direct_io", Json::Bool(r.direct_io));
+  if (!r.node.empty()) j.set("node", Json::Str(r.node));
+  if (r.arrived > 0) j.set("arrived", Json::Double(r.arrived));
+  if (r.work_seconds > 0) j.set("work_seconds", Json::Double(r.work_seconds));
   return j.dump() + "\n";
 }
+
+namespace {
+
+// A host name as a record may carry it: 1-255 characters of letters, digits, '.', '-' and '_'.
+bool IsHostName(const std::string& s) {
+  if (s.empty() || s.size() > 255) return false;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') return false;
+  return true;
+}
+
+// A finite, non-negative number below 1e12 (a time in unix seconds, or a duration), else 0.
+double Informational(const Json* v) {
+  double d = 0;
+  if (!v || !v->get_double(&d) || !std::isfinite(d) || d < 0 || d >= 1e12) return 0;
+  return d;
+}
+
+}  // namespace
 
 Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* out) {
   Json j;
@@ -68,6 +92,11 @@ Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* ou
   const Json* io = j.find("direct_io");  // informational: absent or malformed reads as false
   out->direct_io = false;
   if (io) io->get_bool(&out->direct_io);
+  // The pace fields are informational too: a malformed one reads as absent.
+  const Json* node = j.find("node");
+  out->node = node && node->get_string() && IsHostName(*node->get_string()) ? *node->get_string() : "";
+  out->arrived = Informational(j.find("arrived"));
+  out->work_seconds = Informational(j.find("work_seconds"));
   return Status::Ok();
 }
 

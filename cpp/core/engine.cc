@@ -279,6 +279,7 @@ Status Engine::Save(const SaveRequest& req, std::shared_ptr<SaveHandle>* handle,
     in_flight_steps_.insert(step);
     job->attempt = attempts_[step]++;
   }
+  job->t_admitted = Clock::now();
   // A save that never started gives its in-flight slot back. An abort another rank decided is the
   // handle's to report (Save returns OK), whether this rank came after it or the attempt's
   // directory was renamed away while this one started: every rank but the one that failed hears

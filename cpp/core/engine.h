@@ -56,6 +56,7 @@
 #include "external_fill.h"
 #include "history.h"
 #include "kv_store.h"
+#include "platform.h"
 #include "run_dir_latest.h"
 #include "save.h"
 #include "spare_dirs.h"
@@ -136,6 +137,7 @@ class Engine {
   void Complete(std::unique_ptr<SaveJob> j, Status s, SaveResult r);
 
   EngineOptions opts_;
+  const std::string host_ = HostName();    // this rank's node, in its records (ShardRecord::node)
   const pid_t owner_pid_ = ::getpid();  // the process that opened it (Forked)
   Env* env_;
   std::unique_ptr<ConfinedRoot> confined_;  // from Init on: RUN_DIR is confined in env_

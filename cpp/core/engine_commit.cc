@@ -23,6 +23,10 @@ void Engine::Sealed(std::unique_ptr<SaveJob> j, Status s) {
   // The shard is durable. The coordinator (rank 0) has its own record at hand; every other rank,
   // and every rank of a deferred commit, says so with a DONE record.
   const bool coordinator = opts_.rank == 0 && j->commit == CommitMode::kAuto;
+  // This rank arrives at the agreement now: its pace goes with its record (commit.h).
+  j->record.node = host_;
+  j->record.arrived = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  j->record.work_seconds = Seconds(j->t_admitted, Clock::now());
   if (s.ok() && !coordinator) s = j->commit_attempt->Arrive(j->record);
   if (!s.ok()) {
     // (A failed DONE record may mean another rank aborted the attempt meanwhile: Fail reports
@@ -58,7 +62,7 @@ void Engine::CommitterLoop() {
     if (opts_.rank == 0) {
       // The verdict names the free directory the ranks' next save claims (none listing RUN_DIR).
       const std::string spare = spares_.Designate();
-      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled, j->notes);
+      s = j->commit_attempt->Commit(&j->record, {}, j->t0, 0, spare, j->recycled, j->notes, &j->result.ranks);
       spares_.Committed(spare, s.ok());
     } else {
       s = j->commit_attempt->AwaitVerdict();

@@ -16,6 +16,12 @@
 
 namespace alpsck {
 
+std::string HostName() {
+  char here[256] = {};
+  if (::gethostname(here, sizeof(here) - 1) != 0) return "";
+  return here;
+}
+
 uint64_t PageSize() {
   static const uint64_t ps = [] {
     long v = sysconf(_SC_PAGESIZE);

@@ -11,6 +11,8 @@
 namespace alpsck {
 
 uint64_t PageSize();
+// This machine's host name (gethostname), "" if it cannot be read.
+std::string HostName();
 uint64_t CacheLineSize();
 // CPUs this process may run on (sched_getaffinity): respects the SLURM job's cpuset.
 std::vector<int> AllowedCpus();

@@ -13,6 +13,7 @@
 
 #include "file_io.h"
 #include "json.h"
+#include "platform.h"
 #include "run_dir.h"
 #include "run_dir_lock.h"
 
@@ -81,8 +82,8 @@ bool OwnerGoneFromThisHost(const std::string& owner_json) {
   const std::string* h = host ? host->get_string() : nullptr;
   uint64_t p = 0;
   if (!h || !pid || !pid->get_u64(&p) || p == 0 || p > static_cast<uint64_t>(INT32_MAX)) return false;
-  char here[256] = {};
-  if (::gethostname(here, sizeof(here) - 1) != 0 || *h != here) return false;
+  const std::string here = HostName();
+  if (here.empty() || *h != here) return false;
   return ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH;
 }
 

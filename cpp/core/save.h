@@ -61,6 +61,9 @@ struct SaveResult {
   bool skipped = false;            // the step was already committed; nothing written
   std::string path;                // the committed checkpoint directory
   std::string warning;             // non-fatal trouble (retention), empty if none
+  // The committing rank's (rank 0 of an engine's own commit): every rank's record, in rank order, for
+  // their pace (ShardRecord::node, arrived, work_seconds); empty on the other ranks.
+  std::vector<ShardRecord> ranks;
 };
 
 class SaveHandle {

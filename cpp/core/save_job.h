@@ -47,6 +47,7 @@ struct SaveJob {
   std::mutex err_mu;
   Status error;
   Clock::time_point t0, t_snap;
+  Clock::time_point t_admitted;  // its in-flight slot taken: its own work starts (ShardRecord::work_seconds)
 
   void Fail(const Status& s) {
     std::lock_guard<std::mutex> l(err_mu);

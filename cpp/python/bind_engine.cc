@@ -30,6 +30,16 @@ nb::dict ResultDict(const SaveResult& r) {
   d["skipped"] = r.skipped;
   d["path"] = Text(r.path);
   d["warning"] = Text(r.warning);
+  nb::list ranks;  // the committing rank's: every rank's pace (save.h)
+  for (size_t i = 0; i < r.ranks.size(); ++i) {
+    nb::dict p;
+    p["rank"] = i;
+    p["node"] = Text(r.ranks[i].node);
+    p["arrived"] = r.ranks[i].arrived;
+    p["work_seconds"] = r.ranks[i].work_seconds;
+    ranks.append(p);
+  }
+  d["ranks"] = ranks;
   return d;
 }
 

@@ -76,9 +76,11 @@ std::vector<CheckpointInfo> Scan(const std::string& dir) {
   return infos;
 }
 
-// Every rank saves `step` (its own data); returns each rank's final status.
-std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint64_t step, CommitMode mode = CommitMode::kAuto) {
+// Every rank saves `step` (its own data); returns each rank's final status (and in *results, if given, its result).
+std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint64_t step, CommitMode mode = CommitMode::kAuto,
+                            std::vector<SaveResult>* results = nullptr) {
   std::vector<Status> out(engines.size());
+  if (results) results->assign(engines.size(), SaveResult{});
   std::vector<std::thread> ts;
   for (uint32_t r = 0; r < engines.size(); ++r) {
     ts.emplace_back([&, r] {
@@ -90,6 +92,7 @@ std::vector<Status> SaveAll(std::vector<std::unique_ptr<Engine>>& engines, uint6
       if (s.ok()) {
         h->Wait(-1);
         s = h->status();
+        if (results) (*results)[r] = h->result();
       }
       out[r] = s;
     });
@@ -539,6 +542,41 @@ TEST(done_records_carry_how_the_shard_was_written) {
                             3, &back)
               .ok());
   CHECK(!back.direct_io);
+  CHECK(back.node.empty() && back.arrived == 0 && back.work_seconds == 0);
+}
+
+TEST(done_records_carry_their_ranks_pace_and_the_committer_hears_every_ranks) {
+  ShardRecord r;
+  r.name = ShardFileName(1);
+  r.node = "nid001234";
+  r.arrived = 1796000000.25;
+  r.work_seconds = 0.125;
+  ShardRecord back;
+  REQUIRE(DecodeShardRecord(EncodeShardRecord(1, r), 1, &back).ok());
+  CHECK(back.node == "nid001234" && back.arrived == 1796000000.25 && back.work_seconds == 0.125);
+  // Informational: a malformed pace reads as absent, never as a bad record (the shard is still good).
+  REQUIRE(DecodeShardRecord("{\"rank\":1,\"name\":\"rank-00001.bin\",\"bytes\":1,\"index_crc\":2,\"data_bytes\":0,"
+                            "\"extents\":0,\"node\":\"a b/../c\",\"arrived\":-5,\"work_seconds\":\"x\"}",
+                            1, &back)
+              .ok());
+  CHECK(back.node.empty() && back.arrived == 0 && back.work_seconds == 0);
+
+  // Three ranks save: rank 0, which commits, hears each rank's node, arrival and own work; the others nothing.
+  TempDir d;
+  std::vector<std::unique_ptr<Engine>> e;
+  for (uint32_t k = 0; k < 3; ++k) e.push_back(OpenRank(d.path(), k, 3));
+  for (auto& x : e) REQUIRE(x);
+  const double before = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::vector<SaveResult> results;
+  for (const Status& s : SaveAll(e, 7, CommitMode::kAuto, &results)) CHECK(s.ok());
+  const double after = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  REQUIRE(results[0].ranks.size() == 3);
+  for (const ShardRecord& k : results[0].ranks) {
+    CHECK(k.node == HostName());
+    CHECK(k.arrived >= before && k.arrived <= after);
+    CHECK(k.work_seconds > 0 && k.work_seconds <= results[0].durable_seconds + (after - before));
+  }
+  CHECK(results[1].ranks.empty() && results[2].ranks.empty());
 }
 
 TEST(commit_step_manifest_says_direct_io_only_if_every_rank_wrote_so_and_counts_the_whole_save) {
