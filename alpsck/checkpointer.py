@@ -70,7 +70,7 @@ from .options import (
     resolve,
     with_options,
 )
-from .progress import RESTORED_HOOKS, blocking
+from .progress import RESTORED_HOOKS, SAVED_HOOKS, blocking
 from .ranks import Ranks, mine
 from .restore import peek, read_checkpoint, restore_into
 from .restore.health import spike
@@ -244,9 +244,18 @@ class Checkpointer:
         self._engine.check_owner()
         return self._engine
 
-    def _reap(self) -> None:
-        """Drop finished saves; raise the first background error not yet seen by the caller."""
-        self._pending, failed = reap(self._pending)
+    def _reap(self, *, finished: bool = False) -> None:
+        """Drop finished saves (each committed one of the run directory to :data:`SAVED_HOOKS`); raise the first
+        background error not yet seen by the caller. ``finished``: every save is known to be done."""
+        before = self._pending
+        self._pending, failed = reap(before, finished=finished)
+        if SAVED_HOOKS:
+            kept = {id(h) for h in self._pending}
+            for h in before:
+                if id(h) not in kept and h is not failed and h.tier == "run_dir" and h._h.error_message() is None:
+                    result = h._value()
+                    for hook in list(SAVED_HOOKS):
+                        hook(self.run_dir, result)
         if failed is not None:
             failed.wait()  # raises the save's error
 
@@ -304,13 +313,14 @@ class Checkpointer:
             if refusal:
                 engine.save(step, [], meta, refuse=refusal)  # aborts the attempt on every rank
                 raise DiskFullError(refusal)
+            goes_to = "memory" if in_memory else "run_dir"
             if self._is_pipelined(cuda):
                 handle = CoreSave(self._pipelined(tier, engine).save(step, mine, meta, self._guard(state),
-                                                                     metrics=pairs, unhealthy=spiked, pin=pin))
+                                                                     metrics=pairs, unhealthy=spiked, pin=pin), goes_to)
             else:
                 extents = [(key, tree.flat_bytes(t)) for key, t in mine]
                 handle = CoreSave(engine.save(step, extents, meta, "overlap" if urgent else "snapshot",
-                                              metrics=pairs, unhealthy=spiked, pin=pin))
+                                              metrics=pairs, unhealthy=spiked, pin=pin), goes_to)
         finally:
             self._report_retired(step)  # also what a save that then failed had already moved aside
         self._pending.append(handle)
@@ -381,9 +391,7 @@ class Checkpointer:
             self.engine.wait_all()
         if self._memory is not None:
             self._memory.wait()
-        self._pending, failed = reap(self._pending, finished=True)
-        if failed is not None:
-            failed.wait()
+        self._reap(finished=True)
 
     @blocking("save")
     def close(self) -> None:

@@ -153,8 +153,9 @@ class CheckpointerLike(Protocol):
 class CoreSave(FutureMixin):
     """Handle of one checkpoint persisting in the background: a future (:class:`alpsck.handles.SaveHandle`)."""
 
-    def __init__(self, handle: _core.SaveHandle) -> None:
+    def __init__(self, handle: _core.SaveHandle, tier: str = "run_dir") -> None:
         self._h = handle
+        self.tier = tier  # where it goes: "run_dir", or "memory" (the memory tier's node-local commit)
         self.reported = False  # its error already reached the caller (through wait())
 
     @property

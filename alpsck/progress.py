@@ -7,8 +7,8 @@ Checkpointer's blocking calls run in a section of their own (``save``, ``restore
 :func:`blocking`), so that a slow save or restore is timed as one and never called a hung step.
 Without a sink (a Checkpointer outside a job) every call here is a no-op costing one attribute read.
 
-Also the other channel from a checkpointer to the job layer: :data:`RESTORED_HOOKS`. Importable
-without torch (the runner imports it).
+Also the other channels from a checkpointer to the job layer: :data:`RESTORED_HOOKS` and
+:data:`SAVED_HOOKS`. Importable without torch (the runner imports it).
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # that state was taken: unix seconds or None) after every Checkpointer.restore of this process.
 # Here, not in alpsck.restore (which imports torch), so that the runner imports without torch.
 RESTORED_HOOKS: list[Callable[[Path, int | None, str | None, float | None], None]] = []
+# Who wants each committed save of the run directory (the SLURM runner's straggler watch, rank 0): each is called
+# with (run_dir, the save's result: the handle's ``result()``, whose ``ranks`` the committing rank fills) once the
+# Checkpointer sees the save durable (at the next save(), wait() or close()). A hook must not raise.
+SAVED_HOOKS: list[Callable[[Path, dict[str, Any]], None]] = []
 
 
 def install_progress(sink: Sink | None) -> None:
