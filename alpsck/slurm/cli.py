@@ -189,6 +189,10 @@ def _print_status(s: dict[str, Any]) -> None:
     for c in s["cordoned"]:
         print(f"  cordoned: {printable(c['node'], 80)} since {local_time(c['since'] or 0.0)} (job "
               f"{printable(c['job_id'] or '-', 40)}): {printable(c['reason'] or '-')}")
+    for g in s["stragglers"]:
+        print(f"  straggler: {printable(g['node'], 80)} (rank {g['rank']}): its part of a save took {g['factor']}x its "
+              f"peers' ({g['work_s']} s against {g['peers_s']} s, {g['late_s']} s later at the agreement); named in "
+              f"{g['times']} start(s), last {local_time(g['last'] or 0.0)}")
     if s["interval"] and all(type(s["interval"][k]) in (int, float) for k in ("seconds", "save_cost_s", "mtbf_s")):
         i = s["interval"]
         print(f"  checkpoint interval (every: auto): {i['seconds']:.1f} s, by Daly from a save cost of "

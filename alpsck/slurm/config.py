@@ -71,7 +71,7 @@ RANGES: dict[str, tuple[int | float, int | float]] = {
     "health.min_free_memory_gib": (0, 1 << 20), "health.min_free_shm_gib": (0, 1 << 20),
     "health.max_gpu_temperature_c": (0, 200), "health.max_gpu_memory_used": (0, 1),
     "health.cordon_after_failures": (0, 1000), "health.min_link_gbps": (0, 100_000),
-    "health.link_probe_mib": (1, 4096),
+    "health.link_probe_mib": (1, 4096), "health.straggler_factor": (0, 1000), "health.straggler_saves": (2, 1000),
 }
 # The engine's options a job config may set (checkpoint.<option>): their type, default, limits and meaning come
 # from alpsck.options' table (and the option table of docs/config.md), their values go to the Checkpointer as given.
@@ -176,6 +176,9 @@ class HealthConfig(Limits):
     cordon_after_failures: int = 2  # a node the run's job steps failed on first this many times is cordoned (0: never)
     min_link_gbps: float = 0.0  # the links between the nodes timed (alpsck.node_health.links); 0: not probed
     link_probe_mib: int = 64
+    straggler_factor: float = 2.0  # a rank whose part of its saves takes this many times its peers' is named (0: off)
+    straggler_saves: int = 5  # ... as the median over its last this many saves
+    cordon_stragglers: bool = False  # the gate cordons a node named as a straggler before the next start
 
     def limits(self) -> dict[str, Any]:
         """The thresholds, as :meth:`alpsck.node_health.checks.Limits.from_dict` takes them."""
@@ -219,7 +222,8 @@ _TYPES: dict[str, dict[str, str]] = {
     "health": {"gate": "bool", "timeout_s": "float", "max_fsync_s": "float", "min_free_memory_gib": "float",
                "min_free_shm_gib": "float", "max_gpu_temperature_c": "float", "max_gpu_memory_used": "float",
                "gpu_kernel": "bool", "cordon_after_failures": "int", "min_link_gbps": "float",
-               "link_probe_mib": "int"},
+               "link_probe_mib": "int", "straggler_factor": "float", "straggler_saves": "int",
+               "cordon_stragglers": "bool"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 
@@ -301,6 +305,13 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     _check_entry(sections["entry"], workdir, loc)
     _check_checkpoint(sections["checkpoint"], loc)
     _check_requeue(sections["requeue"], slurm, loc)
+    h = sections["health"]
+    if 0 < h.straggler_factor < 1.1:
+        raise loc.err("health.straggler_factor", f"{h.straggler_factor:g} would name ranks no slower than their peers: "
+                                                 "give 1.1 or more, or 0 to name none")
+    if h.cordon_stragglers and not (h.gate and h.straggler_factor > 0):
+        raise loc.err("health.cordon_stragglers", "the health gate cordons them before the next start: needs "
+                                                  "health.gate: true and a straggler_factor above 0")
     if sections["health"].gate and sections["environment"].container:
         raise loc.err("health.gate", "the gate runs its decision on the batch script's host, which has no alpsck "
                                      "when the job runs in a container (environment.container): leave it out there")

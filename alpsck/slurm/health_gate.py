@@ -40,8 +40,9 @@ from ..errors import SlurmError
 from ..node_health.links import CODE as LINKS_CODE
 from ..node_health.links import slow_nodes
 from ..node_health.probe import CODE as PROBE_CODE
-from . import commands, history, timeline, trace
+from . import commands, history, stragglers, timeline, trace
 from .config import JobConfig
+from .exits import GIVE_UP_EXIT
 from .history import Cordoned, GaveUp, Requeued
 from .spare_nodes import EXCLUDE
 
@@ -49,7 +50,6 @@ GATE = "alpsck_health_gate"  # the batch script's function: sets spare_nodes.EXC
 CODE = "import sys; del sys.path[0]; from alpsck.slurm.health_gate import main; sys.exit(main(sys.argv[1:]))"
 SRUN_LOG = "alpsck_srun_log"  # the batch script's file of the last step's srun messages
 REQUEUED_EXIT = 3  # main(): the job was requeued (too few healthy nodes here); the batch script ends
-GIVE_UP_EXIT = 93  # main(): no allocation could hold enough healthy nodes (runner.GIVE_UP_EXIT)
 
 
 @dataclass(frozen=True)
@@ -243,9 +243,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cordon-after", type=int, default=0)
     p.add_argument("--min-link-gbps", type=float, default=0.0)
     p.add_argument("--link-mib", type=int, default=64)
+    p.add_argument("--cordon-stragglers", action="store_true", help="cordon the nodes named as stragglers (.stragglers)")
     a = p.parse_args(argv)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     trace.trace(a.run_dir, job_id, a.attempt, a.srun_log, a.cordon_after)
+    if a.cordon_stragglers:
+        stragglers.cordon(a.run_dir, job_id, a.attempt)
     allocation = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
     limits = json.loads(a.limits)
 
@@ -270,7 +273,8 @@ def batch_lines(cfg: JobConfig, python: str, allocated: int) -> list[str]:
     words = [CODE, str(Path(cfg.run_dir)), f"--need={int(cfg.slurm.nodes)}", f"--allocated={int(allocated)}",
              f"--limits={json.dumps(h.limits(), sort_keys=True)}", f"--timeout={float(h.timeout_s):g}",
              f"--python={python}", f"--cordon-after={int(h.cordon_after_failures)}",
-             f"--min-link-gbps={float(h.min_link_gbps):g}", f"--link-mib={int(h.link_probe_mib)}"]
+             f"--min-link-gbps={float(h.min_link_gbps):g}", f"--link-mib={int(h.link_probe_mib)}",
+             *(["--cordon-stragglers"] if h.cordon_stragglers else [])]
     return [
         "# health.gate: the nodes are checked before every start of the job step; a failing node is cordoned, and so",
         "# is one the steps failed on first cordon_after_failures times (srun's messages of each step kept here)",

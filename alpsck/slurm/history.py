@@ -298,6 +298,24 @@ class Traced(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Straggler(Event):
+    """A rank persistently slower than its peers at the saves of one start (:mod:`alpsck.slurm.stragglers`): its
+    ``node`` and ``rank``, ``factor`` (the median over ``saves`` saves of its own work over its peers' median),
+    ``work_s`` and ``peers_s`` (those medians), ``late_s`` (the median of how much later than its peers' median it
+    arrived at the agreement), at which ``attempt``."""
+
+    KIND: ClassVar[str] = "straggler"
+    node: str | None = None
+    rank: int | None = None
+    factor: float | None = None
+    work_s: float | None = None
+    peers_s: float | None = None
+    late_s: float | None = None
+    saves: int | None = None
+    attempt: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Other(Event):
     """An event of a kind this version does not know (a newer writer's, or written by hand): kept."""
 
@@ -310,7 +328,7 @@ class Other(Event):
 
 KINDS: dict[str, type[Event]] = {c.KIND: c for c in (
     Submitted, Started, Crashed, Signal, FinalCheckpoint, Requeued, Finished, Failed, Cancelled, GaveUp, Restored,
-    Times, Hang, Interval, Rollback, Cordoned, Traced)}
+    Times, Hang, Interval, Rollback, Cordoned, Traced, Straggler)}
 _FIELDS_OF: dict[type[Event], tuple[str, ...]] = {c: tuple(f.name for f in fields(c)) for c in (*KINDS.values(), Other)}
 # The check of each type a field may be declared with (``X | None``; null counts as absent).
 _TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {

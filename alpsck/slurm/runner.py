@@ -57,16 +57,18 @@ import runpy
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
 from ..job_env import JobEnv, rendezvous_port
-from ..progress import RESTORED_HOOKS, install_progress
+from ..progress import RESTORED_HOOKS, SAVED_HOOKS, install_progress
 from ..store.picker import pick, taken_at_of
-from . import history, timeline
+from . import history, timeline, trace
 from .config import JobConfig
 from .context import JobContext, _set_current
+from .exits import GIVE_UP_EXIT, LOCAL_REQUEUE_EXIT, REQUEUE_EXIT, RESTART_EXIT
 from .handoff import DECISION_TIMEOUT_S, REQUEST_FILE, remove_request, request_text, wait_decision, write_decision, write_request  # noqa: F401
 from .history import (
     Cancelled,
@@ -84,20 +86,9 @@ from .history import (
 )
 from .launch import user_paths
 from .stop import StopController, job_end_time, job_fields, scontrol_available, scontrol_requeue, term_verdict
+from .stragglers import PaceWatch
 from .timeline import Timeline
 from .watchdog import Watchdog
-
-LOCAL_REQUEUE_EXIT = 144  # submitit.local.local.LOCAL_REQUEUE_RETURN_CODE
-REQUEUE_EXIT = 3          # asks the batch script's EXIT trap to requeue
-RESTART_EXIT = 75         # asks the batch script's restart loop to start the job step again (EX_TEMPFAIL)
-# The run gave up (restarts without progress, the budget spent): do not requeue, do not restart. The
-# code of NVIDIA's resiliency extension for the same outcome, so that a launcher built on its contract
-# (or the extension itself, on GPU nodes) reads alpsck's verdict alike.
-GIVE_UP_EXIT = 93
-# Exit codes of a job step that end the batch script's restart loop: the run finished or was stopped
-# (0), failed for good (1), asked for a requeue (3) or gave up (93). Any other (a signal's 128 + N, a
-# hard exit, RESTART_EXIT) is a step that died: started again in the allocation while the budget lasts.
-FINAL_EXITS = (0, 1, REQUEUE_EXIT, GIVE_UP_EXIT)
 
 
 def newest_step(run_dir: str) -> int | None:
@@ -175,6 +166,7 @@ class JobRunner:
         self._job = JobEnv()  # this start's, from __call__ on (JobEnv.detect)
         self._job_id = "local"
         self._rank = 0
+        self._pace: PaceWatch | None = None  # rank 0's, this start's (_pace_watch)
 
     # -- environment ----------------------------------------------------------------------------
 
@@ -244,6 +236,9 @@ class JobRunner:
                                    taken_at=None if taken is None else round(taken, 3)))
 
         RESTORED_HOOKS.append(restored)
+        saved = self._pace_watch(job)
+        if saved is not None:
+            SAVED_HOOKS.append(saved)
         _set_current(ctx)
         dog = self._watchdog(tl)
         try:
@@ -261,6 +256,8 @@ class JobRunner:
             self._end_watch(dog)
             _set_current(None)
             RESTORED_HOOKS.remove(restored)
+            if saved is not None:
+                SAVED_HOOKS.remove(saved)
         stop.close()
         return self._returned(ctx, result)
 
@@ -297,6 +294,20 @@ class JobRunner:
         if len(starts) >= rq.give_up_after_no_progress and len(same) == rq.give_up_after_no_progress:
             return resume, f"no progress: the last {len(same)} starts all resumed from step {resume}"
         return resume, None
+
+    def _pace_watch(self, job: JobEnv) -> Callable[[Path, dict[str, Any]], None] | None:
+        """Rank 0's watch over the ranks' pace at the run directory's saves (:mod:`.stragglers`; its nodes name the
+        ranks a failed commit missed: :meth:`_failed`), or None."""
+        h, cfg = self.config.health, self.config
+        if job.rank != 0 or job.world_size < 2:
+            return None
+        watch = self._pace = PaceWatch(cfg.run_dir, self._job_id, job.attempt, factor=h.straggler_factor,
+                                       saves=h.straggler_saves)
+
+        def saved(run_dir: Path, result: dict[str, Any]) -> None:
+            if os.path.realpath(run_dir) == os.path.realpath(cfg.run_dir):
+                watch.saw(result)
+        return saved
 
     def _watchdog(self, tl: Timeline) -> Watchdog | None:
         rq, job = self.config.requeue, self._job
@@ -391,6 +402,8 @@ class JobRunner:
 
     def _failed(self, ctx: JobContext, err: BaseException) -> Any:
         message = _error_text(err)
+        if self._pace is not None:  # the commit agreement missed some ranks: their nodes, before the next gate reads
+            trace.trace_missing(self.config.run_dir, self._job_id, self._job.attempt, message, self._pace.nodes)
         if isinstance(err, RollbackLimitError):  # the loss kept going bad: another start would diverge again
             traceback.print_exception(type(err), err, err.__traceback__)
             return self._give_up(message)

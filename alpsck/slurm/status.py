@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AlpsckError, CheckpointError
-from . import goodput, history, timeline, watch
-from .history import Interval, Started
+from . import goodput, history, stragglers, timeline, watch
+from .history import Interval, Started, Straggler
 from .timeline import Timeline
 
 
@@ -43,6 +43,7 @@ class StatusReport:
     goodput: dict[str, Any] | None
     interval: dict[str, Any] | None
     cordoned: list[dict[str, Any]]  # the nodes kept out of the run: node, reason, checks, since, job_id
+    stragglers: list[dict[str, Any]]  # the nodes named as stragglers (stragglers.named)
     log_end: int = 0
 
     def as_json(self) -> dict[str, Any]:
@@ -130,4 +131,5 @@ def report(run_dir: Path, *, shown: int, purge_days: int | None) -> StatusReport
                   if chosen else None),
         cordoned=[{"node": node, "reason": e.reason, "checks": e.checks, "since": e.time, "job_id": e.job_id}
                   for node, e in tl.cordoned().items()],
+        stragglers=stragglers.named(tl.of_kind(Straggler)),
         log_end=log.end)

@@ -49,8 +49,9 @@ from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
 from . import commands, health_gate, history, spare_nodes, watch
 from .batch_rules import shell_problem
 from .config import JobConfig
+from .exits import FINAL_EXITS
 from .launch import job_python, start_local_controller, user_paths
-from .runner import FINAL_EXITS, REQUEST_FILE, JobRunner
+from .runner import REQUEST_FILE, JobRunner
 from .stop import term_verdict_shell
 
 
@@ -135,8 +136,8 @@ BATCH_SIGNAL_LINES = ["trap '' USR1 USR2 HUP INT  # scancel --batch --signal=USR
 
 def restart_loop_lines(srun_line: str, in_job_restarts: int, *, spares: bool = False, gate: bool = False) -> list[str]:
     """The batch script's start of the job step (``srun_line``, submitit's), in a loop: a step that dies,
-    with an exit code other than :data:`runner.FINAL_EXITS` (a task killed by a signal, a hard exit, or the
-    runner's :data:`runner.RESTART_EXIT` after a failure worth retrying) while no stop came (the TERM trap)
+    with an exit code other than :data:`exits.FINAL_EXITS` (a task killed by a signal, a hard exit, or the
+    runner's :data:`exits.RESTART_EXIT` after a failure worth retrying) while no stop came (the TERM trap)
     is started again in this allocation, up to ``in_job_restarts`` times (``requeue.in_job_restarts``): a
     new srun step, every rank together (``--kill-on-bad-exit``: one task's death ends them all), each told
     which attempt it is and how the one before ended (:class:`alpsck.job_env.JobEnv`); the runner of the

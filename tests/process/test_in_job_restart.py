@@ -13,7 +13,8 @@ import pytest
 from support.runner_start import run_start as _run
 
 from alpsck.slurm.config import parse_config
-from alpsck.slurm.runner import REQUEST_FILE, RESTART_EXIT
+from alpsck.slurm.exits import RESTART_EXIT
+from alpsck.slurm.runner import REQUEST_FILE
 from alpsck.slurm.submit import sbatch_script
 
 

@@ -104,6 +104,24 @@ elif mode == "skew":       # rank 0 saves ~big_bytes, rank 1 a few KB; commit_ti
             except alpsck.errors.CheckpointError as e:
                 out = {"step": step, "ok": False, "error": str(e)}
         print(json.dumps(out), flush=True)
+elif mode == "missing":    # rank 1 saves step 1 and never step 2: rank 0 traces the failed commit to rank 1's node
+    from alpsck.progress import SAVED_HOOKS
+    from alpsck.slurm import trace
+    from alpsck.slurm.stragglers import PaceWatch
+    watch = PaceWatch(run_dir, "77", 0, factor=2.0, saves=5)
+    SAVED_HOOKS.append(lambda _dir, result: watch.saw(result))
+    out = {}
+    with alpsck.Checkpointer(run_dir, keep_last=0, commit_timeout_s=5) as ck:
+        ck.save(1, {"w": torch.arange(256.0)}).wait()
+        if rank == 0:  # step 1's result reaches the hook at this save
+            try:
+                ck.save(2, {"w": torch.arange(256.0)}).wait()
+            except alpsck.errors.CheckpointError as e:
+                out["error"] = str(e)
+                out["traced"] = trace.trace_missing(run_dir, "77", 0, str(e), watch.nodes)
+    out["nodes"] = {str(k): v for k, v in watch.nodes.items()}  # rank 1's results carry no ranks: none
+    dist.barrier()
+    print(json.dumps(out), flush=True)
 elif mode == "restore-or-fail":  # the step restored or the error restore raised, then the script's next collective
     state = {"model": {k: torch.zeros_like(v) for k, v in model_state(0).items()}, "local": torch.zeros(3000),
              "step": 0, "who": -1}
@@ -323,6 +341,21 @@ def test_skewed_ranks_with_a_tiny_commit_timeout_report_one_verdict_that_the_dis
     assert committed == sorted(step for step, ok in verdicts.items() if ok)
     left = sorted(p.name for p in run.iterdir() if _core.parse_run_dir_name(p.name)[0] not in ("step", "latest", "lock"))
     assert left == [], left
+
+
+def test_a_commit_that_misses_a_rank_is_traced_to_the_node_its_records_named(tmp_path: Path) -> None:
+    """Issue 55, item 2: rank 0's first save hears every rank's node (their records, through the core's agreement);
+    at the second, rank 1 never arrives: rank 0's error names it, and the trace puts it on rank 1's node."""
+    import socket
+
+    procs = _launch(tmp_path, 2, "missing", str(tmp_path / "run"))
+    r0, r1 = (json.loads(o.strip().splitlines()[-1]) for o in _outputs(procs))
+    assert r0["nodes"] == {"0": socket.gethostname(), "1": socket.gethostname()} and r1["nodes"] == {}, (r0, r1)
+    assert "no shard from rank(s) 1 after 5 s" in r0["error"], r0
+    assert r0["traced"] == [socket.gethostname()], r0
+    [t] = [e for e in (json.loads(line) for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines())
+           if e["event"] == "traced"]
+    assert (t["node"], t["task"], t["attempt"]) == (socket.gethostname(), 1, 0), t
 
 
 def test_restore_skips_a_checkpoint_one_rank_cannot_read_on_every_rank(tmp_path: Path) -> None:

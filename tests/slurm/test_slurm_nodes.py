@@ -505,3 +505,65 @@ def test_a_node_whose_links_are_slow_is_cordoned_by_the_link_probe(
     assert re.fullmatch(r"links: its links run below min_link_gbps 1: 0\.\d+ Gbit/s in from alpsck-n1, 0\.\d+ Gbit/s "
                         r"out to alpsck-n3", c["reason"]), c
     assert sorted(p.name for p in marks.iterdir()) == [f"{job}-0-rank0-alpsck-n1", f"{job}-0-rank1-alpsck-n3"]
+
+
+def _throttle_cpu(node: str, percent: float | None) -> None:
+    """Every process of ``node`` (its slurmd, so every later step's too) given ``percent`` of one CPU, in slices of
+    10 ms (a CPU cgroup's quota: a slow node), or let go again (None)."""
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers")
+    root = Path("/sys/fs/cgroup") if v2.exists() and "cpu" in v2.read_text().split() else Path("/sys/fs/cgroup/cpu")
+    assert (root / "cgroup.procs").exists(), f"no CPU cgroup to throttle {node} with at {root}"
+    group = root / f"alpsck-{node}"
+    slurmd = int("".join(c for c in Path(f"/var/lib/alpsck-slurm-nodes/run/{node}.pid").read_text() if c.isdigit()))
+    net = os.readlink(f"/proc/{slurmd}/ns/net")
+    if percent is None:
+        if group.exists():
+            for pid in (group / "cgroup.procs").read_text().split():
+                subprocess.run(["sh", "-c", f"echo {int(pid)} > {root}/cgroup.procs"], capture_output=True)
+            group.rmdir()
+        return
+    group.mkdir(exist_ok=True)
+    if root == v2.parent:
+        (root / "cgroup.subtree_control").write_text("+cpu")
+        (group / "cpu.max").write_text(f"{int(percent * 100)} 10000")
+    else:
+        (group / "cpu.cfs_period_us").write_text("10000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(percent * 100)))
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and os.readlink(proc / "ns" / "net") == net:
+                (group / "cgroup.procs").write_text(proc.name)
+        except OSError:  # gone meanwhile, or a kernel thread
+            pass
+
+
+def test_a_rank_on_a_node_whose_cpu_is_throttled_is_named_a_straggler(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55's last acceptance point: a job on nodes 1 and 2, node 2's CPU throttled to 15 % of one core from
+    outside: its rank's part of each save is the slow one, and ``status --json`` names node 2 (rank 1) a straggler,
+    node 1 not; the run still finishes. Meanwhile, the control: the same job's two ranks side by side on node 3,
+    which nobody throttles, name nobody."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
+    runs = {"slow": tmp_path / "slow", "even": tmp_path / "even"}
+    where = {"slow": "nodes: 2\nextra: {nodelist: 'alpsck-n1,alpsck-n2'}", "even": "nodes: 1\nextra: {nodelist: alpsck-n3}"}
+    cfgs = {k: job_config(tmp_path / f"{k}.yaml", run, steps=30, time="10", every=2, tasks=1 if k == "slow" else 2,
+                          slurm_extra=where[k], health="straggler_factor: 1.5\nstraggler_saves: 3")
+            for k, run in runs.items()}
+    _throttle_cpu("alpsck-n2", 15)
+    try:
+        jobs = {k: submit(cfg) for k, cfg in cfgs.items()}
+        for k, run in runs.items():
+            assert wait_done(run, jobs[k], 400) == "finished", events(run)
+    finally:
+        _throttle_cpu("alpsck-n2", None)
+    run, job = runs["slow"], jobs["slow"]
+    doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
+    [g] = doc["stragglers"]
+    assert (g["node"], g["rank"], g["times"], g["job_id"]) == ("alpsck-n2", 1, 1, job), doc["stragglers"]
+    assert g["factor"] >= 1.5 and g["work_s"] - g["peers_s"] >= 0.01, g
+    [e] = events(run, "straggler")
+    assert e["saves"] == 3 and e["attempt"] == 0, e
+    text = _sh(sys.executable, "-m", "alpsck", "status", str(run))
+    assert "straggler: alpsck-n2 (rank 1): its part of a save took " in text, text
+    assert not events(runs["even"], "straggler") and len(events(runs["even"], "started")) == 1, events(runs["even"])

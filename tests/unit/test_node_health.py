@@ -284,6 +284,10 @@ srun: error: alpsck-n1: task 0: Terminated
     ("srun: error: n3: tasks 4-7: Exited with exit code 7\n", ("n3", 4, "Exited with exit code 7")),
     ("srun: error: Node failure on n2\nsrun: error: n1: task 0: Terminated\n", ("n2", None, "node failure")),
     ("srun: error: n1: task 0: Terminated\nsrun: error: n2: task 1: Terminated\n", None),  # a cancel, a time limit
+    # alpsck's own exits (every rank asked for the restart; gave up) blame nobody; a kill among them does
+    ("srun: error: n1: task 0: Exited with exit code 75\nsrun: error: n2: task 1: Exited with exit code 75\n", None),
+    ("srun: error: n1: task 0: Exited with exit code 93\n", None),
+    ("srun: error: n1: task 0: Exited with exit code 75\nsrun: error: n2: task 1: Killed\n", ("n2", 1, "Killed")),
     ("", None),
 ])
 def test_srun_says_where_a_step_failed_first(said: str, found: object) -> None:
@@ -389,3 +393,26 @@ def test_doctor_nodes_prints_a_line_per_check_and_fails_with_a_failing_node(tmp_
     assert bad.returncode == 1
     [(node, found)] = json.loads(bad.stdout).items()
     assert found[0]["name"] == "run_dir" and not found[0]["ok"] and "No such file or directory" in found[0]["detail"]
+
+
+def test_a_hung_step_is_traced_to_no_node_and_rank_zeros_missing_ranks_come_before_sruns_word(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "srun.err"
+    log.write_text("srun: error: n1: task 0: Killed\n")  # the watchdog's own kill, or rank 0 ending the step
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    history.append(hung, history.Hang(section="step", seconds=900.0, attempt=0), job_id="77")
+    trace.trace(str(hung), "77", 1, str(log), 1)
+    assert [e["event"] for e in history.read(hung)] == ["hang"]
+    assert "hung: the watchdog ended its tasks" in capsys.readouterr().err
+    # The commit agreement heard nothing from rank 2: rank 0 names rank 2's node (its earlier saves' records), and
+    # the gate before the next start counts that, not srun's word (which names rank 0's node, n1).
+    message = "CheckpointError: step 40 was aborted: no shard from rank(s) 2 after 600 s"
+    assert trace.trace_missing(str(tmp_path), "77", 0, message, {0: "n1", 1: "n2", 2: "n3"}) == ["n3"]
+    assert trace.trace_missing(str(tmp_path), "77", 0, "some other error", {0: "n1"}) == []
+    assert trace.trace_missing(str(tmp_path), "77", 0, "no shard from rank(s) 4, 5", {0: "n1"}) == []  # not known
+    trace.trace(str(tmp_path), "77", 1, str(log), 1)
+    [t] = [e for e in history.read(tmp_path) if e["event"] == "traced"]
+    assert (t["attempt"], t["node"], t["task"], t["message"]) == (0, "n3", 2, "no shard from it at the commit agreement")
+    [c] = [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
+    assert (c["node"], c["checks"], c["attempt"]) == ("n3", "failures", 1)
