@@ -567,3 +567,60 @@ def test_a_rank_on_a_node_whose_cpu_is_throttled_is_named_a_straggler(
     text = _sh(sys.executable, "-m", "alpsck", "status", str(run))
     assert "straggler: alpsck-n2 (rank 1): its part of a save took " in text, text
     assert not events(runs["even"], "straggler") and len(events(runs["even"], "started")) == 1, events(runs["even"])
+
+
+# The reference training, whose rank 0 raises once at step 16 (a failure worth a restart in the allocation), each
+# rank leaving a mark named after its node and attempt.
+_FAILS_ONCE = '''import os
+import pathlib
+
+from alpsck.examples.llama.train import slurm_entry
+
+
+def main(job):
+    due, flag = job.checkpoint_due, pathlib.Path({flag!r})
+    pathlib.Path({marks!r}, f"{{job.job_id}}-{{os.environ.get('ALPSCK_ATTEMPT', '0')}}-rank{{job.rank}}-"
+                 f"{{os.uname().nodename}}").touch()
+
+    def checkpoint_due(step):
+        if step == 16 and job.rank == 0 and not flag.exists():
+            flag.touch()
+            raise RuntimeError("a failure worth a restart")
+        return due(step)
+
+    job.checkpoint_due = checkpoint_due
+    return slurm_entry(job)
+'''
+
+
+def test_a_straggler_is_cordoned_by_the_gate_before_the_next_start_and_a_spare_takes_its_place(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cordon_stragglers``: two nodes of one rank and a spare, node 2's CPU throttled. Node 2 is named a straggler
+    in the first start; rank 0 then fails once (an exception: the restart's gate traces no node for it), and the
+    gate before the restart cordons node 2 (checks ``pace``), so the restart runs on nodes 1 and 3. The losses of an
+    uninterrupted run, bit for bit; one job, no requeue."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
+    steps, marks, conf, run = 30, tmp_path / "marks", tmp_path / "conf", tmp_path / "run"
+    marks.mkdir()
+    conf.mkdir()
+    (conf / "once.py").write_text(_FAILS_ONCE.format(flag=str(tmp_path / "failed-once"), marks=str(marks)))
+    cfg = job_config(conf / "job.yaml", run, steps=steps, time="10", every=2, tasks=1, entry="once:main",
+                     slurm_extra="nodes: 2\nspare_nodes: 1",
+                     health="gate: true\nstraggler_factor: 1.5\nstraggler_saves: 3\ncordon_stragglers: true")
+    _throttle_cpu("alpsck-n2", 15)
+    try:
+        job = submit(cfg)
+        clean = clean_losses(tmp_path, steps, world=2)  # meanwhile
+        assert wait_done(run, job, 400) == "finished", events(run)
+    finally:
+        _throttle_cpu("alpsck-n2", None)
+    assert (run / "loss.csv").read_text() == clean
+    [g] = events(run, "straggler")
+    assert (g["node"], g["rank"], g["attempt"]) == ("alpsck-n2", 1, 0), g
+    [c] = events(run, "cordoned")
+    assert (c["node"], c["checks"], c["attempt"]) == ("alpsck-n2", "pace", 1) and "a straggler: rank 1" in c["reason"], c
+    assert not events(run, "traced"), events(run)  # rank 0's exception is no node's fault
+    assert sorted(p.name for p in marks.iterdir()) == [f"{job}-0-rank0-alpsck-n1", f"{job}-0-rank1-alpsck-n2",
+                                                       f"{job}-1-rank0-alpsck-n1", f"{job}-1-rank1-alpsck-n3"]
+    assert not events(run, "requeued") and len(events(run, "started")) == 2, events(run)
