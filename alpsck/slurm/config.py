@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, UsageError, echo
+from ..node_health import vetnode
 from ..node_health.checks import Limits
 from ..options import DEFAULTS, MAX_STEP, NONE_REFUSED, SPECS
 from ..options import problem as option_problem
@@ -179,6 +180,8 @@ class HealthConfig(Limits):
     straggler_factor: float = 2.0  # a rank whose part of its saves takes this many times its peers' is named (0: off)
     straggler_saves: int = 5  # ... as the median over its last this many saves
     cordon_stragglers: bool = False  # the gate cordons a node named as a straggler before the next start
+    vetnode: str = ""  # a vetnode config whose GPU and CUDA evals set the thresholds not given here (node_health.vetnode)
+    vetnode_skipped: list[str] = field(default_factory=list)  # not a key: the vetnode config's evals alpsck does not run
 
     def limits(self) -> dict[str, Any]:
         """The thresholds, as :meth:`alpsck.node_health.checks.Limits.from_dict` takes them."""
@@ -223,7 +226,7 @@ _TYPES: dict[str, dict[str, str]] = {
                "min_free_shm_gib": "float", "max_gpu_temperature_c": "float", "max_gpu_memory_used": "float",
                "gpu_kernel": "bool", "cordon_after_failures": "int", "min_link_gbps": "float",
                "link_probe_mib": "int", "straggler_factor": "float", "straggler_saves": "int",
-               "cordon_stragglers": "bool"},
+               "cordon_stragglers": "bool", "vetnode": "str"},
 }
 _TOP = ("name", "run_dir", *_SECTIONS)
 
@@ -286,6 +289,8 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise loc.err("name", f"{echo(name)} is not a valid job name (letters, digits, _ . + -; at most 128)")
     sections = {sec: _section(doc, sec, loc) for sec in _SECTIONS}
+    workdir = Path.cwd()  # one base for every relative path in a config: where `alpsck submit` runs
+    _apply_vetnode(sections["health"], doc.get("health") or {}, workdir, loc)
     slurm: SlurmConfig = sections["slurm"]
     _check_slurm(slurm, loc)
     for key, (lo, hi) in RANGES.items():
@@ -300,7 +305,6 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
     if "gpus" in slurm.extra and slurm.gpus_per_node:
         raise loc.err("slurm.extra.gpus", "alpsck sets --gpus-per-task or --gpus-per-node itself (slurm.gpus_per_node "
                                              "is given): give the GPUs one way, not both")
-    workdir = Path.cwd()  # one base for every relative path in a config: where `alpsck submit` runs
     _check_environment(sections["environment"], loc)
     _check_entry(sections["entry"], workdir, loc)
     _check_checkpoint(sections["checkpoint"], loc)
@@ -319,6 +323,28 @@ def parse_config(text: str, source: str = "<config>", base_dir: Path | None = No
                      environment=sections["environment"], entry=sections["entry"], checkpoint=sections["checkpoint"],
                      requeue=sections["requeue"], health=sections["health"], source=source, workdir=str(workdir),
                      config_dir=None if base_dir is None else str(base_dir), unset=tuple(loc.unset))
+
+
+def _apply_vetnode(health: HealthConfig, given: dict[Any, Any], workdir: Path, loc: Loc) -> None:
+    """``health.vetnode``: the vetnode config's thresholds for the keys the section does not give itself."""
+    if not health.vetnode:
+        return
+    path = Path(expand_path(health.vetnode, "health.vetnode", loc))
+    path = path if path.is_absolute() else workdir / path
+    try:
+        with open(path, "rb") as f:
+            text = f.read(vetnode.MAX_BYTES + 1).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise loc.err("health.vetnode", f"{echo(health.vetnode)}: cannot read it: {getattr(e, 'strerror', None) or e}") from None
+    if len(text) > vetnode.MAX_BYTES:
+        raise loc.err("health.vetnode", f"{echo(health.vetnode)}: more than {vetnode.MAX_BYTES} bytes: not a vetnode config")
+    try:
+        keys, health.vetnode_skipped = vetnode.thresholds(text)
+    except vetnode.VetnodeError as e:
+        raise loc.err("health.vetnode", f"{echo(health.vetnode)}: {e}") from None
+    for k, v in keys.items():
+        if k not in given:
+            setattr(health, k, v)
 
 
 def _section(doc: dict[Any, Any], sec: str, loc: Loc) -> Any:

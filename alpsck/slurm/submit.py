@@ -489,6 +489,8 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
     if use_local:
         for unused in local_unused(cfg):
             print(f"alpsck: warning: {cfg.source}: {unused}", file=sys.stderr, flush=True)
+    for skipped in cfg.health.vetnode_skipped:
+        print(f"alpsck: note: {cfg.source}: health.vetnode: {skipped}", file=sys.stderr, flush=True)
     # The local executor's controller is a child process that imports submitit afresh and sends
     # the signal it names: give it the configured one.
     saved = os.environ.get(PREEMPT_SIGNAL_ENV)

@@ -416,3 +416,46 @@ def test_a_hung_step_is_traced_to_no_node_and_rank_zeros_missing_ranks_come_befo
     assert (t["attempt"], t["node"], t["task"], t["message"]) == (0, "n3", 2, "no shard from it at the commit agreement")
     [c] = [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
     assert (c["node"], c["checks"], c["attempt"]) == ("n3", "failures", 1)
+
+
+VETNODE = """\
+name: Alps ML vetting
+scheduler: slurm
+evals:
+- name: GPU idle
+  type: vetnode.evaluations.gpu_eval.GPUEval
+  max_temp: 30
+  max_used_memory: 0.2
+- name: Kernel
+  type: vetnode.evaluations.cuda_eval.CUDAEval
+- name: Internode
+  type: vetnode.evaluations.nccl_lib_eval.NcclLibEval
+  topology: internode
+  payload: 8 GB
+  min_bandwidth: 15 GB/s
+- name: Env
+  type: vetnode.evaluations.env_var_eval.EnvVarEval
+"""
+
+
+def test_a_vetnode_config_sets_the_thresholds_the_health_section_does_not_and_says_what_it_does_not_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vet.yaml").write_text(VETNODE)
+    h = parse_config(CONFIG.format(run=tmp_path / "run") + "  vetnode: vet.yaml\n  max_gpu_temperature_c: 70\n").health
+    assert (h.max_gpu_temperature_c, h.max_gpu_memory_used, h.gpu_kernel) == (70, 0.2, True)  # the section's 70 wins
+    assert json.loads(json.dumps(h.limits()))["max_gpu_memory_used"] == 0.2  # what the probe gets
+    assert [line.split(" (")[0] for line in h.vetnode_skipped] == ["Internode", "Env"]
+    assert "gloo's, host memory over TCP, which no NCCL bandwidth threshold fits" in h.vetnode_skipped[0]
+    assert h.min_link_gbps == 0  # never taken from an NCCL threshold
+    for text, error in [
+        ("name: x\n", "health.vetnode: 'bad.yaml': no list of evals"),
+        ("evals:\n- name: G\n  type: gpu-eval\n  max_used_memory: 256\n",
+         "G: max_used_memory: 256: alpsck reads it as a fraction of the GPU's memory (0 to 1)"),
+        ("evals:\n- name: G\n  type: gpu-eval\n  max_temp: hot\n", "G: max_temp: 'hot' is not a number"),
+    ]:
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(error)):
+            parse_config(CONFIG.format(run=tmp_path / "run") + "  vetnode: bad.yaml\n")
+    with pytest.raises(ConfigError, match=r"health.vetnode: 'nowhere.yaml': cannot read it: No such file"):
+        parse_config(CONFIG.format(run=tmp_path / "run") + "  vetnode: nowhere.yaml\n")
