@@ -59,6 +59,7 @@ from ..store.names import is_run_entry, is_text, temp_name
 from ..store.picker import pick, pick_checkpoint, read_failure
 from ..store.scan import check_run_dir, open_shard
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
+from .export_dirs import DIR_FORMATS, HF_SHARD_BYTES, check_new_dir, dcp_to_dir, export_to_dir, tree_to_dir
 from .export_formats import BATCH_BYTES, plan, write_safetensors, write_torch
 from .progress import human
 
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
 
     pass
 
-FORMATS = ("safetensors", "torch")
+FORMATS = ("safetensors", "torch", *DIR_FORMATS)
 _SUFFIXES = {".safetensors": "safetensors", ".pt": "torch", ".pth": "torch", ".bin": "torch"}
 
 # ----------------------------------------------------------------------------- command
@@ -153,19 +154,21 @@ def format_for(out: Path, fmt: str | None) -> str:
         return fmt
     guessed = _SUFFIXES.get(out.suffix.lower())
     if guessed is None:
-        raise UsageError(f"{out}: cannot tell the format from the suffix; give --format {{{','.join(FORMATS)}}}")
+        raise UsageError(f"{out}: cannot tell the format from the suffix; give --format {{{','.join(FORMATS)}}} (dcp "
+                         "and hf: a new directory)")
     return guessed
 
 
 def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str | None = None, rank: int = 0,
                       threads: int = DEFAULTS["read_threads"], batch_bytes: int | None = None,
-                      subtree: str | None = None) -> dict[str, Any]:
+                      subtree: str | None = None, max_shard_bytes: int = HF_SHARD_BYTES) -> dict[str, Any]:
     """Write one checkpoint's tensors (only those under ``subtree``, if given) to ``out`` (see the
     module docstring); returns what was written.
 
     Returns ``{"run_dir", "source", "step", "rank", "subtree", "path", "format", "tensors", "tensor_bytes",
-    "bytes", "skipped"}``: the checkpoint directory read and its step, the file written (``bytes``: its
-    size; ``tensor_bytes``: the tensors' data in it) and each newer step passed over, with why
+    "bytes", "files", "skipped"}``: the checkpoint directory read and its step, the file written (``bytes``: its
+    size; ``tensor_bytes``: the tensors' data in it; ``files``: for ``dcp`` and ``hf``, every file of the new
+    directory, and ``bytes`` their sum) and each newer step passed over, with why
     (``{"step", "path", "reason", "message"}``). ``export --json`` prints it.
     """
     if rank < 0:
@@ -173,29 +176,34 @@ def export_checkpoint(run_dir: str, out: str, step: int | None = None, fmt: str 
     if subtree is not None and not is_text(subtree):  # a tree key is UTF-8 text (JSON): no such key, ever
         raise UsageError(f"--subtree {printable(subtree, 80)}: bytes that are not UTF-8; a checkpoint's state keys "
                          "are UTF-8 text")
-    out_path = _destination(out)
-    fmt = format_for(Path(out), fmt)  # the suffix of the name given, also for a symlink
-    if fmt not in FORMATS:
-        raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    if fmt in DIR_FORMATS:
+        if max_shard_bytes < 1:
+            raise UsageError(f"--max-shard-bytes must be 1 or more, not {max_shard_bytes}")
+        out_path = Path(out)
+        check_new_dir(out_path)
+    else:
+        out_path = _destination(out)
+        fmt = format_for(Path(out), fmt)  # the suffix of the name given, also for a symlink
+        if fmt not in FORMATS:
+            raise UsageError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     check_run_dir(run_dir)
     # Writing into the run directory makes export one of its writers: the one writer lock, held
     # while it writes (RunDirLockedError naming a training that has it).
     with writer_lock(run_dir) if _check_not_in_run(out_path, run_dir) else contextlib.nullcontext():
-        return _export(run_dir, out_path, step, fmt, rank, threads, batch_bytes, subtree)
+        return _export(run_dir, out_path, step, fmt, rank, threads, batch_bytes, subtree, max_shard_bytes)
 
 
 def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
-            threads: int, batch_bytes: int | None, subtree: str | None) -> dict[str, Any]:
-    # The picker's choice (store.picker.pick): with no --step, of the Checkpointer's kind, as restore picks;
-    # a DCP checkpoint named by --step is refused below, by name.
+            threads: int, batch_bytes: int | None, subtree: str | None, max_shard_bytes: int) -> dict[str, Any]:
+    # The picker's choice (store.picker.pick): with no --step, of the Checkpointer's kind, as restore picks (a
+    # directory format reads DCP checkpoints too); a DCP checkpoint named by --step is refused below, by name.
     try:
-        first, picked = pick_checkpoint(run_dir, step, kind="any" if step is not None else "alpsck")
+        first, picked = pick_checkpoint(run_dir, step, kind="any" if step is not None or fmt in DIR_FORMATS
+                                        else "alpsck")
     except NoCheckpointError:
         other = pick(run_dir) if step is None else None
         if other is not None and other.info is not None and _is_dcp(other.info, rank):
-            raise UsageError(f"{other.path}: a torch.distributed.checkpoint (DCP) checkpoint, which export does not "
-                             "read (no state tree); load it with dcp.load(..., storage_reader="
-                             "alpsck.dcp.AlpsckStorageReader(run_dir)); nothing was written") from None
+            raise UsageError(_dcp_refusal(other.path, fmt)) from None
         raise
     if first["status"] != "committed":
         raise CorruptCheckpointError(f"{run_dir}: checkpoint of step {first['step']} is {first['status']}: {first['error']}; "
@@ -208,29 +216,11 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
     tmp = Path(temp_name(str(out_path)))
     for info in candidates:
         try:
-            shards = CheckpointShards(info["path"], rank, open_shard)
-            meta, items = shards.meta, plan(shards, subtree)
-            metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
-            if subtree is not None:
-                metadata["alpsck.subtree"] = subtree
-            fh, tmp = _create_tmp(out_path)
-            try:
-                with fh:
-                    if fmt == "safetensors":
-                        write_safetensors(fh, shards, items, metadata, threads, batch_bytes or BATCH_BYTES)
-                    else:
-                        write_torch(fh, shards, items, threads, batch_bytes or BATCH_BYTES)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, out_path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            tensors, tensor_bytes, files = _write(info, out_path, fmt, rank, threads, batch_bytes, subtree,
+                                                  max_shard_bytes)
         except CorruptCheckpointError as e:
-            if _is_dcp(info, rank):  # not corrupt: written by dcp.save, which export does not read
-                raise UsageError(f"{info['path']}: a torch.distributed.checkpoint (DCP) checkpoint, which export does "
-                                 "not read (no state tree); load it with dcp.load(..., storage_reader="
-                                 "alpsck.dcp.AlpsckStorageReader(run_dir)); nothing was written") from None
+            if fmt not in DIR_FORMATS and _is_dcp(info, rank):  # not corrupt: written by dcp.save
+                raise UsageError(_dcp_refusal(info["path"], fmt)) from None
             if step is not None:
                 raise CorruptCheckpointError(f"checkpoint of step {info['step']} failed verification: {e}; "
                                              "nothing was written") from None
@@ -248,33 +238,84 @@ def _export(run_dir: str, out_path: Path, step: int | None, fmt: str, rank: int,
             raise CheckpointError(f"{e.filename or tmp}: {e.strerror or e}; nothing was written") from None
         _fsync_dir(out_path.parent if str(out_path.parent) else Path("."))
         return {"run_dir": str(run_dir), "source": str(info["path"]), "step": int(info["step"]), "rank": rank,
-                "subtree": subtree, "path": str(out_path), "format": fmt, "tensors": len(items),
-                "tensor_bytes": sum(it.nbytes for it in items), "bytes": out_path.stat().st_size, "skipped": skipped}
+                "subtree": subtree, "path": str(out_path), "format": fmt, "tensors": tensors,
+                "tensor_bytes": tensor_bytes, "bytes": sum(f.stat().st_size for f in files),
+                "files": [str(f) for f in files] if fmt in DIR_FORMATS else None, "skipped": skipped}
     raise NoCheckpointError(f"{run_dir}: no valid checkpoint left to export (every one failed verification)")
 
 
+def _dcp_refusal(path: object, fmt: str) -> str:
+    return (f"{path}: a torch.distributed.checkpoint (DCP) checkpoint, whose whole state no single {fmt} file holds "
+            "(it has no state tree): export it with --format dcp (DCP's own format) or --format hf (safetensors), a "
+            "new directory; nothing was written")
+
+
+def _write(info: dict[str, Any], out_path: Path, fmt: str, rank: int, threads: int, batch_bytes: int | None,
+           subtree: str | None, max_shard_bytes: int) -> tuple[int, int, list[Path]]:
+    """One checkpoint (``info``) exported to ``out_path``: (tensors, their bytes, the files written)."""
+    step_meta = {"alpsck.step": str(info["step"])}
+    if fmt in DIR_FORMATS and _is_dcp(info, 0):  # alpsck's DCP backend: the whole state, through DCP
+        counted: list[tuple[int, int]] = []
+        files = export_to_dir(out_path, fmt, lambda tmp: counted.append(
+            dcp_to_dir(Path(info["path"]), tmp, fmt, subtree, step_meta, max_shard_bytes)))
+        return (*counted[0], files)
+    shards = CheckpointShards(info["path"], rank, open_shard)
+    meta, items = shards.meta, plan(shards, subtree)
+    metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
+    if subtree is not None:
+        metadata["alpsck.subtree"] = subtree
+    tensor_bytes = sum(it.nbytes for it in items)
+    if fmt in DIR_FORMATS:
+        files = export_to_dir(out_path, fmt, lambda tmp: tree_to_dir(shards, items, tmp, fmt, metadata, threads,
+                                                                     max_shard_bytes))
+        return len(items), tensor_bytes, files
+    fh, tmp = _create_tmp(out_path)
+    try:
+        with fh:
+            if fmt == "safetensors":
+                write_safetensors(fh, shards, items, metadata, threads, batch_bytes or BATCH_BYTES)
+            else:
+                write_torch(fh, shards, items, threads, batch_bytes or BATCH_BYTES)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, out_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return len(items), tensor_bytes, [out_path]
+
+
 def _export_cmd(a: argparse.Namespace) -> int:
-    r = export_checkpoint(a.run_dir, a.out, a.step, a.format, a.rank, a.threads, subtree=a.subtree)
+    r = export_checkpoint(a.run_dir, a.out, a.step, a.format, a.rank, a.threads, subtree=a.subtree,
+                          max_shard_bytes=a.max_shard_bytes)
     if a.json:
         print(jsonout.dumps(r))
         return 0
+    files = f" in {len(r['files'])} files" if r["files"] else ""
     print(f"exported step {r['step']} ({r['tensors']} tensors, {r['format']}) to {r['path']}: "
-          f"{human(r['bytes'])} ({r['bytes']} bytes)")
+          f"{human(r['bytes'])} ({r['bytes']} bytes){files}")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     ex = sub.add_parser(
-        "export", help="write a checkpoint's tensors as one safetensors or torch.save file",
+        "export", help="write a checkpoint's tensors as one safetensors or torch.save file, or as a DCP or Hugging Face "
+                       "checkpoint directory",
         description="Write the tensors of the newest valid checkpoint of RUN_DIR (or of --step N) to OUT, keyed by "
                     "their tree keys (e.g. model/layers.0.attention.wq.weight). Streamed: peak memory is about "
-                    "max(largest tensor, 64 MiB), for both formats. Written to OUT.tmp, fsync'ed, renamed.")
+                    "max(largest tensor, 64 MiB), for both file formats. Written to OUT.tmp, fsync'ed, renamed. "
+                    "--format dcp and hf write a new directory OUT: a checkpoint stock DCP loads (the whole state of a "
+                    "DCP checkpoint, held in memory once) or sharded safetensors with their index.")
     ex.add_argument("run_dir")
     ex.add_argument("out")
     ex.add_argument("--step", type=arg_step, help="export this checkpoint (default: the newest valid one)")
     ex.add_argument("--format", choices=FORMATS,
                     help="safetensors, or torch (loadable with torch.load(OUT, weights_only=True)); default from OUT's "
-                         "suffix (.safetensors; .pt/.pth/.bin)")
+                         "suffix (.safetensors; .pt/.pth/.bin). dcp: a directory DCP's FileSystemReader loads; hf: a "
+                         "directory of model-0000K-of-0000N.safetensors and model.safetensors.index.json")
+    ex.add_argument("--max-shard-bytes", type=int, default=HF_SHARD_BYTES,
+                    help=f"--format hf: the most bytes of tensors per safetensors file (default {HF_SHARD_BYTES}, "
+                         "save_pretrained's 5GB)")
     ex.add_argument("--rank", type=arg_rank, default=0, help="shard to export (default 0)")
     ex.add_argument("--threads", type=arg_option("read_threads"), default=DEFAULTS["read_threads"],
                     help=f"reader threads, {SPECS['read_threads']['min']}-{SPECS['read_threads']['max']} "

@@ -163,6 +163,17 @@ def write_safetensors(fh: BinaryIO, shards: CheckpointShards, items: list[Item],
         _write_all(fh, view)
 
 
+def write_tensors_safetensors(fh: BinaryIO, tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
+    """Named contiguous CPU tensors already in memory, as one safetensors file (the header as above)."""
+    import torch
+
+    from .. import tree
+
+    fh.write(safetensors_header([Item(n, tree.TensorSpec(t.dtype, tuple(t.shape)), n) for n, t in tensors], metadata))
+    for _n, t in tensors:
+        _write_all(fh, t.reshape(-1).view(torch.uint8))
+
+
 # ----------------------------------------------------------------------------- torch.save format
 
 
