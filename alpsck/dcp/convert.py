@@ -34,13 +34,16 @@ from __future__ import annotations
 import io
 import os
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..store.durable import fsync_path, make_dirs_durably, read_small
+from ..store.durable import fsync_path, make_dirs_durably
+from ..store.marker import has_pickled_metadata
 from .paths import is_alpsck_checkpoint_id
 
 WORK_DIR = ".alpsck-import"
@@ -52,15 +55,18 @@ RISK = ("a FileSystemWriter checkpoint is a pickle: converting it unpickles its 
         "values, which runs any code those files name; pass --trust-pickle only for checkpoints your own runs wrote")
 
 
+@contextmanager
+def single_process() -> Iterator[None]:
+    """DCP in this one process (no process group), without the warning torch prints at every such call."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def is_filesystemwriter_checkpoint(path: Path) -> bool:
-    """A directory whose ``.metadata`` is a pickle (its first byte, the pickle protocol opcode) and that is
-    not alpsck's: what DCP's FileSystemWriter leaves. Reads one byte; unpickles nothing."""
-    try:
-        if not (path / METADATA).is_file() or is_alpsck_checkpoint_id(path):
-            return False
-        return read_small(path / METADATA, 1)[:1] == b"\x80"
-    except OSError:
-        return False
+    """A directory whose ``.metadata`` is a pickle and that is not alpsck's: what DCP's FileSystemWriter leaves.
+    Reads one byte; unpickles nothing."""
+    return has_pickled_metadata(path) and not is_alpsck_checkpoint_id(path)
 
 
 @dataclass
@@ -217,6 +223,7 @@ def _empty_flat(metadata: Any) -> dict[str, Any]:
     return flat
 
 
+@single_process()
 def _load_flat(metadata: Any, reader: Any) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -229,6 +236,7 @@ def _load_flat(metadata: Any, reader: Any) -> dict[str, Any]:
     return flat
 
 
+@single_process()
 def _copy(source: Path, new: Path) -> tuple[int, int]:
     """Load the FileSystemWriter checkpoint ``source`` (the unpickling), save it to ``new`` with alpsck, load
     that back and compare. Returns (FileSystemWriter shard files, tensor bytes)."""

@@ -45,6 +45,26 @@ DEFAULT_READ_BATCH_BYTES = 512 << 20
 _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")  # folder/step-20 -> ("step-", "20", ""): its siblings' pattern
 
 
+def _numbered_siblings(named: Path) -> list[tuple[int, Path]]:
+    """The directories beside ``named`` of the same pattern (``folder/step-<n>``), with their numbers."""
+    m = _NUMBERED.match(named.name)
+    out: list[tuple[int, Path]] = []
+    if m is not None:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(named.parent):
+                s = _NUMBERED.match(entry.name)
+                if s is not None and (s[1], s[3]) == (m[1], m[3]) and entry.is_dir(follow_symlinks=False):
+                    out.append((int(s[2]), Path(entry.path)))
+    return out
+
+
+def _newer_siblings(named: Path) -> list[str]:
+    """The names of the checkpoint directories beside ``named`` with a higher number, ascending."""
+    m = _NUMBERED.match(named.name)
+    return [] if m is None else [p.name for n, p in sorted(_numbered_siblings(named))
+                                 if n > int(m[2]) and is_marked(p)]
+
+
 def _read_small(path: Path, limit: int) -> bytes:
     data = read_small(path, limit)
     if len(data) > limit:
@@ -67,7 +87,9 @@ class AlpsckStorageReader(StorageReader):
         direct_io: O_DIRECT reads.
         fallback: a checkpoint directory none of whose generations is valid (``folder/step-20``) is
             skipped with a warning for the newest valid sibling of a lower number (``folder/step-10``),
-            checkpoint directories both; False raises instead. A run directory never falls back to
+            checkpoint directories both, when it is the folder's newest step (a resume asking for the newest);
+            one with newer siblings was asked for by name (torchtitan's ``load_step``), and raises, naming it.
+            False raises always. A run directory never falls back to
             another run directory.
         max_step: with ``step`` None, pick the newest at most this step.
         verify_data: check every chunk CRC of the picked checkpoint before loading it (every rank reads
@@ -105,6 +127,7 @@ class AlpsckStorageReader(StorageReader):
         self.path: Path | None = None         # its directory
         self._metadata: Metadata | None = None
         self._local: Path | None = None  # the rank-local checkpoint read_metadata(rank=...) picked from
+        self._foreign = False  # the last global read_metadata() found another writer's checkpoint (said once)
 
     @property
     def checkpoint_id(self) -> str:
@@ -124,6 +147,7 @@ class AlpsckStorageReader(StorageReader):
                 refuse_folder_of_checkpoints(self.run_dir)
         self.load_id = str(uuid.uuid4())
         self.step = self.path = self._metadata = None
+        self._foreign = False
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """All ranks: picks the checkpoint (afresh on every call) and returns its validated Metadata.
@@ -136,6 +160,8 @@ class AlpsckStorageReader(StorageReader):
         local: Path | None = None  # where read_data falls back within, too
         if rank is not None:  # the checkpoint this rank saved with use_collectives=False, beside the others'
             local = None if self.run_dir is None else self.run_dir / rank_local_dir(int(rank))
+            if (local is None or not local.is_dir()) and self._foreign:  # DCP joins both reasons: the first says it
+                raise UsageError("not an alpsck checkpoint (as said)")
             if local is None or not local.is_dir():
                 raise NoCheckpointError(f"{self.run_dir}: no checkpoint of rank {rank} saved with use_collectives=False "
                                         f"({rank_local_dir(int(rank))}/)")
@@ -156,9 +182,14 @@ class AlpsckStorageReader(StorageReader):
         skipped: list[Skipped] = []
         try:
             md = self._pick_newest(where, skipped, self.max_step)
-        except NoCheckpointError:
+        except NoCheckpointError as e:
             if not (self.fallback and local is None and is_marked(where)):  # never from one run directory to another
                 raise
+            newer = _newer_siblings(where)
+            if newer:  # not the folder's newest: a step asked for by name (torchtitan's load_step) is that step
+                raise NoCheckpointError(f"{e}; {where.name} was asked for by name (the folder has newer: "
+                                        f"{', '.join(newer[:3])}), so no older step is loaded instead; name another "
+                                        "step, or load the newest") from None
             md, instead = self._pick_sibling(where, skipped)
             warnings.warn(instead, RuntimeWarning, stacklevel=4)
             return md
@@ -188,7 +219,10 @@ class AlpsckStorageReader(StorageReader):
             warnings.warn(f"{why}, and damaged: the directory holds alpsck's checkpoints only, read without it",
                           RuntimeWarning, stacklevel=5)
         elif why is not None:
-            raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader")
+            self._foreign = True
+            moving_in = (f", or convert it to alpsck's format in place: alpsck import-dcp {run_dir} --trust-pickle"
+                         if "FileSystemWriter" in why else "")
+            raise UsageError(f"{why}, not a checkpoint alpsck wrote: load it with DCP's FileSystemReader{moving_in}")
         p = pick(run_dir, kind="dcp", max_step=max_step, verify_data=self.verify_data)
         skipped.extend(k for k in p.skipped if not k.quiet)  # an attempt: quietly
         for info in p.candidates:
@@ -212,14 +246,7 @@ class AlpsckStorageReader(StorageReader):
         same name with a lower number), as a run directory falls back to its last good step; with the
         warning that says so."""
         m = _NUMBERED.match(named.name)
-        siblings: list[tuple[int, Path]] = []
-        if m is not None:
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(named.parent):
-                    s = _NUMBERED.match(entry.name)
-                    if (s is not None and (s[1], s[3]) == (m[1], m[3]) and int(s[2]) < int(m[2])
-                            and entry.is_dir(follow_symlinks=False)):
-                        siblings.append((int(s[2]), Path(entry.path)))
+        siblings = [(n, p) for n, p in _numbered_siblings(named) if m is not None and n < int(m[2])]
         for _, path in sorted(siblings, reverse=True):
             if not is_marked(path):
                 continue

@@ -14,8 +14,8 @@ from typing import Any
 from .. import _core
 from ..errors import CheckpointError, CheckpointIOError, NoCheckpointError, UsageError
 from ..options import DEFAULTS
-from .marker import is_marked
-from .names import entry_kind, holds_run_state
+from .marker import ALPSCK, folder_steps
+from .names import holds_run_state
 
 ACCESS_ERRNOS = (errno.EACCES, errno.EPERM)
 
@@ -24,21 +24,20 @@ def denied(path: str | os.PathLike[str], what: str) -> CheckpointError:
     return CheckpointError(f"{path}: permission denied ({what}); run as the user who owns the run or fix its permissions")
 
 
-def _refuse_folder_of_named_checkpoints(path: Path, names: list[str]) -> None:
-    """A trainer's folder of DCP checkpoints written by alpsck (``folder/step-10``, each a run directory of
-    its own with a ``.metadata`` marker) is not a run directory: its ``step-N`` would read as damaged."""
-    steps = [n for n in names if entry_kind(n) == "step"]
-    if not steps or any(entry_kind(n) not in ("step", "other", "lock") for n in names):
+def _refuse_folder_of_checkpoints(path: Path) -> None:
+    """A trainer's folder of checkpoints (``folder/step-10``, each alpsck's checkpoint directory or DCP's
+    FileSystemWriter's: :func:`alpsck.store.marker.folder_steps`) is not a run directory: its ``step-N`` would read
+    as damaged."""
+    steps = folder_steps(path)
+    if steps is None:
         return
-    if any((path / n / _core.run_dir_names["manifest"]).exists() or not (path / n / ".metadata").is_file()
-           for n in steps):
-        return
-    if not all(is_marked(path / n) for n in steps):
-        return
-    newest = max(steps, key=lambda n: _core.parse_run_dir_name(n)[1])
-    raise UsageError(f"{path}: a folder of DCP checkpoints written by AlpsckStorageWriter ({len(steps)}: "
-                     f"{', '.join(sorted(steps)[:3])}{' ...' if len(steps) > 3 else ''}), each a run directory of its "
-                     f"own; name one, e.g. {path / newest}")
+    mine = [p for _, p, kind in steps if kind == ALPSCK]
+    names = [p.name for _, p, _ in steps]
+    raise UsageError(f"{path}: a folder of checkpoints, one directory per step ({len(steps)}: {', '.join(names[:3])}"
+                     f"{' ...' if len(names) > 3 else ''}), not a run directory; "
+                     + (f"name one, e.g. {mine[-1]}" if mine else "its steps are DCP FileSystemWriter checkpoints "
+                        f"(alpsck import-dcp {path} --trust-pickle converts them)")
+                     + f" (alpsck inspect-checkpoints {path} lists them)")
 
 
 def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
@@ -64,7 +63,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         raise denied(run_dir, "cannot list it") from None
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
-    _refuse_folder_of_named_checkpoints(path, names)
+    _refuse_folder_of_checkpoints(path)
     if not holds_run_state(names):
         baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
         hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "

@@ -109,7 +109,10 @@ def tree_to_dir(shards: CheckpointShards, items: list[Item], tmp: Path, fmt: str
         return
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_read_whole(shards, items, threads), storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=True)
+    from ..dcp.convert import single_process
+
+    with single_process():
+        dcp.save(_read_whole(shards, items, threads), storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=True)
 
 
 def _read_whole(shards: CheckpointShards, items: list[Item], threads: int) -> dict[str, torch.Tensor]:
@@ -134,9 +137,12 @@ def dcp_state(path: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from ..dcp import AlpsckStorageReader
+    from ..dcp.convert import single_process
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=AlpsckStorageReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    with single_process():
+        _load_state_dict(state, storage_reader=AlpsckStorageReader(path), planner=_EmptyStateDictLoadPlanner(),
+                         no_dist=True)
     return state
 
 
@@ -167,7 +173,10 @@ def dcp_to_dir(path: Path, tmp: Path, fmt: str, subtree: str | None, metadata: d
                for name, t in _flat_tensors(state)]
     total = sum(t.numel() * t.element_size() for _, t in tensors)
     if fmt == "dcp":
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=True)
+        from ..dcp.convert import single_process
+
+        with single_process():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=True)
         return len(tensors), total
     named = dict(tensors)
     cut = _hf_shards([(n, t.numel() * t.element_size()) for n, t in tensors], max_shard_bytes)

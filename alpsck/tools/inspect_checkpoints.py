@@ -7,6 +7,10 @@ a restore tries first; ``--json``'s ``skipped`` says why each newer step is not 
 byte and checks every CRC (a progress bar on a terminal; exit 1 on corruption). A run that used the memory
 tier (``memory_every``) also gets what this node's memory holds of it (:func:`memory_listing`; ``--json``:
 ``memory``); a job's memory checkpoints are in its nodes' memory, so run it inside the job to see them.
+A trainer's folder of checkpoints (torchtitan's ``checkpoint/step-10``, ``step-20``: one checkpoint directory per
+step) is listed by step and kind (:func:`folder_listing`): alpsck's, with its newest valid generation, or DCP's own
+FileSystemWriter format, which ``alpsck import-dcp`` converts; never called damaged. Exit 1 when a restore would
+start fresh: the directory holds checkpoints and none is usable.
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
 state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
 bytes) and a summary of the non-tensor state (step, learning rates, RNG streams, data position,
@@ -42,6 +46,7 @@ from ..out import jsonout
 from ..out.textout import local_time, printable
 from ..store import memory_tier
 from ..store.lustre import describe_layout
+from ..store.marker import ALPSCK, FILESYSTEMWRITER, folder_steps
 from ..store.picker import metrics_text, pick, pick_checkpoint
 from ..store.scan import check_run_dir, open_shard, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
@@ -141,6 +146,9 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
 
     The bar goes to ``progress_stream``; by default to stderr when it is a terminal and not ``as_json``.
     """
+    folder = folder_steps(Path(run_dir))
+    if folder is not None:  # before check_run_dir, which refuses a folder for every other tool
+        return folder_listing(run_dir, folder, as_json)
     path = check_run_dir(run_dir)
     started = time.monotonic()
     if progress_stream is None and verify and not as_json and sys.stderr.isatty():
@@ -206,7 +214,36 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
         for line in _memory_lines(memory, latest) if memory is not None else []:
             print(line)
     bad = any(i["status"] in UNUSABLE for i in infos)
-    return 1 if (verify and bad) else 0
+    return 1 if (verify and bad) or (infos and latest is None) else 0
+
+
+def folder_listing(folder: str, steps: list[tuple[int, Path, str]], as_json: bool) -> int:
+    """A trainer's folder of checkpoints (:func:`alpsck.store.marker.folder_steps`): each step, its kind and what
+    a resume through alpsck's DCP reader would load; exit 1 when it would load none."""
+    rows = []
+    for step, path, kind in steps:
+        newest = pick(path).step if kind == ALPSCK else None
+        if kind == ALPSCK:
+            note = (f"alpsck's; its newest valid generation: {newest} (inspect-checkpoints {path})" if newest is not None
+                    else f"alpsck's, with no valid generation (inspect-checkpoints {path} says why)")
+        elif kind == FILESYSTEMWRITER:
+            note = (f"DCP's own format (FileSystemWriter, a pickle): alpsck's reader refuses it; alpsck import-dcp "
+                    f"{path} --trust-pickle converts it")
+        else:
+            note = "neither alpsck's nor FileSystemWriter's (no .metadata a reader takes)"
+        rows.append({"step": step, "path": str(path), "kind": kind, "newest_generation": newest, "note": note})
+    usable = [r for r in rows if r["newest_generation"] is not None]
+    resumes = usable[-1]["step"] if usable else None
+    if as_json:
+        print(jsonout.dumps({"folder": True, "latest_valid": resumes, "steps": rows}))
+    else:
+        print(f"{folder}: a folder of checkpoints, one directory per step (as torchtitan writes them)")
+        print(f"{'':1} {'step':>10}  {'kind':<16}  note")
+        for r in rows:
+            print(f"{'*' if r['step'] == resumes else '':1} {r['step']:>10}  {r['kind']:<16}  {printable(r['note'])}")
+        print("* = the step a resume through alpsck's DCP reader loads (the newest it can read)" if resumes is not None
+              else "no step alpsck's DCP reader can load: a resume would start fresh")
+    return 0 if resumes is not None else 1
 
 
 def _plain(v: Any) -> Any:

@@ -127,10 +127,15 @@ def test_the_tools_name_a_checkpoint_of_a_trainers_folder_instead_of_calling_the
     writer = AlpsckStorageWriter()
     for step in (1, 10):
         dcp.save(reference(step), checkpoint_id=folder / f"step-{step}", storage_writer=writer)
-    for cmd in (["inspect-checkpoints", str(folder)], ["prune", str(folder), "--keep-last", "1"]):
+    for cmd in (["prune", str(folder), "--keep-last", "1"], ["export", str(folder), str(tmp_path / "o.pt")]):
         p = subprocess.run([sys.executable, "-m", "alpsck", *cmd], capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and f"name one, e.g. {folder / 'step-10'}" in p.stderr, p.stderr
     assert sorted(os.listdir(folder)) == ["step-1", "step-10"]
+    p = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(folder)], capture_output=True,
+                       text=True, timeout=120)  # listed, each step alpsck's, the newest marked
+    assert p.returncode == 0 and "damaged" not in p.stdout, p.stdout + p.stderr
+    assert [line.split()[:3] for line in p.stdout.splitlines()[2:4]] == [["1", "alpsck", "alpsck's;"],
+                                                                       ["*", "10", "alpsck"]], p.stdout
     p = subprocess.run([sys.executable, "-m", "alpsck", "inspect-checkpoints", str(folder / "step-10"), "--verify"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "committed" in p.stdout, p.stdout + p.stderr

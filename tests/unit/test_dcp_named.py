@@ -96,8 +96,13 @@ def test_overwrite_false_refuses_with_dcps_wording_and_foreign_checkpoints_are_l
     with pytest.raises(CheckpointException, match=r"a pickle: a FileSystemWriter checkpoint.*does not write over"):
         dcp.save(reference(8), checkpoint_id=fs, storage_writer=AlpsckStorageWriter())
     assert {p.name: p.read_bytes() for p in fs.iterdir()} == before
-    with pytest.raises(CheckpointException, match="load it with DCP's FileSystemReader"):
+    with pytest.raises(CheckpointException) as refused:
         load_named(fs)
+    # One line that names both ways on (DCP's own reader, or import-dcp), and no clause about use_collectives=False,
+    # which DCP's second try (a rank's own checkpoint) would otherwise add.
+    said = str(refused.value).strip().splitlines()[-1]
+    assert f"load it with DCP's FileSystemReader, or convert it to alpsck's format in place: alpsck import-dcp {fs} " \
+           "--trust-pickle" in said and "use_collectives" not in str(refused.value), said
     other = tmp_path / "notes"
     other.mkdir()
     (other / "README").write_text("mine")
@@ -145,6 +150,14 @@ def test_a_corrupt_named_checkpoint_falls_back_to_the_last_good_one(tmp_path: Pa
     # DCP wraps what read_metadata raised in its own AssertionError; alpsck's message is inside.
     with pytest.raises(CheckpointException, match=r"step-30: no valid DCP checkpoint \(skipped: .*CRC mismatch"):
         load_named(folder / "step-30", AlpsckStorageReader(fallback=False))
+    # An older step named (torchtitan's load_step=20) that is damaged: that step or an error naming it, never step 10.
+    meta20 = folder / "step-20" / _core.step_dir_name(1) / "dcp-metadata.json"
+    meta20.write_bytes(meta20.read_bytes()[:-1])
+    with pytest.raises(CheckpointException, match=r"step-20: no valid DCP checkpoint .*; step-20 was asked for by name "
+                                                  r"\(the folder has newer: step-30\), so no older step is loaded"):
+        load_named(folder / "step-20")
+    with pytest.warns(RuntimeWarning, match=r"step-30 held no valid checkpoint .*; loading .*step-10 instead"):
+        assert check(load_named(folder / "step-30"), 10) == []  # the newest still falls back, past step-20
     with pytest.raises(NoCheckpointError, match=r"step-30: no valid DCP checkpoint .*no valid one of a lower number"):
         AlpsckStorageReader(folder / "step-30", fallback=True).read_metadata() if _damage_all(folder) else None
     with pytest.raises(NoCheckpointError, match="step-99: no valid DCP checkpoint"):

@@ -116,7 +116,10 @@ def test_a_dcp_checkpoint_exported_as_dcp_and_hf_is_the_whole_state(tmp_path: Pa
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, storage_writer=AlpsckStorageWriter(run, 12))
-    assert main(["export", str(run), str(tmp_path / "out-dcp"), "--format", "dcp"]) == 0
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert main(["export", str(run), str(tmp_path / "out-dcp"), "--format", "dcp"]) == 0
+    assert not [w for w in said if "distributed is disabled" in str(w.message)], [str(w.message) for w in said]
     assert "exported step 12 (4 tensors, dcp)" in capsys.readouterr().out
     back = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}, "train_state": {"step": 0, "name": ""}}
     with warnings.catch_warnings():

@@ -513,3 +513,45 @@ def test_prune_removes_superseded_directories(tmp_path: Path, capsys: pytest.Cap
     rc, out, err = run_cli(capsys, "prune", str(tmp_path), "--keep-last", "10")
     assert rc == 0, err
     assert not any(n.startswith(".deleting-") for n in run_listing(tmp_path))
+
+
+def test_a_folder_of_checkpoints_lists_each_steps_kind_and_exits_1_when_none_can_be_resumed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 56, item 6: torchtitan's folder, a FileSystemWriter step and an alpsck one: neither is called damaged;
+    the FileSystemWriter one names import-dcp; exit 1 once no step can be resumed (and so for a run directory
+    whose checkpoints are all damaged)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from alpsck.dcp import AlpsckStorageWriter
+
+    folder = tmp_path / "checkpoint"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(str(folder / "step-10")))
+        dcp.save({"w": torch.ones(3)}, checkpoint_id=folder / "step-20", storage_writer=AlpsckStorageWriter())
+    assert ins.inspect_checkpoints(str(folder), False, False) == 0
+    out = capsys.readouterr().out
+    assert "damaged" not in out and "start fresh" not in out, out
+    lines = {line.split()[1] if line.startswith("*") else line.split()[0]: line for line in out.splitlines()[2:4]}
+    assert lines["10"].split()[1] == "filesystemwriter" and f"alpsck import-dcp {folder / 'step-10'} --trust-pickle" in \
+        lines["10"], out
+    assert lines["20"].startswith("*") and "alpsck's; its newest valid generation: 1" in lines["20"], out
+    assert ins.inspect_checkpoints(str(folder), False, True) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["folder"] and doc["latest_valid"] == 20
+    assert [(s["step"], s["kind"], s["newest_generation"]) for s in doc["steps"]] == [
+        (10, "filesystemwriter", None), (20, "alpsck", 1)]
+    for p in (folder / "step-20").iterdir():  # alpsck's step gone: nothing left that alpsck's reader can load
+        if p.is_dir():
+            for f in p.iterdir():
+                f.unlink()
+            p.rmdir()
+    assert ins.inspect_checkpoints(str(folder), False, False) == 1
+    assert "no step alpsck's DCP reader can load: a resume would start fresh" in capsys.readouterr().out
+    run = tmp_path / "run"  # a run directory whose only checkpoint has lost its manifest
+    save_steps(run, [1])
+    (run / _core.step_dir_name(1) / "MANIFEST.json").unlink()
+    assert ins.inspect_checkpoints(str(run), False, False) == 1
+    assert "no valid checkpoint: restore would start fresh" in capsys.readouterr().out
