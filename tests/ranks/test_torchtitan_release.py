@@ -46,6 +46,39 @@ def _needs_torchtitan() -> None:
     _torchtitan()
 
 
+def test_the_recipe_is_a_patch_git_apply_and_patch_take(tmp_path: Path) -> None:
+    """docs/dcp.md's diff, as a user copies it, applies to the released file with ``git apply`` and ``patch -p1``,
+    and gives what the worker's own application of its hunks gives (the code the other tests run)."""
+    import importlib.util
+    import re
+    import shutil
+
+    sys.path.insert(0, str(SUPPORT))
+    try:
+        from torchtitan_release_worker import DOCS, MODULE, recipe_hunks
+    finally:
+        sys.path.remove(str(SUPPORT))
+    m = re.search(r"```diff\n(.*?)```", DOCS.read_text(), re.S)
+    assert m, "docs/dcp.md has no diff block"
+    (tmp_path / "recipe.diff").write_text(m.group(1))
+    spec = importlib.util.find_spec(MODULE)
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).read_text()
+    expected = source
+    for old, new in recipe_hunks(DOCS.read_text()):
+        expected = expected.replace(f"\n{old}\n", f"\n{new}\n")
+    rel = Path("torchtitan/components/checkpointer/dcp.py")
+    for tool in (["git", "apply", str(tmp_path / "recipe.diff")], ["patch", "-p1", "-i", str(tmp_path / "recipe.diff")]):
+        if shutil.which(tool[0]) is None:
+            pytest.fail(f"{tool[0]} is not installed") if os.environ.get("CI") else pytest.skip(f"no {tool[0]}")
+        tree = tmp_path / tool[0]
+        (tree / rel).parent.mkdir(parents=True)
+        (tree / rel).write_text(source)
+        r = subprocess.run(tool, cwd=tree, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{tool}: {r.stdout}{r.stderr}"
+        assert (tree / rel).read_text() == expected != source, tool
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
