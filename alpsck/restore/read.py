@@ -86,25 +86,52 @@ def peek(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0
     directory. Nothing is unpickled: the tree is tagged JSON decoded by :mod:`alpsck.tree`.
     """
 
+    entries = _first_readable(run_dir, step, rank, verify, allow_unhealthy,
+                              lambda path: tree.decode_refs(CheckpointShards(path, rank).meta["tree"]))[1]
+    return {key: value for key, (_kind, value, _md) in entries.items()}
+
+
+def read_state(run_dir: str | os.PathLike[str], step: int | None = None, rank: int = 0, *,
+               threads: int = DEFAULTS["read_threads"]) -> tuple[int, dict[str, Any]]:
+    """The whole state of a run's newest valid checkpoint (or of ``step``), with no live state to restore into:
+    (its step, ``{state key: value}``) as :func:`peek` decodes it, every tensor read (each chunk CRC-checked) into
+    a new CPU tensor. For a framework that expects its loader to return the checkpoint it saved (Lightning's
+    ``CheckpointIO.load_checkpoint``, :mod:`alpsck.integrations.lightning`). Picks as ``restore()`` does; one whose
+    data fails its CRC is skipped, with a warning, for the one before (not with ``step``: it raises)."""
+    def read(path: str) -> dict[str, tuple[str, Any, Any]]:
+        meta, tensors = read_checkpoint(path, rank, threads)
+        return tree.decode(meta["tree"], lambda key, _spec, _path: tensors[key])
+
+    s, entries = _first_readable(run_dir, step, rank, True, False, read, whole=True)
+    return s, {key: value for key, (_kind, value, _md) in entries.items()}
+
+
+def _first_readable(run_dir: str | os.PathLike[str], step: int | None, rank: int, verify: bool, allow_unhealthy: bool,
+                    read: Callable[[str], dict[str, tuple[str, Any, Any]]], *,
+                    whole: bool = False) -> tuple[int, dict[str, tuple[str, Any, Any]]]:
+    """The first checkpoint the picker offers (:func:`alpsck.store.picker.pick`, kind "alpsck") that ``read``
+    reads: its step and entries. ``whole``: ``read`` reads every byte (so no separate CRC pass is made)."""
     if rank < 0:
         raise UsageError(f"rank must be 0 or more, not {rank}")
-    picked = pick(run_dir, kind="alpsck", step=step, verify_data=verify, allow_unhealthy=allow_unhealthy)
+    picked = pick(run_dir, kind="alpsck", step=step, verify_data=verify and not whole, allow_unhealthy=allow_unhealthy)
     if step is not None and not any(i["step"] == step for i in picked.scanned):
         raise NoCheckpointError(f"{run_dir}: no checkpoint of step {step}")
-    warn_skipped(picked, stacklevel=3)
+    warn_skipped(picked, stacklevel=4)
     for info in picked.candidates:
         s = int(info["step"])
         if info.get("ranks") and rank >= info["ranks"]:
             raise UsageError(f"{run_dir}: the checkpoint of step {s} has {info['ranks']} rank(s); there is no rank {rank}")
         try:
-            entries = tree.decode_refs(CheckpointShards(info["path"], rank).meta["tree"])
-            bad = data_error(info) if verify and not info["verified"] else None
+            entries = read(info["path"])
+            bad = data_error(info) if verify and not whole and not info["verified"] else None
         except CheckpointError as e:
+            if step is not None and whole:
+                raise
             bad = read_failure(info, e, "corrupt")
         if bad is not None:
-            warnings.warn(bad.warning(), RuntimeWarning, stacklevel=2)
+            warnings.warn(bad.warning(), RuntimeWarning, stacklevel=3)
             continue
-        return {key: value for key, (_kind, value, _md) in entries.items()}
+        return s, entries
     if step is None and all_unhealthy(picked):
         raise NoCheckpointError(f"{run_dir}: {all_unhealthy(picked)}")
     why = f" ({picked.why_not()})" if picked.skipped else ""

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "alpsck.node_health")),
     ("checkpointer", ("alpsck.checkpointer", "alpsck.restore", "alpsck.memory", "alpsck.torch_save")),
     ("dcp", ("alpsck.dcp",)),
+    ("integrations", ("alpsck.integrations",)),  # other frameworks' checkpoint hooks: the checkpointer, from outside
     # The apps, each its own rung: the job layer, the checkpoint tools, the reference training, the bench
     # (which measures the training), then the command line that assembles them all.
     ("slurm", ("alpsck.slurm",)),
@@ -148,7 +149,7 @@ def test_the_top_of_the_package_stays_small() -> None:
 # by their own units; the bench measures its peers' own writes. Anything else that fsyncs or renames a file
 # into place asks store/durable.
 _DURABLE = "alpsck/store/durable.py"
-_BIG_FILE_WRITERS = ("alpsck/torch_save.py", "alpsck/tools/export.py", "alpsck/tools/promote.py",
+_BIG_FILE_WRITERS = ("alpsck/torch_save.py", "alpsck/tools/export.py", "alpsck/tools/export_dirs.py", "alpsck/tools/promote.py",
                      "alpsck/dcp/convert.py", "alpsck/memory/wire.py")
 
 

@@ -132,7 +132,7 @@ def test_export_json_names_the_checkpoint_and_the_file(tmp_path: Path, capsys: p
     doc = _json(capsys, "export", str(run), str(out), "--json")
     assert doc == {"run_dir": str(run), "source": str(run / STEP(2)), "step": 2, "rank": 0, "subtree": None,
                    "path": str(out), "format": "safetensors", "tensors": 2, "tensor_bytes": 300 * 4 + 7 * 4,
-                   "bytes": out.stat().st_size, "skipped": []}
+                   "bytes": out.stat().st_size, "files": None, "skipped": []}
     back = load_file(out)
     assert sorted(back) == ["b", "w"] and back["w"][0].item() == 2.0
     doc = _json(capsys, "export", str(run), str(tmp_path / "w.pt"), "--step", "1", "--subtree", "w", "--json")

@@ -1,0 +1,72 @@
+"""alpsck.integrations.lightning.AlpsckCheckpointIO on its own (issue 56, item 2): what Lightning's trainer calls,
+called directly; the DDP kill-and-resume is tests/ranks/test_lightning.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+try:
+    import lightning  # noqa: F401
+except ImportError as e:
+    if os.environ.get("CI"):
+        raise RuntimeError(f"lightning is missing ({e}): .ci/run installs it") from e
+    pytest.skip(f"lightning is not installed ({e})", allow_module_level=True)
+
+from alpsck.errors import UsageError
+from alpsck.integrations.lightning import AlpsckCheckpointIO
+
+
+def _checkpoint(step: int) -> dict[str, object]:
+    torch.manual_seed(step)
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.fill_(float(step))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    return {"epoch": 1, "global_step": step, "pytorch-lightning_version": "2.6.0", "state_dict": model.state_dict(),
+            "optimizer_states": [opt.state_dict()], "lr_schedulers": [],
+            "loops": {"fit_loop": {"epoch_progress": {"total": {"completed": 1}}}},
+            "callbacks": {"ModelCheckpoint{'monitor': None}": {"best_model_path": "x/epoch=0.ckpt",
+                                                               "kth_value": torch.tensor(float("inf"))}},
+            "hyper_parameters": {"lr": 0.1, "layers": [3, 2], "name": "m"}}
+
+
+def _equal(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_equal, a, b))
+    return a == b
+
+
+def test_what_lightning_saves_it_loads_back_whole_and_a_path_saved_again_keeps_its_newest(tmp_path: Path) -> None:
+    io = AlpsckCheckpointIO(threads=2)
+    for step in (5, 10):
+        io.save_checkpoint(_checkpoint(step), tmp_path / f"epoch=0-step={step}.ckpt")
+        io.save_checkpoint(_checkpoint(step), tmp_path / "last.ckpt")  # saved again: its newest stays
+    io.teardown()
+    assert _equal(io.load_checkpoint(tmp_path / "epoch=0-step=5.ckpt"), _checkpoint(5))
+    assert _equal(io.load_checkpoint(tmp_path / "last.ckpt", map_location="cpu"), _checkpoint(10))
+    assert [p.name for p in (tmp_path / "last.ckpt").iterdir() if p.name.startswith("step-")] == ["step-000000010"]
+    io.remove_checkpoint(tmp_path / "epoch=0-step=5.ckpt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch=0-step=10.ckpt", "last.ckpt"]
+    with pytest.raises(FileNotFoundError, match="epoch=0-step=5.ckpt"):
+        io.load_checkpoint(tmp_path / "epoch=0-step=5.ckpt")
+
+
+def test_a_load_of_a_path_still_in_flight_waits_for_it_and_bad_arguments_are_named(tmp_path: Path) -> None:
+    io = AlpsckCheckpointIO()
+    io.save_checkpoint(_checkpoint(3), tmp_path / "a.ckpt")  # in flight, read at once
+    assert _equal(io.load_checkpoint(tmp_path / "a.ckpt"), _checkpoint(3))
+    with pytest.raises(TypeError, match="takes no storage_options"):
+        io.save_checkpoint(_checkpoint(4), tmp_path / "b.ckpt", storage_options={"x": 1})
+    with pytest.raises(UsageError, match="AlpsckCheckpointIO sets keep_last itself"):
+        AlpsckCheckpointIO(keep_last=3)
+    io.teardown()
