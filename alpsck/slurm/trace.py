@@ -73,9 +73,15 @@ def trace(run_dir: str, job_id: str, attempt: int, srun_log: str, cordon_after: 
     if attempt <= 0:
         return
     tl = timeline.read(Path(run_dir))
-    nodes = sorted({str(e.node) for e in tl.of_kind(Traced, job_id) if e.attempt == attempt - 1 and e.node})
+    starts = tl.starts_of(job_id)
+    since = (starts[-1].time or 0.0) if starts else 0.0  # the step before's own start (a requeue reuses attempts)
+
+    def of_it(e: Traced | Hang) -> bool:
+        return e.attempt == attempt - 1 and (e.time or 0.0) >= since
+
+    nodes = sorted({str(e.node) for e in tl.of_kind(Traced, job_id) if of_it(e) and e.node})
     if not nodes:
-        if any(e.attempt == attempt - 1 for e in tl.of_kind(Hang, job_id)):
+        if any(of_it(e) for e in tl.of_kind(Hang, job_id)):
             print(f"alpsck: the job step of attempt {attempt - 1} hung: the watchdog ended its tasks, so where it "
                   "ended says nothing of a node", file=sys.stderr, flush=True)
             return

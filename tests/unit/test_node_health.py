@@ -416,6 +416,11 @@ def test_a_hung_step_is_traced_to_no_node_and_rank_zeros_missing_ranks_come_befo
     assert (t["attempt"], t["node"], t["task"], t["message"]) == (0, "n3", 2, "no shard from it at the commit agreement")
     [c] = [e for e in history.read(tmp_path) if e["event"] == "cordoned"]
     assert (c["node"], c["checks"], c["attempt"]) == ("n3", "failures", 1)
+    # Requeued, the same job id starts at attempt 0 again: that attempt's step is traced by srun's word, not by the
+    # rank-0 trace of the earlier allocation's attempt 0.
+    history.append(tmp_path, history.Started(restart=1, rank=0, world_size=3), job_id="77")
+    trace.trace(str(tmp_path), "77", 1, str(log), 5)
+    assert [(e["node"], e["task"]) for e in history.read(tmp_path) if e["event"] == "traced"] == [("n3", 2), ("n1", 0)]
 
 
 VETNODE = """\
