@@ -42,6 +42,13 @@ def rendezvous_port(*key: object) -> int:
     return random.Random("/".join(map(str, key))).randint(20000, 60000)
 
 
+def hostnames(nodelist: str) -> list[str]:
+    """SLURM's hostlist syntax (``n[1-3,5]``, as in ``SLURM_JOB_NODELIST``) as names: submitit's own reader."""
+    from submitit.slurm.slurm import _parse_node_list
+
+    return list(_parse_node_list(nodelist)) if nodelist else []
+
+
 def _float(v: str | None) -> float | None:
     try:
         f = float(v) if v else None

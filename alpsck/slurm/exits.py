@@ -14,3 +14,6 @@ GIVE_UP_EXIT = 93
 # (0), failed for good (1), asked for a requeue (3) or gave up (93). Any other (a signal's 128 + N, a
 # hard exit, RESTART_EXIT) is a step that died: started again in the allocation while the budget lasts.
 FINAL_EXITS = (0, 1, REQUEUE_EXIT, GIVE_UP_EXIT)
+# The health gate's own answer to the batch script (alpsck.slurm.health_gate.main): it requeued the job (too few
+# healthy nodes in this allocation), so the script ends without starting the step. 0 and GIVE_UP_EXIT as above.
+GATE_REQUEUED_EXIT = 3

@@ -37,19 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SlurmError
+from ..job_env import hostnames
 from ..node_health.links import CODE as LINKS_CODE
 from ..node_health.links import slow_nodes
 from ..node_health.probe import CODE as PROBE_CODE
 from . import commands, history, stragglers, timeline, trace
 from .config import JobConfig
-from .exits import GIVE_UP_EXIT
+from .exits import GATE_REQUEUED_EXIT, GIVE_UP_EXIT
 from .history import Cordoned, GaveUp, Requeued
 from .spare_nodes import EXCLUDE
 
 GATE = "alpsck_health_gate"  # the batch script's function: sets spare_nodes.EXCLUDE, or ends the script
 CODE = "import sys; del sys.path[0]; from alpsck.slurm.health_gate import main; sys.exit(main(sys.argv[1:]))"
 SRUN_LOG = "alpsck_srun_log"  # the batch script's file of the last step's srun messages
-REQUEUED_EXIT = 3  # main(): the job was requeued (too few healthy nodes here); the batch script ends
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,6 @@ class Answer:
         return "; ".join(f"{c.get('name')}: {c.get('detail')}" for c in self.failed)
 
 
-def hostnames(nodelist: str) -> list[str]:
-    """SLURM's hostlist syntax (``n[1-3,5]``) as names (submitit's own reader)."""
-    from submitit.slurm.slurm import _parse_node_list
-
-    return list(_parse_node_list(nodelist)) if nodelist else []
-
-
 def _json_objects(stdout: str) -> Iterator[dict[str, Any]]:
     """The JSON objects among the lines the probes' tasks printed (anything else srun printed is skipped)."""
     for line in stdout.splitlines():
@@ -99,10 +92,16 @@ def parse_answers(stdout: str) -> dict[str, Answer]:
             for doc in _json_objects(stdout) if isinstance(doc.get("node"), str) and isinstance(doc.get("checks"), list)}
 
 
+def _task_per_node(nodes: list[str], name: str, *, kill_on_bad_exit: bool) -> list[str]:
+    """srun's options for a step of the gate: one task (one CPU) on each of ``nodes``, beside the training's own
+    (``--overlap``), named ``name``."""
+    return [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}", "--ntasks-per-node=1",
+            "--cpus-per-task=1", "--overlap", f"--kill-on-bad-exit={int(kill_on_bad_exit)}", f"--job-name={name}"]
+
+
 def _srun_probe(nodes: list[str], run_dir: str, limits: dict[str, Any], python: list[str], timeout_s: float,
                 container: str | None) -> tuple[dict[str, Answer], str]:
-    args = [f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-            "--ntasks-per-node=1", "--cpus-per-task=1", "--overlap", "--kill-on-bad-exit=0", "--job-name=alpsck-health",
+    args = [*_task_per_node(nodes, "alpsck-health", kill_on_bad_exit=False),
             *([f"--environment={container}"] if container else []),
             *python, "-c", PROBE_CODE, run_dir, json.dumps(limits)]
     code, stdout, stderr = commands.srun_gather(args, timeout_s)
@@ -139,8 +138,7 @@ def probe_links(answers: dict[str, Answer], python: list[str], min_gbps: float, 
     healthy = [n for n, a in answers.items() if a.ok]
     if min_gbps <= 0 or len(healthy) < 3:
         return
-    args = [f"--nodelist={','.join(healthy)}", f"--nodes={len(healthy)}", f"--ntasks={len(healthy)}",
-            "--ntasks-per-node=1", "--cpus-per-task=1", "--overlap", "--kill-on-bad-exit=1", "--job-name=alpsck-links",
+    args = [*_task_per_node(healthy, "alpsck-links", kill_on_bad_exit=True),
             *python, "-c", LINKS_CODE, healthy[0], str(int(mib)), f"{timeout_s:g}"]
     code, stdout, stderr = commands.srun_gather(args, timeout_s + 30)
     rates: dict[int, tuple[str, float]] = {}
@@ -224,12 +222,12 @@ def decide(run_dir: str, job_id: str, attempt: int, allocation: list[str], exclu
     history.append(run_dir, Requeued(reason="health", mechanism="scontrol", progress=False), job_id=job_id)
     print(f"alpsck: health gate: {why}: requeued, excluding {','.join(sorted(bad))}"
           + (f" (the exclusion failed: {not_kept})" if not_kept else ""), file=sys.stderr, flush=True)
-    return REQUEUED_EXIT, exclude
+    return GATE_REQUEUED_EXIT, exclude
 
 
 def main(argv: list[str]) -> int:
     """The batch script's gate (module docstring): prints the nodes to exclude, comma-separated; exit 0 (run
-    the step), :data:`REQUEUED_EXIT` or :data:`GIVE_UP_EXIT`."""
+    the step), :data:`exits.GATE_REQUEUED_EXIT` or :data:`exits.GIVE_UP_EXIT`."""
     p = argparse.ArgumentParser(prog="alpsck-health-gate")
     p.add_argument("run_dir")
     p.add_argument("--need", type=int, required=True)
@@ -286,7 +284,7 @@ def batch_lines(cfg: JobConfig, python: str, allocated: int) -> list[str]:
         "  rc=$?",
         '  case "$rc" in',
         f"    0) {EXCLUDE}=$out ;;",
-        f"    {REQUEUED_EXIT}) exit 0 ;;",
+        f"    {GATE_REQUEUED_EXIT}) exit 0 ;;",
         f"    {GIVE_UP_EXIT}) exit {GIVE_UP_EXIT} ;;",
         f'    *) [ -z "$out" ] || {EXCLUDE}=$out',
         '       echo "alpsck: the health gate itself failed (exit $rc); the job step starts without its checks" >&2 ;;',

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
-from ..job_env import JobEnv, rendezvous_port
+from ..job_env import JobEnv, hostnames, rendezvous_port
 from ..progress import RESTORED_HOOKS, SAVED_HOOKS, install_progress
 from ..store.picker import pick, taken_at_of
 from . import history, timeline, trace
@@ -150,9 +150,7 @@ def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:
     # (slurm.spare_nodes: a spare, a lost node) has its own: the first of the step's nodes hosts the store.
     step_nodes = os.environ.get("SLURM_STEP_NODELIST")
     if step_nodes:
-        from submitit.slurm.slurm import _parse_node_list  # SLURM's hostlist syntax (submitit's own reader)
-
-        hosts = _parse_node_list(step_nodes)
+        hosts = hostnames(step_nodes)
         os.environ["MASTER_ADDR"] = hosts[0]
         os.environ["LOCAL_WORLD_SIZE"] = str(max(1, int(os.environ["WORLD_SIZE"]) // len(hosts)))
 

@@ -20,6 +20,7 @@ from alpsck.node_health import checks
 from alpsck.node_health.checks import Limits, gpu_problems, gpu_rows, node_checks
 from alpsck.slurm import health_gate, history, status, trace
 from alpsck.slurm.config import parse_config
+from alpsck.slurm.exits import GATE_REQUEUED_EXIT
 from alpsck.slurm.health_gate import Answer, decide, parse_answers
 from alpsck.slurm.submit import sbatch_script
 
@@ -193,7 +194,7 @@ def test_a_failing_node_is_cordoned_once_and_excluded_from_every_later_step(tmp_
     code, exclude, probed = _gate(tmp_path, ["n1", "n2", "n3"], set(), need=2, excluded=frozenset({"n3"}),
                                   allocated=3)
     assert probed == [["n1"]] and exclude == ["n2", "n3"]
-    assert code == health_gate.REQUEUED_EXIT  # one usable node of the two the step needs
+    assert code == GATE_REQUEUED_EXIT  # one usable node of the two the step needs
     assert slurm.calls == [["requeue", "77"], ["update", "JobId=77", "ExcNodeList=n2"]]
     assert len([e for e in history.read(tmp_path) if e["event"] == "cordoned"]) == 1
     [rq] = [e for e in history.read(tmp_path) if e["event"] == "requeued"]
@@ -205,7 +206,7 @@ def test_too_few_healthy_nodes_requeues_excluding_the_cordoned_while_the_partiti
     slurm = Slurm(monkeypatch, ["n1", "n2", "n3", "n4", "n5", "n6"])
     slurm.before = "n[5-6]"  # the user's own --exclude stays
     code, exclude, _ = _gate(tmp_path, ["n1", "n2"], {"n2"}, need=2)
-    assert code == health_gate.REQUEUED_EXIT and exclude == ["n2"]
+    assert code == GATE_REQUEUED_EXIT and exclude == ["n2"]
     assert slurm.calls == [["requeue", "77"], ["update", "JobId=77", "ExcNodeList=n2,n5,n6"]]
 
 
