@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support import SUPPORT
+from support.releases import require_release
 
 WORKER = SUPPORT / "lightning_worker.py"
 LIGHTNING = "2.6.0"
@@ -22,17 +23,7 @@ LIGHTNING = "2.6.0"
 
 @pytest.fixture(autouse=True)
 def _needs_lightning() -> None:
-    try:
-        from importlib.metadata import version
-
-        import lightning  # noqa: F401
-        v = version("lightning")
-    except ImportError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"lightning {LIGHTNING} is missing ({e}): .ci/run installs it")
-        pytest.skip(f"lightning {LIGHTNING} is not installed ({e})")
-    if v != LIGHTNING:
-        pytest.fail(f"lightning {v} is installed; this test and docs/lightning.md are for {LIGHTNING}")
+    require_release("lightning", "lightning", LIGHTNING, "this test and docs/lightning.md")
 
 
 def _start(run: Path, losses: Path, epochs: int, *extra: str) -> subprocess.Popen[str]:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from support import SUPPORT
+from support.releases import require_release
 
 from alpsck.dcp.paths import is_alpsck_checkpoint_id
 
@@ -27,23 +28,9 @@ WORKER = SUPPORT / "torchtitan_release_worker.py"
 TORCHTITAN = "0.3.0"
 
 
-def _torchtitan() -> None:
-    try:
-        from importlib.metadata import version
-
-        import torchtitan  # noqa: F401
-        v = version("torchtitan")
-    except ImportError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"torchtitan {TORCHTITAN} is missing ({e}): .ci/run installs it")
-        pytest.skip(f"torchtitan {TORCHTITAN} is not installed ({e})")
-    if v != TORCHTITAN:
-        pytest.fail(f"torchtitan {v} is installed; these tests and docs/dcp.md's recipe are for {TORCHTITAN}")
-
-
 @pytest.fixture(autouse=True)
 def _needs_torchtitan() -> None:
-    _torchtitan()
+    require_release("torchtitan", "torchtitan", TORCHTITAN, "these tests and docs/dcp.md's recipe")
 
 
 def test_the_recipe_is_a_patch_git_apply_and_patch_take(tmp_path: Path) -> None:

@@ -3,21 +3,23 @@ called directly; the DDP kill-and-resume is tests/ranks/test_lightning.py."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-
-try:
-    import lightning  # noqa: F401
-except ImportError as e:
-    if os.environ.get("CI"):
-        raise RuntimeError(f"lightning is missing ({e}): .ci/run installs it") from e
-    pytest.skip(f"lightning is not installed ({e})", allow_module_level=True)
+from support.releases import require_release
 
 from alpsck.errors import UsageError
-from alpsck.integrations.lightning import AlpsckCheckpointIO
+
+
+@pytest.fixture
+def io_class() -> Any:
+    """AlpsckCheckpointIO, once Lightning is there (it imports Lightning)."""
+    require_release("lightning", "lightning", "2.6.0", "alpsck.integrations.lightning's tests")
+    from alpsck.integrations.lightning import AlpsckCheckpointIO
+
+    return AlpsckCheckpointIO
 
 
 def _checkpoint(step: int) -> dict[str, object]:
@@ -46,8 +48,9 @@ def _equal(a: object, b: object) -> bool:
     return a == b
 
 
-def test_what_lightning_saves_it_loads_back_whole_and_a_path_saved_again_keeps_its_newest(tmp_path: Path) -> None:
-    io = AlpsckCheckpointIO(threads=2)
+def test_what_lightning_saves_it_loads_back_whole_and_a_path_saved_again_keeps_its_newest(tmp_path: Path,
+                                                                                          io_class: Any) -> None:
+    io = io_class(threads=2)
     for step in (5, 10):
         io.save_checkpoint(_checkpoint(step), tmp_path / f"epoch=0-step={step}.ckpt")
         io.save_checkpoint(_checkpoint(step), tmp_path / "last.ckpt")  # saved again: its newest stays
@@ -61,12 +64,13 @@ def test_what_lightning_saves_it_loads_back_whole_and_a_path_saved_again_keeps_i
         io.load_checkpoint(tmp_path / "epoch=0-step=5.ckpt")
 
 
-def test_a_load_of_a_path_still_in_flight_waits_for_it_and_bad_arguments_are_named(tmp_path: Path) -> None:
-    io = AlpsckCheckpointIO()
+def test_a_load_of_a_path_still_in_flight_waits_for_it_and_bad_arguments_are_named(tmp_path: Path,
+                                                                                    io_class: Any) -> None:
+    io = io_class()
     io.save_checkpoint(_checkpoint(3), tmp_path / "a.ckpt")  # in flight, read at once
     assert _equal(io.load_checkpoint(tmp_path / "a.ckpt"), _checkpoint(3))
     with pytest.raises(TypeError, match="takes no storage_options"):
         io.save_checkpoint(_checkpoint(4), tmp_path / "b.ckpt", storage_options={"x": 1})
     with pytest.raises(UsageError, match="AlpsckCheckpointIO sets keep_last itself"):
-        AlpsckCheckpointIO(keep_last=3)
+        io_class(keep_last=3)
     io.teardown()
