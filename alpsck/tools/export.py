@@ -59,7 +59,7 @@ from ..store.names import is_run_entry, is_text, temp_name
 from ..store.picker import pick, pick_checkpoint, read_failure
 from ..store.scan import check_run_dir, open_shard
 from ..store.shards import DCP_META_FORMAT, CheckpointShards, shard_name
-from .export_dirs import DIR_FORMATS, HF_SHARD_BYTES, check_new_dir, dcp_to_dir, export_to_dir, tree_to_dir
+from .export_dirs import DIR_FORMATS, HF_SHARD_BYTES, beside, check_new_dir, dcp_to_dir, export_to_dir, tree_to_dir
 from .export_formats import BATCH_BYTES, plan, write_safetensors, write_torch
 from .progress import human
 
@@ -109,18 +109,13 @@ def _destination(out: str) -> Path:
 
 
 def _create_tmp(out: Path) -> tuple[BinaryIO, Path]:
-    """A new file beside OUT to write the export into: ``OUT.tmp``, or ``OUT.tmp.N`` while that name is taken
-    (a file of the user's, a concurrent export's). Created exclusively: never truncates an existing file,
-    never writes through a symlink."""
-    for n in range(100):
-        tmp = Path(temp_name(str(out)) if n == 0 else f"{temp_name(str(out))}.{n}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        except FileExistsError:
-            continue
+    """A new file beside OUT to write the export into (:func:`.export_dirs.beside`). Created exclusively: never
+    truncates an existing file, never writes through a symlink."""
+    def create(tmp: Path) -> tuple[BinaryIO, Path]:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         return os.fdopen(fd, "wb"), tmp
-    raise CheckpointError(f"{out}: {out}.tmp and {out}.tmp.1 to .99 all exist (left by killed exports?); "
-                          "remove them; nothing was written")
+
+    return beside(out, create)
 
 
 def _check_not_in_run(out: Path, run_dir: str) -> bool:
@@ -255,10 +250,9 @@ def _write(info: dict[str, Any], out_path: Path, fmt: str, rank: int, threads: i
     """One checkpoint (``info``) exported to ``out_path``: (tensors, their bytes, the files written)."""
     step_meta = {"alpsck.step": str(info["step"])}
     if fmt in DIR_FORMATS and _is_dcp(info, 0):  # alpsck's DCP backend: the whole state, through DCP
-        counted: list[tuple[int, int]] = []
-        files = export_to_dir(out_path, fmt, lambda tmp: counted.append(
-            dcp_to_dir(Path(info["path"]), tmp, fmt, subtree, step_meta, max_shard_bytes)))
-        return (*counted[0], files)
+        (tensors, tensor_bytes), files = export_to_dir(
+            out_path, lambda tmp: dcp_to_dir(Path(info["path"]), tmp, fmt, subtree, step_meta, max_shard_bytes))
+        return tensors, tensor_bytes, files
     shards = CheckpointShards(info["path"], rank, open_shard)
     meta, items = shards.meta, plan(shards, subtree)
     metadata = {"format": "pt", "alpsck.step": str(meta.get("step", info["step"])), "alpsck.rank": str(rank)}
@@ -266,8 +260,8 @@ def _write(info: dict[str, Any], out_path: Path, fmt: str, rank: int, threads: i
         metadata["alpsck.subtree"] = subtree
     tensor_bytes = sum(it.nbytes for it in items)
     if fmt in DIR_FORMATS:
-        files = export_to_dir(out_path, fmt, lambda tmp: tree_to_dir(shards, items, tmp, fmt, metadata, threads,
-                                                                     max_shard_bytes))
+        _, files = export_to_dir(out_path, lambda tmp: tree_to_dir(shards, items, tmp, fmt, metadata, threads,
+                                                                   max_shard_bytes))
         return len(items), tensor_bytes, files
     fh, tmp = _create_tmp(out_path)
     try:

@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import UsageError
+from ..errors import CheckpointError, UsageError
 from ..store.durable import fsync_path
 from ..store.names import temp_name
 from ..store.shards import CheckpointShards
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 DIR_FORMATS = ("dcp", "hf")
 HF_SHARD_BYTES = 5 * 10**9  # save_pretrained's default max_shard_size, "5GB"
 HF_INDEX = "model.safetensors.index.json"
+_T = TypeVar("_T")
 
 
 def check_new_dir(out: Path) -> None:
@@ -47,15 +49,21 @@ def check_new_dir(out: Path) -> None:
         raise UsageError(f"{out}: directory {parent} does not exist")
 
 
-def _new_tmp_dir(out: Path) -> Path:
+def beside(out: Path, make: Callable[[Path], _T]) -> _T:
+    """``make(OUT.tmp)``, or of ``OUT.tmp.N`` while ``make`` raises FileExistsError (a name taken: a file of the
+    user's, a concurrent export's): what export writes into before it becomes OUT, never an existing one."""
     for n in range(100):
-        tmp = Path(temp_name(str(out)) if n == 0 else f"{temp_name(str(out))}.{n}")
         try:
-            tmp.mkdir()
+            return make(Path(temp_name(str(out)) if n == 0 else f"{temp_name(str(out))}.{n}"))
         except FileExistsError:
             continue
-        return tmp
-    raise UsageError(f"{out}: {out}.tmp and {out}.tmp.1 to .99 all exist (left by killed exports?); remove them")
+    raise CheckpointError(f"{out}: {out}.tmp and {out}.tmp.1 to .99 all exist (left by killed exports?); "
+                          "remove them; nothing was written")
+
+
+def _made_dir(path: Path) -> Path:
+    path.mkdir()
+    return path
 
 
 def _publish(tmp: Path, out: Path) -> list[Path]:
@@ -187,12 +195,13 @@ def dcp_to_dir(path: Path, tmp: Path, fmt: str, subtree: str | None, metadata: d
     return len(tensors), total
 
 
-def export_to_dir(out: Path, fmt: str, write: Any) -> list[Path]:
-    """``write(tmp)`` fills a fresh ``OUT.tmp``; then it becomes OUT (module docstring). The files written."""
-    tmp = _new_tmp_dir(out)
+def export_to_dir(out: Path, write: Callable[[Path], _T]) -> tuple[_T, list[Path]]:
+    """``write(tmp)`` fills a fresh ``OUT.tmp``; then it becomes OUT (module docstring). What ``write`` returned, and
+    the files written."""
+    tmp = beside(out, _made_dir)
     try:
-        write(tmp)
-        return _publish(tmp, out)
+        done = write(tmp)
+        return done, _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
