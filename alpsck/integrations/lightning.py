@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -115,13 +114,12 @@ def _moved(value: Any, map_location: Any) -> Any:
     device = torch.device(map_location)
     if device.type == "cpu":
         return value
-    move: Callable[[Any], Any] = lambda v: _moved(v, device)  # noqa: E731
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, dict):
-        return {k: move(v) for k, v in value.items()}
+        return {k: _moved(v, device) for k, v in value.items()}
     if isinstance(value, list):
-        return [move(v) for v in value]
+        return [_moved(v, device) for v in value]
     if isinstance(value, tuple):
-        return tuple(move(v) for v in value)
+        return tuple(_moved(v, device) for v in value)
     return value
