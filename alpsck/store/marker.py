@@ -57,15 +57,17 @@ def is_marked(path: Path) -> bool:
     return (path / MARKER_NAMES[0]).is_file() and marker_problem(path) is None
 
 
-def folder_steps(path: Path) -> list[tuple[int, Path, str]] | None:
+def folder_steps(path: Path, names: list[str] | None = None) -> list[tuple[int, Path, str]] | None:
     """A trainer's folder of checkpoints (torchtitan's ``checkpoint/step-10``, ``step-20``): each step directory's
     step, path and kind (:data:`ALPSCK`: an alpsck checkpoint directory, which alpsck's DCP reader loads;
     :data:`FILESYSTEMWRITER`: DCP's own format; :data:`OTHER`: neither), ascending by step. None when ``path``
-    holds no step of either kind (a run directory, whose ``step-N`` are its own checkpoints)."""
-    try:
-        names = os.listdir(path)
-    except OSError:
-        return None
+    holds no step of either kind (a run directory, whose ``step-N`` are its own checkpoints). ``names``: the
+    directory's entries, where the caller listed them already."""
+    if names is None:
+        try:
+            names = os.listdir(path)
+        except OSError:
+            return None
     steps = []
     for name in names:
         m = _STEP.fullmatch(name)

@@ -24,11 +24,11 @@ def denied(path: str | os.PathLike[str], what: str) -> CheckpointError:
     return CheckpointError(f"{path}: permission denied ({what}); run as the user who owns the run or fix its permissions")
 
 
-def _refuse_folder_of_checkpoints(path: Path) -> None:
+def _refuse_folder_of_checkpoints(path: Path, names: list[str]) -> None:
     """A trainer's folder of checkpoints (``folder/step-10``, each alpsck's checkpoint directory or DCP's
     FileSystemWriter's: :func:`alpsck.store.marker.folder_steps`) is not a run directory: its ``step-N`` would read
     as damaged."""
-    steps = folder_steps(path)
+    steps = folder_steps(path, names)
     if steps is None:
         return
     mine = [p for _, p, kind in steps if kind == ALPSCK]
@@ -63,7 +63,7 @@ def check_run_dir(run_dir: str | os.PathLike[str]) -> Path:
         raise denied(run_dir, "cannot list it") from None
     except OSError as e:
         raise CheckpointError(f"{run_dir}: cannot list it: {e.strerror or e}") from None
-    _refuse_folder_of_checkpoints(path)
+    _refuse_folder_of_checkpoints(path, names)
     if not holds_run_state(names):
         baseline = sorted(n for n in names if n.startswith("torch-step-") and n.endswith(".pt"))
         hint = (f"; its {len(baseline)} torch-step-*.pt file(s) are the torch.save baseline's (--checkpointer torch), "
