@@ -17,6 +17,7 @@ so a spare takes its place.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import sys
 from collections import deque
@@ -40,6 +41,17 @@ def _pace(entry: Mapping[str, Any]) -> tuple[int, str, float, float] | None:
     return (rank, node, arrived, work) if arrived > 0 and work > 0 else None
 
 
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of ``ordered`` (sorted) with one ``value`` left out: a rank's peers', without a list per rank."""
+    i = bisect.bisect_left(ordered, value)
+    m = len(ordered) - 1
+
+    def at(k: int) -> float:  # the k-th of the list without ordered[i]
+        return ordered[k] if k < i else ordered[k + 1]
+
+    return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
+
+
 class PaceWatch:
     """Rank 0's view of every rank's pace at the saves of this start (module docstring)."""
 
@@ -59,11 +71,10 @@ class PaceWatch:
         if self.factor <= 0 or len(paces) < 2:
             return []
         out = []
-        for rank, _, arrived, work in paces:
-            peers = [w for r, _, _, w in paces if r != rank]
-            peers_arrived = [a for r, _, a, _ in paces if r != rank]
-            ref = statistics.median(peers)
-            late = arrived - statistics.median(peers_arrived)
+        works, arrivals = sorted(p[3] for p in paces), sorted(p[2] for p in paces)
+        for rank, _, arrived, work in paces:  # on the training thread, after each save: O(n log n) in the ranks
+            ref = _median_without(works, work)
+            late = arrived - _median_without(arrivals, arrived)
             seen = self.window.setdefault(rank, deque(maxlen=self.saves))
             seen.append((work / ref, work, ref, late))
             if rank in self.named or len(seen) < self.saves:

@@ -126,3 +126,18 @@ def test_the_straggler_keys_are_checked_and_the_gate_passes_the_cordon_on(tmp_pa
     gate = text[text.index(f"{health_gate.GATE}() {{"):]
     assert "--cordon-stragglers" in gate[:gate.index("\n}\n")]
     assert "--cordon-stragglers" not in sbatch_script(parse_config(base + "  gate: true\n"))
+
+
+def test_a_ranks_peers_median_is_the_median_of_the_others_without_a_list_per_rank() -> None:
+    import random
+    import statistics
+
+    from alpsck.slurm.stragglers import _median_without
+
+    rng = random.Random(0)
+    for n in range(2, 30):
+        for _ in range(50):
+            xs = [rng.choice([rng.random(), 0.5, 0.25]) for _ in range(n)]  # ties too
+            ordered = sorted(xs)
+            for j, v in enumerate(xs):
+                assert _median_without(ordered, v) == statistics.median(xs[:j] + xs[j + 1:]), (xs, v)
