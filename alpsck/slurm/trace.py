@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import history, timeline
 from .exits import GIVE_UP_EXIT, RESTART_EXIT
-from .history import Cordoned, Hang, Traced
+from .history import Cordoned, Hang, Started, Traced
 
 _TASK = re.compile(r"^srun: error: (\S+): tasks? (\d+)(?:[-,]\d+)*: (.+)$")
 _NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)")
@@ -73,15 +73,13 @@ def trace(run_dir: str, job_id: str, attempt: int, srun_log: str, cordon_after: 
     if attempt <= 0:
         return
     tl = timeline.read(Path(run_dir))
-    starts = tl.starts_of(job_id)
-    since = (starts[-1].time or 0.0) if starts else 0.0  # the step before's own start (a requeue reuses attempts)
-
-    def of_it(e: Traced | Hang) -> bool:
-        return e.attempt == attempt - 1 and (e.time or 0.0) >= since
-
-    nodes = sorted({str(e.node) for e in tl.of_kind(Traced, job_id) if of_it(e) and e.node})
+    # What the log holds after the step before's own start (a requeue reuses attempt numbers): by the log's order,
+    # not by times, which two events written within a millisecond share.
+    begun = max((i for i, e in enumerate(tl.records) if isinstance(e, Started) and e.job_id == job_id), default=-1)
+    since = [e for e in tl.records[begun + 1:] if e.job_id == job_id and e.get("attempt") == attempt - 1]
+    nodes = sorted({str(e.node) for e in since if isinstance(e, Traced) and e.node})
     if not nodes:
-        if any(of_it(e) for e in tl.of_kind(Hang, job_id)):
+        if any(isinstance(e, Hang) for e in since):
             print(f"alpsck: the job step of attempt {attempt - 1} hung: the watchdog ended its tasks, so where it "
                   "ended says nothing of a node", file=sys.stderr, flush=True)
             return
