@@ -10,7 +10,9 @@ tier (``memory_every``) also gets what this node's memory holds of it (:func:`me
 A trainer's folder of checkpoints (torchtitan's ``checkpoint/step-10``, ``step-20``: one checkpoint directory per
 step) is listed by step and kind (:func:`folder_listing`): alpsck's, with its newest valid generation, or DCP's own
 FileSystemWriter format, which ``alpsck import-dcp`` converts; never called damaged. Exit 1 when a restore would
-start fresh: the directory holds checkpoints and none is usable.
+start fresh: the directory holds checkpoints and none is usable. A directory written through ``alpsck://``
+(``DIR`` or ``alpsck://DIR``) is listed file by file, each checked against its CRC32C
+(:mod:`.inspect_summed`).
 ``--step N`` (or ``--tensors`` alone, for the newest valid one) describes one checkpoint from its
 state tree, without reading tensor data: the tensor inventory (``--tensors``: name, dtype, shape,
 bytes) and a summary of the non-tensor state (step, learning rates, RNG streams, data position,
@@ -50,6 +52,7 @@ from ..store.marker import ALPSCK, FILESYSTEMWRITER, folder_steps
 from ..store.picker import metrics_text, pick, pick_checkpoint
 from ..store.scan import check_run_dir, open_shard, scan_run_dir, superseded_dirs
 from ..store.shards import UNUSABLE, CheckpointShards
+from .inspect_summed import URL_PREFIX, is_summed_dir, summed_listing
 from .progress import ProgressBar, ShardProgress, human
 
 
@@ -146,6 +149,9 @@ def inspect_checkpoints(run_dir: str, verify: bool, as_json: bool, progress_stre
 
     The bar goes to ``progress_stream``; by default to stderr when it is a terminal and not ``as_json``.
     """
+    run_dir = run_dir.removeprefix(URL_PREFIX)
+    if is_summed_dir(Path(run_dir)):  # written through alpsck:// (DCP's fsspec or Hugging Face writer, Lightning)
+        return summed_listing(run_dir, verify, as_json)
     folder = folder_steps(Path(run_dir))
     if folder is not None:  # before check_run_dir, which refuses a folder for every other tool
         return folder_listing(run_dir, folder, as_json)

@@ -16,3 +16,12 @@ pytestmark = pytest.mark.usefixtures("dcp_quiet")
 def test_two_ranks(backend: Backend, tmp_path: Path) -> None:
     outs = run_ranks(backend.name, tmp_path, 2, script=SUPPORT / "dcp_contract_worker.py")
     assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
+
+
+def test_two_ranks_through_alpsck_urls(tmp_path: Path) -> None:
+    """The same cases with DCP's own fsspec writer and reader at alpsck:// paths: each rank's files written whole
+    with their CRC32C, checked as they are read, resharded."""
+    outs = run_ranks("url", tmp_path, 2, script=SUPPORT / "dcp_contract_worker.py")
+    assert [o.strip().splitlines()[-1] for o in outs] == ["OK rank 0", "OK rank 1"], outs
+    sums = sorted(p.name for p in (tmp_path / "reshard").iterdir() if p.name.endswith(".alpsck-sum"))
+    assert sums == ["..metadata.alpsck-sum", ".__0_0.distcp.alpsck-sum", ".__1_0.distcp.alpsck-sum"], sums

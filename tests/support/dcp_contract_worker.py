@@ -1,6 +1,6 @@
 """One rank of the 2-rank storage-contract cases (tests/unit/test_dcp_contract.py), on one backend.
 
-``python dcp_contract_worker.py fs|alpsck DIR``, started once per rank with RANK, WORLD_SIZE,
+``python dcp_contract_worker.py fs|alpsck|url DIR``, started once per rank with RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set (gloo on CPU). After PyTorch's
 test_file_system_checkpoint_cpu.py (resharding on load, saving again into the same checkpoint,
 switching between sharded and plain tensors) and e2e/test_e2e_save_and_load.py (ranks whose state
@@ -20,27 +20,28 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter  # torch 2.13 does not export them
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
 
+# "url": DCP's own format through its fsspec writer and reader, at alpsck:// (alpsck.integrations.fsspec_fs).
+WRITERS = {"fs": FileSystemWriter, "alpsck": AlpsckStorageWriter, "url": FsspecWriter}
+READERS = {"fs": FileSystemReader, "alpsck": AlpsckStorageReader, "url": FsspecReader}
 
-def writer(backend: str, path: Path) -> Any:
-    return FileSystemWriter(path) if backend == "fs" else AlpsckStorageWriter(path)
 
-
-def reader(backend: str, path: Path) -> Any:
-    return FileSystemReader(path) if backend == "fs" else AlpsckStorageReader(path)
+def where(backend: str, path: Path) -> Any:
+    return f"alpsck://{path}" if backend == "url" else path
 
 
 def save(backend: str, sd: dict[str, Any], path: Path) -> None:
-    dcp.save(sd, checkpoint_id=path, storage_writer=writer(backend, path))
+    dcp.save(sd, checkpoint_id=where(backend, path), storage_writer=WRITERS[backend](where(backend, path)))
 
 
 def load(backend: str, sd: dict[str, Any], path: Path) -> None:
-    dcp.load(sd, checkpoint_id=path, storage_reader=reader(backend, path))
+    dcp.load(sd, checkpoint_id=where(backend, path), storage_reader=READERS[backend](where(backend, path)))
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

@@ -145,12 +145,12 @@ def test_the_top_of_the_package_stays_small() -> None:
 
 
 # The one durable small-file write (store/durable.py). Whole files that are not small (a checkpoint, an
-# export, a promoted copy, a converted DCP checkpoint, a memory checkpoint sent to another node) are streamed
-# by their own units; the bench measures its peers' own writes. Anything else that fsyncs or renames a file
-# into place asks store/durable.
+# export, a promoted copy, a converted DCP checkpoint, a memory checkpoint sent to another node, a file written
+# through alpsck://) are streamed by their own units; the bench measures its peers' own writes. Anything else
+# that fsyncs or renames a file into place asks store/durable.
 _DURABLE = "alpsck/store/durable.py"
 _BIG_FILE_WRITERS = ("alpsck/torch_save.py", "alpsck/tools/export.py", "alpsck/tools/export_dirs.py", "alpsck/tools/promote.py",
-                     "alpsck/dcp/convert.py", "alpsck/memory/wire.py")
+                     "alpsck/dcp/convert.py", "alpsck/memory/wire.py", "alpsck/store/summed.py")
 
 
 def test_one_durable_small_file_write() -> None:
