@@ -89,6 +89,11 @@ def _refuse_another_writer(path: Path) -> None:
                                 "stop the other writer, or save somewhere else")
 
 
+def _plan_bytes(plan: SavePlan) -> int:
+    """The tensor bytes of one rank's plan (its non-tensor values are small JSON)."""
+    return sum(chunk_nbytes(i) for i in plan.items if i.type != WriteItemType.BYTE_IO)
+
+
 def _agreement_store(ns: str) -> Any:
     """The process group's store for a save whose plan names a namespace, else None."""
     return process_group_store() if ns else None
@@ -163,6 +168,7 @@ class AlpsckStorageWriter(StorageWriter):
         self._writing: int | None = None  # the step this save writes: self.step, or the coordinator's generation
         self._started = time.monotonic()
         self._engine: _core.Engine | None = None
+        self._shard_bytes = 0  # this rank's share of the save being written (sizes its engine: _sized)
         self._lock: _core.RunDirLock | None = None
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
         self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
@@ -320,6 +326,7 @@ class AlpsckStorageWriter(StorageWriter):
         # Several ranks agree through the process group's store (no DONE record per rank for rank 0
         # to read), under keys of this save alone.
         self._store_ns = f"alpsck-dcp/{uuid.uuid4().hex}/" if world > 1 and dist.is_initialized() else ""
+        self._shard_bytes = _plan_bytes(plans[coordinator])
         self._open(0, world)
         try:
             if self.step is None:  # the next generation, chosen under the lock after the engine tidied the directory
@@ -343,10 +350,10 @@ class AlpsckStorageWriter(StorageWriter):
             make_dirs_durably(run_dir)
             self._lock = lock_run_dir(run_dir, rank)
         if self._engine is None:
+            threads, chunk, staging = self._sized()
             try:
-                # staging_bytes: slots for the items resolved while writing (mapped now, touched only then)
-                self._engine = _core.Engine(str(run_dir), {"threads": self.threads, "chunk_bytes": self.chunk_bytes,
-                                                           "staging_bytes": (self.threads + 2) * self.chunk_bytes,
+                self._engine = _core.Engine(str(run_dir), {"threads": threads, "chunk_bytes": chunk,
+                                                           "staging_bytes": staging,
                                                            "max_in_flight": 1, "keep_last": 0, "direct_io": self.direct_io,
                                                            "commit_timeout_s": self.commit_timeout_s},
                                             one_history=self._supersede, rank=rank, world_size=world,
@@ -358,6 +365,18 @@ class AlpsckStorageWriter(StorageWriter):
                 warnings.warn(f"{run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
                               "fdatasyncs instead", RuntimeWarning, stacklevel=3)
         return self._engine
+
+    def _sized(self) -> tuple[int, int, int]:
+        """(writer threads, chunk bytes, staging bytes) for this rank's shard: the options, but never more than
+        the shard needs. The engine faults its staging memory in when it opens (a page at a time): for a 2 MiB
+        state the default 10 slots of 8 MiB cost 40-50 ms per save, 5x DCP's whole FileSystemWriter save here
+        (benchmarks/dcp_fixed_cost.py). Staging holds the items resolved while writing; a full pipeline
+        needs a slot per writer thread and two more."""
+        mib = 1 << 20
+        chunk = min(self.chunk_bytes, max(mib, -(-self._shard_bytes // mib) * mib))
+        chunks = max(1, -(-self._shard_bytes // chunk))
+        threads = min(self.threads, chunks)
+        return threads, chunk, min(threads + 2, chunks) * chunk
 
     def _unlock(self) -> None:
         lock, self._lock = self._lock, None
@@ -411,6 +430,7 @@ class AlpsckStorageWriter(StorageWriter):
                                            storage_data=ExtentRef(self.rank, extent.name, extent.nbytes, kind)))
             meta = json.dumps({"format": SHARD_FORMAT, "step": step, "rank": self.rank,
                                "world_size": info.world_size})
+            self._shard_bytes = sum(e.nbytes for e in extents)
             engine = self._open(self.rank, info.world_size)
             direct = in_place(planner, extents)
             if direct is not None:  # written from the tensors' own memory
