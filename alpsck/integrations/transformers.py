@@ -16,7 +16,8 @@ the moment the RNG is restored (after the resumed epoch's first batch) stay the 
 - ``resume_from_checkpoint=True`` takes the newest checkpoint that reads back whole, every chunk CRC-checked: one
   that fails is skipped, with a warning, for the one before it. A checkpoint named explicitly that fails raises.
   Nothing is unpickled.
-- One process, or DDP with every rank saving (each rank's RNG streams are its own; the rest is written once).
+- One process, or DDP with every rank saving (each rank's RNG streams are its own; the rest is written once). Not
+  FSDP: accelerate saves it past these methods (through DCP's FileSystemWriter).
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@
 with dropout (the RNG streams matter) over 24 samples, batch 4 (6 steps an epoch: step 10 is mid-epoch), a
 checkpoint every 5 steps. Each step's loss is appended to LOSSES_FILE (``step float.hex``) as it is logged;
 ``--kill-at N`` SIGKILLs the process at the end of step N, once the checkpoint of the last multiple of 5 before it
-is committed (a save is written while training goes on); ``--resume`` trains with
-``resume_from_checkpoint=True``.
+is committed (a save is written while training goes on); under ``torchrun`` (DDP over gloo) every rank does so.
+``--resume`` trains with
+``resume_from_checkpoint=True``. Only rank 0 records losses.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Record(TrainerCallback):  # type: ignore[misc]
         self.path, self.kill_at = path, kill_at
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kw: Any) -> None:
-        if logs and "loss" in logs:
+        if logs and "loss" in logs and state.is_world_process_zero:
             with open(self.path, "a") as f:
                 f.write(f"{state.global_step} {float(logs['loss']).hex()}\n")
 
