@@ -35,7 +35,7 @@ ChunkPipeline::~ChunkPipeline() {
 Status ChunkPipeline::Start() {
   if (opts_.staging_bytes) {
     uint64_t slots = std::max<uint64_t>(1, opts_.staging_bytes / chunk_bytes_);
-    ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots));
+    ALPSCK_RETURN_IF_ERROR(pool_.Init(chunk_bytes_, slots, opts_.prefault_staging));
   }
   copy_threads_ = opts_.copy_threads ? opts_.copy_threads
                                      : static_cast<uint32_t>(std::clamp<size_t>(AllowedCpus().size(), 1, 4));

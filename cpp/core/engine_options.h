@@ -43,6 +43,7 @@ struct EngineOptions {
   uint64_t staging_bytes{};       // 0: sized at the first copy-mode save to max_in_flight x its data
                                   // (+ one slot per writer), grown when a later save is larger
                                   // (external fills still use only the first mapping)
+  bool prefault_staging{};        // fault a fixed pool (staging_bytes) in at open, not at its first use
   bool direct_io{};               // try O_DIRECT (a buffered fallback is reported)
   bool preallocate{};             // fallocate each new shard before its writes
   std::vector<int> pin_cpus;      // writer i pinned to pin_cpus[i % n]; empty: no pinning

@@ -108,6 +108,10 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
       {ENGINE(staging_bytes, kInt), 0, 0, 4611686018427387904.0,
        "auto: max_in_flight x the state's chunks (+ one per writer), at the first save, grown by a larger one",
        "pre-faulted staging memory"},
+      {ENGINE(prefault_staging, kBool), 1, 0, 1, nullptr,
+       "fault a fixed staging pool (staging_bytes) in when the engine opens, so a first save copies into ready "
+       "memory; false: each page faults when a save first copies into it (an engine whose saves are written in "
+       "place, the DCP writer's for CPU tensors, then pays nothing: 40 ms per 80 MiB here)"},
       {ENGINE(direct_io, kBool), 1, 0, 1, nullptr,
        "O_DIRECT where the file system allows (a buffered, still fdatasync'ed fallback is reported)"},
       {ENGINE(preallocate, kBool), 1, 0, 1, nullptr,

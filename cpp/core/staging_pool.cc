@@ -5,9 +5,14 @@
 
 namespace alpsck {
 
-Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots) {
+Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots, bool prefault) {
   ALPSCK_RETURN_IF_ERROR(Reserve(slot_bytes, slots));
-  Fill();
+  if (prefault) {
+    Fill();
+  } else {
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint64_t i = slots; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes);
+  }
   return Status::Ok();
 }
 

@@ -25,7 +25,9 @@ class StagingPool {
   // Where the memory of later Init/Reserve/GrowTo calls comes from: NUMA node `node` (>= 0, see
   // PreferNumaNode), or -1 (default) wherever the faulting thread runs.
   void SetNumaNode(int node) { numa_node_ = node; }
-  Status Init(uint64_t slot_bytes, uint64_t slots);
+  // Reserve, then Fill (prefault) or, without it, every slot free at once: each page faults when a
+  // save first copies into it (a pool that saves written in place never touch costs nothing).
+  Status Init(uint64_t slot_bytes, uint64_t slots, bool prefault = true);
   // Init in two halves, for a pool made in the background: Reserve maps the memory (the pool is
   // initialized, with no free slot yet); Fill faults it in slot by slot, each slot free as soon as
   // it is faulted, so a save that comes meanwhile starts copying into the ready ones (Acquire
