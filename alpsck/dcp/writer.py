@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.planner import (
     WriteItem,
     WriteItemType,
 )
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
@@ -102,7 +103,7 @@ def _agreement_store(ns: str) -> Any:
 # ------------------------------------------------------------------------------ writer
 
 
-class AlpsckStorageWriter(StorageWriter):
+class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
     """DCP StorageWriter: one alpsck shard per rank, one atomic commit.
 
     Two ways to name the checkpoint (docs/python-api.md, "Resharding"; docs/dcp.md):
@@ -135,7 +136,9 @@ class AlpsckStorageWriter(StorageWriter):
 
     CPU tensors that DCP's default planner hands over contiguous are written from their own memory
     (no snapshot copy): DCP keeps them unchanged until ``write_data`` returns (``dcp.async_save``
-    stages a copy first). Anything else (device tensors, views, a planner whose ``resolve_data``
+    stages a copy first: with no ``async_stager`` given, the writer's own ``stage``, a blocking copy to CPU
+    memory, as FileSystemWriter stages: the same stall by construction; ``async_stager=`` picks another).
+    Anything else (device tensors, views, a planner whose ``resolve_data``
     allocates) is resolved one item at a time while the shard is written, through a few staging
     slots, so resolving overlaps writing and never holds the whole state at once. See the module
     docstring for the call order, locking and the no-pickle policy.
@@ -144,7 +147,8 @@ class AlpsckStorageWriter(StorageWriter):
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
                  threads: int | None = None, chunk_bytes: int | None = None, keep_last: int = 0,
                  commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool | None = None) -> None:
-        super().__init__()
+        StorageWriter.__init__(self)
+        BlockingAsyncStager.__init__(self)  # stage(): a copy of the state on the CPU, as FileSystemWriter's
         check_step(step, allow_none=True)
         if step is not None and run_dir is None:
             raise UsageError("AlpsckStorageWriter: step= needs the run directory it belongs to")
