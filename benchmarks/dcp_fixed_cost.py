@@ -10,9 +10,11 @@ backend it reports, on rank 0, after a barrier:
 - ``save``: seconds in ``dcp.save`` (both backends return once the data is fsync'ed);
 - ``stall``: seconds ``dcp.async_save`` blocks its caller before returning the future (the future is then
   waited on, untimed); a backend whose async save fails gets the error's text instead;
-- ``load``: seconds in ``dcp.load`` into preallocated tensors of the right shapes. Nothing drops the page
-  cache: FileSystemWriter's files were written buffered moments before, so its loads read the page cache;
-  alpsck writes and reads with O_DIRECT (its default), so its loads read the device.
+- ``cold``: seconds in ``dcp.load`` into preallocated tensors of the right shapes, each checkpoint's files
+  first dropped from the page cache (``posix_fadvise(DONTNEED)`` on every file: fsync'ed, so clean): what a
+  restart on another node, or after the cache moved on, reads;
+- ``load``: the same load again at once: FileSystemWriter's files are then in the page cache (written
+  buffered, and just read), while alpsck reads with O_DIRECT (its default) from the device every time.
 
 The backends alternate within each repetition (fs, alpsck, for each measure in turn), so drift hits both;
 each cell (size x ranks) has one untimed warm-up repetition, then 7 timed ones at 2 MiB, 5 at 300 MiB
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("fs", "alpsck")
-MEASURES = ("save", "stall", "load")
+MEASURES = ("save", "stall", "load", "cold")
 TENSORS = 16  # in all, across the ranks
 _UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 _SIZE = re.compile(r"^(\d+)(KiB|MiB|GiB)$")
@@ -139,6 +141,17 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)
 
+    def evict(path: Path) -> None:
+        """Drop every file of a checkpoint from the page cache (their pages are clean: both backends fsync)."""
+        for f in path.rglob("*"):
+            if f.is_file():
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        barrier()
+
     def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
         barrier()
         t0 = time.perf_counter()
@@ -164,14 +177,17 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
             except Exception as e:  # recorded in the table; the other measures go on
                 errors[method].setdefault("stall", _error_text(e))
             remove(path)
-        for method in METHODS:  # load of the synchronous save
-            for t in into.values():
-                t.zero_()
-            seconds, _ = timed(functools.partial(load, method, saved[method]))
-            if record:
-                times[method]["load"].append(seconds)
-            elif any(not torch.equal(into[k], state[k]) for k in state):
-                raise SystemExit(f"rank {rank}: {method} loaded other values than it saved")
+        for method in METHODS:  # loads of the synchronous save: from the device, then again at once
+            for measure in ("cold", "load"):
+                if measure == "cold":
+                    evict(saved[method])
+                for t in into.values():
+                    t.zero_()
+                seconds, _ = timed(functools.partial(load, method, saved[method]))
+                if record:
+                    times[method][measure].append(seconds)
+                elif any(not torch.equal(into[k], state[k]) for k in state):
+                    raise SystemExit(f"rank {rank}: {method} loaded other values than it saved")
             remove(saved[method])
         if rank == 0:
             print(f"  {size_name(nbytes)} x {world} rank(s): rep {rep}{'' if record else ' (warm-up)'} done",
@@ -313,7 +329,8 @@ def main() -> None:
               f"# command: {shlex.join(['python', *sys.argv])}",
               "# seconds on rank 0 after a barrier; median and min of the timed reps (after one warm-up);"
               " alpsck/fs of the medians (< 1: alpsck faster)",
-              "# loads: fs from the page cache (written buffered just before); alpsck O_DIRECT (its default) from the device"]
+              "# cold: each checkpoint's files dropped from the page cache first; load: the same load again at once (fs's files"
+              " then in the page cache; alpsck reads O_DIRECT, its default, from the device)"]
     print("\n".join(header), flush=True)
     results: list[tuple[int, int, int, dict[str, Any]]] = []
     args.dir.mkdir(parents=True, exist_ok=True)
