@@ -1,0 +1,179 @@
+"""Megatron-LM's distributed checkpoints through alpsck (megatron-core 0.16): a save and a load strategy for
+``megatron.core.dist_checkpointing``, backend ``"alpsck"``.
+
+Megatron's ``torch_dist`` format turns its ``ShardedTensor`` s into torch.distributed.checkpoint (DCP) ones and
+writes them with its own ``FileSystemWriterAsync``. :class:`AlpsckSaveStrategy` does the same translation and writes
+them with alpsck's DCP storage (:class:`alpsck.dcp.AlpsckStorageWriter`, in ``CHECKPOINT/alpsck``): each rank's
+shard written at the disk's speed, every chunk with its CRC32C, one atomic commit, no pickle in what it writes.
+``metadata.json`` records the backend, so ``dist_checkpointing.load`` picks :class:`AlpsckLoadStrategy` by itself
+once :func:`install` registered it; that load checks every chunk's CRC and reshards as DCP does::
+
+    from alpsck.integrations import megatron as alpsck_megatron
+    alpsck_megatron.install()      # in the launch script, before training: nothing in Megatron's files changes
+    ...
+    dist_checkpointing.save(model.sharded_state_dict(), ckpt_dir, sharded_strategy=alpsck_megatron.save_strategy())
+    state = dist_checkpointing.load(model.sharded_state_dict(), ckpt_dir)   # AlpsckLoadStrategy, by metadata.json
+
+For Megatron-LM's ``pretrain``, :func:`install` also hands ``save_strategy()`` to the training loop through
+``checkpointing_context['save_strategy']`` (the key Megatron's ``save_checkpoint`` reads for ``--ckpt-format
+torch_dist``) when ``megatron.training`` is importable (docs/megatron.md).
+
+What stays Megatron's: ``metadata.json``, and ``common.pt`` with the non-sharded state and ``ShardedObject`` s,
+which Megatron's common strategy writes with ``torch.save`` and reads with ``torch.load(weights_only=True)``.
+The strategy is synchronous (``async_save`` is not offered): Megatron's asynchronous saves run the write in a
+forked or spawned process, while alpsck's DCP writer plans with collectives on the rank's process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+
+from ..dcp import AlpsckStorageReader, AlpsckStorageWriter
+from ..store.durable import replace_durably
+from ..store.picker import pick
+
+try:
+    from megatron.core.dist_checkpointing.strategies import torch as _mt
+    from megatron.core.dist_checkpointing.strategies.base import (
+        SaveShardedStrategy,
+        StrategyAction,
+        register_default_strategy,
+    )
+except ImportError as e:
+    raise ImportError("alpsck.integrations.megatron needs megatron-core 0.16 (pip install megatron-core)") from e
+
+BACKEND, VERSION = "alpsck", 1
+SUBDIR = "alpsck"  # inside Megatron's checkpoint directory, beside its metadata.json and common.pt
+TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's: the iteration its --load resumes from
+_ITERATION = re.compile(r"^iter_(\d{7,})$")
+
+
+def _where(checkpoint_dir: str | Path) -> Path:
+    return Path(checkpoint_dir) / SUBDIR
+
+
+class AlpsckSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
+    """Megatron's sharded save through alpsck's DCP writer (module docstring). ``options``: the writer's
+    (``threads``, ``chunk_bytes``, ``direct_io``, ``commit_timeout_s``)."""
+
+    def __init__(self, keep_only_main_replica: bool = True, **options: Any) -> None:
+        super().__init__(BACKEND, VERSION)
+        self.keep_only_main_replica = keep_only_main_replica
+        self.options = options
+
+    def save(self, sharded_state_dict: Any, checkpoint_dir: str | Path) -> None:
+        sd, _flat, _renamed = _mt._replace_state_dict_keys_with_sharded_keys(sharded_state_dict,
+                                                                             self.keep_only_main_replica)
+        pyt = _mt.mcore_to_pyt_state_dict(sd, False)
+        planner = _mt.MCoreSavePlanner(dedup_replicated_tensors=not self.keep_only_main_replica,
+                                       flatten_state_dict=False)
+        dcp.save(pyt, storage_writer=AlpsckStorageWriter(_where(checkpoint_dir), **self.options), planner=planner)
+
+    @property
+    def can_handle_sharded_objects(self) -> bool:
+        return False  # ShardedObjects go to Megatron's common strategy (common.pt)
+
+
+@contextlib.contextmanager
+def _alpsck_reader() -> Iterator[None]:
+    """Megatron's torch_dist loader with alpsck's reader: it takes its reader from one module function."""
+    original = _mt._get_filesystem_reader
+    _mt._get_filesystem_reader = lambda checkpoint_dir, cache_metadata=False: AlpsckStorageReader(_where(checkpoint_dir))
+    try:
+        yield
+    finally:
+        _mt._get_filesystem_reader = original
+
+
+class AlpsckLoadStrategy(_mt.TorchDistLoadShardedStrategy):  # type: ignore[misc]
+    """Megatron's ``torch_dist`` load (translation, resharding, shape checks) reading through alpsck's DCP reader:
+    every chunk CRC-checked; a checkpoint that fails is reported, never loaded as wrong values."""
+
+    def load(self, sharded_state_dict: Any, checkpoint_dir: str | Path) -> Any:
+        with _alpsck_reader():
+            return super().load(sharded_state_dict, checkpoint_dir)
+
+    def load_tensors_metadata(self, checkpoint_dir: str | Path, metadata: Any = None) -> Any:
+        with _alpsck_reader():
+            return super().load_tensors_metadata(checkpoint_dir, metadata)
+
+    def load_sharded_metadata(self, checkpoint_dir: str | Path) -> Any:
+        with _alpsck_reader():
+            return super().load_sharded_metadata(checkpoint_dir)
+
+    @property
+    def can_handle_sharded_objects(self) -> bool:
+        return False  # they were saved by Megatron's common strategy, which loads them back
+
+    def check_backend_compatibility(self, loaded_backend: str) -> None:
+        if loaded_backend != BACKEND:
+            raise ValueError(f"AlpsckLoadStrategy reads checkpoints of backend {BACKEND!r}, not {loaded_backend!r}")
+
+    def check_version_compatibility(self, loaded_version: int) -> None:
+        if loaded_version != VERSION:
+            raise ValueError(f"AlpsckLoadStrategy reads version {VERSION} checkpoints, not {loaded_version}")
+
+
+def checked_latest(load_dir: str | Path) -> int | None:
+    """The iteration a resume from ``load_dir`` should load, every byte of its alpsck checkpoint CRC-checked, with
+    Megatron-LM's tracker file set to it. The tracker's iteration when it verifies; else, with a warning naming
+    what failed, the newest older ``iter_N`` that does, written to the tracker (durably) so that Megatron's own
+    ``load_checkpoint`` loads it; None when none does (or there is no tracker: a fresh run). Call it on rank 0
+    before Megatron loads (the other ranks wait at a barrier), or from the job script before the launch."""
+    root = Path(load_dir)
+    try:
+        named = int((root / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None  # no tracker, or "release": nothing of alpsck's to check
+    found = sorted((int(m[1]) for p in root.iterdir() if (m := _ITERATION.match(p.name)) and int(m[1]) <= named),
+                   reverse=True)
+    failed: list[str] = []
+    for it in found:
+        where = _where(root / f"iter_{it:07d}")
+        picked = pick(where, verify_data=True)
+        if picked.step is not None:
+            if it != named:
+                warnings.warn(f"{root}: iteration {named} cannot be loaded ({'; '.join(failed)}); resuming from "
+                              f"iteration {it}, now in {TRACKER}", RuntimeWarning, stacklevel=2)
+                replace_durably(root / TRACKER, f"{it}\n".encode())
+            return it
+        failed.append(f"{where}: {picked.why_not() or 'no committed checkpoint'}")
+    warnings.warn(f"{root}: no iteration up to {named} can be loaded ({'; '.join(failed) or 'none found'})",
+                  RuntimeWarning, stacklevel=2)
+    return None
+
+
+def save_strategy(**options: Any) -> AlpsckSaveStrategy:
+    """A save strategy for ``dist_checkpointing.save`` (or ``checkpointing_context['save_strategy']``)."""
+    return AlpsckSaveStrategy(**options)
+
+
+def install(**options: Any) -> None:
+    """Register :class:`AlpsckLoadStrategy` for backend ``"alpsck"`` (``dist_checkpointing.load`` then reads such
+    checkpoints by itself), and, where Megatron-LM's training loop is importable, give its checkpoint saves
+    ``save_strategy(**options)``: ``setup_model_and_optimizer`` is wrapped to put it in ``checkpointing_context``.
+    Call once, in the launch script, before ``pretrain``."""
+    register_default_strategy(StrategyAction.LOAD_SHARDED, BACKEND, VERSION, AlpsckLoadStrategy())
+    try:
+        from megatron.training import training
+    except ImportError:
+        return
+    original = training.setup_model_and_optimizer
+    if getattr(original, "_alpsck", False):
+        return
+
+    def setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
+        context = kwargs.get("checkpointing_context")
+        if context is not None:
+            context.setdefault("save_strategy", save_strategy(**options))
+        return original(*args, **kwargs)
+
+    setup_model_and_optimizer._alpsck = True  # type: ignore[attr-defined]
+    training.setup_model_and_optimizer = setup_model_and_optimizer
