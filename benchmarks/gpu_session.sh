@@ -12,7 +12,9 @@
 #      the pinned copy, restore into the GPU from memory against the run directory with its pages dropped;
 #   7. bit-exact resume of the reference Llama training from the memory tier on the GPU;
 #   8. the health gate's node checks on the GPU (its probe, alone and with its GPU kernel), and with
-#      another process holding 60 % of the GPU's memory (the gpu check must fail and name it).
+#      another process holding 60 % of the GPU's memory (the gpu check must fail and name it);
+#   9. Megatron-LM's checkpoints (benchmarks/gpu_megatron.py): alpsck's dist_checkpointing strategies against
+#      Megatron's torch_dist on the GPU, save and load, bit-exact (megatron-core's wheel in .whl/).
 # Each step has its own time limit, so one that hangs does not take the others' time. Wheels the
 # machine lacks (submitit) travel in .whl/ (see /work/.library/device/README.md).
 # ALPSCK_GPU_STEPS="1 6 7" runs those steps only (the build always): a session spends its device
@@ -97,5 +99,7 @@ dtype=torch.uint8, device="cuda"); open("/tmp/alpsck-held", "w").close(); time.s
   grep -q '"name": "gpu", "ok": false' "$out/node_checks_gpu_held.json" || { echo "!!!! gpu not failed"; status=1; }
   kill "$hold" 2>/dev/null
 fi
+want 9 && run 200 "Megatron checkpoints" python3 "$root/benchmarks/gpu_megatron.py" --dir "$bench/megatron" \
+  --layers 8 --hidden 1024 --reps 3 --json "$out/gpu_megatron.json"
 step "done (status $status)"
 exit $status
