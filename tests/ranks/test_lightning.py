@@ -1,7 +1,9 @@
-"""Lightning 2.6 through alpsck (issue 56, item 2; docs/lightning.md): a DDP training on 2 CPU ranks (gloo) whose
-``CheckpointIO`` is :class:`alpsck.integrations.lightning.AlpsckCheckpointIO`, SIGKILLed mid-epoch (the whole process
-group) and resumed with ``fit(ckpt_path="last")``: the losses of every step equal an uninterrupted run's, bit for
-bit. CI installs Lightning (.ci/run); without it the test skips here, and fails under CI."""
+"""Lightning 2.6 through alpsck (issue 56, item 2; docs/lightning.md): a training on 2 CPU ranks (gloo), DDP whose
+``CheckpointIO`` is :class:`alpsck.integrations.lightning.AlpsckCheckpointIO`, or FSDP2 under
+:class:`alpsck.integrations.lightning_sharded.AlpsckModelParallelStrategy` (sharded checkpoints), SIGKILLed mid-epoch
+(the whole process group) and resumed with ``fit(ckpt_path="last")``: the losses of every step equal an
+uninterrupted run's, bit for bit. CI installs Lightning (.ci/run); without it the test skips here, and fails under
+CI."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 from support import SUPPORT
 from support.releases import require_release
+
+from alpsck.store.marker import is_marked
 
 WORKER = SUPPORT / "lightning_worker.py"
 LIGHTNING = "2.6.0"
@@ -53,18 +57,22 @@ def _losses(path: Path) -> dict[int, str]:
     return out
 
 
-def test_a_ddp_training_killed_mid_epoch_resumes_from_alpscks_last_checkpoint_bit_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_training_killed_mid_epoch_resumes_from_alpscks_last_checkpoint_bit_exact(tmp_path: Path,
+                                                                                    strategy: str) -> None:
+    """DDP through AlpsckCheckpointIO; FSDP (sharded checkpoints) through AlpsckFSDPStrategy."""
     epochs, per_epoch = 4, 6  # 96 samples, 2 ranks, batches of 8
+    extra = ("--fsdp",) if strategy == "fsdp" else ()
     clean = tmp_path / "clean"
     clean.mkdir()
-    _finish(_start(clean / "ckpts", clean / "losses", epochs))
+    _finish(_start(clean / "ckpts", clean / "losses", epochs, *extra))
     want = _losses(clean / "losses")
     assert sorted(want) == list(range(1, epochs * per_epoch + 1))
 
     work = tmp_path / "work"
     work.mkdir()
     run = work / "ckpts"
-    p = _start(run, work / "losses", epochs, "--stop-at", str(2 * per_epoch + 3))  # 3 steps into the third epoch
+    p = _start(run, work / "losses", epochs, "--stop-at", str(2 * per_epoch + 3), *extra)  # 3 steps into epoch 3
     deadline = time.monotonic() + 300
     while not (run / "stopped").exists():
         assert p.poll() is None, p.communicate()[0][-4000:]
@@ -75,8 +83,10 @@ def test_a_ddp_training_killed_mid_epoch_resumes_from_alpscks_last_checkpoint_bi
     assert sorted(n.name for n in run.iterdir() if n.name.endswith(".ckpt")) == [
         "epoch=0-step=6.ckpt", "epoch=1-step=12.ckpt", "last.ckpt"]
     assert all((run / n).is_dir() for n in ("last.ckpt", "epoch=1-step=12.ckpt"))  # alpsck run directories
+    if strategy == "fsdp":  # alpsck's DCP checkpoints, not Lightning's sharded format (its pickled meta.pt)
+        assert is_marked(run / "last.ckpt") and not list(run.rglob("meta.pt")) and not list(run.rglob("*.distcp"))
     (run / "stopped").unlink()
-    _finish(_start(run, work / "resumed", epochs, "--resume"))
+    _finish(_start(run, work / "resumed", epochs, "--resume", *extra))
     resumed = _losses(work / "resumed")
     assert min(resumed) == 2 * per_epoch + 1, sorted(resumed)  # from the end of the second epoch, not from scratch
     got = _losses(work / "losses") | resumed

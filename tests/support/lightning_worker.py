@@ -2,10 +2,12 @@
 DDP over gloo on the CPU (Lightning starts the other ranks itself, running this script again), a checkpoint at the
 end of every epoch (and ``last.ckpt``). Rank 0 appends ``global_step loss.hex()`` to LOSSES after every step.
 
-    python lightning_worker.py RUN LOSSES EPOCHS [--resume] [--stop-at STEP]
+    python lightning_worker.py RUN LOSSES EPOCHS [--resume] [--stop-at STEP] [--fsdp]
 
 ``--resume``: ``fit(ckpt_path="last")``. ``--stop-at STEP``: at that step rank 0 waits until every save is
-durable, writes RUN/stopped and sleeps, for the test to SIGKILL the whole process group there.
+durable, writes RUN/stopped and sleeps, for the test to SIGKILL the whole process group there. ``--fsdp``: FSDP2
+(``fully_shard`` in ``configure_model``) under :class:`alpsck.integrations.lightning_sharded.AlpsckModelParallelStrategy`,
+whose sharded checkpoints bypass the CheckpointIO, instead of DDP.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 
 from alpsck.integrations.lightning import AlpsckCheckpointIO
+from alpsck.integrations.lightning_sharded import AlpsckModelParallelStrategy
 
 warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging, on every rank
 
@@ -29,6 +32,16 @@ class Regression(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+    def configure_model(self) -> None:
+        if isinstance(self.trainer.strategy, AlpsckModelParallelStrategy):  # FSDP2 over the data-parallel ranks
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if any(True for _ in layer.parameters()):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
         x, y = batch
@@ -50,7 +63,7 @@ class Record(Callback):
         with open(self.losses, "a") as f:
             f.write(f"{trainer.global_step} {outputs['loss'].item().hex()}\n")
         if trainer.global_step == self.stop_at:
-            self.io.teardown()  # every save so far durable
+            self.io.teardown()  # every save so far durable (the sharded strategy's are when save_checkpoint returns)
             (self.run / "stopped").touch()
             time.sleep(600)
 
@@ -63,7 +76,9 @@ def main() -> None:
     x = torch.randn(96, 8, generator=g)
     data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
     io = AlpsckCheckpointIO()
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=epochs, plugins=[io],
+    strategy = (AlpsckModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if "--fsdp" in sys.argv
+                else "ddp")
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=epochs, plugins=[io],
                         callbacks=[ModelCheckpoint(dirpath=run, save_top_k=-1, save_last=True),
                                    Record(losses, io, run, stop_at)],
                         deterministic=True, enable_progress_bar=False, logger=False, enable_model_summary=False)
