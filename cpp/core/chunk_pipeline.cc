@@ -102,7 +102,7 @@ void ChunkPipeline::Prepare(const std::vector<uint64_t>& sizes) {
         want = std::exchange(prepare_slots_, 0);
       }
       std::unique_lock<std::mutex> i(pool_init_mu_);
-      FitPool(want, true, true, &i);  // failure only costs the head start: the first save tries again
+      FitPool(want, true, true, true, &i);  // failure only costs the head start: the first save tries again
     }
   });
 }
@@ -112,13 +112,21 @@ void ChunkPipeline::WaitPrepared() {
   prepared_cv_.wait(l, [this] { return !preparing_; });
 }
 
-Status ChunkPipeline::FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l) {
+Status ChunkPipeline::FitPool(uint64_t slots, bool grow, bool shrink, bool prefault,
+                              std::unique_lock<std::mutex>* l) {
   if (!pool_.initialized()) {
     // Mapped under the lock, faulted outside it: a save that starts meanwhile finds the pool
-    // sized and copies into each slot as soon as it is faulted.
+    // sized and copies into each slot as soon as it is faulted. A save that sizes it itself faults
+    // only the slots it fills, as it fills them: faulting the whole pool first (max_in_flight x the
+    // state's chunks and one per writer) made a new engine's first save of 300 MiB stall 454 ms
+    // here (672 MiB faulted, then copied into), where torch.save took 421 (benchmarks/framework_io.py).
     ALPSCK_RETURN_IF_ERROR(pool_.Reserve(chunk_bytes_, slots));
     l->unlock();
-    pool_.Fill();
+    if (prefault) {
+      pool_.Fill();
+    } else {
+      pool_.MarkFree();
+    }
   } else if (grow && slots > pool_.slots()) {
     // Faulted outside the lock, as Fill above: a save that fits the pool as it is (or an external
     // fill, which never grows it) does not wait for a Prepare growing it in the background.
@@ -136,7 +144,7 @@ Status ChunkPipeline::Reserve(const ShardLayout& layout, SaveMode mode) {
   // Grown for a save larger than the pool (a first save before the optimizer had state sized it
   // for a third of the state), so later ones are not throttled to the writers' pace; never for a
   // fixed pool (staging_bytes) or an external fill, which uses the first mapping only.
-  return FitPool(SlotsFor(layout), !opts_.staging_bytes && mode != SaveMode::kExternal, false, &l);
+  return FitPool(SlotsFor(layout), !opts_.staging_bytes && mode != SaveMode::kExternal, false, false, &l);
 }
 
 void ChunkPipeline::Feed(SaveJob* j, SaveMode mode, std::shared_ptr<ExternalFill>* fill) {

@@ -123,7 +123,9 @@ class ChunkPipeline {
   // The one place the pool is sized (pool_init_mu_ held through *l): made if there is none
   // (mapped under the lock, faulted after releasing it), else grown to `slots` (grow) or shrunk
   // to it (shrink). Only making it can fail.
-  Status FitPool(uint64_t slots, bool grow, bool shrink, std::unique_lock<std::mutex>* l);
+  // prefault: a new pool faulted in before it is used (Prepare, in the background), or, false, each page when a
+  // save first copies into it (a first save with no Prepare before it: it faults only the slots it fills).
+  Status FitPool(uint64_t slots, bool grow, bool shrink, bool prefault, std::unique_lock<std::mutex>* l);
   // Copies every chunk of j into staging slots on copy_threads threads and queues them (each at
   // once with overlap, else all after the copy — unless the pool runs dry, which forces it).
   void SnapshotChunks(SaveJob* j, bool overlap);

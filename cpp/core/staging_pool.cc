@@ -10,10 +10,17 @@ Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots, bool prefault) {
   if (prefault) {
     Fill();
   } else {
-    std::lock_guard<std::mutex> l(mu_);
-    for (uint64_t i = slots; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes);
+    MarkFree();
   }
   return Status::Ok();
+}
+
+void StagingPool::MarkFree() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint64_t i = mem_.size() / slot_bytes_; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes_);
+  }
+  cv_.notify_all();
 }
 
 Status StagingPool::Reserve(uint64_t slot_bytes, uint64_t slots) {

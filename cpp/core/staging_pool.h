@@ -34,6 +34,8 @@ class StagingPool {
   // waits for the rest). Fill stops early once the pool is closed.
   Status Reserve(uint64_t slot_bytes, uint64_t slots);
   void Fill();
+  // After Reserve, instead of Fill: every slot free at once, no page faulted (each faults when first written).
+  void MarkFree();
   // A snapshot copy into the pool runs between these (a save's stall). Fill pauses meanwhile,
   // unless a slot is waited for that only faulting more can give: faulting competes with the
   // copy for the CPU. On this project's 2-vCPU VM the saves that came while a 4.3 GiB pool was
