@@ -36,7 +36,9 @@ Measures, seconds per call, the caller's view:
   (``torch.save``, safetensors' ``save_file``): their ``durable`` is their ``stall``, the files then sit in
   the page cache, dirty, and a crash of the node in the next seconds loses them.
 - ``synced``: for the defaults, their save plus an fsync of every file and directory it wrote (what making
-  it as durable as alpsck's costs); for alpsck, its ``durable`` again.
+  it as durable as alpsck's costs); for alpsck, its ``durable`` again. (Lightning's default writes through
+  fsspec's transaction, a ``mkstemp`` file reopened with O_TRUNC then renamed: ext4's auto_da_alloc starts
+  its writeback at close, inside the save, so the fsync after it finds little left.)
 - ``load``: the framework's load of the checkpoint just saved. The defaults read from the page cache (their
   files were just written); alpsck reads with O_DIRECT (its default), from the device, every chunk
   CRC-checked.
@@ -47,16 +49,23 @@ repetitions at 2 MiB, 5 at 300 MiB, 3 at 2 GiB (``--reps`` for all). Within a re
 alternate: both save, then both load, the first one taking turns; ``os.sync()`` (untimed) before each save,
 so neither pays for the other's writeback. The table gives, per (framework, size, measure), both medians and
 alpsck/default of the medians (below 1.0: alpsck faster); the header and the last line give the load
-average, as other processes' load shows in every time::
+average, as other processes' load shows in every time. On a VM whose host backs guest memory lazily (this
+project's), touching memory not touched lately costs several times more (2 GiB: 0.9 s, then 5.3 s once 6 GiB
+are held), so whatever allocates much (alpsck's staging pool, Lightning's in-memory copy, the page cache of
+written files) varies from rep to rep; the warm-up's copy of the state, for its checks, is dropped after it.
+benchmarks/results/framework_io.txt is, from the repository root::
 
-    PYTHONPATH=. python3 benchmarks/framework_io.py --dir /tmp/fwbench [--sizes 2MiB,300MiB,2GiB]
-        [--frameworks lightning,trainer,accelerate] [--reps N] [--out FILE]
+    PYTHONPATH=/work/main python3 benchmarks/framework_io.py --dir /tmp/fwbench
+
+(options: ``--sizes 2MiB,300MiB,2GiB --frameworks lightning,trainer,accelerate --reps N --out FILE``, and
+``--profile DIR``: cProfile of alpsck's timed saves and loads, one file per cell).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -246,6 +255,10 @@ class Bench:
     def remove(self, method: str, path: Path) -> None:
         remove(path)
 
+    def end_warmup(self) -> None:
+        """Drop what the warm-up's checks held (a copy of the state): held, it made every later fresh staging pool
+        of alpsck's slower to fault in (2.1 s -> 5.4 s for the trainer's 2 GiB on this VM)."""
+
     def close(self) -> None:
         pass
 
@@ -390,6 +403,9 @@ class TrainerBench(Bench):
             same(scheduler, tr.lr_scheduler.state_dict(), f"trainer {method} scheduler")
         return seconds
 
+    def end_warmup(self) -> None:
+        self.reference = None
+
     def close(self) -> None:
         self.trainers["alpsck"]._alpsck_wait()
 
@@ -450,6 +466,9 @@ class AccelerateBench(Bench):
         if method == "default":
             remove(path)  # alpsck's run directory keeps its newest (its retention removes the older ones)
 
+    def end_warmup(self) -> None:
+        self.reference = None
+
     def close(self) -> None:
         self.checkpointer.close()
 
@@ -504,6 +523,9 @@ def run_cell_here(framework: str, nbytes: int, reps: int, root: Path, out: Path 
                     times[method]["load"].append(seconds)
             for method in order:
                 bench.remove(method, saved[method])
+            if not record:
+                bench.end_warmup()
+                gc.collect()
             print(f"  {framework} {size_name(nbytes)}: rep {rep}{'' if record else ' (warm-up, loads checked)'} done",
                   file=sys.stderr, flush=True)
     except Mismatch as e:
