@@ -39,9 +39,10 @@ Measures, seconds per call, the caller's view:
   it as durable as alpsck's costs); for alpsck, its ``durable`` again. (Lightning's default writes through
   fsspec's transaction, a ``mkstemp`` file reopened with O_TRUNC then renamed: ext4's auto_da_alloc starts
   its writeback at close, inside the save, so the fsync after it finds little left.)
-- ``load``: the framework's load of the checkpoint just saved. The defaults read from the page cache (their
-  files were just written); alpsck reads with O_DIRECT (its default), from the device, every chunk
-  CRC-checked.
+- ``cold``: the framework's load of the checkpoint just saved, its files first dropped from the page cache
+  (fsync'ed, then ``posix_fadvise(DONTNEED)``): what a restart on another node reads.
+- ``load``: the same load again at once. The defaults' files are then in the page cache; alpsck reads with
+  O_DIRECT (its default), from the device, every chunk CRC-checked, either way.
 
 Each (framework, size) cell runs in a fresh process of this script: one untimed warm-up repetition, in which
 every load is checked to give back tensors equal to what was saved (else it fails, loudly), then 7 timed
@@ -84,7 +85,7 @@ from typing import Any
 
 FRAMEWORKS = ("lightning", "trainer", "accelerate")
 METHODS = ("default", "alpsck")
-MEASURES = ("stall", "durable", "synced", "load")
+MEASURES = ("stall", "durable", "synced", "cold", "load")
 LINEAR_LAYERS = 4  # the trainer's and accelerate's model
 LIGHTNING_PARAMS = 8  # the Lightning checkpoint's parameters (each with two Adam moments)
 _UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -151,6 +152,18 @@ def fsync_tree(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def evict_tree(path: Path) -> None:
+    """Drop every file at or under ``path`` from the page cache (fsync'ed first, so its pages are clean)."""
+    fsync_tree(path)
+    for p in [path, *sorted(path.rglob("*"))] if path.is_dir() else [path]:
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def remove(path: Path) -> None:
@@ -513,14 +526,17 @@ def run_cell_here(framework: str, nbytes: int, reps: int, root: Path, out: Path 
                 if record:
                     for measure, seconds in (("stall", stall), ("durable", durable), ("synced", synced)):
                         times[method][measure].append(seconds)
-            for method in order:
-                if profiler is not None and record and method == "alpsck":
-                    profiler.enable()
-                seconds = bench.load(method, saved[method], check=not record)
-                if profiler is not None:
-                    profiler.disable()
-                if record:
-                    times[method]["load"].append(seconds)
+            for method in order:  # from the device, then again at once (the defaults' files then in the page cache)
+                for measure in ("cold", "load"):
+                    if measure == "cold":
+                        evict_tree(saved[method])
+                    if profiler is not None and record and method == "alpsck":
+                        profiler.enable()
+                    seconds = bench.load(method, saved[method], check=not record)
+                    if profiler is not None:
+                        profiler.disable()
+                    if record:
+                        times[method][measure].append(seconds)
             for method in order:
                 bench.remove(method, saved[method])
             if not record:
@@ -658,8 +674,8 @@ def main() -> None:
               "# one process; seconds; median of the timed reps (after one warm-up whose loads are checked equal);"
               " alpsck/default of the medians (< 1: alpsck faster)",
               "# stall: until save returns; durable: until on the device (alpsck: + its wait; the defaults never fsync, so"
-              " theirs is their stall); synced: the defaults + an fsync of their files (alpsck: durable); load: defaults"
-              " from the page cache, alpsck O_DIRECT"]
+              " theirs is their stall); synced: the defaults + an fsync of their files (alpsck: durable); cold: load with"
+              " the files dropped from the page cache; load: again at once (the defaults' files cached, alpsck O_DIRECT)"]
     print("\n".join(header), flush=True)
     results: list[tuple[str, int, int, dict[str, Any]]] = []
     args.dir.mkdir(parents=True, exist_ok=True)
