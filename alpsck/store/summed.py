@@ -6,8 +6,8 @@ byte. This module owns the sidecar's name and format, the durable write and the 
 * The sidecar of ``dir/NAME`` is ``dir/.NAME.alpsck-sum``: JSON ``{"bytes": N, "crc32c": C}``.
 * :class:`SummedWriter` writes ``NAME`` under a temporary name, summing as it goes; :meth:`SummedWriter.close`
   fsyncs it, removes an older sidecar, renames the file into place and then writes the new sidecar durably. A
-  crash leaves the old file, or the new file without a sidecar ("no checksum": never a file whose sidecar
-  describes other bytes).
+  crash leaves the old file with its sidecar, or the old or the new file without one ("no checksum"): never a
+  sidecar that describes other bytes.
 * :func:`verify_file` reads the whole file and raises :class:`~alpsck.errors.CorruptCheckpointError` naming it
   when the size or CRC32C differs, or when no sidecar says what the bytes should be.
 """
