@@ -618,8 +618,11 @@ def test_a_straggler_is_cordoned_by_the_gate_before_the_next_start_and_a_spare_t
     finally:
         _throttle_cpu("alpsck-n2", None)
     assert (run / "loss.csv").read_text() == clean
-    [g] = events(run, "straggler")
-    assert (g["node"], g["rank"], g["attempt"]) == ("alpsck-n2", 1, 0), g
+    # The first start's: node 2, throttled. The second start runs on unthrottled nodes 1 and 3; with two ranks
+    # each one's peer median is the other rank, and beside CI's other lanes factor 1.5 was once reached there too
+    # (CI at f62fba4): a second start's naming is load, not this test's subject.
+    [g] = [e for e in events(run, "straggler") if e["attempt"] == 0]
+    assert (g["node"], g["rank"]) == ("alpsck-n2", 1), g
     [c] = events(run, "cordoned")
     assert (c["node"], c["checks"], c["attempt"]) == ("alpsck-n2", "pace", 1) and "a straggler: rank 1" in c["reason"], c
     assert not events(run, "traced"), events(run)  # rank 0's exception is no node's fault
