@@ -33,7 +33,6 @@ import argparse
 import functools
 import json
 import os
-import re
 import shlex
 import shutil
 import socket
@@ -47,30 +46,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, size_name
+
 METHODS = ("fs", "alpsck")
 MEASURES = ("save", "stall", "load", "cold")
 TENSORS = 16  # in all, across the ranks
-_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-_SIZE = re.compile(r"^(\d+)(KiB|MiB|GiB)$")
-REPO = Path(__file__).resolve().parent.parent
-
-
-def parse_size(text: str) -> int:
-    m = _SIZE.match(text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size is a whole number of KiB, MiB or GiB (2MiB, 2GiB)")
-    return int(m[1]) * _UNITS[m[2]]
-
-
-def size_name(nbytes: int) -> str:
-    for unit in ("GiB", "MiB", "KiB"):
-        if nbytes % _UNITS[unit] == 0:
-            return f"{nbytes // _UNITS[unit]}{unit}"
-    return f"{nbytes}B"
-
-
-def default_reps(nbytes: int) -> int:
-    return 7 if nbytes <= 16 << 20 else 5 if nbytes <= 512 << 20 else 3
 
 
 def free_port() -> int:
@@ -236,12 +216,6 @@ def run_cell(nbytes: int, world: int, reps: int, root: Path, timeout_s: float) -
     return result
 
 
-def fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.3f} s"
-
-
 def table(results: list[tuple[int, int, int, dict[str, Any]]]) -> list[str]:
     head = (f"{'size':>7} {'ranks':>5} {'measure':<7} {'reps':>4}  {'fs median':>11} {'fs min':>11}  "
             f"{'alpsck median':>13} {'alpsck min':>11}  {'alpsck/fs':>9}")
@@ -271,26 +245,6 @@ def table(results: list[tuple[int, int, int, dict[str, Any]]]) -> list[str]:
                 if err is not None:
                     lines.append(f"{'':>14}{method} {measure} failed: {err}")
     return lines
-
-
-def alpsck_version() -> str:
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True, check=True,
-                                  timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "alpsck")
-    return f"{head}{' + uncommitted changes under alpsck/' if dirty else ''}"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 def main() -> None:

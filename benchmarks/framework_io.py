@@ -71,7 +71,6 @@ import json
 import logging
 import math
 import os
-import re
 import shlex
 import shutil
 import statistics
@@ -83,32 +82,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, size_name
+
 FRAMEWORKS = ("lightning", "trainer", "accelerate")
 METHODS = ("default", "alpsck")
 MEASURES = ("stall", "durable", "synced", "cold", "load")
 LINEAR_LAYERS = 4  # the trainer's and accelerate's model
 LIGHTNING_PARAMS = 8  # the Lightning checkpoint's parameters (each with two Adam moments)
-_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-_SIZE = re.compile(r"^(\d+)(KiB|MiB|GiB)$")
-REPO = Path(__file__).resolve().parent.parent
-
-
-def parse_size(text: str) -> int:
-    m = _SIZE.match(text.strip())
-    if m is None:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size is a whole number of KiB, MiB or GiB (2MiB, 2GiB)")
-    return int(m[1]) * _UNITS[m[2]]
-
-
-def size_name(nbytes: int) -> str:
-    for unit in ("GiB", "MiB", "KiB"):
-        if nbytes % _UNITS[unit] == 0:
-            return f"{nbytes // _UNITS[unit]}{unit}"
-    return f"{nbytes}B"
-
-
-def default_reps(nbytes: int) -> int:
-    return 7 if nbytes <= 16 << 20 else 5 if nbytes <= 512 << 20 else 3
 
 
 # ------------------------------------------------------------------------------ helpers of a worker
@@ -583,12 +563,6 @@ def run_cell(framework: str, nbytes: int, reps: int, root: Path, timeout_s: floa
     return result
 
 
-def fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.3f} s"
-
-
 def table(results: list[tuple[str, int, int, dict[str, Any]]]) -> list[str]:
     head = (f"{'framework':<10} {'size':>7} {'state':>10} {'measure':<8} {'reps':>4}  {'default median':>14} "
             f"{'alpsck median':>13}  {'alpsck/default':>14}")
@@ -605,26 +579,6 @@ def table(results: list[tuple[str, int, int, dict[str, Any]]]) -> list[str]:
             lines.append(f"{framework:<10} {size_name(nbytes):>7} {state:>10} {measure:<8} {reps:>4}  {fmt(d):>14} "
                          f"{fmt(a):>13}  {ratio:>14}")
     return lines
-
-
-def alpsck_version() -> str:
-    def git(*argv: str) -> str:
-        try:
-            return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True, check=True,
-                                  timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--", "alpsck")
-    return f"{head}{' + uncommitted changes under alpsck/' if dirty else ''}"
-
-
-def load_average() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
 
 
 def versions() -> str:

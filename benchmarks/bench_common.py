@@ -1,0 +1,59 @@
+"""What the same-run comparison benchmarks share (benchmarks/dcp_fixed_cost.py, benchmarks/framework_io.py): sizes
+as "2MiB", the repetitions per size, seconds as text, and the header facts (the commit measured, the load average).
+Run as scripts, they import it from their own directory."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+_SIZE = re.compile(r"^(\d+)(KiB|MiB|GiB)$")
+
+
+def parse_size(text: str) -> int:
+    m = _SIZE.match(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size is a whole number of KiB, MiB or GiB (2MiB, 2GiB)")
+    return int(m[1]) * _UNITS[m[2]]
+
+
+def size_name(nbytes: int) -> str:
+    for unit in ("GiB", "MiB", "KiB"):
+        if nbytes % _UNITS[unit] == 0:
+            return f"{nbytes // _UNITS[unit]}{unit}"
+    return f"{nbytes}B"
+
+
+def default_reps(nbytes: int) -> int:
+    return 7 if nbytes <= 16 << 20 else 5 if nbytes <= 512 << 20 else 3
+
+
+def fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def alpsck_version() -> str:
+    def git(*argv: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *argv], capture_output=True, text=True, check=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "alpsck")
+    return f"{head}{' + uncommitted changes under alpsck/' if dirty else ''}"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
