@@ -17,35 +17,12 @@ import signal
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from alpsck.integrations.accelerate import AcceleratorCheckpointer
+from support.tiny_classifier import Net, Samples
 
 STEPS, EVERY = 20, 5
-
-
-class Samples(Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int = 24, d: int = 8) -> None:
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(n, d, generator=g)
-        self.y = (self.x.sum(1, keepdim=True) > 0).float()
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"x": self.x[i], "labels": self.y[i]}
-
-
-class Net(nn.Module):
-    def __init__(self, d: int = 8, h: int = 16) -> None:
-        super().__init__()
-        self.l1, self.drop, self.l2 = nn.Linear(d, h), nn.Dropout(0.3), nn.Linear(h, 1)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        logits = self.l2(self.drop(torch.relu(self.l1(x))))
-        return nn.functional.binary_cross_entropy_with_logits(logits, labels)
 
 
 def main() -> None:
@@ -68,7 +45,7 @@ def main() -> None:
             skip = step - epoch * per_epoch if epoch == step // per_epoch else 0
             for batch in ckpt.batches(data, skip=skip):
                 model.train()
-                loss = model(**batch)
+                loss = model(**batch)["loss"]
                 acc.backward(loss)
                 opt.step()
                 sched.step()
