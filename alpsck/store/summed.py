@@ -145,25 +145,19 @@ def verify_file(path: str | os.PathLike[str]) -> int:
     return n
 
 
-def summed_files(root: Path) -> list[Path]:
-    """Every file below ``root`` with a sidecar, or whose sidecar is left without it (sorted)."""
-    out: set[Path] = set()
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            if is_sidecar(name):
-                out.add(summed_of(Path(dirpath) / name))
-    return sorted(out)
-
-
-def unsummed_files(root: Path) -> list[Path]:
-    """Files below ``root`` (not sidecars, not temporary) that have no sidecar: written some other way."""
-    out = []
+def survey(root: Path) -> tuple[list[Path], list[Path]]:
+    """The files below ``root`` (one walk), sorted: (those with a sidecar, or whose sidecar is left without them;
+    those, not sidecars nor temporary, with none: written some other way)."""
+    with_sums: set[Path] = set()
+    without: list[Path] = []
     for dirpath, _dirs, names in os.walk(root):
         have = set(names)
         for name in names:
-            if not is_sidecar(name) and not name.endswith(temp_name("")) and f".{name}{SIDECAR_SUFFIX}" not in have:
-                out.append(Path(dirpath) / name)
-    return sorted(out)
+            if is_sidecar(name):
+                with_sums.add(summed_of(Path(dirpath) / name))
+            elif not name.endswith(temp_name("")) and f".{name}{SIDECAR_SUFFIX}" not in have:
+                without.append(Path(dirpath) / name)
+    return sorted(with_sums), sorted(without)
 
 
 def move(src: Path, dst: Path) -> None:

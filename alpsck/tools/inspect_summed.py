@@ -46,10 +46,11 @@ def _row(root: Path, path: Path, verify: bool) -> dict[str, Any]:
 
 def summed_listing(directory: str, verify: bool, as_json: bool) -> int:
     root = Path(directory)
-    rows = [_row(root, p, verify) for p in summed.summed_files(root)]
+    with_sums, without = summed.survey(root)
+    rows = [_row(root, p, verify) for p in with_sums]
     rows += [{"file": str(p.relative_to(root)), "bytes": p.stat().st_size, "status": "no checksum",
               "error": f"{p}: no checksum beside it (not written through alpsck://, or its write was interrupted)"}
-             for p in summed.unsummed_files(root)]
+             for p in without]
     rows.sort(key=lambda r: r["file"])
     bad = [r for r in rows if r["status"] not in ("ok", "size ok")]
     if as_json:
