@@ -7,10 +7,14 @@ core and carried in its record to rank 0, which commits (``SaveResult.ranks``: n
 On a node whose CPU, memory or disk is slow, that part is slow too, and that rank arrives last.
 
 :class:`PaceWatch` (rank 0's, fed each committed save's result by the runner through
-:data:`alpsck.progress.SAVED_HOOKS`) compares, at each save, each rank's own work with the median of its peers'.
-A rank whose median ratio over its last ``straggler_saves`` saves is at least ``straggler_factor`` (and slower by
-at least :data:`MIN_GAP_S`: timer noise on a tiny save is no straggler) is recorded once per start as a
-``straggler`` event (node, rank, factor, the medians, how late it arrived), which ``alpsck status`` lists.
+:data:`alpsck.progress.SAVED_HOOKS`) compares, at each save, each rank's own work with the median of its peers'
+on *other* nodes. What is named is a node (the unit of failure; the gate cordons nodes), and ranks that share one
+share its disk, memory and CPU: their parts of a save queue behind each other (on one disk the second fsync waits
+for the first one's journal commit), so their ratio measures that queue's order, not the node's health. A rank
+whose node has no other node beside it in the save is not judged. A rank whose median ratio over its last
+``straggler_saves`` saves is at least ``straggler_factor`` (and slower by at least :data:`MIN_GAP_S`: timer noise
+on a tiny save is no straggler) is recorded once per start as a ``straggler`` event (node, rank, factor, the
+medians, how late it arrived), which ``alpsck status`` lists.
 With ``health.cordon_stragglers`` the health gate before the next start cordons its node (:func:`cordon`),
 so a spare takes its place.
 """
@@ -41,13 +45,23 @@ def _pace(entry: Mapping[str, Any]) -> tuple[int, str, float, float] | None:
     return (rank, node, arrived, work) if arrived > 0 and work > 0 else None
 
 
-def _median_without(ordered: list[float], value: float) -> float:
-    """The median of ``ordered`` (sorted) with one ``value`` left out: a rank's peers', without a list per rank."""
-    i = bisect.bisect_left(ordered, value)
-    m = len(ordered) - 1
+def _median_without(ordered: list[float], left_out: list[float]) -> float | None:
+    """The median of ``ordered`` (sorted) without the values ``left_out`` (sorted; a sub-multiset of it), or None
+    when nothing is left: a node's peers', without a list per node (O(len(left_out)) per element read)."""
+    skip: list[int] = []  # the positions left out, ascending: an equal value's next copy for a repeated value
+    for k, v in enumerate(left_out):
+        skip.append(max(bisect.bisect_left(ordered, v), skip[-1] + 1) if k and left_out[k - 1] == v
+                    else bisect.bisect_left(ordered, v))
+    m = len(ordered) - len(skip)
+    if m <= 0:
+        return None
 
-    def at(k: int) -> float:  # the k-th of the list without ordered[i]
-        return ordered[k] if k < i else ordered[k + 1]
+    def at(k: int) -> float:  # the k-th of the list without the skipped positions
+        for s in skip:
+            if s > k:
+                break
+            k += 1
+        return ordered[k]
 
     return at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2
 
@@ -72,9 +86,18 @@ class PaceWatch:
             return []
         out = []
         works, arrivals = sorted(p[3] for p in paces), sorted(p[2] for p in paces)
-        for rank, _, arrived, work in paces:  # on the training thread, after each save: O(n log n) in the ranks
-            ref = _median_without(works, work)
-            late = arrived - _median_without(arrivals, arrived)
+        groups: dict[str, tuple[list[float], list[float]]] = {}  # node -> its ranks' works and arrivals
+        for rank, node, arrived, work in paces:  # a rank whose node is unknown is a node of its own
+            g = groups.setdefault(node or f"\0{rank}", ([], []))
+            g[0].append(work)
+            g[1].append(arrived)
+        peers = {key: (_median_without(works, sorted(w)), _median_without(arrivals, sorted(a)))
+                 for key, (w, a) in groups.items()}  # on the training thread, after each save: O(n log n)
+        for rank, node, arrived, work in paces:
+            ref, their_arrival = peers[node or f"\0{rank}"]
+            if ref is None or their_arrival is None:
+                continue  # no other node in this save: nothing to compare with
+            late = arrived - their_arrival
             seen = self.window.setdefault(rank, deque(maxlen=self.saves))
             seen.append((work / ref, work, ref, late))
             if rank in self.named or len(seen) < self.saves:

@@ -542,7 +542,8 @@ def test_a_rank_on_a_node_whose_cpu_is_throttled_is_named_a_straggler(
     """Issue 55's last acceptance point: a job on nodes 1 and 2, node 2's CPU throttled to 15 % of one core from
     outside: its rank's part of each save is the slow one, and ``status --json`` names node 2 (rank 1) a straggler,
     node 1 not; the run still finishes. Meanwhile, the control: the same job's two ranks side by side on node 3,
-    which nobody throttles, name nobody."""
+    which nobody throttles, name nobody: a rank is compared with other nodes' ranks only (in CI at 17773f4, when it
+    was compared with its node's other rank, one was named at 2.27x: two ranks share one node's disk and CPU)."""
     monkeypatch.setenv("SLURM_CONF", CONF)
     _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)
     runs = {"slow": tmp_path / "slow", "even": tmp_path / "even"}

@@ -62,6 +62,27 @@ def test_one_slow_save_is_no_straggler_and_nor_is_noise_on_a_tiny_save(tmp_path:
     assert _stragglers(tmp_path) == []
 
 
+def _save_on(nodes: list[tuple[str, float]]) -> dict[str, Any]:
+    """A committed save's result whose ranks run on the nodes given, in rank order: (node, own work)."""
+    return {"step": 1, "ranks": [{"rank": r, "node": n, "arrived": 1_800_000_000.0, "work_seconds": w}
+                                 for r, (n, w) in enumerate(nodes)]}
+
+
+def test_a_rank_is_compared_with_other_nodes_ranks_only_and_a_lone_node_with_nobody(tmp_path: Path) -> None:
+    """What is named is a node. Ranks sharing one share its disk: the second one's fsync waits for the first's
+    journal commit, a queue's order, not the node's health. One node's two ranks at 9x name nobody; two nodes whose
+    second rank each takes 2.5x its first name nobody (each rank's reference is the other node's median); a node
+    whose two ranks are both slow is named twice."""
+    watch = PaceWatch(str(tmp_path), "77", 0, factor=2.0, saves=3)
+    for _ in range(5):
+        assert watch.saw(_save_on([("n1", 0.1), ("n1", 0.9)])) == []
+        assert watch.saw(_save_on([("n1", 0.1), ("n1", 0.25), ("n2", 0.1), ("n2", 0.25)])) == []
+    assert _stragglers(tmp_path) == []
+    slow = PaceWatch(str(tmp_path), "77", 0, factor=2.0, saves=3)
+    named = [e for _ in range(3) for e in slow.saw(_save_on([("n1", 0.1), ("n1", 0.12), ("n2", 0.5), ("n2", 0.55)]))]
+    assert [(e.node, e.rank, e.factor, e.peers_s) for e in named] == [("n2", 2, 4.55, 0.11), ("n2", 3, 5.0, 0.11)]
+
+
 def test_of_two_ranks_the_slow_one_is_named_and_records_without_a_pace_are_left_out(tmp_path: Path) -> None:
     watch = PaceWatch(str(tmp_path), "77", 0, factor=3.0, saves=3)
     old = {"step": 1, "ranks": [{"rank": 0, "node": "", "arrived": 0.0, "work_seconds": 0.0}, {"rank": 1}]}
@@ -128,16 +149,18 @@ def test_the_straggler_keys_are_checked_and_the_gate_passes_the_cordon_on(tmp_pa
     assert "--cordon-stragglers" not in sbatch_script(parse_config(base + "  gate: true\n"))
 
 
-def test_a_ranks_peers_median_is_the_median_of_the_others_without_a_list_per_rank() -> None:
+def test_a_nodes_peers_median_is_the_median_of_the_others_without_a_list_per_node() -> None:
     import random
     import statistics
 
     from alpsck.slurm.stragglers import _median_without
 
     rng = random.Random(0)
-    for n in range(2, 30):
+    for n in range(1, 30):
         for _ in range(50):
             xs = [rng.choice([rng.random(), 0.5, 0.25]) for _ in range(n)]  # ties too
             ordered = sorted(xs)
-            for j, v in enumerate(xs):
-                assert _median_without(ordered, v) == statistics.median(xs[:j] + xs[j + 1:]), (xs, v)
+            out = rng.sample(range(n), rng.randint(1, min(n, 5)))  # a node's ranks
+            rest = [x for j, x in enumerate(xs) if j not in out]
+            want = statistics.median(rest) if rest else None
+            assert _median_without(ordered, sorted(xs[j] for j in out)) == want, (xs, out)
