@@ -15,10 +15,13 @@ so Lightning's ``ModelCheckpoint`` finds, ranks and removes it as it does a file
   (``map_location`` a device or a string moves them). Nothing is unpickled: alpsck's tree is tagged JSON.
 - Under DDP, Lightning saves on global rank 0 only (the state is the same on every rank) and every rank loads: so
   does this plugin (its checkpoints have one rank).
+- :meth:`AlpsckCheckpointIO.route` gives a path a Checkpointer of its own, kept open, with its own settings and
+  retention: the run directory of an ``alpsck submit`` job (:mod:`.lightning_job`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from typing import Any
@@ -31,9 +34,11 @@ from ..handles import CoreSave
 from ..restore.read import read_state
 
 try:
+    from lightning.pytorch import Callback  # noqa: F401 - for .lightning_job, which imports Lightning through here
     from lightning.pytorch.plugins.io import CheckpointIO
 except ImportError:  # the standalone package
     try:
+        from pytorch_lightning import Callback  # type: ignore[no-redef,assignment]  # noqa: F401
         from pytorch_lightning.plugins.io import CheckpointIO  # type: ignore[no-redef]
     except ImportError as e:
         raise ImportError("alpsck.integrations.lightning needs Lightning 2.6 (pip install lightning)") from e
@@ -50,6 +55,28 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
                 raise UsageError(f"AlpsckCheckpointIO sets {fixed} itself (one rank saves; each path keeps its newest)")
         self._options = options
         self._open: dict[str, tuple[Checkpointer, CoreSave]] = {}  # path -> its checkpointer and save in flight
+        self._routed: dict[str, Checkpointer] = {}  # path -> the checkpointer kept open for it (route())
+
+    def route(self, path: str | os.PathLike[str], checkpointer: Checkpointer) -> None:
+        """Saves to ``path`` go through ``checkpointer`` (on ``path``, one rank), kept open until :meth:`teardown`:
+        its settings and retention, several saves in flight, instead of a new Checkpointer per save keeping one."""
+        key = os.fspath(path)
+        if os.path.realpath(checkpointer.run_dir) != os.path.realpath(key):
+            raise UsageError(f"route({key!r}): the checkpointer writes {checkpointer.run_dir}")
+        if key in self._open:
+            self._close(key)
+        old = self._routed.pop(key, None)
+        if old is not None and old is not checkpointer:
+            old.close()
+        self._routed[key] = checkpointer
+
+    def wait(self, path: str | os.PathLike[str]) -> None:
+        """Every save to ``path`` durable (its failure raised)."""
+        key = os.fspath(path)
+        if key in self._routed:
+            self._routed[key].wait()
+        elif key in self._open:
+            self._close(key)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike[str],
                         storage_options: Any | None = None) -> None:
@@ -57,6 +84,9 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
             raise TypeError("AlpsckCheckpointIO takes no storage_options (alpsck's are the plugin's own arguments)")
         key = os.fspath(path)
         self._reap()
+        if key in self._routed:
+            self._routed[key].save(int(checkpoint.get("global_step", 0)), checkpoint)
+            return
         if key in self._open:  # saved again before its last save was durable (last.ckpt): that one first
             self._close(key)
         ck = Checkpointer(key, rank=0, world_size=1, keep_last=1, **self._options)
@@ -70,8 +100,7 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
     def load_checkpoint(self, path: str | os.PathLike[str], map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
         key = os.fspath(path)
-        if key in self._open:
-            self._close(key)
+        self.wait(key)
         if not os.path.isdir(key):
             raise FileNotFoundError(f"Checkpoint not found: {key} (AlpsckCheckpointIO's checkpoints are directories)")
         _step, state = read_state(key)
@@ -79,6 +108,8 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
 
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         key = os.fspath(path)
+        if key in self._routed:
+            self._routed.pop(key).close()
         if key in self._open:
             self._close(key)
         if os.path.isdir(key) and not os.path.islink(key):
@@ -87,11 +118,13 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
             os.remove(key)
 
     def teardown(self) -> None:
-        """Every save durable (the first failure raised, after every checkpointer is closed)."""
+        """Every save durable (the first failure raised, after every checkpointer is closed), the routes dropped."""
         first: BaseException | None = None
-        for key in list(self._open):
+        closers = [self._routed.pop(k).close for k in list(self._routed)]
+        closers += [functools.partial(self._close, k) for k in list(self._open)]
+        for close in closers:
             try:
-                self._close(key)
+                close()
             except BaseException as e:  # noqa: BLE001 - close the others, then raise the first
                 first = first or e
         if first is not None:

@@ -182,8 +182,7 @@ class StopController:
 
     def install(self) -> None:
         """Install the signal handlers (main thread only) and start the maintenance watcher."""
-        signal.signal(self.timeout_signal, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        self.claim_signals()
         # Signals the job launcher recorded before these handlers existed (alpsck.slurm.launch).
         early = getattr(sys, EARLY_SIGNALS, None)
         if isinstance(early, list):
@@ -192,6 +191,13 @@ class StopController:
         if self._maintenance and scontrol_available():
             self._watcher = threading.Thread(target=self._watch, name="alpsck-maintenance", daemon=True)
             self._watcher.start()
+
+    def claim_signals(self) -> None:
+        """Install the stop signals' handlers (main thread only), again where a framework put its own over them:
+        Lightning's ``fit`` answers a SIGTERM by raising at its next batch, before any final checkpoint
+        (:mod:`alpsck.integrations.lightning`). Signals already recorded stay recorded."""
+        signal.signal(self.timeout_signal, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
 
     def maintenance_off(self) -> str | None:
         """Why the maintenance watcher asked for does not run (after :meth:`install`), or None: it runs,

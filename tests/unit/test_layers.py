@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The apps, each its own rung: the job layer, the checkpoint tools, the reference training, the bench
     # (which measures the training), then the command line that assembles them all.
     ("slurm", ("alpsck.slurm",)),
+    ("job_bridges", ("alpsck.integrations.lightning_job",)),  # a framework's loop as the job layer's training loop
     ("tools", ("alpsck.tools",)),
     ("examples", ("alpsck.examples",)),
     ("bench", ("alpsck.bench",)),

@@ -74,3 +74,28 @@ def test_a_load_of_a_path_still_in_flight_waits_for_it_and_bad_arguments_are_nam
     with pytest.raises(UsageError, match="AlpsckCheckpointIO sets keep_last itself"):
         io_class(keep_last=3)
     io.teardown()
+
+
+def test_a_routed_path_keeps_its_checkpointer_and_its_retention_until_teardown(tmp_path: Path, io_class: Any) -> None:
+    """route(): a job's run directory saves through one Checkpointer kept open (several saves in flight, its own
+    keep_last), not a new one per save that keeps one; wait() makes them durable; teardown closes it and drops
+    the route."""
+    from alpsck import Checkpointer, _core
+
+    run = tmp_path / "run"
+    io = io_class()
+    with pytest.raises(UsageError, match="the checkpointer writes"):
+        io.route(tmp_path / "elsewhere", Checkpointer(run, rank=0, world_size=1))
+    ck = Checkpointer(run, rank=0, world_size=1, keep_last=2)
+    io.route(run, ck)
+    for step in (10, 20, 30):
+        io.save_checkpoint(_checkpoint(step), run)
+    io.wait(run)
+    assert sorted(i["step"] for i in _core.scan(str(run), verify=True) if i["status"] == "committed") == [20, 30]
+    assert _equal(io.load_checkpoint(run), _checkpoint(30))
+    io.teardown()
+    with pytest.raises(UsageError):
+        ck.save(40, {"x": torch.zeros(1)})  # closed by the teardown
+    io.save_checkpoint(_checkpoint(40), run)  # no route any more: a Checkpointer per save, keeping one
+    io.teardown()
+    assert [i["step"] for i in _core.scan(str(run), verify=True) if i["status"] == "committed"] == [40]

@@ -1,0 +1,57 @@
+"""Lightning's ``fit`` as an ``alpsck submit`` job on the local SLURM cluster (issue 56, item 2): the
+:class:`alpsck.integrations.lightning_job.AlpsckJob` bridge, with the recipe of docs/lightning.md
+(tests/support/lightning_job_worker.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from support.slurm_helpers import events, submit, wait_done, wait_for
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+
+
+def _steps(losses: Path) -> list[int]:
+    try:
+        return [int(line.split()[0]) for line in losses.read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_exact(cluster: None,
+                                                                                      tmp_path: Path) -> None:
+    """Two DDP ranks (gloo), dropout, a resumable loader; a checkpoint every 10 steps. A time-limit signal (USR2)
+    in the first start, SIGTERM (a preemption's: the job stays RUNNING) in the second. Each time: a final
+    checkpoint at the next optimizer step, written durably into the run directory, then the requeue, and the next
+    start resumes from exactly that step. SIGTERM is the case Lightning would have answered itself, raising at its
+    next batch before any checkpoint. The losses of every step equal an uninterrupted fit's, bit for bit: the
+    model, the optimizer, the scheduler, the loader's position in its epoch and every rank's dropout stream."""
+    steps, pace = 60, 0.25
+    shutil.copy(SUPPORT / "lightning_job_worker.py", tmp_path)
+    run, losses = tmp_path / "run", tmp_path / "losses.txt"
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"name: lightning\nrun_dir: {run}\n"
+                   "slurm:\n  time: '5'\n  cpus_per_task: 1\n  tasks_per_node: 2\n  mem: 2G\n  partition: debug\n"
+                   f"entry:\n  function: lightning_job_worker:main\n  args: ['{losses}', '{steps}', '{pace}']\n"
+                   "checkpoint:\n  every_steps: 10\n"
+                   "requeue:\n  signal_delay_s: 60\n  max_restarts: 5\n")
+    job = submit(cfg)
+    reference = tmp_path / "reference.txt"  # meanwhile: Lightning starts its second rank itself
+    subprocess.run([sys.executable, str(tmp_path / "lightning_job_worker.py"), str(reference), str(steps)],
+                   check=True, timeout=600, cwd=tmp_path, capture_output=True)
+    wait_for(lambda: len(_steps(losses)) >= 12, 300, "the first start's 12th step", poll=0.2)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    wait_for(lambda: len(events(run, "started")) == 2 and _steps(losses)[-1] >= 32, 300,
+             "the second start's step 32", poll=0.2)
+    subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=30)
+    assert wait_done(run, job, 600) == "finished", events(run)
+
+    assert losses.read_text() == reference.read_text()  # steps 1..60 once each: no step trained twice
+    finals, starts = events(run, "final_checkpoint"), events(run, "started")
+    assert [e["reason"] for e in events(run, "requeued")] == [e["reason"] for e in finals] == ["timeout", "preemption"]
+    assert [s.get("step") for s in starts] == [None, *(e["step"] for e in finals)], events(run)
+    assert 12 <= finals[0]["step"] < finals[1]["step"] < steps and not events(run, "failed"), events(run)
+    assert events(run, "finished")[0]["step"] == steps  # the last periodic checkpoint: every 10 steps

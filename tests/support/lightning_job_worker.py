@@ -1,0 +1,80 @@
+"""A Lightning fit as an ``alpsck submit`` job (tests/slurm/test_lightning_job.py; docs/lightning.md's recipe): a
+small regression model with dropout, DDP over gloo on the CPU, the train loader an :class:`alpsck.data.ResumableLoader`.
+Rank 0 appends ``global_step loss.hex()`` to LOSSES after every step; each step is padded to PACE seconds.
+
+    entry: {function: lightning_job_worker:main, args: [LOSSES, STEPS, PACE]}   # under alpsck submit, 2 tasks
+    python lightning_job_worker.py LOSSES STEPS        # the uninterrupted reference: Lightning starts rank 1 itself
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from alpsck.data import ResumableLoader
+from alpsck.integrations.lightning import AlpsckCheckpointIO
+
+warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging, on every rank
+
+
+class Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 1))
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> dict[str, object]:
+        opt = torch.optim.AdamW(self.parameters(), lr=0.01)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)}
+
+    def train_dataloader(self) -> ResumableLoader:
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(96, 8, generator=g)
+        data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+        return ResumableLoader(data, batch_size=4, seed=1, num_replicas=self.trainer.world_size,
+                               rank=self.trainer.global_rank)
+
+
+class Record(Callback):
+    def __init__(self, losses: Path, pace: float) -> None:
+        self.losses, self.pace = losses, pace
+
+    def on_train_batch_end(self, trainer: L.Trainer, _m: object, outputs: dict[str, torch.Tensor], _b: object,
+                           _i: int) -> None:
+        if trainer.global_rank == 0:
+            with open(self.losses, "a") as f:
+                f.write(f"{trainer.global_step} {outputs['loss'].item().hex()}\n")
+        time.sleep(self.pace)
+
+
+def fit(losses: Path, steps: int, pace: float, callbacks: list[Any], ckpt_path: str | None) -> None:
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy="ddp", max_steps=steps,
+                        plugins=[AlpsckCheckpointIO()], callbacks=[*callbacks, Record(losses, pace)],
+                        deterministic=True, enable_progress_bar=False, logger=False, enable_model_summary=False,
+                        enable_checkpointing=False)
+    trainer.fit(Regression(), ckpt_path=ckpt_path)
+
+
+def main(job: Any) -> None:
+    """The job's entry: the recipe of docs/lightning.md."""
+    from alpsck.integrations.lightning_job import AlpsckJob
+
+    losses, steps, pace = job.argv
+    bridge = AlpsckJob(job)
+    fit(Path(losses), int(steps), float(pace), [bridge], bridge.ckpt_path)
+
+
+if __name__ == "__main__":
+    fit(Path(sys.argv[1]), int(sys.argv[2]), 0.0, [], None)
