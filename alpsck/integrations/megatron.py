@@ -20,29 +20,48 @@ torch_dist``) when ``megatron.training`` is importable (docs/megatron.md).
 
 What stays Megatron's: ``metadata.json``, and ``common.pt`` with the non-sharded state and ``ShardedObject`` s,
 which Megatron's common strategy writes with ``torch.save`` and reads with ``torch.load(weights_only=True)``.
-The strategy is synchronous (``async_save`` is not offered): Megatron's asynchronous saves run the write in a
-forked or spawned process, while alpsck's DCP writer plans with collectives on the rank's process group.
+
+Asynchronous saves (``dist_checkpointing.save(..., async_sharded_save=True)``, Megatron-LM's ``--async-save``): the
+strategy is an ``AsyncSaveShardedStrategy``. Megatron runs an async save's ``async_fn`` in another process (forked
+per save, or its persistent worker) and then, in the trainer, its ``finalize_fns`` (``metadata.json``, then the
+tracker file). Here the write stays in the trainer's process, where alpsck's writer runs: ``async_save`` copies
+each shard to host memory (the trainer may change the tensors from then on), and ``dcp.async_save`` plans, writes
+and commits in a thread of its own, on a gloo group of its own (the training's collectives never meet it). The
+``async_fn`` Megatron runs elsewhere only waits until that write is done (a file the write's end creates), so
+Megatron's poll sees the save in flight as long as it is; the finalize step then raises, on every rank, any rank's
+failure. So ``metadata.json`` and the tracker are written after the checkpoint is committed, and a save that was
+never finalized is never resumed from: the tracker still names the one before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import tempfile
+import time
+import uuid
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ..dcp import AlpsckStorageReader, AlpsckStorageWriter
+from ..errors import CheckpointError
 from ..store.durable import replace_durably
 from ..store.picker import pick
 
 try:
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
     from megatron.core.dist_checkpointing.strategies import torch as _mt
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
     from megatron.core.dist_checkpointing.strategies.base import (
-        SaveShardedStrategy,
+        AsyncSaveShardedStrategy,
         StrategyAction,
         register_default_strategy,
     )
@@ -59,22 +78,96 @@ def _where(checkpoint_dir: str | Path) -> Path:
     return Path(checkpoint_dir) / SUBDIR
 
 
-class AlpsckSaveStrategy(SaveShardedStrategy):  # type: ignore[misc]
-    """Megatron's sharded save through alpsck's DCP writer (module docstring). ``options``: the writer's
-    (``threads``, ``chunk_bytes``, ``direct_io``, ``commit_timeout_s``)."""
+def _wait_for(done_file: str, trainer_pid: int) -> None:
+    """An async save's ``async_fn``, in Megatron's async process (forked or spawned: a module function of plain
+    arguments): back when the trainer's write created ``done_file``, or when the trainer is gone."""
+    while not os.path.exists(done_file) and os.getppid() == trainer_pid:
+        time.sleep(0.02)
+
+
+class _Staged:
+    """DCP's ``AsyncStager`` for a state already copied to host memory (:meth:`AlpsckSaveStrategy.async_save`):
+    Megatron's ``CheckpointableShardedTensor`` wrappers refuse the copies DCP's stagers would make."""
+
+    _synchronize_after_execute = False
+    should_synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_GROUP: list[Any] = []  # the async saves' own gloo group, made at the first (every rank makes it there)
+
+
+def _save_group() -> Any:
+    if not _GROUP:
+        _GROUP.append(dist.new_group(backend="gloo"))
+    return _GROUP[0]
+
+
+class AlpsckSaveStrategy(AsyncSaveShardedStrategy):  # type: ignore[misc]
+    """Megatron's sharded save through alpsck's DCP writer, synchronous (``save``) or asynchronous (``async_save``;
+    module docstring). ``options``: the writer's (``threads``, ``chunk_bytes``, ``direct_io``, ``commit_timeout_s``)."""
 
     def __init__(self, keep_only_main_replica: bool = True, **options: Any) -> None:
         super().__init__(BACKEND, VERSION)
         self.keep_only_main_replica = keep_only_main_replica
         self.options = options
+        self._pending: Future[Any] | None = None  # the async save in flight: one at a time
 
-    def save(self, sharded_state_dict: Any, checkpoint_dir: str | Path) -> None:
+    def _dcp_state(self, sharded_state_dict: Any, *, copy: bool) -> tuple[dict[str, Any], Any]:
+        """Megatron's translation to DCP: the state and its planner; ``copy``: each shard copied to host memory."""
         sd, _flat, _renamed = _mt._replace_state_dict_keys_with_sharded_keys(sharded_state_dict,
                                                                              self.keep_only_main_replica)
-        pyt = _mt.mcore_to_pyt_state_dict(sd, False)
+        if copy:
+            for shards in sd.values():
+                for sh in shards:
+                    if isinstance(sh, ShardedTensor):
+                        sh.data = sh.data.detach().to("cpu", copy=True)
         planner = _mt.MCoreSavePlanner(dedup_replicated_tensors=not self.keep_only_main_replica,
                                        flatten_state_dict=False)
+        return _mt.mcore_to_pyt_state_dict(sd, False), planner
+
+    def save(self, sharded_state_dict: Any, checkpoint_dir: str | Path) -> None:
+        self._settle()
+        pyt, planner = self._dcp_state(sharded_state_dict, copy=False)
         dcp.save(pyt, storage_writer=AlpsckStorageWriter(_where(checkpoint_dir), **self.options), planner=planner)
+
+    def async_save(self, sharded_state_dict: Any, checkpoint_dir: str | Path) -> AsyncRequest:
+        self._settle()  # Megatron only warns when a save starts before the last one was finalized
+        pyt, planner = self._dcp_state(sharded_state_dict, copy=True)
+        done = os.path.join(tempfile.gettempdir(), f".alpsck-megatron-{os.getpid()}-{uuid.uuid4().hex}")
+        fut = dcp.async_save(pyt, storage_writer=AlpsckStorageWriter(_where(checkpoint_dir), **self.options),
+                             planner=planner, process_group=_save_group(), async_stager=_Staged())
+        assert isinstance(fut, Future)
+        self._pending = fut
+        fut.add_done_callback(lambda _f: Path(done).touch())
+
+        def finalize() -> None:  # in the trainer, on every rank, before Megatron's metadata.json and tracker
+            with contextlib.suppress(OSError):
+                os.unlink(done)
+            self._settle()
+
+        return AsyncRequest(_wait_for, (done, os.getpid()), [finalize])
+
+    def _settle(self) -> None:
+        """The async save in flight (if any) done; its failure raised on every rank, whichever rank's it was."""
+        fut, self._pending = self._pending, None
+        if fut is None:
+            return
+        error = fut.exception()
+        failed = torch.tensor([0 if error is None else 1])
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=_save_group())
+        if error is not None:
+            raise CheckpointError(f"an asynchronous save through alpsck failed: {error}") from error
+        if int(failed):
+            raise CheckpointError("an asynchronous save through alpsck failed on another rank (its log names it)")
 
     @property
     def can_handle_sharded_objects(self) -> bool:

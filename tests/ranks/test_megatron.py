@@ -3,7 +3,9 @@
 alpsck's save strategy, every rank SIGKILLed mid-run and started again: it loads the newest iteration through
 alpsck's load strategy (picked by ``metadata.json``) and every later step's loss equals an uninterrupted run's,
 bit for bit (model and Adam state). A damaged newest iteration is found by ``checked_latest`` and the run resumes
-from the one before. CI installs megatron-core (.ci/run); without it the test skips here, and fails under CI."""
+from the one before. The asynchronous path (``--async-save``'s) too: every rank killed right after scheduling a
+save, which Megatron never finalized, resumes from the one before it. CI installs megatron-core (.ci/run); without
+it the test skips here, and fails under CI."""
 
 from __future__ import annotations
 
@@ -42,3 +44,21 @@ def test_a_killed_megatron_gpt_resumes_bit_exact(tmp_path: Path, ranks: int) -> 
 def test_a_damaged_newest_iteration_resumes_from_the_one_before(tmp_path: Path) -> None:
     log = check_kill_and_resume(WORKER, tmp_path, 2, damage=lambda out: _is_alpscks(out, True), resumed_from=6)
     assert "iteration 10 cannot be loaded" in log and "resuming from iteration 5" in log, log[-3000:]
+
+
+def test_an_async_save_never_finalized_is_not_resumed_and_the_one_before_is(tmp_path: Path) -> None:
+    """``async_sharded_save=True`` through Megatron's AsyncCallsQueue, 2 ranks: every rank is killed right after
+    scheduling the save of step 15. That save may have reached alpsck's commit or not, but Megatron never
+    finalized it: no metadata.json, the tracker still names 10. The resume loads 10, and every step equals an
+    uninterrupted run's (also asynchronous). The finalized ones hold alpsck's checkpoint, as the sync path's."""
+    def unfinalized(out: Path) -> None:
+        assert (out / alpsck_tracker()).read_text() == "10" and not (out / "iter_0000015" / "metadata.json").exists()
+        _is_alpscks(out, False)
+
+    check_kill_and_resume(WORKER, tmp_path, 2, options=("--async",), kill_at=15, damage=unfinalized)
+
+
+def alpsck_tracker() -> str:
+    from alpsck.integrations.megatron import TRACKER
+
+    return TRACKER

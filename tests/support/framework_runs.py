@@ -35,21 +35,23 @@ def losses_of(path: Path) -> list[tuple[int, str]]:
 
 
 def check_kill_and_resume(worker: Path, root: Path, ranks: int, *, resume: tuple[str, ...] = (),
-                          damage: Callable[[Path], None] | None = None, resumed_from: int = 11) -> str:
-    """A worker's 20 steps run whole, then again SIGKILLed at step 12 (every rank; checkpoints every 5 steps, the
-    one of step 10 durable) and started again with ``resume``: the resumed run starts at ``resumed_from`` and
-    every step's loss equals the whole run's, bit for bit. ``damage(out)`` runs between the kill and the resume.
-    The resumed run's output."""
-    run_worker(worker, root / "full", root / "full.losses", ranks=ranks)
+                          damage: Callable[[Path], None] | None = None, resumed_from: int = 11,
+                          options: tuple[str, ...] = (), kill_at: int = 12) -> str:
+    """A worker's 20 steps run whole, then again SIGKILLed at step ``kill_at`` (every rank; checkpoints every 5
+    steps, the one of step 10 durable) and started again with ``resume``: the resumed run starts at
+    ``resumed_from`` and every step's loss equals the whole run's, bit for bit. ``options`` go to every run;
+    ``damage(out)`` runs between the kill and the resume. The resumed run's output."""
+    run_worker(worker, root / "full", root / "full.losses", *options, ranks=ranks)
     want = dict(losses_of(root / "full.losses"))
     assert sorted(want) == list(range(1, 21))
     out, losses = root / "out", root / "losses"
-    log = run_worker(worker, out, losses, "--kill-at", "12", ranks=ranks, rc=-9 if ranks == 1 else None)
+    log = run_worker(worker, out, losses, *options, "--kill-at", str(kill_at), ranks=ranks,
+                     rc=-9 if ranks == 1 else None)
     assert ranks == 1 or KILLED_UNDER_TORCHRUN in log, log[-3000:]
     if damage is not None:
         damage(out)
     before = len(losses_of(losses))
-    log = run_worker(worker, out, losses, *resume, ranks=ranks)
+    log = run_worker(worker, out, losses, *options, *resume, ranks=ranks)
     resumed = losses_of(losses)[before:]
     assert [s for s, _ in resumed] == list(range(resumed_from, 21)), resumed
     assert dict(resumed) == {s: want[s] for s in range(resumed_from, 21)}

@@ -10,7 +10,10 @@ Megatron-LM names them). Starts from the newest checkpoint when there is one tha
 (``checked_latest``), loaded by ``dist_checkpointing.load`` (which picks alpsck's load strategy from the
 checkpoint's metadata.json). Rank 0 appends each step's loss to
 LOSSES_FILE (``step float.hex``). ``--kill-at N``: every rank SIGKILLs itself at the end of step N. Alone (no
-``torchrun``) it is one rank.
+``torchrun``) it is one rank. ``--async``: Megatron-LM's ``--async-save`` path, as its training loop runs it: each
+save ``async_sharded_save=True`` through Megatron's ``AsyncCallsQueue`` (a forked process per save), the tracker
+written by a finalize step, the queue polled without blocking after every step; before each save the one before
+is finalized. A kill right after a save leaves that save unfinalized.
 
 What megatron-core cannot do on a CPU, and how this worker gets past it (docs/megatron.md): its global memory
 buffer asks ``torch.cuda.current_device()`` (here: "cpu"), and its model-parallel RNG tracker forks CUDA RNG states
@@ -33,6 +36,7 @@ STEPS, EVERY, SEQ, VOCAB = 20, 5, 16, 64
 
 def cpu_shims() -> None:
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    torch.cuda.synchronize = lambda *_a, **_k: None  # Megatron's async caller's, before it forks
     from megatron.core.tensor_parallel import random as tp_random
 
     tp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
@@ -43,6 +47,7 @@ def main() -> None:
     ap.add_argument("root", type=Path)
     ap.add_argument("losses")
     ap.add_argument("--kill-at", type=int)
+    ap.add_argument("--async", dest="async_save", action="store_true")
     a = ap.parse_args()
     if "RANK" not in os.environ:  # one process, not started by torchrun
         with socket.socket() as sock:
@@ -55,6 +60,7 @@ def main() -> None:
         get_param_id_to_sharded_param_map,
         optim_state_to_sharding_state,
     )
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -98,6 +104,13 @@ def main() -> None:
             loaded["optimizer"]["state"][pid]["step"] = count
         opt.load_state_dict(loaded["optimizer"])
         assert loaded["step"] == step, (loaded["step"], step)
+    strategy = alpsck_megatron.save_strategy()
+    queue = AsyncCallsQueue() if a.async_save else None
+
+    def track(iteration: int) -> None:  # Megatron-LM's: rank 0 names the newest iteration, once it is saved
+        if rank == 0:
+            tracker.write_text(str(iteration))
+
     mask = torch.tril(torch.ones(1, 1, SEQ, SEQ)) < 0.5
     pos = torch.arange(SEQ).unsqueeze(0).expand(4, -1)
     while step < STEPS:
@@ -116,12 +129,23 @@ def main() -> None:
             if rank == 0:
                 where.mkdir(parents=True, exist_ok=True)
             dist.barrier()
-            dist_checkpointing.save(state(), str(where), sharded_strategy=alpsck_megatron.save_strategy())
-            if rank == 0:
-                tracker.write_text(str(step))
-            dist.barrier()
+            if queue is None:
+                dist_checkpointing.save(state(), str(where), sharded_strategy=strategy)
+                track(step)
+                dist.barrier()
+            else:
+                queue.maybe_finalize_async_calls(blocking=True)
+                request = dist_checkpointing.save(state(), str(where), sharded_strategy=strategy,
+                                                  async_sharded_save=True)
+                request.add_finalize_fn(lambda it=step: track(it))
+                queue.schedule_async_request(request)
+        elif queue is not None:
+            queue.maybe_finalize_async_calls(blocking=False)
         if step == a.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+    if queue is not None:
+        queue.maybe_finalize_async_calls(blocking=True)
+        queue.close()
     dist.destroy_process_group()
 
 
