@@ -37,20 +37,21 @@ void PublishedStep::CloseHeld() {
 
 Status PublishedStep::WriteInPlace(uint64_t step) {
   const std::string path = JoinPath(run_dir_, kLatestName);
-  const bool opening = fd_ < 0;
-  if (opening) {  // OpenMaybeDirect's checks: never through a link, never another's or a shared file
+  if (fd_ < 0) {  // OpenMaybeDirect's checks: never through a link, never another's or a shared file
     bool direct = false;
     ALPSCK_RETURN_IF_ERROR(OpenMaybeDirect(env_, path, O_WRONLY | O_CREAT, false, &fd_, &direct));
   }
   // Steps only grow here, so the new text is at least as long as the old: a crash leaves the
   // old text or the new one, never a mix of the two (a few bytes at offset 0, one sector).
+  // Neither the text nor a new LATEST's name is synced: step N is committed and durable before it
+  // is published (steps 7-8), so whatever a power loss leaves of this write (the old text, the
+  // new, a longer size over the old text, no LATEST at all) names no step newer than a valid
+  // checkpoint, and recovery scans (PublishedStep::Load takes the newest committed step too).
+  // An fdatasync here cost every save a flush (and on Lustre a round trip) for a hint.
   const std::string text = std::to_string(step) + "\n";
   Status s = WriteFull(env_, fd_, text.data(), text.size(), 0, path);
   int r = s.ok() ? env_->FTruncate(fd_, text.size()) : 0;
   if (s.ok() && r < 0) s = Status::FromErrno(-r, "truncate " + path);
-  r = s.ok() ? SyncFd(env_, fd_, true) : 0;
-  if (s.ok() && r < 0) s = Status::FromErrno(-r, "fdatasync " + path);
-  if (s.ok() && opening) s = SyncDir(env_, run_dir_);  // its name, if this open created it
   if (!s.ok()) CloseHeld();  // the next publish opens it again
   return s;
 }

@@ -15,8 +15,8 @@ namespace alpsck {
 // PublishedStep: the newest step published as RUN_DIR/LATEST, step 9 of the commit protocol
 // (commit.h): LATEST := N only if N is newer than what was published ("newest wins": a checkpoint
 // that finishes after a newer one never becomes latest). LATEST is a hint; recovery scans. The
-// writer opens LATEST once and rewrites it in place (a pwrite, a truncate, an fdatasync: no
-// metadata call per save; steps only grow, so a crash leaves the old text or the new); a
+// writer opens LATEST once and rewrites it in place (a pwrite and a truncate, not synced: no
+// metadata call and no flush per save; steps only grow, so a crash leaves the old text or the new); a
 // rewrite to an older step (Rewrite) writes a new file and renames it in. A LATEST replaced
 // behind the writer's back (by hand) is not written again until the writer reopens it.
 //
