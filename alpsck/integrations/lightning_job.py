@@ -27,7 +27,8 @@ is one, and with a length Lightning fetches no batch ahead, so the position save
 keeps no random state; this callback keeps every rank's (python, numpy, torch CPU and CUDA: :class:`alpsck.rng.RNGState`)
 and puts it back before the first resumed batch, so dropout draws what it would have. Not in the memory tier: a
 ``checkpoint.memory_every`` is ignored here (the plugin writes the run directory). Strategies whose checkpoints go
-through the ``CheckpointIO`` plugin (one device, DDP); not the sharded ones (``ModelParallelStrategy``).
+through the ``CheckpointIO`` plugin (one device, DDP), and :class:`.lightning_sharded.AlpsckModelParallelStrategy`
+(FSDP2, tensor parallelism), whose every rank writes its shard as a DCP step of the run directory.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ..rng import RNGState
 from ..slurm.context import JobContext, current_job
 from ..store.picker import taken_at
 from .lightning import AlpsckCheckpointIO, Callback
+from .lightning_sharded import AlpsckModelParallelStrategy
 
 
 def _any_rank(trainer: Any, *flags: bool) -> list[bool]:
@@ -77,17 +79,21 @@ class AlpsckJob(Callback):  # type: ignore[misc]
         return self.job.run_dir if self.job.resume_step is not None else None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        io = trainer.strategy.checkpoint_io
-        if not isinstance(io, AlpsckCheckpointIO):
-            raise UsageError("AlpsckJob saves through alpsck's CheckpointIO plugin: "
-                             "L.Trainer(plugins=[AlpsckCheckpointIO()], callbacks=[AlpsckJob(job)], ...)")
-        env: Any = getattr(trainer.strategy, "cluster_environment", None)
+        strategy, io = trainer.strategy, trainer.strategy.checkpoint_io
+        sharded = isinstance(strategy, AlpsckModelParallelStrategy) and strategy._save_distributed_checkpoint
+        if not sharded and not isinstance(io, AlpsckCheckpointIO):
+            raise UsageError("AlpsckJob saves through alpsck: L.Trainer(plugins=[AlpsckCheckpointIO()], "
+                             "callbacks=[AlpsckJob(job)], ...), or with strategy=AlpsckModelParallelStrategy(...)")
+        env: Any = getattr(strategy, "cluster_environment", None)
         if getattr(env, "auto_requeue", False):  # SLURMEnvironment's, on by default
             env.auto_requeue = False  # before fit installs its handlers: alpsck requeues
             if trainer.is_global_zero:
                 print("alpsck: Lightning's SLURM auto-requeue is off: the job requeues through alpsck",
                       file=sys.stderr, flush=True)
-        if trainer.is_global_zero:  # Lightning saves on global rank 0, the whole state: a checkpoint of one rank
+        ck = self.job.config.checkpoint
+        if sharded:  # every rank writes its shard: the run directory's steps, with the config's threads, keep_last
+            strategy.route(self.job.run_dir, threads=ck.threads, keep_last=ck.keep_last)
+        elif trainer.is_global_zero:  # Lightning saves on global rank 0, the whole state: a checkpoint of one rank
             io.route(self.job.run_dir, self.job.checkpointer(rank=0, world_size=1, memory=False))
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -105,8 +111,9 @@ class AlpsckJob(Callback):  # type: ignore[misc]
             trainer.save_checkpoint(self.job.run_dir)
             self._saved = step
         if stop:
-            if trainer.is_global_zero:
-                trainer.strategy.checkpoint_io.wait(self.job.run_dir)  # the final checkpoint durable
+            io = trainer.strategy.checkpoint_io
+            if trainer.is_global_zero and isinstance(io, AlpsckCheckpointIO):  # a sharded save is durable already
+                io.wait(self.job.run_dir)  # the final checkpoint durable
             trainer.strategy.barrier("alpsck: the final checkpoint")
             trainer.should_stop = True
 

@@ -14,8 +14,11 @@ reads both back through :class:`alpsck.dcp.AlpsckStorageReader`, every chunk CRC
     trainer.fit(model, data, ckpt_path="last")
 
 Each checkpoint path Lightning names (``ckpts/last.ckpt``) is a directory, as with Lightning's own sharded
-checkpoints. ``save_distributed_checkpoint=False`` (one full file on rank 0) goes through the ``CheckpointIO``
-plugin (:class:`.lightning.AlpsckCheckpointIO` takes it). A checkpoint of Lightning's own format still loads.
+checkpoints. A path given to :meth:`AlpsckModelParallelStrategy.route` is an alpsck run directory instead: each save
+is its step ``global_step`` (DCP's run-directory mode, with the writer options given there: ``keep_last``...), and a
+load reads its newest valid step: the run directory of an ``alpsck submit`` job (:mod:`.lightning_job`).
+``save_distributed_checkpoint=False`` (one full file on rank 0) goes through the ``CheckpointIO`` plugin
+(:class:`.lightning.AlpsckCheckpointIO` takes it). A checkpoint of Lightning's own format still loads.
 Not ``FSDPStrategy`` (FSDP1): torch 2.13's FSDP1 needs an accelerator, so nothing here could test it.
 """
 
@@ -49,32 +52,45 @@ class AlpsckModelParallelStrategy(ModelParallelStrategy):  # type: ignore[misc]
     """Lightning's ``ModelParallelStrategy`` whose sharded checkpoints are alpsck's (module docstring). Every
     argument is ModelParallelStrategy's."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._routes: dict[Path, dict[str, Any]] = {}  # run directory -> its writer's options (route())
+
+    def route(self, run_dir: str | Path, **writer_options: Any) -> None:
+        """Saves to ``run_dir`` are the steps of that alpsck run directory (``global_step``), written with
+        ``writer_options`` (:class:`alpsck.dcp.AlpsckStorageWriter`'s); loads read its newest valid step. Every rank."""
+        self._routes[Path(run_dir)] = writer_options
+
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         if not self._save_distributed_checkpoint:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         if storage_options is not None:
             raise TypeError("AlpsckModelParallelStrategy.save_checkpoint takes no storage_options")
         path = Path(self.broadcast(filepath))
+        routed = self._routes.get(path)
+        writer = (AlpsckStorageWriter(path) if routed is None
+                  else AlpsckStorageWriter(path, int(checkpoint.get("global_step", 0)), **routed))
         state = {"state_dict": checkpoint.pop("state_dict"),
                  **{f"optimizer_{i}": o for i, o in enumerate(checkpoint.pop("optimizer_states", []))},
                  _REST: checkpoint}
-        dcp.save(state, storage_writer=AlpsckStorageWriter(path))
+        dcp.save(state, storage_writer=writer)
         return None
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         path = Path(self.broadcast(checkpoint_path))
-        if not is_marked(path):  # not alpsck's: Lightning's own formats
+        if path not in self._routes and not is_marked(path):  # not alpsck's: Lightning's own formats
             return dict(super().load_checkpoint(checkpoint_path, weights_only))
         assert self.model is not None and self.lightning_module is not None
+        reader = AlpsckStorageReader(path)  # one for the three loads: what failed in one is skipped in the next
         module_state = {"state_dict": get_model_state_dict(self.model)}
-        dcp.load(module_state, storage_reader=AlpsckStorageReader(path))
+        dcp.load(module_state, storage_reader=reader)
         self.model.load_state_dict(module_state["state_dict"], strict=self.lightning_module.strict_loading)
         if self.lightning_module.trainer.state.fn == TrainerFn.FITTING:
             for i, optim in enumerate(self.optimizers):
                 key = f"optimizer_{i}"
                 osd = {key: get_optimizer_state_dict(self.model, optim)}
-                dcp.load(osd, storage_reader=AlpsckStorageReader(path))
+                dcp.load(osd, storage_reader=reader)
                 set_optimizer_state_dict(self.model, optim, optim_state_dict=osd[key],
                                          options=StateDictOptions(cpu_offload=True))
-        rest: dict[str, Any] = _load_state_dict_from_keys(_REST, storage_reader=AlpsckStorageReader(path))[_REST]
+        rest: dict[str, Any] = _load_state_dict_from_keys(_REST, storage_reader=reader)[_REST]
         return rest

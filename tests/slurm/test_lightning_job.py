@@ -9,9 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.slurm_helpers import events, submit, wait_done, wait_for
+import pytest
+from support.slurm_helpers import TERMINAL, events, final_state, submit, wait_done, wait_for
+
+from alpsck.store.picker import pick
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
+
+
+def _ended(run: Path) -> bool:
+    return final_state(run) in TERMINAL
 
 
 def _steps(losses: Path) -> list[int]:
@@ -21,33 +28,43 @@ def _steps(losses: Path) -> list[int]:
         return []
 
 
-def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_exact(cluster: None,
-                                                                                      tmp_path: Path) -> None:
-    """Two DDP ranks (gloo), dropout, a resumable loader; a checkpoint every 10 steps. A time-limit signal (USR2)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_exact(cluster: None, tmp_path: Path,
+                                                                                      strategy: str) -> None:
+    """Two ranks (gloo), dropout, a resumable loader; a checkpoint every 10 steps. DDP, its checkpoints through
+    the CheckpointIO plugin; or FSDP2, every rank writing its shard as a DCP step of the run directory. A time-limit signal (USR2)
     in the first start, SIGTERM (a preemption's: the job stays RUNNING) in the second. Each time: a final
     checkpoint at the next optimizer step, written durably into the run directory, then the requeue, and the next
     start resumes from exactly that step. SIGTERM is the case Lightning would have answered itself, raising at its
     next batch before any checkpoint. The losses of every step equal an uninterrupted fit's, bit for bit: the
     model, the optimizer, the scheduler, the loader's position in its epoch and every rank's dropout stream."""
     steps, pace = 60, 0.25
-    shutil.copy(SUPPORT / "lightning_job_worker.py", tmp_path)
+    for worker in ("lightning_job_worker.py", "lightning_worker.py"):
+        shutil.copy(SUPPORT / worker, tmp_path)
     run, losses = tmp_path / "run", tmp_path / "losses.txt"
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"name: lightning\nrun_dir: {run}\n"
                    "slurm:\n  time: '5'\n  cpus_per_task: 1\n  tasks_per_node: 2\n  mem: 2G\n  partition: debug\n"
-                   f"entry:\n  function: lightning_job_worker:main\n  args: ['{losses}', '{steps}', '{pace}']\n"
+                   f"entry:\n  function: lightning_job_worker:main\n  args: ['{losses}', '{steps}', '{pace}', {strategy}]\n"
                    "checkpoint:\n  every_steps: 10\n"
                    "requeue:\n  signal_delay_s: 60\n  max_restarts: 5\n")
-    job = submit(cfg)
     reference = tmp_path / "reference.txt"  # meanwhile: Lightning starts its second rank itself
-    subprocess.run([sys.executable, str(tmp_path / "lightning_job_worker.py"), str(reference), str(steps)],
-                   check=True, timeout=600, cwd=tmp_path, capture_output=True)
-    wait_for(lambda: len(_steps(losses)) >= 12, 300, "the first start's 12th step", poll=0.2)
-    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
-    wait_for(lambda: len(events(run, "started")) == 2 and _steps(losses)[-1] >= 32, 300,
-             "the second start's step 32", poll=0.2)
-    subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=30)
-    assert wait_done(run, job, 600) == "finished", events(run)
+    clean = subprocess.Popen([sys.executable, str(tmp_path / "lightning_job_worker.py"), str(reference), str(steps),
+                              strategy], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        job = submit(cfg)
+        # The signals go to a training that has run 12 steps, then to the next start's step 32: each leaves at least
+        # 28 steps (7 s) before the job would be done. (CI once ran the reference first: the job had finished.)
+        wait_for(lambda: len(_steps(losses)) >= 12 or _ended(run), 300, "the first start's 12th step", poll=0.1)
+        assert not _ended(run), events(run)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+        wait_for(lambda: len(events(run, "started")) == 2 and _steps(losses)[-1] >= 32, 300,
+                 "the second start's step 32", poll=0.1)
+        subprocess.run(["scancel", "--signal=TERM", job], check=True, timeout=30)
+        assert wait_done(run, job, 600) == "finished", events(run)
+    finally:
+        _, err = clean.communicate(timeout=600)
+    assert clean.returncode == 0, err[-3000:]
 
     assert losses.read_text() == reference.read_text()  # steps 1..60 once each: no step trained twice
     finals, starts = events(run, "final_checkpoint"), events(run, "started")
@@ -55,3 +72,5 @@ def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_
     assert [s.get("step") for s in starts] == [None, *(e["step"] for e in finals)], events(run)
     assert 12 <= finals[0]["step"] < finals[1]["step"] < steps and not events(run, "failed"), events(run)
     assert events(run, "finished")[0]["step"] == steps  # the last periodic checkpoint: every 10 steps
+    kind = "dcp" if strategy == "fsdp" else "alpsck"  # each rank's shard, or rank 0's whole state
+    assert pick(run, kind=kind, verify_data=True).step == steps

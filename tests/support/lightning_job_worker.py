@@ -2,8 +2,12 @@
 small regression model with dropout, DDP over gloo on the CPU, the train loader an :class:`alpsck.data.ResumableLoader`.
 Rank 0 appends ``global_step loss.hex()`` to LOSSES after every step; each step is padded to PACE seconds.
 
-    entry: {function: lightning_job_worker:main, args: [LOSSES, STEPS, PACE]}   # under alpsck submit, 2 tasks
-    python lightning_job_worker.py LOSSES STEPS        # the uninterrupted reference: Lightning starts rank 1 itself
+    entry: {function: lightning_job_worker:main, args: [LOSSES, STEPS, PACE, STRATEGY]}   # alpsck submit, 2 tasks
+    python lightning_job_worker.py LOSSES STEPS STRATEGY   # the uninterrupted reference: Lightning starts rank 1
+
+STRATEGY: ``ddp`` (checkpoints through :class:`alpsck.integrations.lightning.AlpsckCheckpointIO`), or ``fsdp``: FSDP2
+(``fully_shard`` in ``configure_model``) under :class:`alpsck.integrations.lightning_sharded.AlpsckModelParallelStrategy`,
+every rank writing its shard.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning_worker import shard_for_fsdp2  # beside this file (the test copies both)
 from torch import nn
 
 from alpsck.data import ResumableLoader
 from alpsck.integrations.lightning import AlpsckCheckpointIO
+from alpsck.integrations.lightning_sharded import AlpsckModelParallelStrategy
 
 warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging, on every rank
 
@@ -29,6 +35,9 @@ class Regression(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 1))
+
+    def configure_model(self) -> None:
+        shard_for_fsdp2(self)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
         x, y = batch
@@ -58,10 +67,13 @@ class Record(Callback):
         time.sleep(self.pace)
 
 
-def fit(losses: Path, steps: int, pace: float, callbacks: list[Any], ckpt_path: str | None) -> None:
+def fit(losses: Path, steps: int, pace: float, strategy: str, callbacks: list[Any], ckpt_path: str | None) -> None:
     L.seed_everything(0, verbose=False)
-    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy="ddp", max_steps=steps,
-                        plugins=[AlpsckCheckpointIO()], callbacks=[*callbacks, Record(losses, pace)],
+    sharded = strategy == "fsdp"
+    trainer = L.Trainer(accelerator="cpu", devices=2, num_nodes=1, max_steps=steps,
+                        strategy=AlpsckModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if sharded
+                        else "ddp", plugins=[] if sharded else [AlpsckCheckpointIO()],
+                        callbacks=[*callbacks, Record(losses, pace)],
                         deterministic=True, enable_progress_bar=False, logger=False, enable_model_summary=False,
                         enable_checkpointing=False)
     trainer.fit(Regression(), ckpt_path=ckpt_path)
@@ -71,10 +83,10 @@ def main(job: Any) -> None:
     """The job's entry: the recipe of docs/lightning.md."""
     from alpsck.integrations.lightning_job import AlpsckJob
 
-    losses, steps, pace = job.argv
+    losses, steps, pace, strategy = job.argv
     bridge = AlpsckJob(job)
-    fit(Path(losses), int(steps), float(pace), [bridge], bridge.ckpt_path)
+    fit(Path(losses), int(steps), float(pace), strategy, [bridge], bridge.ckpt_path)
 
 
 if __name__ == "__main__":
-    fit(Path(sys.argv[1]), int(sys.argv[2]), 0.0, [], None)
+    fit(Path(sys.argv[1]), int(sys.argv[2]), 0.0, sys.argv[3], [], None)

@@ -28,20 +28,26 @@ from alpsck.integrations.lightning_sharded import AlpsckModelParallelStrategy
 warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging, on every rank
 
 
+def shard_for_fsdp2(module: L.LightningModule) -> None:
+    """``configure_model``'s, under :class:`AlpsckModelParallelStrategy`: FSDP2 over the data-parallel ranks, each
+    layer of ``module.net`` that has parameters, then the whole net (also tests/support/lightning_job_worker.py's)."""
+    if isinstance(module.trainer.strategy, AlpsckModelParallelStrategy):
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = module.device_mesh["data_parallel"]
+        for layer in module.net:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(module.net, mesh=mesh)
+
+
 class Regression(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
 
     def configure_model(self) -> None:
-        if isinstance(self.trainer.strategy, AlpsckModelParallelStrategy):  # FSDP2 over the data-parallel ranks
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = self.device_mesh["data_parallel"]
-            for layer in self.net:
-                if any(True for _ in layer.parameters()):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(self.net, mesh=mesh)
+        shard_for_fsdp2(self)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
         x, y = batch
