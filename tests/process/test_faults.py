@@ -320,12 +320,12 @@ WRITE_FAULTS = [
 
 
 def test_the_run_dir_fsync_after_the_rename_fails_the_save_and_says_the_step_is_committed(tmp_path: Path) -> None:
-    # The 7th fsync of the run: step 1 made 4 (its manifest, step dir, run dir, and the run dir
-    # again for the name of LATEST, created then: LATEST itself is rewritten in place and
-    # fdatasync'ed; retention, with nothing to expire, makes none), then step 2's manifest and step
-    # dir: the 7th is fsync(RUN_DIR) after step 2's commit rename. The rename happened: the save
-    # is not reported durable, its error says so, and the step is on disk with its manifest.
-    rule = {"op": "fsync", "skip": 6, "error": errno.EIO}
+    # The 6th fsync of the run: step 1 made 3 (its manifest, step dir, run dir: LATEST, a hint, is
+    # written in place unsynced, its name too; retention, with nothing to expire, makes none), then
+    # step 2's manifest and step dir: the 6th is fsync(RUN_DIR) after step 2's commit rename. The
+    # rename happened: the save is not reported durable, its error says so, and the step is on disk
+    # with its manifest.
+    rule = {"op": "fsync", "skip": 5, "error": errno.EIO}
     with alpsck.Checkpointer(tmp_path, chunk_bytes=64 << 10, keep_last=3, _faults=[rule]) as ck:
         ck.save(1, _state(1)).wait()
         with pytest.raises(CheckpointWriteError) as ei:
