@@ -75,6 +75,7 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
     from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
     from torch.distributed.checkpoint.storage import StorageReader, StorageWriter
 
+    from alpsck.bench.methods import drop_page_cache
     from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
 
     warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
@@ -123,13 +124,7 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
 
     def evict(path: Path) -> None:
         """Drop every file of a checkpoint from the page cache (their pages are clean: both backends fsync)."""
-        for f in path.rglob("*"):
-            if f.is_file():
-                fd = os.open(f, os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+        drop_page_cache(path)
         barrier()
 
     def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -125,25 +125,18 @@ def same(want: Any, got: Any, where: str) -> None:
 
 def fsync_tree(path: Path) -> None:
     """fsync every file and directory at or under ``path``, and its parent directory."""
-    paths = [path, *sorted(path.rglob("*"))] if path.is_dir() else [path]
-    for p in [*paths, path.parent]:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    from alpsck.store.durable import fsync_path
+
+    for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else []), path.parent]:
+        fsync_path(p)
 
 
 def evict_tree(path: Path) -> None:
     """Drop every file at or under ``path`` from the page cache (fsync'ed first, so its pages are clean)."""
+    from alpsck.bench.methods import drop_page_cache
+
     fsync_tree(path)
-    for p in [path, *sorted(path.rglob("*"))] if path.is_dir() else [path]:
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    drop_page_cache(path)
 
 
 def remove(path: Path) -> None:

@@ -23,15 +23,17 @@ from ..store.durable import fsync_path
 from ..store.picker import pick
 
 
-def drop_page_cache(directory: Path) -> None:
-    """Evict the (clean, fsynced) pages of every file below ``directory`` from the page cache."""
-    for root, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+def drop_page_cache(path: Path) -> None:
+    """Evict the (clean, fsynced) pages of the file ``path``, or of every file below the directory ``path``, from
+    the page cache."""
+    files = [str(path)] if os.path.isfile(path) else [os.path.join(root, name) for root, _, names in os.walk(path)
+                                                       for name in names]
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 class Method:
