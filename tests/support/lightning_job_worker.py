@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import lightning_worker  # beside this file (the test copies both)
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning_worker import shard_for_fsdp2  # beside this file (the test copies both)
-from torch import nn
 
 from alpsck.data import ResumableLoader
 from alpsck.integrations.lightning import AlpsckCheckpointIO
@@ -31,27 +30,14 @@ from alpsck.integrations.lightning_sharded import AlpsckModelParallelStrategy
 warnings.filterwarnings("ignore")  # Lightning's advice on workers and logging, on every rank
 
 
-class Regression(L.LightningModule):
+class Regression(lightning_worker.Regression):
+    """The Lightning tests' model, with dropout, and its train loader a resumable one."""
+
     def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Dropout(0.2), nn.Linear(32, 1))
-
-    def configure_model(self) -> None:
-        shard_for_fsdp2(self)
-
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _i: int) -> torch.Tensor:
-        x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self) -> dict[str, object]:
-        opt = torch.optim.AdamW(self.parameters(), lr=0.01)
-        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)}
+        super().__init__(dropout=0.2)
 
     def train_dataloader(self) -> ResumableLoader:
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(96, 8, generator=g)
-        data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
-        return ResumableLoader(data, batch_size=4, seed=1, num_replicas=self.trainer.world_size,
+        return ResumableLoader(lightning_worker.dataset(), batch_size=4, seed=1, num_replicas=self.trainer.world_size,
                                rank=self.trainer.global_rank)
 
 

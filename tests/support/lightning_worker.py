@@ -41,10 +41,19 @@ def shard_for_fsdp2(module: L.LightningModule) -> None:
         fully_shard(module.net, mesh=mesh)
 
 
+def dataset() -> torch.utils.data.TensorDataset:
+    """96 samples of 8 features and a smooth target, the same in every process (a generator of its own)."""
+    x = torch.randn(96, 8, generator=torch.Generator().manual_seed(1))
+    return torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+
+
 class Regression(L.LightningModule):
-    def __init__(self) -> None:
+    """``dropout``: a dropout layer after the activation (tests/support/lightning_job_worker.py's model)."""
+
+    def __init__(self, dropout: float | None = None) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), *([nn.Dropout(dropout)] if dropout else []),
+                                 nn.Linear(32, 1))
 
     def configure_model(self) -> None:
         shard_for_fsdp2(self)
@@ -78,9 +87,7 @@ def main() -> None:
     run, losses, epochs = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
     stop_at = int(sys.argv[sys.argv.index("--stop-at") + 1]) if "--stop-at" in sys.argv else None
     L.seed_everything(0, workers=True, verbose=False)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(96, 8, generator=g)
-    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+    data = dataset()
     io = AlpsckCheckpointIO()
     strategy = (AlpsckModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if "--fsdp" in sys.argv
                 else "ddp")
