@@ -21,6 +21,7 @@ computes the same assignment on its own.
 from __future__ import annotations
 
 import heapq
+import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 
+from . import _core
 from .errors import UsageError
 
 
@@ -125,14 +127,14 @@ class Ranks:
         return [int(x) for x in t.tolist()]
 
     def agreement_store(self) -> tuple[Any, str] | None:
-        """Where the ranks' engines agree on each commit: :func:`process_group_store` (nobody polls
+        """Where the ranks' engines agree on each commit: :func:`store_clients` (nobody polls
         the file system), and a key namespace rank 0 draws at random for this call and broadcasts, so that two
         checkpointers, or a checkpointer opened again, never read each other's keys. None for one
         rank (a collective otherwise)."""
         if self.world_size == 1:
             return None
         token = self.from_rank0([secrets.randbits(62)] if self.rank == 0 else [])
-        return process_group_store(), f"alpsck/{token[0]:016x}/"
+        return store_clients(), f"alpsck/{token[0]:016x}/"
 
     def from_rank0(self, values: list[int]) -> list[int]:
         """Rank 0's list of ints, on every rank (a collective; no pickle on the wire)."""
@@ -153,3 +155,20 @@ def process_group_store() -> Any:
     import torch.distributed as dist
 
     return dist.distributed_c10d._get_default_store()
+
+
+_clients: tuple[int, Any, Any] | None = None  # (pid, the store, its _core.StoreClients): store_clients()
+
+
+def store_clients() -> Any:
+    """The ``store=`` for the core's engines and commits: :func:`process_group_store`'s connections,
+    one set per process and store, shared by every engine and commit (``_core.StoreClients``). A
+    TCPStore clone is a connection to its server; a DCP save opens an engine per rank and commits
+    through a clone, and with a clone per save a 2 MiB save at 2 ranks took 5 s about one time in
+    ten (torch 2.13's clone waits 5 s on its ping now and then: ``cpp/core/kv_store.h``). A forked
+    child, or a new process group, gets connections of its own."""
+    global _clients
+    store = process_group_store()
+    if _clients is None or _clients[0] != os.getpid() or _clients[1] is not store:
+        _clients = (os.getpid(), store, _core.StoreClients(store))
+    return _clients[2]

@@ -33,7 +33,7 @@ from .. import _core
 from ..errors import RunDirLockedError, UsageError
 from ..options import DEFAULTS, check_step
 from ..options import check as check_option
-from ..ranks import process_group_store
+from ..ranks import store_clients
 from ..store.durable import make_dirs_durably
 from ..store.lock import lock_holder, lock_run_dir
 from ..store.marker import marker_problem, write_marker
@@ -96,8 +96,9 @@ def _plan_bytes(plan: SavePlan) -> int:
 
 
 def _agreement_store(ns: str) -> Any:
-    """The process group's store for a save whose plan names a namespace, else None."""
-    return process_group_store() if ns else None
+    """The process group's store (this process's shared clients of it) for a save whose plan names a
+    namespace, else None."""
+    return store_clients() if ns else None
 
 
 # ------------------------------------------------------------------------------ writer

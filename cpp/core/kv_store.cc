@@ -97,4 +97,26 @@ size_t KvClientPool::clients_made() const {
   return shared_->made;
 }
 
+#define ALPSCK_ON_A_CLIENT(call)                       \
+  std::unique_ptr<KvStore> client;                     \
+  ALPSCK_RETURN_IF_ERROR(pool_.Acquire(&client));      \
+  return client->call
+
+Status PooledKvStore::Set(const std::string& key, const std::string& value) { ALPSCK_ON_A_CLIENT(Set(key, value)); }
+Status PooledKvStore::Get(const std::string& key, double timeout_s, std::string* value) {
+  ALPSCK_ON_A_CLIENT(Get(key, timeout_s, value));
+}
+Status PooledKvStore::Add(const std::string& key, int64_t delta, int64_t* new_value) {
+  ALPSCK_ON_A_CLIENT(Add(key, delta, new_value));
+}
+Status PooledKvStore::Append(const std::string& key, const std::string& value) { ALPSCK_ON_A_CLIENT(Append(key, value)); }
+Status PooledKvStore::CompareSet(const std::string& key, const std::string& expected, const std::string& desired,
+                                 std::string* current) {
+  ALPSCK_ON_A_CLIENT(CompareSet(key, expected, desired, current));
+}
+Status PooledKvStore::Wait(const std::vector<std::string>& keys, double timeout_s) { ALPSCK_ON_A_CLIENT(Wait(keys, timeout_s)); }
+Status PooledKvStore::DeleteKey(const std::string& key) { ALPSCK_ON_A_CLIENT(DeleteKey(key)); }
+
+#undef ALPSCK_ON_A_CLIENT
+
 }  // namespace alpsck

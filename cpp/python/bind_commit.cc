@@ -19,14 +19,24 @@ namespace alpsck::binding {
 using namespace nb::literals;
 
 void BindCommit(nb::module_& m) {
+  nb::class_<StoreClients>(m, "StoreClients",
+                           "A torch.distributed store's client connections, shared by every Engine and commit_step "
+                           "given this object as store= (a new one each, and its connections, otherwise): "
+                           "alpsck.ranks.store_clients() keeps one per process.")
+      .def("__init__",
+           [](StoreClients* self, nb::object store) {
+             new (self) StoreClients{std::make_shared<PooledKvStore>(std::make_shared<PyKvStore>(std::move(store)))};
+           },
+           "store"_a)
+      .def_prop_ro("clients_made", [](const StoreClients& c) { return c.kv->clients_made(); },
+                   "How many connections (store.clone()) it has made so far.");
   m.def("commit_step",
         [](const FsPath& run_dir, uint64_t step, uint32_t world_size,
            const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s, double elapsed_s,
            nb::object store, const std::string& store_ns) {
           std::vector<std::pair<std::string, std::string>> extra;
           for (const auto& [name, data] : extra_files) extra.emplace_back(name, std::string(data.c_str(), data.size()));
-          std::shared_ptr<KvStore> kv;
-          if (!store.is_none()) kv = std::make_shared<PyKvStore>(store);
+          std::shared_ptr<KvStore> kv = KvStoreFrom(store);
           Status s;
           {
             nb::gil_scoped_release nogil;

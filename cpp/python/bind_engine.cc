@@ -148,7 +148,7 @@ class PyEngine {
     o.world_size = world_size;
     o.one_history = one_history;
     if (!store.is_none()) {
-      o.store = std::make_shared<PyKvStore>(store);
+      o.store = KvStoreFrom(store);
       o.store_ns = store_ns;
     }
     if (!faults.empty()) {
@@ -377,7 +377,7 @@ void BindEngine(nb::module_& m) {
            "range raises UsageError naming it), the table's defaults for the rest. rank of world_size ranks "
            "writing run_dir; one_history: each save first retires the abandoned history (Engine::Supersede); "
            "faults: test hook, I/O errors to inject (cpp/core/env.h). store: a torch.distributed Store (c10d: "
-           "TCPStore, PrefixStore, ...) through which the ranks agree on each commit, under keys starting with store_ns (the same on every rank, "
+           "TCPStore, PrefixStore, ...), or a StoreClients of one, through which the ranks agree on each commit, under keys starting with store_ns (the same on every rank, "
            "unique to this run directory and job); None: through the attempt's directory.")
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "", "metrics"_a = Metrics{},

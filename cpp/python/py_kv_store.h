@@ -101,4 +101,18 @@ class PyKvStore : public KvStore {
   nb::object store_;
 };
 
+// _core.StoreClients(store): a c10d store's connections, shared by every engine and commit_step it is
+// passed to (a PooledKvStore over the store: kv_store.h says why). Bound in bind_commit.cc.
+struct StoreClients {
+  std::shared_ptr<PooledKvStore> kv;
+};
+
+// The store= argument of Engine and commit_step: None, a StoreClients, or a c10d store (whose clients are
+// then this call's own).
+inline std::shared_ptr<KvStore> KvStoreFrom(nb::object store) {
+  if (store.is_none()) return nullptr;
+  if (nb::isinstance<StoreClients>(store)) return nb::cast<StoreClients&>(store).kv;
+  return std::make_shared<PyKvStore>(std::move(store));
+}
+
 }  // namespace alpsck::binding

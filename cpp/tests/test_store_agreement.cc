@@ -141,6 +141,35 @@ TEST(client_pool_reuses_clients_and_drops_one_that_failed) {
   CHECK(c3->Set("k", "x").code() == Code::kIoError);
 }
 
+// PooledKvStore: the process's one set of connections. Two engines' pools (each built on it, as the
+// DCP writer's engine per save is) and a commit's clone, one after the other, all reuse one client; its
+// own calls borrow one.
+TEST(pooled_store_shares_its_clients_between_engines_and_commits) {
+  auto base = std::make_shared<MemoryKvStore>();
+  auto pooled = std::make_shared<PooledKvStore>(base);
+  for (int save = 0; save < 3; ++save) {
+    {
+      KvClientPool engine_pool(pooled);  // a new engine per save, closed before the commit (as the writer's)
+      std::unique_ptr<KvStore> attempt;
+      REQUIRE(engine_pool.Acquire(&attempt).ok());
+      CHECK(attempt->Set("k", std::to_string(save)).ok());
+    }
+    std::unique_ptr<KvStore> commit;
+    REQUIRE(pooled->Clone(&commit).ok());  // commit_step's client
+    std::string v;
+    CHECK(commit->Get("k", 0, &v).ok() && v == std::to_string(save));
+  }
+  CHECK_EQ(pooled->clients_made(), size_t{1});
+  int64_t n = 0;
+  CHECK(pooled->Add("n", 2, &n).ok() && n == 2);
+  std::string v;
+  CHECK(pooled->Get("absent", 0, &v).code() == Code::kNotFound);  // only looked: the client stays
+  CHECK_EQ(pooled->clients_made(), size_t{1});
+  CHECK(pooled->Get("absent", 0.01, &v).code() == Code::kNotFound);  // a timed-out wait: that client is dropped
+  CHECK(pooled->Set("k", "x").ok());
+  CHECK_EQ(pooled->clients_made(), size_t{2});
+}
+
 TEST(memory_store_rules_delay_time_out_and_lose_replies) {
   MemoryKvStore s;
   MemoryKvStore::Rule r;

@@ -111,3 +111,39 @@ def test_a_store_server_that_vanishes_mid_save_fails_every_rank_with_one_verdict
         for e in engines:
             e.close()
     assert not any(i["status"] == "committed" for i in _core.scan(str(tmp_path)))
+
+
+def test_engines_opened_per_save_share_one_set_of_connections(tmp_path: Path) -> None:
+    """The DCP writer opens an engine per save on each rank, and a TCPStore clone is a new connection
+    (about 1 ms, and on torch 2.13 now and then 5 s). Through one ``StoreClients`` (what
+    ``alpsck.ranks.store_clients`` keeps per process) five saves of two ranks, each with new engines,
+    reuse the same few connections; given the store itself, each engine clones its own."""
+    server = _server()
+    shared = _core.StoreClients(_client(server))
+    for step in range(1, 6):
+        engines = [_core.Engine(str(tmp_path), {"commit_timeout_s": 30, "keep_last": 0}, rank=r, world_size=2, store=shared,
+                                store_ns=f"alpsck/t4-{step}/") for r in range(2)]
+        try:
+            assert _save_on_every_rank(tmp_path, engines, step) == [None, None]
+        finally:
+            for e in engines:
+                e.close()
+    assert [i["step"] for i in _core.scan(str(tmp_path)) if i["status"] == "committed"] == [1, 2, 3, 4, 5]
+    assert 1 <= shared.clients_made <= 3, shared.clients_made  # two ranks at once, and a late reader: never 10
+    assert server.list_keys() == []
+
+
+def test_store_clients_are_one_per_process_group_store(tmp_path: Path) -> None:
+    from alpsck.ranks import process_group_store, store_clients
+
+    for attempt in range(2):  # a process group made again (an elastic restart) gets new connections
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg-{attempt}", rank=0, world_size=1)
+        try:
+            first = store_clients()
+            assert store_clients() is first and isinstance(first, _core.StoreClients)
+            assert process_group_store() is process_group_store()  # the identity store_clients keys on
+            if attempt:
+                assert first is not previous
+            previous = first
+        finally:
+            dist.destroy_process_group()
