@@ -34,9 +34,9 @@ from ..errors import RunDirLockedError, UsageError
 from ..options import DEFAULTS, check_step
 from ..options import check as check_option
 from ..ranks import store_clients
-from ..store.durable import make_dirs_durably
+from ..store.durable import fsync_path, make_dirs
 from ..store.lock import lock_holder, lock_run_dir
-from ..store.marker import marker_problem, write_marker
+from ..store.marker import marker_problem, publish_marker, stage_marker, write_marker
 from ..store.names import MARKER_NAMES, entry_kind, step_dir
 from ..store.picker import pick
 from .extents import Extent, chunk_nbytes, encode_item, flat_bytes_of, given, in_place, save_resolving_lazily
@@ -178,6 +178,9 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
         self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
         self._subdir: str | None = None  # use_collectives=False with several ranks: this rank's rank_local_dir
+        # Durability work done while this rank's shard is written (_while_writing), off the save's critical path:
+        self._unsynced: list[Path] = []  # directories whose fsync makes the names _open created durable
+        self._marker_staged = False  # checkpoint-directory mode, coordinator: .metadata.tmp written, to put in place
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
         with contextlib.suppress(Exception):
@@ -240,6 +243,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
+        self._unsynced, self._marker_staged = [], False
         self._process_rank = int(kwargs.get("rank") or 0)
         # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
         # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
@@ -352,7 +356,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         """This rank's engine, with the run directory's lock held (taken again if it was let go)."""
         run_dir = self._dir()
         if self._lock is None:
-            make_dirs_durably(run_dir)
+            self._unsynced += make_dirs(run_dir)  # fsync'ed while the shard is written (_while_writing)
             self._lock = lock_run_dir(run_dir, rank)
         if self._engine is None:
             threads, chunk, staging = self._sized()
@@ -439,11 +443,16 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
             self._shard_bytes = sum(e.nbytes for e in extents)
             engine = self._open(self.rank, info.world_size)
             direct = in_place(planner, extents)
-            if direct is not None:  # written from the tensors' own memory
+            if direct is not None:  # written from the tensors' own memory, by the engine's threads
                 handle = engine.save(step, direct, meta, "zerocopy", direct, "deferred")
+                try:
+                    self._while_writing()
+                finally:
+                    handle.wait()
             else:
                 handle = save_resolving_lazily(engine, step, extents, meta)
-            handle.wait()
+                self._while_writing()
+                handle.wait()
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
             retired = sorted(s for s, _ in engine.take_retired())
@@ -456,6 +465,17 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
+
+    def _while_writing(self) -> None:
+        """The save's small durable steps that need not wait for the shard, done while the engine's threads
+        write it (at 2 MiB about 0.6 ms of the save's 9 on this project's VM): the fsync of the directories
+        that hold the names :meth:`_open` created, and on the coordinator in checkpoint-directory mode the
+        marker's temp file (put in place by :meth:`finish`, after the commit)."""
+        unsynced, self._unsynced = self._unsynced, []
+        for d in unsynced:
+            fsync_path(d)
+        if self.rank == 0 and self.named and not self._marker_staged:
+            self._marker_staged = stage_marker(self._dir())
 
     @staticmethod
     def _resolved(planner: SavePlanner, item: WriteItem) -> torch.Tensor:
@@ -501,11 +521,15 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         decode_metadata(data, METADATA_FILE, step=step, world_size=world)  # never commit what load would refuse
         lock = lock_run_dir(run_dir, 0)
         try:
+            self._while_writing()  # done already, unless this rank's write_data did not run (a subclass's)
             _core.commit_step(str(run_dir), step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
                               time.monotonic() - self._started, store=_agreement_store(self._store_ns),
                               store_ns=self._store_ns)
             keep = 1 if self.named else self.keep_last
-            if self.named:
+            if self._marker_staged:
+                self._marker_staged = False
+                publish_marker(run_dir)
+            elif self.named:
                 write_marker(run_dir)
             if keep:
                 warning = _core.retain_newest(str(run_dir), keep)

@@ -2,7 +2,8 @@
 alpsck's own for writing (the same rules as the core's OpenMaybeDirect, cpp/core/file_io.cc),
 reading a small file (also without following symlinks, or only inside a directory), creating
 directories durably, and THE durable small-file write: :func:`replace_durably` (a whole file: temp
-file, fsync, rename, fsync of the directory) and :func:`append_durably` (a line of a log). Every
+file, fsync, rename, fsync of the directory; its halves :func:`write_temp` and :func:`rename_durably`
+for a caller that overlaps the first with other work) and :func:`append_durably` (a line of a log). Every
 small file the Python side writes durably goes through one of these two."""
 
 from __future__ import annotations
@@ -135,12 +136,24 @@ def replace_durably(path: str | os.PathLike[str], data: bytes, tmp: str | os.Pat
     ``path``, and the directory fsync'ed, so a power loss leaves the old content or the new, never a torn
     file. The one durable small-file write of the Python side."""
     tmp = temp_name(os.fspath(path)) if tmp is None else tmp
+    write_temp(tmp, data)
+    rename_durably(tmp, path)
+
+
+def write_temp(tmp: str | os.PathLike[str], data: bytes) -> None:
+    """:func:`replace_durably`'s first half, for a caller that overlaps it with other work: ``data`` written
+    whole to ``tmp`` (a file of alpsck's own) and fsync'ed. :func:`rename_durably` then puts it in place."""
     fd = open_own(tmp)
     try:
         _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def rename_durably(tmp: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """:func:`replace_durably`'s second half: ``tmp`` (written by :func:`write_temp`) renamed over ``path``,
+    and the directory fsync'ed."""
     os.replace(tmp, path)
     _fsync(Path(path).parent)
 
@@ -159,11 +172,18 @@ def append_durably(path: str | os.PathLike[str], data: bytes) -> None:
 def make_dirs_durably(path: Path) -> None:
     """``mkdir -p path``, each directory it creates made durable in its parent, so what is committed
     inside later does not vanish with its name (a DCP checkpoint directory is new at every save)."""
+    for parent in make_dirs(path):
+        fsync_path(parent)
+
+
+def make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p path``, returning the directories whose fsync makes the new names durable (the parent
+    of each directory it created, outermost first): :func:`make_dirs_durably` for a caller that
+    syncs them later, before what it commits inside counts as durable."""
     missing: list[Path] = []
     p = path
     while not p.exists() and p != p.parent:
         missing.append(p)
         p = p.parent
     path.mkdir(parents=True, exist_ok=True)
-    for d in reversed(missing):
-        fsync_path(d.parent)
+    return [d.parent for d in reversed(missing)]

@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from .durable import read_small, replace_durably
+from .durable import read_small, rename_durably, write_temp
 from .names import MARKER_BYTES, MARKER_FILE, MARKER_FORMAT, MARKER_NAMES
 
 ALPSCK, FILESYSTEMWRITER, OTHER = "alpsck", "filesystemwriter", "other"  # the kinds of a folder's steps
@@ -47,9 +47,23 @@ def marker_problem(path: Path) -> str | None:
 
 def write_marker(path: Path) -> None:
     """Make ``path/.metadata`` alpsck's marker, durably (tmp file, fsync, rename, fsync of the directory)."""
+    if stage_marker(path):
+        publish_marker(path)
+
+
+def stage_marker(path: Path) -> bool:
+    """:func:`write_marker`'s first half, done while the checkpoint is written: whether ``path`` needs the
+    marker put in place, having then written and fsync'ed its temp file (``.metadata.tmp``, which no
+    trainer reads). :func:`publish_marker` then puts it in place, after the commit."""
     if marker_problem(path) is None and (path / MARKER_FILE).is_file():
-        return
-    replace_durably(path / MARKER_FILE, MARKER_BYTES, path / MARKER_NAMES[1])
+        return False
+    write_temp(path / MARKER_NAMES[1], MARKER_BYTES)
+    return True
+
+
+def publish_marker(path: Path) -> None:
+    """The marker :func:`stage_marker` wrote, renamed into place and made durable."""
+    rename_durably(path / MARKER_NAMES[1], path / MARKER_FILE)
 
 
 def is_marked(path: Path) -> bool:

@@ -356,7 +356,9 @@ def _damage_all_runs(run: Path) -> None:
 def test_a_new_checkpoint_directory_is_made_durable_in_its_parent(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The commit fsyncs inside the checkpoint directory; the directory's own name, new at every save,
-    must be durable too, or a power loss could take a committed checkpoint with it."""
+    must be durable too, or a power loss could take a committed checkpoint with it. (The writer syncs the
+    parents while the shard is written, before the commit.)"""
+    import alpsck.dcp.writer
     import alpsck.store.durable
 
     synced: list[Path] = []
@@ -367,6 +369,7 @@ def test_a_new_checkpoint_directory_is_made_durable_in_its_parent(tmp_path: Path
         real(path)
 
     monkeypatch.setattr(alpsck.store.durable, "fsync_path", record)
+    monkeypatch.setattr(alpsck.dcp.writer, "fsync_path", record)
     ckpt = tmp_path / "new" / "folder" / "step-1"
     dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
     assert synced == [tmp_path, tmp_path / "new", tmp_path / "new" / "folder"]
@@ -388,3 +391,27 @@ def test_an_empty_checkpoint_id_is_refused_not_the_current_directory(tmp_path: P
     with pytest.raises(UsageError, match="dcp.load's checkpoint_id: the checkpoint path is empty"):
         dcp.load({"a": torch.ones(3)}, storage_reader=AlpsckStorageReader(), checkpoint_id="")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_save_that_fails_at_its_commit_leaves_the_directory_unmarked(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The marker's temp file is written while the shard is (off the save's critical path), and put in
+    place only after the commit: a save that fails at its commit leaves no ``.metadata`` that would make
+    a trainer (torchtitan looks for one) take the folder for a checkpoint. The next save marks it."""
+    import alpsck.dcp.writer
+
+    real = _core.commit_step
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise OSError(5, "injected: the commit failed")
+
+    ckpt = tmp_path / "step-1"
+    monkeypatch.setattr(alpsck.dcp.writer._core, "commit_step", fail)
+    with pytest.raises(CheckpointException, match="injected"):
+        dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+    assert not (ckpt / MARKER_FILE).exists()
+    monkeypatch.setattr(alpsck.dcp.writer._core, "commit_step", real)
+    dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+    assert json.loads((ckpt / MARKER_FILE).read_text())["format"] == MARKER_FORMAT
+    assert not (ckpt / (MARKER_FILE + ".tmp")).exists()
+    assert check(load_named(ckpt), 1) == []
