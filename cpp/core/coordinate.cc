@@ -101,12 +101,14 @@ Status DecodeShardRecord(const std::string& text, uint32_t rank, ShardRecord* ou
 }
 
 // Records appear whole or not at all (written under a .tmp name, then renamed), so a reader never
-// parses a half-written one. They need not be durable: a crash discards step-N.tmp anyway, and the
-// coordinator fsyncs the directory before the commit rename.
+// parses a half-written one. They are not made durable (no fsync: 0.3 ms of a 2 MiB DCP save's 8 on
+// this project's VM): a crash discards step-N.tmp (or the aborted directory) anyway, a DONE record
+// is written only after its shard was fdatasync'ed, and what the coordinator read from the records
+// is in the manifest it fsyncs before the commit rename.
 Status PublishRecord(Env* env, const std::string& dir, const std::string& name, const std::string& content) {
   const std::string path = JoinPath(dir, name);
   const std::string tmp = TempFileName(path);
-  ALPSCK_RETURN_IF_ERROR(WriteFileSynced(env, tmp, content));
+  ALPSCK_RETURN_IF_ERROR(WriteFileUnsynced(env, tmp, content));
   int r = env->Rename(tmp, path);
   if (r < 0) return Status::FromErrno(-r, "rename " + tmp + " -> " + path);
   return Status::Ok();

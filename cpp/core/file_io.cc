@@ -136,7 +136,9 @@ Status SyncDir(Env* env, const std::string& dir) {
   return Status::Ok();
 }
 
-Status WriteFileSynced(Env* env, const std::string& path, const std::string& data, bool likely_new) {
+namespace {
+
+Status WriteWholeFile(Env* env, const std::string& path, const std::string& data, bool likely_new, bool sync) {
   int fd = -1;
   bool direct = false;
   Status s = Status::Error(Code::kIoError, "", EEXIST);
@@ -145,11 +147,21 @@ Status WriteFileSynced(Env* env, const std::string& path, const std::string& dat
   ALPSCK_RETURN_IF_ERROR(s);
   ScopedFd g(env, fd);
   ALPSCK_RETURN_IF_ERROR(WriteFull(env, fd, data.data(), data.size(), 0, path));
-  int r = SyncFd(env, fd, false);
+  int r = sync ? SyncFd(env, fd, false) : 0;
   if (r < 0) return Status::FromErrno(-r, "fsync " + path);
   r = env->Close(g.Release());
   if (r < 0) return Status::FromErrno(-r, "close " + path);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status WriteFileSynced(Env* env, const std::string& path, const std::string& data, bool likely_new) {
+  return WriteWholeFile(env, path, data, likely_new, true);
+}
+
+Status WriteFileUnsynced(Env* env, const std::string& path, const std::string& data) {
+  return WriteWholeFile(env, path, data, true, false);
 }
 
 Status WriteFileAtomic(Env* env, const std::string& path, const std::string& tmp, const std::string& data) {

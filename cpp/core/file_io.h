@@ -56,6 +56,9 @@ Status SyncDir(Env* env, const std::string& dir);
 // created with O_EXCL first, which needs no look at what it is (one metadata call); otherwise (or
 // when the name is taken) it is opened and checked as OpenMaybeDirect does.
 Status WriteFileSynced(Env* env, const std::string& path, const std::string& data, bool likely_new = true);
+// WriteFileSynced without the fsync: for a file that must be whole when it is read (its writer renames it
+// into place), never durable (coordinate.cc's records: a crash discards the directory they are in).
+Status WriteFileUnsynced(Env* env, const std::string& path, const std::string& data);
 // Written whole under tmp_path (the caller names it: run_dir.h's TempFileName), fsync, rename to path,
 // fsync(parent): the file is either old or new after a crash.
 Status WriteFileAtomic(Env* env, const std::string& path, const std::string& tmp_path, const std::string& data);
