@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import os
 import secrets
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -157,7 +158,7 @@ def process_group_store() -> Any:
     return dist.distributed_c10d._get_default_store()
 
 
-_clients: tuple[int, Any, Any] | None = None  # (pid, the store, its _core.StoreClients): store_clients()
+_clients: tuple[int, weakref.ref[Any], Any] | None = None  # (pid, the store, its StoreClients): store_clients()
 
 
 def store_clients() -> Any:
@@ -166,9 +167,12 @@ def store_clients() -> Any:
     TCPStore clone is a connection to its server; a DCP save opens an engine per rank and commits
     through a clone, and with a clone per save a 2 MiB save at 2 ranks took 5 s about one time in
     ten (torch 2.13's clone waits 5 s on its ping now and then: ``cpp/core/kv_store.h``). A forked
-    child, or a new process group, gets connections of its own."""
+    child, or a new process group, gets connections of its own. Neither the store nor its server
+    (rank 0's TCPStore) is kept alive by this: the set is made from a clone (a client), and the
+    store is known by a weak reference, so a destroyed process group's store goes with it."""
     global _clients
     store = process_group_store()
-    if _clients is None or _clients[0] != os.getpid() or _clients[1] is not store:
-        _clients = (os.getpid(), store, _core.StoreClients(store))
-    return _clients[2]
+    have = _clients
+    if have is None or have[0] != os.getpid() or have[1]() is not store:
+        have = _clients = (os.getpid(), weakref.ref(store), _core.StoreClients(store.clone()))
+    return have[2]

@@ -133,17 +133,33 @@ def test_engines_opened_per_save_share_one_set_of_connections(tmp_path: Path) ->
     assert server.list_keys() == []
 
 
-def test_store_clients_are_one_per_process_group_store(tmp_path: Path) -> None:
+def test_store_clients_are_one_per_process_group_store_and_keep_none_alive(tmp_path: Path) -> None:
+    """One StoreClients per process group's store, made again for a new group (an elastic restart on the
+    same port); it holds a clone and a weak reference, never the group's store (rank 0's TCPStore server),
+    which goes when its group is destroyed."""
+    import gc
+    import socket
+    import weakref
+
     from alpsck.ranks import process_group_store, store_clients
 
-    for attempt in range(2):  # a process group made again (an elastic restart) gets new connections
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg-{attempt}", rank=0, world_size=1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    previous = None
+    for _ in range(2):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=20))
         try:
             first = store_clients()
             assert store_clients() is first and isinstance(first, _core.StoreClients)
             assert process_group_store() is process_group_store()  # the identity store_clients keys on
-            if attempt:
-                assert first is not previous
+            group_store = weakref.ref(process_group_store())
+            engine = _core.Engine(str(tmp_path), {"keep_last": 0}, store=first, store_ns="alpsck/t5/")
+            engine.close()
+            assert first is not previous
             previous = first
         finally:
             dist.destroy_process_group()
+        gc.collect()
+        assert group_store() is None, "alpsck's clients keep the destroyed group's store alive"
