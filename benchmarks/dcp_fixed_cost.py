@@ -16,8 +16,11 @@ backend it reports, on rank 0, after a barrier:
 - ``load``: the same load again at once: FileSystemWriter's files are then in the page cache (written
   buffered, and just read), while alpsck reads with O_DIRECT (its default) from the device every time.
 
-The backends alternate within each repetition (fs, alpsck, for each measure in turn), so drift hits both;
-each cell (size x ranks) has one untimed warm-up repetition, then 7 timed ones at 2 MiB, 5 at 300 MiB
+The backends alternate within each repetition (both save, both async-save, both load; the first one taking
+turns from repetition to repetition), so drift hits both, and an untimed ``os.sync()`` before each save
+means neither pays for the other's writeback (FileSystemWriter fsyncs its files but not its directories:
+without it, the next fsync of a directory, alpsck's, committed them);
+each cell (size x ranks) has one untimed warm-up repetition, then 21 timed ones at 2 MiB, 5 at 300 MiB
 and 3 at 2 GiB (``--reps`` for all). One rank saves with ``no_dist=True`` (no process group); two ranks
 are two processes of this script in a gloo group on 127.0.0.1, one process group per cell; each rank uses
 CPUs/ranks torch threads (torchrun's OMP_NUM_THREADS=1 on a 2-CPU machine). The table gives the median and
@@ -127,7 +130,9 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
         drop_page_cache(path)
         barrier()
 
-    def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    def timed(fn: Callable[[], Any], *, sync: bool = False) -> tuple[float, Any]:
+        if sync:  # neither backend pays for what the other left to write back (FileSystemWriter's directories)
+            os.sync()
         barrier()
         t0 = time.perf_counter()
         result = fn()
@@ -136,23 +141,24 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
     for rep in range(reps + 1):
         record = rep > 0  # rep 0: the warm-up
         saved: dict[str, Path] = {}
-        for method in METHODS:  # save
+        order = METHODS if rep % 2 else METHODS[::-1]  # the first one takes turns
+        for method in order:  # save
             path = new_dir(method)
-            seconds, _ = timed(functools.partial(save, method, path))
+            seconds, _ = timed(functools.partial(save, method, path), sync=True)
             saved[method] = path
             if record:
                 times[method]["save"].append(seconds)
-        for method in METHODS:  # stall of async_save
+        for method in order:  # stall of async_save
             path = new_dir(method)
             try:
-                seconds, fut = timed(functools.partial(async_save, method, path))
+                seconds, fut = timed(functools.partial(async_save, method, path), sync=True)
                 fut.result()
                 if record:
                     times[method]["stall"].append(seconds)
             except Exception as e:  # recorded in the table; the other measures go on
                 errors[method].setdefault("stall", _error_text(e))
             remove(path)
-        for method in METHODS:  # loads of the synchronous save: from the device, then again at once
+        for method in order:  # loads of the synchronous save: from the device, then again at once
             for measure in ("cold", "load"):
                 if measure == "cold":
                     evict(saved[method])

@@ -45,7 +45,7 @@ Measures, seconds per call, the caller's view:
   O_DIRECT (its default), from the device, every chunk CRC-checked, either way.
 
 Each (framework, size) cell runs in a fresh process of this script: one untimed warm-up repetition, in which
-every load is checked to give back tensors equal to what was saved (else it fails, loudly), then 7 timed
+every load is checked to give back tensors equal to what was saved (else it fails, loudly), then 21 timed
 repetitions at 2 MiB, 5 at 300 MiB, 3 at 2 GiB (``--reps`` for all). Within a repetition the two methods
 alternate: both save, then both load, the first one taking turns; ``os.sync()`` (untimed) before each save,
 so neither pays for the other's writeback. The table gives, per (framework, size, measure), both medians and
