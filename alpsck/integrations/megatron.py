@@ -80,9 +80,12 @@ def _where(checkpoint_dir: str | Path) -> Path:
 
 def _wait_for(done_file: str, trainer_pid: int) -> None:
     """An async save's ``async_fn``, in Megatron's async process (forked or spawned: a module function of plain
-    arguments): back when the trainer's write created ``done_file``, or when the trainer is gone."""
+    arguments): back when the trainer's write created ``done_file``, or when the trainer is gone. It removes the
+    file it saw (the trainer's finalize does too), so a trainer killed before its finalize leaves none behind."""
     while not os.path.exists(done_file) and os.getppid() == trainer_pid:
         time.sleep(0.02)
+    with contextlib.suppress(OSError):
+        os.unlink(done_file)
 
 
 class _Staged:

@@ -10,6 +10,7 @@ it the test skips here, and fails under CI."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,15 @@ def alpsck_tracker() -> str:
     from alpsck.integrations.megatron import TRACKER
 
     return TRACKER
+
+
+def test_the_async_waiter_removes_the_done_file_it_saw(tmp_path: Path) -> None:
+    """An async save's waiter (in Megatron's async process) removes the trainer's done file once it saw it,
+    so a trainer killed before its finalize leaves no file in the temp directory."""
+    from alpsck.integrations.megatron import _wait_for
+
+    done = tmp_path / ".alpsck-megatron-done"
+    done.touch()
+    _wait_for(str(done), os.getppid())
+    assert not done.exists()
+    _wait_for(str(tmp_path / "never-made"), -1)  # the trainer is gone: back at once, nothing to remove
