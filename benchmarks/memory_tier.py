@@ -41,6 +41,7 @@ def main() -> None:
     import torch
 
     from alpsck import Checkpointer
+    from alpsck.bench.methods import drop_page_cache
     from alpsck.store import memory_tier
 
     shm = Path(tempfile.mkdtemp(prefix="alpsck-bench-", dir=os.environ.get(memory_tier.ROOT_ENV) or "/dev/shm"))
@@ -84,7 +85,7 @@ def main() -> None:
             times = []
             for _ in range(args.repeats):
                 if tier == "run_dir":
-                    _drop_cached(run)
+                    drop_page_cache(run, write_back=True)
                 with Checkpointer(run, memory=tier == "memory") as ck:
                     t0 = time.perf_counter()
                     got = ck.restore(state)
@@ -108,18 +109,6 @@ def main() -> None:
         print(f"  restore {tier:8s}  {out[f'restore_{tier}_s']:.3f} s ({gib / out[f'restore_{tier}_s']:.2f} GiB/s)")
     print(f"  stall memory / copy {out['stall_memory_vs_copy']:.2f}; restore run_dir / memory "
           f"{out['restore_run_dir_vs_memory']:.1f}x")
-
-
-def _drop_cached(run: Path) -> None:
-    """Drop the page cache's copy of every file of ``run`` (written back first)."""
-    for path in run.rglob("*"):
-        if path.is_file() and not path.is_symlink():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 if __name__ == "__main__":

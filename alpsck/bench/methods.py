@@ -23,14 +23,19 @@ from ..store.durable import fsync_path
 from ..store.picker import pick
 
 
-def drop_page_cache(path: Path) -> None:
-    """Evict the (clean, fsynced) pages of the file ``path``, or of every file below the directory ``path``, from
-    the page cache."""
+def drop_page_cache(path: Path, *, write_back: bool = False) -> None:
+    """Evict the pages of the file ``path``, or of every file below the directory ``path`` (symlinks left alone),
+    from the page cache. Only clean pages go: ``write_back`` fdatasyncs each file first, for files whose writer
+    did not."""
     files = [str(path)] if os.path.isfile(path) else [os.path.join(root, name) for root, _, names in os.walk(path)
                                                        for name in names]
     for name in files:
+        if os.path.islink(name):
+            continue
         fd = os.open(name, os.O_RDONLY)
         try:
+            if write_back:
+                os.fdatasync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
