@@ -36,10 +36,14 @@ PREVIOUS_END_ENV = "ALPSCK_PREVIOUS_END"
 
 def rendezvous_port(*key: object) -> int:
     """A TCP port for a group of a job's tasks to meet on, the same on every task and drawn from ``key`` (the job's
-    id and the start's attempt: a new one for each, so that new tasks never meet an old store still closing)."""
+    id and the start's attempt: a new one for each, so that new tasks never meet an old store still closing).
+
+    Drawn below Linux's default range of ephemeral ports (32768-60999): a port in it can be the local port of
+    any outgoing connection on the node, and the store's listen then fails with EADDRINUSE (seen in CI:
+    submitit's draw, 20000-60000, gave 48974 while other jobs' connections held it)."""
     import random
 
-    return random.Random("/".join(map(str, key))).randint(20000, 60000)
+    return random.Random("/".join(map(str, key))).randint(20000, 32767)
 
 
 def hostnames(nodelist: str) -> list[str]:

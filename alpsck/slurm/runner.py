@@ -130,8 +130,9 @@ def _error_text(err: BaseException) -> str:
 
 
 def attempt_port(job_id: str, attempt: int) -> int:
-    """The rendezvous port of an in-job restart: a new one for each attempt (submitit draws the first from
-    the job id), so the new ranks never meet the store of the step that died (a socket still closing)."""
+    """The rendezvous port of a start of the job step: a new one for each attempt, so the new ranks never meet
+    the store of the step that died (a socket still closing), and never in the ephemeral range
+    (:func:`alpsck.job_env.rendezvous_port`; submitit's own draw, which it replaces, may be)."""
     return rendezvous_port(job_id, attempt)
 
 
@@ -141,7 +142,7 @@ def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:
         return
     import submitit
 
-    if attempt and "MASTER_PORT" not in os.environ:
+    if "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(attempt_port(job_id, attempt))
 
     # CUDA_VISIBLE_DEVICES stays as SLURM set it (on Alps one GPU per task with --gpus-per-task).
