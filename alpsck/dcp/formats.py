@@ -322,7 +322,7 @@ def _check_chunks(f: _Fields, field: str, size: list[int], chunks: list[tuple[li
         raise f.corrupt(field, f"chunks {min(pair)} and {max(pair)} overlap")
 
 
-def _overlap_along_one_dim(boxes: list[tuple[int, tuple[list[int], list[int]]]]) -> tuple[int, int] | None:
+def _overlap_along_one_dim(boxes: list[tuple[int, tuple[list[int], list[int]]]]) -> tuple[int, ...] | None:
     """For chunks that differ in one dimension at most (a row- or column-wise sharding: FSDP's, most tensor
     parallel ones), two that overlap, or () for none, in O(k log k); None for chunks that differ in more."""
     first_off, first_size = boxes[0][1]
