@@ -28,7 +28,12 @@ void BindCommit(nb::module_& m) {
              new (self) StoreClients{std::make_shared<PooledKvStore>(std::make_shared<PyKvStore>(std::move(store)))};
            },
            "store"_a)
-      .def_prop_ro("clients_made", [](const StoreClients& c) { return c.kv->clients_made(); },
+      .def_prop_ro("clients_made",
+                   [](const StoreClients& c) {
+                     // The pool's lock is held while it clones, which takes the GIL: never wait for it holding the GIL.
+                     nb::gil_scoped_release nogil;
+                     return c.kv->clients_made();
+                   },
                    "How many connections (store.clone()) it has made so far.");
   m.def("commit_step",
         [](const FsPath& run_dir, uint64_t step, uint32_t world_size,
