@@ -445,13 +445,11 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
             direct = in_place(planner, extents)
             if direct is not None:  # written from the tensors' own memory, by the engine's threads
                 handle = engine.save(step, direct, meta, "zerocopy", direct, "deferred")
-                try:
-                    self._while_writing()
-                finally:
-                    handle.wait()
             else:
                 handle = save_resolving_lazily(engine, step, extents, meta)
+            try:
                 self._while_writing()
+            finally:
                 handle.wait()
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
