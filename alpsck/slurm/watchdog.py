@@ -126,7 +126,9 @@ class Watchdog:
             elif self.polls == 2:
                 self.first_step_s = now - self._first_poll
         self._section, self._since = section, now
-        _HEAD.pack_into(self._mem, 0, now, SECTIONS.index(section), self.limit(section))
+        # One copy of the packed bytes: pack_into would zero the header before writing its fields, and the
+        # supervisor could read that (section 'start', timeout 0: a hang in no time, seen once in CI).
+        self._mem[:_HEAD.size] = _HEAD.pack(now, SECTIONS.index(section), self.limit(section))
         _TOTALS.pack_into(self._mem, _TOTALS_AT, *(self.totals[k] for k in SECTIONS), self.polls,
                           -1.0 if self.first_step_s is None else self.first_step_s)
 
@@ -145,6 +147,20 @@ class Watchdog:
         """The last progress (monotonic time), its section, and that section's timeout."""
         at, index, limit = _HEAD.unpack_from(self._mem, 0)
         return at, SECTIONS[index] if index < len(SECTIONS) else "step", limit
+
+    def overdue(self, confirm_after_s: float = 0.05) -> tuple[str, float, float] | None:
+        """(section, seconds without progress, its timeout) when the loop is past its section's timeout, else
+        None. Read twice, ``confirm_after_s`` apart, and only the same header both times counts: a read while
+        the task writes the header can mix two states (an old time with a new, shorter timeout), and a loop
+        that made progress in between is no hang."""
+        first = self.read()
+        if time.monotonic() - first[0] <= first[2]:
+            return None
+        time.sleep(confirm_after_s)
+        if self.read() != first:
+            return None
+        at, section, limit = first
+        return section, time.monotonic() - at, limit
 
     def start(self) -> None:
         """Register the stack dump and fork the supervisor."""
@@ -180,10 +196,10 @@ class Watchdog:
             signal.signal(s, signal.SIG_IGN)
         while os.getppid() == parent:
             time.sleep(self.poll_s)
-            at, section, limit = self.read()
-            quiet = time.monotonic() - at
-            if quiet <= limit:
+            overdue = self.overdue()
+            if overdue is None:
                 continue
+            section, quiet, limit = overdue
             os.write(2, (f"alpsck: rank {self.rank}: no progress in section {section!r} for {quiet:.0f} s (its "
                          f"timeout: {limit:.0f} s): a hang; every thread's stack follows, then the task is ended "
                          "and restarted\n").encode())

@@ -220,3 +220,27 @@ def test_a_setup_line_that_starts_with_srun_is_not_taken_for_the_job_step() -> N
     loop = text[text.index("while :; do"):]
     assert "\nsrun hostname" in text[:text.index("while :; do")] and "submitit.core._submit" in loop
     assert loop.count("\nsrun ") == 1
+
+
+def test_the_watchdog_calls_no_hang_on_a_header_read_while_it_was_written(tmp_path: Path) -> None:
+    """CI once saw ``no progress in section 'start' for 0 s (its timeout: 0 s)`` in a loop that was stepping:
+    the supervisor had read the shared header while the task wrote it (struct's pack_into zeroes it first:
+    section 0, timeout 0). A read that is not the same a moment later is no hang; a header that stays is."""
+    import struct
+    import time
+
+    from alpsck.slurm.watchdog import _HEAD, Watchdog
+
+    dog = Watchdog(60.0, run_dir=str(tmp_path), job_id="J", rank=0, attempt=0)
+    dog.mark("step")
+    good = bytes(dog._mem[:_HEAD.size])
+    torn = struct.pack("<d", time.monotonic()) + bytes(_HEAD.size - 8)  # the new time, the rest still zero
+    reads = iter([_HEAD.unpack(torn), _HEAD.unpack(good)])
+    real_read = dog.read
+    dog.read = lambda: (lambda at, i, lim: (at, ("start", "step")[i], lim))(*next(reads))  # type: ignore[method-assign]
+    assert dog.overdue(confirm_after_s=0) is None
+    dog.read = real_read  # type: ignore[method-assign]
+    assert dog.overdue(confirm_after_s=0) is None  # a live loop, within its 60 s
+    dog._mem[:_HEAD.size] = _HEAD.pack(time.monotonic() - 100, 1, 60.0)  # no progress for 100 s in 'step'
+    section, quiet, limit = dog.overdue(confirm_after_s=0) or ("", 0.0, 0.0)
+    assert section == "step" and quiet >= 100 and limit == 60.0
