@@ -25,7 +25,7 @@ from . import errors
 __version__ = "0.1.0"
 
 __all__ = ["Checkpointer", "RNGState", "Rollback", "TorchSaveCheckpointer", "errors", "gpu_numa_node",
-           "loss_problem", "peek", "restore_into", "__version__"]
+           "loss_problem", "peek", "release_staging_memory", "restore_into", "__version__"]
 
 # The public names that need torch, and the module each lives in. They are imported on first use
 # (PEP 562), so that `import alpsck` and the command line (submit, status, cancel, doctor) work
@@ -39,6 +39,7 @@ _LAZY = {
     "Rollback": "alpsck.restore",
     "loss_problem": "alpsck.restore",
     "gpu_numa_node": "alpsck.staging",
+    "release_staging_memory": "alpsck.staging",
     "TorchSaveCheckpointer": "alpsck.torch_save",
 }
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names as plain imports
     from .checkpointer import Checkpointer, peek, restore_into
     from .restore import Rollback, loss_problem
     from .rng import RNGState
-    from .staging import gpu_numa_node
+    from .staging import gpu_numa_node, release_staging_memory
     from .torch_save import TorchSaveCheckpointer
 
 

@@ -45,7 +45,7 @@ import torch
 
 from . import _core, tree
 
-__all__ = ["Stager"]
+__all__ = ["Stager", "release_staging_memory"]
 
 _HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable
 
@@ -433,6 +433,17 @@ def _pci_address(device: torch.device) -> str | None:
     if not all(isinstance(v, int) for v in (bus, dev, domain)):
         return None
     return f"{domain:04x}:{bus:02x}:{dev:02x}.0"
+
+
+def release_staging_memory() -> int:
+    """Unmap the staging memory a closed Checkpointer left for this process's next one; its size in bytes.
+
+    A closed engine's staging pool is kept (one, the newest) so that the next Checkpointer of the process copies
+    into memory already faulted in: integrations that open one per checkpoint path (Lightning's CheckpointIO, the
+    Trainer) would otherwise fault a new pool for every save. Call this when no more checkpoints come and the
+    memory is wanted back before the process ends.
+    """
+    return int(_core.release_spare_staging())
 
 
 def gpu_numa_node(device: torch.device | int | None = None, *, sysfs: str | Path = "/sys") -> int:

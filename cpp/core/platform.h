@@ -77,6 +77,12 @@ class PrefaultedMemory {
   void Fault(uint64_t offset, uint64_t len);
   char* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Drops the mapping without unmapping it: in a forked child, where a MADV_DONTFORK mapping of
+  // the parent is not mapped (and its address range may since hold another mapping).
+  void Forget() {
+    data_ = nullptr;
+    size_ = 0;
+  }
 
  private:
   void Release();

@@ -1,9 +1,84 @@
 #include "staging_pool.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 namespace alpsck {
+
+namespace {
+
+// The process's spare staging memory (staging_pool.h). Measured with a Checkpointer per path, as
+// Lightning's CheckpointIO opens them, 2 MiB states: see docs/benchmarks.md (stop 65).
+struct Spare {
+  std::mutex mu;
+  PrefaultedMemory mem;  // guarded by mu
+  int numa_node = -1;
+  pid_t pid = 0;  // the process that put it here: a forked child does not have it mapped (MADV_DONTFORK)
+};
+
+// Never destroyed: a pool may be destroyed while the process exits, after static destructors ran.
+Spare& TheSpare() {
+  static Spare* spare = new Spare;
+  return *spare;
+}
+
+// Moves the spare into *out when it fits a pool of `bytes` on `numa_node`; false otherwise (the
+// spare stays for a later pool).
+bool TakeSpare(uint64_t bytes, int numa_node, PrefaultedMemory* out) {
+  Spare& s = TheSpare();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (!s.mem.data()) return false;
+  if (s.pid != ::getpid()) {  // a fork: the parent's spare is not mapped here
+    s.mem.Forget();
+    return false;
+  }
+  const uint64_t have = s.mem.size();
+  if (s.numa_node != numa_node || have < bytes || have / 2 > bytes) return false;
+  *out = std::move(s.mem);
+  return true;
+}
+
+void GiveSpare(PrefaultedMemory* mem, int numa_node) {
+  PrefaultedMemory old;  // the spare it replaces, unmapped after the lock
+  Spare& s = TheSpare();
+  std::lock_guard<std::mutex> l(s.mu);
+  if (s.pid == ::getpid()) {
+    old = std::move(s.mem);
+  } else {
+    s.mem.Forget();
+  }
+  s.mem = std::move(*mem);
+  s.numa_node = numa_node;
+  s.pid = ::getpid();
+}
+
+}  // namespace
+
+uint64_t ReleaseSpareStaging() {
+  PrefaultedMemory old;
+  Spare& s = TheSpare();
+  std::lock_guard<std::mutex> l(s.mu);
+  const uint64_t bytes = s.mem.size();
+  if (s.pid == ::getpid()) {
+    old = std::move(s.mem);
+  } else {
+    s.mem.Forget();
+  }
+  return bytes;
+}
+
+uint64_t SpareStagingBytes() {
+  Spare& s = TheSpare();
+  std::lock_guard<std::mutex> l(s.mu);
+  return s.pid == ::getpid() ? s.mem.size() : 0;
+}
+
+StagingPool::~StagingPool() {
+  if (mem_.data()) GiveSpare(&mem_, numa_node_);
+}
 
 Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots, bool prefault) {
   ALPSCK_RETURN_IF_ERROR(Reserve(slot_bytes, slots));
@@ -18,7 +93,7 @@ Status StagingPool::Init(uint64_t slot_bytes, uint64_t slots, bool prefault) {
 void StagingPool::MarkFree() {
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (uint64_t i = mem_.size() / slot_bytes_; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes_);
+    for (uint64_t i = first_slots_; i-- > 0;) free_.push_back(mem_.data() + i * slot_bytes_);
   }
   cv_.notify_all();
 }
@@ -26,11 +101,12 @@ void StagingPool::MarkFree() {
 Status StagingPool::Reserve(uint64_t slot_bytes, uint64_t slots) {
   if (slot_bytes == 0 || slots == 0) return Status::Invalid("staging pool needs at least one slot of non-zero size");
   if (slots > (1ull << 40) / slot_bytes) return Status::Invalid("staging pool larger than 1 TiB");
-  if (!mem_.Map(slot_bytes * slots, numa_node_))
+  if (!TakeSpare(slot_bytes * slots, numa_node_, &mem_) && !mem_.Map(slot_bytes * slots, numa_node_))
     return Status::FromErrno(errno, "allocate " + std::to_string(slot_bytes * slots) + " bytes of staging memory");
   std::lock_guard<std::mutex> l(mu_);
   slot_bytes_ = slot_bytes;
   slots_ = slots;
+  first_slots_ = slots;  // a spare taken may be larger: the rest of it stays unused
   free_.clear();
   closed_ = false;
   return Status::Ok();
@@ -41,7 +117,7 @@ void StagingPool::Fill() {
   {
     std::lock_guard<std::mutex> l(mu_);
     slot_bytes = slot_bytes_;
-    n = mem_.size() / slot_bytes;  // the first mapping's slots (GrowTo may add others meanwhile)
+    n = first_slots_;  // the first mapping's slots (GrowTo may add others meanwhile)
   }
   for (uint64_t i = 0; i < n; ++i) {
     {
@@ -160,6 +236,11 @@ void StagingPool::Close() {
 uint64_t StagingPool::slots() const {
   std::lock_guard<std::mutex> l(mu_);
   return slots_;
+}
+
+uint64_t StagingPool::size() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return first_slots_ * slot_bytes_;
 }
 
 uint64_t StagingPool::free_slots() const {

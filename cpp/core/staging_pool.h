@@ -7,6 +7,12 @@
 // size() keep describing the first). A caller that registered the first mapping, or names slots
 // by their offset from base(), acquires with first_mapping = true: it only ever gets slots there.
 //
+// A pool's first mapping outlives it: the pool destroyed, it becomes the process's spare (one at a
+// time, the newest), which the next pool's Reserve or Init takes instead of mapping fresh memory
+// when it is big enough (and at most twice what it needs) and on the same NUMA node. Its pages
+// stay faulted, so an engine opened per checkpoint (Lightning's CheckpointIO, the Trainer: one
+// per checkpoint path) does not fault a new pool for each save. ReleaseSpareStaging unmaps it.
+//
 // Thread-safety: all methods may be called from any thread.
 #pragma once
 
@@ -22,6 +28,10 @@ namespace alpsck {
 
 class StagingPool {
  public:
+  StagingPool() = default;
+  ~StagingPool();  // the first mapping becomes the process's spare (above)
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
   // Where the memory of later Init/Reserve/GrowTo calls comes from: NUMA node `node` (>= 0, see
   // PreferNumaNode), or -1 (default) wherever the faulting thread runs.
   void SetNumaNode(int node) { numa_node_ = node; }
@@ -61,7 +71,8 @@ class StagingPool {
   uint64_t slots() const;
   uint64_t free_slots() const;
   char* base() const { return mem_.data(); }
-  uint64_t size() const { return mem_.size(); }
+  // The first mapping's slots (a spare taken may be larger: its rest stays unused, and unpinned).
+  uint64_t size() const;
 
  private:
   PrefaultedMemory mem_;
@@ -69,6 +80,7 @@ class StagingPool {
   std::mutex grow_mu_;
   uint64_t slot_bytes_ = 0;
   uint64_t slots_ = 0;
+  uint64_t first_slots_ = 0;  // slots in mem_ (guarded by mu_)
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<char*> free_;
@@ -80,6 +92,11 @@ class StagingPool {
   uint64_t waiting_first_ = 0;   // those of them that want the first mapping (which Fill faults)
   int numa_node_ = -1;  // set before the pool is used
 };
+
+// Unmaps the process's spare staging memory (staging_pool.h); returns the bytes it held.
+uint64_t ReleaseSpareStaging();
+// The bytes of the process's spare staging memory (0: none).
+uint64_t SpareStagingBytes();
 
 // BeginCopy for the scope of one snapshot copy.
 class PoolCopyScope {

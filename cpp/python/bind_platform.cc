@@ -9,6 +9,7 @@
 #include "crc32c.h"
 #include "engine.h"
 #include "platform.h"
+#include "staging_pool.h"
 
 namespace alpsck::binding {
 
@@ -50,6 +51,12 @@ void BindPlatform(nb::module_& m) {
       }, "address"_a,
       "The memory policy of the page at address: (mode, lowest node of its mask or -1); mode 0 is the "
       "default (first touch), 1 preferred, 2 bind.");
+  m.def("spare_staging_bytes", &SpareStagingBytes,
+        "The bytes of staging memory a closed engine left for this process's next one (0: none).");
+  m.def("release_spare_staging", [] {
+        nb::gil_scoped_release unlocked;  // munmap of gigabytes
+        return ReleaseSpareStaging();
+      }, "Unmaps the staging memory a closed engine left for the next one; returns its bytes.");
   m.attr("MAX_THREADS") = kMaxWriterThreads;  // the engine's limit on writer threads
   m.attr("checkpoint_format") = kManifestFormat;  // what this build writes (MANIFEST.json "format")
 }

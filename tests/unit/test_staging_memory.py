@@ -9,6 +9,9 @@
   and a pool prepared during 5 s of training was then often not ready for the first save
   (docs/benchmarks.md, stop 36). The restore's read buffers take huge pages; the C++ test
   test_platform.cc checks that mapping.
+- Kept for the process's next engine once its Checkpointer closes (one spare, the newest): an
+  integration that opens a Checkpointer per checkpoint path (Lightning's CheckpointIO) copies
+  into memory already faulted in, and ``alpsck.release_staging_memory()`` gives it back.
 """
 
 from __future__ import annotations
@@ -61,3 +64,25 @@ def test_the_staging_pool_stays_on_base_pages_where_the_kernel_offers_huge_ones(
         assert "hg" not in flags, f"pool advised MADV_HUGEPAGE: VmFlags {flags}"
         assert addr % 4096 == 0 and size > 0
         print(f"transparent huge pages {huge} bytes; pool of {size} bytes at {addr:#x}: VmFlags {flags}")
+
+
+def test_a_closed_checkpointers_staging_memory_serves_the_next_and_is_given_back_on_request(tmp_path: Path) -> None:
+    alpsck.release_staging_memory()
+    state = _state()
+    with alpsck.Checkpointer(tmp_path / "a.ckpt", keep_last=1) as ck:
+        ck.save(1, state).wait()
+        addr, size = int(ck.engine.staging_address), int(ck.engine.staging_bytes)
+    assert alpsck.release_staging_memory() == size  # kept after close: given back on request
+    assert alpsck.release_staging_memory() == 0
+    with alpsck.Checkpointer(tmp_path / "b.ckpt", keep_last=1) as ck:
+        ck.save(1, state).wait()
+        addr = int(ck.engine.staging_address)
+        touched = int(mapping_field(addr, "Rss")[0])  # kB: the pages the save's copy faulted
+    with alpsck.Checkpointer(tmp_path / "c.ckpt", keep_last=1) as ck:  # the next path: the same memory
+        ck.save(2, state).wait()
+        assert int(ck.engine.staging_address) == addr
+        assert int(mapping_field(addr, "Rss")[0]) >= touched
+    got = {k: torch.empty_like(v) for k, v in state.items()}
+    assert alpsck.restore_into(tmp_path / "c.ckpt", got) == 2
+    assert all(torch.equal(got[k], state[k]) for k in state)  # the reused memory's old bytes wrote nothing
+    assert alpsck.release_staging_memory() == size
