@@ -97,7 +97,12 @@ class ChunkPipeline {
   // Closes the pool (which also ends a preparer still faulting it in) and joins the preparer.
   void Close();
 
-  uint32_t threads() const { return static_cast<uint32_t>(writers_.size()); }
+  uint32_t threads() const { return opts_.threads; }  // at most; started as work comes (Push)
+  // The writer threads started so far.
+  uint32_t writers_started() const {
+    std::lock_guard<std::mutex> l(q_mu_);
+    return static_cast<uint32_t>(writers_.size());
+  }
   uint32_t copy_threads() const { return copy_threads_; }
   const StagingPool& pool() const { return pool_; }
 
@@ -139,11 +144,13 @@ class ChunkPipeline {
   StagingPool pool_;
   std::mutex pool_init_mu_;
 
-  std::mutex q_mu_;
+  mutable std::mutex q_mu_;  // guards the five below
   std::condition_variable q_cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
-  std::vector<std::thread> writers_;
+  std::vector<std::thread> writers_;  // started by Start, then Push; joined by StopWriters
+  uint64_t idle_writers_ = 0;         // writers waiting for a task
+  void StartWriterLocked();           // one more writer (q_mu_ held)
 
   std::mutex prepare_mu_;  // guards the four below
   std::thread preparer_;   // Prepare's background pool sizing (joined once done, and by Close)

@@ -166,6 +166,7 @@ uint32_t Engine::in_flight() const {
 
 uint32_t Engine::threads() const { return pipeline_->threads(); }
 uint32_t Engine::copy_threads() const { return pipeline_->copy_threads(); }
+uint32_t Engine::writers_started() const { return pipeline_->writers_started(); }
 uint64_t Engine::staging_bytes() const { return pipeline_->pool().size(); }
 char* Engine::staging_base() const { return pipeline_->pool().base(); }
 uint64_t Engine::staging_slots() const { return pipeline_->pool().slots(); }

@@ -113,7 +113,8 @@ class Engine {
   uint64_t align() const { return align_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   bool direct_io() const { return direct_io_; }
-  uint32_t threads() const;
+  uint32_t threads() const;          // writer threads, at most (the option)
+  uint32_t writers_started() const;  // those started so far: one at Open, more as saves queue chunks
   uint32_t copy_threads() const;
   // The staging pool's first mapping (what a caller may register with a GPU runtime): the slots
   // an ExternalFill hands out always lie there, even after the pool grew for copy-mode saves.

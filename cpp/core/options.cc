@@ -87,8 +87,9 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
       {ENGINE(max_in_flight, kInt), 2, 1, 1024, nullptr,
        "checkpoints persisting at once before save() waits"},
       {ENGINE(threads, kInt), 8, 1, kMaxWriterThreads, nullptr,
-       "writer threads on the shared chunk queue (I/O concurrency, not the CPU count, is what the storage "
-       "needs: fio here peaks at queue depth 16)"},
+       "writer threads on the shared chunk queue, at most: one starts with the engine, the others as chunks "
+       "are queued (I/O concurrency, not the CPU count, is what the storage needs: fio here peaks at queue "
+       "depth 16)"},
       {ENGINE(copy_threads, kInt), 0, 0, kMaxWriterThreads, "auto: min(4, CPUs this process may use)",
        "threads taking the snapshot copy (the caller is one of them)"},
       {ENGINE(chunk_bytes, kInt), 8 << 20, 1, 1 << 30, nullptr,

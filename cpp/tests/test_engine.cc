@@ -1169,6 +1169,29 @@ TEST(prepare_returns_while_an_earlier_one_still_faults_and_the_newest_sizes_win)
   e->Close();
 }
 
+// Writers start as chunks come, up to the option: an engine opened for one small save (one per
+// checkpoint path, as Lightning's CheckpointIO opens them) no longer starts and joins all of them.
+TEST(writer_threads_start_as_chunks_are_queued_up_to_the_option) {
+  TempDir d;
+  EngineOptions o;
+  o.run_dir = d.path();
+  o.chunk_bytes = 64 << 10;
+  o.threads = 8;
+  std::unique_ptr<Engine> e;
+  REQUIRE(Engine::Open(o, &e).ok());
+  CHECK_EQ(e->threads(), uint32_t{8});
+  CHECK_EQ(e->writers_started(), uint32_t{1});
+  const std::vector<char> one = RandomBytes(1000, 3);
+  CHECK(SaveOne(e.get(), 1, one).ok());
+  CHECK(e->writers_started() <= 2);  // its chunk, and the seal its writer queued behind it
+  CHECK(Matches(d.path(), 1, "a", one));
+  const std::vector<char> many = RandomBytes(40 << 16, 4);  // 40 chunks
+  for (uint64_t step = 2; step < 6; ++step) CHECK(SaveOne(e.get(), step, many).ok());
+  CHECK(e->writers_started() >= 1 && e->writers_started() <= 8);
+  CHECK(Matches(d.path(), 5, "a", many));
+  e->Close();
+}
+
 // Resident memory of this process (bytes), from /proc/self/statm.
 uint64_t ResidentBytes() {
   unsigned long long size = 0, resident = 0;

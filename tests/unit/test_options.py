@@ -245,11 +245,12 @@ def test_background_nice_lowers_the_writer_and_committer_threads_and_nothing_els
         deadline = time.monotonic() + 10  # each thread nices itself as it starts
         while True:
             new = {t: n for t, n in _thread_nices().items() if t not in before}
-            if sorted(new.values()).count(want) >= 4 or time.monotonic() > deadline:
+            if sorted(new.values()).count(want) >= 2 or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
-        assert len(new) >= 4, new  # 3 writers and the committer
-        assert list(new.values()).count(want) >= 4, new
+        # The committer, and the writers started so far (one at open, more as chunks are queued, up to 3).
+        assert len(new) >= 2, new
+        assert list(new.values()).count(want) >= 2, new
         assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "the caller's own thread is left alone"
     finally:
         ck.close()
