@@ -9,6 +9,7 @@ import os
 import time
 import uuid
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from torch.futures import Future
 
 from .. import _core
 from ..errors import RunDirLockedError, UsageError
-from ..options import DEFAULTS, check_step
+from ..options import DEFAULTS, check_metrics, check_step
 from ..options import check as check_option
 from ..ranks import store_clients
 from ..store.durable import fsync_path, make_dirs
@@ -39,6 +40,7 @@ from ..store.lock import lock_holder, lock_run_dir
 from ..store.marker import marker_problem, publish_marker, stage_marker, write_marker
 from ..store.names import MARKER_NAMES, entry_kind, step_dir
 from ..store.picker import pick
+from ..store.retention import Policy
 from .extents import Extent, chunk_nbytes, encode_item, flat_bytes_of, given, in_place, save_resolving_lazily
 from .formats import (
     MAX_METADATA_BYTES,
@@ -129,8 +131,12 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         step: the checkpoint's step in run-directory mode.
         threads, chunk_bytes, commit_timeout_s: the engine's options (None: the defaults in
             alpsck.options, as for the Checkpointer).
-        keep_last: run-directory mode: after the commit, keep the newest ``keep_last`` committed
-            checkpoints of the run directory, DCP or not (0 keeps all).
+        keep_last, keep_every_steps, keep_every_seconds, keep_best: run-directory mode: after the commit,
+            the run directory's committed checkpoints, DCP or not, that no rule keeps are removed: the
+            engine's retention rules and defaults (docs/retention.md), but ``keep_last`` 0 (keep all)
+            by default here.
+        metrics: numbers recorded in the checkpoint's manifest (``{"val_loss": ...}``), for ``keep_best``,
+            the health rule and ``inspect-checkpoints``, as ``Checkpointer.save(metrics=)``'s.
         direct_io: O_DIRECT where the file system allows.
         overwrite: whether a save may replace a committed checkpoint. None (the default): yes in
             checkpoint-directory mode (DCP's default), and in run-directory mode only an unusable one.
@@ -147,7 +153,9 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, step: int | None = None, *,
                  threads: int | None = None, chunk_bytes: int | None = None, keep_last: int = 0,
-                 commit_timeout_s: float | None = None, direct_io: bool = True, overwrite: bool | None = None) -> None:
+                 keep_every_steps: int = 0, keep_every_seconds: float = 0.0, keep_best: Any = "",
+                 metrics: Mapping[str, Any] | None = None, commit_timeout_s: float | None = None,
+                 direct_io: bool = True, overwrite: bool | None = None) -> None:
         StorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self)  # stage(): a copy of the state on the CPU, as FileSystemWriter's
         check_step(step, allow_none=True)
@@ -157,10 +165,13 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         self.step = step  # None: checkpoint-directory mode
         self.threads = DEFAULTS["threads"] if threads is None else threads
         self.chunk_bytes = DEFAULTS["chunk_bytes"] if chunk_bytes is None else chunk_bytes
-        self.keep_last = keep_last
         self.commit_timeout_s = DEFAULTS["commit_timeout_s"] if commit_timeout_s is None else commit_timeout_s
-        for name in ("threads", "chunk_bytes", "keep_last", "commit_timeout_s"):
+        for name in ("threads", "chunk_bytes", "commit_timeout_s"):
             check_option(name, getattr(self, name))
+        # The engine's retention rules, checked together (keep_last 0 with another rule is refused by name).
+        self.retention = Policy(keep_last, keep_every_steps, keep_every_seconds, keep_best)
+        self.keep_last = keep_last
+        self.metrics = check_metrics(metrics)
         self.direct_io = direct_io
         self.overwrite = overwrite is not False
         self._overwrite_given = overwrite
@@ -522,15 +533,16 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
             self._while_writing()  # done already, unless this rank's write_data did not run (a subclass's)
             _core.commit_step(str(run_dir), step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
                               time.monotonic() - self._started, store=_agreement_store(self._store_ns),
-                              store_ns=self._store_ns)
-            keep = 1 if self.named else self.keep_last
+                              store_ns=self._store_ns, metrics=self.metrics)
+            rules = Policy(keep_last=1) if self.named else self.retention  # a checkpoint directory: its newest generation
             if self._marker_staged:
                 self._marker_staged = False
                 publish_marker(run_dir)
             elif self.named:
                 write_marker(run_dir)
-            if keep:
-                warning = _core.retain_newest(str(run_dir), keep)
+            if rules.keep_last:
+                warning = _core.retain_newest(str(run_dir), rules.keep_last, rules.keep_every_steps,
+                                              float(rules.keep_every_seconds), rules.keep_best)
                 if warning:
                     warnings.warn(f"{run_dir}: retention: {warning}", RuntimeWarning, stacklevel=2)
         finally:

@@ -46,6 +46,7 @@ from ..progress import RESTORED_HOOKS
 from ..rng import RNGState
 from ..slurm.context import JobContext, current_job
 from ..store.picker import taken_at
+from ..store.retention import RULES
 from .lightning import AlpsckCheckpointIO, Callback
 from .lightning_sharded import AlpsckModelParallelStrategy
 
@@ -91,8 +92,8 @@ class AlpsckJob(Callback):  # type: ignore[misc]
                 print("alpsck: Lightning's SLURM auto-requeue is off: the job requeues through alpsck",
                       file=sys.stderr, flush=True)
         ck = self.job.config.checkpoint
-        if sharded:  # every rank writes its shard: the run directory's steps, with the config's threads, keep_last
-            strategy.route(self.job.run_dir, threads=ck.threads, keep_last=ck.keep_last)
+        if sharded:  # every rank writes its shard: the run directory's steps, with the config's threads and retention
+            strategy.route(self.job.run_dir, threads=ck.threads, **{rule: getattr(ck, rule) for rule in RULES})
         elif trainer.is_global_zero:  # Lightning saves on global rank 0, the whole state: a checkpoint of one rank
             io.route(self.job.run_dir, self.job.checkpointer(rank=0, world_size=1, memory=False))
 

@@ -98,8 +98,10 @@ Status StoreClientError(const Status& s) {
 
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
-                  double elapsed_s, const std::shared_ptr<KvStore>& store, const std::string& store_ns) {
+                  double elapsed_s, const std::shared_ptr<KvStore>& store, const std::string& store_ns,
+                  const SaveNotes& notes) {
   const Clock::time_point t0 = Clock::now();
+  ALPSCK_RETURN_IF_ERROR(CheckNotes(notes));  // before waiting for anyone
   std::vector<ExtraFile> extra;
   for (const auto& [name, content] : extra_files) {
     ALPSCK_RETURN_IF_ERROR(CheckExtraFile(name, content.size()));  // before waiting for anyone
@@ -116,7 +118,8 @@ Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t 
   }
   CommitAttempt attempt(env, a, 0, timeout_s, MakeAgreement(env, a, std::move(client), store_ns, world_size, world_size, 1, timeout_s));
   // The DCP caller reports the verdict, also where its own abort decided it.
-  if (!attempt.Commit(nullptr, std::move(extra), t0, std::max(0.0, elapsed_s)).ok()) return attempt.verdict();
+  if (!attempt.Commit(nullptr, std::move(extra), t0, std::max(0.0, elapsed_s), "", false, notes).ok())
+    return attempt.verdict();
   PublishedStep published(env, run_dir, true);
   published.Load(-1);
   attempt.Publish(&published, nullptr);  // a hint: failure to update it never fails the commit

@@ -109,10 +109,11 @@ Status StoreClientError(const Status& s);
 // how long the save ran before this call (the manifest's write_seconds counts from the save's
 // start). store: where the ranks' deferred saves arrived (their engines' EngineOptions::store,
 // under the same store_ns): the shards' records are read there (StoreAgreement), not from DONE
-// records; null: from DONE records in step-N.tmp (FileAgreement).
+// records; null: from DONE records in step-N.tmp (FileAgreement). notes: recorded in the manifest
+// (metrics, ...), checked (CheckNotes) before anything is waited for.
 Status CommitStep(Env* env, const std::string& run_dir, uint64_t step, uint32_t world_size,
                   const std::vector<std::pair<std::string, std::string>>& extra_files, double timeout_s,
                   double elapsed_s = 0, const std::shared_ptr<KvStore>& store = nullptr,
-                  const std::string& store_ns = "");
+                  const std::string& store_ns = "", const SaveNotes& notes = {});
 
 }  // namespace alpsck

@@ -38,7 +38,7 @@ void BindCommit(nb::module_& m) {
   m.def("commit_step",
         [](const FsPath& run_dir, uint64_t step, uint32_t world_size,
            const std::vector<std::pair<std::string, nb::bytes>>& extra_files, double timeout_s, double elapsed_s,
-           nb::object store, const std::string& store_ns) {
+           nb::object store, const std::string& store_ns, const Metrics& metrics) {
           std::vector<std::pair<std::string, std::string>> extra;
           for (const auto& [name, data] : extra_files) extra.emplace_back(name, std::string(data.c_str(), data.size()));
           std::shared_ptr<KvStore> kv = KvStoreFrom(store);
@@ -46,29 +46,38 @@ void BindCommit(nb::module_& m) {
           {
             nb::gil_scoped_release nogil;
             ConfinedRoot confined(Env::Default(), run_dir);
-            s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s, elapsed_s, kv, store_ns);
+            s = CommitStep(Env::Default(), run_dir, step, world_size, extra, timeout_s, elapsed_s, kv, store_ns,
+                           SaveNotes{metrics, "", false});
           }
           if (!s.ok()) RaiseStatus(s, true);
         },
         "run_dir"_a, "step"_a, "world_size"_a, "extra_files"_a = std::vector<std::pair<std::string, nb::bytes>>{},
-        "timeout_s"_a = 600.0, "elapsed_s"_a = 0.0, "store"_a = nb::none(), "store_ns"_a = "",
+        "timeout_s"_a = 600.0, "elapsed_s"_a = 0.0, "store"_a = nb::none(), "store_ns"_a = "", "metrics"_a = Metrics{},
         "Commit step-N.tmp once every rank's deferred shard is durable, with small extra files; elapsed_s: how "
         "long the save ran before this call (the manifest's write_seconds counts from the save's start). store, "
         "store_ns: where the ranks' engines agreed (Engine(store=, store_ns=)): their records are read there, not "
-        "from DONE records.");
+        "from DONE records. metrics: [(name, value)] recorded in the manifest (retention's keep_best, the health rule).");
   m.def("retain_newest",
-        [](const FsPath& run_dir, uint32_t keep_last) {
+        [](const FsPath& run_dir, uint32_t keep_last, uint64_t keep_every_steps, double keep_every_seconds,
+           const std::string& keep_best) {
+          RetentionPolicy policy;
+          policy.keep_last = keep_last;
+          policy.keep_every_steps = keep_every_steps;
+          policy.keep_every_seconds = keep_every_seconds;
+          Status s = ParseKeepBest(keep_best, &policy);
+          if (s.ok()) s = CheckRetention(policy);
+          if (!s.ok()) RaiseStatus(s, false);
           std::string warning;
           {
             nb::gil_scoped_release nogil;
             ConfinedRoot confined(Env::Default(), run_dir);
-            RetentionPolicy policy;
-            policy.keep_last = keep_last;
             warning = RetainNewest(Env::Default(), run_dir, policy);
           }
           return Text(warning);
         },
-        "run_dir"_a, "keep_last"_a, "Keep the newest keep_last committed checkpoints; returns a warning or ''.");
+        "run_dir"_a, "keep_last"_a, "keep_every_steps"_a = 0, "keep_every_seconds"_a = 0.0, "keep_best"_a = "",
+        "Apply the retention rules (retention.h; keep_last 0 keeps all) to run_dir's committed checkpoints; returns "
+        "a warning or ''.");
 }
 
 }  // namespace alpsck::binding

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support.slurm_helpers import TERMINAL, events, final_state, submit, wait_done, wait_for
 
+from alpsck import _core
 from alpsck.store.picker import pick
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
@@ -46,7 +47,7 @@ def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_
     cfg.write_text(f"name: lightning\nrun_dir: {run}\n"
                    "slurm:\n  time: '5'\n  cpus_per_task: 1\n  tasks_per_node: 2\n  mem: 2G\n  partition: debug\n"
                    f"entry:\n  function: lightning_job_worker:main\n  args: ['{losses}', '{steps}', '{pace}', {strategy}]\n"
-                   "checkpoint:\n  every_steps: 10\n"
+                   "checkpoint:\n  every_steps: 10\n  keep_last: 2\n  keep_every_steps: 20\n"
                    "requeue:\n  signal_delay_s: 60\n  max_restarts: 5\n")
     reference = tmp_path / "reference.txt"  # meanwhile: Lightning starts its second rank itself
     clean = subprocess.Popen([sys.executable, str(tmp_path / "lightning_job_worker.py"), str(reference), str(steps),
@@ -74,3 +75,8 @@ def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_
     assert events(run, "finished")[0]["step"] == steps  # the last periodic checkpoint: every 10 steps
     kind = "dcp" if strategy == "fsdp" else "alpsck"  # each rank's shard, or rank 0's whole state
     assert pick(run, kind=kind, verify_data=True).step == steps
+    # The config's retention, by either route (the Checkpointer's engine, or the DCP writer's): the newest 2 and
+    # every 20th of the checkpoints written (every 10 steps, and the two final ones).
+    written = {*range(10, steps + 1, 10), *(e["step"] for e in finals)}
+    kept = sorted(i["step"] for i in _core.scan(str(run)) if i["status"] == "committed")
+    assert kept == sorted({s for s in written if s % 20 == 0} | set(sorted(written)[-2:])), (kept, sorted(written))

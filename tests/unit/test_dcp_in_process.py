@@ -188,3 +188,21 @@ def test_reader_refuses_native_checkpoints(tmp_path: Path) -> None:
         AlpsckStorageReader(tmp_path, 1).read_metadata()
     with pytest.raises(NoCheckpointError):
         AlpsckStorageReader(tmp_path).read_metadata()
+
+
+def test_the_writer_applies_every_retention_rule_and_records_its_metrics(tmp_path: Path) -> None:
+    """Run-directory mode: the Checkpointer's retention rules, after each commit (an AlpsckModelParallelStrategy
+    route under ``alpsck submit`` passes the config's), and ``metrics=`` in the manifest for ``keep_best``."""
+    losses = {1: 5.0, 2: 1.0, 3: 4.0, 4: 3.0, 5: 6.0, 6: 7.0, 7: 8.0}
+    for step, loss in losses.items():
+        writer = AlpsckStorageWriter(tmp_path, step, keep_last=2, keep_every_steps=3, keep_best=("loss", "min", 1),
+                                     metrics={"loss": loss})
+        dcp.save({"w": torch.full((4,), float(step))}, storage_writer=writer)
+    infos = {i["step"]: i for i in _core.scan(str(tmp_path)) if i["status"] == "committed"}
+    # the newest 2 (6, 7), the milestones (3, 6), the best loss (2); 1, 4 and 5 expired
+    assert sorted(infos) == [2, 3, 6, 7]
+    assert infos[2]["metrics"] == {"loss": 1.0}
+    with pytest.raises(UsageError, match="keep_every_steps"):  # keep_last 0 keeps all: another rule is refused
+        AlpsckStorageWriter(tmp_path, 8, keep_every_steps=3)
+    with pytest.raises(UsageError, match="metric"):
+        AlpsckStorageWriter(tmp_path, 8, metrics={"loss": "low"})
