@@ -8,6 +8,10 @@ torchtitan names its checkpoints; the older ones are removed as it goes). Per st
 backend it reports, on rank 0, after a barrier:
 
 - ``save``: seconds in ``dcp.save`` (both backends return once the data is fsync'ed);
+- ``synced``: for FileSystemWriter, its save plus, on rank 0, an fsync of the new checkpoint directory and of
+  its parent: FileSystemWriter fsyncs its files but not the names of the files, of ``.metadata`` (renamed into
+  place) and of the directory, which a power loss can then take; what making its checkpoint as durable as
+  alpsck's costs (framework_io.py's ``synced``, for DCP). For alpsck, its ``save`` again;
 - ``stall``: seconds ``dcp.async_save`` blocks its caller before returning the future (the future is then
   waited on, untimed); a backend whose async save fails gets the error's text instead;
 - ``cold``: seconds in ``dcp.load`` into preallocated tensors of the right shapes, each checkpoint's files
@@ -52,7 +56,7 @@ from typing import Any
 from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, size_name
 
 METHODS = ("fs", "alpsck")
-MEASURES = ("save", "stall", "load", "cold")
+MEASURES = ("save", "synced", "stall", "load", "cold")
 TENSORS = 16  # in all, across the ranks
 
 
@@ -80,6 +84,7 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
 
     from alpsck.bench.methods import drop_page_cache
     from alpsck.dcp import AlpsckStorageReader, AlpsckStorageWriter
+    from alpsck.store.durable import fsync_path
 
     warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -145,9 +150,16 @@ def run_rank(rank: int, world: int, port: int, nbytes: int, reps: int, root: Pat
         for method in order:  # save
             path = new_dir(method)
             seconds, _ = timed(functools.partial(save, method, path), sync=True)
+            synced = seconds
+            if method == "fs" and rank == 0:  # its directory entries, which it leaves unsynced
+                t0 = time.perf_counter()
+                for d in (path, path.parent):
+                    fsync_path(d)
+                synced += time.perf_counter() - t0
             saved[method] = path
             if record:
                 times[method]["save"].append(seconds)
+                times[method]["synced"].append(synced)
         for method in order:  # stall of async_save
             path = new_dir(method)
             try:
@@ -284,7 +296,8 @@ def main() -> None:
               f"# command: {shlex.join(['python', *sys.argv])}",
               "# seconds on rank 0 after a barrier; median and min of the timed reps (after one warm-up);"
               " alpsck/fs of the medians (< 1: alpsck faster)",
-              "# cold: each checkpoint's files dropped from the page cache first; load: the same load again at once (fs's files"
+              "# synced: fs's save + an fsync of its new directory and of the parent (alpsck: its save);"
+              " cold: each checkpoint's files dropped from the page cache first; load: the same load again at once (fs's files"
               " then in the page cache; alpsck reads O_DIRECT, its default, from the device)"]
     print("\n".join(header), flush=True)
     results: list[tuple[int, int, int, dict[str, Any]]] = []
