@@ -43,7 +43,28 @@ def rendezvous_port(*key: object) -> int:
     submitit's draw, 20000-60000, gave 48974 while other jobs' connections held it)."""
     import random
 
-    return random.Random("/".join(map(str, key))).randint(20000, 32767)
+    return random.Random("/".join(map(str, key))).randint(*_PORTS)
+
+
+_PORTS = (20000, 32767)  # below the ephemeral ports (rendezvous_port)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that no socket is bound to now, drawn as :func:`rendezvous_port`'s are (below the
+    ephemeral ports, which any outgoing connection may take between this check and the listen): for a store
+    that one process starts on its own host (tests, benchmarks)."""
+    import random
+    import socket
+
+    for _ in range(1000):
+        port = random.randint(*_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port in {_PORTS[0]}-{_PORTS[1]} on {host}")
 
 
 def hostnames(nodelist: str) -> list[str]:

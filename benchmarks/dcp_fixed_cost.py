@@ -42,7 +42,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,15 +54,11 @@ from typing import Any
 
 from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, size_name
 
+from alpsck.job_env import free_port
+
 METHODS = ("fs", "alpsck")
 MEASURES = ("save", "synced", "stall", "load", "cold")
 TENSORS = 16  # in all, across the ranks
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ------------------------------------------------------------------------------ one rank of one cell

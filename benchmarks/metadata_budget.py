@@ -42,7 +42,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -137,12 +136,6 @@ _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _FD_PATH = re.compile(r"^\s*(?:-?\d+|AT_FDCWD)<([^>]*)>")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _path_of(args: str) -> str:
     """The path a call names: its quoted path, joined to the directory strace -y prints after a
     leading dirfd (AT_FDCWD<cwd> or 11</run>) when relative; the fd's own path when none is quoted
@@ -215,7 +208,9 @@ def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib
     run_dir = str(work / "run")
     script = work / "worker.py"
     script.write_text(WORKER)
-    port = str(_free_port())
+    from alpsck.job_env import free_port
+
+    port = str(free_port())
     trace_set = ",".join("?" + name for name in METADATA + SYNC)  # ?: no error where a call does not exist
     procs: list[subprocess.Popen[str]] = []
     logs = []

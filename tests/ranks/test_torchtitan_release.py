@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from support import SUPPORT
 from support.releases import require_release
 
 from alpsck.dcp.paths import is_alpsck_checkpoint_id
+from alpsck.job_env import free_port
 
 WORKER = SUPPORT / "torchtitan_release_worker.py"
 TORCHTITAN = "0.3.0"
@@ -66,17 +66,11 @@ def test_the_recipe_is_a_patch_git_apply_and_patch_take(tmp_path: Path) -> None:
         assert (tree / rel).read_text() == expected != source, tool
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _train(storage: str, folder: Path, steps: int, async_mode: str, out: Path, stop: int | None = None,
            world: int = 2) -> list[dict[str, Any]]:
     """The worker on ``world`` ranks (a training of ``steps`` steps, this job stopping after ``stop``); every
     rank must exit 0. Returns each rank's OUT/rank-R.pt."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),

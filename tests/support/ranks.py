@@ -4,20 +4,14 @@ collect what they print."""
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from alpsck.job_env import free_port
 from support import SUPPORT
 from support.warm import ColdProcess, WarmProcess
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rank_env(rank: int, world: int, port: int | str, **extra: str) -> dict[str, str]:

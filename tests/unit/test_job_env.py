@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from alpsck.job_env import JobEnv
 
 
@@ -27,3 +29,23 @@ def test_the_local_executor_and_torchrun_variables() -> None:
     # SLURM's variables come first; a value that is not a number is not taken
     mixed = JobEnv.detect({"SLURM_JOB_ID": "9", "SLURM_PROCID": "x", "RANK": "4", "SLURM_NTASKS": "7", "WORLD_SIZE": "2"})
     assert (mixed.rank, mixed.world_size) == (4, 7)
+
+
+def test_a_free_port_is_one_nothing_holds_below_the_ephemeral_ports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_port (the tests' and benchmarks' stores) draws as rendezvous_port does, below 32768, where no outgoing
+    connection takes a port between the draw and the store's listen; a port something holds is drawn again."""
+    import random
+    import socket
+
+    from alpsck import job_env
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", job_env.free_port()))
+        held.listen()
+        taken = held.getsockname()[1]
+        draws = iter([taken, taken + 1 if taken < 32767 else taken - 1])
+        monkeypatch.setattr(random, "randint", lambda lo, hi: next(draws))
+        port = job_env.free_port()
+    assert port != taken and 20000 <= port <= 32767
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free indeed
