@@ -39,7 +39,6 @@ import contextlib
 import os
 import re
 import tempfile
-import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -55,6 +54,7 @@ from ..dcp import AlpsckStorageReader, AlpsckStorageWriter
 from ..errors import CheckpointError
 from ..store.durable import replace_durably
 from ..store.picker import pick
+from .megatron_local import AlpsckLocalCheckpointManager, wait_for
 
 try:
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
@@ -76,16 +76,6 @@ _ITERATION = re.compile(r"^iter_(\d{7,})$")
 
 def _where(checkpoint_dir: str | Path) -> Path:
     return Path(checkpoint_dir) / SUBDIR
-
-
-def _wait_for(done_file: str, trainer_pid: int) -> None:
-    """An async save's ``async_fn``, in Megatron's async process (forked or spawned: a module function of plain
-    arguments): back when the trainer's write created ``done_file``, or when the trainer is gone. It removes the
-    file it saw (the trainer's finalize does too), so a trainer killed before its finalize leaves none behind."""
-    while not os.path.exists(done_file) and os.getppid() == trainer_pid:
-        time.sleep(0.02)
-    with contextlib.suppress(OSError):
-        os.unlink(done_file)
 
 
 class _Staged:
@@ -157,7 +147,7 @@ class AlpsckSaveStrategy(AsyncSaveShardedStrategy):  # type: ignore[misc]
                 os.unlink(done)
             self._settle()
 
-        return AsyncRequest(_wait_for, (done, os.getpid()), [finalize])
+        return AsyncRequest(wait_for, (done, os.getpid()), [finalize])
 
     def _settle(self) -> None:
         """The async save in flight (if any) done; its failure raised on every rank, whichever rank's it was."""
@@ -269,6 +259,12 @@ def install(**options: Any) -> None:
         context = kwargs.get("checkpointing_context")
         if context is not None:
             context.setdefault("save_strategy", save_strategy(**options))
+            local = context.get("local_checkpoint_manager")  # --non-persistent-ckpt-type local: pretrain made one
+            if local is not None and not isinstance(local, AlpsckLocalCheckpointManager):
+                if getattr(local, "repl_strategy", None) is not None:
+                    warnings.warn("alpsck's local checkpoint manager keeps no replica on another node: Megatron-LM's "
+                                  "--replication is not applied (docs/megatron.md)", RuntimeWarning, stacklevel=2)
+                context["local_checkpoint_manager"] = AlpsckLocalCheckpointManager(local.local_ckpt_dir)
         return original(*args, **kwargs)
 
     setup_model_and_optimizer._alpsck = True  # type: ignore[attr-defined]

@@ -68,10 +68,42 @@ def alpsck_tracker() -> str:
 def test_the_async_waiter_removes_the_done_file_it_saw(tmp_path: Path) -> None:
     """An async save's waiter (in Megatron's async process) removes the trainer's done file once it saw it,
     so a trainer killed before its finalize leaves no file in the temp directory."""
-    from alpsck.integrations.megatron import _wait_for
+    from alpsck.integrations.megatron_local import wait_for
 
     done = tmp_path / ".alpsck-megatron-done"
     done.touch()
-    _wait_for(str(done), os.getppid())
+    wait_for(str(done), os.getppid())
     assert not done.exists()
-    _wait_for(str(tmp_path / "never-made"), -1)  # the trainer is gone: back at once, nothing to remove
+    wait_for(str(tmp_path / "never-made"), -1)  # the trainer is gone: back at once, nothing to remove
+
+
+def _local_checkpoints(out: Path, ranks: int, damage_rank: int | None = None) -> None:
+    """Each rank's own run directory under ``local/`` holds alpsck checkpoints 5 and 10 (keep_last 2), no pickle;
+    ``damage_rank``: one byte of that rank's iteration 10 flipped."""
+    for rank in range(ranks):
+        run = out / "local" / f"rank-{rank:05d}"
+        assert sorted(i["step"] for i in _core.scan(str(run)) if i["status"] == "committed") == [5, 10]
+        assert not [p for p in run.rglob("*") if p.suffix in (".pt", ".pkl")]
+        if rank == damage_rank:
+            flip_byte(next(run.glob(f"step-*10/{_core.shard_file_name(0)}")), 100)
+
+
+@pytest.mark.parametrize(("options", "ranks"), [(("--mcore-local",), 2), (("--mcore-local", "--async"), 2)])
+def test_megatron_local_checkpoints_resume_bit_exact(tmp_path: Path, options: tuple[str, ...], ranks: int) -> None:
+    """Megatron-LM's local checkpoints (``--non-persistent-ckpt-type local``) through ``AlpsckLocalCheckpointManager``,
+    as Megatron-LM's save and load call it: the ``MCoreTensorAwareStateDict`` of each rank (nvidia-resiliency-ext's
+    type) written to its own run directory, synchronously or as Megatron's ``AsyncRequest``; every rank SIGKILLed at
+    step 12 resumes from ``find_latest()``/``load()`` at iteration 10, every later loss equal, bit for bit."""
+    require_release("nvidia_resiliency_ext", "nvidia-resiliency-ext", "0.4.1", "this test and docs/megatron.md")
+    log = check_kill_and_resume(WORKER, tmp_path, ranks, options=options,
+                                damage=lambda out: _local_checkpoints(out, ranks))
+    assert "resuming from iteration 10" in log, log[-3000:]
+
+
+def test_a_damaged_local_checkpoint_on_one_rank_makes_every_rank_resume_from_the_one_before(tmp_path: Path) -> None:
+    """One byte of rank 1's iteration 10 flipped: its read fails its CRC, every rank warns and loads iteration 5,
+    and the run goes on from step 6 bit for bit (never a wrong value, never a rank on another iteration)."""
+    require_release("nvidia_resiliency_ext", "nvidia-resiliency-ext", "0.4.1", "this test and docs/megatron.md")
+    log = check_kill_and_resume(WORKER, tmp_path, 2, options=("--mcore-local",), resumed_from=6,
+                                damage=lambda out: _local_checkpoints(out, 2, damage_rank=1))
+    assert "iteration 10 cannot be loaded" in log and "resuming from iteration 5" in log, log[-3000:]

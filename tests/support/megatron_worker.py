@@ -13,7 +13,11 @@ LOSSES_FILE (``step float.hex``). ``--kill-at N``: every rank SIGKILLs itself at
 ``torchrun``) it is one rank. ``--async``: Megatron-LM's ``--async-save`` path, as its training loop runs it: each
 save ``async_sharded_save=True`` through Megatron's ``AsyncCallsQueue`` (a forked process per save), the tracker
 written by a finalize step, the queue polled without blocking after every step; before each save the one before
-is finalized. A kill right after a save leaves that save unfinalized.
+is finalized. A kill right after a save leaves that save unfinalized. ``--mcore-local``: Megatron-LM's local checkpoints
+(``--non-persistent-ckpt-type local``) as its ``save_checkpoint`` and ``load_checkpoint`` make them: the state as a
+``MCoreTensorAwareStateDict`` (algorithm "atomic") through alpsck's ``AlpsckLocalCheckpointManager`` in
+``CKPT_ROOT/local``, resumed from its ``find_latest()``/``load()`` and ``to_state_dict``; with ``--async`` each save
+``is_async=True`` through the same queue.
 
 What megatron-core cannot do on a CPU, and how this worker gets past it (docs/megatron.md): its global memory
 buffer asks ``torch.cuda.current_device()`` (here: "cpu"), and its model-parallel RNG tracker forks CUDA RNG states
@@ -48,6 +52,7 @@ def main() -> None:
     ap.add_argument("losses")
     ap.add_argument("--kill-at", type=int)
     ap.add_argument("--async", dest="async_save", action="store_true")
+    ap.add_argument("--mcore-local", dest="local", action="store_true")
     a = ap.parse_args()
     if "RANK" not in os.environ:  # one process, not started by torchrun
         with socket.socket() as sock:
@@ -89,16 +94,30 @@ def main() -> None:
 
     step = 0
     tracker = a.root / TRACKER
-    if rank == 0 and tracker.exists():
+    manager = None
+    if a.local:
+        from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
+
+        from alpsck.integrations.megatron_local import AlpsckLocalCheckpointManager
+
+        manager = AlpsckLocalCheckpointManager(a.root / "local")
+    elif rank == 0 and tracker.exists():
         alpsck_megatron.checked_latest(a.root)  # a damaged newest iteration: the tracker set back to a valid one
     dist.barrier()
-    if tracker.exists():
-        step = int(tracker.read_text())
+    latest = manager.find_latest() if manager is not None else int(tracker.read_text()) if tracker.exists() else -1
+    if latest > 0:
+        step = latest
         for p in model.parameters():  # Adam's state made (its shapes are the template the load fills), as
             p.grad = torch.zeros_like(p)  # Megatron's optimizers' init_state_fn: a zero step moves no weight
         opt.step()
         opt.zero_grad()
-        loaded = dist_checkpointing.load(state(), str(a.root / f"iter_{step:07d}"))
+        if manager is not None:  # Megatron-LM's load_checkpoint, its local branch
+            local, _name = manager.load()
+            loaded = local.to_state_dict(state(), algo="atomic")
+            step = loaded["step"]  # Megatron-LM takes the iteration from the state loaded
+            print(f"rank {rank}: resuming from iteration {step}", flush=True)
+        else:
+            loaded = dist_checkpointing.load(state(), str(a.root / f"iter_{step:07d}"))
         model.load_state_dict(loaded["model"])
         for pid, count in loaded["adam_steps"].items():
             loaded["optimizer"]["state"][pid]["step"] = count
@@ -124,7 +143,14 @@ def main() -> None:
         if rank == 0:
             with open(a.losses, "a") as f:
                 f.write(f"{step} {float(loss.detach()).hex()}\n")
-        if step % EVERY == 0:
+        if step % EVERY == 0 and manager is not None:  # Megatron-LM's save_checkpoint, its local branch
+            local, _ = MCoreTensorAwareStateDict.from_state_dict(state(), algo="atomic")
+            if queue is None:
+                manager.save(local, step)
+            else:
+                queue.maybe_finalize_async_calls(blocking=True)
+                queue.schedule_async_request(manager.save(local, step, is_async=True))
+        elif step % EVERY == 0:
             where = a.root / f"iter_{step:07d}"
             if rank == 0:
                 where.mkdir(parents=True, exist_ok=True)
@@ -146,6 +172,8 @@ def main() -> None:
     if queue is not None:
         queue.maybe_finalize_async_calls(blocking=True)
         queue.close()
+    if manager is not None:
+        manager.close()
     dist.destroy_process_group()
 
 

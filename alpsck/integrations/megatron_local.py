@@ -1,0 +1,260 @@
+"""Megatron-LM's local checkpoints (``--non-persistent-ckpt-type local``) through alpsck:
+:class:`AlpsckLocalCheckpointManager`, in ``checkpointing_context['local_checkpoint_manager']`` (recipe:
+docs/megatron.md; :func:`alpsck.integrations.megatron.install` puts it there).
+
+Megatron-LM's ``save_checkpoint`` hands a local checkpoint manager a ``MCoreTensorAwareStateDict`` (megatron-core's;
+it needs nvidia-resiliency-ext): the rank's ``ShardedTensor``s and ``ShardedObject``s, and a common state. The manager
+of nvidia-resiliency-ext writes it per rank with ``torch.save`` and reads it back with a pickle load. This one writes it
+as an alpsck checkpoint of the rank's own run directory, ``LOCAL_DIR/rank-RRRRR`` (node-local storage, as nvidia's
+manager writes, or any file system): the tensors at the disk's speed with a CRC32C for every chunk, and everything
+else as alpsck's tagged JSON, never a pickle. The layout of each ``ShardedTensor`` (key, dtype, shapes, offsets,
+replica id, flattened range) and each ``ShardedObject`` (its value) is kept field by field, and rebuilt from them
+at load. An ``argparse.Namespace`` in the common state (Megatron-LM's ``args``) comes back as one; an ``Enum`` in
+it comes back as its name (the enum's class is never imported from what a checkpoint says). A value of another
+type fails the save, naming where it is.
+
+- ``save(state, iteration, is_async)``: returns once the tensors are copied to host memory; the writes and the
+  commit go on in the background. Synchronous: waits for them, then every rank learns whether every rank's save
+  committed (an all-reduce) and raises if one did not. Asynchronous: a Megatron ``AsyncRequest`` whose function,
+  run in Megatron's other process, waits for this process's write, and whose finalize step (in the trainer, every
+  rank) raises any rank's failure. ``keep_last`` (2 by default) checkpoints stay in each rank's directory.
+- ``find_latest()``: the newest iteration committed on every rank (an all-gather of each rank's list), -1 if none.
+- ``load()``: every rank reads that iteration, every chunk CRC-checked. When one rank's read fails (a damaged or
+  missing checkpoint), every rank warns and goes on to the next newest iteration they all have, so a damaged
+  newest checkpoint costs one interval, never a wrong value or a crash. Megatron-LM then takes the iteration from
+  the state loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import os
+import tempfile
+import threading
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import _core
+from ..checkpointer import Checkpointer
+from ..errors import CheckpointError, NoCheckpointError, UsageError
+from ..options import check_step
+from ..restore.read import read_state
+
+try:
+    from megatron.core.dist_checkpointing.mapping import ShardedBase, ShardedObject, ShardedTensor
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+    from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
+except ImportError as e:
+    raise ImportError("alpsck.integrations.megatron_local needs megatron-core 0.16 (pip install megatron-core)") from e
+
+__all__ = ["AlpsckLocalCheckpointManager", "wait_for"]
+
+KIND = "mcore"  # the key of a layout entry that stands for a megatron-core object (its value says which)
+_TENSOR_FIELDS = ("key", "dtype", "local_shape", "global_shape", "global_offset", "axis_fragmentations",
+                  "replica_id", "prepend_axis_num", "allow_shape_mismatch")
+
+
+def wait_for(done_file: str, trainer_pid: int) -> None:
+    """An async save's ``async_fn`` (this module's and :mod:`.megatron`'s), in Megatron's async process (forked or
+    spawned: a module function of plain arguments): back when the trainer's write created ``done_file``, or when the
+    trainer is gone. It removes the file it saw (the trainer's finalize does too), so a trainer killed before its
+    finalize leaves none behind."""
+    while not os.path.exists(done_file) and os.getppid() == trainer_pid:
+        time.sleep(0.02)
+    with contextlib.suppress(OSError):
+        os.unlink(done_file)
+
+
+def _ints(value: Any) -> Any:
+    return tuple(int(v) for v in value) if isinstance(value, (tuple, list)) else int(value)
+
+
+def _encode(node: Any, where: str) -> Any:
+    """The state as alpsck's tree takes it: each ShardedTensor and ShardedObject as a dict of its fields (its tensor
+    or its value among them), a Namespace as a dict of its attributes, an Enum as its name."""
+    if isinstance(node, ShardedTensor):
+        desc: dict[str, Any] = {KIND: "tensor", **{f: getattr(node, f) for f in _TENSOR_FIELDS}}
+        rng = node.flattened_range
+        desc["flattened_range"] = None if rng is None else (int(rng.start), int(rng.stop))
+        desc["data"] = None if node.data is None else node.data.detach()
+        return desc
+    if isinstance(node, ShardedObject):
+        return {KIND: "object", "key": node.key, "data": _encode(node.data, f"{where}/{node.key}"),
+                "global_shape": _ints(node.global_shape), "global_offset": _ints(node.global_offset),
+                "replica_id": node.replica_id}
+    if isinstance(node, ShardedBase):
+        raise UsageError(f"{where}: a {type(node).__name__} (alpsck's local checkpoints hold ShardedTensors and "
+                         "ShardedObjects, as megatron-core's save_preprocess leaves them)")
+    if isinstance(node, argparse.Namespace):
+        return {KIND: "namespace", "vars": _encode(vars(node), where)}
+    if isinstance(node, enum.Enum):
+        return node.name
+    if isinstance(node, dict):
+        if KIND in node:
+            raise UsageError(f"{where}: a dict with a key {KIND!r}, which alpsck's local checkpoints reserve")
+        return {k: _encode(v, f"{where}/{k}") for k, v in node.items()}
+    if isinstance(node, list):
+        return [_encode(v, f"{where}/{i}") for i, v in enumerate(node)]
+    if isinstance(node, tuple) and not hasattr(node, "_fields"):
+        return tuple(_encode(v, f"{where}/{i}") for i, v in enumerate(node))
+    return node  # alpsck's tree encodes it, or names its type and where it is
+
+
+def _decode(node: Any) -> Any:
+    """:func:`_encode`'s inverse (megatron-core checks each ShardedTensor's tensor against its shape and dtype)."""
+    if isinstance(node, dict) and KIND in node:
+        kind = node[KIND]
+        if kind == "tensor":
+            rng = node["flattened_range"]
+            return ShardedTensor(data=node["data"], flattened_range=None if rng is None else slice(*rng),
+                                 **{f: node[f] for f in _TENSOR_FIELDS})
+        if kind == "object":
+            return ShardedObject(node["key"], _decode(node["data"]), tuple(node["global_shape"]),
+                                 tuple(node["global_offset"]), node["replica_id"])
+        if kind == "namespace":
+            return argparse.Namespace(**_decode(node["vars"]))
+        raise CheckpointError(f"a layout entry of unknown kind {kind!r}")
+    if isinstance(node, dict):
+        return {k: _decode(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_decode(v) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_decode(v) for v in node)
+    return node
+
+
+class AlpsckLocalCheckpointManager:
+    """Megatron-LM's local checkpoint manager on alpsck (module docstring): ``local_ckpt_dir`` holds a run directory
+    per rank. ``options``: the Checkpointer's (``keep_last``, 2 by default here; ``threads``, ...)."""
+
+    def __init__(self, local_ckpt_dir: str | os.PathLike[str], **options: Any) -> None:
+        for fixed in ("rank", "world_size"):
+            if fixed in options:
+                raise UsageError(f"AlpsckLocalCheckpointManager sets {fixed} itself (a run directory per rank)")
+        self.local_ckpt_dir = str(local_ckpt_dir)
+        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self.run_dir = Path(local_ckpt_dir) / f"rank-{self.rank:05d}"
+        self._options = {"keep_last": 2, **options}
+        self._ck: Checkpointer | None = None
+        self._candidates: list[int] = []  # find_latest's: the iterations every rank has, newest first
+        self._pending: tuple[Any, threading.Thread, list[BaseException]] | None = None
+
+    def _checkpointer(self) -> Checkpointer:
+        if self._ck is None:
+            self._ck = Checkpointer(self.run_dir, rank=0, world_size=1, **self._options)
+        return self._ck
+
+    def save(self, state_dict: Any, iteration: int, is_async: bool = False) -> Any:
+        """Megatron-LM's call (module docstring): None, or with ``is_async`` an ``AsyncRequest``."""
+        check_step(iteration, "iteration")
+        if not isinstance(state_dict, MCoreTensorAwareStateDict) or state_dict.is_hollow:
+            raise UsageError(f"AlpsckLocalCheckpointManager.save takes a MCoreTensorAwareStateDict with its tensors, "
+                             f"not {type(state_dict).__name__}")
+        self._settle()
+        try:
+            state = {"layout": _encode(state_dict.sharded_state_dict, "layout"),
+                     "common": _encode(state_dict.common_state_dict, "common")}
+            handle = self._checkpointer().save(iteration, state)
+        except BaseException:
+            if not is_async:  # the other ranks wait for this rank's word in _settle: it is "failed"
+                _everyone(False)
+            raise
+        self._candidates = []
+        errors: list[BaseException] = []
+        done = os.path.join(tempfile.gettempdir(), f".alpsck-megatron-local-{os.getpid()}-{uuid.uuid4().hex}")
+
+        def wait() -> None:
+            try:
+                handle.wait()
+            except BaseException as e:  # noqa: BLE001 - raised by _settle, in the trainer
+                errors.append(e)
+            finally:
+                Path(done).touch()
+
+        waiter = threading.Thread(target=wait, name="alpsck-megatron-local", daemon=True)
+        waiter.start()
+        self._pending = (done, waiter, errors)
+        if not is_async:
+            self._settle()
+            return None
+        return AsyncRequest(wait_for, (done, os.getpid()), [self._settle])
+
+    def _settle(self) -> None:
+        """The save in flight (if any) durable on every rank, or every rank raises."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        done, waiter, errors = pending
+        waiter.join()
+        with contextlib.suppress(OSError):
+            os.unlink(done)
+        if not _everyone(not errors):
+            if errors:
+                raise CheckpointError(f"a local checkpoint through alpsck failed: {errors[0]}") from errors[0]
+            raise CheckpointError("a local checkpoint through alpsck failed on another rank (its log names it)")
+
+    def find_latest(self) -> int:
+        """The newest iteration committed on every rank, -1 if none (every rank calls it at once)."""
+        self._settle()
+        mine = sorted(i["step"] for i in _core.scan(str(self.run_dir)) if i["status"] == "committed") \
+            if self.run_dir.is_dir() else []
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            everyone: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)  # lists of ints, between this job's ranks, in memory
+        else:
+            everyone = [mine]
+        common = set.intersection(*(set(steps) for steps in everyone))
+        self._candidates = sorted(common, reverse=True)
+        return self._candidates[0] if self._candidates else -1
+
+    def load(self) -> tuple[Any, str]:
+        """The newest iteration every rank reads whole (module docstring): (its MCoreTensorAwareStateDict, a name).
+        ``find_latest()`` first, as Megatron-LM calls them."""
+        if not self._candidates:
+            raise NoCheckpointError(f"{self.local_ckpt_dir}: no local checkpoint to load (find_latest() first, and "
+                                    "an iteration every rank has)")
+        for n, iteration in enumerate(self._candidates):
+            error: BaseException | None = None
+            try:
+                _step, state = read_state(self.run_dir, step=iteration)
+            except (CheckpointError, OSError) as e:
+                error = e
+            if _everyone(error is None):
+                if n:
+                    warnings.warn(f"{self.local_ckpt_dir}: resuming from iteration {iteration}, the newest that every "
+                                  "rank loaded whole", RuntimeWarning, stacklevel=2)
+                tasd = MCoreTensorAwareStateDict(common=_decode(state["common"]),
+                                                 sharded_state_dict=_decode(state["layout"]))
+                self._candidates = self._candidates[n:]
+                return tasd, f"{self.run_dir}/{_core.step_dir_name(iteration)}"
+            why = f"this rank's read failed: {error}" if error is not None else "another rank's read failed (its log says why)"
+            warnings.warn(f"{self.local_ckpt_dir}: local checkpoint iteration {iteration} cannot be loaded: {why}",
+                          RuntimeWarning, stacklevel=2)
+        raise NoCheckpointError(f"{self.local_ckpt_dir}: no iteration every rank has loads on every rank "
+                                f"(tried {', '.join(map(str, self._candidates))})")
+
+    def close(self) -> None:
+        """The save in flight durable, the checkpointer closed."""
+        try:
+            self._settle()
+        finally:
+            if self._ck is not None:
+                self._ck.close()
+                self._ck = None
+
+
+def _everyone(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (one all-reduce; ``ok`` itself with one rank)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return ok
+    flag = torch.tensor([0 if ok else 1])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return not int(flag)
