@@ -56,6 +56,7 @@ void ChunkPipeline::StopPreparing() {
 void ChunkPipeline::StartWriterLocked() {
   const uint32_t index = static_cast<uint32_t>(writers_.size());
   writers_.emplace_back([this, index] { WriterLoop(index); });
+  ++idle_writers_;  // from now: a writer still starting takes the next task, as a waiting one does
 }
 
 void ChunkPipeline::StopWriters() {
@@ -249,11 +250,11 @@ void ChunkPipeline::ChunkDone(SaveJob* j, uint64_t count) {
 void ChunkPipeline::WriterLoop(uint32_t index) {
   EnterBackground(opts_.pin_cpus, opts_.background_nice, index);
   PrefaultedMemory bounce;  // for zero-copy chunks that need gathering; allocated on first use
-  for (;;) {
+  for (bool started = true;; started = false) {
     Task t;
     {
       std::unique_lock<std::mutex> l(q_mu_);
-      ++idle_writers_;
+      if (!started) ++idle_writers_;  // StartWriterLocked counted it idle before it ran
       q_cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
       --idle_writers_;
       if (queue_.empty()) return;
