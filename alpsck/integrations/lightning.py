@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -56,10 +57,13 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         self._options = options
         self._open: dict[str, tuple[Checkpointer, CoreSave]] = {}  # path -> its checkpointer and save in flight
         self._routed: dict[str, Checkpointer] = {}  # path -> the checkpointer kept open for it (route())
+        self._metrics: dict[str, Callable[[], Mapping[str, float]]] = {}  # path -> its saves' metrics (route())
 
-    def route(self, path: str | os.PathLike[str], checkpointer: Checkpointer) -> None:
+    def route(self, path: str | os.PathLike[str], checkpointer: Checkpointer,
+              metrics: Callable[[], Mapping[str, float]] | None = None) -> None:
         """Saves to ``path`` go through ``checkpointer`` (on ``path``, one rank), kept open until :meth:`teardown`:
-        its settings and retention, several saves in flight, instead of a new Checkpointer per save keeping one."""
+        its settings and retention, several saves in flight, instead of a new Checkpointer per save keeping one.
+        ``metrics``: called at each save, what it returns recorded with the checkpoint (``save(metrics=)``)."""
         key = os.fspath(path)
         if os.path.realpath(checkpointer.run_dir) != os.path.realpath(key):
             raise UsageError(f"route({key!r}): the checkpointer writes {checkpointer.run_dir}")
@@ -69,6 +73,8 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         if old is not None and old is not checkpointer:
             old.close()
         self._routed[key] = checkpointer
+        if metrics is not None:
+            self._metrics[key] = metrics
 
     def wait(self, path: str | os.PathLike[str]) -> None:
         """Every save to ``path`` durable (its failure raised)."""
@@ -85,7 +91,9 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         key = os.fspath(path)
         self._reap()
         if key in self._routed:
-            self._routed[key].save(int(checkpoint.get("global_step", 0)), checkpoint)
+            metrics = self._metrics.get(key)
+            self._routed[key].save(int(checkpoint.get("global_step", 0)), checkpoint,
+                                   metrics=metrics() if metrics is not None else None)
             return
         if key in self._open:  # saved again before its last save was durable (last.ckpt): that one first
             self._close(key)
@@ -110,6 +118,7 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         key = os.fspath(path)
         if key in self._routed:
             self._routed.pop(key).close()
+            self._metrics.pop(key, None)
         if key in self._open:
             self._close(key)
         if os.path.isdir(key) and not os.path.islink(key):
@@ -121,6 +130,7 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         """Every save durable (the first failure raised, after every checkpointer is closed), the routes dropped."""
         first: BaseException | None = None
         closers = [self._routed.pop(k).close for k in list(self._routed)]
+        self._metrics.clear()
         closers += [functools.partial(self._close, k) for k in list(self._open)]
         for close in closers:
             try:

@@ -26,7 +26,9 @@ loader's position when the loader is resumable (``state_dict``/``load_state_dict
 is one, and with a length Lightning fetches no batch ahead, so the position saved is the batches trained). Lightning
 keeps no random state; this callback keeps every rank's (python, numpy, torch CPU and CUDA: :class:`alpsck.rng.RNGState`)
 and puts it back before the first resumed batch, so dropout draws what it would have. Not in the memory tier: a
-``checkpoint.memory_every`` is ignored here (the plugin writes the run directory). Strategies whose checkpoints go
+``checkpoint.memory_every`` is ignored here (the plugin writes the run directory). With ``checkpoint.keep_best``
+(``val_loss:min:3``) each save records the value Lightning's ``trainer.callback_metrics`` holds for that metric
+(what the model logged), which the rule ranks by. Strategies whose checkpoints go
 through the ``CheckpointIO`` plugin (one device, DDP), and :class:`.lightning_sharded.AlpsckModelParallelStrategy`
 (FSDP2, tensor parallelism), whose every rank writes its shard as a DCP step of the run directory.
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UsageError
+from ..options import keep_best_text
 from ..progress import RESTORED_HOOKS
 from ..rng import RNGState
 from ..slurm.context import JobContext, current_job
@@ -58,6 +62,21 @@ def _any_rank(trainer: Any, *flags: bool) -> list[bool]:
     t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=trainer.strategy.root_device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [bool(v) for v in t.tolist()]
+
+
+def _ranked_metric(trainer: Any, keep_best: Any) -> Callable[[], dict[str, float]] | None:
+    """What each save records for ``checkpoint.keep_best``: the value its metric has in Lightning's
+    ``trainer.callback_metrics`` (what ``self.log`` logged), when it has one; None without ``keep_best``."""
+    text = keep_best_text(keep_best)
+    if not text:
+        return None
+    name = str(text).rsplit(":", 2)[0]
+
+    def metrics() -> dict[str, float]:
+        value = trainer.callback_metrics.get(name)
+        return {name: float(value)} if value is not None and torch.as_tensor(value).numel() == 1 else {}
+
+    return metrics
 
 
 class AlpsckJob(Callback):  # type: ignore[misc]
@@ -92,10 +111,12 @@ class AlpsckJob(Callback):  # type: ignore[misc]
                 print("alpsck: Lightning's SLURM auto-requeue is off: the job requeues through alpsck",
                       file=sys.stderr, flush=True)
         ck = self.job.config.checkpoint
+        metrics = _ranked_metric(trainer, ck.keep_best)
         if sharded:  # every rank writes its shard: the run directory's steps, with the config's threads and retention
-            strategy.route(self.job.run_dir, threads=ck.threads, **{rule: getattr(ck, rule) for rule in RULES})
+            strategy.route(self.job.run_dir, metrics=metrics, threads=ck.threads,
+                           **{rule: getattr(ck, rule) for rule in RULES})
         elif trainer.is_global_zero:  # Lightning saves on global rank 0, the whole state: a checkpoint of one rank
-            io.route(self.job.run_dir, self.job.checkpointer(rank=0, world_size=1, memory=False))
+            io.route(self.job.run_dir, self.job.checkpointer(rank=0, world_size=1, memory=False), metrics=metrics)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.job.stop.claim_signals()  # fit has put its handlers over the job's: the job's go back

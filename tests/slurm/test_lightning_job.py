@@ -47,7 +47,7 @@ def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_
     cfg.write_text(f"name: lightning\nrun_dir: {run}\n"
                    "slurm:\n  time: '5'\n  cpus_per_task: 1\n  tasks_per_node: 2\n  mem: 2G\n  partition: debug\n"
                    f"entry:\n  function: lightning_job_worker:main\n  args: ['{losses}', '{steps}', '{pace}', {strategy}]\n"
-                   "checkpoint:\n  every_steps: 10\n  keep_last: 2\n  keep_every_steps: 20\n"
+                   "checkpoint:\n  every_steps: 10\n  keep_last: 2\n  keep_every_steps: 20\n  keep_best: loss:min:1\n"
                    "requeue:\n  signal_delay_s: 60\n  max_restarts: 5\n")
     reference = tmp_path / "reference.txt"  # meanwhile: Lightning starts its second rank itself
     clean = subprocess.Popen([sys.executable, str(tmp_path / "lightning_job_worker.py"), str(reference), str(steps),
@@ -75,8 +75,13 @@ def test_a_lightning_fit_stops_at_a_time_limit_and_a_preemption_and_resumes_bit_
     assert events(run, "finished")[0]["step"] == steps  # the last periodic checkpoint: every 10 steps
     kind = "dcp" if strategy == "fsdp" else "alpsck"  # each rank's shard, or rank 0's whole state
     assert pick(run, kind=kind, verify_data=True).step == steps
-    # The config's retention, by either route (the Checkpointer's engine, or the DCP writer's): the newest 2 and
-    # every 20th of the checkpoints written (every 10 steps, and the two final ones).
+    # The config's retention, by either route (the Checkpointer's engine, or the DCP writer's): the newest 2, every
+    # 20th and the lowest loss (rank 0's, which the bridge records from what the model logged) of the checkpoints
+    # written (every 10 steps, and the two final ones).
     written = {*range(10, steps + 1, 10), *(e["step"] for e in finals)}
-    kept = sorted(i["step"] for i in _core.scan(str(run)) if i["status"] == "committed")
-    assert kept == sorted({s for s in written if s % 20 == 0} | set(sorted(written)[-2:])), (kept, sorted(written))
+    loss = {int(s): float.fromhex(v) for s, v in (line.split() for line in losses.read_text().splitlines())}
+    infos = {i["step"]: i for i in _core.scan(str(run)) if i["status"] == "committed"}
+    best = min(written, key=lambda s: loss[s])
+    want = {s for s in written if s % 20 == 0} | set(sorted(written)[-2:]) | {best}
+    assert sorted(infos) == sorted(want), (sorted(infos), sorted(written), {s: loss[s] for s in written})
+    assert all(i["metrics"] == {"loss": loss[s]} for s, i in infos.items()), infos

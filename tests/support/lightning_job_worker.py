@@ -36,6 +36,11 @@ class Regression(lightning_worker.Regression):
     def __init__(self) -> None:
         super().__init__(dropout=0.2)
 
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
+        loss = super().training_step(batch, i)
+        self.log("loss", loss)  # what checkpoint.keep_best ranks by (the bridge records it with each save)
+        return loss
+
     def train_dataloader(self) -> ResumableLoader:
         return ResumableLoader(lightning_worker.dataset(), batch_size=4, seed=1, num_replicas=self.trainer.world_size,
                                rank=self.trainer.global_rank)
