@@ -244,7 +244,9 @@ def save_strategy(**options: Any) -> AlpsckSaveStrategy:
 def install(**options: Any) -> None:
     """Register :class:`AlpsckLoadStrategy` for backend ``"alpsck"`` (``dist_checkpointing.load`` then reads such
     checkpoints by itself), and, where Megatron-LM's training loop is importable, give its checkpoint saves
-    ``save_strategy(**options)``: ``setup_model_and_optimizer`` is wrapped to put it in ``checkpointing_context``.
+    ``save_strategy(**options)``: ``setup_model_and_optimizer`` is wrapped to put it in ``checkpointing_context``,
+    and, where ``pretrain`` made a local checkpoint manager (``--non-persistent-ckpt-type local``), an
+    :class:`~alpsck.integrations.megatron_local.AlpsckLocalCheckpointManager` on its directory in its place.
     Call once, in the launch script, before ``pretrain``."""
     register_default_strategy(StrategyAction.LOAD_SHARDED, BACKEND, VERSION, AlpsckLoadStrategy())
     try:
