@@ -25,48 +25,51 @@ Spare& TheSpare() {
   return *spare;
 }
 
+// The spare's mapping, taken out of it (s.mu held): empty in a forked child, where the parent's is
+// not mapped (and is forgotten, never unmapped: the range may hold another mapping there now).
+PrefaultedMemory TakeOutLocked(Spare& s) {
+  PrefaultedMemory m;
+  if (s.pid == ::getpid()) {
+    m = std::move(s.mem);
+  } else {
+    s.mem.Forget();
+  }
+  return m;
+}
+
 // Moves the spare into *out when it fits a pool of `bytes` on `numa_node`; false otherwise (the
 // spare stays for a later pool).
 bool TakeSpare(uint64_t bytes, int numa_node, PrefaultedMemory* out) {
   Spare& s = TheSpare();
   std::lock_guard<std::mutex> l(s.mu);
-  if (!s.mem.data()) return false;
   if (s.pid != ::getpid()) {  // a fork: the parent's spare is not mapped here
-    s.mem.Forget();
+    TakeOutLocked(s);
     return false;
   }
   const uint64_t have = s.mem.size();
-  if (s.numa_node != numa_node || have < bytes || have / 2 > bytes) return false;
-  *out = std::move(s.mem);
+  if (!s.mem.data() || s.numa_node != numa_node || have < bytes || have / 2 > bytes) return false;
+  *out = TakeOutLocked(s);
   return true;
 }
 
 void GiveSpare(PrefaultedMemory* mem, int numa_node) {
-  PrefaultedMemory old;  // the spare it replaces, unmapped after the lock
   Spare& s = TheSpare();
-  std::lock_guard<std::mutex> l(s.mu);
-  if (s.pid == ::getpid()) {
-    old = std::move(s.mem);
-  } else {
-    s.mem.Forget();
-  }
+  std::unique_lock<std::mutex> l(s.mu);
+  PrefaultedMemory old = TakeOutLocked(s);  // the spare it replaces, unmapped after the lock
   s.mem = std::move(*mem);
   s.numa_node = numa_node;
   s.pid = ::getpid();
+  l.unlock();
 }
 
 }  // namespace
 
 uint64_t ReleaseSpareStaging() {
-  PrefaultedMemory old;
   Spare& s = TheSpare();
-  std::lock_guard<std::mutex> l(s.mu);
+  std::unique_lock<std::mutex> l(s.mu);
   const uint64_t bytes = s.mem.size();
-  if (s.pid == ::getpid()) {
-    old = std::move(s.mem);
-  } else {
-    s.mem.Forget();
-  }
+  PrefaultedMemory old = TakeOutLocked(s);
+  l.unlock();  // unmapped outside the lock
   return bytes;
 }
 
