@@ -38,23 +38,20 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import tempfile
-import uuid
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ..dcp import AlpsckStorageReader, AlpsckStorageWriter
-from ..errors import CheckpointError
+from ..ranks import Ranks
 from ..store.durable import replace_durably
 from ..store.picker import pick
-from .megatron_local import AlpsckLocalCheckpointManager, wait_for
+from .megatron_local import AlpsckLocalCheckpointManager, done_file, raise_unless_every_rank_saved, wait_for
 
 try:
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
@@ -135,7 +132,7 @@ class AlpsckSaveStrategy(AsyncSaveShardedStrategy):  # type: ignore[misc]
     def async_save(self, sharded_state_dict: Any, checkpoint_dir: str | Path) -> AsyncRequest:
         self._settle()  # Megatron only warns when a save starts before the last one was finalized
         pyt, planner = self._dcp_state(sharded_state_dict, copy=True)
-        done = os.path.join(tempfile.gettempdir(), f".alpsck-megatron-{os.getpid()}-{uuid.uuid4().hex}")
+        done = done_file()
         fut = dcp.async_save(pyt, storage_writer=AlpsckStorageWriter(_where(checkpoint_dir), **self.options),
                              planner=planner, process_group=_save_group(), async_stager=_Staged())
         assert isinstance(fut, Future)
@@ -154,13 +151,8 @@ class AlpsckSaveStrategy(AsyncSaveShardedStrategy):  # type: ignore[misc]
         fut, self._pending = self._pending, None
         if fut is None:
             return
-        error = fut.exception()
-        failed = torch.tensor([0 if error is None else 1])
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=_save_group())
-        if error is not None:
-            raise CheckpointError(f"an asynchronous save through alpsck failed: {error}") from error
-        if int(failed):
-            raise CheckpointError("an asynchronous save through alpsck failed on another rank (its log names it)")
+        ranks = Ranks(dist.get_rank(), dist.get_world_size(), _save_group())
+        raise_unless_every_rank_saved(fut.exception(), ranks, "an asynchronous save")
 
     @property
     def can_handle_sharded_objects(self) -> bool:

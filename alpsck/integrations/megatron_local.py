@@ -32,20 +32,20 @@ import contextlib
 import enum
 import os
 import tempfile
-import threading
 import time
 import uuid
 import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from .. import _core
 from ..checkpointer import Checkpointer
 from ..errors import CheckpointError, NoCheckpointError, UsageError
+from ..handles import CoreSave
 from ..options import check_step
+from ..ranks import Ranks
 from ..restore.read import read_state
 
 try:
@@ -55,7 +55,7 @@ try:
 except ImportError as e:
     raise ImportError("alpsck.integrations.megatron_local needs megatron-core 0.16 (pip install megatron-core)") from e
 
-__all__ = ["AlpsckLocalCheckpointManager", "wait_for"]
+__all__ = ["AlpsckLocalCheckpointManager", "done_file", "raise_unless_every_rank_saved", "wait_for"]
 
 KIND = "mcore"  # the key of a layout entry that stands for a megatron-core object (its value says which)
 _TENSOR_FIELDS = ("key", "dtype", "local_shape", "global_shape", "global_offset", "axis_fragmentations",
@@ -71,6 +71,21 @@ def wait_for(done_file: str, trainer_pid: int) -> None:
         time.sleep(0.02)
     with contextlib.suppress(OSError):
         os.unlink(done_file)
+
+
+def done_file() -> str:
+    """A new path for :func:`wait_for` to wait on, named for this process."""
+    return os.path.join(tempfile.gettempdir(), f".alpsck-megatron-{os.getpid()}-{uuid.uuid4().hex}")
+
+
+def raise_unless_every_rank_saved(error: BaseException | None, ranks: Ranks, what: str) -> None:
+    """Every rank learns whether every rank's save succeeded (one agreement of ``ranks``), and raises if one did not:
+    its own error where it has one, else that another rank failed. ``what``: the save, in the message."""
+    if ranks.all_true(error is None):
+        return
+    if error is not None:
+        raise CheckpointError(f"{what} through alpsck failed: {error}") from error
+    raise CheckpointError(f"{what} through alpsck failed on another rank (its log names it)")
 
 
 def _ints(value: Any) -> Any:
@@ -140,12 +155,13 @@ class AlpsckLocalCheckpointManager:
             if fixed in options:
                 raise UsageError(f"AlpsckLocalCheckpointManager sets {fixed} itself (a run directory per rank)")
         self.local_ckpt_dir = str(local_ckpt_dir)
-        self.rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self._ranks = Ranks.detect(None, None)  # torch.distributed's, agreeing through a gloo group
+        self.rank = self._ranks.rank
         self.run_dir = Path(local_ckpt_dir) / f"rank-{self.rank:05d}"
         self._options = {"keep_last": 2, **options}
         self._ck: Checkpointer | None = None
         self._candidates: list[int] = []  # find_latest's: the iterations every rank has, newest first
-        self._pending: tuple[Any, threading.Thread, list[BaseException]] | None = None
+        self._pending: tuple[CoreSave, str] | None = None  # the save in flight, and the file its end creates
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
@@ -165,23 +181,12 @@ class AlpsckLocalCheckpointManager:
             handle = self._checkpointer().save(iteration, state)
         except BaseException:
             if not is_async:  # the other ranks wait for this rank's word in _settle: it is "failed"
-                _everyone(False)
+                self._ranks.all_true(False)
             raise
         self._candidates = []
-        errors: list[BaseException] = []
-        done = os.path.join(tempfile.gettempdir(), f".alpsck-megatron-local-{os.getpid()}-{uuid.uuid4().hex}")
-
-        def wait() -> None:
-            try:
-                handle.wait()
-            except BaseException as e:  # noqa: BLE001 - raised by _settle, in the trainer
-                errors.append(e)
-            finally:
-                Path(done).touch()
-
-        waiter = threading.Thread(target=wait, name="alpsck-megatron-local", daemon=True)
-        waiter.start()
-        self._pending = (done, waiter, errors)
+        done = done_file()
+        handle.add_done_callback(lambda _h: Path(done).touch())
+        self._pending = (handle, done)
         if not is_async:
             self._settle()
             return None
@@ -192,23 +197,20 @@ class AlpsckLocalCheckpointManager:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        done, waiter, errors = pending
-        waiter.join()
+        handle, done = pending
+        error = handle.exception()  # waits for it
         with contextlib.suppress(OSError):
             os.unlink(done)
-        if not _everyone(not errors):
-            if errors:
-                raise CheckpointError(f"a local checkpoint through alpsck failed: {errors[0]}") from errors[0]
-            raise CheckpointError("a local checkpoint through alpsck failed on another rank (its log names it)")
+        raise_unless_every_rank_saved(error, self._ranks, "a local checkpoint")
 
     def find_latest(self) -> int:
         """The newest iteration committed on every rank, -1 if none (every rank calls it at once)."""
         self._settle()
         mine = sorted(i["step"] for i in _core.scan(str(self.run_dir)) if i["status"] == "committed") \
             if self.run_dir.is_dir() else []
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            everyone: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(everyone, mine)  # lists of ints, between this job's ranks, in memory
+        if self._ranks.world_size > 1:
+            everyone: list[Any] = [None] * self._ranks.world_size
+            dist.all_gather_object(everyone, mine, group=self._ranks.group)  # lists of ints, in memory
         else:
             everyone = [mine]
         common = set.intersection(*(set(steps) for steps in everyone))
@@ -227,7 +229,7 @@ class AlpsckLocalCheckpointManager:
                 _step, state = read_state(self.run_dir, step=iteration)
             except (CheckpointError, OSError) as e:
                 error = e
-            if _everyone(error is None):
+            if self._ranks.all_true(error is None):
                 if n:
                     warnings.warn(f"{self.local_ckpt_dir}: resuming from iteration {iteration}, the newest that every "
                                   "rank loaded whole", RuntimeWarning, stacklevel=2)
@@ -249,12 +251,3 @@ class AlpsckLocalCheckpointManager:
             if self._ck is not None:
                 self._ck.close()
                 self._ck = None
-
-
-def _everyone(ok: bool) -> bool:
-    """Whether ``ok`` holds on every rank (one all-reduce; ``ok`` itself with one rank)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return ok
-    flag = torch.tensor([0 if ok else 1])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return not int(flag)

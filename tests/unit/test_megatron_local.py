@@ -73,3 +73,17 @@ def test_what_a_local_checkpoint_cannot_hold_is_refused_by_name_and_nothing_is_w
         AlpsckLocalCheckpointManager(tmp_path / "local", rank=1)
     assert manager.find_latest() == -1
     manager.close()
+
+
+def test_a_failed_save_raises_its_own_error_after_the_ranks_agree() -> None:
+    """The agreement both Megatron paths end their saves with (the async strategy's finalize, the local manager's):
+    one rank here, so its own error decides."""
+    from alpsck.errors import CheckpointError
+    from alpsck.integrations.megatron_local import raise_unless_every_rank_saved
+    from alpsck.ranks import Ranks
+
+    raise_unless_every_rank_saved(None, Ranks(), "a local checkpoint")  # nothing failed: no error
+    cause = OSError(28, "No space left on device")
+    with pytest.raises(CheckpointError, match="a local checkpoint through alpsck failed: .*No space") as e:
+        raise_unless_every_rank_saved(cause, Ranks(), "a local checkpoint")
+    assert e.value.__cause__ is cause
