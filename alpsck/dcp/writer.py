@@ -170,7 +170,6 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
             check_option(name, getattr(self, name))
         # The engine's retention rules, checked together (keep_last 0 with another rule is refused by name).
         self.retention = Policy(keep_last, keep_every_steps, keep_every_seconds, keep_best)
-        self.keep_last = keep_last
         self.metrics = check_metrics(metrics)
         self.direct_io = direct_io
         self.overwrite = overwrite is not False

@@ -56,8 +56,8 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
                 raise UsageError(f"AlpsckCheckpointIO sets {fixed} itself (one rank saves; each path keeps its newest)")
         self._options = options
         self._open: dict[str, tuple[Checkpointer, CoreSave]] = {}  # path -> its checkpointer and save in flight
-        self._routed: dict[str, Checkpointer] = {}  # path -> the checkpointer kept open for it (route())
-        self._metrics: dict[str, Callable[[], Mapping[str, float]]] = {}  # path -> its saves' metrics (route())
+        # path -> the checkpointer kept open for it, and what its saves record (route())
+        self._routed: dict[str, tuple[Checkpointer, Callable[[], Mapping[str, float]] | None]] = {}
 
     def route(self, path: str | os.PathLike[str], checkpointer: Checkpointer,
               metrics: Callable[[], Mapping[str, float]] | None = None) -> None:
@@ -70,17 +70,15 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         if key in self._open:
             self._close(key)
         old = self._routed.pop(key, None)
-        if old is not None and old is not checkpointer:
-            old.close()
-        self._routed[key] = checkpointer
-        if metrics is not None:
-            self._metrics[key] = metrics
+        if old is not None and old[0] is not checkpointer:
+            old[0].close()
+        self._routed[key] = (checkpointer, metrics)
 
     def wait(self, path: str | os.PathLike[str]) -> None:
         """Every save to ``path`` durable (its failure raised)."""
         key = os.fspath(path)
         if key in self._routed:
-            self._routed[key].wait()
+            self._routed[key][0].wait()
         elif key in self._open:
             self._close(key)
 
@@ -91,9 +89,8 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
         key = os.fspath(path)
         self._reap()
         if key in self._routed:
-            metrics = self._metrics.get(key)
-            self._routed[key].save(int(checkpoint.get("global_step", 0)), checkpoint,
-                                   metrics=metrics() if metrics is not None else None)
+            ck, metrics = self._routed[key]
+            ck.save(int(checkpoint.get("global_step", 0)), checkpoint, metrics=metrics() if metrics is not None else None)
             return
         if key in self._open:  # saved again before its last save was durable (last.ckpt): that one first
             self._close(key)
@@ -117,8 +114,7 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
     def remove_checkpoint(self, path: str | os.PathLike[str]) -> None:
         key = os.fspath(path)
         if key in self._routed:
-            self._routed.pop(key).close()
-            self._metrics.pop(key, None)
+            self._routed.pop(key)[0].close()
         if key in self._open:
             self._close(key)
         if os.path.isdir(key) and not os.path.islink(key):
@@ -129,8 +125,7 @@ class AlpsckCheckpointIO(CheckpointIO):  # type: ignore[misc]
     def teardown(self) -> None:
         """Every save durable (the first failure raised, after every checkpointer is closed), the routes dropped."""
         first: BaseException | None = None
-        closers = [self._routed.pop(k).close for k in list(self._routed)]
-        self._metrics.clear()
+        closers = [self._routed.pop(k)[0].close for k in list(self._routed)]
         closers += [functools.partial(self._close, k) for k in list(self._open)]
         for close in closers:
             try:

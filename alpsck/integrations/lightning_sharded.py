@@ -55,17 +55,15 @@ class AlpsckModelParallelStrategy(ModelParallelStrategy):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._routes: dict[Path, dict[str, Any]] = {}  # run directory -> its writer's options (route())
-        self._metrics: dict[Path, Callable[[], Mapping[str, float]]] = {}  # run directory -> its saves' metrics
+        # run directory -> its writer's options, and what its saves record (route())
+        self._routes: dict[Path, tuple[dict[str, Any], Callable[[], Mapping[str, float]] | None]] = {}
 
     def route(self, run_dir: str | Path, metrics: Callable[[], Mapping[str, float]] | None = None,
               **writer_options: Any) -> None:
         """Saves to ``run_dir`` are the steps of that alpsck run directory (``global_step``), written with
         ``writer_options`` (:class:`alpsck.dcp.AlpsckStorageWriter`'s); loads read its newest valid step. Every rank.
         ``metrics``: called at each save, what it returns recorded with the checkpoint (the writer's ``metrics=``)."""
-        self._routes[Path(run_dir)] = writer_options
-        if metrics is not None:
-            self._metrics[Path(run_dir)] = metrics
+        self._routes[Path(run_dir)] = (writer_options, metrics)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None) -> None:
         if not self._save_distributed_checkpoint:
@@ -74,10 +72,12 @@ class AlpsckModelParallelStrategy(ModelParallelStrategy):  # type: ignore[misc]
             raise TypeError("AlpsckModelParallelStrategy.save_checkpoint takes no storage_options")
         path = Path(self.broadcast(filepath))
         routed = self._routes.get(path)
-        metrics = self._metrics.get(path)
-        writer = (AlpsckStorageWriter(path) if routed is None
-                  else AlpsckStorageWriter(path, int(checkpoint.get("global_step", 0)),
-                                           metrics=metrics() if metrics is not None else None, **routed))
+        if routed is None:
+            writer = AlpsckStorageWriter(path)
+        else:
+            options, metrics = routed
+            writer = AlpsckStorageWriter(path, int(checkpoint.get("global_step", 0)),
+                                         metrics=metrics() if metrics is not None else None, **options)
         state = {"state_dict": checkpoint.pop("state_dict"),
                  **{f"optimizer_{i}": o for i, o in enumerate(checkpoint.pop("optimizer_states", []))},
                  _REST: checkpoint}
