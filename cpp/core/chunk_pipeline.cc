@@ -250,17 +250,21 @@ void ChunkPipeline::ChunkDone(SaveJob* j, uint64_t count) {
 void ChunkPipeline::WriterLoop(uint32_t index) {
   EnterBackground(opts_.pin_cpus, opts_.background_nice, index);
   PrefaultedMemory bounce;  // for zero-copy chunks that need gathering; allocated on first use
-  for (bool started = true;; started = false) {
+  // counted: this writer is in idle_writers_ already. StartWriterLocked counts it before it runs; a
+  // writer done with a chunk counts itself before ChunkDone, whose Push (the seal of the shard, when
+  // the chunk was its last) then starts no writer for what this one takes next.
+  for (bool counted = true;;) {
     Task t;
     {
       std::unique_lock<std::mutex> l(q_mu_);
-      if (!started) ++idle_writers_;  // StartWriterLocked counted it idle before it ran
+      if (!counted) ++idle_writers_;
       q_cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
       --idle_writers_;
       if (queue_.empty()) return;
       t = queue_.front();
       queue_.pop_front();
     }
+    counted = false;
     if (t.chunk == kFinalize) {
       Seal(t.job);
       continue;
@@ -269,6 +273,11 @@ void ChunkPipeline::WriterLoop(uint32_t index) {
       t.job->Fail(Status::FromErrno(errno, "allocate a writer buffer"));
     WriteChunk(t.job, t, bounce.data());
     if (t.slot) pool_.Release(t.slot);
+    {
+      std::lock_guard<std::mutex> l(q_mu_);
+      ++idle_writers_;
+    }
+    counted = true;
     ChunkDone(t.job);
   }
 }

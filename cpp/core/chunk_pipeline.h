@@ -149,7 +149,7 @@ class ChunkPipeline {
   std::deque<Task> queue_;
   bool stopping_ = false;
   std::vector<std::thread> writers_;  // started by Start, then Push; joined by StopWriters
-  uint64_t idle_writers_ = 0;         // writers waiting for a task, or started and not yet waiting
+  uint64_t idle_writers_ = 0;         // writers waiting for a task, started and not yet waiting, or back from one
   void StartWriterLocked();           // one more writer (q_mu_ held)
 
   std::mutex prepare_mu_;  // guards the four below
