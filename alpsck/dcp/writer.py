@@ -35,7 +35,7 @@ from ..errors import RunDirLockedError, UsageError
 from ..options import DEFAULTS, check_metrics, check_step
 from ..options import check as check_option
 from ..ranks import store_clients
-from ..store.durable import fsync_path, make_dirs
+from ..store.durable import fsync_dirs_quietly, fsync_path, make_dirs
 from ..store.lock import lock_holder, lock_run_dir
 from ..store.marker import marker_problem, publish_marker, stage_marker, write_marker
 from ..store.names import MARKER_NAMES, entry_kind, step_dir
@@ -188,8 +188,8 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
         self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
         self._subdir: str | None = None  # use_collectives=False with several ranks: this rank's rank_local_dir
-        # Durability work done while this rank's shard is written (_while_writing), off the save's critical path:
-        self._unsynced: list[Path] = []  # directories whose fsync makes the names _open created durable
+        # Durability work done while this rank's shard is written (_while_writing), off the save's critical path
+        # (the engine syncs the directories holding the names _open created, dir_sync.h):
         self._marker_staged = False  # checkpoint-directory mode, coordinator: .metadata.tmp written, to put in place
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
@@ -253,7 +253,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
-        self._unsynced, self._marker_staged = [], False
+        self._marker_staged = False
         self._process_rank = int(kwargs.get("rank") or 0)
         # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
         # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
@@ -365,10 +365,18 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
     def _open(self, rank: int, world: int) -> _core.Engine:
         """This rank's engine, with the run directory's lock held (taken again if it was let go)."""
         run_dir = self._dir()
-        if self._lock is None:
-            self._unsynced += make_dirs(run_dir)  # fsync'ed while the shard is written (_while_writing)
-            self._lock = lock_run_dir(run_dir, rank)
-        if self._engine is None:
+        created: list[Path] = []  # directories whose fsync makes the new names durable: the engine's to sync
+        try:
+            if self._lock is None:
+                created = make_dirs(run_dir)
+                self._lock = lock_run_dir(run_dir, rank)
+        except BaseException:
+            fsync_dirs_quietly(created)
+            raise
+        if self._engine is not None:  # made again under the open engine (removed meanwhile): synced now
+            for d in created:
+                fsync_path(d)
+        else:
             threads, chunk, staging = self._sized()
             try:
                 self._engine = _core.Engine(str(run_dir), {"threads": threads, "chunk_bytes": chunk,
@@ -376,8 +384,10 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                                                            "max_in_flight": 1, "keep_last": 0, "direct_io": self.direct_io,
                                                            "commit_timeout_s": self.commit_timeout_s},
                                             one_history=self._supersede, rank=rank, world_size=world,
-                                            store=_agreement_store(self._store_ns), store_ns=self._store_ns)
+                                            store=_agreement_store(self._store_ns), store_ns=self._store_ns,
+                                            unsynced_dirs=[str(d) for d in created])
             except BaseException:
+                fsync_dirs_quietly(created)
                 self.close()
                 raise
             if self.direct_io and not self._engine.direct_io:
@@ -475,13 +485,10 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         return fut
 
     def _while_writing(self) -> None:
-        """The save's small durable steps that need not wait for the shard, done while the engine's threads
-        write it (at 2 MiB about 0.6 ms of the save's 9 on this project's VM): the fsync of the directories
-        that hold the names :meth:`_open` created, and on the coordinator in checkpoint-directory mode the
-        marker's temp file (put in place by :meth:`finish`, after the commit)."""
-        unsynced, self._unsynced = self._unsynced, []
-        for d in unsynced:
-            fsync_path(d)
+        """The save's small durable step that need not wait for the shard, done while the engine's threads
+        write it: on the coordinator in checkpoint-directory mode, the marker's temp file (put in place by
+        :meth:`finish`, after the commit). (The fsync of the directories holding the names :meth:`_open`
+        created is the engine's, from its open on: cpp/core/dir_sync.h.)"""
         if self.rank == 0 and self.named and not self._marker_staged:
             self._marker_staged = stage_marker(self._dir())
 

@@ -8,6 +8,7 @@ small file the Python side writes durably goes through one of these two."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -176,10 +177,19 @@ def make_dirs_durably(path: Path) -> None:
         fsync_path(parent)
 
 
+def fsync_dirs_quietly(dirs: list[Path]) -> None:
+    """fsync each of :func:`make_dirs`'s directories, on a way out where an error is already being raised (the
+    engine that was to sync them did not open): as far as it goes, so a later open finds the names durable."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            fsync_path(d)
+
+
 def make_dirs(path: Path) -> list[Path]:
     """``mkdir -p path``, returning the directories whose fsync makes the new names durable (the parent
     of each directory it created, outermost first): :func:`make_dirs_durably` for a caller that
-    syncs them later, before what it commits inside counts as durable."""
+    syncs them later, before what it commits inside counts as durable (an engine opened with them as
+    ``unsynced_dirs``)."""
     missing: list[Path] = []
     p = path
     while not p.exists() and p != p.parent:

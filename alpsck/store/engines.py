@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from .. import _core
 from ..errors import CheckpointError, UsageError
 from . import memory_tier
-from .durable import make_dirs_durably
+from .durable import fsync_dirs_quietly, make_dirs
 from .lock import lock_run_dir
 
 
@@ -43,8 +43,11 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
     for first in (True, False):
         error: BaseException | None = None
         if (ranks.rank == 0) == first:
+            unsynced: list[Path] = []
             try:
-                make_dirs_durably(directory)  # a power loss must not take a new run dir's name
+                # A power loss must not take a new run dir's name: the engine fsyncs the directories that hold
+                # the new names while its first save is written, before that save counts as durable.
+                unsynced = make_dirs(directory)
                 if ranks.rank == 0 and before_rank0 is not None:
                     before_rank0()
                 lock = lock_run_dir(directory, ranks.rank)
@@ -52,9 +55,12 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
                     str(directory), opts, rank=ranks.rank, world_size=ranks.world_size,
                     one_history=True,  # each save retires the abandoned history first (Checkpointer's docstring)
                     store=store, store_ns=store_ns,  # several ranks agree on each commit through it
-                    faults=[dict(f) for f in faults])  # test hook: inject I/O errors (cpp/core/env.h)
+                    faults=[dict(f) for f in faults],  # test hook: inject I/O errors (cpp/core/env.h)
+                    unsynced_dirs=[str(d) for d in unsynced])
             except Exception as e:
                 error = e
+                if engine is None:  # no engine to sync them: done here, so a later open finds the names durable
+                    fsync_dirs_quietly(unsynced)
         if not ranks.all_true(error is None):
             if engine is not None:
                 engine.close()

@@ -50,7 +50,8 @@ Engine::Engine(const EngineOptions& opts)
       env_(opts.env ? opts.env : Env::Default()),
       history_(env_, opts_.run_dir, opts_.rank, RetentionOf(opts_)),
       published_(env_, opts_.run_dir, opts_.rank == 0),
-      spares_(env_, opts_.run_dir, opts_.rank, opts_.keep_last != 0, opts_.max_in_flight) {}
+      spares_(env_, opts_.run_dir, opts_.rank, opts_.keep_last != 0, opts_.max_in_flight),
+      dir_sync_(env_) {}
 
 Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
   if (opts.run_dir.empty()) return Status::Invalid("run_dir is empty");
@@ -66,12 +67,14 @@ Status Engine::Open(const EngineOptions& opts, std::unique_ptr<Engine>* out) {
 Status Engine::Init() {
   ALPSCK_RETURN_IF_ERROR(CheckNumaNode(opts_.numa_node));  // before anything is created
   const std::string& dir = opts_.run_dir;
+  for (const std::string& u : opts_.unsynced_dirs) ALPSCK_RETURN_IF_ERROR(dir_sync_.Add(u));
   int d = env_->IsDir(dir);
   if (d == -ENOENT) {
     int r = env_->Mkdir(dir);
     if (r < 0 && r != -EEXIST) return Status::FromErrno(-r, "create run directory " + dir);
-    // Its name durable in its parent, or a power loss could take every checkpoint committed inside.
-    if (r == 0) ALPSCK_RETURN_IF_ERROR(SyncDir(env_, ParentDir(dir)));
+    // Its name durable in its parent before any save inside is (dir_sync.h), or a power loss could
+    // take every checkpoint committed there.
+    if (r == 0) ALPSCK_RETURN_IF_ERROR(dir_sync_.Add(ParentDir(dir)));
     d = env_->IsDir(dir);
   }
   if (d < 0) return Status::FromErrno(-d, "run directory " + dir);

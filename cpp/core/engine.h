@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "commit.h"
+#include "dir_sync.h"
 #include "engine_options.h"
 #include "env.h"
 #include "external_fill.h"
@@ -149,6 +150,8 @@ class Engine {
   SpareDirs spares_;                      // the expired directories saves recycle (spare_dirs.h)
   std::unique_ptr<ChunkPipeline> pipeline_;  // from Init on
   std::unique_ptr<KvClientPool> store_clients_;  // with EngineOptions::store: each attempt's client
+  DeferredDirSync dir_sync_;              // unsynced_dirs and a new RUN_DIR's parent: the committer
+                                          // syncs them from Open on, every shard waits (Sealed)
 
   std::mutex c_mu_;                       // guards the committer's queue and c_stopping_
   std::condition_variable c_cv_;

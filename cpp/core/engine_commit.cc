@@ -23,6 +23,9 @@ void Engine::Sealed(std::unique_ptr<SaveJob> j, Status s) {
   // The shard is durable. The coordinator (rank 0) has its own record at hand; every other rank,
   // and every rank of a deferred commit, says so with a DONE record.
   const bool coordinator = opts_.rank == 0 && j->commit == CommitMode::kAuto;
+  // Nothing inside RUN_DIR is durable before the names of the directories holding it are: the
+  // committer synced them while this save was copied and written (dir_sync.h).
+  if (s.ok()) s = dir_sync_.Wait();
   // This rank arrives at the agreement now: its pace goes with its record (commit.h).
   j->record.node = host_;
   j->record.arrived = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -49,6 +52,7 @@ void Engine::Sealed(std::unique_ptr<SaveJob> j, Status s) {
 
 void Engine::CommitterLoop() {
   EnterBackground(opts_.pin_cpus, opts_.background_nice, 0);
+  dir_sync_.Run();  // first: while the first save is copied and written, off the opener's path
   for (;;) {
     std::unique_ptr<SaveJob> j;
     {

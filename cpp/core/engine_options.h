@@ -31,6 +31,11 @@ struct EngineOptions {
   // (StoreAgreement). nullptr: through the attempt's directory (FileAgreement).
   std::shared_ptr<KvStore> store;
   std::string store_ns;
+  // Directories in which the caller just created a name this engine depends on (the parent of a
+  // new run directory, and its parent's when that was new too): fsync'ed in the background from
+  // Open on, and no save counts as durable before (dir_sync.h). Open creates RUN_DIR itself when
+  // it is missing, and defers its parent's fsync the same way.
+  std::vector<std::string> unsynced_dirs;
   // The table's options (options.cc; their defaults are set by the constructor):
   uint32_t max_in_flight{};       // checkpoints persisting at once
   uint32_t threads{};             // writer threads

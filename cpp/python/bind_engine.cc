@@ -141,9 +141,11 @@ class PyEngine {
   // options: option name -> value, through the core's table (EngineOptionsFrom); the rest say
   // where and who.
   PyEngine(const FsPath& run_dir, const nb::dict& options, uint32_t rank, uint32_t world_size, bool one_history,
-           nb::object store, const std::string& store_ns, std::vector<nb::dict> faults) {
+           nb::object store, const std::string& store_ns, std::vector<nb::dict> faults,
+           std::vector<FsPath> unsynced_dirs) {
     EngineOptions o = EngineOptionsFrom(options);
     o.run_dir = run_dir;
+    o.unsynced_dirs.assign(unsynced_dirs.begin(), unsynced_dirs.end());
     o.rank = rank;
     o.world_size = world_size;
     o.one_history = one_history;
@@ -369,16 +371,19 @@ void BindEngine(nb::module_& m) {
 
   nb::class_<PyEngine>(m, "Engine")
       .def(nb::init<const FsPath&, const nb::dict&, uint32_t, uint32_t, bool, nb::object, const std::string&,
-                    std::vector<nb::dict>>(),
+                    std::vector<nb::dict>, std::vector<FsPath>>(),
            "run_dir"_a, "options"_a = nb::dict(), nb::kw_only(), "rank"_a = 0, "world_size"_a = 1,
            "one_history"_a = false, "store"_a = nb::none(), "store_ns"_a = "", "faults"_a = std::vector<nb::dict>{},
+           "unsynced_dirs"_a = std::vector<FsPath>{},
            "An engine on run_dir. options: the engine's options by name ({'threads': 4, 'keep_last': 0}; "
            "engine_options() lists them), each checked against the core's table (an unknown name or a value out of "
            "range raises UsageError naming it), the table's defaults for the rest. rank of world_size ranks "
            "writing run_dir; one_history: each save first retires the abandoned history (Engine::Supersede); "
            "faults: test hook, I/O errors to inject (cpp/core/env.h). store: a torch.distributed Store (c10d: "
            "TCPStore, PrefixStore, ...), or a StoreClients of one, through which the ranks agree on each commit, under keys starting with store_ns (the same on every rank, "
-           "unique to this run directory and job); None: through the attempt's directory.")
+           "unique to this run directory and job); None: through the attempt's directory. unsynced_dirs: directories in which "
+           "the caller just created run_dir (or a directory above it), fsync'ed in the background from now on; no save "
+           "counts as durable before they are (cpp/core/dir_sync.h).")
       .def("save", &PyEngine::save, "step"_a, "extents"_a, "meta"_a = "", "mode"_a = "snapshot",
            "keepalive"_a = nb::none(), "commit"_a = "auto", "refuse"_a = "", "metrics"_a = Metrics{},
            "unhealthy"_a = "", "pin"_a = false,

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -662,25 +663,24 @@ def test_signal_storm_during_the_final_checkpoint_leaves_exactly_one_valid_final
     assert len(sent) > 50
 
 
-def test_a_new_run_directory_is_made_durable_in_its_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_new_run_directory_is_made_durable_in_its_parent(tmp_path: Path) -> None:
     """Every commit fsyncs inside the run directory; the names of the run directory and of the
     parents the Checkpointer creates must be durable too, or a power loss after the first commit
-    could take every checkpoint with them."""
-    import alpsck.store.durable
-
-    synced: list[Path] = []
-    real = alpsck.store.durable.fsync_path
-
-    def record(path: Any) -> None:
-        synced.append(Path(path))
-        real(path)
-
-    monkeypatch.setattr(alpsck.store.durable, "fsync_path", record)
+    could take every checkpoint with them. The engine fsyncs those parents from its open on, while the
+    first save is written (cpp/core/dir_sync.h), and no save counts as durable before: a parent whose
+    fsync fails fails the save, naming it, and the next save tries again."""
     run = tmp_path / "new" / "run"
-    with alpsck.Checkpointer(run) as ck:
-        ck.save(1, {"w": torch.ones(4)})
-    assert synced == [tmp_path, tmp_path / "new"]
-    synced.clear()
-    with alpsck.Checkpointer(run) as ck:  # it exists: nothing to do
-        ck.save(2, {"w": torch.ones(4)})
-    assert synced == []
+    # The engine's first fsyncs are the parents', innermost first; a failed one is tried again once, as the
+    # first save's shard is sealed: two faults fail that save.
+    for skip, parent in ((0, tmp_path / "new"), (1, tmp_path)):
+        shutil.rmtree(tmp_path / "new", ignore_errors=True)
+        with alpsck.Checkpointer(run, _faults=[{"op": "fsync", "skip": skip, "count": 2}]) as ck:
+            with pytest.raises(CheckpointWriteError, match=f"fsync directory {re.escape(str(parent))} "):
+                ck.save(1, {"w": torch.ones(4)}).wait()
+            assert _core.scan(str(run)) == []
+            ck.save(1, {"w": torch.ones(4)}).wait()  # tried again, and synced: committed
+        assert [i["step"] for i in _core.scan(str(run))] == [1]
+    # It exists: nothing to sync, so the first fsync is the commit's own (its manifest).
+    with alpsck.Checkpointer(run, _faults=[{"op": "fsync", "count": 1}]) as ck:
+        with pytest.raises(CheckpointWriteError, match="MANIFEST.json"):
+            ck.save(2, {"w": torch.ones(4)}).wait()

@@ -356,26 +356,24 @@ def _damage_all_runs(run: Path) -> None:
 def test_a_new_checkpoint_directory_is_made_durable_in_its_parent(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The commit fsyncs inside the checkpoint directory; the directory's own name, new at every save,
-    must be durable too, or a power loss could take a committed checkpoint with it. (The writer syncs the
-    parents while the shard is written, before the commit.)"""
-    import alpsck.dcp.writer
-    import alpsck.store.durable
+    must be durable too, or a power loss could take a committed checkpoint with it. The writer hands the
+    directories holding the new names to its engine, which syncs them while the shard is written, before
+    the shard counts as durable (cpp/core/dir_sync.h; the C++ tests show the order, tests/process the
+    failure)."""
+    given: list[list[str]] = []
+    real = _core.Engine
 
-    synced: list[Path] = []
-    real = alpsck.store.durable.fsync_path
+    def engine(*args: Any, **kwargs: Any) -> Any:
+        given.append(list(kwargs.get("unsynced_dirs", [])))
+        return real(*args, **kwargs)
 
-    def record(path: Any) -> None:
-        synced.append(Path(path))
-        real(path)
-
-    monkeypatch.setattr(alpsck.store.durable, "fsync_path", record)
-    monkeypatch.setattr(alpsck.dcp.writer, "fsync_path", record)
+    monkeypatch.setattr(_core, "Engine", engine)
     ckpt = tmp_path / "new" / "folder" / "step-1"
     dcp.save(reference(1), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
-    assert synced == [tmp_path, tmp_path / "new", tmp_path / "new" / "folder"]
-    synced.clear()
+    assert given == [[str(tmp_path), str(tmp_path / "new"), str(tmp_path / "new" / "folder")]]
+    given.clear()
     dcp.save(reference(2), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())  # exists: nothing to do
-    assert synced == []
+    assert given == [[]]
 
 
 def test_an_empty_checkpoint_id_is_refused_not_the_current_directory(tmp_path: Path,
