@@ -233,16 +233,35 @@ def save_strategy(**options: Any) -> AlpsckSaveStrategy:
     return AlpsckSaveStrategy(**options)
 
 
+def training_save_strategy(args: Any, **options: Any) -> Any:
+    """The save strategy Megatron-LM's ``save_checkpoint`` would build for ``--ckpt-format torch_dist``, with
+    alpsck's in place of its own: ``save_strategy(**options)``, and with ``args.ckpt_fully_parallel_save``
+    (Megatron-LM's default) wrapped in megatron-core's ``FullyParallelSaveStrategyWrapper`` over the data-parallel
+    group (with context parallelism), so that the ranks holding a replicated tensor share its writing instead of
+    the first of them writing it all. Megatron-LM wraps only a strategy it made itself: one found in
+    ``checkpointing_context`` (as :func:`install` puts it there) is taken as already wrapped. ``args``: Megatron-LM's
+    (``get_args()``), after ``initialize_megatron``."""
+    strategy = save_strategy(**options)
+    if not getattr(args, "ckpt_fully_parallel_save", False):
+        return strategy
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    return FullyParallelSaveStrategyWrapper(strategy, parallel_state.get_data_parallel_group(with_context_parallel=True),
+                                            bool(getattr(args, "ckpt_assume_constant_structure", False)))
+
+
 def install(**options: Any) -> None:
     """Register :class:`AlpsckLoadStrategy` for backend ``"alpsck"`` (``dist_checkpointing.load`` then reads such
     checkpoints by itself), and, where Megatron-LM's training loop is importable, give its checkpoint saves
-    ``save_strategy(**options)``: ``setup_model_and_optimizer`` is wrapped to put it in ``checkpointing_context``,
+    ``training_save_strategy(get_args(), **options)``: ``setup_model_and_optimizer`` is wrapped to put it in
+    ``checkpointing_context``,
     and, where ``pretrain`` made a local checkpoint manager (``--non-persistent-ckpt-type local``), an
     :class:`~alpsck.integrations.megatron_local.AlpsckLocalCheckpointManager` on its directory in its place.
     Call once, in the launch script, before ``pretrain``."""
     register_default_strategy(StrategyAction.LOAD_SHARDED, BACKEND, VERSION, AlpsckLoadStrategy())
     try:
-        from megatron.training import training
+        from megatron.training import get_args, training
     except ImportError:
         return
     original = training.setup_model_and_optimizer
@@ -252,7 +271,8 @@ def install(**options: Any) -> None:
     def setup_model_and_optimizer(*args: Any, **kwargs: Any) -> Any:
         context = kwargs.get("checkpointing_context")
         if context is not None:
-            context.setdefault("save_strategy", save_strategy(**options))
+            if "save_strategy" not in context:
+                context["save_strategy"] = training_save_strategy(get_args(), **options)
             local = context.get("local_checkpoint_manager")  # --non-persistent-ckpt-type local: pretrain made one
             if local is not None and not isinstance(local, AlpsckLocalCheckpointManager):
                 if getattr(local, "repl_strategy", None) is not None:

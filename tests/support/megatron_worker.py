@@ -13,11 +13,15 @@ LOSSES_FILE (``step float.hex``). ``--kill-at N``: every rank SIGKILLs itself at
 ``torchrun``) it is one rank. ``--async``: Megatron-LM's ``--async-save`` path, as its training loop runs it: each
 save ``async_sharded_save=True`` through Megatron's ``AsyncCallsQueue`` (a forked process per save), the tracker
 written by a finalize step, the queue polled without blocking after every step; before each save the one before
-is finalized. A kill right after a save leaves that save unfinalized. ``--mcore-local``: Megatron-LM's local checkpoints
-(``--non-persistent-ckpt-type local``) as its ``save_checkpoint`` and ``load_checkpoint`` make them: the state as a
-``MCoreTensorAwareStateDict`` (algorithm "atomic") through alpsck's ``AlpsckLocalCheckpointManager`` in
-``CKPT_ROOT/local``, resumed from its ``find_latest()``/``load()`` and ``to_state_dict``; with ``--async`` each save
-``is_async=True`` through the same queue.
+is finalized. A kill right after a save leaves that save unfinalized. ``--fully-parallel``: data-parallel over all
+its ranks instead (each rank trains the same replica), saved as Megatron-LM's ``--ckpt-fully-parallel-save`` does
+(``training_save_strategy``: the ranks share the writing of the replicated tensors) and loaded as its
+``--ckpt-fully-parallel-load`` does (megatron-core's ``FullyParallelLoadStrategyWrapper`` around the strategy
+``metadata.json`` names, exchanging with ``gather_object``: its default, ``broadcast``, needs CUDA).
+``--mcore-local``: Megatron-LM's local checkpoints (``--non-persistent-ckpt-type local``) as its ``save_checkpoint``
+and ``load_checkpoint`` make them: the state as a ``MCoreTensorAwareStateDict`` (algorithm "atomic") through alpsck's
+``AlpsckLocalCheckpointManager`` in ``CKPT_ROOT/local``, resumed from its ``find_latest()``/``load()`` and
+``to_state_dict``; with ``--async`` each save ``is_async=True`` through the same queue.
 
 What megatron-core cannot do on a CPU, and how this worker gets past it (docs/megatron.md): its global memory
 buffer asks ``torch.cuda.current_device()`` (here: "cpu"), and its model-parallel RNG tracker forks CUDA RNG states
@@ -53,6 +57,7 @@ def main() -> None:
     ap.add_argument("--kill-at", type=int)
     ap.add_argument("--async", dest="async_save", action="store_true")
     ap.add_argument("--mcore-local", dest="local", action="store_true")
+    ap.add_argument("--fully-parallel", dest="fully_parallel", action="store_true")
     a = ap.parse_args()
     if "RANK" not in os.environ:  # one process, not started by torchrun
         with socket.socket() as sock:
@@ -74,7 +79,7 @@ def main() -> None:
 
     TRACKER = alpsck_megatron.TRACKER
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1 if a.fully_parallel else world)
     cpu_shims()
     alpsck_megatron.install()
     torch.manual_seed(0)
@@ -116,6 +121,15 @@ def main() -> None:
             loaded = local.to_state_dict(state(), algo="atomic")
             step = loaded["step"]  # Megatron-LM takes the iteration from the state loaded
             print(f"rank {rank}: resuming from iteration {step}", flush=True)
+        elif a.fully_parallel:  # Megatron-LM's load_checkpoint with --ckpt-fully-parallel-load
+            from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+            from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+            where = str(a.root / f"iter_{step:07d}")
+            spread = FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(where),
+                                                      parallel_state.get_data_parallel_group(with_context_parallel=True),
+                                                      False, "gather_object")
+            loaded = dist_checkpointing.load(state(), where, sharded_strategy=spread)
         else:
             loaded = dist_checkpointing.load(state(), str(a.root / f"iter_{step:07d}"))
         model.load_state_dict(loaded["model"])
@@ -124,6 +138,9 @@ def main() -> None:
         opt.load_state_dict(loaded["optimizer"])
         assert loaded["step"] == step, (loaded["step"], step)
     strategy = alpsck_megatron.save_strategy()
+    if a.fully_parallel:  # Megatron-LM's save_checkpoint with --ckpt-fully-parallel-save, from its args
+        strategy = alpsck_megatron.training_save_strategy(argparse.Namespace(ckpt_fully_parallel_save=True,
+                                                                             ckpt_assume_constant_structure=False))
     queue = AsyncCallsQueue() if a.async_save else None
 
     def track(iteration: int) -> None:  # Megatron-LM's: rank 0 names the newest iteration, once it is saved
