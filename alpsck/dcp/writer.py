@@ -188,8 +188,10 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
         self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
         self._subdir: str | None = None  # use_collectives=False with several ranks: this rank's rank_local_dir
-        # Durability work done while this rank's shard is written (_while_writing), off the save's critical path
-        # (the engine syncs the directories holding the names _open created, dir_sync.h):
+        # Durability work done while this rank's shard is written, off the save's critical path: the directories
+        # holding the names _open created, which its engine syncs (dir_sync.h) and a sealed shard confirms (finish
+        # syncs what no shard confirmed), and the marker's temp file (_while_writing)
+        self._unsynced: list[Path] = []
         self._marker_staged = False  # checkpoint-directory mode, coordinator: .metadata.tmp written, to put in place
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
@@ -253,7 +255,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
-        self._marker_staged = False
+        self._unsynced, self._marker_staged = [], False
         self._process_rank = int(kwargs.get("rank") or 0)
         # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
         # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
@@ -386,6 +388,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                                             one_history=self._supersede, rank=rank, world_size=world,
                                             store=_agreement_store(self._store_ns), store_ns=self._store_ns,
                                             unsynced_dirs=[str(d) for d in created])
+                self._unsynced += created
             except BaseException:
                 fsync_dirs_quietly(created)
                 self.close()
@@ -471,6 +474,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                 self._while_writing()
             finally:
                 handle.wait()
+            self._unsynced = []  # a sealed shard: its engine synced them (dir_sync.h)
             if handle.result()["skipped"]:
                 raise UsageError(f"{self.run_dir}: step {step} is already committed; a step is written once")
             retired = sorted(s for s, _ in engine.take_retired())
@@ -536,7 +540,11 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         decode_metadata(data, METADATA_FILE, step=step, world_size=world)  # never commit what load would refuse
         lock = lock_run_dir(run_dir, 0)
         try:
-            self._while_writing()  # done already, unless this rank's write_data did not run (a subclass's)
+            # Done already, unless this rank's write_data did not run (a subclass's):
+            unsynced, self._unsynced = self._unsynced, []
+            for d in unsynced:
+                fsync_path(d)
+            self._while_writing()
             _core.commit_step(str(run_dir), step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
                               time.monotonic() - self._started, store=_agreement_store(self._store_ns),
                               store_ns=self._store_ns, metrics=self.metrics)
