@@ -59,19 +59,23 @@ def test_an_async_save_never_finalized_is_not_resumed_and_the_one_before_is(tmp_
     check_kill_and_resume(WORKER, tmp_path, 2, options=("--async",), kill_at=15, damage=unfinalized)
 
 
-def test_a_fully_parallel_save_spreads_the_replicas_over_the_ranks_and_resumes_bit_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [("--fully-parallel",), ("--fully-parallel", "--async")])
+def test_a_fully_parallel_save_spreads_the_replicas_over_the_ranks_and_resumes_bit_exact(
+        tmp_path: Path, options: tuple[str, ...]) -> None:
     """Megatron-LM's ``--ckpt-fully-parallel-save`` (its default) and ``--ckpt-fully-parallel-load``, 2 data-parallel
-    ranks holding one replica: ``training_save_strategy`` wraps alpsck's strategy in megatron-core's
-    ``FullyParallelSaveStrategyWrapper``, so each rank writes about half of the replicated tensors (without it the
-    first rank writes them all and the other's shard holds nothing), and the load's wrapper reads them back through
-    alpsck's strategy and exchanges them; every rank SIGKILLed at step 12 resumes bit-exact."""
+    ranks holding one replica, synchronous and with ``--async-save``: ``training_save_strategy`` wraps alpsck's
+    strategy in megatron-core's ``FullyParallelSaveStrategyWrapper``, so each rank writes about half of the
+    replicated tensors (without it the first rank writes them all and the other's shard holds nothing), and the
+    load's wrapper reads them back through alpsck's strategy and exchanges them; every rank SIGKILLed mid-run
+    resumes from iteration 10 bit-exact."""
     def spread(out: Path) -> None:
         _is_alpscks(out, False)
         step = next((out / "iter_0000010" / "alpsck").glob("step-*"))
         sizes = [(step / _core.shard_file_name(rank)).stat().st_size for rank in (0, 1)]
         assert min(sizes) > 0.3 * sum(sizes), sizes
 
-    check_kill_and_resume(WORKER, tmp_path, 2, options=("--fully-parallel",), damage=spread)
+    # Asynchronous: killed right after scheduling the save of 15, which finalized 10 (as the async test above).
+    check_kill_and_resume(WORKER, tmp_path, 2, options=options, damage=spread, kill_at=15 if "--async" in options else 12)
 
 
 def test_training_save_strategy_wraps_only_where_megatron_lm_would() -> None:
