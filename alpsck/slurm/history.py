@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .. import _core
-from ..store.durable import append_durably, open_regular, read_at
+from ..store.durable import append_durably, make_dirs_durably, open_regular, read_at
 
 HISTORY = _core.run_dir_names["history"]  # the run directory's names belong to the core (run_dir.h)
 STATES = ("pending", "running", "requeued", "finished", "failed", "cancelled", "gave_up", "timeout")
@@ -396,7 +396,7 @@ def append(run_dir: str | os.PathLike[str], event: Event | str, **fields: Any) -
     data = (line(rec) + "\n").encode()
     path = Path(run_dir) / HISTORY
     try:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        make_dirs_durably(Path(run_dir))  # a new run directory's name durable too, as the lines in it are
         append_durably(path, data)
     except OSError as e:
         print(f"alpsck: warning: cannot record {rec['event']!r} in {path}: {e.strerror or e}", file=sys.stderr,

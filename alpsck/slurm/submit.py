@@ -46,6 +46,7 @@ import submitit
 
 from ..errors import ConfigError, SlurmError, UsageError
 from ..job_env import ATTEMPT_ENV, PREVIOUS_END_ENV, PREVIOUS_EXIT_ENV
+from ..store.durable import make_dirs_durably
 from . import commands, health_gate, history, spare_nodes, watch
 from .batch_rules import shell_problem
 from .config import JobConfig
@@ -480,7 +481,8 @@ def submit(cfg: JobConfig, *, local: bool | None = None) -> submitit.Job[Any]:
             raise SlurmError(f"{cfg.run_dir} is the run directory of {jobs}: a second job there would fight it for "
                              f"the checkpoints. Wait for it, scancel it, or give this job another run_dir")
     try:
-        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        # Durably: the job's checkpoints go in it, and the Checkpointer, finding it there, syncs no parent.
+        make_dirs_durably(Path(cfg.run_dir))
     except OSError as e:  # the config refused a file there; one may have appeared since
         raise ConfigError(f"{cfg.source}: run_dir: cannot make the run directory {cfg.run_dir}: {e.strerror}") from None
     if not Path(cfg.run_dir).is_dir():

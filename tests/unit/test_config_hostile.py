@@ -14,6 +14,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.hostile_configs import GOOD, OPEN_BLOCKS, json_str, with_setup
@@ -274,6 +275,39 @@ def test_a_venv_that_exists_here_and_is_not_one_is_refused(good: str, tmp_path: 
     (tmp_path / "real" / "bin" / "activate").write_text("")
     for ok in (tmp_path / "real", tmp_path / "only-on-the-nodes"):
         assert parse_config(good + f"environment:\n  venv: {ok}\n").environment.venv == str(ok)
+
+
+def test_submit_and_the_history_make_a_new_run_directory_durable_in_its_parent(
+        good: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run directory ``alpsck submit`` makes (and the job history's first line, where it makes one) is fsync'ed
+    into its parent: the Checkpointer then finds it there and syncs no parent, so without it a power loss could
+    take the directory with every checkpoint committed in it."""
+    import alpsck.store.durable
+    from alpsck.slurm import history
+
+    synced: list[Path] = []
+    real = alpsck.store.durable.fsync_path
+
+    def record(path: Any) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_a: Any, **_k: Any) -> None:
+        raise Stop  # the executor comes after the run directory: nothing is started
+
+    monkeypatch.setattr(alpsck.store.durable, "fsync_path", record)
+    monkeypatch.setattr(submit_mod, "make_executor", stop)
+    cfg = parse_config(good)
+    with pytest.raises(Stop):
+        submit(cfg, local=True)
+    assert synced == [tmp_path] and Path(cfg.run_dir).is_dir()
+    synced.clear()
+    history.append(tmp_path / "new" / "run", "started", job_id="1")
+    assert synced == [tmp_path, tmp_path / "new"]
+    assert (tmp_path / "new" / "run" / history.HISTORY).is_file()
 
 
 def test_submit_refuses_a_run_dir_that_became_a_file(good: str, tmp_path: Path) -> None:
