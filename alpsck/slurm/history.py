@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import shlex
 import socket
 import sys
 import time
@@ -402,6 +403,40 @@ def append(run_dir: str | os.PathLike[str], event: Event | str, **fields: Any) -
         print(f"alpsck: warning: cannot record {rec['event']!r} in {path}: {e.strerror or e}", file=sys.stderr,
               flush=True)
     return rec
+
+
+# The batch script's writer (bash, on the batch host, where the job's Python may not run: a container's or a uenv's).
+SHELL_APPEND = "alpsck_history_append"  # LINE: one stored event, appended as it is
+SHELL_EVENT = "alpsck_history_event"    # FIELDS: an event's fields as JSON members, stamped and appended
+
+
+def shell_lines(run_dir: str | os.PathLike[str]) -> list[str]:
+    """Bash functions that append to RUN_DIR's history from a batch script: :data:`SHELL_APPEND` a line as it is,
+    :data:`SHELL_EVENT` an event made by :func:`shell_event`, stamped with ``time`` (``date``), ``job_id``
+    ($SLURM_JOB_ID, where it is one: :data:`JOB_ID`) and ``host`` (where ``hostname`` gives a host name). Only
+    into a regular file or none: never through a symlink, never into a FIFO (a hang). Not fsync'ed: the batch
+    shell has no fsync, and a lost line is a history that misses one event, never a lost checkpoint."""
+    hist = shlex.quote(str(Path(run_dir) / HISTORY))
+    return [
+        f"{SHELL_APPEND}() {{",
+        f'  if [ ! -L {hist} ] && {{ [ ! -e {hist} ] || [ -f {hist} ]; }}; then printf "%s\\n" "$1" >> {hist}; fi',
+        "}",
+        f"{SHELL_EVENT}() {{",
+        "  local stamp host",
+        "  stamp='\"time\":'$(date +%s)",
+        "  [[ \"${SLURM_JOB_ID:-}\" =~ ^[0-9]{1,20}(_[0-9]{1,20})?$ ]] && stamp+=',\"job_id\":\"'\"$SLURM_JOB_ID\"'\"'",
+        "  host=$(hostname 2>/dev/null)",
+        "  [[ \"$host\" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$ ]] && stamp+=',\"host\":\"'\"$host\"'\"'",
+        f'  {SHELL_APPEND} "{{$stamp,$1}}"',
+        "}",
+    ]
+
+
+def shell_event(event: Event) -> str:
+    """The bash command (:func:`shell_lines`) that appends ``event`` when it runs, stamped there. Its fields are
+    JSON made here, quoted: nothing of the config's reaches the shell."""
+    fields = {k: v for k, v in event.stored().items() if k not in ("time", "job_id", "host")}
+    return f"{SHELL_EVENT} {shlex.quote(json.dumps(fields, separators=(',', ':'))[1:-1])}"
 
 
 def is_job_id(value: Any) -> bool:

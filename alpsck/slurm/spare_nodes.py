@@ -20,6 +20,7 @@ Without spares nothing here applies: SLURM ends the job on a node's failure and 
 
 from __future__ import annotations
 
+from . import history
 from .config import JobConfig
 
 PLACE = "alpsck_place_step"  # the batch script's function; sets EXCLUDE, or fails: too few nodes left
@@ -30,6 +31,10 @@ EXCLUDE = "alpsck_exclude"   # the nodes a restarted step must not use, comma-se
 # for a waiting job); any other (* not responding, ~ # % ! powered off or powering up or down) makes it unusable.
 _USABLE = ("alloc", "mix", "idle", "comp", "resv", "plnd")
 _HARMLESS_FLAGS = "$@^-"
+
+
+# What the history says when too few nodes are left: a requeue, by scontrol (the health gate's is reason "health").
+REQUEUED = history.Requeued(reason="nodes", mechanism="scontrol")
 
 
 def in_use(cfg: JobConfig) -> bool:
@@ -65,7 +70,8 @@ def step_lines(srun_line: str) -> list[str]:
 
 def batch_lines(cfg: JobConfig) -> list[str]:
     """The batch script's :data:`PLACE` function (only with spares): every value in it is an int from the
-    config or SLURM's own output, never config text."""
+    config or SLURM's own output, never config text. A requeue is recorded in the history (:data:`REQUEUED`,
+    with the functions of :func:`history.shell_lines`, which the batch script defines before)."""
     if not in_use(cfg):
         return []
     need = int(cfg.slurm.nodes)
@@ -85,7 +91,8 @@ def batch_lines(cfg: JobConfig) -> list[str]:
         f'  if [ "$left" -lt {need} ]; then',
         f'    echo "alpsck: $left usable node(s) left in this allocation ($nodes; not usable: ${{bad:-none}}), the job '
         f'step needs {need}: requeueing the job" >&2',
-        '    scontrol requeue "$SLURM_JOB_ID"',
+        f'    if scontrol requeue "$SLURM_JOB_ID"; then {history.shell_event(REQUEUED)}',
+        '    else echo "alpsck: the requeue failed: the job ends here" >&2; fi',
         "    return 1",
         "  fi",
         '  [ -z "$bad" ] || echo "alpsck: the restarted job step excludes $bad (SLURM cannot start a step there)" >&2',

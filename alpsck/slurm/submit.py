@@ -63,8 +63,8 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
     already, append the request's event for that verdict to the history, and remove the request.
     The request's content is only compared and copied, never run."""
     req = shlex.quote(str(Path(run_dir) / REQUEST_FILE))
-    hist = shlex.quote(str(Path(run_dir) / history.HISTORY))
     return [
+        *history.shell_lines(run_dir),
         *term_verdict_shell(),
         "alpsck_requeue_on_request() {",
         "  trap '' TERM  # the SIGTERM our own requeue (or a scancel) brings must not kill scontrol or sed here",
@@ -76,10 +76,7 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
         '    case "$verdict" in',
         '      preemption|timeout) scontrol requeue "$SLURM_JOB_ID" || event= ;;',
         "    esac",
-        # Appended only to a regular file or none: never through a symlink, never into a FIFO (a hang).
-        f'    if [ -n "$event" ] && [ ! -L {hist} ] && {{ [ ! -e {hist} ] || [ -f {hist} ]; }}; then',
-        f'      printf "%s\\n" "$event" >> {hist}',
-        "    fi",
+        f'    [ -z "$event" ] || {history.SHELL_APPEND} "$event"',
         "  fi",
         f"  rm -f {req}",
         "}",

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from alpsck.errors import ConfigError
-from alpsck.slurm import spare_nodes
+from alpsck.slurm import history, spare_nodes, timeline
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.submit import sbatch_script
 
@@ -53,9 +55,9 @@ def test_spares_without_in_job_restarts_are_refused_naming_both_keys() -> None:
         parse_config(GOOD.replace("  nodes: 2\n", "  nodes: 4294967293\n").replace("spare_nodes: 1", "spare_nodes: 2"))
 
 
-def _place(tmp_path: Path, squeue: str, sinfo: str, need: int = 2) -> tuple[int, str, str, str]:
+def _place(tmp_path: Path, squeue: str, sinfo: str, need: int = 2, requeue_fails: bool = False) -> tuple[int, str, str, str]:
     """Run the batch script's placement function with stand-in SLURM commands: its status, the nodes it
-    excludes, what it said, and what scontrol was asked."""
+    excludes, what it said, and what scontrol was asked. Its history goes to ``tmp_path/run``."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     asked = tmp_path / "scontrol-args"
@@ -64,13 +66,16 @@ def _place(tmp_path: Path, squeue: str, sinfo: str, need: int = 2) -> tuple[int,
         "sinfo": f"printf '%s' {shlex.quote(sinfo)}",
         # scontrol show hostnames LIST: the stand-in knows two lists; requeue: recorded
         "scontrol": (f'echo "$@" >> {asked}\n'
-                     'case "$3" in "n[1-3]") printf "n1\\nn2\\nn3\\n" ;; "n[1,3]") printf "n1\\nn3\\n" ;; esac'),
+                     'case "$3" in "n[1-3]") printf "n1\\nn2\\nn3\\n" ;; "n[1,3]") printf "n1\\nn3\\n" ;; esac'
+                     + ('\n[ "$1" != requeue ]' if requeue_fails else "")),
     }
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     cfg = parse_config(GOOD.replace("nodes: 2", f"nodes: {need}"))
-    script = "\n".join([*spare_nodes.batch_lines(cfg), f'{spare_nodes.PLACE}; echo "rc=$? exclude=${spare_nodes.EXCLUDE}"'])
+    (tmp_path / "run").mkdir(exist_ok=True)
+    script = "\n".join([*history.shell_lines(tmp_path / "run"), *spare_nodes.batch_lines(cfg),
+                        f'{spare_nodes.PLACE}; echo "rc=$? exclude=${spare_nodes.EXCLUDE}"'])
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
                        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"})
     rc, excluded = r.stdout.split()[-2:]
@@ -91,11 +96,22 @@ def test_a_restart_excludes_the_nodes_slurm_cannot_start_a_step_on(tmp_path: Pat
     assert (rc, excluded) == (0, "n2")
 
 
-def test_too_few_nodes_left_requeues_the_job_instead_of_a_restart(tmp_path: Path) -> None:
+def test_too_few_nodes_left_requeues_the_job_instead_of_a_restart_and_the_history_says_so(tmp_path: Path) -> None:
     rc, excluded, said, asked = _place(tmp_path, "n[1-3]", "n1 mix\nn2 down*\nn3 drain\n")
     assert rc == 1 and excluded == "n2,n3"
     assert "1 usable node(s) left in this allocation (n[1-3]; not usable: n2,n3), the job step needs 2" in said
     assert asked.splitlines()[-1] == "requeue 77"
+    [event] = history.read_log(tmp_path / "run").events  # what `alpsck status` reads: the job was requeued, and why
+    assert {k: event[k] for k in ("event", "reason", "mechanism", "job_id", "host")} == {
+        "event": "requeued", "reason": "nodes", "mechanism": "scontrol", "job_id": "77", "host": socket.gethostname()}
+    assert abs(event["time"] - time.time()) < 60
+    assert timeline.read(str(tmp_path / "run")).state == "requeued"
+
+
+def test_a_requeue_that_fails_is_said_and_not_recorded(tmp_path: Path) -> None:
+    rc, _, said, asked = _place(tmp_path, "n[1-3]", "n1 mix\nn2 down*\nn3 drain\n", requeue_fails=True)
+    assert rc == 1 and asked.splitlines()[-1] == "requeue 77" and "the requeue failed: the job ends here" in said
+    assert not (tmp_path / "run" / history.HISTORY).exists()
 
 
 def test_no_answer_from_squeue_lets_slurm_place_the_step(tmp_path: Path) -> None:
