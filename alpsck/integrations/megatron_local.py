@@ -17,7 +17,8 @@ type fails the save, naming where it is.
   commit go on in the background. Synchronous: waits for them, then every rank learns whether every rank's save
   committed (an all-reduce) and raises if one did not. Asynchronous: a Megatron ``AsyncRequest`` whose function,
   run in Megatron's other process, waits for this process's write, and whose finalize step (in the trainer, every
-  rank) raises any rank's failure. ``keep_last`` (2 by default) checkpoints stay in each rank's directory.
+  rank) raises any rank's failure, a save that failed before it started (a value alpsck cannot hold, a full disk)
+  included: every rank raises there together. ``keep_last`` (2 by default) checkpoints stay in each rank's directory.
 - ``find_latest()``: the newest iteration committed on every rank (an all-gather of each rank's list), -1 if none.
 - ``load()``: every rank reads that iteration, every chunk CRC-checked. When one rank's read fails (a damaged or
   missing checkpoint), every rank warns and goes on to the next newest iteration they all have, so a damaged
@@ -35,6 +36,7 @@ import tempfile
 import time
 import uuid
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +163,7 @@ class AlpsckLocalCheckpointManager:
         self._options = {"keep_last": 2, **options}
         self._ck: Checkpointer | None = None
         self._candidates: list[int] = []  # find_latest's: the iterations every rank has, newest first
-        self._pending: tuple[CoreSave, str] | None = None  # the save in flight, and the file its end creates
+        self._pending: tuple[CoreSave | Future[None], str] | None = None  # the save in flight; the file its end creates
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
@@ -175,16 +177,21 @@ class AlpsckLocalCheckpointManager:
             raise UsageError(f"AlpsckLocalCheckpointManager.save takes a MCoreTensorAwareStateDict with its tensors, "
                              f"not {type(state_dict).__name__}")
         self._settle()
+        done = done_file()
+        handle: CoreSave | Future[None]
         try:
             state = {"layout": _encode(state_dict.sharded_state_dict, "layout"),
                      "common": _encode(state_dict.common_state_dict, "common")}
             handle = self._checkpointer().save(iteration, state)
-        except BaseException:
+        except Exception as e:
             if not is_async:  # the other ranks wait for this rank's word in _settle: it is "failed"
                 self._ranks.all_true(False)
-            raise
+                raise
+            # The other ranks learn of it in their finalize (_settle): this rank raises it there, with them, rather
+            # than now, when they would go on to wait for its word in a finalize it never reaches.
+            handle = Future()
+            handle.set_exception(e)
         self._candidates = []
-        done = done_file()
         handle.add_done_callback(lambda _h: Path(done).touch())
         self._pending = (handle, done)
         if not is_async:

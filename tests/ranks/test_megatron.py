@@ -17,9 +17,12 @@ import pytest
 from support import SUPPORT
 from support.corrupt import flip_byte
 from support.framework_runs import check_kill_and_resume
+from support.ranks import outputs_of, rank_env
 from support.releases import require_release
+from support.warm import WarmProcess
 
 from alpsck import _core
+from alpsck.job_env import free_port
 
 WORKER = SUPPORT / "megatron_worker.py"
 
@@ -128,6 +131,25 @@ def test_megatron_local_checkpoints_resume_bit_exact(tmp_path: Path, options: tu
     log = check_kill_and_resume(WORKER, tmp_path, ranks, options=options,
                                 damage=lambda out: _local_checkpoints(out, ranks))
     assert "resuming from iteration 10" in log, log[-3000:]
+
+
+@pytest.mark.parametrize("options", [("--mcore-local",), ("--mcore-local", "--async")])
+def test_a_local_save_that_fails_on_one_rank_raises_on_every_rank(tmp_path: Path, options: tuple[str, ...]) -> None:
+    """Rank 1's save of iteration 10 fails before it starts (a value alpsck cannot hold): both ranks raise, rank 1
+    its own error and rank 0 that another rank failed, by themselves (each rank its own process, no launcher to end
+    the other): synchronous at the save, asynchronous in the finalize Megatron runs on every rank, not in a
+    collective whose peer is gone. No iteration 10 is there for every rank to resume from."""
+    out = tmp_path / "out"
+    out.mkdir()
+    port = free_port()
+    procs = [WarmProcess(WORKER, [str(out), str(tmp_path / "losses"), *options, "--fail-local-save-at", "10"],
+                         rank_env(rank, 2, port), tmp_path / f"rank-{rank}.out") for rank in range(2)]
+    first, last = outputs_of(procs, 120, fail=True)
+    assert "common/unsaveable: cannot checkpoint a value of type builtins.object" in last, last[-3000:]
+    assert "a local checkpoint through alpsck failed on another rank" in first, first[-3000:]
+    mine = [{i["step"] for i in _core.scan(str(out / "local" / f"rank-{r:05d}")) if i["status"] == "committed"}
+            for r in range(2)]
+    assert mine[1] == {5} and set.intersection(*mine) == {5}, mine
 
 
 def test_a_damaged_local_checkpoint_on_one_rank_makes_every_rank_resume_from_the_one_before(tmp_path: Path) -> None:

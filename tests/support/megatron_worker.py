@@ -21,7 +21,8 @@ its ranks instead (each rank trains the same replica), saved as Megatron-LM's ``
 ``--mcore-local``: Megatron-LM's local checkpoints (``--non-persistent-ckpt-type local``) as its ``save_checkpoint``
 and ``load_checkpoint`` make them: the state as a ``MCoreTensorAwareStateDict`` (algorithm "atomic") through alpsck's
 ``AlpsckLocalCheckpointManager`` in ``CKPT_ROOT/local``, resumed from its ``find_latest()``/``load()`` and
-``to_state_dict``; with ``--async`` each save ``is_async=True`` through the same queue.
+``to_state_dict``; with ``--async`` each save ``is_async=True`` through the same queue. ``--fail-local-save-at N``:
+the last rank's local save of step N holds a value alpsck cannot hold, so it fails on that rank only.
 
 What megatron-core cannot do on a CPU, and how this worker gets past it (docs/megatron.md): its global memory
 buffer asks ``torch.cuda.current_device()`` (here: "cpu"), and its model-parallel RNG tracker forks CUDA RNG states
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--async", dest="async_save", action="store_true")
     ap.add_argument("--mcore-local", dest="local", action="store_true")
     ap.add_argument("--fully-parallel", dest="fully_parallel", action="store_true")
+    ap.add_argument("--fail-local-save-at", dest="fail_at", type=int)
     a = ap.parse_args()
     if "RANK" not in os.environ:  # one process, not started by torchrun
         with socket.socket() as sock:
@@ -161,7 +163,10 @@ def main() -> None:
             with open(a.losses, "a") as f:
                 f.write(f"{step} {float(loss.detach()).hex()}\n")
         if step % EVERY == 0 and manager is not None:  # Megatron-LM's save_checkpoint, its local branch
-            local, _ = MCoreTensorAwareStateDict.from_state_dict(state(), algo="atomic")
+            whole = state()
+            if step == a.fail_at and rank == world - 1:
+                whole["unsaveable"] = object()
+            local, _ = MCoreTensorAwareStateDict.from_state_dict(whole, algo="atomic")
             if queue is None:
                 manager.save(local, step)
             else:

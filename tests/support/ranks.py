@@ -4,6 +4,7 @@ collect what they print."""
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,15 +39,23 @@ def run_ranks(mode: str, run_dir: Path, world: int, script: Path = SUPPORT / "dc
     return outputs_of(procs, 180)
 
 
-def outputs_of(procs: Sequence[WarmProcess | ColdProcess], timeout: float) -> list[str]:
-    """Every rank's output, once all exited 0 within ``timeout`` seconds (asserted, naming the rank)."""
+def outputs_of(procs: Sequence[WarmProcess | ColdProcess], timeout: float, *, fail: bool = False) -> list[str]:
+    """Every rank's output, once all exited 0 within ``timeout`` seconds (asserted, naming the rank); ``fail``:
+    once all exited with another code, by themselves (a rank still running then is killed, and fails the test)."""
     deadline = time.monotonic() + timeout
     try:
         for p in procs:
             p.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        if not fail:
+            raise
     finally:
+        running = [r for r, p in enumerate(procs) if p.poll() is None]
         kill_all(procs)  # a rank that failed leaves the others waiting in a collective
     outs = [p.read_output() for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"rank {r}:\n{out}"
+        if fail:
+            assert r not in running and p.returncode not in (0, None), f"rank {r} (exit {p.returncode}):\n{out}"
+        else:
+            assert p.returncode == 0, f"rank {r}:\n{out}"
     return outs
