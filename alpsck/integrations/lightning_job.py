@@ -26,11 +26,11 @@ loader's position when the loader is resumable (``state_dict``/``load_state_dict
 is one, and with a length Lightning fetches no batch ahead, so the position saved is the batches trained). Lightning
 keeps no random state; this callback keeps every rank's (python, numpy, torch CPU and CUDA: :class:`alpsck.rng.RNGState`)
 and puts it back before the first resumed batch, so dropout draws what it would have. Not in the memory tier: a
-``checkpoint.memory_every`` is ignored here (the plugin writes the run directory). With ``checkpoint.keep_best``
-(``val_loss:min:3``) each save records the value Lightning's ``trainer.callback_metrics`` holds for that metric
-(what the model logged), which the rule ranks by. Strategies whose checkpoints go
-through the ``CheckpointIO`` plugin (one device, DDP), and :class:`.lightning_sharded.AlpsckModelParallelStrategy`
-(FSDP2, tensor parallelism), whose every rank writes its shard as a DCP step of the run directory.
+``checkpoint.memory_every`` is not applied here, with a warning (the plugin writes the run directory). With
+``checkpoint.keep_best`` (``val_loss:min:3``) each save records the value Lightning's ``trainer.callback_metrics``
+holds for that metric (what the model logged), which the rule ranks by. Strategies whose checkpoints go through the
+``CheckpointIO`` plugin (one device, DDP), and :class:`.lightning_sharded.AlpsckModelParallelStrategy` (FSDP2,
+tensor parallelism), whose every rank writes its shard as a DCP step of the run directory.
 """
 
 from __future__ import annotations
@@ -117,6 +117,10 @@ class AlpsckJob(Callback):  # type: ignore[misc]
                            **{rule: getattr(ck, rule) for rule in RULES})
         elif trainer.is_global_zero:  # Lightning saves on global rank 0, the whole state: a checkpoint of one rank
             io.route(self.job.run_dir, self.job.checkpointer(rank=0, world_size=1, memory=False), metrics=metrics)
+        if ck.memory_every and trainer.is_global_zero:
+            warnings.warn(f"{self.job.config.source}: checkpoint.memory_every ({ck.memory_every}) is not applied to a "
+                          "Lightning job: its checkpoints all go to the run directory (docs/lightning.md)",
+                          RuntimeWarning, stacklevel=2)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.job.stop.claim_signals()  # fit has put its handlers over the job's: the job's go back

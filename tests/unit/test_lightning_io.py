@@ -3,6 +3,7 @@ called directly; the DDP kill-and-resume is tests/ranks/test_lightning.py."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,30 @@ def test_a_routed_path_keeps_its_checkpointer_and_its_retention_until_teardown(t
     io.save_checkpoint(_checkpoint(40), run)  # no route any more: a Checkpointer per save, keeping one
     io.teardown()
     assert [i["step"] for i in _core.scan(str(run), verify=True) if i["status"] == "committed"] == [40]
+
+
+def test_the_job_bridge_warns_that_a_lightning_job_does_not_apply_memory_every(tmp_path: Path, io_class: Any) -> None:
+    """``checkpoint.memory_every`` in the config of a Lightning job: said once, naming the key, not silently dropped."""
+    import lightning as L
+
+    from alpsck.integrations.lightning_job import AlpsckJob
+    from alpsck.slurm.config import parse_config
+    from alpsck.slurm.context import JobContext
+
+    def bridge(checkpoint: str) -> tuple[AlpsckJob, Any, Any]:
+        cfg = parse_config(f"name: t\nrun_dir: {tmp_path / 'run'}\nslurm:\n  time: '00:10:00'\n"
+                           f"entry:\n  function: m:f\ncheckpoint: {{{checkpoint}}}\n")
+        io = io_class()
+        trainer = L.Trainer(plugins=[io], accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        return AlpsckJob(JobContext(cfg, "1", 0, 0, 1, stop=None)), io, trainer  # type: ignore[arg-type]
+
+    job, io, trainer = bridge("every_steps: 50, memory_every: 5")
+    with pytest.warns(RuntimeWarning, match=r"checkpoint\.memory_every \(5\) is not applied to a Lightning job"):
+        job.setup(trainer, None, "fit")
+    io.teardown()
+    job, io, trainer = bridge("every_steps: 50")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        job.setup(trainer, None, "fit")
+    io.teardown()
