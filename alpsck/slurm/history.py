@@ -410,17 +410,23 @@ SHELL_APPEND = "alpsck_history_append"  # LINE: one stored event, appended as it
 SHELL_EVENT = "alpsck_history_event"    # FIELDS: an event's fields as JSON members, stamped and appended
 
 
-def shell_lines(run_dir: str | os.PathLike[str]) -> list[str]:
-    """Bash functions that append to RUN_DIR's history from a batch script: :data:`SHELL_APPEND` a line as it is,
-    :data:`SHELL_EVENT` an event made by :func:`shell_event`, stamped with ``time`` (``date``), ``job_id``
-    ($SLURM_JOB_ID, where it is one: :data:`JOB_ID`) and ``host`` (where ``hostname`` gives a host name). Only
-    into a regular file or none: never through a symlink, never into a FIFO (a hang). Not fsync'ed: the batch
-    shell has no fsync, and a lost line is a history that misses one event, never a lost checkpoint."""
+def shell_append_lines(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The bash function :data:`SHELL_APPEND` (``LINE``): appends one stored event to RUN_DIR's history from a batch
+    script, only into a regular file or none: never through a symlink, never into a FIFO (a hang). Not fsync'ed:
+    the batch shell has no fsync, and a lost line is a history that misses one event, never a lost checkpoint."""
     hist = shlex.quote(str(Path(run_dir) / HISTORY))
     return [
         f"{SHELL_APPEND}() {{",
         f'  if [ ! -L {hist} ] && {{ [ ! -e {hist} ] || [ -f {hist} ]; }}; then printf "%s\\n" "$1" >> {hist}; fi',
         "}",
+    ]
+
+
+def shell_event_lines() -> list[str]:
+    """The bash function :data:`SHELL_EVENT` (``FIELDS``, from :func:`shell_event`): the event stamped with
+    ``time`` (``date``), ``job_id`` ($SLURM_JOB_ID, where it is one: :data:`JOB_ID`) and ``host`` (where
+    ``hostname`` gives a host name), appended by :data:`SHELL_APPEND` (:func:`shell_append_lines`, defined before)."""
+    return [
         f"{SHELL_EVENT}() {{",
         "  local stamp host",
         "  stamp='\"time\":'$(date +%s)",
@@ -433,7 +439,7 @@ def shell_lines(run_dir: str | os.PathLike[str]) -> list[str]:
 
 
 def shell_event(event: Event) -> str:
-    """The bash command (:func:`shell_lines`) that appends ``event`` when it runs, stamped there. Its fields are
+    """The bash command (:func:`shell_event_lines`) that appends ``event`` when it runs, stamped there. Its fields are
     JSON made here, quoted: nothing of the config's reaches the shell."""
     fields = {k: v for k, v in event.stored().items() if k not in ("time", "job_id", "host")}
     return f"{SHELL_EVENT} {shlex.quote(json.dumps(fields, separators=(',', ':'))[1:-1])}"

@@ -71,12 +71,13 @@ def step_lines(srun_line: str) -> list[str]:
 def batch_lines(cfg: JobConfig) -> list[str]:
     """The batch script's :data:`PLACE` function (only with spares): every value in it is an int from the
     config or SLURM's own output, never config text. A requeue is recorded in the history (:data:`REQUEUED`,
-    with the functions of :func:`history.shell_lines`, which the batch script defines before)."""
+    by :func:`history.shell_event_lines`)."""
     if not in_use(cfg):
         return []
     need = int(cfg.slurm.nodes)
     usable = "|".join(_USABLE)
     return [
+        *history.shell_event_lines(),
         "# slurm.spare_nodes: before a restart, the nodes of this allocation SLURM cannot start a step on are excluded",
         f"{EXCLUDE}=",
         f"{PLACE}() {{",

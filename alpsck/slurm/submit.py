@@ -64,7 +64,7 @@ def requeue_trap_lines(run_dir: str) -> list[str]:
     The request's content is only compared and copied, never run."""
     req = shlex.quote(str(Path(run_dir) / REQUEST_FILE))
     return [
-        *history.shell_lines(run_dir),
+        *history.shell_append_lines(run_dir),
         *term_verdict_shell(),
         "alpsck_requeue_on_request() {",
         "  trap '' TERM  # the SIGTERM our own requeue (or a scancel) brings must not kill scontrol or sed here",

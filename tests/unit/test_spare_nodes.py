@@ -74,7 +74,7 @@ def _place(tmp_path: Path, squeue: str, sinfo: str, need: int = 2, requeue_fails
         (bin_dir / name).chmod(0o755)
     cfg = parse_config(GOOD.replace("nodes: 2", f"nodes: {need}"))
     (tmp_path / "run").mkdir(exist_ok=True)
-    script = "\n".join([*history.shell_lines(tmp_path / "run"), *spare_nodes.batch_lines(cfg),
+    script = "\n".join([*history.shell_append_lines(tmp_path / "run"), *spare_nodes.batch_lines(cfg),
                         f'{spare_nodes.PLACE}; echo "rc=$? exclude=${spare_nodes.EXCLUDE}"'])
     r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30,
                        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"})
