@@ -92,6 +92,7 @@ def batch_lines(cfg: JobConfig) -> list[str]:
         f'  if [ "$left" -lt {need} ]; then',
         f'    echo "alpsck: $left usable node(s) left in this allocation ($nodes; not usable: ${{bad:-none}}), the job '
         f'step needs {need}: requeueing the job" >&2',
+        "    trap '' TERM  # the SIGTERM the requeue brings must not kill what records it (the script ends here)",
         f'    if scontrol requeue "$SLURM_JOB_ID"; then {history.shell_event(REQUEUED)}',
         '    else echo "alpsck: the requeue failed: the job ends here" >&2; fi',
         "    return 1",

@@ -308,6 +308,67 @@ def test_bad_memory_copies_fall_back_to_the_replica_then_the_run_directory_and_a
     assert whole == [["20"], ["20"]], logs[1][-3000:]
 
 
+# The reference training; in the job's first allocation rank 1 marks step 12 and waits there, for nodes to be killed.
+_WAIT_AT_12 = '''import os
+import pathlib
+import time
+
+from alpsck.examples.llama.train import slurm_entry
+
+
+def main(job):
+    due = job.checkpoint_due
+
+    def checkpoint_due(step):
+        if os.environ.get("SLURM_RESTART_COUNT", "0") == "0" and job.rank == 1 and step == 12:
+            pathlib.Path({mark!r}).write_text(os.uname().nodename)
+            time.sleep(3600)
+        return due(step)
+
+    job.checkpoint_due = checkpoint_due
+    return slurm_entry(job)
+'''
+
+
+def test_a_job_left_with_too_few_nodes_is_requeued_says_so_and_resumes_bit_exact(
+        nodes: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes of one rank and a spare, the run directory every 10 steps. At step 12 both nodes beside the batch
+    host die (rank 1's and the spare): one usable node is left and the job step needs two, so the batch script
+    requeues the job instead of a restart in the allocation. The history says so (``requeued``, reason ``nodes``,
+    written by the batch shell), ``alpsck status`` too, and SLURM holds the job pending. With the nodes back, the
+    same job id starts again, resumes from step 10 and ends with the losses of an uninterrupted run, bit for bit."""
+    monkeypatch.setenv("SLURM_CONF", CONF)
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)  # every node up (a test above killed one)
+    steps, mark = 30, tmp_path / "at-step-12"
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "faults.py").write_text(_WAIT_AT_12.format(mark=str(mark)))
+    run = tmp_path / "run"
+    job = submit(job_config(conf / "job.yaml", run, steps=steps, time="10", every=10, tasks=1, entry="faults:main",
+                            slurm_extra="nodes: 2\nspare_nodes: 1", extra_args=["--min-step-seconds", "0.1"]))
+    clean = clean_losses(tmp_path, steps, world=2)  # meanwhile
+    wait_for(mark.exists, 300, f"job {job}: rank 1 at step 12", poll=0.5)
+    batch_host = _job_field(job, "BatchHost")
+    kills = [subprocess.Popen(["bash", str(HERE / "kill-node.sh"), node], env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for node in NODES if node != batch_host]
+    for k in kills:
+        out, _ = k.communicate(timeout=90)
+        assert k.returncode == 0, out
+    wait_for(lambda: events(run, "requeued"), 180, f"job {job}: the requeue for too few nodes", poll=1)
+    [requeued] = events(run, "requeued")
+    assert (requeued["reason"], requeued["mechanism"], requeued["job_id"], requeued["host"]) == (
+        "nodes", "scontrol", job, batch_host), requeued
+    wait_for(lambda: _job_state(job) == "PENDING", 60, f"job {job} pending after its requeue")
+    doc = json.loads(_sh(sys.executable, "-m", "alpsck", "status", str(run), "--json"))
+    assert doc["state"] == "requeued", doc
+    _sh("bash", str(HERE / "start.sh"), "--nodes", "3", timeout=300)  # the nodes back: the job can run again
+    assert wait_done(run, job, 420) == "finished", events(run)
+    assert (run / "loss.csv").read_text() == clean
+    starts = events(run, "started")
+    assert [(s.get("restart", 0), s.get("attempt", 0)) for s in starts] == [(0, 0), (1, 0)], starts
+    assert starts[1].get("step") == 10 and all(e["job_id"] == job for e in events(run)), events(run)
+
+
 def _read_only_in(node: str, path: Path) -> None:
     """``path`` read-only as ``node`` sees it (a read-only bind mount in its own mount namespace: the host and the
     other nodes still write there); undone by :func:`_writable_in`."""
