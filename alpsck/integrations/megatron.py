@@ -251,14 +251,15 @@ def training_save_strategy(args: Any, **options: Any) -> Any:
                                             bool(getattr(args, "ckpt_assume_constant_structure", False)))
 
 
-def install(**options: Any) -> None:
+def install(*, local_memory: bool | str | os.PathLike[str] = False, **options: Any) -> None:
     """Register :class:`AlpsckLoadStrategy` for backend ``"alpsck"`` (``dist_checkpointing.load`` then reads such
     checkpoints by itself), and, where Megatron-LM's training loop is importable, give its checkpoint saves
     ``training_save_strategy(get_args(), **options)``: ``setup_model_and_optimizer`` is wrapped to put it in
     ``checkpointing_context``,
     and, where ``pretrain`` made a local checkpoint manager (``--non-persistent-ckpt-type local``), an
-    :class:`~alpsck.integrations.megatron_local.AlpsckLocalCheckpointManager` on its directory in its place.
-    Call once, in the launch script, before ``pretrain``."""
+    :class:`~alpsck.integrations.megatron_local.AlpsckLocalCheckpointManager` on its directory in its place, with
+    ``memory=local_memory`` (its memory tier, with a replica on the next node: ``--non-persistent-local-ckpt-dir``
+    must then be a directory every rank sees). Call once, in the launch script, before ``pretrain``."""
     register_default_strategy(StrategyAction.LOAD_SHARDED, BACKEND, VERSION, AlpsckLoadStrategy())
     try:
         from megatron.training import get_args, training
@@ -275,10 +276,12 @@ def install(**options: Any) -> None:
                 context["save_strategy"] = training_save_strategy(get_args(), **options)
             local = context.get("local_checkpoint_manager")  # --non-persistent-ckpt-type local: pretrain made one
             if local is not None and not isinstance(local, AlpsckLocalCheckpointManager):
-                if getattr(local, "repl_strategy", None) is not None:
-                    warnings.warn("alpsck's local checkpoint manager keeps no replica on another node: Megatron-LM's "
-                                  "--replication is not applied (docs/megatron.md)", RuntimeWarning, stacklevel=2)
-                context["local_checkpoint_manager"] = AlpsckLocalCheckpointManager(local.local_ckpt_dir)
+                if getattr(local, "repl_strategy", None) is not None and local_memory is False:
+                    warnings.warn("alpsck's local checkpoint manager keeps no replica on another node without its "
+                                  "memory tier: Megatron-LM's --replication is not applied; install(local_memory=True) "
+                                  "keeps one (docs/megatron.md)", RuntimeWarning, stacklevel=2)
+                context["local_checkpoint_manager"] = AlpsckLocalCheckpointManager(local.local_ckpt_dir,
+                                                                                   memory=local_memory)
         return original(*args, **kwargs)
 
     setup_model_and_optimizer._alpsck = True  # type: ignore[attr-defined]

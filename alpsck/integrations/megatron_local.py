@@ -24,6 +24,15 @@ type fails the save, naming where it is.
   missing checkpoint), every rank warns and goes on to the next newest iteration they all have, so a damaged
   newest checkpoint costs one interval, never a wrong value or a crash. Megatron-LM then takes the iteration from
   the state loaded.
+
+With ``memory=True`` (or a directory) the checkpoints go to alpsck's memory tier instead (docs/memory-tier.md):
+one Checkpointer of every rank on ``local_ckpt_dir``, which must then be one directory every rank sees (it holds
+the run's identity only); each save is a checkpoint in node shared memory, committed by the node's ranks, and with
+several nodes a replica of it on the next node. ``find_latest()`` then restores: the newest iteration held in memory
+for every node's ranks, each node's from its own memory or, for a node that was lost (its ranks now on a spare),
+from the replica another node holds, every chunk CRC-checked; a copy that cannot be read is tried once, the
+replica after it, and with no usable copy left ``find_latest()`` is -1, with a warning, so that Megatron-LM loads
+its persistent checkpoint instead. ``load()`` returns what it read.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ import torch.distributed as dist
 
 from .. import _core
 from ..checkpointer import Checkpointer
-from ..errors import CheckpointError, NoCheckpointError, UsageError
+from ..errors import CheckpointError, CorruptCheckpointError, NoCheckpointError, UsageError
 from ..handles import CoreSave
 from ..options import check_step
 from ..ranks import Ranks
@@ -150,24 +159,31 @@ def _decode(node: Any) -> Any:
 
 class AlpsckLocalCheckpointManager:
     """Megatron-LM's local checkpoint manager on alpsck (module docstring): ``local_ckpt_dir`` holds a run directory
-    per rank. ``options``: the Checkpointer's (``keep_last``, 2 by default here; ``threads``, ...)."""
+    per rank, or with ``memory`` is the run directory of the memory tier's checkpoints (one directory every rank
+    sees). ``options``: the Checkpointer's (``keep_last``, 2 by default here; ``threads``, ...)."""
 
-    def __init__(self, local_ckpt_dir: str | os.PathLike[str], **options: Any) -> None:
+    def __init__(self, local_ckpt_dir: str | os.PathLike[str], *, memory: bool | str | os.PathLike[str] = False,
+                 **options: Any) -> None:
         for fixed in ("rank", "world_size"):
             if fixed in options:
-                raise UsageError(f"AlpsckLocalCheckpointManager sets {fixed} itself (a run directory per rank)")
+                raise UsageError(f"AlpsckLocalCheckpointManager sets {fixed} itself (torch.distributed's)")
         self.local_ckpt_dir = str(local_ckpt_dir)
+        self.memory = memory
         self._ranks = Ranks.detect(None, None)  # torch.distributed's, agreeing through a gloo group
         self.rank = self._ranks.rank
-        self.run_dir = Path(local_ckpt_dir) / f"rank-{self.rank:05d}"
+        self.run_dir = Path(local_ckpt_dir) if memory is not False else Path(local_ckpt_dir) / f"rank-{self.rank:05d}"
         self._options = {"keep_last": 2, **options}
         self._ck: Checkpointer | None = None
         self._candidates: list[int] = []  # find_latest's: the iterations every rank has, newest first
+        self._restored: tuple[int, dict[str, Any]] | None = None  # find_latest's, with memory: what it read
         self._pending: tuple[CoreSave | Future[None], str] | None = None  # the save in flight; the file its end creates
 
     def _checkpointer(self) -> Checkpointer:
         if self._ck is None:
-            self._ck = Checkpointer(self.run_dir, rank=0, world_size=1, **self._options)
+            if self.memory is not False:  # every rank's, its memory tier per node
+                self._ck = Checkpointer(self.run_dir, memory=self.memory, **self._options)
+            else:
+                self._ck = Checkpointer(self.run_dir, rank=0, world_size=1, **self._options)
         return self._ck
 
     def save(self, state_dict: Any, iteration: int, is_async: bool = False) -> Any:
@@ -182,7 +198,7 @@ class AlpsckLocalCheckpointManager:
         try:
             state = {"layout": _encode(state_dict.sharded_state_dict, "layout"),
                      "common": _encode(state_dict.common_state_dict, "common")}
-            handle = self._checkpointer().save(iteration, state)
+            handle = self._checkpointer().save(iteration, state, tier="run_dir" if self.memory is False else "memory")
         except Exception as e:
             if not is_async:  # the other ranks wait for this rank's word in _settle: it is "failed"
                 self._ranks.all_true(False)
@@ -191,7 +207,7 @@ class AlpsckLocalCheckpointManager:
             # than now, when they would go on to wait for its word in a finalize it never reaches.
             handle = Future()
             handle.set_exception(e)
-        self._candidates = []
+        self._candidates, self._restored = [], None
         handle.add_done_callback(lambda _h: Path(done).touch())
         self._pending = (handle, done)
         if not is_async:
@@ -211,8 +227,11 @@ class AlpsckLocalCheckpointManager:
         raise_unless_every_rank_saved(error, self._ranks, "a local checkpoint")
 
     def find_latest(self) -> int:
-        """The newest iteration committed on every rank, -1 if none (every rank calls it at once)."""
+        """The newest iteration committed on every rank, -1 if none (every rank calls it at once). With ``memory``:
+        the iteration restored from the memory tier (module docstring), -1 if none."""
         self._settle()
+        if self.memory is not False:
+            return self._restore_from_memory()
         mine = sorted(i["step"] for i in _core.scan(str(self.run_dir)) if i["status"] == "committed") \
             if self.run_dir.is_dir() else []
         if self._ranks.world_size > 1:
@@ -224,9 +243,30 @@ class AlpsckLocalCheckpointManager:
         self._candidates = sorted(common, reverse=True)
         return self._candidates[0] if self._candidates else -1
 
+    def _restore_from_memory(self) -> int:
+        """find_latest() with ``memory``: the whole state read by the Checkpointer's restore (into a state with no
+        live entries, so every entry comes back as it was saved), kept for load()."""
+        state: dict[str, Any] = {}
+        try:
+            step = self._checkpointer().restore(state)
+        except CorruptCheckpointError as e:  # a memory copy failed after all: nothing live holds its bytes here
+            warnings.warn(f"{self.local_ckpt_dir}: no local checkpoint in memory can be loaded ({e}); Megatron-LM "
+                          "loads its persistent checkpoint", RuntimeWarning, stacklevel=3)
+            step = None
+        self._restored = None if step is None else (step, state)
+        return -1 if step is None else step
+
     def load(self) -> tuple[Any, str]:
         """The newest iteration every rank reads whole (module docstring): (its MCoreTensorAwareStateDict, a name).
         ``find_latest()`` first, as Megatron-LM calls them."""
+        if self.memory is not False:
+            if self._restored is None:
+                raise NoCheckpointError(f"{self.local_ckpt_dir}: no local checkpoint in memory to load "
+                                        "(find_latest() first, and an iteration every node's ranks have)")
+            (iteration, state), self._restored = self._restored, None
+            tier = self._checkpointer().restored_tier
+            return (MCoreTensorAwareStateDict(common=_decode(state["common"]), sharded_state_dict=_decode(state["layout"])),
+                    f"{self.local_ckpt_dir} iteration {iteration} ({tier})")
         if not self._candidates:
             raise NoCheckpointError(f"{self.local_ckpt_dir}: no local checkpoint to load (find_latest() first, and "
                                     "an iteration every rank has)")
@@ -249,6 +289,13 @@ class AlpsckLocalCheckpointManager:
                           RuntimeWarning, stacklevel=2)
         raise NoCheckpointError(f"{self.local_ckpt_dir}: no iteration every rank has loads on every rank "
                                 f"(tried {', '.join(map(str, self._candidates))})")
+
+    def wait(self) -> None:
+        """Every save so far durable (with ``memory``: committed in node memory and its replica on the next node sent),
+        each rank raising if any rank's save failed (every rank calls it)."""
+        self._settle()
+        if self._ck is not None:
+            self._ck.wait()
 
     def close(self) -> None:
         """The save in flight durable, the checkpointer closed."""

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 from support import SUPPORT
 from support.corrupt import flip_byte
-from support.framework_runs import check_kill_and_resume
+from support.framework_runs import check_kill_and_resume, losses_of, run_worker
 from support.ranks import outputs_of, rank_env
 from support.releases import require_release
 from support.warm import WarmProcess
 
 from alpsck import _core
 from alpsck.job_env import free_port
+from alpsck.store import memory_tier
 
 WORKER = SUPPORT / "megatron_worker.py"
 
@@ -150,6 +152,73 @@ def test_a_local_save_that_fails_on_one_rank_raises_on_every_rank(tmp_path: Path
     mine = [{i["step"] for i in _core.scan(str(out / "local" / f"rank-{r:05d}")) if i["status"] == "committed"}
             for r in range(2)]
     assert mine[1] == {5} and set.intersection(*mine) == {5}, mine
+
+
+@pytest.mark.parametrize("options", [("--mcore-local", "--memory"), ("--mcore-local", "--memory", "--async")])
+def test_megatron_local_checkpoints_in_the_memory_tier_resume_bit_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         options: tuple[str, ...]) -> None:
+    """``AlpsckLocalCheckpointManager(memory=True)`` on one node of 2 ranks: every save in node memory (a temporary
+    directory stands in for /dev/shm), nothing in the run directory; every rank SIGKILLed at step 12 resumes from
+    iteration 10 read from memory, every loss bit-exact, synchronous and with ``--async-save``'s queue."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv(memory_tier.ROOT_ENV, str(shm))  # the ranks inherit it
+    log = check_kill_and_resume(WORKER, tmp_path, 2, options=options)
+    assert log.count("resuming from iteration 10: ") == 2 and log.count("iteration 10 (memory)") == 2, log[-3000:]
+    assert not list((tmp_path / "out" / "local").rglob("*.bin"))  # the run directory holds the run's identity only
+    nodes = sorted(shm.glob(f"alpsck-{os.getuid()}/*/ranks-00000-00001"))  # the whole run's, and the resumed one's
+    held = [[(i["step"], i["status"]) for i in _core.scan(str(d))] for d in nodes]
+    assert held == [[(20, "committed")]] * 2, held  # the memory tier keeps one checkpoint
+
+
+def test_a_damaged_memory_copy_with_no_other_makes_megatron_start_from_its_persistent_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One node, rank 1's memory copy of iteration 10 damaged (one byte) and no replica: ``find_latest()`` is -1
+    on every rank, with a warning naming the copy, so Megatron-LM would load its persistent checkpoint (this
+    worker has none: it starts again from step 1, and every loss still equals the uninterrupted run's). Tried once,
+    never a crash or a restart loop."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv(memory_tier.ROOT_ENV, str(shm))
+
+    def damage(_out: Path) -> None:
+        [shard] = [f for f in shm.glob(f"alpsck-{os.getuid()}/*/ranks-00000-00001/step-000000010/rank-00001.bin")]
+        flip_byte(shard, shard.stat().st_size // 2)
+
+    log = check_kill_and_resume(WORKER, tmp_path, 2, options=("--mcore-local", "--memory"), damage=damage,
+                                resumed_from=1)
+    assert log.count("the memory checkpoint of step 10 is not usable for every node's ranks") == 2, log[-3000:]
+
+
+def test_a_node_lost_with_its_memory_resumes_its_ranks_from_the_replica_another_node_holds(tmp_path: Path) -> None:
+    """Two nodes of one rank (each its own name and its own /dev/shm: one machine stands in for both), local
+    checkpoints in the memory tier. Every rank SIGKILLed at step 12, and node b lost with its memory: its rank starts
+    again on a spare, whose memory is empty. It reads iteration 10 from the replica node a holds, node a's rank from
+    its own memory, and every loss from step 11 on equals an uninterrupted run's, bit for bit."""
+    run_worker(WORKER, tmp_path / "full", tmp_path / "full.losses", "--mcore-local", ranks=2)
+    want = dict(losses_of(tmp_path / "full.losses"))
+    out, losses = tmp_path / "out", tmp_path / "losses"
+
+    def on_nodes(names: list[str], *extra: str, fail: bool = False) -> list[str]:
+        port = free_port()
+        for name in names:
+            (tmp_path / name).mkdir(exist_ok=True)
+        procs = [WarmProcess(WORKER, [str(out), str(losses), "--mcore-local", "--memory", *extra],
+                             rank_env(r, 2, port, **{memory_tier.ROOT_ENV: str(tmp_path / names[r]),
+                                                     memory_tier.NODE_ENV: names[r]}),
+                             tmp_path / f"{names[r]}-{len(extra)}.out") for r in range(2)]
+        return outputs_of(procs, 180, fail=fail)
+
+    on_nodes(["node-a", "node-b"], "--kill-at", "12", fail=True)
+    replica = list((tmp_path / "node-a").glob(f"alpsck-{os.getuid()}/*/ranks-00001-00001/step-000000010"))
+    assert replica, "node a holds no replica of node b's iteration 10"
+    shutil.rmtree(tmp_path / "node-b")  # node b is gone, its memory with it
+    before = len(losses_of(losses))
+    outs = on_nodes(["node-a", "spare"])
+    assert [o.count("resuming from iteration 10: ") for o in outs] == [1, 1], outs[1][-3000:]
+    assert all("iteration 10 (replica)" in o for o in outs), outs[1][-3000:]  # the restore as a whole: a replica read
+    resumed = losses_of(losses)[before:]
+    assert [s for s, _ in resumed] == list(range(11, 21)) and dict(resumed) == {s: want[s] for s in range(11, 21)}
 
 
 def test_a_damaged_local_checkpoint_on_one_rank_makes_every_rank_resume_from_the_one_before(tmp_path: Path) -> None:

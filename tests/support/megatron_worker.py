@@ -21,7 +21,8 @@ its ranks instead (each rank trains the same replica), saved as Megatron-LM's ``
 ``--mcore-local``: Megatron-LM's local checkpoints (``--non-persistent-ckpt-type local``) as its ``save_checkpoint``
 and ``load_checkpoint`` make them: the state as a ``MCoreTensorAwareStateDict`` (algorithm "atomic") through alpsck's
 ``AlpsckLocalCheckpointManager`` in ``CKPT_ROOT/local``, resumed from its ``find_latest()``/``load()`` and
-``to_state_dict``; with ``--async`` each save ``is_async=True`` through the same queue. ``--fail-local-save-at N``:
+``to_state_dict``; with ``--async`` each save ``is_async=True`` through the same queue; with ``--memory`` the
+manager's memory tier (every save waited for, its replica sent, before a kill). ``--fail-local-save-at N``:
 the last rank's local save of step N holds a value alpsck cannot hold, so it fails on that rank only.
 
 What megatron-core cannot do on a CPU, and how this worker gets past it (docs/megatron.md): its global memory
@@ -60,6 +61,7 @@ def main() -> None:
     ap.add_argument("--mcore-local", dest="local", action="store_true")
     ap.add_argument("--fully-parallel", dest="fully_parallel", action="store_true")
     ap.add_argument("--fail-local-save-at", dest="fail_at", type=int)
+    ap.add_argument("--memory", action="store_true")
     a = ap.parse_args()
     if "RANK" not in os.environ:  # one process, not started by torchrun
         with socket.socket() as sock:
@@ -107,7 +109,7 @@ def main() -> None:
 
         from alpsck.integrations.megatron_local import AlpsckLocalCheckpointManager
 
-        manager = AlpsckLocalCheckpointManager(a.root / "local")
+        manager = AlpsckLocalCheckpointManager(a.root / "local", memory=a.memory)
     elif rank == 0 and tracker.exists():
         alpsck_megatron.checked_latest(a.root)  # a damaged newest iteration: the tracker set back to a valid one
     dist.barrier()
@@ -119,10 +121,10 @@ def main() -> None:
         opt.step()
         opt.zero_grad()
         if manager is not None:  # Megatron-LM's load_checkpoint, its local branch
-            local, _name = manager.load()
+            local, name = manager.load()
             loaded = local.to_state_dict(state(), algo="atomic")
             step = loaded["step"]  # Megatron-LM takes the iteration from the state loaded
-            print(f"rank {rank}: resuming from iteration {step}", flush=True)
+            print(f"rank {rank}: resuming from iteration {step}: {name}", flush=True)
         elif a.fully_parallel:  # Megatron-LM's load_checkpoint with --ckpt-fully-parallel-load
             from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
             from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
@@ -190,6 +192,8 @@ def main() -> None:
         elif queue is not None:
             queue.maybe_finalize_async_calls(blocking=False)
         if step == a.kill_at:
+            if a.memory and manager is not None:
+                manager.wait()  # the memory checkpoint's replica sent: a node lost now can be restored from it
             os.kill(os.getpid(), signal.SIGKILL)
     if queue is not None:
         queue.maybe_finalize_async_calls(blocking=True)

@@ -87,3 +87,44 @@ def test_a_failed_save_raises_its_own_error_after_the_ranks_agree() -> None:
     with pytest.raises(CheckpointError, match="a local checkpoint through alpsck failed: .*No space") as e:
         raise_unless_every_rank_saved(cause, Ranks(), "a local checkpoint")
     assert e.value.__cause__ is cause
+
+
+@pytest.mark.parametrize("local_memory", [False, True])
+def test_install_puts_alpscks_strategy_and_local_manager_into_pretrains_context(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_memory: bool) -> None:
+    """``install()`` inside Megatron-LM's ``pretrain``: ``megatron.training`` is not in megatron-core's wheel, so a
+    stand-in of its two names (``get_args``, ``training.setup_model_and_optimizer``) takes its place here. The wrapped
+    setup puts alpsck's save strategy into ``checkpointing_context`` and replaces the local checkpoint manager
+    ``pretrain`` made by alpsck's on the same directory; Megatron-LM's ``--replication`` is said to be dropped
+    unless the memory tier keeps a replica."""
+    import sys
+    import types
+    import warnings
+
+    from alpsck.integrations import megatron as alpsck_megatron
+    from alpsck.integrations.megatron_local import AlpsckLocalCheckpointManager
+
+    seen: list[dict[str, object]] = []
+    training = types.ModuleType("megatron.training.training")
+    training.setup_model_and_optimizer = lambda *a, checkpointing_context, **k: seen.append(checkpointing_context) or "model"
+    package = types.ModuleType("megatron.training")
+    package.training = training  # type: ignore[attr-defined]
+    package.get_args = lambda: argparse.Namespace(ckpt_fully_parallel_save=False)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "megatron.training", package)
+    monkeypatch.setitem(sys.modules, "megatron.training.training", training)
+    alpsck_megatron.install(local_memory=local_memory)
+
+    class NvidiaManager:  # what pretrain makes for --non-persistent-ckpt-type local --replication
+        local_ckpt_dir = str(tmp_path / "local")
+        repl_strategy = object()
+
+    context: dict[str, object] = {"local_checkpoint_manager": NvidiaManager()}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert training.setup_model_and_optimizer(checkpointing_context=context) == "model"
+    assert seen == [context] and isinstance(context["save_strategy"], alpsck_megatron.AlpsckSaveStrategy)
+    manager = context["local_checkpoint_manager"]
+    assert isinstance(manager, AlpsckLocalCheckpointManager) and manager.local_ckpt_dir == str(tmp_path / "local")
+    assert manager.memory is local_memory
+    replication = [w for w in said if "--replication is not applied" in str(w.message)]
+    assert len(replication) == (0 if local_memory else 1), [str(w.message) for w in said]
