@@ -1,14 +1,18 @@
-"""What the same-run comparison benchmarks share (benchmarks/dcp_fixed_cost.py, benchmarks/framework_io.py): sizes
-as "2MiB", the repetitions per size, seconds as text, and the header facts (the commit measured, the load average).
+"""What the same-run comparison benchmarks share (benchmarks/dcp_fixed_cost.py, benchmarks/framework_io.py,
+benchmarks/megatron_local.py): sizes as "2MiB", the repetitions per size, seconds as text, the header facts (the
+commit measured, the load average), and running a cell's worker processes (:func:`run_workers`).
 Run as scripts, they import it from their own directory."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 _UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -59,3 +63,29 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+def run_workers(argvs: list[list[str]], out: Path, timeout_s: float) -> dict[str, Any]:
+    """A cell's worker processes (one argv each, all started at once): the JSON the workers left in ``out`` (then
+    removed), or ``{"failed": why}`` once each has exited, or been killed with all the others when ``timeout_s``
+    passed. Each worker is named by its index ("rank 1") when there are several."""
+    out.unlink(missing_ok=True)
+    procs = [subprocess.Popen(argv) for argv in argvs]
+    deadline, failed = time.monotonic() + timeout_s, []
+    for r, p in enumerate(procs):
+        name = f"rank {r} " if len(procs) > 1 else ""
+        try:
+            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            p.wait()
+            failed.append(f"{name}timed out after {timeout_s:.0f} s")
+            continue
+        if rc != 0:
+            failed.append(f"{name}exited with {rc}")
+    if failed or not out.exists():
+        return {"failed": "; ".join(failed) or "no results"}
+    result: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    return result

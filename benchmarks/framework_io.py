@@ -74,7 +74,6 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -82,7 +81,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, size_name
+from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, run_workers, size_name
 
 FRAMEWORKS = ("lightning", "trainer", "accelerate")
 METHODS = ("default", "alpsck")
@@ -536,23 +535,12 @@ def run_cell(framework: str, nbytes: int, reps: int, root: Path, timeout_s: floa
     shutil.rmtree(cell, ignore_errors=True)
     cell.mkdir(parents=True)
     out = root / f"{framework}-{size_name(nbytes)}.json"
-    out.unlink(missing_ok=True)
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--framework", framework, "--bytes", str(nbytes),
             "--reps", str(reps), "--dir", str(cell), "--out", str(out)]
     if profile is not None:
         argv += ["--profile", str(profile)]
-    failed = ""
-    try:
-        rc = subprocess.run(argv, timeout=timeout_s, check=False).returncode
-        if rc != 0:
-            failed = f"exited with {rc}"
-    except subprocess.TimeoutExpired:
-        failed = f"timed out after {timeout_s:.0f} s"
+    result = run_workers([argv], out, timeout_s)
     shutil.rmtree(cell, ignore_errors=True)
-    if failed or not out.exists():
-        return {"failed": failed or "no results"}
-    result: dict[str, Any] = json.loads(out.read_text())
-    out.unlink()
     return result
 
 

@@ -30,7 +30,6 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -38,7 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, size_name
+from bench_common import alpsck_version, default_reps, fmt, load_average, parse_size, run_workers, size_name
 
 from alpsck.job_env import free_port
 
@@ -148,29 +147,12 @@ def run_cell(nbytes: int, world: int, reps: int, root: Path, shm: Path, timeout_
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
     out = root / f"{size_name(nbytes)}-r{world}.json"
-    out.unlink(missing_ok=True)
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(r), "--world",
-                               str(world), "--port", str(port), "--bytes", str(nbytes), "--reps", str(reps), "--dir",
-                               str(cell), "--shm", str(cell_shm), "--out", str(out)]) for r in range(world)]
-    deadline, failed = time.monotonic() + timeout_s, []
-    for r, p in enumerate(procs):
-        try:
-            rc = p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            rc = p.wait()
-            failed.append(f"rank {r} timed out after {timeout_s:.0f} s")
-            continue
-        if rc != 0:
-            failed.append(f"rank {r} exited with {rc}")
+    result = run_workers([[sys.executable, str(Path(__file__).resolve()), "--worker", "--rank", str(r), "--world",
+                           str(world), "--port", str(port), "--bytes", str(nbytes), "--reps", str(reps), "--dir",
+                           str(cell), "--shm", str(cell_shm), "--out", str(out)] for r in range(world)], out, timeout_s)
     for d in (cell, cell_shm):
         shutil.rmtree(d, ignore_errors=True)
-    if failed or not out.exists():
-        return {"failed": "; ".join(failed) or "no results"}
-    result: dict[str, Any] = json.loads(out.read_text())
-    out.unlink()
     return result
 
 
