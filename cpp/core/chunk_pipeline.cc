@@ -82,7 +82,10 @@ void ChunkPipeline::Close() {
 // ---------------------------------------------------------------- the save modes (chunk_pipeline.h)
 
 uint64_t ChunkPipeline::SlotsFor(const ShardLayout& layout) const {
-  return std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks() + opts_.threads, 1);
+  // Never more than max_in_flight saves hold slots (admission waits for one to finish), each at most one
+  // slot per chunk, so this many never makes a save wait for the pool. (It also added a slot per writer
+  // thread until stop 68: for a state of one chunk that was 5x what saves could use, all faulted in.)
+  return std::max<uint64_t>(opts_.max_in_flight * layout.num_chunks(), 1);
 }
 
 void ChunkPipeline::Prepare(const std::vector<uint64_t>& sizes) {
@@ -129,8 +132,8 @@ Status ChunkPipeline::FitPool(uint64_t slots, bool grow, bool shrink, bool prefa
     // Mapped under the lock, faulted outside it: a save that starts meanwhile finds the pool
     // sized and copies into each slot as soon as it is faulted. A save that sizes it itself faults
     // only the slots it fills, as it fills them: faulting the whole pool first (max_in_flight x the
-    // state's chunks and one per writer) made a new engine's first save of 300 MiB stall 454 ms
-    // here (672 MiB faulted, then copied into), where torch.save took 421 (benchmarks/framework_io.py).
+    // state's chunks, and then one slot per writer more) made a new engine's first save of 300 MiB stall
+    // 454 ms here (672 MiB faulted, then copied into), where torch.save took 421 (benchmarks/framework_io.py).
     ALPSCK_RETURN_IF_ERROR(pool_.Reserve(chunk_bytes_, slots));
     l->unlock();
     if (prefault) {

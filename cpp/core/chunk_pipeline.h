@@ -123,7 +123,7 @@ class ChunkPipeline {
   void Seal(SaveJob* j);
   void Push(Task t);
   void ChunkDone(SaveJob* j, uint64_t count = 1);
-  // The pool slots a copy-mode save of `layout` wants: max_in_flight saves of it, one per writer.
+  // The pool slots a copy-mode save of `layout` wants: max_in_flight saves of it.
   uint64_t SlotsFor(const ShardLayout& layout) const;
   // The one place the pool is sized (pool_init_mu_ held through *l): made if there is none
   // (mapped under the lock, faulted after releasing it), else grown to `slots` (grow) or shrunk

@@ -45,8 +45,8 @@ struct EngineOptions {
   uint64_t keep_every_steps{};    // retention.h: milestones; 0: off
   double keep_every_seconds{};    // retention.h; 0: off
   std::string keep_best;          // retention.h: "METRIC:min|max:K"; "": off
-  uint64_t staging_bytes{};       // 0: sized at the first copy-mode save to max_in_flight x its data
-                                  // (+ one slot per writer), grown when a later save is larger
+  uint64_t staging_bytes{};       // 0: sized at the first copy-mode save to max_in_flight x its chunks,
+                                  // grown when a later save is larger
                                   // (external fills still use only the first mapping)
   bool prefault_staging{};        // fault a fixed pool (staging_bytes) in at open, not at its first use
   bool direct_io{};               // try O_DIRECT (a buffered fallback is reported)

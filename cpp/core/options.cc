@@ -107,7 +107,7 @@ const std::vector<OptionSpec>& EngineOptionSpecs() {
        "METRIC:min:K or METRIC:max:K: also keep the K checkpoints with the best value of that metric (a NaN, an "
        "infinity or no value never counts among the best); empty: off"},
       {ENGINE(staging_bytes, kInt), 0, 0, 4611686018427387904.0,
-       "auto: max_in_flight x the state's chunks (+ one per writer), at the first save, grown by a larger one",
+       "auto: max_in_flight x the state's chunks, at the first save, grown by a larger one",
        "pre-faulted staging memory"},
       {ENGINE(prefault_staging, kBool), 1, 0, 1, nullptr,
        "fault a fixed staging pool (staging_bytes) in when the engine opens, so a first save copies into ready "

@@ -66,7 +66,7 @@ Status SaveOne(Engine* e, uint64_t step, const std::vector<char>& a, SaveResult*
 
 // The slots Open's engine (max_in_flight 2, 3 writers, 64 KiB chunks) sizes its pool to for a
 // save of `bytes` in one extent.
-uint64_t PoolSlots(uint64_t bytes) { return 2 * (bytes / (64 << 10)) + 3; }
+uint64_t PoolSlots(uint64_t bytes) { return 2 * (bytes / (64 << 10)); }
 
 // Polls done() every millisecond until it holds or `seconds` pass; returns done() at the end.
 template <typename Done>
@@ -499,12 +499,12 @@ TEST(the_default_staging_pool_follows_the_largest_save_and_external_fills_stay_i
   std::shared_ptr<SaveHandle> h;
   REQUIRE(e->Save(SaveReq(1, {{"a", small.data(), small.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1) && h->status().ok());
-  CHECK_EQ(e->staging_slots(), uint64_t{2 * 1 + 3});
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 1});
   const uint64_t first_bytes = e->staging_bytes();
   char* const base = e->staging_base();
   REQUIRE(e->Save(SaveReq(2, {{"a", big.data(), big.size()}}, "", SaveMode::kSnapshot), &h).ok());
   REQUIRE(h->Wait(-1) && h->status().ok());
-  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10});
   CHECK_EQ(e->staging_bytes(), first_bytes);  // the first mapping is unchanged
   CHECK(e->staging_base() == base);
   CHECK(Matches(d.path(), 2, "a", big));
@@ -515,7 +515,7 @@ TEST(the_default_staging_pool_follows_the_largest_save_and_external_fills_stay_i
   std::shared_ptr<ExternalFill> f;
   REQUIRE(e->Save(SaveReq(9, {{"a", nullptr, big.size()}}, "{}", SaveMode::kExternal, CommitMode::kAuto), &h, &f).ok());
   for (uint64_t i = 0; i < f->num_chunks(); ++i) {
-    char* slot = f->Acquire(i, true);  // 10 chunks through the 5 first-mapping slots: pipelined
+    char* slot = f->Acquire(i, true);  // 10 chunks through the 2 first-mapping slots: pipelined
     REQUIRE(slot);
     CHECK(slot >= base && slot + chunk <= base + first_bytes);
     std::memcpy(slot, big.data() + i * chunk, f->layout().chunk_len(i));
@@ -524,7 +524,7 @@ TEST(the_default_staging_pool_follows_the_largest_save_and_external_fills_stay_i
   f->Finish();
   REQUIRE(h->Wait(60) && h->status().ok());
   CHECK(Matches(d.path(), 9, "a", big));
-  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10 + 3});  // external fills never grow it
+  CHECK_EQ(e->staging_slots(), uint64_t{2 * 10});  // external fills never grow it
 }
 
 TEST(disk_full_fails_loudly_and_keeps_earlier_checkpoints) {
