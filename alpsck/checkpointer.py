@@ -436,7 +436,7 @@ class Checkpointer:
 
     @blocking("restore")
     def restore(self, state: MutableMapping[str, Any], step: int | None = None, *,
-                allow_unhealthy: bool = False) -> int | None:
+                allow_unhealthy: bool = False, prepare: bool | str = True) -> int | None:
         """Load the newest valid checkpoint (or exactly ``step``) into the live ``state``.
 
         A checkpoint whose metrics (``save(..., metrics=)``) hold a NaN or an infinity is unhealthy: a
@@ -451,7 +451,12 @@ class Checkpointer:
         continues from that step: the next ``save()`` retires newer checkpoints (module
         docstring); nothing on disk changes before it. With the memory tier, the newer of its step and the
         run directory's (module docstring); ``restored_tier`` says which.
+
+        ``prepare``: then :meth:`prepare` the staging memory for saves of the state restored, of every tier
+        (True), of one (``"run_dir"`` or ``"memory"``: the only tier this run saves to), or none (False).
         """
+        if prepare is not True and prepare is not False:
+            memory_tier.check_tier(prepare)
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self.wait_snapshot()
         self.engine.wait_all()
@@ -475,14 +480,16 @@ class Checkpointer:
         if self._memory is not None:
             self._memory.engine.continue_from(self._continued_from)
         try:
-            self.prepare(state)
+            if prepare is not False:
+                self.prepare(state, tier=None if prepare is True else prepare)
         except Exception as e:  # only a head start is lost: the first save sizes its memory itself
             warnings.warn(f"{self.run_dir}: staging memory not prepared ahead of the first save: {e}", RuntimeWarning,
                           stacklevel=2)
         return restored
 
-    def prepare(self, state: Mapping[str, Any]) -> None:
-        """Size and fault in the staging memory for saves of ``state``, on a background thread.
+    def prepare(self, state: Mapping[str, Any], tier: str | None = None) -> None:
+        """Size and fault in the staging memory for saves of ``state``, on a background thread: of each
+        tier's engine, or of ``tier``'s only (``"run_dir"`` or ``"memory"``).
 
         Returns at once, also while an earlier call is still faulting (the newest sizes are taken
         up when it is done). Without it the first ``save()`` of a process allocates and faults its
@@ -496,13 +503,18 @@ class Checkpointer:
         (:meth:`alpsck.staging.Stager.pin_ahead`), instead of in its first ``save()``.
         """
         check_state(state)
-        mine = self._mine(capture(state).tensors)
-        sizes = [t.numel() * t.element_size() for _, t in mine]
-        sizes += optimizer_state_to_come(state)
-        self.engine.prepare(sizes)
-        if self._memory is not None:
-            self._memory.engine.prepare(sizes)
-        gpu = next((t.device for _, t in mine if t.device.type == "cuda"), None)
+        engines = [("run_dir", self.engine)] + ([("memory", self._memory.engine)] if self._memory else [])
+        if tier is not None:
+            if memory_tier.check_tier(tier) == "memory" and self._memory is None:
+                raise UsageError("prepare(tier='memory') needs Checkpointer(memory=True)")
+            engines = [(t, e) for t, e in engines if t == tier]
+        tensors = capture(state).tensors
+        to_come = optimizer_state_to_come(state)
+        gpu = None
+        for name, engine in engines:  # each tier's share of the tensors (the memory tier's: of the node's ranks)
+            mine = self._memory.mine(tensors, self.replicated) if name == "memory" and self._memory else self._mine(tensors)
+            engine.prepare([t.numel() * t.element_size() for _, t in mine] + to_come)
+            gpu = gpu or next((t.device for _, t in mine if t.device.type == "cuda"), None)
         if gpu is not None and self._is_pipelined(True):  # overlap_copy=False copies to pageable memory
-            for tier, engine in [("run_dir", self.engine)] + ([("memory", self._memory.engine)] if self._memory else []):
-                self._pipelined(tier, engine).pin_ahead(gpu)
+            for name, engine in engines:
+                self._pipelined(name, engine).pin_ahead(gpu)

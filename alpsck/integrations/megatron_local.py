@@ -248,7 +248,7 @@ class AlpsckLocalCheckpointManager:
         live entries, so every entry comes back as it was saved), kept for load()."""
         state: dict[str, Any] = {}
         try:
-            step = self._checkpointer().restore(state)
+            step = self._checkpointer().restore(state, prepare="memory")  # its only tier: no run-dir staging
         except CorruptCheckpointError as e:  # a memory copy failed after all: nothing live holds its bytes here
             warnings.warn(f"{self.local_ckpt_dir}: no local checkpoint in memory can be loaded ({e}); Megatron-LM "
                           "loads its persistent checkpoint", RuntimeWarning, stacklevel=3)

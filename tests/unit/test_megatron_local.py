@@ -59,6 +59,34 @@ def test_a_local_checkpoint_comes_back_with_its_layout_objects_and_namespace(tmp
     manager.close()
 
 
+def test_a_local_checkpoint_in_memory_is_read_back_and_only_the_memory_tier_made_ready_for_saves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``memory=True`` a new manager's find_latest() restores from node memory and prepares the staging of
+    the tier it saves to, not the run directory's, which it never writes (80 MiB of 8 MiB slots at 2 MiB before)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
+
+    from alpsck.integrations.megatron_local import AlpsckLocalCheckpointManager
+    from alpsck.store import memory_tier
+
+    monkeypatch.setenv(memory_tier.ROOT_ENV, str(tmp_path / "shm"))
+    w = torch.arange(1 << 16, dtype=torch.float32)
+    state = MCoreTensorAwareStateDict(common={"iteration": 7},
+                                      sharded_state_dict={"w": ShardedTensor.from_rank_offsets("w", w)})
+    with_saves = AlpsckLocalCheckpointManager(tmp_path / "local", memory=True)
+    with_saves.save(state, 7)
+    with_saves.close()
+    manager = AlpsckLocalCheckpointManager(tmp_path / "local", memory=True)
+    assert manager.find_latest() == 7
+    got, name = manager.load()
+    assert name.endswith("iteration 7 (memory)") and torch.equal(got.sharded_state_dict["w"].data, w)
+    ck = manager._ck
+    assert ck is not None and ck._memory is not None
+    ck._memory.engine.wait_prepared()
+    assert ck._memory.engine.staging_slots == 1 and ck.engine.staging_slots == 0  # one 8 MiB chunk, one in flight
+    manager.close()
+
+
 def test_what_a_local_checkpoint_cannot_hold_is_refused_by_name_and_nothing_is_written(tmp_path: Path) -> None:
     from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
 

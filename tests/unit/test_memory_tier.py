@@ -167,6 +167,26 @@ def test_wrong_uses_are_refused_by_name(tmp_path: Path) -> None:
     Checkpointer(tmp_path / "other").close()
 
 
+def test_restore_prepares_the_staging_memory_of_the_tiers_it_is_told(tmp_path: Path) -> None:
+    """A run that saves to one tier only (Megatron-LM's local checkpoints: memory) has restore() fault in that
+    tier's staging alone; the other's engine maps nothing until its first save."""
+    state = make_state()
+    for prepare, want in ((True, {"run_dir", "memory"}), ("memory", {"memory"}), ("run_dir", {"run_dir"}),
+                          (False, set())):
+        with Checkpointer(tmp_path / f"run-{prepare}", memory=True) as ck:
+            assert ck._memory is not None
+            engines = {"run_dir": ck.engine, "memory": ck._memory.engine}
+            ck.restore(state, prepare=prepare)
+            for engine in engines.values():
+                engine.wait_prepared()
+            assert {tier for tier, engine in engines.items() if engine.staging_slots} == want, prepare
+    with Checkpointer(tmp_path / "plain") as ck:
+        with pytest.raises(UsageError, match="tier: 'disk'"):
+            ck.restore(state, prepare="disk")
+        with pytest.raises(UsageError, match="memory=True"):
+            ck.prepare(state, tier="memory")
+
+
 def test_an_explicit_memory_directory_is_used_as_given(tmp_path: Path) -> None:
     where = tmp_path / "node-memory"
     state = make_state()
