@@ -127,27 +127,40 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return [int(x) for x in t.tolist()]
 
-    def agreement_store(self) -> tuple[Any, str] | None:
+    def agreement_store(self, token: int | None = None) -> tuple[Any, str] | None:
         """Where the ranks' engines agree on each commit: :func:`store_clients` (nobody polls
         the file system), and a key namespace rank 0 draws at random for this call and broadcasts, so that two
         checkpointers, or a checkpointer opened again, never read each other's keys. None for one
-        rank (a collective otherwise)."""
+        rank (a collective otherwise). ``token``: the namespace's number rank 0 drew (``secrets.randbits(62)``),
+        where every rank has it already (no collective)."""
         if self.world_size == 1:
             return None
-        token = self.from_rank0([secrets.randbits(62)] if self.rank == 0 else [])
-        return store_clients(), f"alpsck/{token[0]:016x}/"
+        if token is None:
+            [token] = self.from_rank0([secrets.randbits(62)] if self.rank == 0 else [])
+        return store_clients(), f"alpsck/{token:016x}/"
 
     def from_rank0(self, values: list[int]) -> list[int]:
-        """Rank 0's list of ints, on every rank (a collective; no pickle on the wire)."""
+        """Rank 0's list of ints, on every rank (a collective; no pickle on the wire): one broadcast of its
+        length and first values, and a second only for a list longer than that holds."""
         if self.world_size == 1:
             return list(values)
         import torch.distributed as dist
 
-        n = torch.tensor([len(values)], dtype=torch.int64)
-        dist.broadcast(n, src=self.root, group=self.group)
-        buf = torch.tensor(values if self.rank == 0 else [0] * int(n.item()), dtype=torch.int64)
-        dist.broadcast(buf, src=self.root, group=self.group)
-        return [int(x) for x in buf.tolist()]
+        head = torch.zeros(_HEAD, dtype=torch.int64)
+        if self.rank == 0:
+            head[0] = len(values)
+            head[1:1 + min(len(values), _HEAD - 1)] = torch.tensor(values[:_HEAD - 1], dtype=torch.int64)
+        dist.broadcast(head, src=self.root, group=self.group)
+        n = int(head[0].item())
+        got = [int(x) for x in head[1:1 + min(n, _HEAD - 1)].tolist()]
+        if n > _HEAD - 1:
+            rest = torch.tensor(values[_HEAD - 1:] if self.rank == 0 else [0] * (n - _HEAD + 1), dtype=torch.int64)
+            dist.broadcast(rest, src=self.root, group=self.group)
+            got += [int(x) for x in rest.tolist()]
+        return got
+
+
+_HEAD = 8  # the ints of from_rank0's first broadcast: the list's length, then its first seven values
 
 
 def process_group_store() -> Any:

@@ -51,16 +51,14 @@ def _plan(run_dir: Path, base: Path, nodes: Nodes, step: int | None,
     """The memory step to restore and, for each node's ranks, the nodes holding it, own node first (a
     collective of every rank); None: the run directory's restore alone."""
     k = nodes.count
-    row = [_NONE] * (k * k * SLOTS)
+    row = [_NONE] * (k * k * SLOTS + 1)  # each node's steps of each node's ranks, and the run directory's newest
     if nodes.leader:
         for g in range(k):
             for j, s in enumerate(_steps(base / nodes.name(g), len(nodes.groups[g]), step, allow_unhealthy)[:SLOTS]):
                 row[(nodes.index * k + g) * SLOTS + j] = s
-    table = nodes.ranks.all_max(row)
-    on_disk = [_NONE]
-    if nodes.ranks.rank == 0 and step is None:
-        on_disk = _steps(run_dir, nodes.ranks.world_size, None, allow_unhealthy)[:1] or [_NONE]
-    [newest_on_disk] = nodes.ranks.from_rank0(on_disk if nodes.ranks.rank == 0 else [])
+    if nodes.ranks.rank == 0 and step is None:  # rank 0 lists the run directory (the others leave it at _NONE)
+        row[-1] = (_steps(run_dir, nodes.ranks.world_size, None, allow_unhealthy)[:1] or [_NONE])[0]
+    *table, newest_on_disk = nodes.ranks.all_max(row)  # one collective
 
     def holders(g: int, s: int) -> list[int]:
         have = [n for n in range(k) if s in table[(n * k + g) * SLOTS:(n * k + g + 1) * SLOTS]]

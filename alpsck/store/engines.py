@@ -7,6 +7,7 @@ layer stays below the one that knows torch.distributed."""
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,17 +28,16 @@ class Collectives(Protocol):
     def all_true(self, ok: bool) -> bool: ...
     def each(self, value: int) -> list[int]: ...
     def from_rank0(self, values: list[int]) -> list[int]: ...
-    def agreement_store(self) -> tuple[Any, str] | None: ...
+    def agreement_store(self, token: int | None = None) -> tuple[Any, str] | None: ...
 
 
 def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, faults: Sequence[dict[str, Any]] = (),
                 before_rank0: Callable[[], None] | None = None) -> tuple[_core.Engine, _core.RunDirLock]:
     """Every rank's engine on ``directory``, with its lock held. Rank 0's engine cleans up abandoned
     directories when it opens, so it opens first (after ``before_rank0``: the Lustre layout) and the others
-    only after it succeeded; then every rank must have opened (two agreements). A failed open leaves
-    nothing open or locked, on any rank."""
-    agreement = ranks.agreement_store()
-    store, store_ns = agreement if agreement is not None else (None, "")
+    only after it succeeded (rank 0's word, with the namespace of the ranks' agreements it drew); then every
+    rank must have opened (two collectives). A failed open leaves nothing open or locked, on any rank."""
+    token = secrets.randbits(62)  # the namespace's number; rank 0's goes to the others with its word that it opened
     engine: _core.Engine | None = None
     lock: _core.RunDirLock | None = None
     for first in (True, False):
@@ -45,6 +45,8 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
         if (ranks.rank == 0) == first:
             unsynced: list[Path] = []
             try:
+                agreement = ranks.agreement_store(token)
+                store, store_ns = agreement if agreement is not None else (None, "")
                 # A power loss must not take a new run dir's name: the engine fsyncs the directories that hold
                 # the new names while its first save is written, before that save counts as durable.
                 unsynced = make_dirs(directory)
@@ -61,7 +63,11 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
                 error = e
                 if engine is None:  # no engine to sync them: done here, so a later open finds the names durable
                     fsync_dirs_quietly(unsynced)
-        if not ranks.all_true(error is None):
+        if first:  # only rank 0 did anything: its word, and the token, to every rank
+            opened, token = ranks.from_rank0([int(error is None), token] if ranks.rank == 0 else [])
+        else:
+            opened = ranks.all_true(error is None)
+        if not opened:
             if engine is not None:
                 engine.close()
             if lock is not None:

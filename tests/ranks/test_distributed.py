@@ -144,6 +144,18 @@ elif mode == "restore-or-fail":  # the step restored or the error restore raised
             out = {"error": type(e).__name__, "message": str(e)}
     dist.barrier()
     print(json.dumps({"rank": rank, **out, "warnings": [str(w.message) for w in caught]}), flush=True)
+elif mode == "open-or-fail":  # every rank opens a Checkpointer on its view of the run directory, then a collective
+    try:
+        with alpsck.Checkpointer(run_dir):
+            out = {"opened": True}
+    except Exception as e:
+        out = {"error": type(e).__name__, "message": str(e)}
+    dist.barrier()
+    print(json.dumps({"rank": rank, **out}), flush=True)
+elif mode == "from-rank0":  # rank 0's lists of several lengths, as every rank receives them
+    ranks = alpsck.ranks.Ranks.detect(None, None)
+    got = [ranks.from_rank0([10 * n + i for i in range(n)] if rank == 0 else []) for n in (0, 1, 2, 7, 8, 30)]
+    print(json.dumps({"rank": rank, "got": got}), flush=True)
 elif mode == "restore-churn":
     state = {"model": {f"w{i}": torch.empty(250_000) for i in range(8)}, "local": torch.zeros(3000), "step": 0}
     with alpsck.Checkpointer(run_dir) as ck:
@@ -417,6 +429,40 @@ def test_only_rank_0_lists_the_run_dir_and_when_it_cannot_every_rank_stops(tmp_p
     assert blind_0[0].get("error") == "CheckpointIOError" and "Permission denied" in str(blind_0[0]["message"]), blind_0
     assert blind_0[1].get("error") == "CheckpointError", blind_0
     assert "rank 0 could not list the run directory" in str(blind_0[1]["message"]), blind_0
+
+
+def test_a_checkpointer_one_rank_cannot_open_is_closed_on_every_rank(tmp_path: Path) -> None:
+    """Rank 0 opens first (its engine tidies the run directory) and tells the others, with the namespace of
+    their agreements; then every rank must have opened. When rank 1 cannot open (a run directory it may not
+    write), or rank 0 cannot, that rank raises its own error and the other a CheckpointError naming no
+    checkpointer it left open: neither waits for the other, and the run directory's lock is free again."""
+    views = tmp_path / "view-{rank}"
+    for failing in (1, 0):
+        for r in (0, 1):
+            shutil.rmtree(tmp_path / f"view-{r}", ignore_errors=True)
+            (tmp_path / f"view-{r}").mkdir()
+        (tmp_path / f"view-{failing}").chmod(0o555)  # its run directory cannot be made there
+        try:
+            start = time.monotonic()
+            outs = _outputs(_launch(tmp_path, 2, "open-or-fail", str(views / "run"), env={"GLOO_TIMEOUT_S": "20"},
+                                    wrap=_root_without_dac_bypass_for(failing)))
+            assert time.monotonic() - start < 60, "an open waited for the gloo timeout"
+        finally:
+            (tmp_path / f"view-{failing}").chmod(0o755)
+        results = sorted((json.loads(o.strip().splitlines()[-1]) for o in outs), key=lambda r: r["rank"])
+        other = 1 - failing
+        assert "Permission denied" in results[failing].get("message", ""), results
+        assert results[other].get("error") == "CheckpointError", results
+        assert "another rank could not open its checkpointer" in results[other]["message"], results
+        with alpsck.Checkpointer(tmp_path / f"view-{other}" / "run"):  # rank `other`'s lock went with its engine
+            pass
+
+
+def test_rank_0s_lists_reach_every_rank_whatever_their_length(tmp_path: Path) -> None:
+    """``Ranks.from_rank0`` sends a list's length and first seven values in one broadcast, the rest in a second."""
+    outs = _outputs(_launch(tmp_path, 2, "from-rank0", str(tmp_path)))
+    want = [[10 * n + i for i in range(n)] for n in (0, 1, 2, 7, 8, 30)]
+    assert [json.loads(o.strip().splitlines()[-1])["got"] for o in outs] == [want, want]
 
 
 def test_rank_0s_listing_decides_an_explicit_step_and_the_world_size(tmp_path: Path) -> None:
