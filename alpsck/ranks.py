@@ -117,6 +117,27 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return [int(x) for x in t.tolist()]
 
+    def each_list(self, values: list[int]) -> list[list[int]]:
+        """Every rank's list of ints, indexed by rank (a collective; no pickle on the wire): one all-reduce of
+        each list's length and first seven values, a second only when some list is longer."""
+        if self.world_size == 1:
+            return [list(values)]
+        import torch.distributed as dist
+
+        head = torch.zeros(self.world_size, _HEAD, dtype=torch.int64)
+        head[self.rank, 0] = len(values)
+        head[self.rank, 1:1 + min(len(values), _HEAD - 1)] = torch.tensor(values[:_HEAD - 1], dtype=torch.int64)
+        dist.all_reduce(head, op=dist.ReduceOp.SUM, group=self.group)  # each row is one rank's alone
+        lengths = [int(n) for n in head[:, 0].tolist()]
+        got = [[int(x) for x in head[r, 1:1 + min(n, _HEAD - 1)].tolist()] for r, n in enumerate(lengths)]
+        if max(lengths) > _HEAD - 1:
+            rest = torch.zeros(self.world_size, max(lengths) - _HEAD + 1, dtype=torch.int64)
+            rest[self.rank, :max(0, len(values) - _HEAD + 1)] = torch.tensor(values[_HEAD - 1:], dtype=torch.int64)
+            dist.all_reduce(rest, op=dist.ReduceOp.SUM, group=self.group)
+            for r, n in enumerate(lengths):
+                got[r] += [int(x) for x in rest[r, :max(0, n - _HEAD + 1)].tolist()]
+        return got
+
     def all_max(self, values: list[int]) -> list[int]:
         """The element-wise maximum of every rank's ``values``, all of one length (a collective)."""
         if self.world_size == 1:
@@ -160,7 +181,7 @@ class Ranks:
         return got
 
 
-_HEAD = 8  # the ints of from_rank0's first broadcast: the list's length, then its first seven values
+_HEAD = 8  # the ints of a list's first collective (from_rank0, each_list): its length, then its first seven values
 
 
 def process_group_store() -> Any:

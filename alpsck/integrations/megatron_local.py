@@ -19,7 +19,7 @@ type fails the save, naming where it is.
   run in Megatron's other process, waits for this process's write, and whose finalize step (in the trainer, every
   rank) raises any rank's failure, a save that failed before it started (a value alpsck cannot hold, a full disk)
   included: every rank raises there together. ``keep_last`` (2 by default) checkpoints stay in each rank's directory.
-- ``find_latest()``: the newest iteration committed on every rank (an all-gather of each rank's list), -1 if none.
+- ``find_latest()``: the newest iteration committed on every rank (each rank's list, exchanged as ints), -1 if none.
 - ``load()``: every rank reads that iteration, every chunk CRC-checked. When one rank's read fails (a damaged or
   missing checkpoint), every rank warns and goes on to the next newest iteration they all have, so a damaged
   newest checkpoint costs one interval, never a wrong value or a crash. Megatron-LM then takes the iteration from
@@ -48,8 +48,6 @@ import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
-
-import torch.distributed as dist
 
 from .. import _core
 from ..checkpointer import Checkpointer
@@ -234,12 +232,7 @@ class AlpsckLocalCheckpointManager:
             return self._restore_from_memory()
         mine = sorted(i["step"] for i in _core.scan(str(self.run_dir)) if i["status"] == "committed") \
             if self.run_dir.is_dir() else []
-        if self._ranks.world_size > 1:
-            everyone: list[Any] = [None] * self._ranks.world_size
-            dist.all_gather_object(everyone, mine, group=self._ranks.group)  # lists of ints, in memory
-        else:
-            everyone = [mine]
-        common = set.intersection(*(set(steps) for steps in everyone))
+        common = set.intersection(*(set(steps) for steps in self._ranks.each_list(mine)))
         self._candidates = sorted(common, reverse=True)
         return self._candidates[0] if self._candidates else -1
 

@@ -155,7 +155,8 @@ elif mode == "open-or-fail":  # every rank opens a Checkpointer on its view of t
 elif mode == "from-rank0":  # rank 0's lists of several lengths, as every rank receives them
     ranks = alpsck.ranks.Ranks.detect(None, None)
     got = [ranks.from_rank0([10 * n + i for i in range(n)] if rank == 0 else []) for n in (0, 1, 2, 7, 8, 30)]
-    print(json.dumps({"rank": rank, "got": got}), flush=True)
+    each = [ranks.each_list([100 * rank + i for i in range(n)]) for n in ((0, 3, 7, 8, 20) if rank == 0 else (5, 0, 9, 7, 1))]
+    print(json.dumps({"rank": rank, "got": got, "each": each}), flush=True)
 elif mode == "restore-churn":
     state = {"model": {f"w{i}": torch.empty(250_000) for i in range(8)}, "local": torch.zeros(3000), "step": 0}
     with alpsck.Checkpointer(run_dir) as ck:
@@ -458,11 +459,14 @@ def test_a_checkpointer_one_rank_cannot_open_is_closed_on_every_rank(tmp_path: P
             pass
 
 
-def test_rank_0s_lists_reach_every_rank_whatever_their_length(tmp_path: Path) -> None:
-    """``Ranks.from_rank0`` sends a list's length and first seven values in one broadcast, the rest in a second."""
-    outs = _outputs(_launch(tmp_path, 2, "from-rank0", str(tmp_path)))
+def test_lists_of_ints_reach_every_rank_whatever_their_length(tmp_path: Path) -> None:
+    """``Ranks.from_rank0`` (rank 0's list) and ``Ranks.each_list`` (every rank's) send a list's length and first
+    seven values in one collective, the rest in a second."""
+    outs = [json.loads(o.strip().splitlines()[-1]) for o in _outputs(_launch(tmp_path, 2, "from-rank0", str(tmp_path)))]
     want = [[10 * n + i for i in range(n)] for n in (0, 1, 2, 7, 8, 30)]
-    assert [json.loads(o.strip().splitlines()[-1])["got"] for o in outs] == [want, want]
+    assert [o["got"] for o in outs] == [want, want]
+    each = [[list(range(a)), [100 + i for i in range(b)]] for a, b in ((0, 5), (3, 0), (7, 9), (8, 7), (20, 1))]
+    assert [o["each"] for o in outs] == [each, each]
 
 
 def test_rank_0s_listing_decides_an_explicit_step_and_the_world_size(tmp_path: Path) -> None:
