@@ -455,8 +455,9 @@ class Checkpointer:
         ``prepare``: then :meth:`prepare` the staging memory for saves of the state restored, of every tier
         (True), of one (``"run_dir"`` or ``"memory"``: the only tier this run saves to), or none (False).
         """
-        if prepare is not True and prepare is not False:
-            memory_tier.check_tier(prepare)
+        if prepare is not True and prepare is not False and memory_tier.check_tier(prepare) == "memory" \
+                and self._memory is None:
+            raise UsageError("restore(prepare='memory') needs Checkpointer(memory=True)")
         self.engine  # noqa: B018 -- raises when closed, or in a forked child, before anything is touched
         self.wait_snapshot()
         self.engine.wait_all()

@@ -185,6 +185,8 @@ def test_restore_prepares_the_staging_memory_of_the_tiers_it_is_told(tmp_path: P
             ck.restore(state, prepare="disk")
         with pytest.raises(UsageError, match="memory=True"):
             ck.prepare(state, tier="memory")
+        with pytest.raises(UsageError, match="memory=True"):
+            ck.restore(state, prepare="memory")
 
 
 def test_an_explicit_memory_directory_is_used_as_given(tmp_path: Path) -> None:
