@@ -84,6 +84,7 @@ def restore_into(
     except Exception as e:
         live, unusable = {}, e
     touched: str | None = None
+    unread_why: str | None = None  # why the last step tried could not be read (a named step's error says it)
     for s in order:
         info = infos.get(s)
         meta, tensors, error, failure, fitted = _read_step(run_dir, s, info, state, live, unusable, ranks, threads)
@@ -103,10 +104,11 @@ def restore_into(
         if unread:
             why = _skip_unread(run_dir, s, info, error, unread, into_live)  # warns, whatever was touched before
             touched = touched or why
+            unread_why = str(error) if error is not None else f"{_ranks_named(unread)} could not read it"
             continue
         fit.apply(state, meta["tree"], tensors)
         return int(meta.get("step", s))
-    _none_restored(run_dir, step, picked, ranks, unusable, touched)
+    _none_restored(run_dir, step, picked, ranks, unusable, touched, unread_why)
     return None
 
 
@@ -207,7 +209,7 @@ def _read_step(run_dir: str | os.PathLike[str], s: int, info: dict[str, Any] | N
 
 
 def _none_restored(run_dir: str | os.PathLike[str], step: int | None, picked: Pick | None, ranks: Ranks,
-                   unusable: Exception | None, touched: str | None) -> None:
+                   unusable: Exception | None, touched: str | None, unread_why: str | None) -> None:
     """No rank restored: they end the same way, whatever happened to their own state (returns: start afresh)."""
     ends = ranks.each(_FAILED if unusable is not None else _UNREAD if touched is not None else _READ)
     if unusable is not None:
@@ -225,5 +227,5 @@ def _none_restored(run_dir: str | os.PathLike[str], step: int | None, picked: Pi
             f"on {_ranks_named([r for r, v in enumerate(ends) if v == _UNREAD])}; rebuild the state on every rank "
             "before training")
     if step is not None:
-        why = f" ({picked.why_not()})" if picked is not None and picked.skipped else ""
-        raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid{why}")
+        why = picked.why_not() if picked is not None and picked.skipped else unread_why
+        raise NoCheckpointError(f"{run_dir}: checkpoint of step {step} is not valid" + (f" ({why})" if why else ""))

@@ -116,6 +116,29 @@ def test_a_flipped_byte_in_memory_falls_back_to_the_run_directory_with_one_warni
     assert torch.equal(weights(fresh), on_disk) and fresh["step"] == 0
 
 
+def test_a_bad_memory_copy_read_into_nothing_live_is_reported_with_its_chunk(tmp_path: Path) -> None:
+    """Restored into an empty state (Megatron-LM's local manager: entries the live state lacks come back as saved),
+    nothing live is touched by the bad copy, and the one warning names the chunk that failed its CRC (until stop
+    68 it said only that the step "is not valid")."""
+    run = tmp_path / "run"
+    w = torch.arange(1 << 18, dtype=torch.float32)
+    with Checkpointer(run, memory=True) as ck:
+        ck.save(1, {"layout": {"w": w}}).wait()
+        ck.save(5, {"layout": {"w": w + 1}}, tier="memory").wait()
+        memory_dir = ck.memory_dir
+    assert memory_dir is not None
+    bad = shard(memory_dir / "step-000000005")
+    flip_byte(bad, bad.stat().st_size // 2)
+    state: dict[str, object] = {}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with Checkpointer(run, memory=True) as ck:
+            assert ck.restore(state) == 1 and ck.restored_tier == "run_dir"
+    [warned] = [str(m.message) for m in said if "memory checkpoint" in str(m.message)]
+    assert "step 5 is not valid" in warned and "CRC mismatch in chunk 0" in warned and "layout/w" in warned, warned
+    assert torch.equal(state["layout"]["w"], w)  # type: ignore[index]
+
+
 def test_a_bad_memory_copy_with_nothing_on_disk_says_the_live_state_is_touched(tmp_path: Path) -> None:
     run = tmp_path / "run"
     saved_with_a_bad_memory_copy(run, make_state(), on_disk=False)
