@@ -76,7 +76,7 @@ from .restore import peek, read_checkpoint, restore_into
 from .restore.health import spike
 from .staging import Stager, guarded_pointers, optimizer_state_to_come
 from .store import memory_tier
-from .store.engines import open_engine
+from .store.engines import check_memory, open_engine
 from .store.lustre import LayoutReport, layout_for_run, layout_problem
 from .store.picker import pick, taken_at
 from .store.preflight import preflight_refusal
@@ -143,6 +143,7 @@ class Checkpointer:
         if not isinstance(preflight, bool):
             raise UsageError(f"preflight: {preflight!r}: must be True or False")
         check_run_dir_arg(run_dir)
+        check_memory(memory)
         self.run_dir = Path(run_dir)
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
@@ -175,7 +176,9 @@ class Checkpointer:
         def layout() -> None:  # rank 0, before its engine opens
             self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
 
-        self._engine, self._lock = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout)
+        rank0_says, say = MemoryTier.words_at_open(memory, self.run_dir) if memory is not False else (None, [])
+        opened = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout, rank0_says=rank0_says, say=say)
+        self._engine, self._lock = opened.engine, opened.lock
         if opts["direct_io"] and not self.engine.direct_io:
             warnings.warn(
                 f"{self.run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
@@ -185,7 +188,7 @@ class Checkpointer:
             )
         if memory is not False:
             try:
-                self._memory = MemoryTier(memory, self.run_dir, engine_opts, self.ranks)
+                self._memory = MemoryTier(memory, self.run_dir, engine_opts, self.ranks, opened)
                 self.memory_dir = self._memory.directory
             except BaseException:
                 self._release()

@@ -43,10 +43,10 @@ class Nodes:
         return memory_tier.group_dir_name(self.groups[node])
 
 
-def node_layout(ranks: Ranks) -> Nodes:
-    """This rank's node and the others (a collective of every rank: each says its node, and with several
-    nodes every rank makes each node's group and the leaders' two, in the same order)."""
-    keys = ranks.each(memory_tier.host_key())
+def node_layout(ranks: Ranks, keys: list[int]) -> Nodes:
+    """This rank's node and the others, from every rank's :func:`alpsck.store.memory_tier.host_key` (``keys``,
+    indexed by rank; the ranks said them as the run directory's engine opened). With several nodes a collective
+    of every rank: every rank makes each node's group and the leaders' two, in the same order."""
     order: dict[int, list[int]] = {}
     for r, k in enumerate(keys):
         order.setdefault(k, []).append(r)

@@ -130,8 +130,9 @@ def _from_memory(base: Path, nodes: Nodes, s: int, held: list[list[int]], state:
             remote = remote or any(held[g][attempt] != g for g in active)
             code, failure = _IDLE, None
             if me in active:
-                where = base / (nodes.name(me) if held[me][attempt] == me else FETCHED_PREFIX + nodes.name(me))
-                code, error, failure, heard = _read(where, nodes, s, state, allow_unhealthy)
+                own = held[me][attempt] == me
+                where = base / (nodes.name(me) if own else FETCHED_PREFIX + nodes.name(me))
+                code, error, failure, heard = _read(where, nodes, s, state, allow_unhealthy, listed=own)
                 said += heard
             codes = nodes.ranks.each(code)
             if _FAILED in codes:
@@ -156,15 +157,17 @@ def _from_memory(base: Path, nodes: Nodes, s: int, held: list[list[int]], state:
     return s, None, remote
 
 
-def _read(where: Path, nodes: Nodes, s: int, state: MutableMapping[str, Any],
-          allow_unhealthy: bool) -> tuple[int, Any, Exception | None, list[warnings.WarningMessage]]:
+def _read(where: Path, nodes: Nodes, s: int, state: MutableMapping[str, Any], allow_unhealthy: bool,
+          listed: bool) -> tuple[int, Any, Exception | None, list[warnings.WarningMessage]]:
     """This node's ranks read step ``s`` from ``where`` (a collective of the node): (code, the read's error
-    when it is a bad copy, any other failure, what it warned about)."""
+    when it is a bad copy, any other failure, what it warned about). ``listed``: the node's own copy, which its
+    leader listed for the plan (every rank reads it at its name); else a copy the leader has just received,
+    which it lists first (its broadcast is what tells the node's other ranks that the copy is there)."""
     with warnings.catch_warnings(record=True) as said:  # one warning for a bad copy, not one per reader
         warnings.simplefilter("always")
         try:
             restore_into(where, state, step=s, ranks=nodes.local, allow_unhealthy=allow_unhealthy,
-                         threads=_read_threads())
+                         threads=_read_threads(), agreed=listed)
             return _OK, None, None, list(said)
         except (CorruptCheckpointError, NoCheckpointError) as e:
             return _BAD, e, None, []

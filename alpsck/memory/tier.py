@@ -5,7 +5,7 @@ ring's worker when the job spans several nodes."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,8 @@ import torch
 
 from ..handles import CoreSave
 from ..ranks import Ranks, mine
-from ..store.engines import open_memory
+from ..store import memory_tier
+from ..store.engines import Opened, open_memory, run_token_for_memory
 from ..store.preflight import preflight_refusal
 from .nodes import node_layout
 from .replica import Replicator
@@ -25,15 +26,28 @@ class MemoryTier:
     every node); ``directory``: this node's ranks' checkpoints in it (``ranks-FIRST-LAST``)."""
 
     def __init__(self, memory: bool | str | os.PathLike[str], run_dir: Path, engine_opts: dict[str, Any],
-                 ranks: Ranks) -> None:
-        self.nodes = node_layout(ranks)
+                 ranks: Ranks, run_dir_opened: Opened) -> None:
+        """``run_dir_opened``: the run directory's engine as :func:`alpsck.store.engines.open_engine` opened it,
+        with what :meth:`words_at_open` had the ranks say (every rank's node; with ``memory`` True, the run's
+        identity, which rank 0 reads or makes under the run directory's lock)."""
+        self.nodes = node_layout(ranks, [w[0] for w in run_dir_opened.said])
         self.local: Ranks = self.nodes.local
-        self.base, self.directory, self.engine, self.lock = open_memory(
-            memory, run_dir, engine_opts, ranks, self.local, self.nodes.name(self.nodes.index))
+        self.base = memory_tier.memory_dir_for(run_dir, run_dir_opened.rank0_said[0]) \
+            if memory is True else Path(memory)
+        self.directory = self.base / self.nodes.name(self.nodes.index)
+        opened = open_memory(self.base, engine_opts, self.local, self.nodes.name(self.nodes.index))
+        self.engine, self.lock = opened.engine, opened.lock
         self.replicator = Replicator(self.nodes, self.base, self.directory) \
             if self.nodes.count > 1 and self.nodes.leader else None
         self._owners: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
         self._preflight = 0
+
+    @staticmethod
+    def words_at_open(memory: bool | str | os.PathLike[str],
+                      run_dir: Path) -> tuple[Callable[[], list[int]] | None, list[int]]:
+        """What the ranks say as the run directory's engine opens, for a memory tier (``open_engine``'s
+        ``rank0_says`` and ``say``): every rank its node, and with ``memory`` True rank 0 the run's identity."""
+        return (lambda: [run_token_for_memory(run_dir)]) if memory is True else None, [memory_tier.host_key()]
 
     def mine(self, tensors: Mapping[str, torch.Tensor], replicated: frozenset[str]) -> list[tuple[str, torch.Tensor]]:
         """The tensors this rank writes to memory: replicated ones are spread over the node's ranks, so that

@@ -44,6 +44,7 @@ def restore_into(
     rank: int = 0,
     ranks: Ranks | None = None,
     allow_unhealthy: bool = False,
+    agreed: bool = False,
 ) -> int | None:
     """Restore the newest valid checkpoint of ``run_dir`` into ``state`` (see Checkpointer.restore). By
     default a checkpoint whose recorded metrics are not finite is skipped as ``unhealthy``
@@ -65,6 +66,10 @@ def restore_into(
     others a CheckpointError naming rank 0.
     When none is left and one rank's live tensors were already overwritten, every rank raises
     CorruptCheckpointError.
+
+    ``agreed``: ``step`` is one the ranks already agreed to read, from a listing of their own (the memory
+    tier's restore, :mod:`alpsck.memory.restore`): rank 0 neither lists nor picks, and every rank reads it at
+    its name (one collective fewer).
     """
     check_run_dir_arg(run_dir)
     check_step(step, allow_none=True)
@@ -74,7 +79,10 @@ def restore_into(
                          "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "
                          "with alpsck.checkpointer.read_checkpoint(step_dir, rank=N)")
     ranks = ranks or Ranks(rank, 1, None)
-    picked, order = _agreed_order(run_dir, step, ranks, allow_unhealthy)
+    if agreed and step is None:
+        raise UsageError("restore_into(agreed=True) needs the step the ranks agreed on")
+    picked, order = (None, [step]) if agreed and step is not None else _agreed_order(run_dir, step, ranks,
+                                                                                      allow_unhealthy)
     # Rank 0's view of each step; another rank reads it at its name (a step it cannot see fails its read).
     # (Only step-N directories are checkpoints: an attempt beside one is not.)
     infos = {int(i["step"]): i for i in picked.scanned if i["status"] != "incomplete"} if picked is not None else {}

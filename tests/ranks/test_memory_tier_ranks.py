@@ -33,13 +33,24 @@ def _restored(outs: list[str]) -> list[list[str]]:
     return [next(line.split()[1:] for line in out.splitlines() if line.startswith("RESTORED ")) for out in outs]
 
 
+def _collectives(out: str) -> list[str]:
+    return next(line.split()[2:] for line in out.splitlines() if line.startswith("COLLECTIVES "))
+
+
 def test_two_ranks_restore_the_memory_tier_and_fall_back_together(tmp_path: Path, memory_root: Path) -> None:
     run = tmp_path / "run"
     run_ranks("save", run, 2, WORKER)
     [memory] = memory_root.glob(f"alpsck-{os.getuid()}/run-*/ranks-00000-00001")
     [info] = [i for i in _core.scan(str(memory), verify=True) if i["status"] == "committed"]
     assert info["step"] == 5 and info["ranks"] == 2 and info["shards"] == ["rank-00000.bin", "rank-00001.bin"]
-    assert _restored(run_ranks("restore", run, 2, WORKER)) == [["5", "memory", "True"]] * 2
+    outs = run_ranks("restore", run, 2, WORKER)
+    assert _restored(outs) == [["5", "memory", "True"]] * 2
+    # A restart from memory: seven collectives, each one rank's word or a verdict the next step needs. Opening:
+    # rank 0's word that the run directory's engine opened (with the run's identity), every rank's (with its
+    # node), and the same two for the node's engine in memory. Restoring: the plan (each node's steps and the run
+    # directory's newest), each rank's verdict on its read, each node's outcome.
+    assert [_collectives(out) for out in outs] == [["broadcast", "all_reduce", "broadcast", "all_reduce",
+                                                    "all_reduce", "all_reduce", "all_reduce"]] * 2
 
     bad = memory / "step-000000005" / "rank-00001.bin"  # only rank 1's copy is bad
     flip_byte(bad, bad.stat().st_size // 2)

@@ -5,12 +5,15 @@
 * ``save``: step 0 to the run directory, step 5 to the memory tier (each rank its own values, a shared
   model written once), both waited for; ``save STEP:TIER,...`` saves those instead.
 * ``restore``: a fresh state, ``restore()``; prints ``RESTORED <step> <tier> <ok>``, ok when every
-  value is the one saved at that step on this rank.
+  value is the one saved at that step on this rank, and ``COLLECTIVES <n>``: the torch.distributed collectives
+  the Checkpointer's opening and its restore made.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -24,9 +27,22 @@ def values(step: int, rank: int) -> dict[str, torch.Tensor]:
     return {"own": torch.randn(50_000, generator=g), "model": torch.randn(70_000, generator=shared)}
 
 
+def count_collectives() -> list[str]:
+    """From now on, each torch.distributed collective called is listed by name."""
+    made: list[str] = []
+    for name in ("all_reduce", "broadcast", "all_gather", "all_gather_object", "broadcast_object_list", "barrier",
+                 "gather", "scatter", "reduce", "all_to_all"):
+        def counted(*args: Any, __f: Any = getattr(dist, name), __name: str = name, **kwargs: Any) -> Any:
+            made.append(__name)
+            return __f(*args, **kwargs)
+        setattr(dist, name, functools.wraps(getattr(dist, name))(counted))
+    return made
+
+
 def main() -> None:
     mode, run_dir = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
+    made = count_collectives()
     rank = dist.get_rank()
     state: dict[str, object] = {"own": torch.zeros(50_000), "model": {"w": torch.zeros(70_000)}, "step": -1}
     with Checkpointer(run_dir, memory=True, replicated=("model",)) as ck:
@@ -42,6 +58,7 @@ def main() -> None:
             ok = (torch.equal(state["own"], v["own"]) and torch.equal(state["model"]["w"], v["model"])  # type: ignore[index]
                   and state["step"] == got)
             print(f"RESTORED {got} {ck.restored_tier} {ok}", flush=True)
+            print(f"COLLECTIVES {len(made)} {' '.join(made)}", flush=True)
     dist.destroy_process_group()
 
 

@@ -13,7 +13,7 @@ import torch
 from support.corrupt import flip_byte
 
 from alpsck import Checkpointer
-from alpsck.errors import ConfigError, CorruptCheckpointError, UsageError
+from alpsck.errors import CheckpointError, ConfigError, CorruptCheckpointError, UsageError
 from alpsck.slurm.config import parse_config
 from alpsck.slurm.context import JobContext
 from alpsck.store import memory_tier
@@ -186,8 +186,25 @@ def test_wrong_uses_are_refused_by_name(tmp_path: Path) -> None:
         ck.save(1, state, tier="memory", pin=True)
     with pytest.raises(UsageError, match="memory: 3"):
         Checkpointer(tmp_path / "other", memory=3)  # type: ignore[arg-type]
-    # the failed open left nothing locked: the same run directory opens again
+    assert not (tmp_path / "other").exists()  # refused before anything was made
     Checkpointer(tmp_path / "other").close()
+
+
+def test_a_run_identity_that_cannot_be_made_fails_the_open_and_leaves_nothing_locked(tmp_path: Path) -> None:
+    """Rank 0 reads or makes the run's identity as its engine on the run directory opens (what it says rides on
+    that open's collectives): when it can do neither, the open fails, naming it, and leaves the run directory
+    unlocked, with its checkpoints."""
+    run = tmp_path / "run"
+    with Checkpointer(run) as ck:
+        ck.save(1, make_state())
+    (run / ".run-id").mkdir()  # neither readable as the identity nor replaceable by it
+    with pytest.raises(CheckpointError, match="identity could not be read or made for its memory tier"):
+        Checkpointer(run, memory=True)
+    shutil.rmtree(run / ".run-id")
+    with Checkpointer(run, memory=True) as ck:
+        state = make_state(1)
+        assert ck.restore(state) == 1
+        assert ck.restored_tier == "run_dir"
 
 
 def test_restore_prepares_the_staging_memory_of_the_tiers_it_is_told(tmp_path: Path) -> None:
