@@ -32,8 +32,8 @@ class MemoryTier:
         identity, which rank 0 reads or makes under the run directory's lock)."""
         self.nodes = node_layout(ranks, [w[0] for w in run_dir_opened.said])
         self.local: Ranks = self.nodes.local
-        self.base = memory_tier.memory_dir_for(run_dir, run_dir_opened.rank0_said[0]) \
-            if memory is True else Path(memory)
+        self.base = Path(memory) if not isinstance(memory, bool) else \
+            memory_tier.memory_dir_for(run_dir, run_dir_opened.rank0_said[0])
         self.directory = self.base / self.nodes.name(self.nodes.index)
         opened = open_memory(self.base, engine_opts, self.local, self.nodes.name(self.nodes.index))
         self.engine, self.lock = opened.engine, opened.lock

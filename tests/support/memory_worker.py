@@ -30,12 +30,17 @@ def values(step: int, rank: int) -> dict[str, torch.Tensor]:
 def count_collectives() -> list[str]:
     """From now on, each torch.distributed collective called is listed by name."""
     made: list[str] = []
+
+    def counted(name: str, f: Any) -> Any:
+        @functools.wraps(f)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            made.append(name)
+            return f(*args, **kwargs)
+        return call
+
     for name in ("all_reduce", "broadcast", "all_gather", "all_gather_object", "broadcast_object_list", "barrier",
                  "gather", "scatter", "reduce", "all_to_all"):
-        def counted(*args: Any, __f: Any = getattr(dist, name), __name: str = name, **kwargs: Any) -> Any:
-            made.append(__name)
-            return __f(*args, **kwargs)
-        setattr(dist, name, functools.wraps(getattr(dist, name))(counted))
+        setattr(dist, name, counted(name, getattr(dist, name)))
     return made
 
 
