@@ -1,4 +1,4 @@
-"""The job this process runs in: its id, this task's rank, the task count, the restart count.
+"""The job this process runs in: its id, this task's rank, the task count, the restart count, its nodes.
 
 :class:`JobEnv` is the one reader of the variables SLURM and submitit set for a job; everything
 else (the run directory's lock record, the SLURM layer's runner and requeue) asks it. In a
@@ -97,6 +97,22 @@ class JobEnv:
     attempt: int = 0
     previous_exit: int | None = None
     previous_end: float | None = None
+    # SLURM's nodes, in its hostlist syntax as it set them (``nodes``/``step_nodes`` expand them): the allocation's
+    # ($SLURM_JOB_NODELIST) and the job step's ($SLURM_STEP_NODELIST; a step on some of them: a spare, a lost node),
+    # and the job's partition ($SLURM_JOB_PARTITION). Empty outside SLURM.
+    job_nodelist: str = ""
+    step_nodelist: str = ""
+    partition: str = ""
+
+    @property
+    def nodes(self) -> list[str]:
+        """The allocation's nodes by name ([] outside SLURM)."""
+        return hostnames(self.job_nodelist)
+
+    @property
+    def step_nodes(self) -> list[str]:
+        """The job step's nodes by name ([] outside a SLURM job step)."""
+        return hostnames(self.step_nodelist)
 
     @classmethod
     def detect(cls, environ: Mapping[str, str] | None = None) -> JobEnv:
@@ -110,14 +126,17 @@ class JobEnv:
         previous_exit = _int(env, PREVIOUS_EXIT_ENV, default=-1) if attempt else -1
         previous_end = _float(env.get(PREVIOUS_END_ENV)) if attempt else None
         ended = previous_exit if previous_exit >= 0 else None
+        slurm = {"job_nodelist": env.get("SLURM_JOB_NODELIST", "").strip(),
+                 "step_nodelist": env.get("SLURM_STEP_NODELIST", "").strip(),
+                 "partition": env.get("SLURM_JOB_PARTITION", "").strip()}
         if env.get("SUBMITIT_EXECUTOR") and environ is None:
             import submitit
 
             sub = submitit.JobEnvironment()
             return cls(str(sub.job_id), sub.global_rank, sub.num_tasks, local_id is not None, slurm_job_id, restarts,
-                       attempt, ended, previous_end)
+                       attempt, ended, previous_end, **slurm)
         return cls(job_id=slurm_job_id or local_id,
                    rank=_int(env, "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID", "RANK"),
                    world_size=_int(env, "SLURM_NTASKS", "SUBMITIT_LOCAL_NTASKS", "WORLD_SIZE", default=1),
                    local=local_id is not None, slurm_job_id=slurm_job_id, slurm_restarts=restarts, attempt=attempt,
-                   previous_exit=ended, previous_end=previous_end)
+                   previous_exit=ended, previous_end=previous_end, **slurm)

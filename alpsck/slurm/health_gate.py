@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SlurmError
-from ..job_env import hostnames
+from ..job_env import JobEnv, hostnames
 from ..node_health.links import CODE as LINKS_CODE
 from ..node_health.links import slow_nodes
 from ..node_health.probe import CODE as PROBE_CODE
@@ -243,11 +243,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--link-mib", type=int, default=64)
     p.add_argument("--cordon-stragglers", action="store_true", help="cordon the nodes named as stragglers (.stragglers)")
     a = p.parse_args(argv)
-    job_id = os.environ.get("SLURM_JOB_ID", "")
+    job = JobEnv.detect(os.environ)  # SLURM's own variables: the gate runs in the batch script, not in submitit's task
+    job_id = job.slurm_job_id or ""
     trace.trace(a.run_dir, job_id, a.attempt, a.srun_log, a.cordon_after)
     if a.cordon_stragglers:
         stragglers.cordon(a.run_dir, job_id, a.attempt)
-    allocation = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    allocation = job.nodes
     limits = json.loads(a.limits)
 
     def answers_of(nodes: list[str]) -> dict[str, Answer]:
@@ -256,7 +257,7 @@ def main(argv: list[str]) -> int:
         return answers
 
     code, exclude = decide(a.run_dir, job_id, a.attempt, allocation, {n for n in a.exclude.split(",") if n},
-                           a.need, a.allocated, os.environ.get("SLURM_JOB_PARTITION", ""), answers_of)
+                           a.need, a.allocated, job.partition, answers_of)
     print(",".join(exclude), flush=True)
     return code
 

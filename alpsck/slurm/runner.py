@@ -57,12 +57,12 @@ import runpy
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError, RollbackLimitError, SlurmError, UsageError, torch_required
-from ..job_env import JobEnv, hostnames, rendezvous_port
+from ..job_env import JobEnv, rendezvous_port
 from ..progress import RESTORED_HOOKS, SAVED_HOOKS, install_progress
 from ..store.picker import pick, taken_at_of
 from . import history, timeline, trace
@@ -136,8 +136,9 @@ def attempt_port(job_id: str, attempt: int) -> int:
     return rendezvous_port(job_id, attempt)
 
 
-def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:
-    """MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the SLURM job, unless already set."""
+def export_torch_distributed_env(job_id: str = "", attempt: int = 0, step_nodes: Sequence[str] = ()) -> None:
+    """MASTER_ADDR/PORT, RANK, WORLD_SIZE, LOCAL_RANK from the SLURM job, unless already set. ``step_nodes``: the
+    job step's nodes (:attr:`alpsck.job_env.JobEnv.step_nodes`)."""
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return
     import submitit
@@ -149,11 +150,9 @@ def export_torch_distributed_env(job_id: str = "", attempt: int = 0) -> None:
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     # submitit takes the rendezvous host and the tasks per node from the job's nodes; a step on some of them
     # (slurm.spare_nodes: a spare, a lost node) has its own: the first of the step's nodes hosts the store.
-    step_nodes = os.environ.get("SLURM_STEP_NODELIST")
     if step_nodes:
-        hosts = hostnames(step_nodes)
-        os.environ["MASTER_ADDR"] = hosts[0]
-        os.environ["LOCAL_WORLD_SIZE"] = str(max(1, int(os.environ["WORLD_SIZE"]) // len(hosts)))
+        os.environ["MASTER_ADDR"] = step_nodes[0]
+        os.environ["LOCAL_WORLD_SIZE"] = str(max(1, int(os.environ["WORLD_SIZE"]) // len(step_nodes)))
 
 
 class JobRunner:
@@ -223,7 +222,7 @@ class JobRunner:
                 raise SystemExit(GIVE_UP_EXIT)
             resume = decision["resume"]
         if world > 1:
-            export_torch_distributed_env(job_id, job.attempt)
+            export_torch_distributed_env(job_id, job.attempt, job.step_nodes)
         ctx = JobContext(cfg, job_id, restart, rank, world, stop, resume_step=resume)
 
         def restored(run_dir: Path, step: int | None, tier: str | None, taken: float | None) -> None:

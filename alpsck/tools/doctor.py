@@ -348,11 +348,11 @@ def _lines(d: dict[str, Any]) -> list[str]:
 def nodes_report(run_dir: str) -> dict[str, list[dict[str, Any]]]:
     """``--nodes``: the health gate's checks (:mod:`alpsck.node_health.checks`, default thresholds) of every node of
     the SLURM allocation this runs in (one srun task per node, as the gate probes them), else of this node."""
-    from ..job_env import hostnames
+    from ..job_env import JobEnv
     from ..node_health.checks import Limits, node_checks, node_name
     from ..slurm.health_gate import probe_nodes
 
-    nodes = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+    nodes = JobEnv.detect(os.environ).nodes
     if nodes and shutil.which("srun"):
         limits = dataclasses.asdict(Limits())
         answers = probe_nodes(nodes, run_dir, limits, [sys.executable], 60.0)

@@ -20,6 +20,16 @@ def test_a_slurm_task_before_and_after_a_requeue() -> None:
     assert JobEnv.detect({**env, "SLURM_RESTART_COUNT": "2"}).slurm_restarts == 2
 
 
+def test_the_allocations_nodes_the_steps_and_the_partition() -> None:
+    """The nodes as SLURM's hostlist syntax gives them, expanded when asked; none outside SLURM."""
+    job = JobEnv.detect({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "nid[001-003,007]", "SLURM_STEP_NODELIST": "nid[002-003]",
+                         "SLURM_JOB_PARTITION": "normal"})
+    assert job.nodes == ["nid001", "nid002", "nid003", "nid007"] and job.step_nodes == ["nid002", "nid003"]
+    assert job.partition == "normal"
+    outside = JobEnv.detect({})
+    assert (outside.nodes, outside.step_nodes, outside.partition) == ([], [], "")
+
+
 def test_the_local_executor_and_torchrun_variables() -> None:
     local = JobEnv.detect({"SUBMITIT_LOCAL_JOB_ID": "L1", "SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_NTASKS": "2"})
     assert (local.job_id, local.rank, local.world_size, local.local) == ("L1", 1, 2, True)

@@ -121,6 +121,7 @@ def test_no_answer_from_squeue_lets_slurm_place_the_step(tmp_path: Path) -> None
 
 def test_the_rendezvous_host_is_the_steps_first_node_not_the_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     """A restarted step on the survivors and a spare: the job's first node (n1) is the dead one."""
+    from alpsck.job_env import JobEnv
     from alpsck.slurm.runner import export_torch_distributed_env
 
     for name in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -130,6 +131,6 @@ def test_the_rendezvous_host_is_the_steps_first_node_not_the_jobs(monkeypatch: p
                         "SLURM_STEP_NODELIST": "n[2-3]", "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
                         "SLURM_NODEID": "1"}.items():
         monkeypatch.setenv(name, value)
-    export_torch_distributed_env("77", attempt=1)
+    export_torch_distributed_env("77", attempt=1, step_nodes=JobEnv.detect(dict(os.environ)).step_nodes)
     assert (os.environ["MASTER_ADDR"], os.environ["WORLD_SIZE"], os.environ["RANK"]) == ("n2", "8", "5")
     assert os.environ["LOCAL_WORLD_SIZE"] == "4"  # submitit's own, 8 tasks over the job's 3 nodes, would be 2
