@@ -132,7 +132,6 @@ class Checkpointer:
         opts = resolve(options, CHECKPOINTER_OPTIONS, "Checkpointer()")
         engine_opts = {name: opts[name] for name in ENGINE_OPTIONS}
         _core.check_engine_options(engine_opts)
-        _core.check_numa_node(opts["numa_node"])  # this machine has the node: before the run dir
         if isinstance(replicated, str):
             raise UsageError("replicated must be a sequence of state keys, not one string")
         why = layout_problem(lustre_layout)
@@ -145,9 +144,19 @@ class Checkpointer:
         check_run_dir_arg(run_dir)
         check_memory(memory)
         self.run_dir = Path(run_dir)
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
+        # What this machine, or its view of the file system, refuses, where another rank's may not: with several
+        # ranks it is said through the open's collectives, so that every rank raises and none waits for the others
+        # until the process group's timeout.
+        refused: Exception | None = None
+        try:
+            _core.check_numa_node(opts["numa_node"])  # this machine has the node: before the run dir
+            if self.run_dir.exists() and not self.run_dir.is_dir():
+                raise UsageError(f"run directory {self.run_dir} exists but is not a directory")
+        except Exception as e:
+            refused = e
         self.ranks = Ranks.detect(rank, world_size)
+        if refused is not None and self.ranks.world_size == 1:
+            raise refused
         self.rank = self.ranks.rank
         self.world_size = self.ranks.world_size
         self.replicated = frozenset(replicated)
@@ -177,7 +186,8 @@ class Checkpointer:
             self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
 
         rank0_says, say = MemoryTier.words_at_open(memory, self.run_dir) if memory is not False else (None, [])
-        opened = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout, rank0_says=rank0_says, say=say)
+        opened = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout, rank0_says=rank0_says, say=say,
+                             refused=refused)
         self._engine, self._lock = opened.engine, opened.lock
         if opts["direct_io"] and not self.engine.direct_io:
             warnings.warn(

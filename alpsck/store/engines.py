@@ -45,7 +45,8 @@ class Opened:
 
 def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, faults: Sequence[dict[str, Any]] = (),
                 before_rank0: Callable[[], None] | None = None, *,
-                rank0_says: Callable[[], list[int]] | None = None, say: Sequence[int] = ()) -> Opened:
+                rank0_says: Callable[[], list[int]] | None = None, say: Sequence[int] = (),
+                refused: Exception | None = None) -> Opened:
     """Every rank's engine on ``directory``, with its lock held. Rank 0's engine cleans up abandoned
     directories when it opens, so it opens first (after ``before_rank0``: the Lustre layout) and the others
     only after it succeeded (rank 0's word, with the namespace of the ranks' agreements it drew); then every
@@ -53,7 +54,8 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
 
     What the caller's ranks must learn at open rides on those two collectives, rather than costing one more
     each: ``rank0_says`` (run by rank 0 once its engine is open, under its lock; what it raises fails the
-    open) goes with rank 0's word, ``say`` (this rank's ints) with every rank's."""
+    open) goes with rank 0's word, ``say`` (this rank's ints) with every rank's. ``refused``: why this rank may
+    not open (its caller's checks): it opens nothing, raises that, and the others learn that it failed."""
     token = secrets.randbits(62)  # the namespace's number; rank 0's goes to the others with its word that it opened
     engine: _core.Engine | None = None
     lock: _core.RunDirLock | None = None
@@ -61,7 +63,9 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
     said: list[list[int]] = []
     for first in (True, False):
         error: BaseException | None = None
-        if (ranks.rank == 0) == first:
+        if (ranks.rank == 0) == first and refused is not None:
+            error = refused
+        elif (ranks.rank == 0) == first:
             unsynced: list[Path] = []
             try:
                 agreement = ranks.agreement_store(token)

@@ -459,6 +459,30 @@ def test_a_checkpointer_one_rank_cannot_open_is_closed_on_every_rank(tmp_path: P
             pass
 
 
+def test_a_run_directory_one_rank_sees_as_a_file_stops_every_rank_at_once(tmp_path: Path) -> None:
+    """A refusal that one rank's view alone gives (its run directory is a file there) is said through the open's
+    collectives: that rank raises it before touching anything, the other a CheckpointError, neither waiting for
+    the other until the process group's timeout, and nothing stays locked."""
+    views = tmp_path / "view-{rank}"
+    for failing in (1, 0):
+        for r in (0, 1):
+            shutil.rmtree(tmp_path / f"view-{r}", ignore_errors=True)
+            (tmp_path / f"view-{r}").mkdir()
+        (tmp_path / f"view-{failing}" / "run").write_text("not a directory")
+        start = time.monotonic()
+        outs = _outputs(_launch(tmp_path, 2, "open-or-fail", str(views / "run"), env={"GLOO_TIMEOUT_S": "60"}))
+        assert time.monotonic() - start < 50, "an open waited for the gloo timeout"
+        results = sorted((json.loads(o.strip().splitlines()[-1]) for o in outs), key=lambda r: r["rank"])
+        other = 1 - failing
+        assert results[failing].get("error") == "UsageError", results
+        assert "exists but is not a directory" in results[failing]["message"], results
+        assert results[other].get("error") == "CheckpointError", results
+        assert "another rank could not open its checkpointer" in results[other]["message"], results
+        assert (tmp_path / f"view-{failing}" / "run").read_text() == "not a directory"
+        with alpsck.Checkpointer(tmp_path / f"view-{other}" / "run"):  # rank `other`'s lock went with its engine
+            pass
+
+
 def test_lists_of_ints_reach_every_rank_whatever_their_length(tmp_path: Path) -> None:
     """``Ranks.from_rank0`` (rank 0's list) and ``Ranks.each_list`` (every rank's) send a list's length and first
     seven values in one collective, the rest in a second."""
