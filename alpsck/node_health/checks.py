@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import _core
 from ..store.durable import replace_durably
 from ..store.memory_tier import memory_root
 from ..store.names import temp_name
@@ -78,7 +79,7 @@ def _timed(name: str, fn: Any, *args: Any) -> Check:
 
 
 def _run_dir(run_dir: Path, limits: Limits) -> tuple[bool, str]:
-    probe = run_dir / f".alpsck-health-{node_name()}-{os.getpid()}"
+    probe = run_dir / _core.health_probe_file_name(node_name(), os.getpid())
     data = os.urandom(PROBE_BYTES)
     t0 = time.monotonic()
     try:

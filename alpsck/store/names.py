@@ -45,7 +45,8 @@ def temp_name(path: str) -> str:
 def entry_kind(name: str) -> str:
     """What a run directory's entry is, by name (the core's ParseRunDirName): 'step', 'attempt',
     'aborted', 'free', 'free-pending', 'superseded', 'latest', 'lock', 'history', 'job-record', 'deleting', 'probe'
-    (an engine's O_DIRECT probe file, left behind by a process killed while it probed) or 'other'."""
+    (an engine's O_DIRECT probe file or the health gate's, left behind by a process killed while it probed) or
+    'other'."""
     return str(_core.parse_run_dir_name(name)[0])
 
 

@@ -27,6 +27,7 @@ struct FileStat {
   uint64_t nlink = 0;  // hard links: a file linked elsewhere too is never overwritten in place
   uint64_t uid = 0;
   uint32_t mode = 0;   // st_mode (type and permission bits)
+  int64_t mtime_s = 0;  // last modification, seconds since the epoch
 };
 
 struct DirectIoInfo {

@@ -171,6 +171,7 @@ class PosixEnv final : public Env {
     out->nlink = static_cast<uint64_t>(st.st_nlink);
     out->uid = static_cast<uint64_t>(st.st_uid);
     out->mode = static_cast<uint32_t>(st.st_mode);
+    out->mtime_s = static_cast<int64_t>(st.st_mtime);
     return 0;
   }
   int DirectIo(int fd, DirectIoInfo* info) override {
@@ -260,6 +261,7 @@ class PosixEnv final : public Env {
     out->nlink = static_cast<uint64_t>(st.st_nlink);
     out->uid = static_cast<uint64_t>(st.st_uid);
     out->mode = static_cast<uint32_t>(st.st_mode);
+    out->mtime_s = static_cast<int64_t>(st.st_mtime);
     return 0;
   }
   int Flock(int fd, int op) override { return ::flock(fd, op) == 0 ? 0 : -errno; }

@@ -93,6 +93,10 @@ std::string ProbeFileName(uint32_t rank, uint64_t pid) {
   return kProbePrefix + std::to_string(rank) + "-" + std::to_string(pid);
 }
 
+std::string HealthProbeFileName(const std::string& node, uint64_t pid) {
+  return kProbePrefix + std::string("health-") + node + "-" + std::to_string(pid);
+}
+
 std::string DeletingName(const std::string& name, uint64_t pid, uint64_t seq) {
   if (seq == 0) return kDeletingPrefix + name;
   return kDeletingPrefix + name + "-" + std::to_string(pid) + "-" + std::to_string(seq);

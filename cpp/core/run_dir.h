@@ -104,6 +104,12 @@ std::string TempFileName(const std::string& name);
 // The file the engine writes and removes when it opens RUN_DIR, to learn whether O_DIRECT works
 // there and with which alignment: .alpsck-probe-<rank>-<pid>.
 std::string ProbeFileName(uint32_t rank, uint64_t pid);
+// The file the node health gate writes, fsyncs, reads back and removes in RUN_DIR (alpsck.node_health):
+// .alpsck-probe-health-<node>-<pid>; a probe like the engine's.
+std::string HealthProbeFileName(const std::string& node, uint64_t pid);
+// A probe lives for milliseconds: one this many seconds old is what a process killed while probing left,
+// which rank 0 removes when its engine opens (TidyRunDir, run_dir_actions.h).
+constexpr int64_t kStaleProbeSeconds = 600;
 
 // The writer lock of rank R: .lock for rank 0, .lock-rank-RRRRR for the others.
 std::string LockFileName(uint32_t rank);

@@ -2,11 +2,13 @@
 // pins and removal, each through the Env given.
 #include "run_dir_actions.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <ctime>
 #include <utility>
 #include <vector>
 
@@ -126,6 +128,18 @@ int ClaimDir(Env* env, const std::string& run_dir, const std::string& free_name,
   return env->RenameNoReplace(JoinPath(run_dir, free_name), tmp_dir);
 }
 
+namespace {
+
+// A probe file that a process killed while probing left: a regular file of this user, unchanged for
+// kStaleProbeSeconds (run_dir.h). A link at such a name, or another user's file, is left alone.
+bool StaleProbe(Env* env, const std::string& path) {
+  FileStat st;
+  return env->LStat(path, &st) == 0 && S_ISREG(st.mode) && st.uid == static_cast<uint64_t>(::geteuid()) &&
+         static_cast<int64_t>(::time(nullptr)) - st.mtime_s >= kStaleProbeSeconds;
+}
+
+}  // namespace
+
 std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free) {
   std::vector<std::string> names;
   if (env->ListDir(run_dir, &names) < 0) return {};
@@ -133,6 +147,10 @@ std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_
   for (const std::string& n : names) {
     const EntryKind kind = ParseRunDirName(n).kind;
     const std::string p = JoinPath(run_dir, n);
+    if (kind == EntryKind::kProbe) {
+      if (StaleProbe(env, p)) env->Unlink(p);
+      continue;
+    }
     if ((kind != EntryKind::kAttempt && kind != EntryKind::kAborted && kind != EntryKind::kFree &&
          kind != EntryKind::kFreePending) ||
         env->IsOwnDir(p) != 1)  // a symlink or anything else at such a name: left alone

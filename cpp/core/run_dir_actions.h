@@ -20,7 +20,9 @@ namespace alpsck {
 // abandoned and aborted attempts and expiries that were never made durable. Expired directories
 // (free-*) are kept for reuse when keep_free > 0, holding only shards of ranks below world_size,
 // and only once a fsync of RUN_DIR made their expiry durable (the process that expired them may
-// have died before its own fsync); otherwise they are removed too. Returns the names of the free
+// have died before its own fsync); otherwise they are removed too. Probe files (.alpsck-probe-*) of
+// this user unchanged for kStaleProbeSeconds go as well: left by a process killed while it probed (a
+// probe in progress, the health gate's, say, is never that old). Returns the names of the free
 // directories kept (claimable), oldest name first.
 std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free);
 

@@ -48,6 +48,9 @@ void BindRunDir(nb::module_& m) {
   m.def("tmp_dir_name", &TmpDirName, "step"_a, "attempt"_a = 0, "Where attempt K of a save of step N is written.");
   m.def("lock_file_name", &LockFileName, "rank"_a, "The writer lock of rank R in a run directory.");
   m.def("shard_file_name", &ShardFileName, "rank"_a, "rank-RRRRR.bin, rank R's shard in a checkpoint directory.");
+  m.def("health_probe_file_name", &HealthProbeFileName, "node"_a, "pid"_a,
+        "The node health gate's probe file in a run directory: .alpsck-probe-health-NODE-PID (rank 0's engine removes "
+        "one a killed probe left, once it is kStaleProbeSeconds old).");
   m.def("parse_run_dir_name", [](const FsPath& name) {
         const RunDirEntry e = ParseRunDirName(name.bytes);
         return std::make_tuple(std::string(EntryKindName(e.kind)), e.step, e.attempt);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <deque>
@@ -81,6 +82,8 @@ TEST(every_name_alpsck_writes_is_classified_back) {
       {TempFileName(kStartDecisionName), EntryKind::kJobRecord, 0, 0},
       {std::string(kDeletingPrefix) + "step-000000001", EntryKind::kDeleting, 0, 0},
       {ProbeFileName(3, 4242), EntryKind::kProbe, 0, 0},
+      {HealthProbeFileName("nid001234", 77), EntryKind::kProbe, 0, 0},
+      {TempFileName(HealthProbeFileName("nid001234", 77)), EntryKind::kProbe, 0, 0},
   };
   for (const Case& c : cases) {
     const RunDirEntry e = ParseRunDirName(c.name);
@@ -344,6 +347,34 @@ TEST(directories_of_another_user_are_never_claimed_nor_emptied) {
   REQUIRE(kept.size() == 1);
   CHECK_EQ(kept.front(), FreeDirName(1, 99, 0));
   CHECK_EQ(ClaimDir(env, d.path(), kept.front(), tmp), 0);
+}
+
+// A probe lives for milliseconds: rank 0's tidying removes the probe files a killed process left (the
+// engine's and the health gate's, its temp file too) once they are kStaleProbeSeconds old, never a newer
+// one (a probe in progress), a link at such a name, or a directory.
+TEST(tidying_removes_stale_probe_files_only) {
+  alpsck_test::TempDir d;
+  Env* env = Env::Default();
+  const std::string stale[] = {ProbeFileName(1, 4242), HealthProbeFileName("nid001", 7),
+                               TempFileName(HealthProbeFileName("nid002", 8))};
+  const std::string fresh = ProbeFileName(2, 4243), link = ProbeFileName(3, 4244), dir = HealthProbeFileName("x", 9);
+  const struct timespec old_times[2] = {{::time(nullptr) - kStaleProbeSeconds - 5, 0},
+                                        {::time(nullptr) - kStaleProbeSeconds - 5, 0}};
+  for (const std::string& n : stale) {
+    REQUIRE(WriteFileSynced(env, d.sub(n), "probe").ok());
+    REQUIRE(::utimensat(AT_FDCWD, d.sub(n).c_str(), old_times, 0) == 0);
+  }
+  REQUIRE(WriteFileSynced(env, d.sub(fresh), "probe").ok());
+  REQUIRE(WriteFileSynced(env, d.sub("target"), "not a probe").ok());
+  REQUIRE(::symlink("target", d.sub(link).c_str()) == 0);
+  REQUIRE(::utimensat(AT_FDCWD, d.sub(link).c_str(), old_times, AT_SYMLINK_NOFOLLOW) == 0);
+  REQUIRE(::mkdir(d.sub(dir).c_str(), 0755) == 0);
+  REQUIRE(::utimensat(AT_FDCWD, d.sub(dir).c_str(), old_times, 0) == 0);
+  CHECK(TidyRunDir(env, d.path(), 1, 2).empty());
+  for (const std::string& n : stale) CHECK(!alpsck_test::Exists(d.sub(n)));
+  CHECK(alpsck_test::Exists(d.sub(fresh)));
+  CHECK(alpsck_test::Exists(d.sub(link)) && alpsck_test::Exists(d.sub("target")));
+  CHECK(alpsck_test::Exists(d.sub(dir)));
 }
 
 // SpareDirs on its own: rank 0 keeps what its retention expired (up to max_free), names one in a

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,23 @@ def test_each_check_fails_with_what_it_found(tmp_path: Path, monkeypatch: pytest
     assert not shm.ok and str(tmp_path) in shm.detail
     slow = _by_name(node_checks(tmp_path, Limits(max_fsync_s=1e-9)))["run_dir"]  # nothing fsyncs in a nanosecond
     assert not slow.ok and "max_fsync_s" in slow.detail
+
+
+def test_a_probe_file_a_killed_probe_left_is_removed_when_the_run_directory_next_opens(tmp_path: Path) -> None:
+    """The probe's file is the core's name (a probe, as the engine's own): one a killed probe left (here made an
+    hour old) goes when rank 0's engine next opens the run directory; a newer one, a probe in progress, stays."""
+    from alpsck import Checkpointer, _core
+    from alpsck.store.names import entry_kind
+
+    left = _core.health_probe_file_name(checks.node_name(), 4242)
+    assert entry_kind(left) == "probe"
+    now = time.time()
+    for name, age in ((left, 3600), (_core.health_probe_file_name("nid002", 7) + ".tmp", 3600),
+                      (_core.health_probe_file_name("nid003", 8), 5)):
+        (tmp_path / name).write_bytes(b"probe")
+        os.utime(tmp_path / name, (now - age, now - age))
+    Checkpointer(tmp_path).close()
+    assert sorted(p.name for p in tmp_path.iterdir() if "probe" in p.name) == [_core.health_probe_file_name("nid003", 8)]
 
 
 def test_a_run_directory_that_is_a_file_fails_the_write_check(tmp_path: Path) -> None:
