@@ -13,13 +13,15 @@
 
 namespace alpsck {
 
-Status History::Load() {
+Status History::Load(const std::vector<std::string>* listed) {
   std::vector<std::string> names;
-  int r = env_->ListDir(run_dir_, &names);
-  if (r < 0) return Status::FromErrno(-r, "list run directory " + run_dir_);
+  if (listed == nullptr) {
+    int r = env_->ListDir(run_dir_, &names);
+    if (r < 0) return Status::FromErrno(-r, "list run directory " + run_dir_);
+  }
   std::map<uint64_t, RetainedStep> committed;
   std::set<uint64_t> found;
-  for (const std::string& n : names) {
+  for (const std::string& n : listed ? *listed : names) {
     uint64_t step = 0;
     if (!ParseStepDirName(n, &step)) continue;
     const std::string p = JoinPath(run_dir_, n);

@@ -57,8 +57,9 @@ class History {
   // checks); their manifests are read (creation time, metrics) only when the retention policy
   // needs them (RetentionPolicy::NeedsManifest), else they count as healthy (a restore retires
   // the newer unhealthy ones: ContinueFrom). Every step directory found counts as not of this
-  // history (what Supersede may retire) until ContinueFrom says which stays.
-  Status Load();
+  // history (what Supersede may retire) until ContinueFrom says which stays. `names`: RUN_DIR's entries,
+  // where the caller listed them already; else listed here.
+  Status Load(const std::vector<std::string>* names = nullptr);
   // The newest committed step; -1 if none.
   int64_t newest() const;
   // Whether a save of `step` is skipped as committed. With one_history, a step of another history

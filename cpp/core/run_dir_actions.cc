@@ -140,11 +140,12 @@ bool StaleProbe(Env* env, const std::string& path) {
 
 }  // namespace
 
-std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free) {
+std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free,
+                                   const std::vector<std::string>* listed) {
   std::vector<std::string> names;
-  if (env->ListDir(run_dir, &names) < 0) return {};
+  if (listed == nullptr && env->ListDir(run_dir, &names) < 0) return {};
   std::vector<std::string> kept;  // names of the free directories kept
-  for (const std::string& n : names) {
+  for (const std::string& n : listed ? *listed : names) {
     const EntryKind kind = ParseRunDirName(n).kind;
     const std::string p = JoinPath(run_dir, n);
     if (kind == EntryKind::kProbe) {

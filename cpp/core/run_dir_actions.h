@@ -23,8 +23,10 @@ namespace alpsck {
 // have died before its own fsync); otherwise they are removed too. Probe files (.alpsck-probe-*) of
 // this user unchanged for kStaleProbeSeconds go as well: left by a process killed while it probed (a
 // probe in progress, the health gate's, say, is never that old). Returns the names of the free
-// directories kept (claimable), oldest name first.
-std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free);
+// directories kept (claimable), oldest name first. `names`: RUN_DIR's entries where the caller listed
+// them already (the engine's open lists once for this and its history), else listed here.
+std::deque<std::string> TidyRunDir(Env* env, const std::string& run_dir, uint32_t world_size, uint32_t keep_free,
+                                   const std::vector<std::string>* names = nullptr);
 
 // Retention from a listing (the DCP writer's, through the binding): the committed steps that no
 // rule of `policy` keeps (retention.h: DecideRetention; each manifest is read only when the policy

@@ -8,8 +8,8 @@
 
 namespace alpsck {
 
-void SpareDirs::Tidy(uint32_t world_size) {
-  std::deque<std::string> kept = TidyRunDir(env_, run_dir_, world_size, enabled_ ? max_free_ : 0);
+void SpareDirs::Tidy(uint32_t world_size, const std::vector<std::string>* names) {
+  std::deque<std::string> kept = TidyRunDir(env_, run_dir_, world_size, enabled_ ? max_free_ : 0, names);
   std::lock_guard<std::mutex> l(mu_);
   claimable_ = std::move(kept);
 }

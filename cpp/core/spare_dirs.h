@@ -30,8 +30,9 @@ class SpareDirs {
   SpareDirs& operator=(const SpareDirs&) = delete;
 
   // Rank 0 at open, before any save on any rank: TidyRunDir (run_dir_actions.h), keeping up to
-  // max_free claimable directories found there (none when disabled).
-  void Tidy(uint32_t world_size);
+  // max_free claimable directories found there (none when disabled). `names`: RUN_DIR's entries, listed by
+  // the caller (TidyRunDir).
+  void Tidy(uint32_t world_size, const std::vector<std::string>* names = nullptr);
 
   // Any rank, preparing the attempt's directory tmp_dir: claims the free directory named for this
   // save (ClaimDir). kClaimed: this call renamed it to tmp_dir (ours, its shards in place).
