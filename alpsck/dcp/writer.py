@@ -193,6 +193,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         # syncs what no shard confirmed), and the marker's temp file (_while_writing)
         self._unsynced: list[Path] = []
         self._marker_staged = False  # checkpoint-directory mode, coordinator: .metadata.tmp written, to put in place
+        self._made = False  # this save made its directory (_open): nothing in it to check, list or retire
 
     def __del__(self) -> None:  # a writer dropped after a failed save holds no lock
         with contextlib.suppress(Exception):
@@ -255,7 +256,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
-        self._unsynced, self._marker_staged = [], False
+        self._unsynced, self._marker_staged, self._made = [], False, False
         self._process_rank = int(kwargs.get("rank") or 0)
         # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
         # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
@@ -350,7 +351,9 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         self._shard_bytes = _plan_bytes(plans[coordinator])
         self._open(0, world)
         try:
-            if self.step is None:  # the next generation, chosen under the lock after the engine tidied the directory
+            if self.step is None and self._made:  # a directory this save made holds nothing: the first generation
+                self._writing = 1
+            elif self.step is None:  # the next generation, chosen under the lock after the engine tidied the directory
                 self._check_overwrite(self._dir())
                 taken = [i["step"] for i in _core.scan(str(self._dir()))]
                 self._writing = max(taken, default=0) + 1
@@ -371,6 +374,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         try:
             if self._lock is None:
                 created = make_dirs(run_dir)
+                self._made = self._made or run_dir.parent in created  # (make_dirs gives the parents of what it made)
                 self._lock = lock_run_dir(run_dir, rank)
         except BaseException:
             fsync_dirs_quietly(created)
@@ -554,7 +558,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                 publish_marker(run_dir)
             elif self.named:
                 write_marker(run_dir)
-            if rules.keep_last:
+            if rules.keep_last and not (self.named and step == 1):  # a first generation has none older to retire
                 warning = _core.retain_newest(str(run_dir), rules.keep_last, rules.keep_every_steps,
                                               float(rules.keep_every_seconds), rules.keep_best)
                 if warning:

@@ -83,6 +83,28 @@ def test_torchtitan_naming_discovery_overwrite_and_purge(tmp_path: Path) -> None
         pass
 
 
+def test_a_new_checkpoint_directory_is_neither_listed_nor_retired_from(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a save into a directory it made skips (on Lustre each is a metadata server's round trip): the
+    listings that check what the directory holds and pick the next generation, and retention's scan (a first
+    generation has none older). Saving over it again does both, and keeps the newest generation alone."""
+    called: list[str] = []
+    for name in ("scan", "retain_newest"):
+        real = getattr(_core, name)
+        monkeypatch.setattr(_core, name, lambda *a, _f=real, _n=name, **k: (called.append(_n), _f(*a, **k))[1])
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda p=".": (real_listdir(p), called.append("listdir"))[0])  # one that lists
+    ckpt = tmp_path / "checkpoint" / "step-10"
+    dcp.save(reference(10), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+    assert called == [] and check(load_named(ckpt, AlpsckStorageReader()), 10) == []
+    called.clear()
+    dcp.save(reference(11), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter())
+    assert {"scan", "retain_newest", "listdir"} <= set(called), called
+    monkeypatch.undo()
+    assert [i["step"] for i in _core.scan(str(ckpt)) if i["status"] == "committed"] == [2]
+    assert check(load_named(ckpt, AlpsckStorageReader()), 11) == []
+
+
 def test_overwrite_false_refuses_with_dcps_wording_and_foreign_checkpoints_are_left_alone(tmp_path: Path) -> None:
     ckpt = tmp_path / "step-3"
     dcp.save(reference(3), checkpoint_id=ckpt, storage_writer=AlpsckStorageWriter(overwrite=False))
