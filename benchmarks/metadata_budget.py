@@ -201,13 +201,10 @@ def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
             pass
 
 
-def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib: int, timeout: float,
-               keep: bool) -> dict[str, Any]:
-    """Every rank's calls per measured save, at ``world`` ranks with the last one ``late`` seconds late."""
-    work = Path(tempfile.mkdtemp(prefix=f"budget-{world}r-{late:g}s-", dir=base))
-    run_dir = str(work / "run")
-    script = work / "worker.py"
-    script.write_text(WORKER)
+def run_traced(work: Path, world: int, argv: list[str], timeout: float, what: str) -> float:
+    """``world`` gloo ranks of ``python argv`` in ``work``, each under ``strace -f -y`` of :data:`METADATA` and
+    :data:`SYNC` (``work/trace.R``, its output ``work/log.R``); RuntimeError naming the rank and its output when
+    one fails or the whole outlasts ``timeout`` s (``what``: the configuration, in the message). The wall time."""
     from alpsck.job_env import free_port
 
     port = str(free_port())
@@ -220,8 +217,7 @@ def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib
             env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world),
                    "RANK": str(rank), "OMP_NUM_THREADS": "1"}
             cmd = ["strace", "-f", "-qq", "-y", "-s", "512", "--seccomp-bpf", "-e", f"trace={trace_set}",
-                   "-o", str(work / f"trace.{rank}"), sys.executable, str(script), run_dir, str(warmup), str(saves),
-                   repr(late), str(mib)]
+                   "-o", str(work / f"trace.{rank}"), sys.executable, *argv]
             log = open(work / f"log.{rank}", "w")  # noqa: SIM115 - closed in finally
             logs.append(log)
             procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -236,13 +232,24 @@ def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib
                 tail = (work / f"log.{failed[0] if failed else 0}").read_text()[-3000:]
                 why = f"rank {failed[0]} exited with {procs[failed[0]].returncode}" if failed else \
                     f"timed out after {timeout:.0f} s"
-                raise RuntimeError(f"{world} ranks, {late:g} s late: {why}; its output ({work}):\n{tail}")
+                raise RuntimeError(f"{what}: {why}; its output ({work}):\n{tail}")
             time.sleep(0.2)
     finally:
         _kill_all(procs)
         for log in logs:
             log.close()
-    wall = time.monotonic() - start
+    return time.monotonic() - start
+
+
+def one_config(base: Path, world: int, late: float, saves: int, warmup: int, mib: int, timeout: float,
+               keep: bool) -> dict[str, Any]:
+    """Every rank's calls per measured save, at ``world`` ranks with the last one ``late`` seconds late."""
+    work = Path(tempfile.mkdtemp(prefix=f"budget-{world}r-{late:g}s-", dir=base))
+    run_dir = str(work / "run")
+    script = work / "worker.py"
+    script.write_text(WORKER)
+    wall = run_traced(work, world, [str(script), run_dir, str(warmup), str(saves), repr(late), str(mib)], timeout,
+                      f"{world} ranks, {late:g} s late")
     ranks = []
     for rank in range(world):
         out = (work / f"log.{rank}").read_text()
