@@ -97,12 +97,6 @@ def _plan_bytes(plan: SavePlan) -> int:
     return sum(chunk_nbytes(i) for i in plan.items if i.type != WriteItemType.BYTE_IO)
 
 
-def _agreement_store(ns: str) -> Any:
-    """The process group's store (this process's shared clients of it) for a save whose plan names a
-    namespace, else None."""
-    return store_clients() if ns else None
-
-
 # ------------------------------------------------------------------------------ writer
 
 
@@ -186,6 +180,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         self._shard_bytes = 0  # this rank's share of the save being written (sizes its engine: _sized)
         self._lock: _core.RunDirLock | None = None
         self._store_ns = ""  # this save's (_RankPlan.store_ns)
+        self._solo_store: Any = None  # one rank's agreement with itself (_store), made for each save
         self._process_rank = 0  # this rank in the process group (set_up_storage_writer)
         self._subdir: str | None = None  # use_collectives=False with several ranks: this rank's rank_local_dir
         # Durability work done while this rank's shard is written, off the save's critical path: the directories
@@ -202,7 +197,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
     # pickled by dcp.async_save's process executor: never the open engine or lock
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_engine"] = state["_lock"] = None
+        state["_engine"] = state["_lock"] = state["_solo_store"] = None
         return state
 
     @property
@@ -256,7 +251,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         reused writer, or one in dcp.async_save's long-lived process, starts clean.
         """
         self.close()
-        self._unsynced, self._marker_staged, self._made = [], False, False
+        self._unsynced, self._marker_staged, self._made, self._solo_store = [], False, False, None
         self._process_rank = int(kwargs.get("rank") or 0)
         # The shard this rank writes: the coordinator's is 0 (whichever process rank DCP made the coordinator,
         # as the deprecated save_state_dict(coordinator_rank=...) does); the others' come with the plan.
@@ -345,9 +340,9 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
         coordinator = self._process_rank if world > 1 else 0
         import torch.distributed as dist
 
-        # Several ranks agree through the process group's store (no DONE record per rank for rank 0
-        # to read), under keys of this save alone.
-        self._store_ns = f"alpsck-dcp/{uuid.uuid4().hex}/" if world > 1 and dist.is_initialized() else ""
+        # The ranks agree through a store (no DONE record per rank for rank 0 to read), under keys of this save
+        # alone: several, the process group's; one, a store in its own memory (_store).
+        self._store_ns = f"alpsck-dcp/{uuid.uuid4().hex}/" if world == 1 or dist.is_initialized() else ""
         self._shard_bytes = _plan_bytes(plans[coordinator])
         self._open(0, world)
         try:
@@ -390,7 +385,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                                                            "max_in_flight": 1, "keep_last": 0, "direct_io": self.direct_io,
                                                            "commit_timeout_s": self.commit_timeout_s},
                                             one_history=self._supersede, rank=rank, world_size=world,
-                                            store=_agreement_store(self._store_ns), store_ns=self._store_ns,
+                                            store=self._store(), store_ns=self._store_ns,
                                             unsynced_dirs=[str(d) for d in created])
                 self._unsynced += created
             except BaseException:
@@ -401,6 +396,19 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                 warnings.warn(f"{run_dir}: the file system refused O_DIRECT; alpsck writes buffered and "
                               "fdatasyncs instead", RuntimeWarning, stacklevel=3)
         return self._engine
+
+    def _store(self) -> Any:
+        """Where this save's ranks agree on its commit, under the keys' namespace its plan names (None where no
+        plan named one: DONE records in the attempt's directory): several ranks, the process group's store (this
+        process's shared clients of it); one, a store in this process's memory, which its engine and its commit
+        share (dcp.async_save's process runs the whole save: plan, write and commit)."""
+        if not self._store_ns:
+            return None
+        if (self.world_size or 1) > 1:
+            return store_clients()
+        if self._solo_store is None:
+            self._solo_store = _core.StoreClients.in_memory()
+        return self._solo_store
 
     def _sized(self) -> tuple[int, int, int]:
         """(writer threads, chunk bytes, staging bytes) for this rank's shard: the options, but never more than
@@ -550,7 +558,7 @@ class AlpsckStorageWriter(StorageWriter, BlockingAsyncStager):
                 fsync_path(d)
             self._while_writing()
             _core.commit_step(str(run_dir), step, world, [(METADATA_FILE, data)], self.commit_timeout_s,
-                              time.monotonic() - self._started, store=_agreement_store(self._store_ns),
+                              time.monotonic() - self._started, store=self._store(),
                               store_ns=self._store_ns, metrics=self.metrics)
             rules = Policy(keep_last=1) if self.named else self.retention  # a checkpoint directory: its newest generation
             if self._marker_staged:

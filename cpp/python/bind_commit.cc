@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "commit_attempt.h"
+#include "kv_store_memory.h"
 #include "py_kv_store.h"
 #include "retention.h"
 #include "run_dir.h"
@@ -28,6 +29,11 @@ void BindCommit(nb::module_& m) {
              new (self) StoreClients{std::make_shared<PooledKvStore>(std::make_shared<PyKvStore>(std::move(store)))};
            },
            "store"_a)
+      .def_static("in_memory",
+                  []() { return StoreClients{std::make_shared<PooledKvStore>(std::make_shared<MemoryKvStore>())}; },
+                  "Clients of a new store in this process's memory, for an agreement of one process with itself (a DCP "
+                  "save at world size 1: its engine and its commit_step meet there instead of through a DONE record "
+                  "in the attempt's directory).")
       .def_prop_ro("clients_made",
                    [](const StoreClients& c) {
                      // The pool's lock is held while it clones, which takes the GIL: never wait for it holding the GIL.

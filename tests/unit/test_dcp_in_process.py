@@ -155,6 +155,18 @@ def test_a_save_failing_between_plan_and_write_releases_the_lock(tmp_path: Path)
         pass
 
 
+def test_one_rank_agrees_with_itself_in_memory_not_through_a_done_record(tmp_path: Path) -> None:
+    """A save at world size 1 commits through a store in its own memory (its engine's record of the sealed shard,
+    which the commit reads): no DONE record written, renamed and read back, none left in the checkpoint; it loads."""
+    state = {"w": torch.arange(6.0), "n": 3}
+    dcp.save(state, storage_writer=AlpsckStorageWriter(tmp_path / "ckpt"))
+    [step] = [p for p in (tmp_path / "ckpt").iterdir() if p.is_dir()]
+    assert sorted(p.name for p in step.iterdir()) == ["MANIFEST.json", "dcp-metadata.json", "rank-00000.bin"]
+    got = {"w": torch.zeros(6), "n": 0}
+    dcp.load(got, storage_reader=AlpsckStorageReader(tmp_path / "ckpt"))
+    assert torch.equal(got["w"], state["w"]) and got["n"] == 3
+
+
 def test_a_coordinator_other_than_rank_0_writes_shard_0(tmp_path: Path) -> None:
     """The deprecated save_state_dict(coordinator_rank=1): the coordinator's shard is 0 (its engine tidies and
     commits), the others follow in process-rank order; each plan names the process rank it is for."""
