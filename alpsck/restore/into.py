@@ -79,10 +79,13 @@ def restore_into(
                          "world of 1; pass ranks= in a multi-rank job, or read rank N's part of one checkpoint "
                          "with alpsck.checkpointer.read_checkpoint(step_dir, rank=N)")
     ranks = ranks or Ranks(rank, 1, None)
-    if agreed and step is None:
-        raise UsageError("restore_into(agreed=True) needs the step the ranks agreed on")
-    picked, order = (None, [step]) if agreed and step is not None else _agreed_order(run_dir, step, ranks,
-                                                                                      allow_unhealthy)
+    picked: Pick | None
+    if agreed:
+        if step is None:
+            raise UsageError("restore_into(agreed=True) needs the step the ranks agreed on")
+        picked, order = None, [step]
+    else:
+        picked, order = _agreed_order(run_dir, step, ranks, allow_unhealthy)
     # Rank 0's view of each step; another rank reads it at its name (a step it cannot see fails its read).
     # (Only step-N directories are checkpoints: an attempt beside one is not.)
     infos = {int(i["step"]): i for i in picked.scanned if i["status"] != "incomplete"} if picked is not None else {}
