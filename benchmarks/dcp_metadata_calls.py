@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from metadata_budget import SYNC, _top, parse_trace, run_traced
+from metadata_budget import SYNC, _top, parse_trace, run_traced, strace_problem
 
 WRITERS = ("fs", "alpsck")
 WORKER = r"""
@@ -78,8 +78,9 @@ def main() -> int:
     worlds = [int(w) for w in a.ranks.split(",") if w]
     if not worlds or min(worlds) < 1 or a.saves < 1 or a.warmup < 0:
         ap.error("need --ranks >= 1, --saves >= 1, --warmup >= 0")
-    if shutil.which("strace") is None:
-        print("dcp_metadata_calls: strace is not installed (apt-get install strace)", file=sys.stderr)
+    why = strace_problem()
+    if why is not None:
+        print(f"dcp_metadata_calls: {why}", file=sys.stderr)
         return 2
     base = a.dir or Path(tempfile.mkdtemp(prefix="alpsck-dcp-calls-"))
     base.mkdir(parents=True, exist_ok=True)

@@ -201,6 +201,15 @@ def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
             pass
 
 
+def strace_problem() -> str | None:
+    """Why this machine cannot count calls with strace (not installed, or ptrace not permitted), or None."""
+    if shutil.which("strace") is None:
+        return "strace is not installed (apt-get install strace)"
+    probe = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=openat", "-o", os.devnull, "true"],
+                           capture_output=True, text=True)
+    return f"strace cannot trace here (ptrace not permitted?): {probe.stderr.strip()}" if probe.returncode else None
+
+
 def run_traced(work: Path, world: int, argv: list[str], timeout: float, what: str) -> float:
     """``world`` gloo ranks of ``python argv`` in ``work``, each under ``strace -f -y`` of :data:`METADATA` and
     :data:`SYNC` (``work/trace.R``, its output ``work/log.R``); RuntimeError naming the rank and its output when
@@ -334,14 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not a.ranks or min(a.ranks) < 2 or not a.late or min(a.late) < 0 or a.saves < 1 or a.warmup < 0 or a.mib < 1:
         ap.error("need --ranks >= 2, --late >= 0, --saves >= 1, --warmup >= 0, --mib >= 1")
-    if shutil.which("strace") is None:
-        print("metadata_budget: strace is not installed (apt-get install strace)", file=sys.stderr)
-        return 2
-    probe = subprocess.run(["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=openat", "-o", os.devnull, "true"],
-                           capture_output=True, text=True)
-    if probe.returncode:
-        print(f"metadata_budget: strace cannot trace here (ptrace not permitted?): {probe.stderr.strip()}",
-              file=sys.stderr)
+    why = strace_problem()
+    if why is not None:
+        print(f"metadata_budget: {why}", file=sys.stderr)
         return 2
     command = shlex.join([os.path.basename(sys.executable), *sys.argv]) if argv is None else shlex.join(
         ["metadata_budget.py", *argv])
