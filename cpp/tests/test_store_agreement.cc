@@ -359,14 +359,14 @@ TEST(a_store_that_vanishes_mid_save_fails_every_rank_with_one_verdict_on_disk) {
     store.AddRule(rule);
     SaveSpec spec;
     spec.world = 4;
-    spec.timeout_s = 5;
+    spec.timeout_s = 30;  // far above what the save takes, even under TSan on a loaded machine
     const Clock::time_point t0 = Clock::now();
     auto st = SaveAll(d.path(), &store, spec);
     std::fprintf(stderr, "vanished %s: %.2f s; rank 0: %s; rank 1: %s\n", c.name, Since(t0), st[0].ToString().c_str(),
                  st[1].ToString().c_str());
     CHECK(store.FaultsInjected() == 1);
     CheckOneVerdict(st, spec, d.path(), c.commits);
-    CHECK(Since(t0) < 4);  // nobody waited out a timeout: a vanished store wakes its waiters
+    CHECK(Since(t0) < 20);  // nobody waited out a timeout: a vanished store wakes its waiters
     // Nothing but the one outcome: step-N, or the aborted attempt (and a directory a rank
     // re-created after the abort rename, rank 0's next open removes both).
     for (const std::string& n : Entries(d.path())) {
