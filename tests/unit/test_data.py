@@ -109,7 +109,7 @@ def test_restore_huge_position_is_o1() -> None:
     expected = [sampler.index(3, 10**9 + i) for i in range(8)]
     assert batch.tolist() == expected and all(0 <= i < n for i in expected)
     assert loader.state_dict()["position"] == 10**9 + 8
-    assert elapsed < 1.0
+    assert elapsed < 10.0  # a walk to position 10**9 would take minutes; a loaded CI machine can stall a second
     assert isinstance(batch, torch.Tensor)
 
 
