@@ -232,7 +232,7 @@ TEST(a_waiting_rank_takes_a_vanished_step_dir_for_a_commit_that_already_expired)
   const std::string run = d.path();
   const auto t0 = std::chrono::steady_clock::now();
   CHECK(WaitForCommit(Env::Default(), Attempt{run, 3, 0}, 1, 2, 30).ok());
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // not its 30 s timeout
 }
 
 TEST(a_rank_that_gives_up_decides_the_abort_for_every_rank) {
@@ -485,12 +485,14 @@ TEST(skewed_ranks_with_tiny_timeouts_always_agree_with_each_other_and_the_disk) 
 TEST(a_missing_rank_times_out_and_earlier_checkpoints_stay_valid) {
   TempDir d;
   std::vector<std::unique_ptr<Engine>> e;
-  e.push_back(OpenRank(d.path(), 0, 3, nullptr, 0, 2));
-  e.push_back(OpenRank(d.path(), 1, 3, nullptr, 0, 2));
-  e.push_back(OpenRank(d.path(), 2, 3, nullptr, 0, 2));
+  for (uint32_t r = 0; r < 3; ++r) e.push_back(OpenRank(d.path(), r, 3));  // step 1 commits, however slow the disk
   for (auto& x : e) REQUIRE(x);
   for (const Status& s : SaveAll(e, 1)) CHECK(s.ok());
-  e[2].reset();  // rank 2 dies: it never saves step 2
+  e.clear();  // rank 2 dies: it never saves step 2; the others wait 2 s for it
+  e.push_back(OpenRank(d.path(), 0, 3, nullptr, 0, 2));
+  e.push_back(OpenRank(d.path(), 1, 3, nullptr, 0, 2));
+  for (size_t r = 0; r < 2; ++r) REQUIRE(e[r]);
+  e.emplace_back();
   auto st = SaveAll(e, 2);
   CHECK(st[0].code() == Code::kAborted);
   CHECK(st[0].message().find("rank(s) 2") != std::string::npos);

@@ -313,7 +313,9 @@ TEST(a_rank_that_dies_mid_save_aborts_the_step_on_every_live_rank_and_the_late_o
     CheckOneVerdict(st, spec, d.path(), false);
     // Rank 0 gave up and decided: its own reason; the others read that verdict.
     CHECK(st[0].code() == Code::kAborted);
-    CHECK(st[0].message().find("no shard from rank(s) 3 after 0.5 s") != std::string::npos);
+    // (Rank 3 at least: a live rank slower than 0.5 s on a loaded machine is named too.)
+    CHECK(st[0].message().find("no shard from rank(s) ") != std::string::npos &&
+          st[0].message().find("3 after 0.5 s") != std::string::npos);
     for (uint32_t r : {1u, 2u}) {
       CHECK(st[r].code() == Code::kAborted);
       CHECK(st[r].message() == "step 1 was aborted: rank 0: " + st[0].message());
@@ -322,13 +324,14 @@ TEST(a_rank_that_dies_mid_save_aborts_the_step_on_every_live_rank_and_the_late_o
     const Attempt a{d.path(), 1, 0};
     CHECK(!Exists(a.tmp_dir()) && Exists(JoinPath(a.aborted_dir(), kAbortedName)));
     CHECK(!store.Keys().empty());
+    const std::string st0 = st[0].message();
     // Rank 3 comes late: it reads the abort (before it writes anything, or after it has written its
     // shard and arrived), and as the last reader removes the attempt's keys and directories.
     spec.absent = {0, 1, 2};
     if (past_the_peek) spec.skip_peek = {3};
     st = SaveAll(d.path(), &store, spec);
     CHECK(st[3].code() == Code::kAborted);
-    CHECK(st[3].message().find("rank 0: no shard from rank(s) 3") != std::string::npos);
+    CHECK(st[3].message().find("rank 0: " + st0) != std::string::npos);
     CheckNoKeys(&store);
     CHECK(Entries(d.path()).empty());
   }
