@@ -169,16 +169,15 @@ def test_the_batch_shell_outlives_the_signals_it_handles(tmp_path: Path, sig: si
     foreground step (here a sleep that then leaves a request, as the job's final checkpoint would)
     before the EXIT trap decides."""
     marker = tmp_path / "after"
-    body = (f"sleep 1.5; echo '{request_text('4242', 0, 'term', 9, True).strip()}' > {tmp_path}/run/{REQUEST_FILE}; "
+    body = (f"echo ready; sleep 1.5; echo '{request_text('4242', 0, 'term', 9, True).strip()}' > {tmp_path}/run/{REQUEST_FILE}; "
             f"touch {marker}")
     proc_env = _fake_scontrol(tmp_path, "JobState=CANCELLED Restarts=0")
     run = tmp_path / "run"
     run.mkdir()
     history.append(run, "started", job_id="4242", restart=0)
     script = "\n".join([*BATCH_SIGNAL_LINES, *requeue_trap_lines(str(run)), body])
-    p = subprocess.Popen(["bash", "-c", script], env=proc_env)
-    import time
-    time.sleep(0.5)
+    p = subprocess.Popen(["bash", "-c", script], env=proc_env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "ready\n"  # its traps are set
     p.send_signal(sig)
     assert p.wait(timeout=30) == 0
     assert marker.exists()  # the shell went on after the signal

@@ -571,10 +571,10 @@ N = 1_000_000
 
 def main(job):
     state = {"w": torch.zeros(N), "step": 0}
-    # Slow writes (5 ms each, one writer thread): the final checkpoint takes a while, so the
-    # storm lands while it is being written.
+    # Slow writes (20 ms each, one writer thread): the final checkpoint takes 0.3 s at least, so
+    # the storm lands while it is being written, however slowly a loaded machine sends it.
     ck = job.checkpointer(threads=1, chunk_bytes=256 << 10,
-                          _faults=[{"op": "pwrite", "error": 0, "delay_us": 5000, "count": 10**9}])
+                          _faults=[{"op": "pwrite", "error": 0, "delay_us": 20000, "count": 10**9}])
     start = ck.restore(state) or 0
     print(f"ready {start}", flush=True)
     last_saved = start

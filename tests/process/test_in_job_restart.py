@@ -176,13 +176,15 @@ def test_the_watchdog_ends_a_blocked_loop_with_its_stacks_and_never_a_slow_save(
     times, hang = history.read(tmp_path)
     assert times["event"] == "times" and hang["event"] == "hang", (times, hang)
     assert hang["section"] == "step" and hang["attempt"] == 2 and times["attempt"] == 2
-    # Learned: 5x the longest step, each slept 0.3 s (a loaded machine wakes a sleep late: CI once saw 0.32 s, 1.6)
+    # Learned: 5x the longest step, each slept 0.3 s, so at least 1.5 s (a loaded machine wakes a sleep late: CI
+    # once saw 0.32 s, 1.6); far below the configured 1000 s either way.
     limit = hang["timeout_s"] if mode == "learned" else 1.0
-    assert (1.5 <= limit <= 2.0 if mode == "learned" else limit == 1.0), hang
-    assert limit <= hang["seconds"] < limit + 1.0, hang  # within its timeout + 1 s
+    assert (1.5 <= limit < 10 if mode == "learned" else limit == 1.0), hang
+    # Within its timeout + 1 s (0.1 s polls) on a quiet machine; a loaded one may wake its poll late.
+    assert limit <= hang["seconds"] < limit + 3.0, hang
     # The hung start's time: 4 steps of 0.3 s, then the hung one, until it was found; 5 polls.
-    assert times["polls"] == 5 and 1.2 + limit <= times["step_s"] < 1.2 + limit + 1.5, times
-    assert 0.25 <= times["first_step_s"] < 0.6, times
+    assert times["polls"] == 5 and 1.2 + limit <= times["step_s"] < 1.2 + limit + 5, times
+    assert 0.25 <= times["first_step_s"] < 2, times
     assert time.monotonic() - t0 < 20
 
 

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -117,13 +118,25 @@ def test_cancel_a_running_job_takes_its_final_checkpoint_and_follow_sees_the_end
         wait_for(lambda: events(run, "started") and (run / "LATEST").exists(), 300, "the job to start and checkpoint")
         follow = subprocess.Popen([sys.executable, "-m", "alpsck", "status", str(run), "--follow"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(3)
+        lines: list[str] = []
+        following = threading.Event()  # it has taken the log's end: what comes next, it prints
+
+        def read() -> None:
+            assert follow.stdout is not None
+            for ln in follow.stdout:
+                lines.append(ln.rstrip("\n"))
+                if ln.startswith("  following "):
+                    following.set()
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert following.wait(120), lines
         c = _alpsck("cancel", str(run), timeout=300)
         assert c.returncode == 0, c.stdout + c.stderr
         assert "job ended: cancelled (SLURM: CANCELLED" in c.stdout, c.stdout
-        out, err = follow.communicate(timeout=120)
-        assert follow.returncode == 0, err
-        lines = out.splitlines()
+        assert follow.wait(timeout=120) == 0, follow.stderr.read() if follow.stderr else ""
+        reader.join(30)
+        out = "\n".join(lines)
         at = next(i for i, ln in enumerate(lines) if ln.startswith("  following "))
         after = lines[at + 1:]
         assert any(" final_checkpoint " in ln and "reason=cancel" in ln for ln in after), out

@@ -185,7 +185,7 @@ def test_a_config_over_the_cap_is_refused_fast_naming_size_and_cap(good: str, tm
     with pytest.raises(ConfigError, match=rf"big\.yaml: {big.stat().st_size} bytes: .*at most {MAX_CONFIG_BYTES} "
                                           r"bytes \(1 MiB\)"):
         load_config(big)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # parsing it took minutes
     with pytest.raises(ConfigError, match=r"more than 1048576 bytes"):
         load_config("/dev/zero")  # endless: only the cap is read
     with pytest.raises(ConfigError, match=r"<config>: \d+ bytes: a job config may have at most"):

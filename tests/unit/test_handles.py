@@ -67,7 +67,7 @@ def test_a_callback_does_not_swallow_the_error_the_caller_never_looked_at(tmp_pa
 
 def test_a_timeout_is_a_timeout_not_an_error_of_the_save(tmp_path: Path) -> None:
     with alpsck.Checkpointer(tmp_path, keep_last=0,
-                             _faults=[{"op": "pwrite", "error": 0, "count": 1000, "delay_us": 300_000}]) as ck:
+                             _faults=[{"op": "pwrite", "error": 0, "count": 1000, "delay_us": 1_000_000}]) as ck:
         h = ck.save(1, _state(1.0))
         with pytest.raises(TimeoutError):
             h.result(timeout=0.01)

@@ -90,7 +90,7 @@ def test_pin_ahead_registers_the_faulted_pool_on_its_own_thread(tmp_path: Path, 
         returned_after = time.monotonic() - t0
         assert cuda.entered.wait(60), "the pool was never registered"
         # pin_ahead returned before the registration (still blocked) could have: off the caller's path.
-        assert not cuda.release.is_set() and returned_after < 5
+        assert not cuda.release.is_set() and returned_after < 30  # blocked, it would wait for release: forever
         ((op, addr, size, flags, thread),) = cuda.calls
         assert (op, thread) == ("register", "alpsck-pinner")
         assert (addr, size) == (ck.engine.staging_address, ck.engine.staging_bytes) and addr != 0
