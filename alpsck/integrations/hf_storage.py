@@ -31,13 +31,15 @@ def _url(path: str) -> str:
 
 class AlpsckHuggingFaceStorageWriter(HuggingFaceStorageWriter):  # type: ignore[misc]
     """``HuggingFaceStorageWriter`` whose files are written through ``alpsck://``; the same arguments, but
-    ``enable_consolidation`` (its consolidated files are written past the writer's file system: export with
-    ``alpsck export --format hf`` instead)."""
+    ``enable_consolidation`` (its consolidated files are written past the writer's file system: for a model in
+    Hugging Face's files, save into a run directory, with a Checkpointer or :class:`alpsck.dcp.AlpsckStorageWriter`,
+    and run ``alpsck export --format hf``)."""
 
     def __init__(self, path: str, **kwargs: Any) -> None:
         if kwargs.get("enable_consolidation"):
             raise UsageError("AlpsckHuggingFaceStorageWriter: enable_consolidation writes its files past alpsck:// "
-                             "(unchecked); save sharded and run `alpsck export --format hf` for one model")
+                             "(unchecked); for a model in Hugging Face's files, save into a run directory (a Checkpointer, or "
+                             "AlpsckStorageWriter) and run `alpsck export --format hf`")
         super().__init__(path=local_path(path), **kwargs)
         self._point_at(path)
 

@@ -300,7 +300,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--local", action="store_true",
                    help="run the job on this machine through submitit's local executor, even where SLURM is installed "
                         "(without it, submit runs locally only where no SLURM is installed)")
-    s.add_argument("--json", action="store_true", help='print one line {"job_id": ..., "run_dir": ...}')
+    s.add_argument("--json", action="store_true", help='print one line {"job_id": ..., "run_dir": ..., "log": ...}')
     s.add_argument("--wait", action="store_true", help="wait until the job has finished (default for local runs)")
     s.add_argument("--no-wait", action="store_true", help="return at once, also for local runs")
     s.add_argument("--no-check", action="store_true",
