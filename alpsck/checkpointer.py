@@ -156,7 +156,10 @@ class Checkpointer:
             refused = e
         self.ranks = Ranks.detect(rank, world_size)
         if refused is not None and self.ranks.world_size == 1:
-            raise refused
+            try:
+                raise refused
+            finally:
+                refused = None  # no cycle through this frame (alpsck.store.engines)
         self.rank = self.ranks.rank
         self.world_size = self.ranks.world_size
         self.replicated = frozenset(replicated)
@@ -186,8 +189,11 @@ class Checkpointer:
             self.layout = self._ensure_layout(lustre_layout, opts["chunk_bytes"])
 
         rank0_says, say = MemoryTier.words_at_open(memory, self.run_dir) if memory is not False else (None, [])
-        opened = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout, rank0_says=rank0_says, say=say,
-                             refused=refused)
+        try:
+            opened = open_engine(self.run_dir, engine_opts, self.ranks, _faults, layout, rank0_says=rank0_says,
+                                 say=say, refused=refused)
+        finally:
+            refused = None  # no cycle through this frame (alpsck.store.engines)
         self._engine, self._lock = opened.engine, opened.lock
         if opts["direct_io"] and not self.engine.direct_io:
             warnings.warn(

@@ -2,7 +2,13 @@
 memory tier's (:func:`open_memory`), on every rank, each with its directory's writer lock held.
 
 The ranks' collectives come in as :class:`Collectives` (``alpsck.ranks.Ranks`` is one), so that this
-layer stays below the one that knows torch.distributed."""
+layer stays below the one that knows torch.distributed.
+
+An open that fails raises with no reference cycle through its frames (an exception held in a local of a
+frame its traceback holds): such a cycle would keep the half-made Checkpointer, and with it the process
+group its ranks use, alive until the cyclic collector runs, past ``destroy_process_group()``, and a gloo
+group still alive as the interpreter exits aborts the process ("terminate called without an active
+exception": a rank whose open failed, in CI 42)."""
 
 from __future__ import annotations
 
@@ -102,7 +108,10 @@ def open_engine(directory: Path, opts: dict[str, Any], ranks: Collectives, fault
             if lock is not None:
                 lock.release()
             if error is not None:
-                raise error
+                try:
+                    raise error
+                finally:  # the error's traceback holds this frame: no cycle through its locals (module docstring)
+                    error = refused = None
             raise CheckpointError(f"{directory}: another rank could not open its checkpointer (see its log)")
     assert engine is not None and lock is not None
     return Opened(engine, lock, rank0_said, said)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import time
 import warnings
@@ -275,6 +276,28 @@ def test_unwritable_or_bad_run_dir_is_a_clear_error(tmp_path: Path) -> None:
         alpsck.Checkpointer(f)
     with pytest.raises(CheckpointIOError, match="nope"):
         _core.scan(str(tmp_path / "nope"))
+
+
+def test_a_checkpointer_that_fails_to_open_is_freed_at_once(tmp_path: Path) -> None:
+    """No reference cycle through the frames of a failed open (alpsck/store/engines.py's docstring): one kept the
+    half-made Checkpointer, and the process group its ranks hold, alive past destroy_process_group() until the
+    cyclic collector ran; a gloo group alive as the interpreter exits aborts it (CI 42)."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, alpsck.Checkpointer)}
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for where, error in ((f, alpsck.errors.UsageError), (f / "run", NotADirectoryError)):  # refused; open failed
+            with pytest.raises(error):
+                alpsck.Checkpointer(where)
+            left = [o for o in gc.get_objects() if isinstance(o, alpsck.Checkpointer) and id(o) not in before]
+            assert not left, f"{where}: a half-made Checkpointer is left for the cyclic collector"
+            del left
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def test_mismatch_leaves_live_state_untouched(tmp_path: Path) -> None:
