@@ -62,10 +62,12 @@ class FaultEnv : public Env {
   int LStat(const std::string& path, FileStat* st) override { return base_->LStat(path, st); }
   int Flock(int fd, int op) override { return base_->Flock(fd, op); }
 
+ protected:
+  std::string PathOf(int fd);  // the path `fd` was opened with ("" for one not opened here)
+
  private:
   // 0: no fault; >0: errno to return; -1: short transfer.
   int Check(FaultRule::Op op, const std::string& path);
-  std::string PathOf(int fd);
 
   Env* base_;
   mutable std::mutex mu_;

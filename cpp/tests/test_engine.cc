@@ -7,7 +7,6 @@
 #include <atomic>
 #include <algorithm>
 #include <chrono>
-#include <set>
 #include <mutex>
 #include <condition_variable>
 #include <cerrno>
@@ -94,23 +93,11 @@ void SlowFDataSync(FaultEnv* env, uint64_t delay_us) {
 class GatedEnv : public FaultEnv {
  public:
   explicit GatedEnv(std::string gated) : gated_(std::move(gated)) {}
-  int Open(const std::string& path, int flags, mode_t mode) override {
-    const int fd = FaultEnv::Open(path, flags, mode);
-    std::lock_guard<std::mutex> l(mu_);
-    if (fd >= 0 && path.find(gated_) != std::string::npos) fds_.insert(fd);
-    return fd;
-  }
-  int Close(int fd) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      fds_.erase(fd);
-    }
-    return FaultEnv::Close(fd);
-  }
   ssize_t PWrite(int fd, const void* buf, size_t n, uint64_t off) override {
+    const bool gated = PathOf(fd).find(gated_) != std::string::npos;
     {
       std::unique_lock<std::mutex> l(mu_);
-      if (fds_.count(fd) && !held_one_) {
+      if (gated && !held_one_) {
         held_one_ = true;
         cv_.wait_for(l, std::chrono::seconds(60), [&] { return released_; });
       }
@@ -127,7 +114,6 @@ class GatedEnv : public FaultEnv {
   const std::string gated_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::set<int> fds_;
   bool held_one_ = false, released_ = false;
 };
 
